@@ -1,0 +1,75 @@
+#include "engine/backend_registry.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/status_macros.h"
+#if KILN_WITH_CUDA
+#include "engine/cuda/cuda_device.h"
+#endif
+
+namespace kiln {
+
+namespace {
+
+int DeviceCount(std::string* why) {
+#if KILN_WITH_CUDA
+  return CudaDeviceCount(why);
+#else
+  if (why != nullptr) *why = "this build of kiln has no CUDA support";
+  return 0;
+#endif
+}
+
+// Parses "cuda:N" (or "cuda", meaning cuda:0) into N; -1 for "cpu"; error otherwise.
+absl::StatusOr<int> ParseDevice(const std::string& device) {
+  if (device == "cpu") return -1;
+  if (device == "cuda") return 0;
+  int index = 0;
+  if (device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &index) && index >= 0) {
+    return index;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device \"", device, "\" is not one of auto, cpu, cuda:N"));
+}
+
+}  // namespace
+
+absl::Status ValidateDevice(std::string_view device_view) {
+  // Debian's Abseil predates std::string_view interop: work on a std::string.
+  const std::string device(device_view);
+  if (device == "auto") return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
+  if (index < 0) return absl::OkStatus();
+  std::string why;
+  const int count = DeviceCount(&why);
+  if (index >= count) {
+    return absl::NotFoundError(absl::StrCat("device ", device, " not found: ",
+                                            count == 0 ? why : absl::StrCat(count, " CUDA devices"),
+                                            " (available: ", absl::StrJoin(AvailableDevices(), ", "),
+                                            ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device_view,
+                                                       const BackendOptions& options) {
+  KILN_RETURN_IF_ERROR(ValidateDevice(device_view));
+  std::string device(device_view);
+  // Until the CUDA backend lands, "auto" means the CPU even where a GPU is present.
+  if (device == "auto") device = "cpu";
+  if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend(options.threads));
+  // A CUDA device exists, but its backend is the next piece of work: say so rather than fall
+  // back to the CPU behind the user's back.
+  return absl::UnimplementedError(absl::StrCat(
+      "device ", device, " is present but this build has no CUDA backend yet; use --device cpu"));
+}
+
+std::vector<std::string> AvailableDevices() {
+  std::vector<std::string> out = {"cpu"};
+  for (int i = 0, n = DeviceCount(nullptr); i < n; ++i) out.push_back(absl::StrCat("cuda:", i));
+  return out;
+}
+
+}  // namespace kiln

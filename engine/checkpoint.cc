@@ -1,0 +1,179 @@
+#include "engine/checkpoint.h"
+
+#include <cstdio>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "engine/model_config_json.h"
+#include "engine/safetensors.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr char kOptimizerPrefix[] = "optimizer.";
+
+absl::StatusOr<HostTensor> ToHost(Backend* backend, const std::string& name, const Tensor& t) {
+  std::vector<float> host(t.numel());
+  KILN_RETURN_IF_ERROR(backend->CopyToHost(t, host.data(), host.size() * sizeof(float)));
+  return HostTensorFromF32(name, host.data(), t.shape());
+}
+
+std::string JoinU64(const std::vector<uint64_t>& v) { return absl::StrJoin(v, ","); }
+
+absl::StatusOr<std::vector<uint64_t>> SplitU64(const std::string& path, const std::string& key,
+                                               const std::string& text) {
+  std::vector<uint64_t> out;
+  if (text.empty()) return out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    uint64_t v;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::DataLossError(absl::StrCat(path, ": metadata ", key, " is not a list of integers"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// A required metadata entry parsed as a number.
+template <typename T>
+absl::Status GetNumber(const std::string& path, const std::map<std::string, std::string>& meta,
+                       const std::string& key, T* out) {
+  auto it = meta.find(key);
+  if (it == meta.end()) {
+    return absl::DataLossError(absl::StrCat(path, ": checkpoint metadata lacks ", key));
+  }
+  bool ok;
+  if constexpr (std::is_floating_point_v<T>) {
+    double d;
+    ok = absl::SimpleAtod(it->second, &d);
+    *out = static_cast<T>(d);
+  } else {
+    ok = absl::SimpleAtoi(it->second, out);
+  }
+  if (!ok) {
+    return absl::DataLossError(absl::StrCat(path, ": checkpoint metadata ", key, " = \"",
+                                            it->second, "\" is not a number"));
+  }
+  return absl::OkStatus();
+}
+
+// The tensor `name` with exactly `shape`, or an error naming both.
+absl::StatusOr<const HostTensor*> Expect(const std::string& path, const SafetensorsContents& c,
+                                         const std::string& name, const Shape& shape) {
+  const HostTensor* t = c.Find(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", name));
+  if (t->dtype != SafetensorDType::kF32 || t->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor ", name, " is ", SafetensorDTypeName(t->dtype), " ",
+        ShapeString(t->shape), " but the model needs F32 ", ShapeString(shape)));
+  }
+  return t;
+}
+
+}  // namespace
+
+absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
+                             const TrainingPosition& p,
+                             const std::map<std::string, std::string>& extra_metadata) {
+  Backend* backend = model.backend();
+  std::vector<HostTensor> tensors;
+  for (const NamedParameter& np : model.parameters()) {
+    KILN_ASSIGN_OR_RETURN(HostTensor t, ToHost(backend, np.name, np.param->value));
+    tensors.push_back(std::move(t));
+  }
+  std::map<std::string, std::string> meta = extra_metadata;
+  if (optimizer != nullptr) {
+    for (const NamedState& s : optimizer->state()) {
+      KILN_ASSIGN_OR_RETURN(HostTensor t, ToHost(backend, kOptimizerPrefix + s.name, *s.tensor));
+      tensors.push_back(std::move(t));
+    }
+    meta["optimizer_steps"] = absl::StrCat(optimizer->steps());
+  }
+  meta["format"] = kCheckpointFormat;
+  meta["kiln.model"] = ModelConfigToJson(model.config());
+  meta["epochs_done"] = absl::StrCat(p.epochs_done);
+  meta["step_in_epoch"] = absl::StrCat(p.step_in_epoch);
+  meta["global_step"] = absl::StrCat(p.global_step);
+  meta["epoch_rng"] = JoinU64({p.epoch_rng.begin(), p.epoch_rng.end()});
+  // %.17g round-trips a double exactly; absl::StrCat keeps only 6 digits.
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", p.epoch_loss_sum);
+  meta["epoch_loss_sum"] = buf;
+  std::snprintf(buf, sizeof(buf), "%.17g", p.epoch_seconds);
+  meta["epoch_seconds"] = buf;
+  meta["epoch_correct"] = absl::StrCat(p.epoch_correct);
+  meta["epoch_samples"] = absl::StrCat(p.epoch_samples);
+  meta["random_offsets"] = JoinU64(model.random_offsets());
+  return WriteSafetensors(path, tensors, meta);
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(path));
+  return c.metadata;
+}
+
+absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
+                            TrainingPosition* position) {
+  KILN_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(path));
+  auto fmt = c.metadata.find("format");
+  if (fmt == c.metadata.end() || fmt->second != kCheckpointFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a kiln checkpoint (metadata format is not ", kCheckpointFormat, ")"));
+  }
+  // Validate everything first, so a mismatch changes nothing.
+  std::vector<std::pair<const HostTensor*, Tensor*>> loads;
+  for (const NamedParameter& np : model.parameters()) {
+    KILN_ASSIGN_OR_RETURN(const HostTensor* t, Expect(path, c, np.name, np.param->value.shape()));
+    loads.push_back({t, &np.param->value});
+  }
+  int64_t optimizer_steps = 0;
+  if (optimizer != nullptr) {
+    for (const NamedState& s : optimizer->state()) {
+      KILN_ASSIGN_OR_RETURN(const HostTensor* t,
+                            Expect(path, c, kOptimizerPrefix + s.name, s.tensor->shape()));
+      loads.push_back({t, s.tensor});
+    }
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "optimizer_steps", &optimizer_steps));
+  }
+  TrainingPosition p;
+  std::vector<uint64_t> offsets;
+  if (position != nullptr) {
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epochs_done", &p.epochs_done));
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "step_in_epoch", &p.step_in_epoch));
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "global_step", &p.global_step));
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_loss_sum", &p.epoch_loss_sum));
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_seconds", &p.epoch_seconds));
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_correct", &p.epoch_correct));
+    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_samples", &p.epoch_samples));
+    KILN_ASSIGN_OR_RETURN(std::vector<uint64_t> rng,
+                          SplitU64(path, "epoch_rng", c.metadata["epoch_rng"]));
+    if (rng.size() != p.epoch_rng.size()) {
+      return absl::DataLossError(absl::StrCat(path, ": metadata epoch_rng needs 4 integers"));
+    }
+    std::copy(rng.begin(), rng.end(), p.epoch_rng.begin());
+    KILN_ASSIGN_OR_RETURN(offsets, SplitU64(path, "random_offsets", c.metadata["random_offsets"]));
+    if (offsets.size() != model.random_offsets().size()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": checkpoint has ", offsets.size(),
+                                                     " dropout streams, model has ",
+                                                     model.random_offsets().size()));
+    }
+  }
+  Backend* backend = model.backend();
+  for (auto& [host, dev] : loads) {
+    KILN_RETURN_IF_ERROR(backend->CopyFromHost(host->bytes.data(), host->bytes.size(), dev));
+  }
+  if (optimizer != nullptr) optimizer->set_steps(optimizer_steps);
+  if (position != nullptr) {
+    KILN_RETURN_IF_ERROR(model.set_random_offsets(offsets));
+    *position = p;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,475 @@
+#include "engine/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "engine/rng.h"
+
+namespace kiln {
+
+namespace {
+
+// Below this many elements a loop runs on the calling thread: waking the team costs more.
+constexpr int64_t kParallelMin = 1 << 15;
+
+absl::Status CheckBytes(const char* op, size_t bytes, size_t capacity) {
+  if (bytes > capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// im2col for the whole batch: cols is (C*KH*KW, N*OH*OW), so one GEMM convolves every sample.
+void Im2Col(const Conv2dGeometry& g, const float* x, float* cols, int threads) {
+  const int oh = g.out_h(), ow = g.out_w(), ohw = oh * ow;
+  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
+  const int rows = g.in_channels * g.kernel_h * g.kernel_w;
+#pragma omp parallel for num_threads(threads) if (rows * n_cols > kParallelMin) schedule(static)
+  for (int r = 0; r < rows; ++r) {
+    const int kw = r % g.kernel_w, kh = (r / g.kernel_w) % g.kernel_h;
+    const int c = r / (g.kernel_w * g.kernel_h);
+    float* out = cols + r * n_cols;
+    for (int n = 0; n < g.batch; ++n) {
+      const float* plane = x + (static_cast<int64_t>(n) * g.in_channels + c) * g.in_h * g.in_w;
+      for (int i = 0; i < oh; ++i) {
+        const int y = i * g.stride - g.padding + kh;
+        float* o = out + n * ohw + i * ow;
+        if (y < 0 || y >= g.in_h) {
+          std::memset(o, 0, sizeof(float) * ow);
+          continue;
+        }
+        const float* row = plane + y * g.in_w;
+        if (g.stride == 1) {
+          // Contiguous run: only the padded edges need care.
+          const int x0 = kh * 0 + kw - g.padding;
+          int j0 = std::max(0, -x0), j1 = std::min(ow, g.in_w - x0);
+          for (int j = 0; j < j0; ++j) o[j] = 0;
+          if (j1 > j0) std::memcpy(o + j0, row + x0 + j0, sizeof(float) * (j1 - j0));
+          for (int j = std::max(j1, j0); j < ow; ++j) o[j] = 0;
+        } else {
+          for (int j = 0; j < ow; ++j) {
+            const int xx = j * g.stride - g.padding + kw;
+            o[j] = (xx >= 0 && xx < g.in_w) ? row[xx] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+// col2im: dx = scatter-add of dcols (C*KH*KW, N*OH*OW). Parallel over (n, c) planes, so no two
+// threads write the same element and the sum order is fixed.
+void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx, int threads) {
+  const int oh = g.out_h(), ow = g.out_w(), ohw = oh * ow;
+  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
+  const int planes = g.batch * g.in_channels;
+  const int64_t work = static_cast<int64_t>(planes) * g.kernel_h * g.kernel_w * ohw;
+#pragma omp parallel for num_threads(threads) if (work > kParallelMin) schedule(static)
+  for (int p = 0; p < planes; ++p) {
+    const int n = p / g.in_channels, c = p % g.in_channels;
+    float* plane = dx + static_cast<int64_t>(p) * g.in_h * g.in_w;
+    std::memset(plane, 0, sizeof(float) * g.in_h * g.in_w);
+    for (int kh = 0; kh < g.kernel_h; ++kh) {
+      for (int kw = 0; kw < g.kernel_w; ++kw) {
+        const int r = (c * g.kernel_h + kh) * g.kernel_w + kw;
+        const float* in = cols + r * n_cols + n * ohw;
+        for (int i = 0; i < oh; ++i) {
+          const int y = i * g.stride - g.padding + kh;
+          if (y < 0 || y >= g.in_h) continue;
+          float* row = plane + y * g.in_w;
+          const float* src = in + i * ow;
+          for (int j = 0; j < ow; ++j) {
+            const int xx = j * g.stride - g.padding + kw;
+            if (xx >= 0 && xx < g.in_w) row[xx] += src[j];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_num_procs()) {
+  openblas_set_num_threads(threads_);
+}
+
+float* CpuBackend::Scratch(std::vector<float>* buf, size_t elems) {
+  if (buf->size() < elems) buf->resize(elems);
+  return buf->data();
+}
+
+absl::StatusOr<Tensor> CpuBackend::Allocate(DType dtype, const Shape& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dimension in ", ShapeString(shape)));
+  }
+  const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+  // 64-byte alignment for SIMD loads; at least one line so empty tensors have an address.
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cpu: out of memory allocating ", bytes, " bytes for ", ShapeString(shape)));
+  }
+  std::memset(p, 0, rounded);
+  auto buffer = std::shared_ptr<Buffer>(new Buffer{p, bytes}, [](Buffer* b) {
+    std::free(b->data);
+    delete b;
+  });
+  return Tensor(std::move(buffer), dtype, shape);
+}
+
+absl::Status CpuBackend::CopyFromHost(const void* host, size_t bytes, Tensor* dst) {
+  if (auto s = CheckBytes("CopyFromHost", bytes, dst->capacity_bytes()); !s.ok()) return s;
+  std::memcpy(dst->raw(), host, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyToHost(const Tensor& src, void* host, size_t bytes) {
+  if (auto s = CheckBytes("CopyToHost", bytes, src.capacity_bytes()); !s.ok()) return s;
+  std::memcpy(host, src.raw(), bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Copy(const Tensor& src, Tensor* dst, size_t bytes) {
+  if (auto s = CheckBytes("Copy", bytes, std::min(src.capacity_bytes(), dst->capacity_bytes()));
+      !s.ok()) {
+    return s;
+  }
+  std::memmove(dst->raw(), src.raw(), bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Fill(Tensor* t, float value) {
+  if (t->dtype() == DType::kF32) {
+    std::fill_n(t->f32(), t->numel(), value);
+  } else if (t->dtype() == DType::kI32) {
+    std::fill_n(t->i32(), t->numel(), static_cast<int32_t>(value));
+  } else {
+    std::fill_n(t->u8(), t->numel(), static_cast<uint8_t>(value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                              const float* a, const float* b, float beta, float* c) {
+  const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
+  cblas_sgemm(CblasRowMajor, at ? CblasTrans : CblasNoTrans, bt ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, at ? m : k, b, bt ? k : n, beta, c, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BiasForward(int rows, int cols, const float* bias, float* y) {
+#pragma omp parallel for num_threads(threads_) if (int64_t{rows} * cols > kParallelMin)
+  for (int r = 0; r < rows; ++r) {
+    float* yr = y + static_cast<int64_t>(r) * cols;
+#pragma omp simd
+    for (int c = 0; c < cols; ++c) yr[c] += bias[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BiasBackward(int rows, int cols, const float* dy, float* dbias) {
+  // Rows are summed in order per column: deterministic for any thread count.
+  for (int r = 0; r < rows; ++r) {
+    const float* d = dy + static_cast<int64_t>(r) * cols;
+#pragma omp simd
+    for (int c = 0; c < cols; ++c) dbias[c] += d[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ReluForward(int64_t n, const float* x, float* y) {
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DropoutForward(int64_t n, float p, uint64_t seed, uint64_t offset,
+                                        const float* x, float* mask, float* y) {
+  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+#pragma omp parallel for num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    mask[i] = CounterUniform(seed, offset + i) >= p ? keep_scale : 0.0f;
+    y[i] = x[i] * mask[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DropoutBackward(int64_t n, const float* mask, const float* dy,
+                                         float* dx) {
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * mask[i];
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SoftmaxForward(int rows, int cols, const float* x, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * cols;
+    float* yr = y + static_cast<int64_t>(r) * cols;
+    const float mx = *std::max_element(xr, xr + cols);
+    float sum = 0;
+    for (int c = 0; c < cols; ++c) sum += (yr[c] = std::exp(xr[c] - mx));
+    const float inv = 1.0f / sum;
+    for (int c = 0; c < cols; ++c) yr[c] *= inv;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
+                                       const float* bias, float* y) {
+  const int ohw = g.out_h() * g.out_w();
+  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
+  const int k = g.in_channels * g.kernel_h * g.kernel_w;
+  float* cols = Scratch(&cols_, k * n_cols);
+  float* out = Scratch(&gemm_out_, g.out_channels * n_cols);
+  Im2Col(g, x, cols, threads_);
+  // out (OC, N*OHW) = w (OC, K) * cols (K, N*OHW)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g.out_channels, n_cols, k, 1.0f, w, k,
+              cols, n_cols, 0.0f, out, n_cols);
+  // (OC, N, OHW) -> (N, OC, OHW), adding the bias on the way.
+  const int planes = g.batch * g.out_channels;
+#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * ohw > kParallelMin)
+  for (int p = 0; p < planes; ++p) {
+    const int n = p / g.out_channels, oc = p % g.out_channels;
+    const float* src = out + oc * n_cols + n * ohw;
+    float* dst = y + static_cast<int64_t>(p) * ohw;
+    const float b = bias ? bias[oc] : 0.0f;
+#pragma omp simd
+    for (int i = 0; i < ohw; ++i) dst[i] = src[i] + b;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                                        const float* dy, float* dw, float* dbias, float* dx) {
+  const int ohw = g.out_h() * g.out_w();
+  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
+  const int k = g.in_channels * g.kernel_h * g.kernel_w;
+  float* cols = Scratch(&cols_, k * n_cols);
+  float* dout = Scratch(&gemm_out_, g.out_channels * n_cols);
+  // dy (N, OC, OHW) -> dout (OC, N*OHW); the bias gradient is each channel's sum, in fixed order.
+#pragma omp parallel for num_threads(threads_) if (int64_t{g.out_channels} * n_cols > kParallelMin)
+  for (int oc = 0; oc < g.out_channels; ++oc) {
+    double sum = 0;
+    for (int n = 0; n < g.batch; ++n) {
+      const float* src = dy + (static_cast<int64_t>(n) * g.out_channels + oc) * ohw;
+      float* dst = dout + oc * n_cols + n * ohw;
+      std::memcpy(dst, src, sizeof(float) * ohw);
+      if (dbias) {
+        for (int i = 0; i < ohw; ++i) sum += src[i];
+      }
+    }
+    if (dbias) dbias[oc] += static_cast<float>(sum);
+  }
+  Im2Col(g, x, cols, threads_);
+  // dw (OC, K) += dout (OC, N*OHW) * cols^T (N*OHW, K)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.out_channels, k, n_cols, 1.0f, dout,
+              n_cols, cols, n_cols, 1.0f, dw, k);
+  if (dx != nullptr) {
+    // dcols (K, N*OHW) = w^T (K, OC) * dout (OC, N*OHW), reusing the cols buffer.
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, n_cols, g.out_channels, 1.0f, w, k,
+                dout, n_cols, 0.0f, cols, n_cols);
+    Col2Im(g, cols, dx, threads_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
+                                          int32_t* argmax) {
+  const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
+#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * g.in_h * g.in_w > kParallelMin)
+  for (int p = 0; p < planes; ++p) {
+    const float* in = x + static_cast<int64_t>(p) * g.in_h * g.in_w;
+    float* out = y + static_cast<int64_t>(p) * oh * ow;
+    int32_t* am = argmax + static_cast<int64_t>(p) * oh * ow;
+    for (int i = 0; i < oh; ++i) {
+      for (int j = 0; j < ow; ++j) {
+        int best = (i * g.stride) * g.in_w + j * g.stride;
+        float best_v = in[best];
+        for (int a = 0; a < g.kernel; ++a) {
+          for (int b = 0; b < g.kernel; ++b) {
+            const int idx = (i * g.stride + a) * g.in_w + j * g.stride + b;
+            // NaN propagates as in PyTorch.
+            if (in[idx] > best_v || std::isnan(in[idx])) {
+              best_v = in[idx];
+              best = idx;
+            }
+          }
+        }
+        out[i * ow + j] = best_v;
+        am[i * ow + j] = best;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
+                                           const int32_t* argmax, float* dx) {
+  const int ohw = g.out_h() * g.out_w(), planes = g.batch * g.channels;
+  const int in_hw = g.in_h * g.in_w;
+#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_hw > kParallelMin)
+  for (int p = 0; p < planes; ++p) {
+    float* d = dx + static_cast<int64_t>(p) * in_hw;
+    std::memset(d, 0, sizeof(float) * in_hw);
+    const float* src = dy + static_cast<int64_t>(p) * ohw;
+    const int32_t* am = argmax + static_cast<int64_t>(p) * ohw;
+    for (int i = 0; i < ohw; ++i) d[am[i]] += src[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
+                                             const int32_t* labels, float* loss,
+                                             int32_t* correct, float* dlogits) {
+  double total = 0;
+  int32_t hits = 0;
+  const float inv_rows = 1.0f / static_cast<float>(rows);
+  for (int r = 0; r < rows; ++r) {
+    const float* z = logits + static_cast<int64_t>(r) * cols;
+    const int label = labels[r];
+    if (label < 0 || label >= cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", label, " out of range for ", cols, " classes"));
+    }
+    int best = 0;
+    for (int c = 1; c < cols; ++c) {
+      if (z[c] > z[best]) best = c;
+    }
+    const float mx = z[best];
+    float sum = 0;
+    for (int c = 0; c < cols; ++c) sum += std::exp(z[c] - mx);
+    const float log_sum = std::log(sum);
+    total += static_cast<double>(log_sum - (z[label] - mx));
+    hits += best == label;
+    if (dlogits != nullptr) {
+      float* d = dlogits + static_cast<int64_t>(r) * cols;
+      const float inv_sum = 1.0f / sum;
+      for (int c = 0; c < cols; ++c) d[c] = std::exp(z[c] - mx) * inv_sum * inv_rows;
+      d[label] -= inv_rows;
+    }
+  }
+  *loss = static_cast<float>(total / rows);
+  *correct = hits;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MeanSquaredError(int64_t n, const float* y, const float* target,
+                                          float* loss, float* dy) {
+  double total = 0;
+  const float scale = 2.0f / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = y[i] - target[i];
+    total += static_cast<double>(d) * d;
+    if (dy != nullptr) dy[i] = scale * d;
+  }
+  *loss = static_cast<float>(total / static_cast<double>(n));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::OneHot(int rows, int cols, const int32_t* labels, float* onehot) {
+  std::fill_n(onehot, static_cast<int64_t>(rows) * cols, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    if (labels[r] < 0 || labels[r] >= cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", labels[r], " out of range for ", cols, " classes"));
+    }
+    onehot[static_cast<int64_t>(r) * cols + labels[r]] = 1.0f;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Argmax(int rows, int cols, const float* x, int32_t* out) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * cols;
+    out[r] = static_cast<int32_t>(std::max_element(xr, xr + cols) - xr);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CountCorrect(int rows, int cols, const float* x,
+                                      const int32_t* labels, int32_t* correct) {
+  int32_t hits = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * cols;
+    hits += (std::max_element(xr, xr + cols) - xr) == labels[r];
+  }
+  *correct = hits;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SgdUpdate(int64_t n, const SgdHyper& h, MomentumBuffer buffer,
+                                   float* param, const float* grad, float* momentum_buf) {
+  const bool seed = buffer == MomentumBuffer::kSeed;
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float d = grad[i] + h.weight_decay * param[i];
+    if (h.momentum != 0.0f) {
+      const float buf =
+          seed ? d : h.momentum * momentum_buf[i] + (1.0f - h.dampening) * d;
+      momentum_buf[i] = buf;
+      d = h.nesterov ? d + h.momentum * buf : buf;
+    }
+    param[i] -= h.lr * d;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param,
+                                    const float* grad, float* exp_avg, float* exp_avg_sq) {
+  const double t = static_cast<double>(h.step);
+  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t));
+  const float bias2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
+  const float step_size = h.lr / bias1;
+  const bool decoupled = h.decay == WeightDecayMode::kDecoupled;
+  const float param_scale = decoupled ? 1.0f - h.lr * h.weight_decay : 1.0f;
+  const float grad_decay = decoupled ? 0.0f : h.weight_decay;
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = param[i] * param_scale;
+    const float g = grad[i] + grad_decay * p;
+    const float m = h.beta1 * exp_avg[i] + (1.0f - h.beta1) * g;
+    const float v = h.beta2 * exp_avg_sq[i] + (1.0f - h.beta2) * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    param[i] = p - step_size * m / (std::sqrt(v) / bias2_sqrt + h.eps);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
+                                         const uint8_t* pixels, const int32_t* labels,
+                                         const PixelNorm& norm, float* out,
+                                         int32_t* labels_out) {
+  // x = (u8 * scale - mean) / std, folded into one multiply-add per pixel.
+  const float a = norm.scale / norm.std, b = -norm.mean / norm.std;
+#pragma omp parallel for num_threads(threads_) if (count * sample_elems > kParallelMin)
+  for (int i = 0; i < count; ++i) {
+    const uint8_t* src = pixels + static_cast<int64_t>(index[i]) * sample_elems;
+    float* dst = out + static_cast<int64_t>(i) * sample_elems;
+#pragma omp simd
+    for (int64_t j = 0; j < sample_elems; ++j) dst[j] = static_cast<float>(src[j]) * a + b;
+  }
+  if (labels_out != nullptr) {
+    for (int i = 0; i < count; ++i) labels_out[i] = labels[index[i]];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

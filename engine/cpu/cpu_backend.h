@@ -1,0 +1,76 @@
+// The CPU backend: OpenBLAS GEMM, im2col convolution batched over the minibatch, and OpenMP loops
+// that share OpenBLAS's thread pool (both use libgomp), so the two never oversubscribe the cores.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace kiln {
+
+class CpuBackend final : public Backend {
+ public:
+  // threads <= 0 means every core.
+  explicit CpuBackend(int threads);
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string name() const override { return "cpu"; }
+  int threads() const { return threads_; }
+
+  absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override;
+  absl::Status CopyFromHost(const void* host, size_t bytes, Tensor* dst) override;
+  absl::Status CopyToHost(const Tensor& src, void* host, size_t bytes) override;
+  absl::Status Copy(const Tensor& src, Tensor* dst, size_t bytes) override;
+  absl::Status Fill(Tensor* t, float value) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status Gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+                    const float* b, float beta, float* c) override;
+  absl::Status BiasForward(int rows, int cols, const float* bias, float* y) override;
+  absl::Status BiasBackward(int rows, int cols, const float* dy, float* dbias) override;
+
+  absl::Status ReluForward(int64_t n, const float* x, float* y) override;
+  absl::Status ReluBackward(int64_t n, const float* y, const float* dy, float* dx) override;
+  absl::Status DropoutForward(int64_t n, float p, uint64_t seed, uint64_t offset, const float* x,
+                              float* mask, float* y) override;
+  absl::Status DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) override;
+  absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) override;
+
+  absl::Status Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
+                             const float* bias, float* y) override;
+  absl::Status Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                              const float* dy, float* dw, float* dbias, float* dx) override;
+  absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
+                                int32_t* argmax) override;
+  absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
+                                 float* dx) override;
+
+  absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits, const int32_t* labels,
+                                   float* loss, int32_t* correct, float* dlogits) override;
+  absl::Status MeanSquaredError(int64_t n, const float* y, const float* target, float* loss,
+                                float* dy) override;
+  absl::Status OneHot(int rows, int cols, const int32_t* labels, float* onehot) override;
+  absl::Status Argmax(int rows, int cols, const float* x, int32_t* out) override;
+  absl::Status CountCorrect(int rows, int cols, const float* x, const int32_t* labels,
+                            int32_t* correct) override;
+
+  absl::Status SgdUpdate(int64_t n, const SgdHyper& hyper, MomentumBuffer buffer, float* param,
+                         const float* grad, float* momentum_buf) override;
+  absl::Status AdamUpdate(int64_t n, const AdamHyper& hyper, float* param, const float* grad,
+                          float* exp_avg, float* exp_avg_sq) override;
+
+  absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
+                               const uint8_t* pixels, const int32_t* labels,
+                               const PixelNorm& norm, float* out, int32_t* labels_out) override;
+
+ private:
+  // Scratch for im2col columns and the GEMM result, grown on demand and kept between steps.
+  float* Scratch(std::vector<float>* buf, size_t elems);
+
+  int threads_;
+  std::vector<float> cols_, gemm_out_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,29 @@
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "engine/cuda/cuda_device.h"
+
+namespace kiln {
+
+int CudaDeviceCount(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why != nullptr) *why = cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky error so later calls start clean
+    return 0;
+  }
+  if (count == 0 && why != nullptr) *why = "no CUDA device";
+  return count;
+}
+
+std::string CudaDeviceDescription(int index) {
+  cudaDeviceProp prop;
+  const cudaError_t err = cudaGetDeviceProperties(&prop, index);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  return std::string(prop.name) + ", " + std::to_string(prop.totalGlobalMem >> 30) + " GiB, sm_" +
+         std::to_string(prop.major) + std::to_string(prop.minor);
+}
+
+}  // namespace kiln

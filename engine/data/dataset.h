@@ -1,0 +1,40 @@
+// An in-memory labelled image dataset: raw uint8 pixels plus int32 labels, loaded from IDX files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tensor.h"
+
+namespace kiln {
+
+struct Dataset {
+  Shape sample_shape;           // e.g. {28, 28} as stored; models see {1, 28, 28} or {784}
+  int64_t size = 0;             // number of samples
+  std::vector<uint8_t> pixels;  // size * NumElements(sample_shape), sample-major
+  std::vector<int32_t> labels;  // size
+  int32_t num_classes = 0;      // 1 + the largest label
+
+  int64_t sample_elems() const { return NumElements(sample_shape); }
+};
+
+// A train/test pair as laid out in a dataset folder.
+struct DatasetSplits {
+  Dataset train;
+  Dataset test;  // size 0 when the folder has no test files
+};
+
+// Loads a folder holding MNIST-style files: train-images-idx3-ubyte, train-labels-idx1-ubyte,
+// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each raw or gzip-compressed (".gz"), as
+// fetch-mnist writes them and Debian's dataset-fashion-mnist ships them (in
+// /usr/share/datasets/fashion-mnist). Missing train files are NotFound; a folder with neither
+// test file gives an empty test split. Errors name the file and the problem.
+absl::StatusOr<DatasetSplits> LoadImageFolder(const std::string& dir);
+
+// Loads one images file and its labels file, checking that their counts agree.
+absl::StatusOr<Dataset> LoadImagesAndLabels(const std::string& images_path,
+                                            const std::string& labels_path);
+
+}  // namespace kiln

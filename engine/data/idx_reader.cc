@@ -1,0 +1,288 @@
+#include "engine/data/idx_reader.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+namespace {
+
+constexpr uint8_t kTypeUnsignedByte = 0x08;
+constexpr int kMaxRank = 4;
+// Reads go in pieces of this size; it also bounds the first allocation, so a header that lies
+// about its size costs at most what the file really holds.
+constexpr size_t kChunkBytes = size_t{1} << 20;
+// Trailing bytes are counted up to this many, so a gzip bomb after the data cannot stall us.
+constexpr size_t kMaxTrailingCount = size_t{64} << 20;
+
+// A forward-only stream of bytes: a plain file, a gzip file, or memory.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Reads up to n bytes; 0 means end of input. Errors already name the source.
+  virtual absl::StatusOr<size_t> Read(uint8_t* buf, size_t n) = 0;
+};
+
+class PlainFileSource : public ByteSource {
+ public:
+  PlainFileSource(FILE* file, std::string path) : file_(file), path_(std::move(path)) {}
+  ~PlainFileSource() override { std::fclose(file_); }
+
+  absl::StatusOr<size_t> Read(uint8_t* buf, size_t n) override {
+    size_t got = std::fread(buf, 1, n, file_);
+    if (got < n && std::ferror(file_)) {
+      return absl::DataLossError(absl::StrCat(path_, ": read error: ", std::strerror(errno)));
+    }
+    return got;
+  }
+
+ private:
+  FILE* file_;
+  std::string path_;
+};
+
+class GzipFileSource : public ByteSource {
+ public:
+  GzipFileSource(gzFile file, std::string path) : file_(file), path_(std::move(path)) {}
+  ~GzipFileSource() override { gzclose(file_); }
+
+  absl::StatusOr<size_t> Read(uint8_t* buf, size_t n) override {
+    // gzread takes an unsigned count and returns an int.
+    auto want = static_cast<unsigned>(std::min<size_t>(n, INT_MAX));
+    int got = gzread(file_, buf, want);
+    int err = Z_OK;
+    std::string msg = gzerror(file_, &err);
+    // zlib prefixes its message with the path, which ours already carries.
+    if (absl::StartsWith(msg, path_ + ": ")) msg.erase(0, path_.size() + 2);
+    if (got < 0 || (err != Z_OK && err != Z_BUF_ERROR)) {
+      if (err == Z_ERRNO) {
+        return absl::DataLossError(absl::StrCat(path_, ": read error: ", std::strerror(errno)));
+      }
+      return absl::DataLossError(absl::StrCat(path_, ": corrupt gzip stream: ", msg));
+    }
+    // Z_BUF_ERROR is zlib's report of a compressed stream cut off before its end.
+    if (err == Z_BUF_ERROR) {
+      return absl::DataLossError(absl::StrCat(path_, ": truncated gzip stream: ", msg));
+    }
+    return static_cast<size_t>(got);
+  }
+
+ private:
+  gzFile file_;
+  std::string path_;
+};
+
+class MemorySource : public ByteSource {
+ public:
+  explicit MemorySource(std::string_view bytes) : bytes_(bytes) {}
+
+  absl::StatusOr<size_t> Read(uint8_t* buf, size_t n) override {
+    size_t got = std::min(n, bytes_.size());
+    std::memcpy(buf, bytes_.data(), got);
+    bytes_.remove_prefix(got);
+    return got;
+  }
+
+ private:
+  std::string_view bytes_;
+};
+
+// Reads until n bytes or the end of input; returns how many were read.
+absl::StatusOr<size_t> ReadFull(ByteSource& src, uint8_t* buf, size_t n) {
+  size_t have = 0;
+  while (have < n) {
+    KILN_ASSIGN_OR_RETURN(size_t got, src.Read(buf + have, n - have));
+    if (got == 0) break;
+    have += got;
+  }
+  return have;
+}
+
+const char* IdxTypeName(uint8_t type) {
+  switch (type) {
+    case 0x08:
+      return "unsigned byte";
+    case 0x09:
+      return "signed byte";
+    case 0x0B:
+      return "int16";
+    case 0x0C:
+      return "int32";
+    case 0x0D:
+      return "float32";
+    case 0x0E:
+      return "float64";
+  }
+  return nullptr;
+}
+
+// Parses a whole IDX stream. `name` prefixes every message; `content` says what the byte counts
+// refer to ("file" or "decompressed file").
+absl::StatusOr<IdxArray> ParseIdxStream(ByteSource& src, const std::string& name,
+                                        const std::string& content) {
+  uint8_t magic[4];
+  KILN_ASSIGN_OR_RETURN(size_t got, ReadFull(src, magic, sizeof(magic)));
+  if (got == 0) {
+    return absl::DataLossError(
+        absl::StrCat(name, ": truncated header: ", content, " is empty, expected an IDX header"));
+  }
+  if (got < sizeof(magic)) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: truncated header: %s has only %d bytes, an IDX header is at least 8",
+                        name, content, got));
+  }
+  if (magic[0] != 0 || magic[1] != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: bad magic: starts with 0x%02x 0x%02x, an IDX file starts with 0x00 0x00", name,
+        magic[0], magic[1]));
+  }
+  const uint8_t type = magic[2];
+  if (type != kTypeUnsignedByte) {
+    const char* type_name = IdxTypeName(type);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: unsupported element type 0x%02x (%s); only 0x08 (unsigned byte) is supported", name,
+        type, type_name ? type_name : "not an IDX type"));
+  }
+  const int rank = magic[3];
+  if (rank < 1 || rank > kMaxRank) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: unsupported rank %d: only rank 1 to %d is supported", name, rank, kMaxRank));
+  }
+
+  const size_t header_bytes = sizeof(magic) + 4 * static_cast<size_t>(rank);
+  uint8_t dim_bytes[4 * kMaxRank];
+  KILN_ASSIGN_OR_RETURN(got, ReadFull(src, dim_bytes, 4 * static_cast<size_t>(rank)));
+  if (got < 4 * static_cast<size_t>(rank)) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: truncated header: rank %d needs a %d-byte header but %s has only %d bytes", name, rank,
+        header_bytes, content, sizeof(magic) + got));
+  }
+  IdxArray out;
+  out.dims.resize(rank);
+  for (int i = 0; i < rank; ++i) {
+    const uint8_t* b = dim_bytes + ptrdiff_t{4} * i;  // big-endian uint32
+    out.dims[i] = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
+  }
+  const std::string dims_str = absl::StrJoin(out.dims, "x");
+  int64_t elems = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (out.dims[i] == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: zero dimension: dimension %d of %s is 0; every dimension must be > 0", name, i,
+          dims_str));
+    }
+    // Dividing first keeps the check itself from overflowing.
+    if (elems > kMaxIdxElements / out.dims[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: too large: header dims %s exceed the limit of %d elements", name,
+                          dims_str, kMaxIdxElements));
+    }
+    elems *= out.dims[i];
+  }
+  const auto expected = static_cast<size_t>(elems);
+  // "60000x28x28 = 47040000 bytes", or just "10000 bytes" for rank 1.
+  const std::string size_str = rank == 1 ? absl::StrCat(expected, " bytes")
+                                         : absl::StrCat(dims_str, " = ", expected, " bytes");
+
+  // Grows the buffer as data arrives rather than trusting the header's size up front.
+  size_t have = 0;
+  try {
+    while (have < expected) {
+      out.data.resize(std::min(expected, std::max(kChunkBytes, 2 * have)));
+      KILN_ASSIGN_OR_RETURN(got, ReadFull(src, out.data.data() + have, out.data.size() - have));
+      have += got;
+      if (have < out.data.size()) break;  // end of input
+    }
+  } catch (const std::bad_alloc&) {
+    // The one exception the standard library can raise here; a daemon must survive it.
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: out of memory reading %d bytes of IDX data (%s)", name, expected, dims_str));
+  }
+  if (have < expected) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: truncated: header says %s of data but %s has %d after the %d-byte header", name,
+        size_str, content, have, header_bytes));
+  }
+
+  uint8_t extra[64 * 1024];
+  size_t trailing = 0;
+  while (trailing < kMaxTrailingCount) {
+    KILN_ASSIGN_OR_RETURN(got, ReadFull(src, extra, sizeof(extra)));
+    if (got == 0) break;
+    trailing += got;
+  }
+  if (trailing > 0) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: trailing bytes: header says %s of data but %s has %s%d after the %d-byte header", name,
+        size_str, content, trailing >= kMaxTrailingCount ? "more than " : "", expected + trailing,
+        header_bytes));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  // Other status errors (a parent we may not search, say) are left for fopen to report.
+  if (st.type() == std::filesystem::file_type::not_found) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  }
+  if (std::filesystem::is_directory(st)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not an IDX file"));
+  }
+  FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    const int err = errno;
+    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+    if (err == ENOENT) return absl::NotFoundError(msg);
+    return absl::UnavailableError(msg);
+  }
+  // Sniff the gzip magic (1f 8b); an IDX header starts with 00 00, so the two cannot be confused.
+  uint8_t head[2] = {0, 0};
+  const size_t head_len = std::fread(head, 1, sizeof(head), file);
+  const bool gzipped = head_len == 2 && head[0] == 0x1f && head[1] == 0x8b;
+  if (!gzipped) {
+    if (std::fseek(file, 0, SEEK_SET) != 0) {
+      const int err = errno;
+      std::fclose(file);
+      return absl::DataLossError(absl::StrCat(path, ": cannot seek: ", std::strerror(err)));
+    }
+    PlainFileSource src(file, path);
+    return ParseIdxStream(src, path, "file");
+  }
+  std::fclose(file);
+  gzFile gz = gzopen(path.c_str(), "rb");
+  if (gz == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat(path, ": cannot open as gzip: ", errno ? std::strerror(errno) : "no memory"));
+  }
+  gzbuffer(gz, 128 * 1024);
+  GzipFileSource src(gz, path);
+  return ParseIdxStream(src, path, "decompressed file");
+}
+
+absl::StatusOr<IdxArray> ParseIdx(std::string_view bytes, const std::string& name) {
+  MemorySource src(bytes);
+  return ParseIdxStream(src, name, "input");
+}
+
+}  // namespace kiln

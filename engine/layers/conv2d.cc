@@ -1,0 +1,55 @@
+#include "engine/layers/conv2d.h"
+
+#include <cmath>
+
+#include "engine/layers/parameter_init.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+absl::StatusOr<std::unique_ptr<Layer>> Conv2d::Create(const Conv2dConfig& config,
+                                                      Backend* backend, const Shape& input,
+                                                      const Shape& output, Rng* rng) {
+  auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output));
+  const int64_t k = config.kernel_size;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_channels * k * k));
+  KILN_RETURN_IF_ERROR(InitUniformParameter(backend, "weight",
+                                            {config.out_channels, config.in_channels, k, k}, bound,
+                                            rng, &layer->weight_));
+  if (config.bias) {
+    KILN_RETURN_IF_ERROR(
+        InitUniformParameter(backend, "bias", {config.out_channels}, bound, rng, &layer->bias_));
+  }
+  return std::unique_ptr<Layer>(std::move(layer));
+}
+
+std::vector<Parameter*> Conv2d::parameters() {
+  if (config_.bias) return {&weight_, &bias_};
+  return {&weight_};
+}
+
+Conv2dGeometry Conv2d::Geometry(int64_t batch) const {
+  Conv2dGeometry g;
+  g.batch = static_cast<int>(batch);
+  g.in_channels = static_cast<int>(input_shape_[0]);
+  g.in_h = static_cast<int>(input_shape_[1]);
+  g.in_w = static_cast<int>(input_shape_[2]);
+  g.out_channels = static_cast<int>(config_.out_channels);
+  g.kernel_h = g.kernel_w = static_cast<int>(config_.kernel_size);
+  g.stride = static_cast<int>(config_.stride);
+  g.padding = static_cast<int>(config_.padding);
+  return g;
+}
+
+absl::Status Conv2d::Forward(const Tensor& x, Tensor* y, Mode) {
+  return backend_->Conv2dForward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(),
+                                 config_.bias ? bias_.value.f32() : nullptr, y->f32());
+}
+
+absl::Status Conv2d::Backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+  return backend_->Conv2dBackward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(), dy.f32(),
+                                  weight_.grad.f32(), config_.bias ? bias_.grad.f32() : nullptr,
+                                  dx ? dx->f32() : nullptr);
+}
+
+}  // namespace kiln

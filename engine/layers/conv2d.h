@@ -1,0 +1,29 @@
+// Conv2d: square kernel, stride and zero padding, weight (out, in, k, k) as in torch.nn.Conv2d.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "engine/layers/layer.h"
+#include "engine/model_config.h"
+#include "engine/rng.h"
+
+namespace kiln {
+
+class Conv2d final : public Layer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Layer>> Create(const Conv2dConfig& config,
+                                                       Backend* backend, const Shape& input,
+                                                       const Shape& output, Rng* rng);
+  const char* type() const override { return "conv2d"; }
+  absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
+  absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
+  std::vector<Parameter*> parameters() override;
+
+ private:
+  Conv2d(const Conv2dConfig& config, Backend* backend, const Shape& input, const Shape& output)
+      : Layer(backend, input, output), config_(config) {}
+  Conv2dGeometry Geometry(int64_t batch) const;
+  Conv2dConfig config_;
+  Parameter weight_, bias_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,31 @@
+// Dropout (inverted): in training zeroes each element with probability p and scales the rest by
+// 1/(1-p); in evaluation it is the identity.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/layers/layer.h"
+#include "engine/model_config.h"
+
+namespace kiln {
+
+class Dropout final : public Layer {
+ public:
+  Dropout(const DropoutConfig& config, Backend* backend, const Shape& shape, uint64_t seed)
+      : Layer(backend, shape, shape), config_(config), seed_(seed) {}
+  const char* type() const override { return "dropout"; }
+  absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
+  absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
+
+  // Elements drawn so far: the position in this layer's random stream, for checkpoints.
+  uint64_t offset() const { return offset_; }
+  void set_offset(uint64_t offset) { offset_ = offset; }
+
+ private:
+  DropoutConfig config_;
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+  Tensor mask_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,51 @@
+// The contract every layer keeps: built from its config for a known per-sample input shape, then
+// forward and backward over batches, written once against the Backend interface.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/backend.h"
+#include "engine/tensor.h"
+
+namespace kiln {
+
+enum class Mode { kTrain, kEval };
+
+// A learnable tensor and its gradient (same shape), on the layer's backend.
+struct Parameter {
+  std::string name;  // "weight" or "bias"; the model prefixes the layer index ("3.weight").
+  Tensor value;
+  Tensor grad;
+};
+
+class Layer {
+ public:
+  Layer(Backend* backend, Shape input_shape, Shape output_shape)
+      : backend_(backend), input_shape_(std::move(input_shape)),
+        output_shape_(std::move(output_shape)) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  virtual const char* type() const = 0;
+  // Per-sample shapes, without the batch dimension.
+  const Shape& input_shape() const { return input_shape_; }
+  const Shape& output_shape() const { return output_shape_; }
+
+  // y = f(x). x is (batch, input_shape...); y is preallocated as (batch, output_shape...).
+  virtual absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) = 0;
+  // From dy (shaped like y), accumulates parameter gradients and, when dx is not null,
+  // overwrites dx (shaped like x). x and y are the tensors of the last Forward in kTrain mode.
+  virtual absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                Tensor* dx) = 0;
+
+  virtual std::vector<Parameter*> parameters() { return {}; }
+
+ protected:
+  Backend* backend_;
+  Shape input_shape_, output_shape_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,60 @@
+#include "engine/layers/linear.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/layers/parameter_init.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+absl::StatusOr<std::unique_ptr<Layer>> Linear::Create(const LinearConfig& config,
+                                                      Backend* backend, const Shape& input,
+                                                      Rng* rng) {
+  auto layer = std::unique_ptr<Linear>(new Linear(config, backend, input));
+  const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_features));
+  KILN_RETURN_IF_ERROR(InitUniformParameter(backend, "weight",
+                                            {config.out_features, config.in_features}, bound, rng,
+                                            &layer->weight_));
+  if (config.bias) {
+    KILN_RETURN_IF_ERROR(
+        InitUniformParameter(backend, "bias", {config.out_features}, bound, rng, &layer->bias_));
+  }
+  return std::unique_ptr<Layer>(std::move(layer));
+}
+
+std::vector<Parameter*> Linear::parameters() {
+  if (config_.bias) return {&weight_, &bias_};
+  return {&weight_};
+}
+
+absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
+  // x (B, in), y (B, out) = x W^T + b
+  const int batch = static_cast<int>(x.dim(0)), in = static_cast<int>(config_.in_features),
+            out = static_cast<int>(config_.out_features);
+  KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kNo, Transpose::kYes, batch, out, in, 1.0f,
+                                      x.f32(), weight_.value.f32(), 0.0f, y->f32()));
+  if (config_.bias) {
+    KILN_RETURN_IF_ERROR(backend_->BiasForward(batch, out, bias_.value.f32(), y->f32()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Linear::Backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+  const int batch = static_cast<int>(x.dim(0)), in = static_cast<int>(config_.in_features),
+            out = static_cast<int>(config_.out_features);
+  // dW (out, in) += dy^T (out, B) x (B, in)
+  KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f,
+                                      dy.f32(), x.f32(), 1.0f, weight_.grad.f32()));
+  if (config_.bias) {
+    KILN_RETURN_IF_ERROR(backend_->BiasBackward(batch, out, dy.f32(), bias_.grad.f32()));
+  }
+  if (dx != nullptr) {
+    // dx (B, in) = dy (B, out) W (out, in)
+    KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kNo, Transpose::kNo, batch, in, out, 1.0f,
+                                        dy.f32(), weight_.value.f32(), 0.0f, dx->f32()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

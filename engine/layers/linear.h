@@ -1,0 +1,28 @@
+// Linear: y = x W^T + b, with W (out_features, in_features) as in torch.nn.Linear.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "engine/layers/layer.h"
+#include "engine/model_config.h"
+#include "engine/rng.h"
+
+namespace kiln {
+
+class Linear final : public Layer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Layer>> Create(const LinearConfig& config,
+                                                       Backend* backend, const Shape& input,
+                                                       Rng* rng);
+  const char* type() const override { return "linear"; }
+  absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
+  absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
+  std::vector<Parameter*> parameters() override;
+
+ private:
+  Linear(const LinearConfig& config, Backend* backend, const Shape& input)
+      : Layer(backend, input, {config.out_features}), config_(config) {}
+  LinearConfig config_;
+  Parameter weight_, bias_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,16 @@
+// PyTorch's default initialisation of weights and biases, drawn from our seeded Rng.
+#pragma once
+
+#include "absl/status/status.h"
+#include "engine/backend.h"
+#include "engine/layers/layer.h"
+#include "engine/rng.h"
+
+namespace kiln {
+
+// Allocates value and grad of `shape` and fills value uniformly in [-bound, bound]; for
+// kaiming-uniform with a=sqrt(5) and for the bias, bound = 1/sqrt(fan_in).
+absl::Status InitUniformParameter(Backend* backend, const char* name, const Shape& shape,
+                                  float bound, Rng* rng, Parameter* param);
+
+}  // namespace kiln

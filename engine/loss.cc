@@ -1,0 +1,28 @@
+#include "engine/loss.h"
+
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+const char* LossName(LossKind kind) {
+  return kind == LossKind::kCrossEntropy ? "cross_entropy" : "mse";
+}
+
+absl::Status Loss::Compute(const Tensor& out, const Tensor& labels, float* loss, int32_t* correct,
+                           Tensor* dout) {
+  const int rows = static_cast<int>(out.dim(0));
+  const int cols = static_cast<int>(out.numel() / rows);
+  if (kind_ == LossKind::kCrossEntropy) {
+    return backend_->SoftmaxCrossEntropy(rows, cols, out.f32(), labels.i32(), loss, correct,
+                                         dout ? dout->f32() : nullptr);
+  }
+  if (!onehot_.Reshape(out.shape())) {
+    KILN_ASSIGN_OR_RETURN(onehot_, backend_->Allocate(DType::kF32, out.shape()));
+  }
+  KILN_RETURN_IF_ERROR(backend_->OneHot(rows, cols, labels.i32(), onehot_.f32()));
+  KILN_RETURN_IF_ERROR(backend_->MeanSquaredError(out.numel(), out.f32(), onehot_.f32(), loss,
+                                                  dout ? dout->f32() : nullptr));
+  return backend_->CountCorrect(rows, cols, out.f32(), labels.i32(), correct);
+}
+
+}  // namespace kiln

@@ -1,0 +1,32 @@
+// Losses over a batch of model outputs (rows, classes) and int32 labels: cross-entropy fused with
+// log-softmax, and mean squared error against one-hot labels. Both count correct predictions.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+
+namespace kiln {
+
+enum class LossKind { kCrossEntropy, kMeanSquaredError };
+
+const char* LossName(LossKind kind);
+
+class Loss {
+ public:
+  Loss(LossKind kind, Backend* backend) : kind_(kind), backend_(backend) {}
+
+  // out is (rows, classes). Writes the mean loss to the device scalar *loss and the number of
+  // rows whose argmax is the label to *correct; dout (shaped like out) when not null.
+  absl::Status Compute(const Tensor& out, const Tensor& labels, float* loss, int32_t* correct,
+                       Tensor* dout);
+
+ private:
+  LossKind kind_;
+  Backend* backend_;
+  Tensor onehot_;  // MSE targets, grown to the largest batch
+};
+
+}  // namespace kiln

@@ -1,0 +1,262 @@
+#include "engine/model.h"
+
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "engine/layers/conv2d.h"
+#include "engine/layers/dropout.h"
+#include "engine/layers/flatten.h"
+#include "engine/layers/linear.h"
+#include "engine/layers/maxpool2d.h"
+#include "engine/layers/relu.h"
+#include "engine/layers/softmax.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+namespace {
+
+std::string DescribeInput(const Shape& in) {
+  if (in.size() == 1) return std::to_string(in[0]);
+  return absl::StrCat(ShapeString(in), " = ", NumElements(in));
+}
+
+// Output shape of one layer for a per-sample input shape; `where` is "layer 3 conv2d".
+struct ShapeOf {
+  const Shape& in;
+  const std::string& where;
+
+  absl::Status Positive(const char* field, int64_t v) const {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be positive, got ", v));
+  }
+  absl::Status Image(const char* what) const {
+    if (in.size() == 3) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what, " needs a CxHxW input but input is ",
+                                                   ShapeString(in)));
+  }
+
+  absl::StatusOr<Shape> operator()(const LinearConfig& c) const {
+    KILN_RETURN_IF_ERROR(Positive("in_features", c.in_features));
+    KILN_RETURN_IF_ERROR(Positive("out_features", c.out_features));
+    if (NumElements(in) != c.in_features) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": in_features ", c.in_features,
+                                                     " but input is ", DescribeInput(in)));
+    }
+    return Shape{c.out_features};
+  }
+  absl::StatusOr<Shape> operator()(const Conv2dConfig& c) const {
+    KILN_RETURN_IF_ERROR(Positive("in_channels", c.in_channels));
+    KILN_RETURN_IF_ERROR(Positive("out_channels", c.out_channels));
+    KILN_RETURN_IF_ERROR(Positive("kernel_size", c.kernel_size));
+    KILN_RETURN_IF_ERROR(Positive("stride", c.stride));
+    if (c.padding < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": padding must be >= 0, got ", c.padding));
+    }
+    KILN_RETURN_IF_ERROR(Image("conv2d"));
+    if (in[0] != c.in_channels) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": in_channels ", c.in_channels,
+                                                     " but input is ", ShapeString(in), " (",
+                                                     in[0], " channels)"));
+    }
+    const int64_t h = in[1] + 2 * c.padding, w = in[2] + 2 * c.padding;
+    if (c.kernel_size > h || c.kernel_size > w) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": kernel_size ", c.kernel_size,
+                                                     " is larger than the padded input ", h, "x",
+                                                     w));
+    }
+    return Shape{c.out_channels, (h - c.kernel_size) / c.stride + 1,
+                 (w - c.kernel_size) / c.stride + 1};
+  }
+  absl::StatusOr<Shape> operator()(const ReluConfig&) const { return in; }
+  absl::StatusOr<Shape> operator()(const MaxPool2dConfig& c) const {
+    KILN_RETURN_IF_ERROR(Positive("kernel_size", c.kernel_size));
+    if (c.stride < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": stride must be >= 0, got ", c.stride));
+    }
+    KILN_RETURN_IF_ERROR(Image("maxpool2d"));
+    const int64_t s = c.stride > 0 ? c.stride : c.kernel_size;
+    if (c.kernel_size > in[1] || c.kernel_size > in[2]) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": kernel_size ", c.kernel_size,
+                                                     " is larger than the input ", ShapeString(in)));
+    }
+    return Shape{in[0], (in[1] - c.kernel_size) / s + 1, (in[2] - c.kernel_size) / s + 1};
+  }
+  absl::StatusOr<Shape> operator()(const FlattenConfig&) const { return Shape{NumElements(in)}; }
+  absl::StatusOr<Shape> operator()(const DropoutConfig& c) const {
+    if (!(c.p >= 0.0f && c.p < 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": p must be in [0, 1), got ", c.p));
+    }
+    return in;
+  }
+  absl::StatusOr<Shape> operator()(const SoftmaxConfig&) const {
+    if (in.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": needs a flat input but input is ",
+                                                     ShapeString(in), " (add a flatten layer)"));
+    }
+    return in;
+  }
+};
+
+int64_t ParameterCount(const LayerConfig& layer) {
+  if (auto* l = std::get_if<LinearConfig>(&layer)) {
+    return l->in_features * l->out_features + (l->bias ? l->out_features : 0);
+  }
+  if (auto* c = std::get_if<Conv2dConfig>(&layer)) {
+    return c->out_channels * c->in_channels * c->kernel_size * c->kernel_size +
+           (c->bias ? c->out_channels : 0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config) {
+  if (config.input_shape.empty()) return absl::InvalidArgumentError("model input_shape is empty");
+  for (int64_t d : config.input_shape) {
+    if (d <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model input_shape ",
+                                                     ShapeString(config.input_shape),
+                                                     " has a non-positive dimension"));
+    }
+  }
+  if (config.layers.empty()) return absl::InvalidArgumentError("model has no layers");
+  std::vector<Shape> shapes = {config.input_shape};
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const std::string where = absl::StrCat("layer ", i, " ", LayerTypeName(config.layers[i]));
+    KILN_ASSIGN_OR_RETURN(Shape out, std::visit(ShapeOf{shapes.back(), where}, config.layers[i]));
+    shapes.push_back(std::move(out));
+  }
+  return shapes;
+}
+
+int64_t CountParameters(const ModelConfig& config) {
+  int64_t n = 0;
+  for (const auto& layer : config.layers) n += ParameterCount(layer);
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, Backend* backend,
+                                                    uint64_t seed) {
+  auto model = std::unique_ptr<Model>(new Model(config, backend));
+  KILN_ASSIGN_OR_RETURN(model->shapes_, InferShapes(config));
+  Rng rng(seed);
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const Shape& in = model->shapes_[i];
+    const Shape& out = model->shapes_[i + 1];
+    const LayerConfig& lc = config.layers[i];
+    std::unique_ptr<Layer> layer;
+    if (auto* l = std::get_if<LinearConfig>(&lc)) {
+      KILN_ASSIGN_OR_RETURN(layer, Linear::Create(*l, backend, in, &rng));
+    } else if (auto* c = std::get_if<Conv2dConfig>(&lc)) {
+      KILN_ASSIGN_OR_RETURN(layer, Conv2d::Create(*c, backend, in, out, &rng));
+    } else if (std::holds_alternative<ReluConfig>(lc)) {
+      layer = std::make_unique<Relu>(backend, in);
+    } else if (auto* p = std::get_if<MaxPool2dConfig>(&lc)) {
+      layer = std::make_unique<MaxPool2d>(*p, backend, in, out);
+    } else if (std::holds_alternative<FlattenConfig>(lc)) {
+      layer = std::make_unique<Flatten>(backend, in);
+    } else if (auto* d = std::get_if<DropoutConfig>(&lc)) {
+      layer = std::make_unique<Dropout>(*d, backend, in, SplitMix64(seed + 0x51ED + i));
+    } else {
+      layer = std::make_unique<Softmax>(backend, in);
+    }
+    model->layers_.push_back(std::move(layer));
+  }
+  return model;
+}
+
+absl::Status Model::EnsureActivations(int64_t batch) {
+  if (batch > capacity_) {
+    activations_.assign(layers_.size() + 1, Tensor());
+    grads_.assign(layers_.size() + 1, Tensor());
+    for (size_t i = 1; i <= layers_.size(); ++i) {
+      Shape s = shapes_[i];
+      s.insert(s.begin(), batch);
+      KILN_ASSIGN_OR_RETURN(activations_[i], backend_->Allocate(DType::kF32, s));
+      // The last gradient is the caller's dout; grads_[0] (the input's) is never needed.
+      if (i < layers_.size()) {
+        KILN_ASSIGN_OR_RETURN(grads_[i], backend_->Allocate(DType::kF32, s));
+      }
+    }
+    capacity_ = batch;
+  }
+  for (size_t i = 1; i <= layers_.size(); ++i) {
+    Shape s = shapes_[i];
+    s.insert(s.begin(), batch);
+    activations_[i].Reshape(s);
+    if (i < layers_.size()) grads_[i].Reshape(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
+  if (x.rank() == 0 || x.numel() != x.dim(0) * NumElements(shapes_[0])) {
+    return absl::InvalidArgumentError(absl::StrCat("model input is ", ShapeString(x.shape()),
+                                                   " but the model expects batch x ",
+                                                   ShapeString(shapes_[0])));
+  }
+  KILN_RETURN_IF_ERROR(EnsureActivations(x.dim(0)));
+  input_ = &x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Tensor& in = i == 0 ? x : activations_[i];
+    KILN_RETURN_IF_ERROR(layers_[i]->Forward(in, &activations_[i + 1], mode));
+  }
+  return &activations_.back();
+}
+
+absl::Status Model::Backward(const Tensor& dout) {
+  if (input_ == nullptr) return absl::FailedPreconditionError("Backward before Forward");
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const Tensor& x = i == 0 ? *input_ : activations_[i];
+    const Tensor& dy = i + 1 == layers_.size() ? dout : grads_[i + 1];
+    KILN_RETURN_IF_ERROR(
+        layers_[i]->Backward(x, activations_[i + 1], dy, i == 0 ? nullptr : &grads_[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ZeroGrad() {
+  for (auto& layer : layers_) {
+    for (Parameter* p : layer->parameters()) KILN_RETURN_IF_ERROR(backend_->Fill(&p->grad, 0.0f));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<NamedParameter> Model::parameters() {
+  std::vector<NamedParameter> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (Parameter* p : layers_[i]->parameters()) {
+      out.push_back({absl::StrCat(i, ".", p->name), p});
+    }
+  }
+  return out;
+}
+
+int64_t Model::parameter_count() const { return CountParameters(config_); }
+
+std::vector<uint64_t> Model::random_offsets() const {
+  std::vector<uint64_t> out;
+  for (const auto& layer : layers_) {
+    if (auto* d = dynamic_cast<const Dropout*>(layer.get())) out.push_back(d->offset());
+  }
+  return out;
+}
+
+absl::Status Model::set_random_offsets(const std::vector<uint64_t>& offsets) {
+  size_t i = 0;
+  for (auto& layer : layers_) {
+    if (auto* d = dynamic_cast<Dropout*>(layer.get())) {
+      if (i >= offsets.size()) break;
+      d->set_offset(offsets[i++]);
+    }
+  }
+  if (i != offsets.size() || i != random_offsets().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model has ", random_offsets().size(),
+                                                   " dropout layers but ", offsets.size(),
+                                                   " random offsets were given"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

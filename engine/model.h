@@ -1,0 +1,70 @@
+// A Sequential model built from a ModelConfig: shape-checked at build, then forward and backward
+// over batches with activations kept for the backward pass.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/layers/layer.h"
+#include "engine/model_config.h"
+#include "engine/rng.h"
+
+namespace kiln {
+
+// Per-sample shapes: [0] the input, [i+1] the output of layer i. Fails before anything is
+// allocated, naming the layer and both shapes ("layer 6 linear: in_features 1024 but input is
+// 64x5x5 = 1600"). Usable without a backend, e.g. to validate a submitted spec.
+absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config);
+
+// Number of learnable scalars of a config (after InferShapes succeeded).
+int64_t CountParameters(const ModelConfig& config);
+
+struct NamedParameter {
+  std::string name;  // PyTorch state_dict key: "<layer index>.weight"
+  Parameter* param;
+};
+
+class Model {
+ public:
+  // Builds every layer on `backend` and initialises parameters as PyTorch's defaults do
+  // (kaiming-uniform with a=sqrt(5), bias uniform in +-1/sqrt(fan_in)) from `seed`.
+  static absl::StatusOr<std::unique_ptr<Model>> Build(const ModelConfig& config, Backend* backend,
+                                                      uint64_t seed);
+
+  // Runs all layers on x (batch, input_shape...). The returned tensor is owned by the model and
+  // valid until the next Forward.
+  absl::StatusOr<const Tensor*> Forward(const Tensor& x, Mode mode);
+  // Backpropagates dout (shaped like the last output) after a kTrain Forward; parameter
+  // gradients accumulate. The input gradient is not computed.
+  absl::Status Backward(const Tensor& dout);
+  absl::Status ZeroGrad();
+
+  const ModelConfig& config() const { return config_; }
+  const Shape& output_shape() const { return shapes_.back(); }
+  std::vector<NamedParameter> parameters();
+  int64_t parameter_count() const;
+  // Positions in the dropout layers' random streams, in layer order (for exact resume).
+  std::vector<uint64_t> random_offsets() const;
+  absl::Status set_random_offsets(const std::vector<uint64_t>& offsets);
+  Backend* backend() const { return backend_; }
+
+ private:
+  Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
+  absl::Status EnsureActivations(int64_t batch);
+
+  ModelConfig config_;
+  Backend* backend_;
+  std::vector<Shape> shapes_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  // activations_[0] is a copy-free view of the input; [i+1] the output of layer i.
+  std::vector<Tensor> activations_;
+  std::vector<Tensor> grads_;  // grads_[i] is d loss / d activations_[i]
+  const Tensor* input_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+}  // namespace kiln

@@ -1,0 +1,36 @@
+#include "engine/model_config.h"
+
+namespace kiln {
+
+namespace {
+struct TypeName {
+  const char* operator()(const LinearConfig&) const { return "linear"; }
+  const char* operator()(const Conv2dConfig&) const { return "conv2d"; }
+  const char* operator()(const ReluConfig&) const { return "relu"; }
+  const char* operator()(const MaxPool2dConfig&) const { return "maxpool2d"; }
+  const char* operator()(const FlattenConfig&) const { return "flatten"; }
+  const char* operator()(const DropoutConfig&) const { return "dropout"; }
+  const char* operator()(const SoftmaxConfig&) const { return "softmax"; }
+};
+}  // namespace
+
+const char* LayerTypeName(const LayerConfig& layer) { return std::visit(TypeName{}, layer); }
+
+ModelConfig MnistMlpConfig() {
+  ModelConfig c;
+  c.input_shape = {784};
+  c.layers = {LinearConfig{784, 512}, ReluConfig{}, LinearConfig{512, 256}, ReluConfig{},
+              LinearConfig{256, 10}};
+  return c;
+}
+
+ModelConfig MnistCnnConfig() {
+  ModelConfig c;
+  c.input_shape = {1, 28, 28};
+  c.layers = {Conv2dConfig{1, 32, 3},  ReluConfig{},  MaxPool2dConfig{2}, Conv2dConfig{32, 64, 3},
+              ReluConfig{},            MaxPool2dConfig{2}, FlattenConfig{},
+              LinearConfig{64 * 5 * 5, 128}, ReluConfig{}, LinearConfig{128, 10}};
+  return c;
+}
+
+}  // namespace kiln

@@ -1,0 +1,134 @@
+#include "engine/model_config_json.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+
+namespace {
+
+using nlohmann::json;
+
+struct ToJson {
+  json operator()(const LinearConfig& c) const {
+    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
+            {"bias", c.bias}};
+  }
+  json operator()(const Conv2dConfig& c) const {
+    return {{"type", "conv2d"},         {"in_channels", c.in_channels},
+            {"out_channels", c.out_channels}, {"kernel_size", c.kernel_size},
+            {"stride", c.stride},       {"padding", c.padding},
+            {"bias", c.bias}};
+  }
+  json operator()(const ReluConfig&) const { return {{"type", "relu"}}; }
+  json operator()(const MaxPool2dConfig& c) const {
+    return {{"type", "maxpool2d"}, {"kernel_size", c.kernel_size}, {"stride", c.stride}};
+  }
+  json operator()(const FlattenConfig&) const { return {{"type", "flatten"}}; }
+  json operator()(const DropoutConfig& c) const { return {{"type", "dropout"}, {"p", c.p}}; }
+  json operator()(const SoftmaxConfig&) const { return {{"type", "softmax"}}; }
+};
+
+// Reads an optional integer field; error names the layer and field.
+absl::Status GetInt(const json& j, const char* field, const std::string& where, int64_t* out) {
+  auto it = j.find(field);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be an integer"));
+  }
+  *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status GetBool(const json& j, const char* field, const std::string& where, bool* out) {
+  auto it = j.find(field);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be true or false"));
+  }
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ModelConfigToJson(const ModelConfig& config) {
+  json layers = json::array();
+  for (const auto& l : config.layers) layers.push_back(std::visit(ToJson{}, l));
+  return json{{"input_shape", config.input_shape}, {"layers", layers}}.dump();
+}
+
+absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("model config is not a JSON object");
+  }
+  ModelConfig config;
+  auto shape = j.find("input_shape");
+  if (shape == j.end() || !shape->is_array()) {
+    return absl::InvalidArgumentError("model config: input_shape must be an array of integers");
+  }
+  for (const auto& d : *shape) {
+    if (!d.is_number_integer()) {
+      return absl::InvalidArgumentError("model config: input_shape must be an array of integers");
+    }
+    config.input_shape.push_back(d.get<int64_t>());
+  }
+  auto layers = j.find("layers");
+  if (layers == j.end() || !layers->is_array()) {
+    return absl::InvalidArgumentError("model config: layers must be an array");
+  }
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const json& l = (*layers)[i];
+    std::string where = absl::StrCat("layer ", i);
+    if (!l.is_object() || !l.contains("type") || !l["type"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": needs a \"type\" string"));
+    }
+    const std::string type = l["type"].get<std::string>();
+    where = absl::StrCat(where, " ", type);
+    absl::Status s;
+    if (type == "linear") {
+      LinearConfig c;
+      s.Update(GetInt(l, "in_features", where, &c.in_features));
+      s.Update(GetInt(l, "out_features", where, &c.out_features));
+      s.Update(GetBool(l, "bias", where, &c.bias));
+      config.layers.push_back(c);
+    } else if (type == "conv2d") {
+      Conv2dConfig c;
+      s.Update(GetInt(l, "in_channels", where, &c.in_channels));
+      s.Update(GetInt(l, "out_channels", where, &c.out_channels));
+      s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
+      s.Update(GetInt(l, "stride", where, &c.stride));
+      s.Update(GetInt(l, "padding", where, &c.padding));
+      s.Update(GetBool(l, "bias", where, &c.bias));
+      config.layers.push_back(c);
+    } else if (type == "relu") {
+      config.layers.push_back(ReluConfig{});
+    } else if (type == "maxpool2d") {
+      MaxPool2dConfig c;
+      s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
+      s.Update(GetInt(l, "stride", where, &c.stride));
+      config.layers.push_back(c);
+    } else if (type == "flatten") {
+      config.layers.push_back(FlattenConfig{});
+    } else if (type == "dropout") {
+      DropoutConfig c;
+      if (l.contains("p")) {
+        if (!l["p"].is_number()) return absl::InvalidArgumentError(where + ": p must be a number");
+        c.p = l["p"].get<float>();
+      }
+      config.layers.push_back(c);
+    } else if (type == "softmax") {
+      config.layers.push_back(SoftmaxConfig{});
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
+                 "softmax)"));
+    }
+    if (!s.ok()) return s;
+  }
+  return config;
+}
+
+}  // namespace kiln

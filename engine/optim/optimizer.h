@@ -1,0 +1,50 @@
+// Optimizers over a model's parameters, with PyTorch's update formulas, and their state for
+// checkpoints.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/optim/optimizer_config.h"
+
+namespace kiln {
+
+// One state tensor of the optimizer, named "<parameter>.<slot>" ("0.weight.exp_avg").
+struct NamedState {
+  std::string name;
+  Tensor* tensor;
+};
+
+class Optimizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config,
+                                                           Backend* backend,
+                                                           std::vector<NamedParameter> params);
+  virtual ~Optimizer() = default;
+
+  // Applies one update with learning rate lr to every parameter from its gradient.
+  virtual absl::Status Step(float lr) = 0;
+  virtual std::vector<NamedState> state() = 0;
+
+  // Updates applied so far (PyTorch's "step" in the optimizer state).
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+
+ protected:
+  Optimizer(const OptimizerConfig& config, Backend* backend, std::vector<NamedParameter> params)
+      : config_(config), backend_(backend), params_(std::move(params)) {}
+  // One zero state tensor per parameter, shaped like it.
+  absl::StatusOr<std::vector<Tensor>> ZeroSlots();
+
+  OptimizerConfig config_;
+  Backend* backend_;
+  std::vector<NamedParameter> params_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace kiln

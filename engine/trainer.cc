@@ -1,0 +1,268 @@
+#include "engine/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/checkpoint.h"
+#include "engine/loss.h"
+#include "engine/model.h"
+#include "engine/optim/lr_schedule.h"
+#include "engine/optim/optimizer.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kEvalBatch = 1000;
+// Keeps the shuffling stream apart from the initialisation stream of the same seed.
+constexpr uint64_t kShuffleStream = 0x5EED5A1E;
+
+absl::Status ValidateConfig(const TrainConfig& c) {
+  if (c.epochs < 1) return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", c.epochs));
+  if (c.batch_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size must be >= 1, got ", c.batch_size));
+  }
+  if (!(c.norm.std > 0.0f) || !std::isfinite(c.norm.scale) || !std::isfinite(c.norm.mean)) {
+    return absl::InvalidArgumentError("normalisation needs a finite scale and mean and std > 0");
+  }
+  return ValidateSchedule(c.schedule);
+}
+
+absl::Status CheckData(const Dataset& d, const char* which, const Shape& input, int64_t classes) {
+  if (d.size == 0) return absl::OkStatus();
+  if (d.sample_elems() != NumElements(input)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model input is ", ShapeString(input), " = ", NumElements(input), " values but ", which,
+        " samples are ", ShapeString(d.sample_shape), " = ", d.sample_elems()));
+  }
+  if (d.num_classes > classes) {
+    return absl::InvalidArgumentError(absl::StrCat("model has ", classes, " outputs but the ",
+                                                   which, " labels go up to ",
+                                                   d.num_classes - 1));
+  }
+  return absl::OkStatus();
+}
+
+Shape WithBatch(int64_t batch, const Shape& s) {
+  Shape out = s;
+  out.insert(out.begin(), batch);
+  return out;
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& config, Backend* backend, const Dataset* train,
+                 const Dataset* test)
+    : config_(config), backend_(backend), train_(train), test_(test) {}
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
+                                                         Backend* backend, const Dataset* train,
+                                                         const Dataset* test) {
+  KILN_RETURN_IF_ERROR(ValidateConfig(config));
+  if (train == nullptr || train->size == 0) {
+    return absl::InvalidArgumentError("the training set is empty");
+  }
+  auto trainer = std::unique_ptr<Trainer>(new Trainer(config, backend, train, test));
+  KILN_RETURN_IF_ERROR(trainer->Init());
+  return trainer;
+}
+
+absl::Status Trainer::Init() {
+  KILN_ASSIGN_OR_RETURN(model_, Model::Build(config_.model, backend_, config_.seed));
+  const Shape& out = model_->output_shape();
+  if (out.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's output is ", ShapeString(out), "; a classifier needs a flat output"));
+  }
+  KILN_RETURN_IF_ERROR(CheckData(*train_, "training", config_.model.input_shape, out[0]));
+  if (test_ != nullptr) {
+    KILN_RETURN_IF_ERROR(CheckData(*test_, "test", config_.model.input_shape, out[0]));
+  }
+  KILN_ASSIGN_OR_RETURN(optimizer_,
+                        Optimizer::Create(config_.optimizer, backend_, model_->parameters()));
+  loss_ = std::make_unique<Loss>(config_.loss, backend_);
+
+  // The datasets go to the device once, as uint8; batches are gathered and normalised there.
+  auto upload = [&](const Dataset& d, Tensor* pixels, Tensor* labels) -> absl::Status {
+    KILN_ASSIGN_OR_RETURN(*pixels, backend_->Allocate(DType::kU8, {d.size, d.sample_elems()}));
+    KILN_ASSIGN_OR_RETURN(*labels, backend_->Allocate(DType::kI32, {d.size}));
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(d.pixels.data(), d.pixels.size(), pixels));
+    return backend_->CopyFromHost(d.labels.data(), d.labels.size() * sizeof(int32_t), labels);
+  };
+  KILN_RETURN_IF_ERROR(upload(*train_, &train_pixels_, &train_labels_));
+  if (test_ != nullptr && test_->size > 0) {
+    KILN_RETURN_IF_ERROR(upload(*test_, &test_pixels_, &test_labels_));
+    std::vector<int32_t> identity(test_->size);
+    for (int32_t i = 0; i < test_->size; ++i) identity[i] = i;
+    KILN_ASSIGN_OR_RETURN(eval_index_, backend_->Allocate(DType::kI32, {test_->size}));
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(identity.data(), identity.size() * 4, &eval_index_));
+  }
+  const int64_t cap = std::max(config_.batch_size, kEvalBatch);
+  KILN_ASSIGN_OR_RETURN(perm_, backend_->Allocate(DType::kI32, {train_->size}));
+  KILN_ASSIGN_OR_RETURN(batch_x_,
+                        backend_->Allocate(DType::kF32, WithBatch(cap, config_.model.input_shape)));
+  KILN_ASSIGN_OR_RETURN(batch_y_, backend_->Allocate(DType::kI32, {cap}));
+  KILN_ASSIGN_OR_RETURN(dlogits_, backend_->Allocate(DType::kF32, WithBatch(cap, out)));
+  KILN_ASSIGN_OR_RETURN(loss_scalar_, backend_->Allocate(DType::kF32, {1}));
+  KILN_ASSIGN_OR_RETURN(correct_scalar_, backend_->Allocate(DType::kI32, {1}));
+
+  shuffle_rng_.Seed(config_.seed ^ kShuffleStream);
+  position_.epoch_rng = shuffle_rng_.state();
+  return absl::OkStatus();
+}
+
+float Trainer::current_lr() const {
+  const int epoch = std::min(position_.epochs_done, config_.epochs - 1);
+  return ScheduledLearningRate(config_.optimizer.lr, config_.schedule, epoch, config_.epochs);
+}
+
+absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
+                                const int32_t* index, int count) {
+  batch_x_.Reshape(WithBatch(count, config_.model.input_shape));
+  batch_y_.Reshape({count});
+  return backend_->GatherNormalize(count, sample_elems, index, pixels.u8(), labels.i32(),
+                                   config_.norm, batch_x_.f32(), batch_y_.i32());
+}
+
+absl::Status Trainer::Run(const Callbacks& callbacks, const std::atomic<bool>* cancel) {
+  while (position_.epochs_done < config_.epochs) {
+    KILN_RETURN_IF_ERROR(RunEpoch(callbacks, cancel));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<bool>* cancel) {
+  const int epoch = position_.epochs_done + 1;
+  const int64_t n = train_->size;
+  const int bs = config_.batch_size;
+  const int steps = static_cast<int>((n + bs - 1) / bs);
+  const float lr = current_lr();
+
+  // The epoch's order comes from the RNG state saved at its start, so a resumed epoch replays it.
+  shuffle_rng_.set_state(position_.epoch_rng);
+  const std::vector<int32_t> perm = shuffle_rng_.Permutation(static_cast<int32_t>(n));
+  const Rng::State next_epoch_rng = shuffle_rng_.state();
+  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(perm.data(), perm.size() * 4, &perm_));
+
+  TrainingPosition& p = position_;
+  const auto start = Clock::now();
+  const double seconds_before = p.epoch_seconds;
+  for (int s = p.step_in_epoch; s < steps; ++s) {
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      return absl::CancelledError(absl::StrCat("cancelled at epoch ", epoch, " step ", s));
+    }
+    const int count = static_cast<int>(std::min<int64_t>(bs, n - int64_t{s} * bs));
+    KILN_RETURN_IF_ERROR(LoadBatch(train_pixels_, train_labels_, train_->sample_elems(),
+                                   perm_.i32() + int64_t{s} * bs, count));
+    KILN_RETURN_IF_ERROR(model_->ZeroGrad());
+    KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kTrain));
+    dlogits_.Reshape(out->shape());
+    KILN_RETURN_IF_ERROR(loss_->Compute(*out, batch_y_, loss_scalar_.f32(),
+                                        correct_scalar_.i32(), &dlogits_));
+    KILN_RETURN_IF_ERROR(model_->Backward(dlogits_));
+    KILN_RETURN_IF_ERROR(optimizer_->Step(lr));
+
+    float loss = 0;
+    int32_t correct = 0;
+    KILN_RETURN_IF_ERROR(backend_->CopyToHost(loss_scalar_, &loss, sizeof(loss)));
+    KILN_RETURN_IF_ERROR(backend_->CopyToHost(correct_scalar_, &correct, sizeof(correct)));
+    if (!std::isfinite(loss)) {
+      return absl::FailedPreconditionError(absl::StrCat("loss became ", std::isnan(loss) ? "NaN" : "Inf",
+                                                        " at epoch ", epoch, " step ", s + 1));
+    }
+    p.epoch_loss_sum += static_cast<double>(loss) * count;
+    p.epoch_correct += correct;
+    p.epoch_samples += count;
+    p.step_in_epoch = s + 1;
+    ++p.global_step;
+    p.epoch_seconds =
+        seconds_before + std::chrono::duration<double>(Clock::now() - start).count();
+    if (callbacks.on_step) {
+      StepEvent e;
+      e.epoch = epoch;
+      e.step_in_epoch = s + 1;
+      e.steps_per_epoch = steps;
+      e.global_step = p.global_step;
+      e.loss = loss;
+      e.lr = lr;
+      e.samples_per_sec = p.epoch_samples / std::max(p.epoch_seconds, 1e-9);
+      callbacks.on_step(e);
+    }
+    if (callbacks.after_step && s + 1 < steps) KILN_RETURN_IF_ERROR(callbacks.after_step(*this));
+  }
+
+  EpochEvent e;
+  e.epoch = epoch;
+  e.train_loss = p.epoch_loss_sum / std::max<int64_t>(p.epoch_samples, 1);
+  e.train_accuracy = static_cast<double>(p.epoch_correct) / std::max<int64_t>(p.epoch_samples, 1);
+  e.train_seconds = p.epoch_seconds;
+  e.samples_per_sec = p.epoch_samples / std::max(p.epoch_seconds, 1e-9);
+  e.lr = lr;
+  // The epoch is complete: the position now points at the start of the next one.
+  p.epochs_done = epoch;
+  p.step_in_epoch = 0;
+  p.epoch_rng = next_epoch_rng;
+  p.epoch_loss_sum = 0;
+  p.epoch_correct = p.epoch_samples = 0;
+  p.epoch_seconds = 0;
+  if (test_ != nullptr && test_->size > 0) {
+    KILN_ASSIGN_OR_RETURN(e.test, Evaluate(*test_));
+  }
+  if (callbacks.on_epoch) callbacks.on_epoch(e);
+  if (callbacks.after_step) KILN_RETURN_IF_ERROR(callbacks.after_step(*this));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
+  Tensor pixels = test_pixels_, labels = test_labels_, index = eval_index_;
+  if (&data != test_) {
+    // Another dataset: upload it for this evaluation only.
+    KILN_RETURN_IF_ERROR(CheckData(data, "evaluation", config_.model.input_shape,
+                                   model_->output_shape()[0]));
+    KILN_ASSIGN_OR_RETURN(pixels, backend_->Allocate(DType::kU8, {data.size, data.sample_elems()}));
+    KILN_ASSIGN_OR_RETURN(labels, backend_->Allocate(DType::kI32, {data.size}));
+    KILN_ASSIGN_OR_RETURN(index, backend_->Allocate(DType::kI32, {data.size}));
+    std::vector<int32_t> identity(data.size);
+    for (int32_t i = 0; i < data.size; ++i) identity[i] = i;
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(data.pixels.data(), data.pixels.size(), &pixels));
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(data.labels.data(), data.size * 4, &labels));
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(identity.data(), data.size * 4, &index));
+  }
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t start = 0; start < data.size; start += kEvalBatch) {
+    const int count = static_cast<int>(std::min<int64_t>(kEvalBatch, data.size - start));
+    KILN_RETURN_IF_ERROR(
+        LoadBatch(pixels, labels, data.sample_elems(), index.i32() + start, count));
+    KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));
+    KILN_RETURN_IF_ERROR(
+        loss_->Compute(*out, batch_y_, loss_scalar_.f32(), correct_scalar_.i32(), nullptr));
+    float loss = 0;
+    int32_t hits = 0;
+    KILN_RETURN_IF_ERROR(backend_->CopyToHost(loss_scalar_, &loss, sizeof(loss)));
+    KILN_RETURN_IF_ERROR(backend_->CopyToHost(correct_scalar_, &hits, sizeof(hits)));
+    loss_sum += static_cast<double>(loss) * count;
+    correct += hits;
+  }
+  r.samples = data.size;
+  r.loss = loss_sum / std::max<int64_t>(data.size, 1);
+  r.accuracy = static_cast<double>(correct) / std::max<int64_t>(data.size, 1);
+  return r;
+}
+
+absl::Status Trainer::SaveCheckpoint(const std::string& path) {
+  return WriteCheckpoint(path, *model_, optimizer_.get(), position_);
+}
+
+absl::Status Trainer::LoadCheckpoint(const std::string& path) {
+  return ReadCheckpoint(path, *model_, optimizer_.get(), &position_);
+}
+
+}  // namespace kiln

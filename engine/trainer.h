@@ -1,0 +1,133 @@
+// The training loop: shuffled batches, forward, loss, backward, optimizer step; evaluation after
+// each epoch; callbacks for progress; cancellation; checkpoint and exact resume.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/data/dataset.h"
+#include "engine/loss.h"
+#include "engine/model_config.h"
+#include "engine/optim/optimizer_config.h"
+#include "engine/rng.h"
+
+namespace kiln {
+
+class Model;
+class Optimizer;
+class Loss;
+
+struct TrainConfig {
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  LrScheduleConfig schedule;
+  LossKind loss = LossKind::kCrossEntropy;
+  int epochs = 1;
+  int batch_size = 64;
+  uint64_t seed = 0;
+  PixelNorm norm;  // applied to raw pixels of every batch (train and test)
+};
+
+struct StepEvent {
+  int epoch = 0;                // 1-based
+  int step_in_epoch = 0;        // 1-based
+  int steps_per_epoch = 0;
+  int64_t global_step = 0;      // 1-based, across epochs
+  float loss = 0;               // this batch's mean loss
+  float lr = 0;
+  double samples_per_sec = 0;   // over the epoch so far
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;  // fraction in [0, 1]
+  int64_t samples = 0;
+};
+
+struct EpochEvent {
+  int epoch = 0;  // 1-based
+  double train_loss = 0;      // mean over the epoch's samples
+  double train_accuracy = 0;  // fraction, over the epoch's batches
+  EvalResult test;            // samples 0 when there is no test set
+  double train_seconds = 0;
+  double samples_per_sec = 0;
+  float lr = 0;
+};
+
+// Where a run stands, for checkpoints: enough to continue exactly.
+struct TrainingPosition {
+  int epochs_done = 0;
+  int step_in_epoch = 0;     // batches of epoch epochs_done+1 already trained
+  int64_t global_step = 0;
+  Rng::State epoch_rng{};    // shuffle RNG as it was at the start of the current epoch
+  // Sums over the current epoch's trained batches, so a resumed epoch reports the whole epoch.
+  double epoch_loss_sum = 0;
+  int64_t epoch_correct = 0, epoch_samples = 0;
+  double epoch_seconds = 0;
+};
+
+class Trainer {
+ public:
+  struct Callbacks {
+    std::function<void(const StepEvent&)> on_step;
+    std::function<void(const EpochEvent&)> on_epoch;
+    // Runs after every step and epoch end on the training thread; a non-OK status stops the run
+    // with that status. The place for on-demand checkpoints.
+    std::function<absl::Status(Trainer&)> after_step;
+  };
+
+  // Checks the config against the datasets (shapes, classes) and builds the model on `backend`.
+  // The datasets must outlive the trainer.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                         Backend* backend, const Dataset* train,
+                                                         const Dataset* test);
+  ~Trainer();
+
+  // Trains from the current position to config.epochs. Returns Cancelled when *cancel became
+  // true (checked between steps), FailedPrecondition naming epoch and step when the loss
+  // stops being finite, or the first error of an op or callback.
+  absl::Status Run(const Callbacks& callbacks, const std::atomic<bool>* cancel = nullptr);
+
+  // Mean loss and accuracy of the current model over `data` (any dataset of the right shape).
+  absl::StatusOr<EvalResult> Evaluate(const Dataset& data);
+
+  // Writes weights, optimizer state and position as safetensors, atomically.
+  absl::Status SaveCheckpoint(const std::string& path);
+  // Restores weights, optimizer state and position; the checkpoint must match the config.
+  absl::Status LoadCheckpoint(const std::string& path);
+
+  const TrainConfig& config() const { return config_; }
+  const TrainingPosition& position() const { return position_; }
+  Model& model() { return *model_; }
+  Backend* backend() const { return backend_; }
+  float current_lr() const;
+
+ private:
+  Trainer(const TrainConfig& config, Backend* backend, const Dataset* train, const Dataset* test);
+  absl::Status Init();
+  absl::Status RunEpoch(const Callbacks& callbacks, const std::atomic<bool>* cancel);
+  // Gathers `count` samples at device indices `index` into batch_x_/batch_y_.
+  absl::Status LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
+                         const int32_t* index, int count);
+
+  TrainConfig config_;
+  Backend* backend_;
+  const Dataset* train_;
+  const Dataset* test_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Loss> loss_;
+  TrainingPosition position_;
+  Rng shuffle_rng_;
+  // Device copies of the datasets and per-batch buffers.
+  Tensor train_pixels_, train_labels_, test_pixels_, test_labels_;
+  Tensor perm_, eval_index_, batch_x_, batch_y_, dlogits_, loss_scalar_, correct_scalar_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,265 @@
+// Numeric gradient checks (central differences) of every layer and loss against Backward,
+// parameterised over the backends present on this machine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "engine/backend_registry.h"
+#include "engine/layers/conv2d.h"
+#include "engine/layers/dropout.h"
+#include "engine/layers/flatten.h"
+#include "engine/layers/linear.h"
+#include "engine/layers/maxpool2d.h"
+#include "engine/layers/relu.h"
+#include "engine/layers/softmax.h"
+#include "engine/loss.h"
+#include "engine/model.h"
+#include "tests/engine/test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::DistinctValues;
+using testing::MakeTensor;
+using testing::RandomValues;
+using testing::ToHost;
+
+constexpr float kEps = 1e-2f;
+constexpr double kTolerance = 2e-2;  // relative, float32 central differences
+
+double RelativeError(double analytic, double numeric) {
+  return std::abs(analytic - numeric) / std::max({1e-3, std::abs(analytic), std::abs(numeric)});
+}
+
+class GradientCheck : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = CreateBackend("cpu", {2});
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+  }
+
+  // L = sum(y * r) for a fixed random r, so dL/dy = r. Checks dL/dx and dL/dparams.
+  void CheckLayer(Layer& layer, int batch, std::vector<float> x_values) {
+    Backend& b = *backend_;
+    Shape xs = layer.input_shape(), ys = layer.output_shape();
+    xs.insert(xs.begin(), batch);
+    ys.insert(ys.begin(), batch);
+    Tensor x = MakeTensor(b, xs, x_values);
+    auto y = b.Allocate(DType::kF32, ys);
+    ASSERT_TRUE(y.ok());
+    const std::vector<float> r = RandomValues(y->numel(), 99);
+    Tensor dy = MakeTensor(b, ys, r);
+    auto dx = b.Allocate(DType::kF32, xs);
+    ASSERT_TRUE(dx.ok());
+
+    auto loss = [&]() {
+      EXPECT_TRUE(layer.Forward(x, &*y, Mode::kTrain).ok());
+      const std::vector<float> yv = ToHost(b, *y);
+      double l = 0;
+      for (size_t i = 0; i < yv.size(); ++i) l += static_cast<double>(yv[i]) * r[i];
+      return l;
+    };
+    loss();
+    for (Parameter* p : layer.parameters()) ASSERT_TRUE(b.Fill(&p->grad, 0).ok());
+    ASSERT_TRUE(layer.Backward(x, *y, dy, &*dx).ok());
+    const std::vector<float> dx_analytic = ToHost(b, *dx);
+
+    auto check = [&](Tensor& t, const std::vector<float>& analytic, const std::string& what) {
+      std::vector<float> v = ToHost(b, t);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const float keep = v[i];
+        v[i] = keep + kEps;
+        ASSERT_TRUE(b.CopyFromHost(v.data(), v.size() * 4, &t).ok());
+        const double up = loss();
+        v[i] = keep - kEps;
+        ASSERT_TRUE(b.CopyFromHost(v.data(), v.size() * 4, &t).ok());
+        const double down = loss();
+        v[i] = keep;
+        ASSERT_TRUE(b.CopyFromHost(v.data(), v.size() * 4, &t).ok());
+        const double numeric = (up - down) / (2 * kEps);
+        ASSERT_LT(RelativeError(analytic[i], numeric), kTolerance)
+            << layer.type() << " " << what << "[" << i << "]: backward " << analytic[i]
+            << " vs numeric " << numeric;
+      }
+    };
+    check(x, dx_analytic, "input");
+    for (Parameter* p : layer.parameters()) {
+      const std::vector<float> g = ToHost(b, p->grad);
+      check(p->value, g, p->name);
+    }
+  }
+
+  std::unique_ptr<Backend> backend_;
+  Rng rng_{7};
+};
+
+TEST_F(GradientCheck, Linear) {
+  auto layer = Linear::Create({5, 3, true}, backend_.get(), {5}, &rng_);
+  ASSERT_TRUE(layer.ok());
+  CheckLayer(**layer, 4, RandomValues(20, 1));
+}
+
+TEST_F(GradientCheck, LinearWithoutBias) {
+  auto layer = Linear::Create({4, 2, false}, backend_.get(), {4}, &rng_);
+  ASSERT_TRUE(layer.ok());
+  EXPECT_EQ((*layer)->parameters().size(), 1u);
+  CheckLayer(**layer, 3, RandomValues(12, 2));
+}
+
+// Every branch of im2col/col2im: plain, padded, strided, non-square, several channels.
+struct ConvCase {
+  int c, h, w, oc, k, stride, pad;
+};
+class ConvGradient : public GradientCheck, public ::testing::WithParamInterface<ConvCase> {};
+
+TEST_P(ConvGradient, MatchesFiniteDifferences) {
+  const ConvCase p = GetParam();
+  Conv2dConfig cfg{p.c, p.oc, p.k, p.stride, p.pad, true};
+  auto shapes = InferShapes({{p.c, p.h, p.w}, {cfg}});
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  auto layer = Conv2d::Create(cfg, backend_.get(), (*shapes)[0], (*shapes)[1], &rng_);
+  ASSERT_TRUE(layer.ok());
+  CheckLayer(**layer, 2, RandomValues(2 * p.c * p.h * p.w, 3));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ConvGradient,
+                         ::testing::Values(ConvCase{1, 5, 5, 2, 3, 1, 0},
+                                           ConvCase{2, 5, 4, 3, 3, 1, 1},
+                                           ConvCase{2, 7, 6, 2, 3, 2, 0},
+                                           ConvCase{3, 6, 6, 2, 2, 2, 1},
+                                           ConvCase{1, 4, 4, 1, 1, 1, 0}));
+
+TEST_F(GradientCheck, Relu) {
+  Relu layer(backend_.get(), {3, 4});
+  CheckLayer(layer, 2, DistinctValues(24, 4));
+}
+
+TEST_F(GradientCheck, MaxPool) {
+  MaxPool2d layer({2, 0}, backend_.get(), {2, 5, 4}, {2, 2, 2});
+  CheckLayer(layer, 2, DistinctValues(80, 5));
+}
+
+TEST_F(GradientCheck, MaxPoolOverlappingWindows) {
+  MaxPool2d layer({3, 1}, backend_.get(), {1, 5, 5}, {1, 3, 3});
+  CheckLayer(layer, 2, DistinctValues(50, 6));
+}
+
+TEST_F(GradientCheck, Flatten) {
+  Flatten layer(backend_.get(), {2, 3, 2});
+  CheckLayer(layer, 2, RandomValues(24, 7));
+}
+
+TEST_F(GradientCheck, Softmax) {
+  Softmax layer(backend_.get(), {5});
+  CheckLayer(layer, 3, RandomValues(15, 8));
+}
+
+TEST_F(GradientCheck, DropoutWithItsMaskFixed) {
+  // The mask is drawn from a counter-based stream, so reset it before every forward.
+  class FixedDropout : public Layer {
+   public:
+    FixedDropout(Backend* b) : Layer(b, {10}, {10}), inner_({0.4f}, b, {10}, 42) {}
+    const char* type() const override { return "dropout"; }
+    absl::Status Forward(const Tensor& x, Tensor* y, Mode m) override {
+      inner_.set_offset(0);
+      return inner_.Forward(x, y, m);
+    }
+    absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy,
+                          Tensor* dx) override {
+      return inner_.Backward(x, y, dy, dx);
+    }
+    Dropout inner_;
+  } layer(backend_.get());
+  CheckLayer(layer, 4, RandomValues(40, 9));
+}
+
+TEST_F(GradientCheck, DropoutDropsAboutPAndScalesTheRest) {
+  Dropout layer({0.25f}, backend_.get(), {1000}, 1);
+  Tensor x = MakeTensor(*backend_, {4, 1000}, std::vector<float>(4000, 1.0f));
+  auto y = backend_->Allocate(DType::kF32, {4, 1000});
+  ASSERT_TRUE(layer.Forward(x, &*y, Mode::kTrain).ok());
+  int zeros = 0;
+  for (float v : ToHost(*backend_, *y)) {
+    if (v == 0) {
+      ++zeros;
+    } else {
+      EXPECT_FLOAT_EQ(v, 1.0f / 0.75f);
+    }
+  }
+  EXPECT_NEAR(zeros / 4000.0, 0.25, 0.03);
+  ASSERT_TRUE(layer.Forward(x, &*y, Mode::kEval).ok());
+  for (float v : ToHost(*backend_, *y)) EXPECT_EQ(v, 1.0f);
+}
+
+// Losses: d(mean loss)/d(logits) against central differences.
+void CheckLoss(Backend& b, LossKind kind) {
+  const int rows = 4, cols = 5;
+  std::vector<float> z = RandomValues(rows * cols, 11, -2, 2);
+  Tensor logits = MakeTensor(b, {rows, cols}, z);
+  auto labels = b.Allocate(DType::kI32, {rows});
+  const std::vector<int32_t> lab = {0, 3, 4, 1};
+  ASSERT_TRUE(b.CopyFromHost(lab.data(), 16, &*labels).ok());
+  auto scalar = b.Allocate(DType::kF32, {1});
+  auto correct = b.Allocate(DType::kI32, {1});
+  auto dz = b.Allocate(DType::kF32, {rows, cols});
+  Loss loss(kind, &b);
+  auto value = [&]() {
+    EXPECT_TRUE(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr).ok());
+    return static_cast<double>(ToHost(b, *scalar)[0]);
+  };
+  ASSERT_TRUE(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), &*dz).ok());
+  const std::vector<float> analytic = ToHost(b, *dz);
+  for (int i = 0; i < rows * cols; ++i) {
+    const float keep = z[i];
+    z[i] = keep + kEps;
+    ASSERT_TRUE(b.CopyFromHost(z.data(), z.size() * 4, &logits).ok());
+    const double up = value();
+    z[i] = keep - kEps;
+    ASSERT_TRUE(b.CopyFromHost(z.data(), z.size() * 4, &logits).ok());
+    const double down = value();
+    z[i] = keep;
+    ASSERT_TRUE(b.CopyFromHost(z.data(), z.size() * 4, &logits).ok());
+    EXPECT_LT(RelativeError(analytic[i], (up - down) / (2 * kEps)), kTolerance)
+        << LossName(kind) << " dlogits[" << i << "]";
+  }
+}
+
+TEST_F(GradientCheck, CrossEntropy) { CheckLoss(*backend_, LossKind::kCrossEntropy); }
+TEST_F(GradientCheck, MeanSquaredError) { CheckLoss(*backend_, LossKind::kMeanSquaredError); }
+
+TEST_F(GradientCheck, CrossEntropyValueAndAccuracyAreExact) {
+  // logits row 0 = [0, ln 3] label 1 -> loss ln(4/3); row 1 = [2, 0] label 1 -> ln(1 + e^2).
+  Backend& b = *backend_;
+  Tensor logits = MakeTensor(b, {2, 2}, {0.0f, std::log(3.0f), 2.0f, 0.0f});
+  auto labels = b.Allocate(DType::kI32, {2});
+  const std::vector<int32_t> lab = {1, 1};
+  ASSERT_TRUE(b.CopyFromHost(lab.data(), 8, &*labels).ok());
+  auto scalar = b.Allocate(DType::kF32, {1});
+  auto correct = b.Allocate(DType::kI32, {1});
+  Loss loss(LossKind::kCrossEntropy, &b);
+  ASSERT_TRUE(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr).ok());
+  EXPECT_NEAR(ToHost(b, *scalar)[0], (std::log(4.0 / 3.0) + std::log(1 + std::exp(2.0))) / 2, 1e-6);
+  int32_t hits = -1;
+  ASSERT_TRUE(b.CopyToHost(*correct, &hits, 4).ok());
+  EXPECT_EQ(hits, 1);
+}
+
+TEST_F(GradientCheck, CrossEntropyRejectsOutOfRangeLabel) {
+  Backend& b = *backend_;
+  Tensor logits = MakeTensor(b, {1, 3}, {0, 0, 0});
+  auto labels = b.Allocate(DType::kI32, {1});
+  const int32_t bad = 7;
+  ASSERT_TRUE(b.CopyFromHost(&bad, 4, &*labels).ok());
+  auto scalar = b.Allocate(DType::kF32, {1});
+  auto correct = b.Allocate(DType::kI32, {1});
+  Loss loss(LossKind::kCrossEntropy, &b);
+  auto s = loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("label 7"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace kiln

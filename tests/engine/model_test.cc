@@ -1,0 +1,135 @@
+// Model building: shape inference, the errors for wrong shapes, parameter names and counts.
+#include <gtest/gtest.h>
+
+#include "engine/backend_registry.h"
+#include "engine/model.h"
+#include "engine/model_config_json.h"
+#include "tests/engine/test_util.h"
+
+namespace kiln {
+namespace {
+
+std::string ShapeError(const ModelConfig& c) {
+  auto s = InferShapes(c);
+  EXPECT_FALSE(s.ok());
+  return std::string(s.status().message());
+}
+
+TEST(InferShapes, ReferenceModels) {
+  auto mlp = InferShapes(MnistMlpConfig());
+  ASSERT_TRUE(mlp.ok());
+  EXPECT_EQ(mlp->back(), Shape({10}));
+  auto cnn = InferShapes(MnistCnnConfig());
+  ASSERT_TRUE(cnn.ok());
+  EXPECT_EQ((*cnn)[1], Shape({32, 26, 26}));
+  EXPECT_EQ((*cnn)[3], Shape({32, 13, 13}));
+  EXPECT_EQ((*cnn)[6], Shape({64, 5, 5}));
+  EXPECT_EQ(cnn->back(), Shape({10}));
+  EXPECT_EQ(CountParameters(MnistMlpConfig()), 535818);
+  EXPECT_EQ(CountParameters(MnistCnnConfig()), 225034);
+}
+
+TEST(InferShapes, WrongLinearInputNamesLayerAndBothShapes) {
+  ModelConfig c = MnistCnnConfig();
+  c.layers.erase(c.layers.begin() + 6);  // drop the flatten: linear sees 64x5x5 directly
+  std::get<LinearConfig>(c.layers[6]).in_features = 1024;
+  EXPECT_EQ(ShapeError(c), "layer 6 linear: in_features 1024 but input is 64x5x5 = 1600");
+}
+
+TEST(InferShapes, ErrorsNameTheProblem) {
+  ModelConfig c{{1, 28, 28}, {Conv2dConfig{3, 8, 3}}};
+  EXPECT_EQ(ShapeError(c), "layer 0 conv2d: in_channels 3 but input is 1x28x28 (1 channels)");
+  c = {{784}, {Conv2dConfig{1, 8, 3}}};
+  EXPECT_EQ(ShapeError(c), "layer 0 conv2d: conv2d needs a CxHxW input but input is 784");
+  c = {{1, 4, 4}, {Conv2dConfig{1, 8, 5}}};
+  EXPECT_EQ(ShapeError(c), "layer 0 conv2d: kernel_size 5 is larger than the padded input 4x4");
+  c = {{1, 4, 4}, {MaxPool2dConfig{5}}};
+  EXPECT_EQ(ShapeError(c), "layer 0 maxpool2d: kernel_size 5 is larger than the input 1x4x4");
+  c = {{10}, {LinearConfig{10, 0}}};
+  EXPECT_EQ(ShapeError(c), "layer 0 linear: out_features must be positive, got 0");
+  c = {{10}, {DropoutConfig{1.0f}}};
+  EXPECT_EQ(ShapeError(c), "layer 0 dropout: p must be in [0, 1), got 1");
+  c = {{10}, {}};
+  EXPECT_EQ(ShapeError(c), "model has no layers");
+  c = {{0, 3}, {ReluConfig{}}};
+  EXPECT_EQ(ShapeError(c), "model input_shape 0x3 has a non-positive dimension");
+  c = {{2, 3, 3}, {SoftmaxConfig{}}};
+  EXPECT_EQ(ShapeError(c), "layer 0 softmax: needs a flat input but input is 2x3x3 (add a flatten layer)");
+}
+
+TEST(Model, ParameterNamesFollowTorchSequential) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_TRUE(backend.ok());
+  auto model = Model::Build(MnistCnnConfig(), backend->get(), 0);
+  ASSERT_TRUE(model.ok());
+  std::vector<std::string> names;
+  for (const auto& p : (*model)->parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias",
+                                             "7.weight", "7.bias", "9.weight", "9.bias"}));
+}
+
+TEST(Model, InitialisationIsSeededAndBoundedAsPyTorch) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_TRUE(backend.ok());
+  auto a = Model::Build(MnistMlpConfig(), backend->get(), 5);
+  auto b = Model::Build(MnistMlpConfig(), backend->get(), 5);
+  auto c = Model::Build(MnistMlpConfig(), backend->get(), 6);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  auto wa = testing::ToHost(**backend, (*a)->parameters()[0].param->value);
+  auto wb = testing::ToHost(**backend, (*b)->parameters()[0].param->value);
+  auto wc = testing::ToHost(**backend, (*c)->parameters()[0].param->value);
+  EXPECT_EQ(wa, wb);
+  EXPECT_NE(wa, wc);
+  // kaiming-uniform(a=sqrt(5)) on fan_in 784: U(-1/28, 1/28); the spread fills the bound.
+  float lo = 1, hi = -1;
+  for (float v : wa) {
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GE(lo, -1.0f / 28);
+  EXPECT_LE(hi, 1.0f / 28);
+  EXPECT_LT(lo, -0.99f / 28);
+  EXPECT_GT(hi, 0.99f / 28);
+}
+
+TEST(Model, ForwardRejectsWrongInputShape) {
+  auto backend = CreateBackend("cpu", {1});
+  auto model = Model::Build(MnistMlpConfig(), backend->get(), 0);
+  ASSERT_TRUE(model.ok());
+  Tensor x = testing::MakeTensor(**backend, {2, 100}, std::vector<float>(200, 0));
+  auto out = (*model)->Forward(x, Mode::kEval);
+  EXPECT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("expects batch x 784"), std::string::npos);
+}
+
+TEST(ModelConfigJson, RoundTripsAndRejectsUnknownLayers) {
+  const ModelConfig cnn = MnistCnnConfig();
+  auto back = ModelConfigFromJson(ModelConfigToJson(cnn));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(ModelConfigToJson(*back), ModelConfigToJson(cnn));
+  auto bad = ModelConfigFromJson(R"({"input_shape":[4],"layers":[{"type":"lstm"}]})");
+  EXPECT_NE(bad.status().message().find("layer 0 lstm: unknown layer type"), std::string::npos);
+  auto bad_field =
+      ModelConfigFromJson(R"({"input_shape":[4],"layers":[{"type":"linear","in_features":"4"}]})");
+  EXPECT_NE(bad_field.status().message().find("in_features must be an integer"),
+            std::string::npos);
+  EXPECT_FALSE(ModelConfigFromJson("{").ok());
+}
+
+TEST(BackendRegistry, DeviceStrings) {
+  EXPECT_TRUE(ValidateDevice("cpu").ok());
+  EXPECT_TRUE(ValidateDevice("auto").ok());
+  EXPECT_EQ(ValidateDevice("gpu").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateDevice("cuda:x").code(), absl::StatusCode::kInvalidArgument);
+  auto auto_backend = CreateBackend("auto");
+  ASSERT_TRUE(auto_backend.ok());
+  if (AvailableDevices().size() == 1) {
+    EXPECT_EQ((*auto_backend)->name(), "cpu");
+    auto missing = CreateBackend("cuda:0");
+    EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_NE(missing.status().message().find("cuda:0 not found"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,69 @@
+// Small helpers for engine tests: host<->tensor copies, random data, temp dirs.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace kiln::testing {
+
+inline Tensor MakeTensor(Backend& b, const Shape& shape, const std::vector<float>& values) {
+  auto t = b.Allocate(DType::kF32, shape);
+  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t->numel());
+  EXPECT_TRUE(b.CopyFromHost(values.data(), values.size() * sizeof(float), &*t).ok());
+  return *t;
+}
+
+inline std::vector<float> ToHost(Backend& b, const Tensor& t) {
+  std::vector<float> out(t.numel());
+  EXPECT_TRUE(b.CopyToHost(t, out.data(), out.size() * sizeof(float)).ok());
+  return out;
+}
+
+inline std::vector<float> RandomValues(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// Distinct values at least `gap` apart, shuffled: keeps max-pool and ReLU away from their kinks.
+inline std::vector<float> DistinctValues(size_t n, uint32_t seed, float gap = 0.05f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = (static_cast<float>(i) - static_cast<float>(n) / 2.0f + 0.5f) * gap;
+  }
+  std::mt19937 gen(seed);
+  std::shuffle(v.begin(), v.end(), gen);
+  return v;
+}
+
+// A fresh empty directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            ("kiln_test_" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace kiln::testing

@@ -1,0 +1,287 @@
+// The training loop: learning on synthetic and real data, exact resume from checkpoints (between
+// and within epochs), cancellation, and failures that name their cause.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/backend_registry.h"
+#include "engine/checkpoint.h"
+#include "engine/model.h"
+#include "engine/trainer.h"
+#include "tests/engine/synthetic_data.h"
+#include "tests/engine/test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::BandsDataset;
+using testing::TempDir;
+using testing::ToHost;
+
+TrainConfig SmallCnn(int epochs) {
+  TrainConfig c;
+  c.model.input_shape = {1, 8, 8};
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},    MaxPool2dConfig{2},
+                    FlattenConfig{},             DropoutConfig{0.2f}, LinearConfig{64, 4}};
+  c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  c.optimizer.lr = 0.01f;
+  c.epochs = epochs;
+  c.batch_size = 16;
+  c.seed = 3;
+  return c;
+}
+
+TrainConfig SmallMlp(int epochs) {
+  TrainConfig c;
+  c.model.input_shape = {64};
+  c.model.layers = {LinearConfig{64, 16}, ReluConfig{}, LinearConfig{16, 4}};
+  c.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  c.optimizer.lr = 0.05f;
+  c.optimizer.momentum = 0.9f;
+  c.epochs = epochs;
+  c.batch_size = 24;  // 200 samples: the last batch is short
+  c.seed = 11;
+  c.norm = {1.0f / 255, 0.5f, 0.5f};
+  return c;
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = CreateBackend("cpu", {2});
+    ASSERT_TRUE(b.ok());
+    backend_ = std::move(*b);
+  }
+  std::unique_ptr<Trainer> Make(const TrainConfig& c) {
+    auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+  std::vector<std::vector<float>> Weights(Trainer& t) {
+    std::vector<std::vector<float>> out;
+    for (const auto& p : t.model().parameters()) out.push_back(ToHost(*backend_, p.param->value));
+    return out;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  Dataset train_ = BandsDataset(200, 4, 8, 1);
+  Dataset test_ = BandsDataset(100, 4, 8, 2);
+};
+
+TEST_F(TrainerTest, LearnsTheSyntheticTaskAndReportsEveryStep) {
+  auto t = Make(SmallMlp(3));
+  std::vector<EpochEvent> epochs;
+  int steps = 0;
+  Trainer::Callbacks cb;
+  cb.on_step = [&](const StepEvent& e) {
+    ++steps;
+    EXPECT_EQ(e.steps_per_epoch, 9);
+    EXPECT_EQ(e.global_step, steps);
+    EXPECT_GT(e.samples_per_sec, 0);
+    EXPECT_FLOAT_EQ(e.lr, 0.05f);
+  };
+  cb.on_epoch = [&](const EpochEvent& e) { epochs.push_back(e); };
+  ASSERT_TRUE(t->Run(cb).ok());
+  EXPECT_EQ(steps, 27);
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_EQ(epochs[2].epoch, 3);
+  EXPECT_LT(epochs[2].train_loss, epochs[0].train_loss);
+  EXPECT_GT(epochs[2].test.accuracy, 0.9);
+  EXPECT_EQ(epochs[2].test.samples, 100);
+  EXPECT_EQ(t->position().epochs_done, 3);
+}
+
+TEST_F(TrainerTest, SameSeedSameResult) {
+  auto a = Make(SmallCnn(1));
+  auto b = Make(SmallCnn(1));
+  ASSERT_TRUE(a->Run({}).ok());
+  ASSERT_TRUE(b->Run({}).ok());
+  EXPECT_EQ(Weights(*a), Weights(*b));
+}
+
+// Two epochs straight equal one epoch, save, load into a fresh trainer, one more epoch.
+TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
+  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2)}) {
+    auto straight = Make(config);
+    std::vector<EpochEvent> straight_epochs;
+    Trainer::Callbacks record;
+    record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
+    ASSERT_TRUE(straight->Run(record).ok());
+
+    TempDir dir;
+    TrainConfig one = config;
+    auto first = Make(config);
+    Trainer::Callbacks stop_after_one;
+    std::atomic<bool> cancel{false};
+    stop_after_one.on_epoch = [&](const EpochEvent&) { cancel = true; };
+    EXPECT_EQ(first->Run(stop_after_one, &cancel).code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(first->position().epochs_done, 1);
+    ASSERT_TRUE(first->SaveCheckpoint(dir.file("epoch1.safetensors")).ok());
+
+    auto resumed = Make(config);
+    ASSERT_TRUE(resumed->LoadCheckpoint(dir.file("epoch1.safetensors")).ok());
+    std::vector<EpochEvent> resumed_epochs;
+    Trainer::Callbacks rec2;
+    rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
+    ASSERT_TRUE(resumed->Run(rec2).ok());
+    EXPECT_EQ(Weights(*resumed), Weights(*straight));
+    ASSERT_EQ(resumed_epochs.size(), 1u);
+    EXPECT_EQ(resumed_epochs[0].epoch, 2);
+    EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+    EXPECT_EQ(resumed_epochs[0].test.accuracy, straight_epochs[1].test.accuracy);
+  }
+}
+
+TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
+  const TrainConfig config = SmallCnn(2);
+  auto straight = Make(config);
+  std::vector<EpochEvent> straight_epochs;
+  Trainer::Callbacks record;
+  record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
+  ASSERT_TRUE(straight->Run(record).ok());
+
+  TempDir dir;
+  auto first = Make(config);
+  Trainer::Callbacks save_at_step_17;
+  save_at_step_17.after_step = [&](Trainer& t) -> absl::Status {
+    if (t.position().global_step != 17) return absl::OkStatus();
+    if (auto s = t.SaveCheckpoint(dir.file("mid.safetensors")); !s.ok()) return s;
+    return absl::AbortedError("stop here");
+  };
+  EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
+
+  auto resumed = Make(config);
+  ASSERT_TRUE(resumed->LoadCheckpoint(dir.file("mid.safetensors")).ok());
+  EXPECT_EQ(resumed->position().epochs_done, 1);
+  EXPECT_EQ(resumed->position().step_in_epoch, 4);  // 13 steps per epoch
+  std::vector<EpochEvent> resumed_epochs;
+  Trainer::Callbacks rec2;
+  rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
+  ASSERT_TRUE(resumed->Run(rec2).ok());
+  EXPECT_EQ(Weights(*resumed), Weights(*straight));
+  ASSERT_EQ(resumed_epochs.size(), 1u);
+  EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+}
+
+TEST_F(TrainerTest, DivergingLossFailsNamingEpochAndStep) {
+  TrainConfig c = SmallMlp(2);
+  c.optimizer.lr = 1e30f;
+  auto t = Make(c);
+  auto s = t->Run({});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(s.message().find("loss became NaN at epoch 1 step") != std::string::npos ||
+              s.message().find("loss became Inf at epoch 1 step") != std::string::npos)
+      << s;
+}
+
+TEST_F(TrainerTest, CancelStopsBetweenSteps) {
+  auto t = Make(SmallMlp(5));
+  std::atomic<bool> cancel{false};
+  Trainer::Callbacks cb;
+  cb.on_step = [&](const StepEvent& e) {
+    if (e.global_step == 3) cancel = true;
+  };
+  auto s = t->Run(cb, &cancel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(t->position().global_step, 3);
+}
+
+TEST_F(TrainerTest, RejectsConfigsThatDoNotFitTheData) {
+  TrainConfig c = SmallMlp(1);
+  c.model.input_shape = {100};
+  std::get<LinearConfig>(c.model.layers[0]).in_features = 100;
+  auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
+  EXPECT_EQ(t.status().message(),
+            "model input is 100 = 100 values but training samples are 8x8 = 64");
+  c = SmallMlp(1);
+  std::get<LinearConfig>(c.model.layers[2]).out_features = 3;
+  t = Trainer::Create(c, backend_.get(), &train_, &test_);
+  EXPECT_EQ(t.status().message(), "model has 3 outputs but the training labels go up to 3");
+  c = SmallMlp(1);
+  c.batch_size = 0;
+  EXPECT_EQ(Trainer::Create(c, backend_.get(), &train_, &test_).status().message(),
+            "batch_size must be >= 1, got 0");
+}
+
+TEST_F(TrainerTest, CheckpointOfAnotherModelIsRejectedAndChangesNothing) {
+  TempDir dir;
+  auto cnn = Make(SmallCnn(1));
+  ASSERT_TRUE(cnn->SaveCheckpoint(dir.file("cnn.safetensors")).ok());
+  TrainConfig wider = SmallCnn(1);
+  std::get<Conv2dConfig>(wider.model.layers[0]).out_channels = 8;
+  std::get<LinearConfig>(wider.model.layers[5]).in_features = 128;
+  auto other = Make(wider);
+  const auto before = Weights(*other);
+  auto s = other->LoadCheckpoint(dir.file("cnn.safetensors"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor 0.weight is F32 4x1x3x3 but the model needs F32 8x1x3x3"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(Weights(*other), before);
+}
+
+TEST_F(TrainerTest, TruncatedCheckpointIsDataLoss) {
+  TempDir dir;
+  auto t = Make(SmallMlp(1));
+  const std::string path = dir.file("ckpt.safetensors");
+  ASSERT_TRUE(t->SaveCheckpoint(path).ok());
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 10);
+  auto s = Make(SmallMlp(1))->LoadCheckpoint(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(path), std::string::npos);
+  EXPECT_EQ(Make(SmallMlp(1))->LoadCheckpoint(dir.file("missing")).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(TrainerTest, CheckpointCarriesTheModelConfigAndPosition) {
+  TempDir dir;
+  auto t = Make(SmallMlp(1));
+  ASSERT_TRUE(t->Run({}).ok());
+  ASSERT_TRUE(t->SaveCheckpoint(dir.file("c.safetensors")).ok());
+  auto meta = ReadCheckpointMetadata(dir.file("c.safetensors"));
+  ASSERT_TRUE(meta.ok());
+  EXPECT_EQ(meta->at("format"), kCheckpointFormat);
+  EXPECT_EQ(meta->at("epochs_done"), "1");
+  EXPECT_EQ(meta->at("global_step"), "9");
+  EXPECT_NE(meta->at("kiln.model").find("\"linear\""), std::string::npos);
+}
+
+// Real MNIST (fetched by scripts/fetch-mnist): a short run learns far above chance.
+TEST(RealMnist, ShortMlpRunLearns) {
+  const char* dir = std::getenv("KILN_TEST_MNIST_DIR");
+  if (dir == nullptr || !std::filesystem::exists(std::string(dir) + "/train-labels-idx1-ubyte")) {
+    GTEST_SKIP() << "real MNIST not found (set KILN_TEST_MNIST_DIR; scripts/fetch-mnist fetches it)";
+  }
+  auto splits = LoadImageFolder(dir);
+  ASSERT_TRUE(splits.ok()) << splits.status();
+  // The first 2,000 training and 1,000 test images.
+  auto head = [](const Dataset& d, int64_t n) {
+    Dataset out = d;
+    out.size = n;
+    out.pixels.resize(n * d.sample_elems());
+    out.labels.resize(n);
+    return out;
+  };
+  Dataset train = head(splits->train, 2000), test = head(splits->test, 1000);
+  TrainConfig c;
+  c.model = MnistMlpConfig();
+  c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  c.optimizer.lr = 1e-3f;
+  c.batch_size = 64;
+  c.epochs = 2;
+  c.norm = {1.0f / 255, 0.5f, 0.5f};
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_TRUE(backend.ok());
+  auto t = Trainer::Create(c, backend->get(), &train, &test);
+  ASSERT_TRUE(t.ok()) << t.status();
+  double acc = 0;
+  Trainer::Callbacks cb;
+  cb.on_epoch = [&](const EpochEvent& e) { acc = e.test.accuracy; };
+  ASSERT_TRUE((*t)->Run(cb).ok());
+  EXPECT_GT(acc, 0.8) << "10 classes: chance is 0.1";
+}
+
+}  // namespace
+}  // namespace kiln
