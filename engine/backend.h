@@ -19,6 +19,8 @@ namespace kiln {
 
 enum class DeviceKind { kCpu, kCuda };
 enum class Transpose { kNo, kYes };
+// An activation fused into the op that produces its input (cuDNN's conv-bias-activation).
+enum class Activation { kNone, kRelu };
 
 // Geometry of a 2-D convolution or pooling window over a batch of NCHW images.
 struct Conv2dGeometry {
@@ -96,12 +98,14 @@ class Backend {
   virtual absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) = 0;
 
   // --- convolution and pooling --------------------------------------------------------------
-  // y(N,OC,OH,OW) = conv(x(N,C,H,W), w(OC,C,KH,KW)) + bias(OC) (bias may be null).
+  // y(N,OC,OH,OW) = act(conv(x(N,C,H,W), w(OC,C,KH,KW)) + bias(OC)) (bias may be null).
   virtual absl::Status Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
-                                     const float* bias, float* y) = 0;
-  // dw += d/dw, dbias += d/dbias (when not null); dx = input gradient (when not null).
+                                     const float* bias, Activation act, float* y) = 0;
+  // From dy (the gradient of the activated output y of the forward), dw += d/dw, dbias +=
+  // d/dbias (when not null) and dx = the input gradient (when not null).
   virtual absl::Status Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
-                                      const float* dy, float* dw, float* dbias, float* dx) = 0;
+                                      const float* y, const float* dy, Activation act, float* dw,
+                                      float* dbias, float* dx) = 0;
   // y = max over each window; argmax(int32, same shape as y) records the winner for backward.
   virtual absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                         int32_t* argmax) = 0;

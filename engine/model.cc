@@ -137,7 +137,7 @@ int64_t CountParameters(const ModelConfig& config) {
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, Backend* backend,
-                                                    uint64_t seed) {
+                                                    uint64_t seed, Fusion fusion) {
   auto model = std::unique_ptr<Model>(new Model(config, backend));
   KILN_ASSIGN_OR_RETURN(model->shapes_, InferShapes(config));
   Rng rng(seed);
@@ -146,10 +146,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
     const Shape& out = model->shapes_[i + 1];
     const LayerConfig& lc = config.layers[i];
     std::unique_ptr<Layer> layer;
+    const bool relu_follows = fusion == Fusion::kFuse && i + 1 < config.layers.size() &&
+                              std::holds_alternative<ReluConfig>(config.layers[i + 1]);
     if (auto* l = std::get_if<LinearConfig>(&lc)) {
       KILN_ASSIGN_OR_RETURN(layer, Linear::Create(*l, backend, in, &rng));
     } else if (auto* c = std::get_if<Conv2dConfig>(&lc)) {
-      KILN_ASSIGN_OR_RETURN(layer, Conv2d::Create(*c, backend, in, out, &rng));
+      KILN_ASSIGN_OR_RETURN(layer, Conv2d::Create(*c, backend, in, out, &rng,
+                                                  relu_follows ? Activation::kRelu
+                                                               : Activation::kNone));
     } else if (std::holds_alternative<ReluConfig>(lc)) {
       layer = std::make_unique<Relu>(backend, in);
     } else if (auto* p = std::get_if<MaxPool2dConfig>(&lc)) {
@@ -162,32 +166,50 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
       layer = std::make_unique<Softmax>(backend, in);
     }
     model->layers_.push_back(std::move(layer));
+    // A ReLU right after a conv2d built with the fused activation does nothing itself.
+    model->fused_.push_back(i > 0 && fusion == Fusion::kFuse &&
+                            std::holds_alternative<ReluConfig>(lc) &&
+                            std::holds_alternative<Conv2dConfig>(config.layers[i - 1]));
   }
   return model;
 }
 
 absl::Status Model::EnsureActivations(int64_t batch) {
+  auto batched = [&](size_t i) {
+    Shape s = shapes_[i];
+    s.insert(s.begin(), batch);
+    return s;
+  };
   if (batch > capacity_) {
     activations_.assign(layers_.size() + 1, Tensor());
     grads_.assign(layers_.size() + 1, Tensor());
     for (size_t i = 1; i <= layers_.size(); ++i) {
-      Shape s = shapes_[i];
-      s.insert(s.begin(), batch);
-      KILN_ASSIGN_OR_RETURN(activations_[i], backend_->Allocate(DType::kF32, s));
+      // A fused layer's output aliases its input; the gradient of its input is never formed.
+      if (!fused_[i - 1]) {
+        KILN_ASSIGN_OR_RETURN(activations_[i], backend_->Allocate(DType::kF32, batched(i)));
+      }
       // The last gradient is the caller's dout; grads_[0] (the input's) is never needed.
-      if (i < layers_.size()) {
-        KILN_ASSIGN_OR_RETURN(grads_[i], backend_->Allocate(DType::kF32, s));
+      if (i < layers_.size() && !fused_[i]) {
+        KILN_ASSIGN_OR_RETURN(grads_[i], backend_->Allocate(DType::kF32, batched(i)));
       }
     }
     capacity_ = batch;
   }
   for (size_t i = 1; i <= layers_.size(); ++i) {
-    Shape s = shapes_[i];
-    s.insert(s.begin(), batch);
-    activations_[i].Reshape(s);
-    if (i < layers_.size()) grads_[i].Reshape(s);
+    if (fused_[i - 1]) {
+      activations_[i] = activations_[i - 1];
+    } else {
+      activations_[i].Reshape(batched(i));
+    }
+    if (i < layers_.size() && !fused_[i]) grads_[i].Reshape(batched(i));
   }
   return absl::OkStatus();
+}
+
+const Tensor& Model::OutputGrad(size_t i, const Tensor& dout) const {
+  size_t k = i + 1;  // activations_[k] is layer i's output; fused layers k.. alias it
+  while (k < layers_.size() && fused_[k]) ++k;
+  return k == layers_.size() ? dout : grads_[k];
 }
 
 absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
@@ -199,6 +221,7 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
   KILN_RETURN_IF_ERROR(EnsureActivations(x.dim(0)));
   input_ = &x;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    if (fused_[i]) continue;
     const Tensor& in = i == 0 ? x : activations_[i];
     KILN_RETURN_IF_ERROR(layers_[i]->Forward(in, &activations_[i + 1], mode));
   }
@@ -208,10 +231,10 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
 absl::Status Model::Backward(const Tensor& dout) {
   if (input_ == nullptr) return absl::FailedPreconditionError("Backward before Forward");
   for (size_t i = layers_.size(); i-- > 0;) {
+    if (fused_[i]) continue;
     const Tensor& x = i == 0 ? *input_ : activations_[i];
-    const Tensor& dy = i + 1 == layers_.size() ? dout : grads_[i + 1];
-    KILN_RETURN_IF_ERROR(
-        layers_[i]->Backward(x, activations_[i + 1], dy, i == 0 ? nullptr : &grads_[i]));
+    KILN_RETURN_IF_ERROR(layers_[i]->Backward(x, activations_[i + 1], OutputGrad(i, dout),
+                                              i == 0 ? nullptr : &grads_[i]));
   }
   return absl::OkStatus();
 }

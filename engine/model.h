@@ -28,12 +28,17 @@ struct NamedParameter {
   Parameter* param;
 };
 
+// kFuse runs a ReLU that follows a conv2d inside the convolution (same results, one pass less
+// over memory each way); kNone keeps every layer separate.
+enum class Fusion { kFuse, kNone };
+
 class Model {
  public:
   // Builds every layer on `backend` and initialises parameters as PyTorch's defaults do
   // (kaiming-uniform with a=sqrt(5), bias uniform in +-1/sqrt(fan_in)) from `seed`.
   static absl::StatusOr<std::unique_ptr<Model>> Build(const ModelConfig& config, Backend* backend,
-                                                      uint64_t seed);
+                                                      uint64_t seed,
+                                                      Fusion fusion = Fusion::kFuse);
 
   // Runs all layers on x (batch, input_shape...). The returned tensor is owned by the model and
   // valid until the next Forward.
@@ -55,11 +60,15 @@ class Model {
  private:
   Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
   absl::Status EnsureActivations(int64_t batch);
+  // d loss / d (output of layer i): past any fused layers that alias that output.
+  const Tensor& OutputGrad(size_t i, const Tensor& dout) const;
 
   ModelConfig config_;
   Backend* backend_;
   std::vector<Shape> shapes_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  // fused_[i]: layer i runs inside layer i-1; its output aliases that of layer i-1.
+  std::vector<bool> fused_;
   // activations_[0] is a copy-free view of the input; [i+1] the output of layer i.
   std::vector<Tensor> activations_;
   std::vector<Tensor> grads_;  // grads_[i] is d loss / d activations_[i]

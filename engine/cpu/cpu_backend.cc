@@ -27,74 +27,75 @@ absl::Status CheckBytes(const char* op, size_t bytes, size_t capacity) {
   return absl::OkStatus();
 }
 
-// im2col for the whole batch: cols is (C*KH*KW, N*OH*OW), so one GEMM convolves every sample.
-void Im2Col(const Conv2dGeometry& g, const float* x, float* cols, int threads) {
+// im2col of one sample: cols is (C*KH*KW, OH*OW), so one GEMM with the (OC, C*KH*KW) weights
+// convolves it straight into the sample's (OC, OH*OW) output plane, already in NCHW order.
+void Im2Col(const Conv2dGeometry& g, const float* x, float* cols) {
   const int oh = g.out_h(), ow = g.out_w(), ohw = oh * ow;
-  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
   const int rows = g.in_channels * g.kernel_h * g.kernel_w;
-#pragma omp parallel for num_threads(threads) if (rows * n_cols > kParallelMin) schedule(static)
   for (int r = 0; r < rows; ++r) {
     const int kw = r % g.kernel_w, kh = (r / g.kernel_w) % g.kernel_h;
     const int c = r / (g.kernel_w * g.kernel_h);
-    float* out = cols + r * n_cols;
-    for (int n = 0; n < g.batch; ++n) {
-      const float* plane = x + (static_cast<int64_t>(n) * g.in_channels + c) * g.in_h * g.in_w;
-      for (int i = 0; i < oh; ++i) {
-        const int y = i * g.stride - g.padding + kh;
-        float* o = out + n * ohw + i * ow;
-        if (y < 0 || y >= g.in_h) {
-          std::memset(o, 0, sizeof(float) * ow);
-          continue;
-        }
-        const float* row = plane + y * g.in_w;
-        if (g.stride == 1) {
-          // Contiguous run: only the padded edges need care.
-          const int x0 = kh * 0 + kw - g.padding;
-          int j0 = std::max(0, -x0), j1 = std::min(ow, g.in_w - x0);
-          for (int j = 0; j < j0; ++j) o[j] = 0;
-          if (j1 > j0) std::memcpy(o + j0, row + x0 + j0, sizeof(float) * (j1 - j0));
-          for (int j = std::max(j1, j0); j < ow; ++j) o[j] = 0;
-        } else {
-          for (int j = 0; j < ow; ++j) {
-            const int xx = j * g.stride - g.padding + kw;
-            o[j] = (xx >= 0 && xx < g.in_w) ? row[xx] : 0.0f;
-          }
+    const float* plane = x + static_cast<int64_t>(c) * g.in_h * g.in_w;
+    float* out = cols + static_cast<int64_t>(r) * ohw;
+    for (int i = 0; i < oh; ++i) {
+      const int y = i * g.stride - g.padding + kh;
+      float* o = out + i * ow;
+      if (y < 0 || y >= g.in_h) {
+        std::memset(o, 0, sizeof(float) * ow);
+        continue;
+      }
+      const float* row = plane + y * g.in_w;
+      if (g.stride == 1) {
+        // A contiguous run: only the padded edges need care.
+        const int x0 = kw - g.padding;
+        const int j0 = std::min(ow, std::max(0, -x0)), j1 = std::max(j0, std::min(ow, g.in_w - x0));
+        for (int j = 0; j < j0; ++j) o[j] = 0;
+        std::memcpy(o + j0, row + x0 + j0, sizeof(float) * (j1 - j0));
+        for (int j = j1; j < ow; ++j) o[j] = 0;
+      } else {
+        for (int j = 0; j < ow; ++j) {
+          const int xx = j * g.stride - g.padding + kw;
+          o[j] = (xx >= 0 && xx < g.in_w) ? row[xx] : 0.0f;
         }
       }
     }
   }
 }
 
-// col2im: dx = scatter-add of dcols (C*KH*KW, N*OH*OW). Parallel over (n, c) planes, so no two
-// threads write the same element and the sum order is fixed.
-void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx, int threads) {
+// col2im of one sample: dx = scatter-add of dcols (C*KH*KW, OH*OW), in a fixed order.
+void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx) {
   const int oh = g.out_h(), ow = g.out_w(), ohw = oh * ow;
-  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
-  const int planes = g.batch * g.in_channels;
-  const int64_t work = static_cast<int64_t>(planes) * g.kernel_h * g.kernel_w * ohw;
-#pragma omp parallel for num_threads(threads) if (work > kParallelMin) schedule(static)
-  for (int p = 0; p < planes; ++p) {
-    const int n = p / g.in_channels, c = p % g.in_channels;
-    float* plane = dx + static_cast<int64_t>(p) * g.in_h * g.in_w;
-    std::memset(plane, 0, sizeof(float) * g.in_h * g.in_w);
-    for (int kh = 0; kh < g.kernel_h; ++kh) {
-      for (int kw = 0; kw < g.kernel_w; ++kw) {
-        const int r = (c * g.kernel_h + kh) * g.kernel_w + kw;
-        const float* in = cols + r * n_cols + n * ohw;
-        for (int i = 0; i < oh; ++i) {
-          const int y = i * g.stride - g.padding + kh;
-          if (y < 0 || y >= g.in_h) continue;
-          float* row = plane + y * g.in_w;
-          const float* src = in + i * ow;
-          for (int j = 0; j < ow; ++j) {
-            const int xx = j * g.stride - g.padding + kw;
-            if (xx >= 0 && xx < g.in_w) row[xx] += src[j];
-          }
+  std::memset(dx, 0, sizeof(float) * g.in_channels * g.in_h * g.in_w);
+  const int rows = g.in_channels * g.kernel_h * g.kernel_w;
+  for (int r = 0; r < rows; ++r) {
+    const int kw = r % g.kernel_w, kh = (r / g.kernel_w) % g.kernel_h;
+    const int c = r / (g.kernel_w * g.kernel_h);
+    float* plane = dx + static_cast<int64_t>(c) * g.in_h * g.in_w;
+    const float* in = cols + static_cast<int64_t>(r) * ohw;
+    for (int i = 0; i < oh; ++i) {
+      const int y = i * g.stride - g.padding + kh;
+      if (y < 0 || y >= g.in_h) continue;
+      float* row = plane + y * g.in_w;
+      const float* src = in + i * ow;
+      if (g.stride == 1) {
+        const int x0 = kw - g.padding;
+        const int j0 = std::min(ow, std::max(0, -x0)), j1 = std::max(j0, std::min(ow, g.in_w - x0));
+        float* dst = row + x0;
+#pragma omp simd
+        for (int j = j0; j < j1; ++j) dst[j] += src[j];
+      } else {
+        for (int j = 0; j < ow; ++j) {
+          const int xx = j * g.stride - g.padding + kw;
+          if (xx >= 0 && xx < g.in_w) row[xx] += src[j];
         }
       }
     }
   }
 }
+
+// Samples go to threads in fixed contiguous blocks (static schedule), so every reduction below
+// sums in the same order on every run with the same thread count.
+int SampleThreads(int batch, int threads) { return std::max(1, std::min(batch, threads)); }
 
 }  // namespace
 
@@ -194,8 +195,12 @@ absl::Status CpuBackend::ReluForward(int64_t n, const float* x, float* y) {
 }
 
 absl::Status CpuBackend::ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
+  // Both loads unconditional, so the select vectorises instead of branching on random signs.
 #pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = dy[i];
+    dx[i] = y[i] > 0.0f ? d : 0.0f;
+  }
   return absl::OkStatus();
 }
 
@@ -231,60 +236,104 @@ absl::Status CpuBackend::SoftmaxForward(int rows, int cols, const float* x, floa
 }
 
 absl::Status CpuBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
-                                       const float* bias, float* y) {
+                                       const float* bias, Activation act, float* y) {
   const int ohw = g.out_h() * g.out_w();
-  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
   const int k = g.in_channels * g.kernel_h * g.kernel_w;
-  float* cols = Scratch(&cols_, k * n_cols);
-  float* out = Scratch(&gemm_out_, g.out_channels * n_cols);
-  Im2Col(g, x, cols, threads_);
-  // out (OC, N*OHW) = w (OC, K) * cols (K, N*OHW)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g.out_channels, n_cols, k, 1.0f, w, k,
-              cols, n_cols, 0.0f, out, n_cols);
-  // (OC, N, OHW) -> (N, OC, OHW), adding the bias on the way.
-  const int planes = g.batch * g.out_channels;
-#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * ohw > kParallelMin)
-  for (int p = 0; p < planes; ++p) {
-    const int n = p / g.out_channels, oc = p % g.out_channels;
-    const float* src = out + oc * n_cols + n * ohw;
-    float* dst = y + static_cast<int64_t>(p) * ohw;
-    const float b = bias ? bias[oc] : 0.0f;
+  const int64_t in_elems = int64_t{g.in_channels} * g.in_h * g.in_w;
+  const int64_t out_elems = int64_t{g.out_channels} * ohw;
+  const int team = SampleThreads(g.batch, threads_);
+  float* scratch = Scratch(&cols_, static_cast<size_t>(team) * k * ohw);
+  // One single-threaded GEMM per sample, samples spread over the team: each sample's columns
+  // stay in cache and its output needs no transpose. (Inside a parallel region the OpenMP
+  // OpenBLAS runs single-threaded; with one sample it uses the whole team itself.)
+#pragma omp parallel num_threads(team)
+  {
+    float* cols = scratch + static_cast<int64_t>(omp_get_thread_num()) * k * ohw;
+#pragma omp for schedule(static)
+    for (int n = 0; n < g.batch; ++n) {
+      float* yn = y + n * out_elems;
+      Im2Col(g, x + n * in_elems, cols);
+      // y_n (OC, OHW) = w (OC, K) * cols (K, OHW)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g.out_channels, ohw, k, 1.0f, w, k,
+                  cols, ohw, 0.0f, yn, ohw);
+      // Bias and activation while the sample's output is still in cache.
+      const bool relu = act == Activation::kRelu;
+      for (int oc = 0; oc < g.out_channels; ++oc) {
+        float* row = yn + int64_t{oc} * ohw;
+        const float b = bias != nullptr ? bias[oc] : 0.0f;
 #pragma omp simd
-    for (int i = 0; i < ohw; ++i) dst[i] = src[i] + b;
+        for (int i = 0; i < ohw; ++i) {
+          const float v = row[i] + b;
+          row[i] = relu && v < 0.0f ? 0.0f : v;
+        }
+      }
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
-                                        const float* dy, float* dw, float* dbias, float* dx) {
+                                        const float* y, const float* dy, Activation act,
+                                        float* dw, float* dbias, float* dx) {
   const int ohw = g.out_h() * g.out_w();
-  const int64_t n_cols = static_cast<int64_t>(g.batch) * ohw;
   const int k = g.in_channels * g.kernel_h * g.kernel_w;
-  float* cols = Scratch(&cols_, k * n_cols);
-  float* dout = Scratch(&gemm_out_, g.out_channels * n_cols);
-  // dy (N, OC, OHW) -> dout (OC, N*OHW); the bias gradient is each channel's sum, in fixed order.
-#pragma omp parallel for num_threads(threads_) if (int64_t{g.out_channels} * n_cols > kParallelMin)
-  for (int oc = 0; oc < g.out_channels; ++oc) {
-    double sum = 0;
+  const int64_t in_elems = int64_t{g.in_channels} * g.in_h * g.in_w;
+  const int64_t out_elems = int64_t{g.out_channels} * ohw;
+  const int64_t w_elems = int64_t{g.out_channels} * k;
+  const int team = SampleThreads(g.batch, threads_);
+  // Per thread: im2col columns, their gradient, and the sample's masked output gradient.
+  const int64_t per_thread = 2 * int64_t{k} * ohw + out_elems;
+  float* scratch = Scratch(&cols_, static_cast<size_t>(team) * per_thread);
+  // Per-thread partial weight and bias gradients, summed in thread order at the end.
+  float* partial = Scratch(&gemm_out_, static_cast<size_t>(team) * (w_elems + g.out_channels));
+  std::fill_n(partial, team * (w_elems + g.out_channels), 0.0f);
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+    float* cols = scratch + t * per_thread;
+    float* dcols = cols + int64_t{k} * ohw;
+    float* masked = dcols + int64_t{k} * ohw;
+    float* dw_t = partial + t * (w_elems + g.out_channels);
+    float* db_t = dw_t + w_elems;
+#pragma omp for schedule(static)
     for (int n = 0; n < g.batch; ++n) {
-      const float* src = dy + (static_cast<int64_t>(n) * g.out_channels + oc) * ohw;
-      float* dst = dout + oc * n_cols + n * ohw;
-      std::memcpy(dst, src, sizeof(float) * ohw);
-      if (dbias) {
-        for (int i = 0; i < ohw; ++i) sum += src[i];
+      const float* dyn = dy + n * out_elems;
+      if (act == Activation::kRelu) {
+        // The fused ReLU's backward: pass the gradient where the output was positive.
+        const float* yn = y + n * out_elems;
+#pragma omp simd
+        for (int64_t i = 0; i < out_elems; ++i) {
+          const float d = dyn[i];
+          masked[i] = yn[i] > 0.0f ? d : 0.0f;
+        }
+        dyn = masked;
+      }
+      Im2Col(g, x + n * in_elems, cols);
+      // dw (OC, K) += dy_n (OC, OHW) * cols^T (OHW, K)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.out_channels, k, ohw, 1.0f, dyn, ohw,
+                  cols, ohw, 1.0f, dw_t, k);
+      for (int oc = 0; oc < g.out_channels; ++oc) {
+        const float* row = dyn + int64_t{oc} * ohw;
+        float sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < ohw; ++i) sum += row[i];
+        db_t[oc] += sum;
+      }
+      if (dx != nullptr) {
+        // dcols (K, OHW) = w^T (K, OC) * dy_n (OC, OHW), then scattered back to the input.
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, ohw, g.out_channels, 1.0f, w, k,
+                    dyn, ohw, 0.0f, dcols, ohw);
+        Col2Im(g, dcols, dx + n * in_elems);
       }
     }
-    if (dbias) dbias[oc] += static_cast<float>(sum);
   }
-  Im2Col(g, x, cols, threads_);
-  // dw (OC, K) += dout (OC, N*OHW) * cols^T (N*OHW, K)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.out_channels, k, n_cols, 1.0f, dout,
-              n_cols, cols, n_cols, 1.0f, dw, k);
-  if (dx != nullptr) {
-    // dcols (K, N*OHW) = w^T (K, OC) * dout (OC, N*OHW), reusing the cols buffer.
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, n_cols, g.out_channels, 1.0f, w, k,
-                dout, n_cols, 0.0f, cols, n_cols);
-    Col2Im(g, cols, dx, threads_);
+  for (int t = 0; t < team; ++t) {
+    const float* dw_t = partial + t * (w_elems + g.out_channels);
+#pragma omp simd
+    for (int64_t i = 0; i < w_elems; ++i) dw[i] += dw_t[i];
+    if (dbias != nullptr) {
+      for (int oc = 0; oc < g.out_channels; ++oc) dbias[oc] += dw_t[w_elems + oc];
+    }
   }
   return absl::OkStatus();
 }
@@ -292,6 +341,7 @@ absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x,
 absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                           int32_t* argmax) {
   const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
+  const bool two_by_two = g.kernel == 2 && g.stride == 2;
 #pragma omp parallel for num_threads(threads_) if (int64_t{planes} * g.in_h * g.in_w > kParallelMin)
   for (int p = 0; p < planes; ++p) {
     const float* in = x + static_cast<int64_t>(p) * g.in_h * g.in_w;
@@ -301,13 +351,26 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
       for (int j = 0; j < ow; ++j) {
         int best = (i * g.stride) * g.in_w + j * g.stride;
         float best_v = in[best];
-        for (int a = 0; a < g.kernel; ++a) {
-          for (int b = 0; b < g.kernel; ++b) {
-            const int idx = (i * g.stride + a) * g.in_w + j * g.stride + b;
-            // NaN propagates as in PyTorch.
-            if (in[idx] > best_v || std::isnan(in[idx])) {
-              best_v = in[idx];
-              best = idx;
+        // `!(v <= best_v)` also takes a NaN, which propagates as in PyTorch. The 2x2 case is
+        // written as selects: with random data, branches would mispredict half the time.
+        if (two_by_two) {
+          const int q1 = best + 1, q2 = best + g.in_w, q3 = best + g.in_w + 1;
+          const float v1 = in[q1], v2 = in[q2], v3 = in[q3];
+          const bool t1 = !(v1 <= best_v);
+          best = t1 ? q1 : best;
+          best_v = t1 ? v1 : best_v;
+          const bool t2 = !(v2 <= best_v);
+          best = t2 ? q2 : best;
+          best_v = t2 ? v2 : best_v;
+          const bool t3 = !(v3 <= best_v);
+          best = t3 ? q3 : best;
+          best_v = t3 ? v3 : best_v;
+        } else {
+          const int top = best;
+          for (int a = 0; a < g.kernel; ++a) {
+            for (int b = 0; b < g.kernel; ++b) {
+              const int q = top + a * g.in_w + b;
+              if (!(in[q] <= best_v)) best_v = in[best = q];
             }
           }
         }

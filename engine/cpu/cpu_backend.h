@@ -39,9 +39,10 @@ class CpuBackend final : public Backend {
   absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) override;
 
   absl::Status Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
-                             const float* bias, float* y) override;
+                             const float* bias, Activation act, float* y) override;
   absl::Status Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
-                              const float* dy, float* dw, float* dbias, float* dx) override;
+                              const float* y, const float* dy, Activation act, float* dw,
+                              float* dbias, float* dx) override;
   absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                 int32_t* argmax) override;
   absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,

@@ -9,8 +9,9 @@ namespace kiln {
 
 absl::StatusOr<std::unique_ptr<Layer>> Conv2d::Create(const Conv2dConfig& config,
                                                       Backend* backend, const Shape& input,
-                                                      const Shape& output, Rng* rng) {
-  auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output));
+                                                      const Shape& output, Rng* rng,
+                                                      Activation act) {
+  auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output, act));
   const int64_t k = config.kernel_size;
   const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_channels * k * k));
   KILN_RETURN_IF_ERROR(InitUniformParameter(backend, "weight",
@@ -43,12 +44,13 @@ Conv2dGeometry Conv2d::Geometry(int64_t batch) const {
 
 absl::Status Conv2d::Forward(const Tensor& x, Tensor* y, Mode) {
   return backend_->Conv2dForward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(),
-                                 config_.bias ? bias_.value.f32() : nullptr, y->f32());
+                                 config_.bias ? bias_.value.f32() : nullptr, act_, y->f32());
 }
 
-absl::Status Conv2d::Backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
-  return backend_->Conv2dBackward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(), dy.f32(),
-                                  weight_.grad.f32(), config_.bias ? bias_.grad.f32() : nullptr,
+absl::Status Conv2d::Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
+  return backend_->Conv2dBackward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(), y.f32(),
+                                  dy.f32(), act_, weight_.grad.f32(),
+                                  config_.bias ? bias_.grad.f32() : nullptr,
                                   dx ? dx->f32() : nullptr);
 }
 

@@ -10,19 +10,23 @@ namespace kiln {
 
 class Conv2d final : public Layer {
  public:
+  // `act` is an activation fused into this layer (the model fuses a following ReLU).
   static absl::StatusOr<std::unique_ptr<Layer>> Create(const Conv2dConfig& config,
                                                        Backend* backend, const Shape& input,
-                                                       const Shape& output, Rng* rng);
+                                                       const Shape& output, Rng* rng,
+                                                       Activation act = Activation::kNone);
   const char* type() const override { return "conv2d"; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
   std::vector<Parameter*> parameters() override;
 
  private:
-  Conv2d(const Conv2dConfig& config, Backend* backend, const Shape& input, const Shape& output)
-      : Layer(backend, input, output), config_(config) {}
+  Conv2d(const Conv2dConfig& config, Backend* backend, const Shape& input, const Shape& output,
+         Activation act)
+      : Layer(backend, input, output), config_(config), act_(act) {}
   Conv2dGeometry Geometry(int64_t batch) const;
   Conv2dConfig config_;
+  Activation act_;
   Parameter weight_, bias_;
 };
 

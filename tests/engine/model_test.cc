@@ -133,3 +133,37 @@ TEST(BackendRegistry, DeviceStrings) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A ReLU fused into the preceding conv2d gives exactly the unfused outputs and gradients.
+TEST(Model, FusedConvReluMatchesSeparateLayers) {
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_TRUE(backend.ok());
+  ModelConfig c{{2, 9, 9},
+                {Conv2dConfig{2, 4, 3, 1, 1}, ReluConfig{}, MaxPool2dConfig{2}, Conv2dConfig{4, 3, 3},
+                 ReluConfig{}, FlattenConfig{}, LinearConfig{12, 5}}};
+  auto fused = Model::Build(c, backend->get(), 1, Fusion::kFuse);
+  auto plain = Model::Build(c, backend->get(), 1, Fusion::kNone);
+  ASSERT_TRUE(fused.ok() && plain.ok());
+  Tensor x = testing::MakeTensor(**backend, {3, 2, 9, 9}, testing::RandomValues(486, 4));
+  Tensor dout = testing::MakeTensor(**backend, {3, 5}, testing::RandomValues(15, 5));
+  std::vector<std::vector<float>> grads[2];
+  std::vector<float> outs[2];
+  int k = 0;
+  for (auto* m : {fused->get(), plain->get()}) {
+    auto y = m->Forward(x, Mode::kTrain);
+    ASSERT_TRUE(y.ok());
+    outs[k] = testing::ToHost(**backend, **y);
+    ASSERT_TRUE(m->ZeroGrad().ok());
+    ASSERT_TRUE(m->Backward(dout).ok());
+    for (const auto& p : m->parameters()) grads[k].push_back(testing::ToHost(**backend, p.param->grad));
+    ++k;
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
+}  // namespace
+}  // namespace kiln
