@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/checkpoint.h"
+#include "engine/inference.h"
 #include "engine/loss.h"
 #include "engine/model.h"
 #include "engine/optim/lr_schedule.h"
@@ -258,7 +259,9 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
 }
 
 absl::Status Trainer::SaveCheckpoint(const std::string& path) {
-  return WriteCheckpoint(path, *model_, optimizer_.get(), position_);
+  // The normalisation travels with the weights, so a served model applies it by itself.
+  return WriteCheckpoint(path, *model_, optimizer_.get(), position_,
+                         {{"kiln.norm", PixelNormToString(config_.norm)}});
 }
 
 absl::Status Trainer::LoadCheckpoint(const std::string& path) {

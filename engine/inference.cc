@@ -1,0 +1,128 @@
+#include "engine/inference.h"
+
+#include <cmath>
+#include <cstdio>
+#include <variant>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/checkpoint.h"
+#include "engine/model_config_json.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+std::string PixelNormToString(const PixelNorm& n) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.9g,%.9g,%.9g", n.scale, n.mean, n.std);
+  return buf;
+}
+
+absl::StatusOr<PixelNorm> PixelNormFromString(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  PixelNorm n;
+  if (parts.size() != 3 || !absl::SimpleAtof(parts[0], &n.scale) ||
+      !absl::SimpleAtof(parts[1], &n.mean) || !absl::SimpleAtof(parts[2], &n.std) ||
+      !(n.std > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("normalisation \"", text, "\" is not \"scale,mean,std\" with std > 0"));
+  }
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromCheckpoint(
+    const std::string& path, Backend* backend, int max_batch) {
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_batch must be >= 1, got ", max_batch));
+  }
+  KILN_ASSIGN_OR_RETURN(auto meta, ReadCheckpointMetadata(path));
+  auto model_json = meta.find("kiln.model");
+  if (model_json == meta.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": checkpoint has no kiln.model metadata"));
+  }
+  KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigFromJson(model_json->second));
+  PixelNorm norm;
+  if (auto it = meta.find("kiln.norm"); it != meta.end()) {
+    KILN_ASSIGN_OR_RETURN(norm, PixelNormFromString(it->second));
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Build(config, backend, 0));
+  if (model->output_shape().size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the model's output is ",
+                                                   ShapeString(model->output_shape()),
+                                                   "; serving needs a flat output"));
+  }
+  KILN_RETURN_IF_ERROR(ReadCheckpoint(path, *model, nullptr, nullptr));
+  auto session = std::unique_ptr<InferenceSession>(
+      new InferenceSession(std::move(model), backend, norm, max_batch));
+  session->outputs_probabilities_ = std::holds_alternative<SoftmaxConfig>(config.layers.back());
+  KILN_RETURN_IF_ERROR(session->Allocate());
+  return session;
+}
+
+absl::Status InferenceSession::Allocate() {
+  Shape xs = input_shape();
+  xs.insert(xs.begin(), max_batch_);
+  KILN_ASSIGN_OR_RETURN(x_, backend_->Allocate(DType::kF32, xs));
+  KILN_ASSIGN_OR_RETURN(probs_, backend_->Allocate(DType::kF32, {max_batch_, num_classes()}));
+  KILN_ASSIGN_OR_RETURN(classes_, backend_->Allocate(DType::kI32, {max_batch_}));
+  host_x_.resize(static_cast<size_t>(max_batch_) * input_elems());
+  // One forward at full size now, so the model's activations exist before the first request.
+  return Run(max_batch_, nullptr, nullptr);
+}
+
+absl::Status InferenceSession::PredictU8(const uint8_t* pixels, int batch, float* probs,
+                                         int32_t* classes) {
+  if (batch < 1 || batch > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
+  }
+  const float a = norm_.scale / norm_.std, b = -norm_.mean / norm_.std;
+  const int64_t n = batch * input_elems();
+  for (int64_t i = 0; i < n; ++i) host_x_[i] = static_cast<float>(pixels[i]) * a + b;
+  return Run(batch, probs, classes);
+}
+
+absl::Status InferenceSession::PredictF32(const float* pixels01, int batch, float* probs,
+                                          int32_t* classes) {
+  if (batch < 1 || batch > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
+  }
+  // [0, 1] is pixel / 255: undo that, then apply the training normalisation.
+  const float a = 255.0f * norm_.scale / norm_.std, b = -norm_.mean / norm_.std;
+  const int64_t n = batch * input_elems();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(pixels01[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("input element ", i, " is not finite"));
+    }
+    host_x_[i] = pixels01[i] * a + b;
+  }
+  return Run(batch, probs, classes);
+}
+
+absl::Status InferenceSession::Run(int batch, float* probs, int32_t* classes) {
+  Shape xs = input_shape();
+  xs.insert(xs.begin(), batch);
+  x_.Reshape(xs);
+  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(host_x_.data(), x_.bytes(), &x_));
+  KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(x_, Mode::kEval));
+  const int cols = static_cast<int>(num_classes());
+  const float* p = out->f32();
+  if (!outputs_probabilities_) {
+    KILN_RETURN_IF_ERROR(backend_->SoftmaxForward(batch, cols, out->f32(), probs_.f32()));
+    p = probs_.f32();
+  }
+  KILN_RETURN_IF_ERROR(backend_->Argmax(batch, cols, p, classes_.i32()));
+  if (probs != nullptr) {
+    Tensor view = outputs_probabilities_ ? *out : probs_;
+    KILN_RETURN_IF_ERROR(backend_->CopyToHost(view, probs, sizeof(float) * batch * cols));
+  }
+  if (classes != nullptr) {
+    KILN_RETURN_IF_ERROR(backend_->CopyToHost(classes_, classes, sizeof(int32_t) * batch));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,94 @@
+// Inference sessions: loaded from a training checkpoint, they answer what the trained model's
+// own forward pass gives, for raw uint8 and [0,1] float inputs alike, batched or one by one.
+#include <gtest/gtest.h>
+
+#include "engine/backend_registry.h"
+#include "engine/inference.h"
+#include "engine/trainer.h"
+#include "tests/engine/synthetic_data.h"
+#include "tests/engine/test_util.h"
+
+namespace kiln {
+namespace {
+
+class InferenceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = CreateBackend("cpu", {2});
+    ASSERT_TRUE(b.ok());
+    backend_ = std::move(*b);
+    TrainConfig c;
+    c.model.input_shape = {1, 8, 8};
+    c.model.layers = {Conv2dConfig{1, 4, 3}, ReluConfig{}, FlattenConfig{}, LinearConfig{144, 4}};
+    c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+    c.optimizer.lr = 0.01f;
+    c.batch_size = 20;
+    c.norm = {1.0f / 255, 0.5f, 0.25f};
+    auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->Run({}).ok());
+    accuracy_ = (*(*t)->Evaluate(test_)).accuracy;
+    ASSERT_TRUE((*t)->SaveCheckpoint(dir_.file("m.safetensors")).ok());
+  }
+
+  std::unique_ptr<Backend> backend_;
+  Dataset train_ = testing::BandsDataset(200, 4, 8, 1);
+  Dataset test_ = testing::BandsDataset(60, 4, 8, 2);
+  testing::TempDir dir_;
+  double accuracy_ = 0;
+};
+
+TEST_F(InferenceTest, ClassesMatchTheTrainedModelsAccuracy) {
+  auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 64);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->num_classes(), 4);
+  EXPECT_EQ((*s)->input_shape(), Shape({1, 8, 8}));
+  std::vector<float> probs(60 * 4);
+  std::vector<int32_t> classes(60);
+  ASSERT_TRUE((*s)->PredictU8(test_.pixels.data(), 60, probs.data(), classes.data()).ok());
+  int hits = 0;
+  for (int i = 0; i < 60; ++i) {
+    hits += classes[i] == test_.labels[i];
+    float sum = 0;
+    for (int c = 0; c < 4; ++c) sum += probs[i * 4 + c];
+    EXPECT_NEAR(sum, 1.0f, 1e-5);
+  }
+  EXPECT_DOUBLE_EQ(hits / 60.0, accuracy_);
+}
+
+TEST_F(InferenceTest, BatchedAndOneByOneAndFloatInputsAgree) {
+  auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 16);
+  ASSERT_TRUE(s.ok());
+  std::vector<float> batched(16 * 4), single(4), from_f32(16 * 4);
+  std::vector<int32_t> cls(16), one(1), cls_f32(16);
+  ASSERT_TRUE((*s)->PredictU8(test_.pixels.data(), 16, batched.data(), cls.data()).ok());
+  std::vector<float> pixels01(16 * 64);
+  for (int i = 0; i < 16 * 64; ++i) pixels01[i] = test_.pixels[i] / 255.0f;
+  ASSERT_TRUE((*s)->PredictF32(pixels01.data(), 16, from_f32.data(), cls_f32.data()).ok());
+  EXPECT_EQ(cls, cls_f32);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE((*s)->PredictU8(test_.pixels.data() + i * 64, 1, single.data(), one.data()).ok());
+    EXPECT_EQ(one[0], cls[i]);
+    for (int c = 0; c < 4; ++c) EXPECT_NEAR(single[c], batched[i * 4 + c], 1e-6);
+    for (int c = 0; c < 4; ++c) EXPECT_NEAR(from_f32[i * 4 + c], batched[i * 4 + c], 1e-5);
+  }
+}
+
+TEST_F(InferenceTest, BadRequestsAreErrors) {
+  auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 8);
+  ASSERT_TRUE(s.ok());
+  std::vector<float> probs(9 * 4);
+  std::vector<int32_t> cls(9);
+  EXPECT_NE((*s)->PredictU8(test_.pixels.data(), 9, probs.data(), cls.data()).message().find(
+                "batch 9 is outside 1..8"),
+            std::string::npos);
+  std::vector<float> bad(64, 0.5f);
+  bad[3] = std::nanf("");
+  EXPECT_EQ((*s)->PredictF32(bad.data(), 1, probs.data(), cls.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InferenceSession::FromCheckpoint(dir_.file("none"), backend_.get(), 8).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kiln
