@@ -1,0 +1,98 @@
+#include "server/daemon.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
+#include "engine/backend_registry.h"
+#include "engine/status_macros.h"
+#include "server/training_service.h"
+
+namespace kiln::server {
+namespace {
+
+constexpr const char* kServiceName = "kiln.v1.Training";
+
+absl::Status MakeDir(const std::string& flag, const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is required"));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--", flag, "=", dir, ": cannot create: ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  KILN_RETURN_IF_ERROR(MakeDir("state_dir", options.state_dir));
+  KILN_RETURN_IF_ERROR(MakeDir("data_dir", options.data_dir));
+  if (options.device != "auto") {
+    absl::Status device = ValidateDevice(options.device);
+    if (!device.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--device: ", device.message()));
+    }
+  }
+  if (options.max_jobs_per_device < 1) {
+    return absl::InvalidArgumentError("--max_jobs_per_device: must be at least 1");
+  }
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->options_ = options;
+  KILN_ASSIGN_OR_RETURN(d->store_, JobStore::Open(options.state_dir + "/kiln.db"));
+  d->broadcaster_ = std::make_unique<MetricBroadcaster>(options.watch_buffer_events);
+  d->datasets_ = std::make_unique<DatasetCatalog>(options.data_dir, options.max_upload_bytes);
+  JobManagerOptions manager_options;
+  manager_options.state_dir = options.state_dir;
+  manager_options.default_device = options.device;
+  manager_options.max_jobs_per_device = options.max_jobs_per_device;
+  manager_options.max_queued_jobs = options.max_queued_jobs;
+  manager_options.limits = options.limits;
+  manager_options.step_delay = options.step_delay;
+  d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
+                                             d->datasets_.get(), manager_options);
+  KILN_RETURN_IF_ERROR(d->manager_->Recover());
+  d->service_ = std::make_unique<TrainingService>(d->manager_.get(), d->datasets_.get(),
+                                                  d->broadcaster_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  // Touching the health descriptors links them in, so reflection can describe that service.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &d->port_);
+  builder.RegisterService(d->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr || d->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen=", options.listen, ": cannot listen"));
+  }
+  d->server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  d->server_->GetHealthCheckService()->SetServingStatus("", true);
+  return d;
+}
+
+absl::Status Daemon::Shutdown(absl::Duration deadline) {
+  if (shut_down_) return absl::OkStatus();
+  shut_down_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(kServiceName, false);
+  server_->GetHealthCheckService()->SetServingStatus("", false);
+  absl::Status jobs = manager_->Shutdown(deadline);
+  broadcaster_->CloseAll(absl::UnavailableError("kilnd is shutting down"));
+  // In-flight calls get a moment to finish; after it they are cancelled.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+  return jobs;
+}
+
+Daemon::~Daemon() {
+  if (server_ != nullptr) Shutdown(absl::InfiniteDuration()).IgnoreError();
+}
+
+}  // namespace kiln::server

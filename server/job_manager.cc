@@ -1,0 +1,633 @@
+#include "server/job_manager.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/backend_registry.h"
+#include "engine/model.h"
+#include "engine/status_macros.h"
+#include "engine/trainer.h"
+#include "server/proto_time.h"
+
+namespace kiln::server {
+namespace fs = std::filesystem;
+
+struct JobManager::JobSlot {
+  v1::Job job;           // guarded by mu_; the store holds the same, less live step progress
+  int64_t next_seq = 1;  // guarded by mu_
+  std::atomic<bool> cancel{false};
+  std::atomic<bool> stop{false};  // daemon shutdown: checkpoint and stop, stay RUNNING
+  std::atomic<bool> checkpoint_wanted{false};
+  std::vector<CheckpointDone> checkpoint_waiters;  // guarded by mu_
+  std::thread thread;                              // the running attempt, if any
+};
+
+namespace {
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  return name.substr(std::string("JOB_STATE_").size());
+}
+
+std::string NewJobId() {
+  std::random_device rd;
+  uint64_t bits = (uint64_t{rd()} << 32) | rd();
+  return absl::StrFormat("job-%012x", bits & 0xffffffffffffull);
+}
+
+const char* KindName(v1::CheckpointKind kind) {
+  switch (kind) {
+    case v1::CHECKPOINT_KIND_PERIODIC:
+      return "periodic";
+    case v1::CHECKPOINT_KIND_BEST:
+      return "best";
+    case v1::CHECKPOINT_KIND_ON_DEMAND:
+      return "on-demand";
+    case v1::CHECKPOINT_KIND_SHUTDOWN:
+      return "shutdown";
+    case v1::CHECKPOINT_KIND_FINAL:
+      return "final";
+    default:
+      return "checkpoint";
+  }
+}
+
+void RemoveCheckpointFile(const v1::Checkpoint& c) {
+  std::error_code ec;
+  fs::remove(c.path(), ec);
+}
+
+}  // namespace
+
+JobManager::JobManager(JobStore* store, MetricBroadcaster* broadcaster,
+                       const DatasetCatalog* datasets, JobManagerOptions options)
+    : store_(store), broadcaster_(broadcaster), datasets_(datasets), options_(std::move(options)) {}
+
+JobManager::~JobManager() {
+  Shutdown(absl::InfiniteDuration()).IgnoreError();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::thread& t : finished_threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+absl::StatusOr<std::string> JobManager::ResolveDevice(const std::string& requested) const {
+  std::string device = requested.empty() ? options_.default_device : requested;
+  if (device == "auto") {
+    std::vector<std::string> devices = AvailableDevices();
+    device =
+        std::find(devices.begin(), devices.end(), "cuda:0") != devices.end() ? "cuda:0" : "cpu";
+  }
+  KILN_RETURN_IF_ERROR(ValidateDevice(device));
+  return device;
+}
+
+absl::StatusOr<std::shared_ptr<JobManager::JobSlot>> JobManager::FindLocked(
+    const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  return it->second;
+}
+
+absl::Status JobManager::EmitLocked(JobSlot& slot, v1::JobEvent event, bool persist_job) {
+  event.set_seq(slot.next_seq++);
+  *event.mutable_time() = MillisToTimestamp(NowMillis());
+  KILN_RETURN_IF_ERROR(persist_job ? store_->PutJob(slot.job, &event)
+                                   : store_->AppendEvent(slot.job.id(), event));
+  broadcaster_->Publish(slot.job.id(), event);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
+                                        const std::string& reason) {
+  slot.job.set_state(state);
+  slot.job.set_reason(reason);
+  if (IsFinal(state)) *slot.job.mutable_end_time() = MillisToTimestamp(NowMillis());
+  v1::JobEvent event;
+  event.mutable_state()->set_state(state);
+  event.mutable_state()->set_reason(reason);
+  absl::Status status = EmitLocked(slot, std::move(event), /*persist_job=*/true);
+  if (IsFinal(state)) broadcaster_->Close(slot.job.id(), absl::OkStatus());
+  return status;
+}
+
+absl::Status JobManager::Recover() {
+  KILN_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->AllJobs());
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<JobSlot>> resumed, queued;
+  for (v1::Job& job : jobs) {
+    auto slot = std::make_shared<JobSlot>();
+    KILN_ASSIGN_OR_RETURN(int64_t max_seq, store_->MaxSeq(job.id()));
+    slot->next_seq = max_seq + 1;
+    slot->job = std::move(job);
+    jobs_[slot->job.id()] = slot;
+    if (slot->job.state() == v1::JOB_STATE_RUNNING) resumed.push_back(slot);
+    if (slot->job.state() == v1::JOB_STATE_QUEUED) queued.push_back(slot);
+  }
+  // Jobs that were running go first: they had their turn already.
+  for (const auto& slot : resumed) {
+    absl::Status device = ValidateDevice(slot->job.device());
+    if (!device.ok()) {
+      KILN_RETURN_IF_ERROR(
+          SetStateLocked(*slot, v1::JOB_STATE_FAILED,
+                         absl::StrCat("device ", slot->job.device(),
+                                      " unavailable after restart: ", device.message())));
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_QUEUED,
+                                        "kilnd restarted; resuming from the latest checkpoint"));
+    queues_[slot->job.device()].push_back(slot->job.id());
+    ++queued_count_;
+  }
+  for (const auto& slot : queued) {
+    queues_[slot->job.device()].push_back(slot->job.id());
+    ++queued_count_;
+  }
+  ScheduleLocked();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
+  if (spec.dataset().empty()) {
+    return absl::InvalidArgumentError("spec.dataset: required (see ListDatasets)");
+  }
+  absl::StatusOr<DatasetInfo> info = datasets_->Inspect(spec.dataset());
+  if (!info.ok()) {
+    const absl::StatusCode code = absl::IsNotFound(info.status())
+                                      ? absl::StatusCode::kNotFound
+                                      : absl::StatusCode::kInvalidArgument;
+    return absl::Status(code, absl::StrCat("spec.dataset: ", info.status().message()));
+  }
+  if (NumElements(config.model.input_shape) != NumElements(info->sample_shape)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.model.input_shape: ", ShapeString(config.model.input_shape), " has ",
+                     NumElements(config.model.input_shape), " elements but samples of dataset \"",
+                     spec.dataset(), "\" are ", ShapeString(info->sample_shape), " = ",
+                     NumElements(info->sample_shape)));
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(config.model));
+  if (shapes.back()[0] < info->num_classes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.model: the model outputs ", shapes.back()[0], " logits but dataset \"",
+                     spec.dataset(), "\" has ", info->num_classes, " classes"));
+  }
+  absl::StatusOr<std::string> device = ResolveDevice(spec.device());
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.device: ", device.status().message()));
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
+  if (queued_count_ >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("the queue is full: ", queued_count_,
+                                                     " jobs are waiting (limit ",
+                                                     options_.max_queued_jobs, ")"));
+  }
+  auto slot = std::make_shared<JobSlot>();
+  v1::Job& job = slot->job;
+  do {
+    job.set_id(NewJobId());
+  } while (jobs_.count(job.id()) > 0);
+  *job.mutable_spec() = spec;
+  job.set_device(*device);
+  *job.mutable_create_time() = MillisToTimestamp(NowMillis());
+  job.set_epochs(config.epochs);
+  job.set_parameter_count(CountParameters(config.model));
+  KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_QUEUED, ""));
+  jobs_[job.id()] = slot;
+  queues_[job.device()].push_back(job.id());
+  ++queued_count_;
+  v1::Job result = job;
+  ScheduleLocked();
+  return result;
+}
+
+absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
+  return slot->job;
+}
+
+absl::StatusOr<JobPage> JobManager::List(const std::vector<v1::JobState>& states, int page_size,
+                                         const std::string& page_token) {
+  KILN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(states, page_size, page_token));
+  // The in-memory copy has the live step count; the store's has everything else as well.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (v1::Job& job : page.jobs) {
+    auto it = jobs_.find(job.id());
+    if (it != jobs_.end()) job = it->second->job;
+  }
+  return page;
+}
+
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
+  switch (slot->job.state()) {
+    case v1::JOB_STATE_QUEUED: {
+      std::deque<std::string>& queue = queues_[slot->job.device()];
+      queue.erase(std::remove(queue.begin(), queue.end(), job_id), queue.end());
+      --queued_count_;
+      KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request"));
+      break;
+    }
+    case v1::JOB_STATE_RUNNING:
+      // The trainer checks the flag between steps; the runner then records CANCELLED.
+      slot->cancel = true;
+      break;
+    default:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " already ended (", StateName(slot->job.state()),
+                       "); only queued or running jobs can be cancelled"));
+  }
+  return slot->job;
+}
+
+absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
+  v1::Job& job = slot->job;
+  if (!IsFinal(job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", StateName(job.state()),
+                     "; only cancelled, failed or succeeded jobs can be resumed"));
+  }
+  if (epochs < 0 || epochs > options_.limits.max_epochs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epochs: must be in [0, ", options_.limits.max_epochs, "], got ", epochs));
+  }
+  const int total = epochs == 0 ? job.epochs() : epochs;
+  if (total <= job.epochs_done()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has trained ",
+                                                      job.epochs_done(), " of ", total,
+                                                      " epochs; ask for more epochs to resume it"));
+  }
+  if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
+  if (queued_count_ >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError("the queue is full");
+  }
+  slot->cancel = false;
+  job.set_epochs(total);
+  KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_QUEUED, "resumed by request"));
+  queues_[job.device()].push_back(job_id);
+  ++queued_count_;
+  v1::Job result = job;
+  ScheduleLocked();
+  return result;
+}
+
+absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool include_steps,
+                                           bool live_only) {
+  JobWatch watch;
+  int64_t max_seq;
+  v1::Job job;
+  {
+    // Subscribing and reading the last seq together means history (seq <= max_seq) and live
+    // events (seq > max_seq) neither overlap nor leave a gap.
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
+    max_seq = slot->next_seq - 1;
+    job = slot->job;
+    if (!IsFinal(job.state())) watch.live = broadcaster_->Subscribe(job_id, include_steps);
+  }
+  if (live_only) {
+    v1::JobEvent& e = watch.history.emplace_back();
+    e.set_seq(max_seq);
+    *e.mutable_time() = MillisToTimestamp(NowMillis());
+    e.set_replayed(true);
+    e.mutable_state()->set_state(job.state());
+    e.mutable_state()->set_reason(job.reason());
+    return watch;
+  }
+  absl::StatusOr<std::vector<v1::JobEvent>> history =
+      store_->Events(job_id, max_seq, include_steps);
+  if (!history.ok()) {
+    if (watch.live) broadcaster_->Unsubscribe(watch.live);
+    return history.status();
+  }
+  watch.history = *std::move(history);
+  return watch;
+}
+
+void JobManager::RequestCheckpoint(const std::string& job_id, CheckpointDone done) {
+  absl::Status refusal;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<std::shared_ptr<JobSlot>> slot = FindLocked(job_id);
+    if (!slot.ok()) {
+      refusal = slot.status();
+    } else if ((*slot)->job.state() != v1::JOB_STATE_RUNNING) {
+      refusal = absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is ", StateName((*slot)->job.state()),
+                       "; only a running job can be checkpointed (see ListCheckpoints)"));
+    } else {
+      (*slot)->checkpoint_waiters.push_back(std::move(done));
+      (*slot)->checkpoint_wanted = true;
+      return;
+    }
+  }
+  done(refusal);
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> JobManager::ListCheckpoints(const std::string& job_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_RETURN_IF_ERROR(FindLocked(job_id).status());
+  }
+  return store_->Checkpoints(job_id);
+}
+
+absl::StatusOr<v1::Checkpoint> JobManager::FindCheckpoint(const std::string& job_id,
+                                                          int64_t checkpoint_id) {
+  KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> all, ListCheckpoints(job_id));
+  if (checkpoint_id == 0) {
+    if (all.empty())
+      return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoints"));
+    return all.back();
+  }
+  for (const v1::Checkpoint& c : all) {
+    if (c.id() == checkpoint_id) return c;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("checkpoint ", checkpoint_id, " of job ", job_id, " not found"));
+}
+
+void JobManager::ReapThreadsLocked() {
+  const std::thread::id self = std::this_thread::get_id();
+  auto keep = std::partition(finished_threads_.begin(), finished_threads_.end(),
+                             [&](const std::thread& t) { return t.get_id() == self; });
+  for (auto it = keep; it != finished_threads_.end(); ++it) {
+    if (it->joinable()) it->join();  // it already left mu_ and is returning
+  }
+  finished_threads_.erase(keep, finished_threads_.end());
+}
+
+void JobManager::ScheduleLocked() {
+  ReapThreadsLocked();
+  if (shutting_down_) return;
+  for (auto& [device, queue] : queues_) {
+    while (!queue.empty() && running_[device] < options_.max_jobs_per_device) {
+      std::shared_ptr<JobSlot> slot = jobs_[queue.front()];
+      queue.pop_front();
+      StartLocked(slot);
+    }
+  }
+}
+
+void JobManager::StartLocked(const std::shared_ptr<JobSlot>& slot) {
+  --queued_count_;
+  ++running_[slot->job.device()];
+  ++active_threads_;
+  slot->stop = false;
+  slot->job.set_attempts(slot->job.attempts() + 1);
+  *slot->job.mutable_start_time() = MillisToTimestamp(NowMillis());
+  slot->job.clear_end_time();
+  SetStateLocked(*slot, v1::JOB_STATE_RUNNING, "").IgnoreError();  // retried at the next change
+  slot->thread = std::thread(&JobManager::RunJob, this, slot);
+}
+
+absl::StatusOr<v1::Checkpoint> JobManager::SaveCheckpoint(JobSlot& slot, Trainer& trainer,
+                                                          v1::CheckpointKind kind) {
+  const std::string dir = absl::StrCat(options_.state_dir, "/checkpoints/", slot.job.id());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const TrainingPosition& position = trainer.position();
+  const std::string path = absl::StrCat(dir, "/", KindName(kind), "-step", position.global_step,
+                                        "-", NowMillis(), ".safetensors");
+  KILN_RETURN_IF_ERROR(trainer.SaveCheckpoint(path));
+  v1::Checkpoint c;
+  c.set_job_id(slot.job.id());
+  c.set_kind(kind);
+  c.set_epochs_done(position.epochs_done);
+  c.set_global_step(position.global_step);
+  c.set_size_bytes(static_cast<int64_t>(fs::file_size(path, ec)));
+  *c.mutable_create_time() = MillisToTimestamp(NowMillis());
+  c.set_path(path);
+  std::lock_guard<std::mutex> lock(mu_);
+  c.set_test_accuracy(slot.job.last_epoch().test_accuracy());
+  KILN_RETURN_IF_ERROR(store_->InsertCheckpoint(&c));
+  v1::JobEvent event;
+  *event.mutable_checkpoint() = c;
+  KILN_RETURN_IF_ERROR(EmitLocked(slot, std::move(event), /*persist_job=*/true));
+  PruneCheckpointsLocked(slot, c);
+  return c;
+}
+
+void JobManager::PruneCheckpointsLocked(JobSlot& slot, const v1::Checkpoint& added) {
+  const CheckpointSettings policy = TranslateCheckpointPolicy(slot.job.spec().checkpoint_policy());
+  absl::StatusOr<std::vector<v1::Checkpoint>> all = store_->Checkpoints(slot.job.id());
+  if (!all.ok()) return;
+  std::vector<v1::Checkpoint> doomed;
+  if (added.kind() == v1::CHECKPOINT_KIND_BEST) {
+    for (const v1::Checkpoint& c : *all) {
+      if (c.kind() == v1::CHECKPOINT_KIND_BEST && c.id() != added.id()) doomed.push_back(c);
+    }
+  }
+  if (added.kind() == v1::CHECKPOINT_KIND_PERIODIC && policy.keep_last > 0) {
+    std::vector<v1::Checkpoint> periodic;
+    for (const v1::Checkpoint& c : *all) {
+      if (c.kind() == v1::CHECKPOINT_KIND_PERIODIC) periodic.push_back(c);
+    }
+    const int excess = static_cast<int>(periodic.size()) - policy.keep_last;
+    for (int i = 0; i < excess; ++i) doomed.push_back(periodic[i]);  // oldest first
+  }
+  for (const v1::Checkpoint& c : doomed) {
+    if (store_->DeleteCheckpoint(c.id()).ok()) RemoveCheckpointFile(c);
+  }
+}
+
+absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
+  v1::JobSpec spec;
+  std::string job_id, device;
+  int epochs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec = slot->job.spec();
+    job_id = slot->job.id();
+    device = slot->job.device();
+    epochs = slot->job.epochs();
+  }
+  KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
+  config.epochs = epochs;
+  const CheckpointSettings policy = TranslateCheckpointPolicy(spec.checkpoint_policy());
+  absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
+  if (!data.ok()) {
+    return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
+                                                           "\": ", data.status().message()));
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                        Trainer::Create(config, backend.get(), &data->train,
+                                        data->test.size > 0 ? &data->test : nullptr));
+
+  // Continue from the most advanced checkpoint, if any.
+  KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, store_->Checkpoints(job_id));
+  const v1::Checkpoint* latest = nullptr;
+  for (const v1::Checkpoint& c : checkpoints) {
+    if (latest == nullptr || c.global_step() >= latest->global_step()) latest = &c;
+  }
+  if (latest != nullptr) {
+    absl::Status loaded = trainer->LoadCheckpoint(latest->path());
+    if (!loaded.ok()) {
+      return absl::Status(loaded.code(), absl::StrCat("resuming from checkpoint ", latest->id(),
+                                                      ": ", loaded.message()));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slot->job.set_resumed_from_step(trainer->position().global_step);
+    slot->job.set_global_step(trainer->position().global_step);
+    slot->job.set_epochs_done(trainer->position().epochs_done);
+    KILN_RETURN_IF_ERROR(store_->PutJob(slot->job));
+  }
+  if (slot->stop) return absl::AbortedError("kilnd is shutting down");
+
+  absl::Status store_error;  // from callbacks that cannot return one; stops the run
+  int epoch_ended = 0;
+  bool improved = false;
+  Trainer::Callbacks callbacks;
+  callbacks.on_step = [&](const StepEvent& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot->job.set_global_step(e.global_step);
+      v1::JobEvent event;
+      v1::StepMetrics* m = event.mutable_step();
+      m->set_epoch(e.epoch);
+      m->set_step_in_epoch(e.step_in_epoch);
+      m->set_steps_per_epoch(e.steps_per_epoch);
+      m->set_global_step(e.global_step);
+      m->set_loss(e.loss);
+      m->set_lr(e.lr);
+      m->set_samples_per_sec(e.samples_per_sec);
+      absl::Status s = EmitLocked(*slot, std::move(event), /*persist_job=*/false);
+      if (!s.ok() && store_error.ok()) store_error = s;
+    }
+    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
+  };
+  callbacks.on_epoch = [&](const EpochEvent& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    v1::JobEvent event;
+    v1::EpochMetrics* m = event.mutable_epoch();
+    m->set_epoch(e.epoch);
+    m->set_train_loss(e.train_loss);
+    m->set_train_accuracy(e.train_accuracy);
+    m->set_test_loss(e.test.loss);
+    m->set_test_accuracy(e.test.accuracy);
+    m->set_test_samples(e.test.samples);
+    m->set_train_seconds(e.train_seconds);
+    m->set_samples_per_sec(e.samples_per_sec);
+    m->set_lr(e.lr);
+    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
+    improved = slot->job.best_test_accuracy() < score || e.epoch == 1;
+    if (improved) slot->job.set_best_test_accuracy(score);
+    slot->job.set_epochs_done(e.epoch);
+    *slot->job.mutable_last_epoch() = *m;
+    absl::Status s = EmitLocked(*slot, std::move(event), /*persist_job=*/true);
+    if (!s.ok() && store_error.ok()) store_error = s;
+    epoch_ended = e.epoch;
+  };
+  callbacks.after_step = [&](Trainer& t) -> absl::Status {
+    KILN_RETURN_IF_ERROR(store_error);
+    if (epoch_ended > 0) {
+      const int epoch = std::exchange(epoch_ended, 0);
+      if (policy.every_n_epochs > 0 && epoch % policy.every_n_epochs == 0) {
+        KILN_RETURN_IF_ERROR(SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_PERIODIC).status());
+      }
+      if (policy.keep_best && improved) {
+        KILN_RETURN_IF_ERROR(SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_BEST).status());
+      }
+    }
+    if (slot->checkpoint_wanted.exchange(false)) {
+      std::vector<CheckpointDone> waiters;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        waiters.swap(slot->checkpoint_waiters);
+      }
+      absl::StatusOr<v1::Checkpoint> c = SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_ON_DEMAND);
+      for (CheckpointDone& done : waiters) done(c);
+    }
+    if (slot->stop) {
+      if (policy.on_shutdown) SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
+      return absl::AbortedError("kilnd is shutting down");
+    }
+    return absl::OkStatus();
+  };
+  KILN_RETURN_IF_ERROR(trainer->Run(callbacks, &slot->cancel));
+
+  // Always leave a checkpoint of the finished model, for export and serving.
+  KILN_ASSIGN_OR_RETURN(checkpoints, store_->Checkpoints(job_id));
+  const bool have_final = std::any_of(
+      checkpoints.begin(), checkpoints.end(),
+      [&](const v1::Checkpoint& c) { return c.global_step() == trainer->position().global_step; });
+  if (!have_final) {
+    absl::Status s = SaveCheckpoint(*slot, *trainer, v1::CHECKPOINT_KIND_FINAL).status();
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("final checkpoint: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
+  const absl::Status status = Train(slot);
+  std::vector<CheckpointDone> waiters;
+  std::lock_guard<std::mutex> lock(mu_);
+  waiters.swap(slot->checkpoint_waiters);
+  slot->checkpoint_wanted = false;
+  if (status.ok()) {
+    SetStateLocked(*slot, v1::JOB_STATE_SUCCEEDED, "").IgnoreError();
+  } else if (slot->cancel) {
+    SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request").IgnoreError();
+  } else if (slot->stop) {
+    // Left RUNNING in the store on purpose: the next start resumes it.
+    store_->PutJob(slot->job).IgnoreError();
+    broadcaster_->Close(slot->job.id(),
+                        absl::UnavailableError("kilnd is shutting down; the job resumes when it "
+                                               "starts again"));
+  } else {
+    SetStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message())).IgnoreError();
+  }
+  for (CheckpointDone& done : waiters) {
+    done(absl::FailedPreconditionError(absl::StrCat("job ", slot->job.id(), " stopped (",
+                                                    StateName(slot->job.state()),
+                                                    ") before the checkpoint was written")));
+  }
+  --running_[slot->job.device()];
+  --active_threads_;
+  finished_threads_.push_back(std::move(slot->thread));
+  ScheduleLocked();
+  idle_cv_.notify_all();
+}
+
+absl::Status JobManager::Shutdown(absl::Duration deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  shutting_down_ = true;
+  for (auto& [id, slot] : jobs_) {
+    if (slot->job.state() == v1::JOB_STATE_RUNNING) slot->stop = true;
+  }
+  auto is_idle = [&] { return active_threads_ == 0; };
+  bool idle = true;
+  if (deadline == absl::InfiniteDuration()) {
+    idle_cv_.wait(lock, is_idle);
+  } else {
+    idle = idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline), is_idle);
+  }
+  ReapThreadsLocked();
+  if (!idle) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(active_threads_, " jobs still running at the shutdown deadline"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,116 @@
+// The core of kilnd: validates and queues jobs (FIFO per device, a bounded number running per
+// device), runs them on the engine's Trainer, writes checkpoints by policy, persists every state
+// change before announcing it, and recovers jobs after a restart. Knows nothing of gRPC.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kiln/v1/training.pb.h"
+#include "server/dataset_catalog.h"
+#include "server/job_store.h"
+#include "server/metric_broadcaster.h"
+#include "server/spec_translation.h"
+
+namespace kiln {
+class Trainer;
+}
+
+namespace kiln::server {
+
+struct JobManagerOptions {
+  std::string state_dir;               // checkpoints go to state_dir/checkpoints/<job>/
+  std::string default_device = "cpu";  // for specs without a device; "auto" is resolved
+  int max_jobs_per_device = 1;
+  int max_queued_jobs = 1000;  // per daemon; more is RESOURCE_EXHAUSTED
+  SpecLimits limits;
+  // For tests only: a pause after every training step, to make jobs last predictably.
+  absl::Duration step_delay = absl::ZeroDuration();
+};
+
+// History plus live events of one job, as WatchJob streams them.
+struct JobWatch {
+  std::vector<v1::JobEvent> history;
+  std::shared_ptr<Subscription> live;  // null when the job had already ended
+};
+
+using CheckpointDone = std::function<void(absl::StatusOr<v1::Checkpoint>)>;
+
+// Thread-safe.
+class JobManager {
+ public:
+  JobManager(JobStore* store, MetricBroadcaster* broadcaster, const DatasetCatalog* datasets,
+             JobManagerOptions options);
+  ~JobManager();  // Shutdown() with a long deadline if not done yet
+
+  // Loads the store: RUNNING jobs are queued again ahead of QUEUED ones and resume from their
+  // latest checkpoint. Call once, before anything else.
+  absl::Status Recover();
+
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> Get(const std::string& job_id);
+  absl::StatusOr<JobPage> List(const std::vector<v1::JobState>& states, int page_size,
+                               const std::string& page_token);
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  absl::StatusOr<v1::Job> Resume(const std::string& job_id, int epochs);
+  absl::StatusOr<JobWatch> Watch(const std::string& job_id, bool include_steps, bool live_only);
+  // Asks the running job for a checkpoint after its current step; `done` runs once, on the
+  // training thread or (on error) on this one.
+  void RequestCheckpoint(const std::string& job_id, CheckpointDone done);
+  absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id);
+  // checkpoint_id 0: the latest.
+  absl::StatusOr<v1::Checkpoint> FindCheckpoint(const std::string& job_id, int64_t checkpoint_id);
+
+  // Refuses new work, asks running jobs to checkpoint (per policy) and stop, and waits for them
+  // until `deadline`. Jobs stopped this way stay RUNNING in the store, to resume on restart.
+  // DeadlineExceeded when some did not stop in time.
+  absl::Status Shutdown(absl::Duration deadline);
+
+ private:
+  struct JobSlot;
+
+  // Resolves "auto" and "" and checks the device exists.
+  absl::StatusOr<std::string> ResolveDevice(const std::string& device) const;
+  absl::StatusOr<std::shared_ptr<JobSlot>> FindLocked(const std::string& job_id);
+  // Persists the job with the event (seq and time assigned here), then publishes the event.
+  absl::Status EmitLocked(JobSlot& slot, v1::JobEvent event, bool persist_job);
+  absl::Status SetStateLocked(JobSlot& slot, v1::JobState state, const std::string& reason);
+  void ScheduleLocked();
+  void StartLocked(const std::shared_ptr<JobSlot>& slot);
+  void RunJob(std::shared_ptr<JobSlot> slot);
+  // The training part of RunJob; its status decides the final state.
+  absl::Status Train(const std::shared_ptr<JobSlot>& slot);
+  absl::StatusOr<v1::Checkpoint> SaveCheckpoint(JobSlot& slot, Trainer& trainer,
+                                                v1::CheckpointKind kind);
+  void PruneCheckpointsLocked(JobSlot& slot, const v1::Checkpoint& added);
+  void ReapThreadsLocked();
+
+  JobStore* store_;
+  MetricBroadcaster* broadcaster_;
+  const DatasetCatalog* datasets_;
+  const JobManagerOptions options_;
+
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::map<std::string, std::shared_ptr<JobSlot>> jobs_;
+  std::map<std::string, std::deque<std::string>> queues_;  // by device
+  std::map<std::string, int> running_;                     // by device
+  int queued_count_ = 0;
+  int active_threads_ = 0;
+  bool shutting_down_ = false;
+  std::vector<std::thread> finished_threads_;
+};
+
+}  // namespace kiln::server

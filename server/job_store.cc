@@ -1,0 +1,562 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "engine/status_macros.h"
+#include "server/proto_time.h"
+
+namespace kiln::server {
+namespace {
+
+// Version 1. Metrics get typed columns so the database can be queried with the sqlite3 shell;
+// the spec and the last epoch's metrics are stored as serialized protos.
+constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  rowid INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  state INTEGER NOT NULL,
+  reason TEXT NOT NULL DEFAULT '',
+  device TEXT NOT NULL,
+  create_ms INTEGER NOT NULL,
+  start_ms INTEGER NOT NULL DEFAULT 0,
+  end_ms INTEGER NOT NULL DEFAULT 0,
+  epochs INTEGER NOT NULL,
+  epochs_done INTEGER NOT NULL DEFAULT 0,
+  global_step INTEGER NOT NULL DEFAULT 0,
+  best_test_accuracy REAL NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  resumed_from_step INTEGER NOT NULL DEFAULT 0,
+  parameter_count INTEGER NOT NULL DEFAULT 0,
+  last_epoch BLOB
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, rowid);
+CREATE TABLE IF NOT EXISTS specs (
+  job_id TEXT PRIMARY KEY REFERENCES jobs(id),
+  spec BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state_changes (
+  job_id TEXT NOT NULL, seq INTEGER NOT NULL, time_ms INTEGER NOT NULL,
+  state INTEGER NOT NULL, reason TEXT NOT NULL,
+  PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS step_metrics (
+  job_id TEXT NOT NULL, seq INTEGER NOT NULL, time_ms INTEGER NOT NULL,
+  epoch INTEGER NOT NULL, step_in_epoch INTEGER NOT NULL, steps_per_epoch INTEGER NOT NULL,
+  global_step INTEGER NOT NULL, loss REAL NOT NULL, lr REAL NOT NULL,
+  samples_per_sec REAL NOT NULL,
+  PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS epoch_metrics (
+  job_id TEXT NOT NULL, seq INTEGER NOT NULL, time_ms INTEGER NOT NULL,
+  epoch INTEGER NOT NULL, train_loss REAL NOT NULL, train_accuracy REAL NOT NULL,
+  test_loss REAL NOT NULL, test_accuracy REAL NOT NULL, test_samples INTEGER NOT NULL,
+  train_seconds REAL NOT NULL, samples_per_sec REAL NOT NULL, lr REAL NOT NULL,
+  PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL, seq INTEGER NOT NULL, kind INTEGER NOT NULL,
+  epochs_done INTEGER NOT NULL, global_step INTEGER NOT NULL, test_accuracy REAL NOT NULL,
+  size_bytes INTEGER NOT NULL, create_ms INTEGER NOT NULL, path TEXT NOT NULL,
+  deleted INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS checkpoints_by_job ON checkpoints(job_id, id);
+)sql";
+
+absl::Status SqliteError(sqlite3* db, absl::string_view what) {
+  return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
+}
+
+// A prepared statement with typed binds by position (1-based) and columns (0-based).
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) stmt_ = nullptr;
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  absl::Status status() const { return stmt_ ? absl::OkStatus() : SqliteError(db_, "prepare"); }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void Bind(int i, int v) { sqlite3_bind_int64(stmt_, i, v); }
+  void Bind(int i, double v) { sqlite3_bind_double(stmt_, i, v); }
+  void Bind(int i, absl::string_view v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  void BindBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  // True while rows come; false at the end. Errors go to *status.
+  bool Step(absl::Status* status) {
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) *status = SqliteError(db_, "step");
+    return false;
+  }
+  absl::Status Run() {
+    absl::Status status;
+    while (Step(&status)) {
+    }
+    return status;
+  }
+  int64_t Int(int c) const { return sqlite3_column_int64(stmt_, c); }
+  double Real(int c) const { return sqlite3_column_double(stmt_, c); }
+  std::string Text(int c) const {
+    const unsigned char* p = sqlite3_column_text(stmt_, c);
+    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, c))
+             : std::string();
+  }
+  std::string Blob(int c) const {
+    const void* p = sqlite3_column_blob(stmt_, c);
+    return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, c))
+             : std::string();
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+constexpr const char* kJobColumns =
+    "j.rowid, j.id, j.state, j.reason, j.device, j.create_ms, j.start_ms, j.end_ms, j.epochs, "
+    "j.epochs_done, j.global_step, j.best_test_accuracy, j.attempts, j.resumed_from_step, "
+    "j.parameter_count, j.last_epoch, s.spec";
+
+v1::Job JobFromRow(const Statement& s) {
+  v1::Job job;
+  job.set_id(s.Text(1));
+  job.set_state(static_cast<v1::JobState>(s.Int(2)));
+  job.set_reason(s.Text(3));
+  job.set_device(s.Text(4));
+  *job.mutable_create_time() = MillisToTimestamp(s.Int(5));
+  if (s.Int(6) != 0) *job.mutable_start_time() = MillisToTimestamp(s.Int(6));
+  if (s.Int(7) != 0) *job.mutable_end_time() = MillisToTimestamp(s.Int(7));
+  job.set_epochs(static_cast<int32_t>(s.Int(8)));
+  job.set_epochs_done(static_cast<int32_t>(s.Int(9)));
+  job.set_global_step(s.Int(10));
+  job.set_best_test_accuracy(s.Real(11));
+  job.set_attempts(static_cast<int32_t>(s.Int(12)));
+  job.set_resumed_from_step(s.Int(13));
+  job.set_parameter_count(s.Int(14));
+  std::string last_epoch = s.Blob(15);
+  if (!last_epoch.empty()) job.mutable_last_epoch()->ParseFromString(last_epoch);
+  job.mutable_spec()->ParseFromString(s.Blob(16));
+  return job;
+}
+
+v1::Checkpoint CheckpointFromRow(const Statement& s) {
+  v1::Checkpoint c;
+  c.set_id(s.Int(0));
+  c.set_job_id(s.Text(1));
+  c.set_kind(static_cast<v1::CheckpointKind>(s.Int(3)));
+  c.set_epochs_done(static_cast<int32_t>(s.Int(4)));
+  c.set_global_step(s.Int(5));
+  c.set_test_accuracy(s.Real(6));
+  c.set_size_bytes(s.Int(7));
+  *c.mutable_create_time() = MillisToTimestamp(s.Int(8));
+  c.set_path(s.Text(9));
+  return c;
+}
+
+constexpr const char* kCheckpointColumns =
+    "id, job_id, seq, kind, epochs_done, global_step, test_accuracy, size_bytes, create_ms, path";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status status = absl::UnavailableError(
+        absl::StrCat("job store: cannot open ", path, ": ", db ? sqlite3_errmsg(db) : "no memory"));
+    sqlite3_close(db);
+    return status;
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  sqlite3_busy_timeout(db, 5000);
+  // WAL lets readers proceed during writes; NORMAL sync is durable across process crashes
+  // (only a power loss can drop the last transactions), which is what a daemon's SIGKILL needs.
+  KILN_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
+  KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
+  KILN_RETURN_IF_ERROR(store->Exec("PRAGMA foreign_keys=ON"));
+  KILN_RETURN_IF_ERROR(store->Migrate());
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+    absl::Status status = absl::InternalError(
+        absl::StrCat("job store: ", error ? error : "unknown error", " in: ", sql));
+    sqlite3_free(error);
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Migrate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_RETURN_IF_ERROR(Exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)"));
+  int64_t version = 0;
+  {
+    Statement s(db_, "SELECT version FROM schema_version");
+    KILN_RETURN_IF_ERROR(s.status());
+    absl::Status status;
+    if (s.Step(&status)) version = s.Int(0);
+    KILN_RETURN_IF_ERROR(status);
+  }
+  if (version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("job store: schema version ", version,
+                                                      " is newer than this kilnd's (",
+                                                      kSchemaVersion, "); upgrade kilnd"));
+  }
+  if (version == kSchemaVersion) return absl::OkStatus();
+  // Each later version adds one step here, applied in order inside the same transaction.
+  KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status status = Exec(kSchemaV1);
+  if (status.ok()) status = Exec("DELETE FROM schema_version");
+  if (status.ok()) status = Exec("INSERT INTO schema_version VALUES (1)");
+  if (!status.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return status;
+  }
+  return Exec("COMMIT");
+}
+
+absl::Status JobStore::PutJobLocked(const v1::Job& job) {
+  Statement s(db_,
+              "INSERT INTO jobs (id, state, reason, device, create_ms, start_ms, end_ms, epochs, "
+              "epochs_done, global_step, best_test_accuracy, attempts, resumed_from_step, "
+              "parameter_count, last_epoch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
+              "?11, ?12, ?13, ?14, ?15) ON CONFLICT(id) DO UPDATE SET state = ?2, reason = ?3, "
+              "device = ?4, start_ms = ?6, end_ms = ?7, epochs = ?8, epochs_done = ?9, "
+              "global_step = ?10, best_test_accuracy = ?11, attempts = ?12, "
+              "resumed_from_step = ?13, parameter_count = ?14, last_epoch = ?15");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job.id());
+  s.Bind(2, static_cast<int>(job.state()));
+  s.Bind(3, job.reason());
+  s.Bind(4, job.device());
+  s.Bind(5, TimestampToMillis(job.create_time()));
+  s.Bind(6, job.has_start_time() ? TimestampToMillis(job.start_time()) : int64_t{0});
+  s.Bind(7, job.has_end_time() ? TimestampToMillis(job.end_time()) : int64_t{0});
+  s.Bind(8, job.epochs());
+  s.Bind(9, job.epochs_done());
+  s.Bind(10, job.global_step());
+  s.Bind(11, job.best_test_accuracy());
+  s.Bind(12, job.attempts());
+  s.Bind(13, job.resumed_from_step());
+  s.Bind(14, job.parameter_count());
+  s.BindBlob(15, job.has_last_epoch() ? job.last_epoch().SerializeAsString() : std::string());
+  KILN_RETURN_IF_ERROR(s.Run());
+  Statement spec(db_, "INSERT OR IGNORE INTO specs (job_id, spec) VALUES (?1, ?2)");
+  KILN_RETURN_IF_ERROR(spec.status());
+  spec.Bind(1, job.id());
+  spec.BindBlob(2, job.spec().SerializeAsString());
+  return spec.Run();
+}
+
+absl::Status JobStore::AppendEventLocked(const std::string& job_id, const v1::JobEvent& e) {
+  int64_t time_ms = TimestampToMillis(e.time());
+  switch (e.event_case()) {
+    case v1::JobEvent::kState: {
+      Statement s(db_,
+                  "INSERT INTO state_changes (job_id, seq, time_ms, state, reason) "
+                  "VALUES (?, ?, ?, ?, ?)");
+      KILN_RETURN_IF_ERROR(s.status());
+      s.Bind(1, job_id);
+      s.Bind(2, e.seq());
+      s.Bind(3, time_ms);
+      s.Bind(4, static_cast<int>(e.state().state()));
+      s.Bind(5, e.state().reason());
+      return s.Run();
+    }
+    case v1::JobEvent::kStep: {
+      const v1::StepMetrics& m = e.step();
+      Statement s(db_,
+                  "INSERT INTO step_metrics (job_id, seq, time_ms, epoch, step_in_epoch, "
+                  "steps_per_epoch, global_step, loss, lr, samples_per_sec) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+      KILN_RETURN_IF_ERROR(s.status());
+      s.Bind(1, job_id);
+      s.Bind(2, e.seq());
+      s.Bind(3, time_ms);
+      s.Bind(4, m.epoch());
+      s.Bind(5, m.step_in_epoch());
+      s.Bind(6, m.steps_per_epoch());
+      s.Bind(7, m.global_step());
+      s.Bind(8, static_cast<double>(m.loss()));
+      s.Bind(9, static_cast<double>(m.lr()));
+      s.Bind(10, m.samples_per_sec());
+      return s.Run();
+    }
+    case v1::JobEvent::kEpoch: {
+      const v1::EpochMetrics& m = e.epoch();
+      Statement s(db_,
+                  "INSERT INTO epoch_metrics (job_id, seq, time_ms, epoch, train_loss, "
+                  "train_accuracy, test_loss, test_accuracy, test_samples, train_seconds, "
+                  "samples_per_sec, lr) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+      KILN_RETURN_IF_ERROR(s.status());
+      s.Bind(1, job_id);
+      s.Bind(2, e.seq());
+      s.Bind(3, time_ms);
+      s.Bind(4, m.epoch());
+      s.Bind(5, m.train_loss());
+      s.Bind(6, m.train_accuracy());
+      s.Bind(7, m.test_loss());
+      s.Bind(8, m.test_accuracy());
+      s.Bind(9, m.test_samples());
+      s.Bind(10, m.train_seconds());
+      s.Bind(11, m.samples_per_sec());
+      s.Bind(12, static_cast<double>(m.lr()));
+      return s.Run();
+    }
+    case v1::JobEvent::kCheckpoint: {
+      // The checkpoint row itself is the record; it carries the event's seq.
+      Statement s(db_, "UPDATE checkpoints SET seq = ? WHERE id = ?");
+      KILN_RETURN_IF_ERROR(s.status());
+      s.Bind(1, e.seq());
+      s.Bind(2, e.checkpoint().id());
+      return s.Run();
+    }
+    case v1::JobEvent::EVENT_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("job store: event without content");
+}
+
+absl::Status JobStore::PutJob(const v1::Job& job, const v1::JobEvent* event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status status = PutJobLocked(job);
+  if (status.ok() && event != nullptr) status = AppendEventLocked(job.id(), *event);
+  if (!status.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return status;
+  }
+  return Exec("COMMIT");
+}
+
+absl::Status JobStore::AppendEvent(const std::string& job_id, const v1::JobEvent& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return AppendEventLocked(job_id, event);
+}
+
+absl::StatusOr<v1::Job> JobStore::GetJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, absl::StrCat("SELECT ", kJobColumns,
+                                " FROM jobs j JOIN specs s ON s.job_id = j.id WHERE j.id = ?")
+                       .c_str());
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  absl::Status status;
+  if (s.Step(&status)) return JobFromRow(s);
+  KILN_RETURN_IF_ERROR(status);
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::AllJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, absl::StrCat("SELECT ", kJobColumns,
+                                " FROM jobs j JOIN specs s ON s.job_id = j.id ORDER BY j.rowid")
+                       .c_str());
+  KILN_RETURN_IF_ERROR(s.status());
+  std::vector<v1::Job> jobs;
+  absl::Status status;
+  while (s.Step(&status)) jobs.push_back(JobFromRow(s));
+  KILN_RETURN_IF_ERROR(status);
+  return jobs;
+}
+
+absl::StatusOr<JobPage> JobStore::ListJobs(const std::vector<v1::JobState>& states, int page_size,
+                                           const std::string& page_token) {
+  int64_t before = INT64_MAX;
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &before) || before <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: \"", page_token, "\" is not a token from ListJobs"));
+  }
+  std::string where = "j.rowid < ?1";
+  if (!states.empty()) {
+    std::vector<int> values(states.begin(), states.end());
+    absl::StrAppend(&where, " AND j.state IN (", absl::StrJoin(values, ", "), ")");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, absl::StrCat("SELECT ", kJobColumns,
+                                " FROM jobs j JOIN specs s ON s.job_id = j.id WHERE ", where,
+                                " ORDER BY j.rowid DESC LIMIT ?2")
+                       .c_str());
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, before);
+  s.Bind(2, page_size + 1);  // one more tells whether another page follows
+  JobPage page;
+  absl::Status status;
+  int64_t last_rowid = 0;
+  while (s.Step(&status)) {
+    if (static_cast<int>(page.jobs.size()) == page_size) {
+      page.next_page_token = absl::StrCat(last_rowid);
+      break;
+    }
+    last_rowid = s.Int(0);
+    page.jobs.push_back(JobFromRow(s));
+  }
+  KILN_RETURN_IF_ERROR(status);
+  return page;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
+                                                           int64_t max_seq, bool include_steps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::JobEvent> events;
+  absl::Status status;
+  auto add = [&](int64_t seq, int64_t time_ms) -> v1::JobEvent& {
+    v1::JobEvent& e = events.emplace_back();
+    e.set_seq(seq);
+    *e.mutable_time() = MillisToTimestamp(time_ms);
+    e.set_replayed(true);
+    return e;
+  };
+  {
+    Statement s(db_,
+                "SELECT seq, time_ms, state, reason FROM state_changes "
+                "WHERE job_id = ? AND seq <= ?");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, max_seq);
+    while (s.Step(&status)) {
+      v1::StateChange* c = add(s.Int(0), s.Int(1)).mutable_state();
+      c->set_state(static_cast<v1::JobState>(s.Int(2)));
+      c->set_reason(s.Text(3));
+    }
+    KILN_RETURN_IF_ERROR(status);
+  }
+  if (include_steps) {
+    Statement s(db_,
+                "SELECT seq, time_ms, epoch, step_in_epoch, steps_per_epoch, global_step, loss, "
+                "lr, samples_per_sec FROM step_metrics WHERE job_id = ? AND seq <= ?");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, max_seq);
+    while (s.Step(&status)) {
+      v1::StepMetrics* m = add(s.Int(0), s.Int(1)).mutable_step();
+      m->set_epoch(static_cast<int32_t>(s.Int(2)));
+      m->set_step_in_epoch(static_cast<int32_t>(s.Int(3)));
+      m->set_steps_per_epoch(static_cast<int32_t>(s.Int(4)));
+      m->set_global_step(s.Int(5));
+      m->set_loss(static_cast<float>(s.Real(6)));
+      m->set_lr(static_cast<float>(s.Real(7)));
+      m->set_samples_per_sec(s.Real(8));
+    }
+    KILN_RETURN_IF_ERROR(status);
+  }
+  {
+    Statement s(db_,
+                "SELECT seq, time_ms, epoch, train_loss, train_accuracy, test_loss, "
+                "test_accuracy, test_samples, train_seconds, samples_per_sec, lr "
+                "FROM epoch_metrics WHERE job_id = ? AND seq <= ?");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, max_seq);
+    while (s.Step(&status)) {
+      v1::EpochMetrics* m = add(s.Int(0), s.Int(1)).mutable_epoch();
+      m->set_epoch(static_cast<int32_t>(s.Int(2)));
+      m->set_train_loss(s.Real(3));
+      m->set_train_accuracy(s.Real(4));
+      m->set_test_loss(s.Real(5));
+      m->set_test_accuracy(s.Real(6));
+      m->set_test_samples(s.Int(7));
+      m->set_train_seconds(s.Real(8));
+      m->set_samples_per_sec(s.Real(9));
+      m->set_lr(static_cast<float>(s.Real(10)));
+    }
+    KILN_RETURN_IF_ERROR(status);
+  }
+  {
+    Statement s(db_, absl::StrCat("SELECT ", kCheckpointColumns,
+                                  " FROM checkpoints WHERE job_id = ? AND seq > 0 AND seq <= ?")
+                         .c_str());
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, max_seq);
+    while (s.Step(&status)) {
+      v1::Checkpoint c = CheckpointFromRow(s);
+      *add(s.Int(2), TimestampToMillis(c.create_time())).mutable_checkpoint() = std::move(c);
+    }
+    KILN_RETURN_IF_ERROR(status);
+  }
+  std::sort(events.begin(), events.end(),
+            [](const v1::JobEvent& a, const v1::JobEvent& b) { return a.seq() < b.seq(); });
+  return events;
+}
+
+absl::StatusOr<int64_t> JobStore::MaxSeq(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_,
+              "SELECT MAX(m) FROM ("
+              "SELECT MAX(seq) AS m FROM state_changes WHERE job_id = ?1 UNION ALL "
+              "SELECT MAX(seq) FROM step_metrics WHERE job_id = ?1 UNION ALL "
+              "SELECT MAX(seq) FROM epoch_metrics WHERE job_id = ?1 UNION ALL "
+              "SELECT MAX(seq) FROM checkpoints WHERE job_id = ?1)");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  absl::Status status;
+  int64_t max_seq = 0;
+  if (s.Step(&status)) max_seq = s.Int(0);
+  KILN_RETURN_IF_ERROR(status);
+  return max_seq;
+}
+
+absl::Status JobStore::InsertCheckpoint(v1::Checkpoint* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_,
+              "INSERT INTO checkpoints (job_id, seq, kind, epochs_done, global_step, "
+              "test_accuracy, size_bytes, create_ms, path) VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?)");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, c->job_id());
+  s.Bind(2, static_cast<int>(c->kind()));
+  s.Bind(3, c->epochs_done());
+  s.Bind(4, c->global_step());
+  s.Bind(5, c->test_accuracy());
+  s.Bind(6, c->size_bytes());
+  s.Bind(7, TimestampToMillis(c->create_time()));
+  s.Bind(8, c->path());
+  KILN_RETURN_IF_ERROR(s.Run());
+  c->set_id(sqlite3_last_insert_rowid(db_));
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::DeleteCheckpoint(int64_t checkpoint_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The row stays, marked, so the job's history still shows that the checkpoint was written.
+  Statement s(db_, "UPDATE checkpoints SET deleted = 1 WHERE id = ?");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, checkpoint_id);
+  return s.Run();
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> JobStore::Checkpoints(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, absl::StrCat("SELECT ", kCheckpointColumns,
+                                " FROM checkpoints WHERE job_id = ? AND deleted = 0 ORDER BY id")
+                       .c_str());
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  std::vector<v1::Checkpoint> out;
+  absl::Status status;
+  while (s.Step(&status)) out.push_back(CheckpointFromRow(s));
+  KILN_RETURN_IF_ERROR(status);
+  return out;
+}
+
+}  // namespace kiln::server

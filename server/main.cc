@@ -1,0 +1,83 @@
+// kilnd: the kiln training daemon. Parses flags, starts the Daemon, and stops it gracefully on
+// SIGTERM or SIGINT.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "server/daemon.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve gRPC on (port 0: any)");
+ABSL_FLAG(std::string, state_dir, "", "folder for the job database and checkpoints (required)");
+ABSL_FLAG(std::string, data_dir, "", "folder of named datasets, one subfolder each (required)");
+ABSL_FLAG(std::string, device, "auto", "default device for jobs: auto, cpu or cuda:N");
+ABSL_FLAG(int, max_jobs_per_device, 1, "jobs running at once on each device");
+ABSL_FLAG(int, max_queued_jobs, 1000, "jobs waiting at once; more are refused");
+ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20, "size limit of one dataset upload");
+ABSL_FLAG(int64_t, max_parameters, 50'000'000, "largest model accepted, in parameters");
+ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
+          "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
+ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
+          "testing only: pause after every training step");
+
+int main(int argc, char** argv) {
+  // Our flags live in this file, which absl's --help would not list by default.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "kilnd --listen HOST:PORT --state_dir DIR --data_dir DIR [--device auto|cpu|cuda:N] "
+      "[--max_jobs_per_device N]");
+  absl::ParseCommandLine(argc, argv);
+
+  // Block the stop signals in every thread (threads inherit the mask) and take them in main.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // A vanished client must not kill the daemon through a broken pipe.
+  signal(SIGPIPE, SIG_IGN);
+
+  kiln::server::DaemonOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.max_jobs_per_device = absl::GetFlag(FLAGS_max_jobs_per_device);
+  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
+  options.limits.max_parameters = absl::GetFlag(FLAGS_max_parameters);
+  options.step_delay = absl::GetFlag(FLAGS_step_delay);
+
+  auto daemon = kiln::server::Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", std::string(daemon.status().message()).c_str());
+    return 1;
+  }
+  // Tests and scripts read this line to learn the port.
+  std::printf("kilnd: listening on port %d\n", (*daemon)->port());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::fprintf(stderr, "kilnd: signal %d, shutting down\n", signal_number);
+  absl::Status stopped = (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_timeout));
+  if (!stopped.ok()) {
+    // Jobs still training are RUNNING in the store and resume from their last checkpoint.
+    std::fprintf(stderr, "kilnd: %s; exiting anyway\n", std::string(stopped.message()).c_str());
+    std::_Exit(2);
+  }
+  std::fprintf(stderr, "kilnd: stopped\n");
+  return 0;
+}

@@ -1,0 +1,305 @@
+#include "server/spec_translation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "engine/model.h"
+#include "engine/status_macros.h"
+
+namespace kiln::server {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+}
+
+// Checks lo <= value <= hi; NaN fails too.
+template <typename T>
+absl::Status InRange(absl::string_view field, T value, T lo, T hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", value));
+}
+
+absl::Status Fraction(absl::string_view field, float value) {
+  if (value >= 0 && value < 1) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be in [0, 1), got ", value));
+}
+
+struct Preset {
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  int batch_size;
+  PixelNorm norm;
+};
+
+absl::StatusOr<Preset> FindPreset(const std::string& name) {
+  if (name == "mnist-mlp") {
+    OptimizerConfig sgd;
+    sgd.kind = OptimizerConfig::Kind::kSgd;
+    sgd.lr = 0.001f;
+    sgd.momentum = 0.9f;
+    return Preset{MnistMlpConfig(), sgd, 128, PixelNorm{1.0f / 255.0f, 0.5f, 0.5f}};
+  }
+  if (name == "mnist-cnn") {
+    OptimizerConfig adam;
+    adam.kind = OptimizerConfig::Kind::kAdam;
+    adam.lr = 1e-3f;
+    return Preset{MnistCnnConfig(), adam, 64, PixelNorm{1.0f / 255.0f, 0.0f, 1.0f}};
+  }
+  return Invalid("spec.preset", absl::StrCat("unknown preset \"", name, "\"; expected one of ",
+                                             absl::StrJoin(kPresetNames, ", ")));
+}
+
+absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::string& field,
+                                           const SpecLimits& limits) {
+  const int64_t max = limits.max_features;
+  switch (layer.kind_case()) {
+    case v1::Layer::kLinear: {
+      const v1::LinearLayer& l = layer.linear();
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".linear.in_features", l.in_features(), int64_t{1}, max));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".linear.out_features", l.out_features(), int64_t{1}, max));
+      return LinearConfig{l.in_features(), l.out_features(), !l.has_bias() || l.bias()};
+    }
+    case v1::Layer::kConv2D: {
+      const v1::Conv2dLayer& l = layer.conv2d();
+      Conv2dConfig c;
+      c.in_channels = l.in_channels();
+      c.out_channels = l.out_channels();
+      c.kernel_size = l.kernel_size() == 0 ? 3 : l.kernel_size();
+      c.stride = l.stride() == 0 ? 1 : l.stride();
+      c.padding = l.padding();
+      c.bias = !l.has_bias() || l.bias();
+      KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.in_channels", c.in_channels, int64_t{1}, max));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.out_channels", c.out_channels, int64_t{1}, max));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.kernel_size", c.kernel_size, int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.stride", c.stride, int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.padding", c.padding, int64_t{0}, c.kernel_size - 1));
+      return c;
+    }
+    case v1::Layer::kRelu:
+      return ReluConfig{};
+    case v1::Layer::kMaxpool2D: {
+      const v1::MaxPool2dLayer& l = layer.maxpool2d();
+      MaxPool2dConfig c;
+      c.kernel_size = l.kernel_size() == 0 ? 2 : l.kernel_size();
+      c.stride = l.stride();
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".maxpool2d.kernel_size", c.kernel_size, int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(InRange(field + ".maxpool2d.stride", c.stride, int64_t{0}, int64_t{64}));
+      return c;
+    }
+    case v1::Layer::kFlatten:
+      return FlattenConfig{};
+    case v1::Layer::kDropout: {
+      DropoutConfig c;
+      if (layer.dropout().has_p()) c.p = layer.dropout().p();
+      KILN_RETURN_IF_ERROR(Fraction(field + ".dropout.p", c.p));
+      return c;
+    }
+    case v1::Layer::kSoftmax:
+      return SoftmaxConfig{};
+    case v1::Layer::KIND_NOT_SET:
+      break;
+  }
+  return Invalid(field, "no layer type set (linear, conv2d, relu, maxpool2d, flatten, ...)");
+}
+
+absl::StatusOr<ModelConfig> TranslateModel(const v1::ModelSpec& spec, const SpecLimits& limits) {
+  if (spec.layers_size() > limits.max_layers) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec.model.layers: ", spec.layers_size(),
+                                                     " layers exceed the limit of ",
+                                                     limits.max_layers));
+  }
+  ModelConfig config;
+  if (spec.input_shape_size() < 1 || spec.input_shape_size() > 4) {
+    return Invalid("spec.model.input_shape",
+                   absl::StrCat("needs 1 to 4 dimensions, got ", spec.input_shape_size()));
+  }
+  for (int i = 0; i < spec.input_shape_size(); ++i) {
+    KILN_RETURN_IF_ERROR(InRange(absl::StrCat("spec.model.input_shape[", i, "]"),
+                                 spec.input_shape(i), int64_t{1}, limits.max_features));
+    config.input_shape.push_back(spec.input_shape(i));
+  }
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(
+        LayerConfig layer,
+        TranslateLayer(spec.layers(i), absl::StrCat("spec.model.layers[", i, "]"), limits));
+    config.layers.push_back(layer);
+  }
+  return config;
+}
+
+absl::StatusOr<OptimizerConfig> TranslateOptimizer(const v1::OptimizerSpec& spec) {
+  OptimizerConfig c;
+  switch (spec.kind()) {
+    case v1::OptimizerSpec::KIND_SGD:
+      c.kind = OptimizerConfig::Kind::kSgd;
+      break;
+    case v1::OptimizerSpec::KIND_ADAM:
+      c.kind = OptimizerConfig::Kind::kAdam;
+      break;
+    case v1::OptimizerSpec::KIND_ADAMW:
+      c.kind = OptimizerConfig::Kind::kAdamW;
+      break;
+    default:
+      return Invalid("spec.optimizer.kind", "required (KIND_SGD, KIND_ADAM or KIND_ADAMW)");
+  }
+  c.lr = spec.lr();
+  if (!(c.lr > 0 && c.lr <= 10)) {
+    return Invalid("spec.optimizer.lr", absl::StrCat("must be in (0, 10], got ", c.lr));
+  }
+  c.weight_decay = spec.weight_decay();
+  KILN_RETURN_IF_ERROR(InRange("spec.optimizer.weight_decay", c.weight_decay, 0.0f, 1.0f));
+  c.momentum = spec.momentum();
+  KILN_RETURN_IF_ERROR(Fraction("spec.optimizer.momentum", c.momentum));
+  c.dampening = spec.dampening();
+  KILN_RETURN_IF_ERROR(InRange("spec.optimizer.dampening", c.dampening, 0.0f, 1.0f));
+  c.nesterov = spec.nesterov();
+  if (c.nesterov && (c.momentum <= 0 || c.dampening != 0)) {
+    return Invalid("spec.optimizer.nesterov", "needs momentum > 0 and dampening 0");
+  }
+  if (spec.has_beta1()) c.beta1 = spec.beta1();
+  if (spec.has_beta2()) c.beta2 = spec.beta2();
+  if (spec.has_eps()) c.eps = spec.eps();
+  KILN_RETURN_IF_ERROR(Fraction("spec.optimizer.beta1", c.beta1));
+  KILN_RETURN_IF_ERROR(Fraction("spec.optimizer.beta2", c.beta2));
+  if (!(c.eps > 0 && c.eps < 1)) {
+    return Invalid("spec.optimizer.eps", absl::StrCat("must be in (0, 1), got ", c.eps));
+  }
+  return c;
+}
+
+absl::StatusOr<LrScheduleConfig> TranslateSchedule(const v1::ScheduleSpec& spec) {
+  LrScheduleConfig c;
+  switch (spec.kind()) {
+    case v1::ScheduleSpec::KIND_CONSTANT:
+      c.kind = LrScheduleConfig::Kind::kConstant;
+      break;
+    case v1::ScheduleSpec::KIND_STEP:
+      c.kind = LrScheduleConfig::Kind::kStep;
+      break;
+    case v1::ScheduleSpec::KIND_COSINE:
+      c.kind = LrScheduleConfig::Kind::kCosine;
+      break;
+    default:
+      return Invalid("spec.schedule.kind", absl::StrCat("unknown kind ", spec.kind()));
+  }
+  c.step_size = spec.step_size() == 0 ? 1 : spec.step_size();
+  KILN_RETURN_IF_ERROR(
+      InRange("spec.schedule.step_size", c.step_size, int64_t{1}, int64_t{1'000'000}));
+  if (spec.has_gamma()) c.gamma = spec.gamma();
+  if (!(c.gamma > 0 && c.gamma <= 1)) {
+    return Invalid("spec.schedule.gamma", absl::StrCat("must be in (0, 1], got ", c.gamma));
+  }
+  c.t_max = spec.t_max();
+  KILN_RETURN_IF_ERROR(InRange("spec.schedule.t_max", c.t_max, int64_t{0}, int64_t{1'000'000}));
+  c.eta_min = spec.eta_min();
+  KILN_RETURN_IF_ERROR(InRange("spec.schedule.eta_min", c.eta_min, 0.0f, 10.0f));
+  return c;
+}
+
+absl::StatusOr<PixelNorm> TranslateNorm(const v1::PixelNormSpec& spec) {
+  PixelNorm n{spec.scale(), spec.mean(), spec.std()};
+  if (!std::isfinite(n.scale) || n.scale == 0) {
+    return Invalid("spec.normalization.scale", "must be finite and non-zero");
+  }
+  if (!std::isfinite(n.mean)) return Invalid("spec.normalization.mean", "must be finite");
+  if (!(n.std > 0) || !std::isfinite(n.std)) {
+    return Invalid("spec.normalization.std", absl::StrCat("must be > 0, got ", n.std));
+  }
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
+  TrainConfig config;
+  config.norm = PixelNorm{1.0f / 255.0f, 0.0f, 1.0f};
+  bool have_model = false, have_optimizer = false;
+  int batch_size = 0;
+  if (!spec.preset().empty()) {
+    KILN_ASSIGN_OR_RETURN(Preset preset, FindPreset(spec.preset()));
+    config.model = preset.model;
+    config.optimizer = preset.optimizer;
+    config.norm = preset.norm;
+    batch_size = preset.batch_size;
+    have_model = have_optimizer = true;
+  }
+  if (spec.model().layers_size() > 0) {
+    KILN_ASSIGN_OR_RETURN(config.model, TranslateModel(spec.model(), limits));
+    have_model = true;
+  } else if (spec.model().input_shape_size() > 0) {
+    return Invalid("spec.model.layers", "required when spec.model.input_shape is set");
+  }
+  if (!have_model) return Invalid("spec.model", "required without a preset");
+  if (spec.optimizer().kind() != v1::OptimizerSpec::KIND_UNSPECIFIED || !have_optimizer) {
+    KILN_ASSIGN_OR_RETURN(config.optimizer, TranslateOptimizer(spec.optimizer()));
+  }
+  KILN_ASSIGN_OR_RETURN(config.schedule, TranslateSchedule(spec.schedule()));
+  switch (spec.loss()) {
+    case v1::LOSS_KIND_CROSS_ENTROPY:
+      config.loss = LossKind::kCrossEntropy;
+      break;
+    case v1::LOSS_KIND_MEAN_SQUARED_ERROR:
+      config.loss = LossKind::kMeanSquaredError;
+      break;
+    default:
+      return Invalid("spec.loss", absl::StrCat("unknown loss ", spec.loss()));
+  }
+  KILN_RETURN_IF_ERROR(InRange("spec.epochs", spec.epochs(), 1, limits.max_epochs));
+  config.epochs = spec.epochs();
+  if (spec.batch_size() != 0) batch_size = spec.batch_size();
+  KILN_RETURN_IF_ERROR(InRange("spec.batch_size", batch_size, 1, limits.max_batch_size));
+  config.batch_size = batch_size;
+  config.seed = spec.seed();
+  if (spec.has_normalization()) {
+    KILN_ASSIGN_OR_RETURN(config.norm, TranslateNorm(spec.normalization()));
+  }
+  const v1::CheckpointPolicy& policy = spec.checkpoint_policy();
+  KILN_RETURN_IF_ERROR(InRange("spec.checkpoint_policy.every_n_epochs", policy.every_n_epochs(), 0,
+                               limits.max_epochs));
+  KILN_RETURN_IF_ERROR(InRange("spec.checkpoint_policy.keep_last", policy.keep_last(), 0, 1000));
+
+  // Shapes through the whole model, before anything is allocated.
+  absl::StatusOr<std::vector<Shape>> shapes = InferShapes(config.model);
+  if (!shapes.ok()) return Invalid("spec.model", shapes.status().message());
+  if (shapes->back().size() != 1) {
+    return Invalid("spec.model", absl::StrCat("the last layer must output a vector of class "
+                                              "logits, got ",
+                                              ShapeString(shapes->back())));
+  }
+  const int64_t parameters = CountParameters(config.model);
+  if (parameters > limits.max_parameters) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec.model: ", parameters, " parameters exceed the limit of ", limits.max_parameters));
+  }
+  return config;
+}
+
+CheckpointSettings TranslateCheckpointPolicy(const v1::CheckpointPolicy& policy) {
+  CheckpointSettings s;
+  s.every_n_epochs = policy.every_n_epochs();
+  s.keep_last = policy.keep_last();
+  s.keep_best = policy.keep_best();
+  s.on_shutdown = !policy.has_on_shutdown() || policy.on_shutdown();
+  return s;
+}
+
+bool IsValidName(const std::string& name) {
+  if (name.empty() || name.size() > 64 || name[0] == '.') return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace kiln::server

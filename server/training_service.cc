@@ -1,0 +1,388 @@
+#include "server/training_service.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace kiln::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+namespace {
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+constexpr int kDefaultChunkBytes = 1 << 20;
+constexpr int kMaxChunkBytes = 4 << 20;
+
+template <typename T>
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context, absl::StatusOr<T> result,
+                                     T* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (result.ok()) *response = *std::move(result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FinishWithError(grpc::CallbackServerContext* context,
+                                          const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::Status RequireJobId(const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  return absl::OkStatus();
+}
+
+// A write reactor that only finishes with an error, for requests refused up front.
+template <typename T>
+class RefusedWrite : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit RefusedWrite(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+// Streams a job's history, then its live events until the job ends, the client cancels, or the
+// daemon shuts down. Writes are one at a time; new events wake it from the publishing thread.
+class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  WatchReactor(JobWatch watch, MetricBroadcaster* broadcaster)
+      : history_(std::move(watch.history)),
+        live_(std::move(watch.live)),
+        broadcaster_(broadcaster) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (live_) live_->SetNotify([this] { OnEventAvailable(); });
+    WriteNextLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
+      return;
+    }
+    WriteNextLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (!writing_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
+
+  void OnDone() override {
+    // After Unsubscribe no notify can be running or start, so deleting is safe.
+    if (live_) broadcaster_->Unsubscribe(live_);
+    delete this;
+  }
+
+ private:
+  void OnEventAvailable() {
+    std::lock_guard<std::mutex> lock(mu_);
+    WriteNextLocked();
+  }
+
+  void WriteNextLocked() {
+    if (finished_ || writing_) return;
+    if (cancelled_) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      return;
+    }
+    if (next_history_ < history_.size()) {
+      current_ = std::move(history_[next_history_++]);
+    } else if (!live_) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    } else if (!live_->Pop(&current_)) {
+      absl::Status closed;
+      if (live_->Finished(&closed)) FinishLocked(ToGrpcStatus(closed));
+      return;  // woken again by the next event
+    }
+    writing_ = true;
+    StartWrite(&current_);
+  }
+
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  std::mutex mu_;
+  std::vector<v1::JobEvent> history_;
+  size_t next_history_ = 0;
+  std::shared_ptr<Subscription> live_;
+  MetricBroadcaster* broadcaster_;
+  v1::JobEvent current_;
+  bool writing_ = false;
+  bool finished_ = false;
+  bool cancelled_ = false;
+};
+
+// Streams a checkpoint file in chunks, hashing as it goes; the last chunk carries the digest.
+class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
+ public:
+  ExportReactor(v1::Checkpoint checkpoint, int chunk_bytes)
+      : checkpoint_(std::move(checkpoint)), buffer_(chunk_bytes) {
+    fd_ = open(checkpoint_.path().c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd_ < 0 || fstat(fd_, &st) != 0) {
+      Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("checkpoint file ", checkpoint_.path(), " is missing")));
+      return;
+    }
+    size_ = st.st_size;
+    sha_ = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr);
+    WriteNext();
+  }
+  ~ExportReactor() override {
+    if (fd_ >= 0) close(fd_);
+    if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
+    } else if (sent_last_) {
+      Finish(grpc::Status::OK);
+    } else {
+      WriteNext();
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    chunk_.Clear();
+    if (offset_ == 0) *chunk_.mutable_checkpoint() = checkpoint_;
+    ssize_t n = pread(fd_, buffer_.data(), buffer_.size(), offset_);
+    if (n < 0) {
+      Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, "reading the checkpoint failed"));
+      return;
+    }
+    chunk_.set_offset(offset_);
+    chunk_.set_data(buffer_.data(), static_cast<size_t>(n));
+    EVP_DigestUpdate(sha_, buffer_.data(), static_cast<size_t>(n));
+    offset_ += n;
+    if (offset_ >= size_ || n == 0) {
+      unsigned char digest[EVP_MAX_MD_SIZE];
+      unsigned int len = 0;
+      EVP_DigestFinal_ex(sha_, digest, &len);
+      chunk_.set_sha256(absl::BytesToHexString(
+          absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(len))));
+      sent_last_ = true;
+    }
+    StartWrite(&chunk_);
+  }
+
+  v1::Checkpoint checkpoint_;
+  std::vector<char> buffer_;
+  v1::CheckpointChunk chunk_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+  int64_t offset_ = 0;
+  bool sent_last_ = false;
+  EVP_MD_CTX* sha_ = nullptr;
+};
+
+// Reads an upload: a header, then file chunks; commits when the client half-closes.
+class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
+ public:
+  UploadReactor(const DatasetCatalog* datasets, v1::Dataset* response)
+      : datasets_(datasets), response_(response) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending
+      if (!upload_) {
+        Finish(ToGrpcStatus(absl::InvalidArgumentError("header: the upload sent no header")));
+        return;
+      }
+      absl::StatusOr<v1::Dataset> dataset = upload_->Commit();
+      if (dataset.ok()) *response_ = *dataset;
+      Finish(ToGrpcStatus(dataset.status()));
+      return;
+    }
+    absl::Status status;
+    if (request_.has_header()) {
+      if (upload_) {
+        status = absl::InvalidArgumentError("header: sent twice");
+      } else {
+        absl::StatusOr<std::unique_ptr<DatasetUpload>> upload =
+            datasets_->BeginUpload(request_.header().name());
+        if (upload.ok()) upload_ = *std::move(upload);
+        status = upload.status();
+      }
+    } else if (request_.has_chunk()) {
+      status = upload_ ? upload_->Append(request_.chunk())
+                       : absl::InvalidArgumentError("header: must be the first message");
+    } else {
+      status = absl::InvalidArgumentError("part: a message must carry a header or a chunk");
+    }
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    StartRead(&request_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const DatasetCatalog* datasets_;
+  v1::Dataset* response_;
+  v1::UploadDatasetRequest request_;
+  std::unique_ptr<DatasetUpload> upload_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* TrainingService::SubmitJob(grpc::CallbackServerContext* context,
+                                                     const v1::SubmitJobRequest* request,
+                                                     v1::Job* response) {
+  if (!request->has_spec()) {
+    return FinishWithError(context, absl::InvalidArgumentError("spec: required"));
+  }
+  return FinishWith(context, manager_->Submit(request->spec()), response);
+}
+
+grpc::ServerUnaryReactor* TrainingService::GetJob(grpc::CallbackServerContext* context,
+                                                  const v1::GetJobRequest* request,
+                                                  v1::Job* response) {
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return FinishWithError(context, s);
+  }
+  return FinishWith(context, manager_->Get(request->job_id()), response);
+}
+
+grpc::ServerUnaryReactor* TrainingService::ListJobs(grpc::CallbackServerContext* context,
+                                                    const v1::ListJobsRequest* request,
+                                                    v1::ListJobsResponse* response) {
+  int page_size = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
+  if (page_size < 1 || page_size > kMaxPageSize) {
+    return FinishWithError(
+        context, absl::InvalidArgumentError(absl::StrCat("page_size: must be in [0, ", kMaxPageSize,
+                                                         "], got ", request->page_size())));
+  }
+  std::vector<v1::JobState> states;
+  for (int state : request->states()) {
+    if (state == v1::JOB_STATE_UNSPECIFIED || !v1::JobState_IsValid(state)) {
+      return FinishWithError(
+          context, absl::InvalidArgumentError(absl::StrCat("states: invalid state ", state)));
+    }
+    states.push_back(static_cast<v1::JobState>(state));
+  }
+  absl::StatusOr<JobPage> page = manager_->List(states, page_size, request->page_token());
+  if (page.ok()) {
+    for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
+    response->set_next_page_token(page->next_page_token);
+  }
+  return FinishWithError(context, page.status());
+}
+
+grpc::ServerUnaryReactor* TrainingService::CancelJob(grpc::CallbackServerContext* context,
+                                                     const v1::CancelJobRequest* request,
+                                                     v1::Job* response) {
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return FinishWithError(context, s);
+  }
+  return FinishWith(context, manager_->Cancel(request->job_id()), response);
+}
+
+grpc::ServerUnaryReactor* TrainingService::ResumeJob(grpc::CallbackServerContext* context,
+                                                     const v1::ResumeJobRequest* request,
+                                                     v1::Job* response) {
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return FinishWithError(context, s);
+  }
+  return FinishWith(context, manager_->Resume(request->job_id(), request->epochs()), response);
+}
+
+grpc::ServerWriteReactor<v1::JobEvent>* TrainingService::WatchJob(
+    grpc::CallbackServerContext* /*context*/, const v1::WatchJobRequest* request) {
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return new RefusedWrite<v1::JobEvent>(s);
+  }
+  absl::StatusOr<JobWatch> watch =
+      manager_->Watch(request->job_id(), request->include_steps(), request->live_only());
+  if (!watch.ok()) return new RefusedWrite<v1::JobEvent>(watch.status());
+  return new WatchReactor(*std::move(watch), broadcaster_);
+}
+
+grpc::ServerUnaryReactor* TrainingService::CreateCheckpoint(
+    grpc::CallbackServerContext* context, const v1::CreateCheckpointRequest* request,
+    v1::Checkpoint* response) {
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return FinishWithError(context, s);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Answered from the training thread once the checkpoint is on disk.
+  manager_->RequestCheckpoint(request->job_id(),
+                              [reactor, response](absl::StatusOr<v1::Checkpoint> c) {
+                                if (c.ok()) *response = *std::move(c);
+                                reactor->Finish(ToGrpcStatus(c.status()));
+                              });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainingService::ListCheckpoints(
+    grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest* request,
+    v1::ListCheckpointsResponse* response) {
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return FinishWithError(context, s);
+  }
+  absl::StatusOr<std::vector<v1::Checkpoint>> list = manager_->ListCheckpoints(request->job_id());
+  if (list.ok()) {
+    for (v1::Checkpoint& c : *list) *response->add_checkpoints() = std::move(c);
+  }
+  return FinishWithError(context, list.status());
+}
+
+grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint(
+    grpc::CallbackServerContext* /*context*/, const v1::ExportCheckpointRequest* request) {
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return new RefusedWrite<v1::CheckpointChunk>(s);
+  }
+  const int chunk = request->chunk_size() == 0 ? kDefaultChunkBytes : request->chunk_size();
+  if (chunk < 1 || chunk > kMaxChunkBytes) {
+    return new RefusedWrite<v1::CheckpointChunk>(absl::InvalidArgumentError(absl::StrCat(
+        "chunk_size: must be in [0, ", kMaxChunkBytes, "], got ", request->chunk_size())));
+  }
+  absl::StatusOr<v1::Checkpoint> checkpoint =
+      manager_->FindCheckpoint(request->job_id(), request->checkpoint_id());
+  if (!checkpoint.ok()) return new RefusedWrite<v1::CheckpointChunk>(checkpoint.status());
+  return new ExportReactor(*std::move(checkpoint), chunk);
+}
+
+grpc::ServerUnaryReactor* TrainingService::ListDatasets(grpc::CallbackServerContext* context,
+                                                        const v1::ListDatasetsRequest* /*request*/,
+                                                        v1::ListDatasetsResponse* response) {
+  absl::StatusOr<std::vector<v1::Dataset>> list = datasets_->List();
+  if (list.ok()) {
+    for (v1::Dataset& d : *list) *response->add_datasets() = std::move(d);
+  }
+  return FinishWithError(context, list.status());
+}
+
+grpc::ServerReadReactor<v1::UploadDatasetRequest>* TrainingService::UploadDataset(
+    grpc::CallbackServerContext* /*context*/, v1::Dataset* response) {
+  return new UploadReactor(datasets_, response);
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,57 @@
+// kiln.v1.Training over gRPC's callback API: a thin translator that checks request fields,
+// calls the job manager and the dataset catalog, and maps absl::Status to grpc::Status.
+#pragma once
+
+#include "kiln/v1/training.grpc.pb.h"
+#include "server/dataset_catalog.h"
+#include "server/job_manager.h"
+#include "server/metric_broadcaster.h"
+
+namespace kiln::server {
+
+class TrainingService final : public v1::Training::CallbackService {
+ public:
+  TrainingService(JobManager* manager, const DatasetCatalog* datasets,
+                  MetricBroadcaster* broadcaster)
+      : manager_(manager), datasets_(datasets), broadcaster_(broadcaster) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request, v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* context,
+                                      const v1::ResumeJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
+                                                   const v1::WatchJobRequest* request) override;
+  grpc::ServerUnaryReactor* CreateCheckpoint(grpc::CallbackServerContext* context,
+                                             const v1::CreateCheckpointRequest* request,
+                                             v1::Checkpoint* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
+                                            const v1::ListCheckpointsRequest* request,
+                                            v1::ListCheckpointsResponse* response) override;
+  grpc::ServerWriteReactor<v1::CheckpointChunk>* ExportCheckpoint(
+      grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) override;
+  grpc::ServerUnaryReactor* ListDatasets(grpc::CallbackServerContext* context,
+                                         const v1::ListDatasetsRequest* request,
+                                         v1::ListDatasetsResponse* response) override;
+  grpc::ServerReadReactor<v1::UploadDatasetRequest>* UploadDataset(
+      grpc::CallbackServerContext* context, v1::Dataset* response) override;
+
+ private:
+  JobManager* manager_;
+  const DatasetCatalog* datasets_;
+  MetricBroadcaster* broadcaster_;
+};
+
+// absl and gRPC share the canonical code numbering; the message passes unchanged.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace kiln::server

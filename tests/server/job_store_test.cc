@@ -1,0 +1,97 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+#include "server/proto_time.h"
+#include "server_test_support.h"
+
+namespace kiln::server {
+namespace {
+
+v1::Job MakeJob(const std::string& id, v1::JobState state) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_state(state);
+  job.set_device("cpu");
+  job.set_epochs(3);
+  *job.mutable_create_time() = MillisToTimestamp(NowMillis());
+  job.mutable_spec()->set_dataset("toy");
+  return job;
+}
+
+TEST(JobStoreTest, JobsAndEventsSurviveReopening) {
+  const std::string dir = testing::MakeTempDir("store");
+  {
+    auto store = JobStore::Open(dir + "/kiln.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    v1::JobEvent state;
+    state.set_seq(1);
+    state.mutable_state()->set_state(v1::JOB_STATE_QUEUED);
+    ASSERT_TRUE((*store)->PutJob(MakeJob("a", v1::JOB_STATE_QUEUED), &state).ok());
+    v1::JobEvent step;
+    step.set_seq(2);
+    step.mutable_step()->set_global_step(1);
+    step.mutable_step()->set_loss(2.5f);
+    ASSERT_TRUE((*store)->AppendEvent("a", step).ok());
+    v1::Job running = MakeJob("a", v1::JOB_STATE_RUNNING);
+    running.set_global_step(1);
+    ASSERT_TRUE((*store)->PutJob(running).ok());
+  }
+  auto store = JobStore::Open(dir + "/kiln.db");
+  ASSERT_TRUE(store.ok());
+  auto job = (*store)->GetJob("a");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job->global_step(), 1);
+  EXPECT_EQ(job->spec().dataset(), "toy");
+  auto events = (*store)->Events("a", 100, true);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_TRUE((*events)[0].has_state());
+  EXPECT_FLOAT_EQ((*events)[1].step().loss(), 2.5f);
+  EXPECT_EQ((*store)->Events("a", 100, false)->size(), 1u);
+  EXPECT_EQ(*(*store)->MaxSeq("a"), 2);
+  EXPECT_TRUE(absl::IsNotFound((*store)->GetJob("b").status()));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobStoreTest, CheckpointIndexHidesDeletedOnes) {
+  const std::string dir = testing::MakeTempDir("store");
+  auto store = JobStore::Open(dir + "/kiln.db");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->PutJob(MakeJob("a", v1::JOB_STATE_RUNNING)).ok());
+  v1::Checkpoint c1, c2;
+  c1.set_job_id("a");
+  c1.set_global_step(8);
+  c2 = c1;
+  c2.set_global_step(16);
+  ASSERT_TRUE((*store)->InsertCheckpoint(&c1).ok());
+  ASSERT_TRUE((*store)->InsertCheckpoint(&c2).ok());
+  EXPECT_LT(c1.id(), c2.id());
+  ASSERT_TRUE((*store)->DeleteCheckpoint(c1.id()).ok());
+  auto list = (*store)->Checkpoints("a");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].global_step(), 16);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobStoreTest, NewerSchemaIsRefused) {
+  const std::string dir = testing::MakeTempDir("store");
+  { ASSERT_TRUE(JobStore::Open(dir + "/kiln.db").ok()); }
+  // A future kilnd wrote version 99.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/kiln.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE schema_version SET version = 99", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = JobStore::Open(dir + "/kiln.db");
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln::server

@@ -1,0 +1,133 @@
+// kilnd as a subprocess: stopped gracefully (SIGTERM) or killed (SIGKILL) mid-training and
+// started again on the same state dir, its running job resumes from a checkpoint.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "server_test_support.h"
+
+namespace kiln::server {
+namespace {
+namespace fs = std::filesystem;
+using testing::GetJob;
+using testing::SmallSpec;
+using testing::WaitFor;
+using testing::WaitForState;
+
+class RestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::MakeTempDir("kilnd-restart");
+    state_dir_ = root_ + "/state";
+    data_dir_ = root_ + "/data";
+    testing::WriteToyDataset(data_dir_ + "/toy", 256, 64);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  std::unique_ptr<testing::KilndProcess> StartKilnd() {
+    auto kilnd = std::make_unique<testing::KilndProcess>(
+        state_dir_, data_dir_, std::vector<std::string>{"--step_delay=15ms"});
+    EXPECT_TRUE(kilnd->Start()) << "kilnd did not start";
+    return kilnd;
+  }
+
+  std::string Submit(v1::Training::Stub& stub, const v1::JobSpec& spec) {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::Job job;
+    grpc::Status status = stub.SubmitJob(&context, request, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job.id();
+  }
+
+  std::vector<v1::Checkpoint> Checkpoints(v1::Training::Stub& stub, const std::string& id) {
+    grpc::ClientContext context;
+    v1::ListCheckpointsRequest request;
+    request.set_job_id(id);
+    v1::ListCheckpointsResponse response;
+    EXPECT_TRUE(stub.ListCheckpoints(&context, request, &response).ok());
+    return {response.checkpoints().begin(), response.checkpoints().end()};
+  }
+
+  std::string root_, state_dir_, data_dir_;
+};
+
+TEST_F(RestartTest, GracefulStopCheckpointsTheRunningJobAndRestartResumesIt) {
+  auto kilnd = StartKilnd();
+  auto stub = kilnd->NewStub();
+  const std::string id = Submit(*stub, SmallSpec("toy", 5));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(*stub, id).global_step() >= 12; }, absl::Seconds(60)));
+
+  const int status = kilnd->Stop(SIGTERM, absl::Seconds(20));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+
+  kilnd = StartKilnd();
+  stub = kilnd->NewStub();
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(90)));
+  v1::Job job = GetJob(*stub, id);
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_GE(job.resumed_from_step(), 12);
+  EXPECT_EQ(job.global_step(), 5 * 8);
+  bool shutdown_checkpoint = false;
+  for (const v1::Checkpoint& c : Checkpoints(*stub, id)) {
+    shutdown_checkpoint |= c.kind() == v1::CHECKPOINT_KIND_SHUTDOWN;
+  }
+  EXPECT_TRUE(shutdown_checkpoint);
+
+  // The resumed run continued exactly where it stopped: every epoch once, in order.
+  testing::WatchResult w = testing::WatchToEnd(*stub, id);
+  ASSERT_TRUE(w.status.ok());
+  std::vector<int> epochs;
+  for (const auto& e : w.events) {
+    if (e.has_epoch()) epochs.push_back(e.epoch().epoch());
+  }
+  EXPECT_EQ(epochs, (std::vector<int>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(w.events.back().state().state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(RestartTest, KilledDaemonResumesTheJobFromItsLastCheckpoint) {
+  auto kilnd = StartKilnd();
+  auto stub = kilnd->NewStub();
+  v1::JobSpec spec = SmallSpec("toy", 6);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = Submit(*stub, spec);
+  // A queued job must stay queued across the crash too.
+  const std::string queued = Submit(*stub, SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitFor([&] { return Checkpoints(*stub, id).size() >= 2; }, absl::Seconds(60)));
+  kilnd->Stop(SIGKILL, absl::Seconds(10));
+  stub.reset();
+
+  kilnd = StartKilnd();
+  stub = kilnd->NewStub();
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(90)));
+  v1::Job job = GetJob(*stub, id);
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_GE(job.resumed_from_step(), 16) << "resumed from the epoch-2 checkpoint or later";
+  EXPECT_EQ(job.resumed_from_step() % 8, 0) << "periodic checkpoints sit at epoch ends";
+  EXPECT_EQ(job.global_step(), 6 * 8);
+  EXPECT_TRUE(WaitForState(*stub, queued, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+
+  testing::WatchResult w = testing::WatchToEnd(*stub, id);
+  ASSERT_TRUE(w.status.ok());
+  std::set<int> epochs;
+  std::vector<v1::JobState> states;
+  for (const auto& e : w.events) {
+    if (e.has_epoch()) epochs.insert(e.epoch().epoch());
+    if (e.has_state()) states.push_back(e.state().state());
+  }
+  EXPECT_EQ(epochs, (std::set<int>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING,
+                                               v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING,
+                                               v1::JOB_STATE_SUCCEEDED}));
+}
+
+}  // namespace
+}  // namespace kiln::server

@@ -1,0 +1,218 @@
+#include "server_test_support.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace kiln::server::testing {
+namespace fs = std::filesystem;
+namespace {
+
+void PutBigEndian32(std::string* out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8)
+    out->push_back(static_cast<char>((v >> shift) & 0xff));
+}
+
+int LabelOf(int i, uint32_t seed) { return static_cast<int>((i * 7 + seed) % 10); }
+
+}  // namespace
+
+std::string MakeTempDir(const std::string& prefix) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string root = base != nullptr ? base : fs::temp_directory_path().string();
+  std::string pattern = absl::StrCat(root, "/", prefix, "-XXXXXX");
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  char* made = mkdtemp(buffer.data());
+  EXPECT_NE(made, nullptr) << pattern;
+  return made != nullptr ? std::string(made) : pattern;
+}
+
+std::string ToyImagesIdx(int samples, uint32_t seed) {
+  std::string out;
+  PutBigEndian32(&out, 0x00000803);
+  PutBigEndian32(&out, samples);
+  PutBigEndian32(&out, 28);
+  PutBigEndian32(&out, 28);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> noise(0, 60);
+  for (int i = 0; i < samples; ++i) {
+    const int label = LabelOf(i, seed);
+    // Label k puts the block in cell (k / 4, k % 4) of a 4x4 grid of 7x7 cells.
+    const int row0 = (label / 4) * 7, col0 = (label % 4) * 7;
+    for (int r = 0; r < 28; ++r) {
+      for (int c = 0; c < 28; ++c) {
+        const bool on = r >= row0 && r < row0 + 7 && c >= col0 && c < col0 + 7;
+        out.push_back(static_cast<char>(on ? 255 - noise(rng) : noise(rng)));
+      }
+    }
+  }
+  return out;
+}
+
+std::string ToyLabelsIdx(int samples, uint32_t seed) {
+  std::string out;
+  PutBigEndian32(&out, 0x00000801);
+  PutBigEndian32(&out, samples);
+  for (int i = 0; i < samples; ++i) out.push_back(static_cast<char>(LabelOf(i, seed)));
+  return out;
+}
+
+void WriteToyDataset(const std::string& dir, int train_samples, int test_samples, uint32_t seed) {
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+  };
+  write("train-images-idx3-ubyte", ToyImagesIdx(train_samples, seed));
+  write("train-labels-idx1-ubyte", ToyLabelsIdx(train_samples, seed));
+  if (test_samples > 0) {
+    write("t10k-images-idx3-ubyte", ToyImagesIdx(test_samples, seed + 1));
+    write("t10k-labels-idx1-ubyte", ToyLabelsIdx(test_samples, seed + 1));
+  }
+}
+
+v1::JobSpec SmallSpec(const std::string& dataset, int epochs) {
+  v1::JobSpec spec;
+  spec.set_dataset(dataset);
+  spec.set_epochs(epochs);
+  spec.set_batch_size(32);
+  spec.set_seed(7);
+  spec.set_device("cpu");
+  v1::ModelSpec* model = spec.mutable_model();
+  model->add_input_shape(784);
+  v1::LinearLayer* fc1 = model->add_layers()->mutable_linear();
+  fc1->set_in_features(784);
+  fc1->set_out_features(32);
+  model->add_layers()->mutable_relu();
+  v1::LinearLayer* fc2 = model->add_layers()->mutable_linear();
+  fc2->set_in_features(32);
+  fc2->set_out_features(10);
+  v1::OptimizerSpec* opt = spec.mutable_optimizer();
+  opt->set_kind(v1::OptimizerSpec::KIND_SGD);
+  opt->set_lr(0.05f);
+  opt->set_momentum(0.9f);
+  return spec;
+}
+
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+WatchResult WatchToEnd(v1::Training::Stub& stub, const std::string& job_id, bool include_steps) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_include_steps(include_steps);
+  auto reader = stub.WatchJob(&context, request);
+  WatchResult result;
+  v1::JobEvent event;
+  while (reader->Read(&event)) result.events.push_back(event);
+  result.status = reader->Finish();
+  return result;
+}
+
+v1::Job GetJob(v1::Training::Stub& stub, const std::string& job_id) {
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  grpc::Status status = stub.GetJob(&context, request, &job);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return job;
+}
+
+bool WaitForState(v1::Training::Stub& stub, const std::string& job_id, v1::JobState state,
+                  absl::Duration timeout) {
+  return WaitFor([&] { return GetJob(stub, job_id).state() == state; }, timeout);
+}
+
+KilndProcess::KilndProcess(std::string state_dir, std::string data_dir,
+                           std::vector<std::string> extra_args)
+    : state_dir_(std::move(state_dir)),
+      data_dir_(std::move(data_dir)),
+      extra_args_(std::move(extra_args)) {}
+
+KilndProcess::~KilndProcess() {
+  if (pid_ > 0) Stop(SIGKILL, absl::Seconds(10));
+}
+
+bool KilndProcess::Start() {
+  std::vector<std::string> args = {KILND_PATH, "--listen=127.0.0.1:0", "--state_dir=" + state_dir_,
+                                   "--data_dir=" + data_dir_, "--device=cpu"};
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int out[2];
+  if (pipe(out) != 0) return false;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    pid_ = -1;
+    return false;
+  }
+  // The first line of stdout names the port: "kilnd: listening on port N".
+  FILE* f = fdopen(out[0], "r");
+  char line[256] = {};
+  const bool got = fgets(line, sizeof(line), f) != nullptr &&
+                   std::sscanf(line, "kilnd: listening on port %d", &port_) == 1;
+  // Keep draining stdout in the background so the child never blocks on a full pipe.
+  std::thread([f] {
+    char sink[256];
+    while (fgets(sink, sizeof(sink), f) != nullptr) {
+    }
+    fclose(f);
+  }).detach();
+  return got;
+}
+
+int KilndProcess::Stop(int signal, absl::Duration timeout) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, signal);
+  const absl::Time end = absl::Now() + timeout;
+  int status = 0;
+  while (absl::Now() < end) {
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return -1;
+}
+
+std::unique_ptr<v1::Training::Stub> KilndProcess::NewStub() const {
+  return v1::Training::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+}
+
+}  // namespace kiln::server::testing

@@ -1,0 +1,69 @@
+// Shared pieces of the kilnd tests: tiny generated IDX datasets, a small job spec, waiting, event
+// collection, and a kilnd subprocess.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "kiln/v1/training.grpc.pb.h"
+
+namespace kiln::server::testing {
+
+// A fresh folder under the test's temporary directory.
+std::string MakeTempDir(const std::string& prefix);
+
+// Writes the four MNIST IDX files into `dir` (created if needed): 28x28 images whose label (0..9)
+// is where a bright 7x7 block sits, plus noise, so a small MLP learns it in a few epochs.
+void WriteToyDataset(const std::string& dir, int train_samples, int test_samples,
+                     uint32_t seed = 1);
+// The bytes of one IDX file as WriteToyDataset writes it (for uploads).
+std::string ToyImagesIdx(int samples, uint32_t seed);
+std::string ToyLabelsIdx(int samples, uint32_t seed);
+
+// A 784-32-10 MLP with SGD on `dataset`, batch 32.
+v1::JobSpec SmallSpec(const std::string& dataset, int epochs);
+
+// Polls `done` every 10 ms until it holds or `timeout` passes; returns whether it held.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout);
+
+// Reads a WatchJob stream to its end.
+struct WatchResult {
+  std::vector<v1::JobEvent> events;
+  grpc::Status status;
+};
+WatchResult WatchToEnd(v1::Training::Stub& stub, const std::string& job_id,
+                       bool include_steps = false);
+
+// Polls GetJob until the job is in `state`.
+bool WaitForState(v1::Training::Stub& stub, const std::string& job_id, v1::JobState state,
+                  absl::Duration timeout);
+v1::Job GetJob(v1::Training::Stub& stub, const std::string& job_id);
+
+// kilnd as a child process on a free loopback port.
+class KilndProcess {
+ public:
+  KilndProcess(std::string state_dir, std::string data_dir, std::vector<std::string> extra_args);
+  ~KilndProcess();  // SIGKILL if still running
+
+  // Starts it and reads the port it reports; false on failure.
+  bool Start();
+  // Sends `signal` and waits up to `timeout` for the exit; returns the exit status as from
+  // waitpid, or -1 on timeout.
+  int Stop(int signal, absl::Duration timeout);
+  int port() const { return port_; }
+  std::unique_ptr<v1::Training::Stub> NewStub() const;
+
+ private:
+  std::string state_dir_, data_dir_;
+  std::vector<std::string> extra_args_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace kiln::server::testing

@@ -1,0 +1,101 @@
+#include "server/spec_translation.h"
+
+#include "gtest/gtest.h"
+#include "server_test_support.h"
+
+namespace kiln::server {
+namespace {
+
+TEST(SpecTranslationTest, MnistMlpPresetIsTheReferenceConfiguration) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-mlp");
+  spec.set_epochs(10);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.input_shape, (Shape{784}));
+  EXPECT_EQ(config->model.layers.size(), MnistMlpConfig().layers.size());
+  EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kSgd);
+  EXPECT_FLOAT_EQ(config->optimizer.lr, 0.001f);
+  EXPECT_FLOAT_EQ(config->optimizer.momentum, 0.9f);
+  EXPECT_EQ(config->batch_size, 128);
+  EXPECT_FLOAT_EQ(config->norm.scale, 1.0f / 255.0f);
+  EXPECT_FLOAT_EQ(config->norm.mean, 0.5f);
+  EXPECT_FLOAT_EQ(config->norm.std, 0.5f);
+  EXPECT_EQ(config->epochs, 10);
+}
+
+TEST(SpecTranslationTest, MnistCnnPresetIsTheReferenceConfiguration) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-cnn");
+  spec.set_epochs(1);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.input_shape, (Shape{1, 28, 28}));
+  EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kAdam);
+  EXPECT_FLOAT_EQ(config->optimizer.lr, 1e-3f);
+  EXPECT_EQ(config->batch_size, 64);
+  EXPECT_FLOAT_EQ(config->norm.mean, 0.0f);
+  EXPECT_FLOAT_EQ(config->norm.std, 1.0f);
+}
+
+TEST(SpecTranslationTest, SetFieldsOverrideThePreset) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-mlp");
+  spec.set_epochs(2);
+  spec.set_batch_size(32);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_ADAMW);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->batch_size, 32);
+  EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kAdamW);
+  EXPECT_FLOAT_EQ(config->optimizer.lr, 0.01f);
+  EXPECT_FLOAT_EQ(config->optimizer.beta1, 0.9f);
+}
+
+TEST(SpecTranslationTest, ExplicitModelTranslatesEveryLayerKind) {
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->Clear();
+  for (int64_t d : {1, 28, 28}) m->add_input_shape(d);
+  auto* conv = m->add_layers()->mutable_conv2d();
+  conv->set_in_channels(1);
+  conv->set_out_channels(4);
+  conv->set_padding(1);
+  conv->set_bias(false);
+  m->add_layers()->mutable_relu();
+  m->add_layers()->mutable_maxpool2d();
+  m->add_layers()->mutable_flatten();
+  m->add_layers()->mutable_dropout()->set_p(0.25f);
+  auto* fc = m->add_layers()->mutable_linear();
+  fc->set_in_features(4 * 14 * 14);
+  fc->set_out_features(10);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->model.layers.size(), 6u);
+  const auto& c = std::get<Conv2dConfig>(config->model.layers[0]);
+  EXPECT_EQ(c.kernel_size, 3);
+  EXPECT_EQ(c.stride, 1);
+  EXPECT_FALSE(c.bias);
+  EXPECT_EQ(std::get<MaxPool2dConfig>(config->model.layers[2]).kernel_size, 2);
+  EXPECT_FLOAT_EQ(std::get<DropoutConfig>(config->model.layers[4]).p, 0.25f);
+}
+
+TEST(SpecTranslationTest, CheckpointPolicyDefaultsToCheckpointOnShutdown) {
+  EXPECT_TRUE(TranslateCheckpointPolicy(v1::CheckpointPolicy()).on_shutdown);
+  v1::CheckpointPolicy off;
+  off.set_on_shutdown(false);
+  EXPECT_FALSE(TranslateCheckpointPolicy(off).on_shutdown);
+}
+
+TEST(SpecTranslationTest, NamesAreCheckedForPathTricks) {
+  EXPECT_TRUE(IsValidName("mnist"));
+  EXPECT_TRUE(IsValidName("fashion-mnist_v1.2"));
+  EXPECT_FALSE(IsValidName(""));
+  EXPECT_FALSE(IsValidName(".."));
+  EXPECT_FALSE(IsValidName("a/b"));
+  EXPECT_FALSE(IsValidName(std::string(65, 'a')));
+}
+
+}  // namespace
+}  // namespace kiln::server

@@ -1,0 +1,623 @@
+// kilnd in-process on a loopback port, driven through real gRPC channels.
+#include <grpcpp/grpcpp.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "server/dataset_catalog.h"
+#include "server_test_support.h"
+
+namespace kiln::server {
+namespace {
+namespace fs = std::filesystem;
+using testing::GetJob;
+using ::testing::HasSubstr;
+using testing::SmallSpec;
+using testing::WaitFor;
+using testing::WaitForState;
+using testing::WatchToEnd;
+
+class TrainingServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::MakeTempDir("kilnd-test");
+    options_.listen = "127.0.0.1:0";
+    options_.state_dir = root_ + "/state";
+    options_.data_dir = root_ + "/data";
+    options_.device = "cpu";
+    testing::WriteToyDataset(options_.data_dir + "/toy", 256, 64);
+  }
+  void TearDown() override {
+    stub_.reset();
+    daemon_.reset();
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  void StartDaemon() {
+    auto daemon = Daemon::Start(options_);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    stub_ = v1::Training::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", daemon_->port()),
+                                                      grpc::InsecureChannelCredentials()));
+  }
+
+  grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    return stub_->SubmitJob(&context, request, job);
+  }
+  std::string SubmitOrDie(const v1::JobSpec& spec) {
+    v1::Job job;
+    grpc::Status status = Submit(spec, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job.id();
+  }
+  grpc::Status Cancel(const std::string& id, v1::Job* job) {
+    grpc::ClientContext context;
+    v1::CancelJobRequest request;
+    request.set_job_id(id);
+    return stub_->CancelJob(&context, request, job);
+  }
+  std::vector<v1::Checkpoint> Checkpoints(const std::string& id) {
+    grpc::ClientContext context;
+    v1::ListCheckpointsRequest request;
+    request.set_job_id(id);
+    v1::ListCheckpointsResponse response;
+    EXPECT_TRUE(stub_->ListCheckpoints(&context, request, &response).ok());
+    return {response.checkpoints().begin(), response.checkpoints().end()};
+  }
+
+  std::string root_;
+  DaemonOptions options_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::Training::Stub> stub_;
+};
+
+std::vector<int> EpochsOf(const std::vector<v1::JobEvent>& events) {
+  std::vector<int> epochs;
+  for (const auto& e : events) {
+    if (e.has_epoch()) epochs.push_back(e.epoch().epoch());
+  }
+  return epochs;
+}
+
+TEST_F(TrainingServiceTest, JobTrainsAndTwoWatchersSeeEveryEpochThenTheFinalState) {
+  options_.step_delay = absl::Milliseconds(5);
+  StartDaemon();
+  const std::string id = SubmitOrDie(SmallSpec("toy", 4));
+  testing::WatchResult a, b;
+  std::thread ta([&] { a = WatchToEnd(*stub_, id); });
+  std::thread tb([&] { b = WatchToEnd(*stub_, id, /*include_steps=*/true); });
+  ta.join();
+  tb.join();
+  for (const testing::WatchResult* w : {&a, &b}) {
+    ASSERT_TRUE(w->status.ok()) << w->status.error_message();
+    EXPECT_EQ(EpochsOf(w->events), (std::vector<int>{1, 2, 3, 4}));
+    ASSERT_FALSE(w->events.empty());
+    ASSERT_TRUE(w->events.back().has_state());
+    EXPECT_EQ(w->events.back().state().state(), v1::JOB_STATE_SUCCEEDED);
+    for (size_t i = 1; i < w->events.size(); ++i) {
+      EXPECT_GT(w->events[i].seq(), w->events[i - 1].seq()) << "events out of order at " << i;
+    }
+  }
+  int steps = 0;
+  for (const auto& e : b.events) steps += e.has_step() ? 1 : 0;
+  EXPECT_EQ(steps, 4 * 8);  // 256 samples in batches of 32
+
+  v1::Job job = GetJob(*stub_, id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.epochs_done(), 4);
+  EXPECT_EQ(job.global_step(), 32);
+  EXPECT_EQ(job.attempts(), 1);
+  EXPECT_GT(job.last_epoch().test_accuracy(), 0.5) << "the toy task is learnable";
+  EXPECT_EQ(job.parameter_count(), 784 * 32 + 32 + 32 * 10 + 10);
+  std::vector<v1::Checkpoint> checkpoints = Checkpoints(id);
+  ASSERT_EQ(checkpoints.size(), 1u);
+  EXPECT_EQ(checkpoints[0].kind(), v1::CHECKPOINT_KIND_FINAL);
+  EXPECT_EQ(checkpoints[0].global_step(), 32);
+}
+
+TEST_F(TrainingServiceTest, WatchingAFinishedJobReplaysItsHistory) {
+  StartDaemon();
+  const std::string id = SubmitOrDie(SmallSpec("toy", 2));
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  testing::WatchResult w = WatchToEnd(*stub_, id, /*include_steps=*/true);
+  ASSERT_TRUE(w.status.ok());
+  std::vector<v1::JobState> states;
+  int steps = 0;
+  for (const auto& e : w.events) {
+    EXPECT_TRUE(e.replayed());
+    if (e.has_state()) states.push_back(e.state().state());
+    if (e.has_step()) ++steps;
+  }
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING,
+                                               v1::JOB_STATE_SUCCEEDED}));
+  EXPECT_EQ(steps, 16);
+  EXPECT_EQ(EpochsOf(w.events), (std::vector<int>{1, 2}));
+}
+
+TEST_F(TrainingServiceTest, CancelStopsARunningJobAndAQueuedOne) {
+  options_.step_delay = absl::Milliseconds(10);
+  StartDaemon();
+  const std::string running = SubmitOrDie(SmallSpec("toy", 1000));
+  const std::string queued = SubmitOrDie(SmallSpec("toy", 1000));
+  ASSERT_TRUE(WaitForState(*stub_, running, v1::JOB_STATE_RUNNING, absl::Seconds(30)));
+  EXPECT_EQ(GetJob(*stub_, queued).state(), v1::JOB_STATE_QUEUED) << "one job per device";
+
+  v1::Job job;
+  ASSERT_TRUE(Cancel(queued, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  ASSERT_TRUE(Cancel(running, &job).ok());
+  ASSERT_TRUE(WaitForState(*stub_, running, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
+  EXPECT_EQ(GetJob(*stub_, running).reason(), "cancelled by request");
+
+  grpc::Status again = Cancel(running, &job);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(again.error_message(), HasSubstr("already ended"));
+}
+
+TEST_F(TrainingServiceTest, CheckpointOnDemandIsWrittenListedAndExported) {
+  options_.step_delay = absl::Milliseconds(10);
+  StartDaemon();
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1000));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(*stub_, id).global_step() >= 3; }, absl::Seconds(30)));
+
+  v1::Checkpoint checkpoint;
+  {
+    grpc::ClientContext context;
+    v1::CreateCheckpointRequest request;
+    request.set_job_id(id);
+    grpc::Status status = stub_->CreateCheckpoint(&context, request, &checkpoint);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(checkpoint.kind(), v1::CHECKPOINT_KIND_ON_DEMAND);
+  EXPECT_GE(checkpoint.global_step(), 3);
+  EXPECT_GT(checkpoint.size_bytes(), 4 * (784 * 32));
+  EXPECT_TRUE(fs::exists(checkpoint.path()));
+  std::vector<v1::Checkpoint> listed = Checkpoints(id);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id(), checkpoint.id());
+
+  grpc::ClientContext context;
+  v1::ExportCheckpointRequest request;
+  request.set_job_id(id);
+  request.set_checkpoint_id(checkpoint.id());
+  request.set_chunk_size(10000);
+  auto reader = stub_->ExportCheckpoint(&context, request);
+  std::string bytes, sha;
+  v1::CheckpointChunk chunk;
+  int chunks = 0;
+  while (reader->Read(&chunk)) {
+    EXPECT_EQ(chunk.offset(), static_cast<int64_t>(bytes.size()));
+    bytes += chunk.data();
+    if (!chunk.sha256().empty()) sha = chunk.sha256();
+    ++chunks;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GT(chunks, 1);
+  EXPECT_EQ(static_cast<int64_t>(bytes.size()), checkpoint.size_bytes());
+  EXPECT_EQ(sha, *Sha256OfFile(checkpoint.path()));
+  // safetensors: an 8-byte little-endian header length, then a JSON header.
+  ASSERT_GT(bytes.size(), 9u);
+  EXPECT_EQ(bytes[8], '{');
+
+  v1::Job job;
+  ASSERT_TRUE(Cancel(id, &job).ok());
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
+}
+
+TEST_F(TrainingServiceTest, ResumedJobContinuesFromItsLatestCheckpoint) {
+  options_.step_delay = absl::Milliseconds(10);
+  StartDaemon();
+  v1::JobSpec spec = SmallSpec("toy", 4);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitFor([&] { return Checkpoints(id).size() >= 2; }, absl::Seconds(60)));
+  v1::Job job;
+  ASSERT_TRUE(Cancel(id, &job).ok());
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
+  const int64_t checkpointed = Checkpoints(id).back().global_step();
+
+  grpc::ClientContext context;
+  v1::ResumeJobRequest request;
+  request.set_job_id(id);
+  ASSERT_TRUE(stub_->ResumeJob(&context, request, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  job = GetJob(*stub_, id);
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_EQ(job.resumed_from_step(), checkpointed);
+  EXPECT_GE(checkpointed, 16);
+  EXPECT_EQ(job.global_step(), 32);
+}
+
+TEST_F(TrainingServiceTest, PolicyKeepsTheLastKPeriodicCheckpointsAndTheBest) {
+  StartDaemon();
+  v1::JobSpec spec = SmallSpec("toy", 5);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  spec.mutable_checkpoint_policy()->set_keep_last(2);
+  spec.mutable_checkpoint_policy()->set_keep_best(true);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  std::vector<int> periodic;
+  int best = 0;
+  for (const v1::Checkpoint& c : Checkpoints(id)) {
+    EXPECT_TRUE(fs::exists(c.path())) << c.path();
+    if (c.kind() == v1::CHECKPOINT_KIND_PERIODIC) periodic.push_back(c.epochs_done());
+    if (c.kind() == v1::CHECKPOINT_KIND_BEST) ++best;
+    EXPECT_NE(c.kind(), v1::CHECKPOINT_KIND_FINAL) << "the last periodic one is the final state";
+  }
+  EXPECT_EQ(periodic, (std::vector<int>{4, 5}));
+  EXPECT_EQ(best, 1);
+  // Pruned files are gone from disk too: 2 periodic + 1 best remain.
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(options_.state_dir + "/checkpoints/" + id)) {
+    files += entry.path().extension() == ".safetensors" ? 1 : 0;
+  }
+  EXPECT_EQ(files, 3);
+}
+
+TEST_F(TrainingServiceTest, ListJobsFiltersByStateAndPages) {
+  StartDaemon();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(SubmitOrDie(SmallSpec("toy", 1)));
+  for (const std::string& id : ids) {
+    ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  }
+  std::vector<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    grpc::ClientContext context;
+    v1::ListJobsRequest request;
+    request.add_states(v1::JOB_STATE_SUCCEEDED);
+    request.set_page_size(2);
+    request.set_page_token(token);
+    v1::ListJobsResponse response;
+    ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+    for (const v1::Job& j : response.jobs()) seen.push_back(j.id());
+    token = response.next_page_token();
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 2);
+  EXPECT_EQ(seen, (std::vector<std::string>{ids[2], ids[1], ids[0]})) << "newest first";
+
+  grpc::ClientContext context;
+  v1::ListJobsRequest request;
+  request.add_states(v1::JOB_STATE_RUNNING);
+  v1::ListJobsResponse response;
+  ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+  EXPECT_EQ(response.jobs_size(), 0);
+}
+
+TEST_F(TrainingServiceTest, FailingJobEndsFailedWithTheReasonAndTheDaemonStaysUp) {
+  StartDaemon();
+  v1::JobSpec spec = SmallSpec("toy", 3);
+  // Pixels scaled to ~1e30 overflow the loss at once.
+  spec.mutable_normalization()->set_scale(1e30f);
+  spec.mutable_normalization()->set_std(1.0f);
+  const std::string bad = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(*stub_, bad, v1::JOB_STATE_FAILED, absl::Seconds(60)));
+  EXPECT_THAT(GetJob(*stub_, bad).reason(), HasSubstr("loss became"));
+
+  // A dataset whose images are cut short fails when loaded, not at submission.
+  testing::WriteToyDataset(options_.data_dir + "/broken", 64, 0);
+  fs::resize_file(options_.data_dir + "/broken/train-images-idx3-ubyte", 16 + 28 * 28 * 10);
+  const std::string broken = SubmitOrDie(SmallSpec("broken", 1));
+  ASSERT_TRUE(WaitForState(*stub_, broken, v1::JOB_STATE_FAILED, absl::Seconds(60)));
+  EXPECT_THAT(GetJob(*stub_, broken).reason(), HasSubstr("loading dataset \"broken\""));
+
+  const std::string good = SubmitOrDie(SmallSpec("toy", 1));
+  EXPECT_TRUE(WaitForState(*stub_, good, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+}
+
+TEST_F(TrainingServiceTest, AStuckWatcherDoesNotSlowTraining) {
+  StartDaemon();
+  // This client asks for every step and never reads.
+  grpc::ClientContext stuck_context;
+  v1::WatchJobRequest request;
+  const std::string id = SubmitOrDie(SmallSpec("toy", 20));
+  request.set_job_id(id);
+  request.set_include_steps(true);
+  auto stuck = stub_->WatchJob(&stuck_context, request);
+  EXPECT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  stuck_context.TryCancel();
+}
+
+TEST_F(TrainingServiceTest, QueueLimitIsResourceExhausted) {
+  options_.max_queued_jobs = 1;
+  options_.step_delay = absl::Milliseconds(10);
+  StartDaemon();
+  const std::string running = SubmitOrDie(SmallSpec("toy", 1000));
+  ASSERT_TRUE(WaitForState(*stub_, running, v1::JOB_STATE_RUNNING, absl::Seconds(30)));
+  const std::string queued = SubmitOrDie(SmallSpec("toy", 1000));
+  v1::Job job;
+  grpc::Status full = Submit(SmallSpec("toy", 1), &job);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(full.error_message(), HasSubstr("queue is full"));
+  ASSERT_TRUE(Cancel(queued, &job).ok());
+  ASSERT_TRUE(Cancel(running, &job).ok());
+}
+
+// Each bad request: its expected code and a fragment of the message that names the problem.
+struct BadSubmit {
+  const char* name;
+  std::function<void(v1::JobSpec&)> mutate;
+  grpc::StatusCode code;
+  const char* fragment;
+};
+
+TEST_F(TrainingServiceTest, BadSubmissionsAreRefusedWithTheFieldNamed) {
+  StartDaemon();
+  const std::vector<BadSubmit> cases = {
+      {"epochs zero", [](v1::JobSpec& s) { s.set_epochs(0); }, grpc::INVALID_ARGUMENT,
+       "spec.epochs: must be in [1, 10000]"},
+      {"batch zero", [](v1::JobSpec& s) { s.set_batch_size(-1); }, grpc::INVALID_ARGUMENT,
+       "spec.batch_size"},
+      {"batch huge", [](v1::JobSpec& s) { s.set_batch_size(1 << 20); }, grpc::INVALID_ARGUMENT,
+       "spec.batch_size"},
+      {"unknown preset", [](v1::JobSpec& s) { s.set_preset("resnet"); }, grpc::INVALID_ARGUMENT,
+       "spec.preset: unknown preset \"resnet\""},
+      {"linear in_features zero",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->mutable_layers(0)->mutable_linear()->set_in_features(0);
+       },
+       grpc::INVALID_ARGUMENT, "spec.model.layers[0].linear.in_features"},
+      {"shapes disagree",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->mutable_layers(2)->mutable_linear()->set_in_features(33);
+       },
+       grpc::INVALID_ARGUMENT, "spec.model: layer 2 linear"},
+      {"layer without type", [](v1::JobSpec& s) { s.mutable_model()->add_layers(); },
+       grpc::INVALID_ARGUMENT, "spec.model.layers[3]: no layer type set"},
+      {"dropout p",
+       [](v1::JobSpec& s) { s.mutable_model()->mutable_layers(1)->mutable_dropout()->set_p(1.5f); },
+       grpc::INVALID_ARGUMENT, "spec.model.layers[1].dropout.p"},
+      {"input shape vs dataset",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->set_input_shape(0, 780);
+         s.mutable_model()->mutable_layers(0)->mutable_linear()->set_in_features(780);
+       },
+       grpc::INVALID_ARGUMENT, "spec.model.input_shape: 780 has 780 elements"},
+      {"too few logits",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->mutable_layers(2)->mutable_linear()->set_out_features(5);
+       },
+       grpc::INVALID_ARGUMENT, "has 10 classes"},
+      {"no optimizer", [](v1::JobSpec& s) { s.clear_optimizer(); }, grpc::INVALID_ARGUMENT,
+       "spec.optimizer.kind: required"},
+      {"negative lr", [](v1::JobSpec& s) { s.mutable_optimizer()->set_lr(-1); },
+       grpc::INVALID_ARGUMENT, "spec.optimizer.lr"},
+      {"nesterov without momentum",
+       [](v1::JobSpec& s) {
+         s.mutable_optimizer()->set_momentum(0);
+         s.mutable_optimizer()->set_nesterov(true);
+       },
+       grpc::INVALID_ARGUMENT, "spec.optimizer.nesterov"},
+      {"no model", [](v1::JobSpec& s) { s.clear_model(); }, grpc::INVALID_ARGUMENT,
+       "spec.model: required without a preset"},
+      {"normalization std", [](v1::JobSpec& s) { s.mutable_normalization()->set_scale(1); },
+       grpc::INVALID_ARGUMENT, "spec.normalization.std"},
+      {"no dataset", [](v1::JobSpec& s) { s.clear_dataset(); }, grpc::INVALID_ARGUMENT,
+       "spec.dataset: required"},
+      {"unknown dataset", [](v1::JobSpec& s) { s.set_dataset("nope"); }, grpc::NOT_FOUND,
+       "spec.dataset: dataset \"nope\" not found"},
+      {"bad dataset name", [](v1::JobSpec& s) { s.set_dataset("../etc"); }, grpc::INVALID_ARGUMENT,
+       "spec.dataset"},
+      {"malformed device", [](v1::JobSpec& s) { s.set_device("gpu"); }, grpc::INVALID_ARGUMENT,
+       "spec.device"},
+      {"missing device", [](v1::JobSpec& s) { s.set_device("cuda:7"); }, grpc::INVALID_ARGUMENT,
+       "spec.device"},
+      {"model too big",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->mutable_layers(0)->mutable_linear()->set_out_features(100000);
+         s.mutable_model()->mutable_layers(2)->mutable_linear()->set_in_features(100000);
+       },
+       grpc::RESOURCE_EXHAUSTED, "parameters exceed the limit"},
+      {"too many layers",
+       [](v1::JobSpec& s) {
+         for (int i = 0; i < 70; ++i) s.mutable_model()->add_layers()->mutable_relu();
+       },
+       grpc::RESOURCE_EXHAUSTED, "spec.model.layers: 73 layers exceed the limit of 64"},
+      {"checkpoint keep_last",
+       [](v1::JobSpec& s) { s.mutable_checkpoint_policy()->set_keep_last(-1); },
+       grpc::INVALID_ARGUMENT, "spec.checkpoint_policy.keep_last"},
+  };
+  for (const BadSubmit& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::JobSpec spec = SmallSpec("toy", 1);
+    c.mutate(spec);
+    v1::Job job;
+    grpc::Status status = Submit(spec, &job);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.fragment));
+  }
+  // Nothing was created by any of them.
+  grpc::ClientContext context;
+  v1::ListJobsResponse response;
+  ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &response).ok());
+  EXPECT_EQ(response.jobs_size(), 0);
+}
+
+TEST_F(TrainingServiceTest, BadRequestsToOtherRpcsGetTheirCodes) {
+  StartDaemon();
+  const std::string done = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(*stub_, done, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  struct Case {
+    const char* name;
+    std::function<grpc::Status(grpc::ClientContext*)> call;
+    grpc::StatusCode code;
+    const char* fragment;
+  };
+  v1::Job job;
+  const std::vector<Case> cases = {
+      {"get unknown",
+       [&](grpc::ClientContext* c) {
+         v1::GetJobRequest r;
+         r.set_job_id("job-000000000000");
+         return stub_->GetJob(c, r, &job);
+       },
+       grpc::NOT_FOUND, "job job-000000000000 not found"},
+      {"get without id",
+       [&](grpc::ClientContext* c) { return stub_->GetJob(c, v1::GetJobRequest(), &job); },
+       grpc::INVALID_ARGUMENT, "job_id: required"},
+      {"submit without spec",
+       [&](grpc::ClientContext* c) { return stub_->SubmitJob(c, v1::SubmitJobRequest(), &job); },
+       grpc::INVALID_ARGUMENT, "spec: required"},
+      {"cancel finished",
+       [&](grpc::ClientContext* c) {
+         v1::CancelJobRequest r;
+         r.set_job_id(done);
+         return stub_->CancelJob(c, r, &job);
+       },
+       grpc::FAILED_PRECONDITION, "already ended (SUCCEEDED)"},
+      {"resume without more epochs",
+       [&](grpc::ClientContext* c) {
+         v1::ResumeJobRequest r;
+         r.set_job_id(done);
+         return stub_->ResumeJob(c, r, &job);
+       },
+       grpc::FAILED_PRECONDITION, "ask for more epochs"},
+      {"checkpoint a finished job",
+       [&](grpc::ClientContext* c) {
+         v1::CreateCheckpointRequest r;
+         r.set_job_id(done);
+         v1::Checkpoint out;
+         return stub_->CreateCheckpoint(c, r, &out);
+       },
+       grpc::FAILED_PRECONDITION, "only a running job can be checkpointed"},
+      {"page size",
+       [&](grpc::ClientContext* c) {
+         v1::ListJobsRequest r;
+         r.set_page_size(5000);
+         v1::ListJobsResponse out;
+         return stub_->ListJobs(c, r, &out);
+       },
+       grpc::INVALID_ARGUMENT, "page_size"},
+      {"page token",
+       [&](grpc::ClientContext* c) {
+         v1::ListJobsRequest r;
+         r.set_page_token("abc");
+         v1::ListJobsResponse out;
+         return stub_->ListJobs(c, r, &out);
+       },
+       grpc::INVALID_ARGUMENT, "page_token"},
+      {"export unknown checkpoint",
+       [&](grpc::ClientContext* c) {
+         v1::ExportCheckpointRequest r;
+         r.set_job_id(done);
+         r.set_checkpoint_id(999);
+         auto reader = stub_->ExportCheckpoint(c, r);
+         v1::CheckpointChunk chunk;
+         while (reader->Read(&chunk)) {
+         }
+         return reader->Finish();
+       },
+       grpc::NOT_FOUND, "checkpoint 999 of job"},
+      {"watch unknown",
+       [&](grpc::ClientContext* c) {
+         v1::WatchJobRequest r;
+         r.set_job_id("job-x");
+         auto reader = stub_->WatchJob(c, r);
+         v1::JobEvent e;
+         while (reader->Read(&e)) {
+         }
+         return reader->Finish();
+       },
+       grpc::NOT_FOUND, "job job-x not found"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    grpc::ClientContext context;
+    grpc::Status status = c.call(&context);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.fragment));
+  }
+}
+
+// Sends one upload; `files` maps file names to (bytes, sha256 to claim).
+grpc::Status Upload(v1::Training::Stub& stub, const std::string& name,
+                    const std::vector<std::tuple<std::string, std::string, std::string>>& files,
+                    v1::Dataset* out) {
+  grpc::ClientContext context;
+  auto writer = stub.UploadDataset(&context, out);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_name(name);
+  writer->Write(header);
+  for (const auto& [file, bytes, sha] : files) {
+    for (size_t offset = 0; offset < bytes.size(); offset += 50000) {
+      v1::UploadDatasetRequest r;
+      r.mutable_chunk()->set_file_name(file);
+      r.mutable_chunk()->set_data(bytes.substr(offset, 50000));
+      if (offset + 50000 >= bytes.size()) r.mutable_chunk()->set_sha256(sha);
+      if (!writer->Write(r)) break;
+    }
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+std::string Sha256(const std::string& bytes, const std::string& dir) {
+  const std::string path = dir + "/blob";
+  std::ofstream(path, std::ios::binary) << bytes;
+  return *Sha256OfFile(path);
+}
+
+TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
+  options_.max_upload_bytes = 400000;
+  StartDaemon();
+  const std::string images = testing::ToyImagesIdx(300, 3);
+  const std::string labels = testing::ToyLabelsIdx(300, 3);
+  const std::string images_sha = Sha256(images, root_);
+  const std::string labels_sha = Sha256(labels, root_);
+  v1::Dataset dataset;
+
+  grpc::Status wrong =
+      Upload(*stub_, "up", {{"train-images-idx3-ubyte", images, labels_sha}}, &dataset);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(wrong.error_message(), HasSubstr("sha256"));
+
+  grpc::Status bad_name = Upload(*stub_, "up", {{"passwd", images, images_sha}}, &dataset);
+  EXPECT_EQ(bad_name.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad_name.error_message(), HasSubstr("chunk.file_name"));
+
+  const std::string big = testing::ToyImagesIdx(600, 3);
+  grpc::Status too_big =
+      Upload(*stub_, "up", {{"train-images-idx3-ubyte", big, Sha256(big, root_)}}, &dataset);
+  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  grpc::Status ok = Upload(*stub_, "up",
+                           {{"train-images-idx3-ubyte", images, images_sha},
+                            {"train-labels-idx1-ubyte", labels, labels_sha}},
+                           &dataset);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(dataset.name(), "up");
+  EXPECT_EQ(dataset.train_samples(), 300);
+  EXPECT_EQ(dataset.test_samples(), 0);
+
+  grpc::Status exists =
+      Upload(*stub_, "up", {{"train-labels-idx1-ubyte", labels, labels_sha}}, &dataset);
+  EXPECT_EQ(exists.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+
+  grpc::ClientContext context;
+  v1::ListDatasetsResponse list;
+  ASSERT_TRUE(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list).ok());
+  std::set<std::string> names;
+  for (const v1::Dataset& d : list.datasets()) names.insert(d.name());
+  EXPECT_EQ(names, (std::set<std::string>{"toy", "up"})) << "failed uploads leave nothing";
+
+  const std::string id = SubmitOrDie(SmallSpec("up", 1));
+  EXPECT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+}
+
+}  // namespace
+}  // namespace kiln::server
