@@ -3,13 +3,18 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
+#include <unistd.h>
+#include <vector>
 
 #include "engine/backend_registry.h"
 #include "engine/data/dataset.h"
+#include "engine/inference.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
 
@@ -34,8 +39,61 @@ kiln::TrainConfig ReferenceConfig(const std::string& model) {
   return c;
 }
 
+using Clock = std::chrono::steady_clock;
+
+// The peer's inference benchmark, through a serving session loaded from the trained checkpoint:
+// batch 1 over 2,000 test images (after 100 warm-up), then batch 256 over the test set, best of 5.
+absl::StatusOr<nlohmann::json> BenchInference(kiln::Trainer& trainer, kiln::Backend* backend,
+                                              const kiln::Dataset& test) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kiln-bench-" + std::to_string(getpid()) + ".safetensors"))
+                               .string();
+  if (auto s = trainer.SaveCheckpoint(path); !s.ok()) return s;
+  auto session = kiln::InferenceSession::FromCheckpoint(path, backend, 256);
+  std::filesystem::remove(path);
+  if (!session.ok()) return session.status();
+  const int64_t elems = test.sample_elems();
+  std::vector<float> probs(256 * (*session)->num_classes());
+  std::vector<int32_t> classes(256);
+  auto predict = [&](int64_t first, int batch) {
+    return (*session)->PredictU8(test.pixels.data() + first * elems, batch, probs.data(),
+                                 classes.data());
+  };
+  for (int i = 0; i < 100; ++i) {
+    if (auto s = predict(i, 1); !s.ok()) return s;
+  }
+  const int n_single = static_cast<int>(std::min<int64_t>(2000, test.size));
+  std::vector<double> lat;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n_single; ++i) {
+    const auto s0 = Clock::now();
+    if (auto s = predict(i, 1); !s.ok()) return s;
+    lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - s0).count());
+  }
+  const double t_single = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> t256;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto r0 = Clock::now();
+    for (int64_t i = 0; i < test.size; i += 256) {
+      if (auto s = predict(i, static_cast<int>(std::min<int64_t>(256, test.size - i))); !s.ok()) {
+        return s;
+      }
+    }
+    t256.push_back(std::chrono::duration<double>(Clock::now() - r0).count());
+  }
+  std::vector<double> sorted = lat;
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(t256.begin(), t256.end());
+  return nlohmann::json{{"b1_img_per_s", n_single / t_single},
+                        {"b1_median_us", sorted[sorted.size() / 2]},
+                        {"b1_p90_us", sorted[sorted.size() * 9 / 10]},
+                        {"b256_img_per_s_best", test.size / t256.front()},
+                        {"b256_img_per_s_median", test.size / t256[t256.size() / 2]}};
+}
+
 int Train(const std::string& model, int epochs, int threads, uint64_t seed, int batch, float lr,
-          const std::string& data, const std::string& device, const std::string& json_path) {
+          const std::string& data, const std::string& device, const std::string& json_path,
+          bool infer) {
   kiln::TrainConfig config = ReferenceConfig(model);
   config.epochs = epochs;
   config.seed = seed;
@@ -93,6 +151,19 @@ int Train(const std::string& model, int epochs, int threads, uint64_t seed, int 
                             {"epochs", epochs_json},
                             {"device", (*backend)->name()},
                             {"kiln", "0.1.0"}};
+  if (infer) {
+    auto inf = BenchInference(**trainer, backend->get(), splits->test);
+    if (!inf.ok()) {
+      std::cerr << "kiln-bench: inference: " << inf.status().message() << "\n";
+      return 1;
+    }
+    summary["inference"] = *inf;
+    std::printf("inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
+                " (best of 5; median %.0f)\n",
+                (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
+                (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
+                (*inf)["b256_img_per_s_median"].get<double>());
+  }
   std::printf("SUMMARY %s\n", summary.dump().c_str());
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
@@ -125,6 +196,8 @@ int main(int argc, char** argv) {
   train->add_option("--data", data, "folder with the MNIST IDX files");
   train->add_option("--device", device, "auto, cpu or cuda:N");
   train->add_option("--json", json_path, "also write the summary JSON to this file");
+  bool no_infer = false;
+  train->add_flag("--no-infer", no_infer, "skip the inference benchmark after training");
   CLI11_PARSE(app, argc, argv);
-  return Train(model, epochs, threads, seed, batch, lr, data, device, json_path);
+  return Train(model, epochs, threads, seed, batch, lr, data, device, json_path, !no_infer);
 }
