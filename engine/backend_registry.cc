@@ -1,11 +1,15 @@
 #include "engine/backend_registry.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/status_macros.h"
 #if KILN_WITH_CUDA
+#include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_device.h"
 #endif
 
@@ -45,10 +49,9 @@ absl::Status ValidateDevice(std::string_view device_view) {
   std::string why;
   const int count = DeviceCount(&why);
   if (index >= count) {
-    return absl::NotFoundError(absl::StrCat("device ", device, " not found: ",
-                                            count == 0 ? why : absl::StrCat(count, " CUDA devices"),
-                                            " (available: ", absl::StrJoin(AvailableDevices(), ", "),
-                                            ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "device ", device, " not found: ", count == 0 ? why : absl::StrCat(count, " CUDA devices"),
+        " (available: ", absl::StrJoin(AvailableDevices(), ", "), ")"));
   }
   return absl::OkStatus();
 }
@@ -57,13 +60,27 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device_v
                                                        const BackendOptions& options) {
   KILN_RETURN_IF_ERROR(ValidateDevice(device_view));
   std::string device(device_view);
-  // Until the CUDA backend lands, "auto" means the CPU even where a GPU is present.
-  if (device == "auto") device = "cpu";
+  if (device == "auto") {
+    std::string why;
+    device = DeviceCount(&why) > 0 ? "cuda:0" : "cpu";
+#if KILN_WITH_CUDA
+    if (device != "cpu") why = CudaDeviceDescription(0);
+#endif
+    std::fprintf(stderr, "kiln: device auto: using %s (%s)\n", device.c_str(), why.c_str());
+  }
   if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend(options.threads));
-  // A CUDA device exists, but its backend is the next piece of work: say so rather than fall
-  // back to the CPU behind the user's back.
-  return absl::UnimplementedError(absl::StrCat(
-      "device ", device, " is present but this build has no CUDA backend yet; use --device cpu"));
+#if KILN_WITH_CUDA
+  KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
+  CudaBackendOptions cuda;
+  // Until BackendOptions carries it: KILN_CUDA_ALLOW_TF32=1 lets GEMMs and convolutions use TF32.
+  const char* tf32 = std::getenv("KILN_CUDA_ALLOW_TF32");
+  cuda.allow_tf32 = tf32 != nullptr && std::string(tf32) == "1";
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(index, cuda));
+  return std::unique_ptr<Backend>(std::move(backend));
+#else
+  // ValidateDevice has already answered NotFound for every cuda:N in a build without CUDA.
+  return absl::InternalError(absl::StrCat("device ", device, " has no backend in this build"));
+#endif
 }
 
 std::vector<std::string> AvailableDevices() {

@@ -15,9 +15,11 @@ struct BackendOptions {
   int threads = 0;  // CPU threads for GEMM and loops; 0 = all cores
 };
 
-// "auto" takes the CPU until the CUDA backend exists (then: cuda:0 when present); "cuda:N"
-// without such a device is NotFound naming the devices found, and with one, Unimplemented for
-// now. Never aborts for lack of a driver.
+// "auto" takes cuda:0 when a CUDA device is present and the CPU otherwise, and says which on
+// stderr; "cuda:N" without such a device is NotFound naming the devices found. CUDA backends
+// keep TF32 off unless the environment sets KILN_CUDA_ALLOW_TF32=1. A CUDA backend that cannot
+// start (driver or library failure) is an error, never a silent fall back to the CPU. Never
+// aborts for lack of a driver.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device,
                                                        const BackendOptions& options = {});
 

@@ -1,4 +1,5 @@
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <string>
 
@@ -10,7 +11,19 @@ int CudaDeviceCount(std::string* why) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    if (why != nullptr) *why = cudaGetErrorString(err);
+    if (why != nullptr) {
+      *why = cudaGetErrorString(err);
+      // The runtime says "insufficient driver" also when there is no driver at all.
+      if (err == cudaErrorInsufficientDriver) {
+        void* driver = dlopen("libcuda.so.1", RTLD_LAZY);
+        if (driver == nullptr) {
+          *why = "no NVIDIA driver (libcuda.so.1 cannot be loaded)";
+        } else {
+          dlclose(driver);
+          *why += " (the NVIDIA driver is older than this build's CUDA runtime)";
+        }
+      }
+    }
     cudaGetLastError();  // clear the sticky error so later calls start clean
     return 0;
   }

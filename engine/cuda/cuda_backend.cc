@@ -1,0 +1,515 @@
+// CudaBackend's memory, stream, handles, GEMM and the dispatch of every other op to cuDNN
+// (conv_cudnn.cc) or to kiln's kernels (the *_kernels.cu files).
+#include "engine/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/conv_cudnn.h"
+#include "engine/cuda/cuda_allocator.h"
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/cuda_device.h"
+#include "engine/cuda/cuda_kernels.h"
+#include "engine/status_macros.h"
+
+namespace kiln {
+
+namespace {
+
+namespace ck = cuda_kernels;
+
+// Pinned staging for device-to-host copies up to this size; larger ones go straight to the
+// caller's memory.
+constexpr size_t kStagingBytes = 64 << 10;
+
+absl::Status CheckBytes(const char* op, size_t bytes, size_t capacity) {
+  if (bytes > capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Prefixes an error with what the op was working on; OK passes through.
+absl::Status Annotate(absl::Status s, const std::string& context) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+std::string ConvContext(const Conv2dGeometry& g, const char* pass) {
+  return absl::StrCat("conv2d ", pass, " ", g.batch, "x", g.in_channels, "x", g.in_h, "x", g.in_w,
+                      " -> ", g.out_channels, " kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
+                      g.stride, " padding ", g.padding);
+}
+
+ck::PoolShape ToPoolShape(const Pool2dGeometry& g) {
+  return {g.batch * g.channels, g.in_h, g.in_w, g.kernel, g.stride, g.out_h(), g.out_w()};
+}
+
+absl::Status CheckPool(const Pool2dGeometry& g) {
+  if (g.kernel < 1 || g.stride < 1 || g.batch < 0 || g.channels < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("maxpool2d: invalid kernel ", g.kernel, " stride ", g.stride));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    int device, const CudaBackendOptions& options) {
+  std::string why;
+  const int count = CudaDeviceCount(&why);
+  if (device < 0 || device >= count) {
+    return absl::NotFoundError(
+        absl::StrCat("device cuda:", device,
+                     " not found: ", count == 0 ? why : absl::StrCat(count, " CUDA devices")));
+  }
+  auto backend = std::unique_ptr<CudaBackend>(new CudaBackend(device, options));
+  KILN_RETURN_IF_ERROR(Annotate(backend->Init(), backend->name()));
+  return backend;
+}
+
+CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
+    : device_(device), options_(options) {}
+
+absl::Status CudaBackend::Init() {
+  KILN_CUDA_CHECK(cudaSetDevice(device_));
+  allocator_ = std::make_shared<CudaCachingAllocator>(device_);
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  allocator_->set_stream(stream_);
+  KILN_CUDA_CHECK(cublasCreate(&cublas_));
+  KILN_CUDA_CHECK(cublasSetStream(cublas_, stream_));
+  // Default math is true float32 for SGEMM; TF32 only when asked for.
+  KILN_CUDA_CHECK(cublasSetMathMode(
+      cublas_, options_.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  KILN_CUDA_CHECK(cudnnCreate(&cudnn_));
+  KILN_CUDA_CHECK(cudnnSetStream(cudnn_, stream_));
+  CudnnConvOptions conv;
+  conv.allow_tf32 = options_.allow_tf32;
+  conv.deterministic = options_.deterministic;
+  conv.workspace_limit = options_.conv_workspace_limit;
+  convs_ = std::make_unique<CudnnConvolutions>(cudnn_, conv);
+  KILN_CUDA_CHECK(cudaMallocHost(&staging_, kStagingBytes + sizeof(ck::KernelErrorRecord)));
+  KILN_ASSIGN_OR_RETURN(kernel_error_, allocator_->Allocate(sizeof(ck::KernelErrorRecord)));
+  KILN_CUDA_CHECK(cudaMemsetAsync(kernel_error_, 0, sizeof(ck::KernelErrorRecord), stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  // Teardown cannot report: each step is best effort, and the driver reclaims what is left.
+  if (stream_ != nullptr) {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+  }
+  convs_.reset();  // its descriptors before the cuDNN handle
+  if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (allocator_ != nullptr) {
+    allocator_->Free(temp_.data, temp_.bytes);
+    allocator_->Free(workspace_.data, workspace_.bytes);
+    allocator_->Free(kernel_error_, sizeof(ck::KernelErrorRecord));
+    // Tensors that outlive the backend return their blocks to a cache with no stream behind it.
+    allocator_->set_stream(nullptr);
+  }
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  cudaGetLastError();
+}
+
+std::string CudaBackend::name() const { return absl::StrCat("cuda:", device_); }
+
+std::string CudaBackend::Description() const {
+  int runtime = 0, driver = 0, cublas = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  if (cublas_ != nullptr) cublasGetVersion(cublas_, &cublas);
+  cudaGetLastError();
+  return absl::StrCat(CudaDeviceDescription(device_), "; CUDA runtime ", runtime, ", driver ",
+                      driver, ", cuBLAS ", cublas, ", cuDNN ", cudnnGetVersion(),
+                      options_.allow_tf32 ? "; TF32 allowed" : "; TF32 off");
+}
+
+std::string CudaBackend::ConvolutionAlgorithms() const {
+  return convs_ != nullptr ? convs_->Describe() : "";
+}
+
+size_t CudaBackend::bytes_in_use() const { return allocator_->stats().in_use_bytes; }
+size_t CudaBackend::bytes_cached() const { return allocator_->stats().cached_bytes; }
+int64_t CudaBackend::device_allocations() const { return allocator_->stats().device_allocs; }
+
+absl::Status CudaBackend::Activate() {
+  int current = -1;
+  KILN_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) KILN_CUDA_CHECK(cudaSetDevice(device_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudaBackend::GetScratch(Scratch slot, size_t bytes) {
+  ScratchBuffer& buf = slot == Scratch::kTemp ? temp_ : workspace_;
+  if (buf.data != nullptr && buf.bytes >= bytes) return buf.data;
+  // Stream order makes the swap safe: work queued on the old buffer runs before any reuse.
+  allocator_->Free(buf.data, buf.bytes);
+  buf = {};
+  KILN_ASSIGN_OR_RETURN(void* data, allocator_->Allocate(bytes));
+  buf = {data, CudaCachingAllocator::BlockSize(bytes)};
+  return data;
+}
+
+absl::Status CudaBackend::SyncAndCheckKernelErrors() {
+  const bool check = kernel_error_pending_;
+  auto* record =
+      reinterpret_cast<ck::KernelErrorRecord*>(static_cast<char*>(staging_) + kStagingBytes);
+  if (check) {
+    KILN_CUDA_CHECK(
+        cudaMemcpyAsync(record, kernel_error_, sizeof(*record), cudaMemcpyDeviceToHost, stream_));
+    KILN_CUDA_CHECK(cudaMemsetAsync(kernel_error_, 0, sizeof(*record), stream_));
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!check) return absl::OkStatus();
+  kernel_error_pending_ = false;
+  if (record->code == ck::kNoKernelError) return absl::OkStatus();
+  const char* op = record->op == ck::kOpSoftmaxCrossEntropy ? "SoftmaxCrossEntropy" : "OneHot";
+  return absl::InvalidArgumentError(absl::StrCat("label ", record->value, " out of range for ",
+                                                 record->limit, " classes (found by ", op, " on ",
+                                                 name(), ")"));
+}
+
+// --- memory ---------------------------------------------------------------------------------
+
+absl::StatusOr<Tensor> CudaBackend::Allocate(DType dtype, const Shape& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("negative dimension in ", ShapeString(shape)));
+    }
+  }
+  const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(void* data, allocator_->Allocate(bytes));
+  if (bytes > 0) {
+    const cudaError_t rc = cudaMemsetAsync(data, 0, bytes, stream_);
+    if (rc != cudaSuccess) {
+      allocator_->Free(data, bytes);
+      return cuda_internal::CallError(rc, "cudaMemsetAsync(data, 0, bytes, stream_)", __FILE__,
+                                      __LINE__);
+    }
+  }
+  auto buffer =
+      std::shared_ptr<Buffer>(new Buffer{data, bytes}, [allocator = allocator_](Buffer* b) {
+        allocator->Free(b->data, b->bytes);
+        delete b;
+      });
+  return Tensor(std::move(buffer), dtype, shape);
+}
+
+absl::Status CudaBackend::CopyFromHost(const void* host, size_t bytes, Tensor* dst) {
+  KILN_RETURN_IF_ERROR(CheckBytes("CopyFromHost", bytes, dst->capacity_bytes()));
+  if (bytes == 0) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(cudaMemcpyAsync(dst->raw(), host, bytes, cudaMemcpyHostToDevice, stream_));
+  // From pageable memory the driver may still be reading `host` after the call returns; the
+  // caller may free it as soon as we do.
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHost(const Tensor& src, void* host, size_t bytes) {
+  KILN_RETURN_IF_ERROR(CheckBytes("CopyToHost", bytes, src.capacity_bytes()));
+  KILN_RETURN_IF_ERROR(Activate());
+  if (bytes == 0) return SyncAndCheckKernelErrors();
+  if (bytes <= kStagingBytes) {
+    // Small reads (the step's loss and correct count) go through pinned memory: one DMA, no
+    // pageable staging by the driver.
+    KILN_CUDA_CHECK(cudaMemcpyAsync(staging_, src.raw(), bytes, cudaMemcpyDeviceToHost, stream_));
+    KILN_RETURN_IF_ERROR(SyncAndCheckKernelErrors());
+    std::memcpy(host, staging_, bytes);
+    return absl::OkStatus();
+  }
+  KILN_CUDA_CHECK(cudaMemcpyAsync(host, src.raw(), bytes, cudaMemcpyDeviceToHost, stream_));
+  return SyncAndCheckKernelErrors();
+}
+
+absl::Status CudaBackend::Copy(const Tensor& src, Tensor* dst, size_t bytes) {
+  KILN_RETURN_IF_ERROR(
+      CheckBytes("Copy", bytes, std::min(src.capacity_bytes(), dst->capacity_bytes())));
+  if (bytes == 0 || src.raw() == dst->raw()) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  const char* s = static_cast<const char*>(src.raw());
+  char* d = static_cast<char*>(dst->raw());
+  if (s < d + bytes && d < s + bytes) {
+    // Overlapping views of one buffer (memmove semantics): go through scratch.
+    KILN_ASSIGN_OR_RETURN(void* tmp, GetScratch(Scratch::kTemp, bytes));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(tmp, s, bytes, cudaMemcpyDeviceToDevice, stream_));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(d, tmp, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return absl::OkStatus();
+  }
+  KILN_CUDA_CHECK(cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Fill(Tensor* t, float value) {
+  const int64_t n = t->numel();
+  if (n == 0) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  if (t->dtype() == DType::kU8) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(t->raw(), static_cast<uint8_t>(value), n, stream_));
+    return absl::OkStatus();
+  }
+  uint32_t bits = 0;
+  if (t->dtype() == DType::kF32) {
+    std::memcpy(&bits, &value, sizeof(bits));
+  } else {
+    const int32_t v = static_cast<int32_t>(value);
+    std::memcpy(&bits, &v, sizeof(bits));
+  }
+  if (bits == 0) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(t->raw(), 0, static_cast<size_t>(n) * 4, stream_));
+  } else {
+    KILN_CUDA_CHECK(ck::fill_u32(stream_, n, bits, t->raw()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Synchronize() {
+  KILN_RETURN_IF_ERROR(Activate());
+  return SyncAndCheckKernelErrors();
+}
+
+// --- dense algebra --------------------------------------------------------------------------
+
+absl::Status CudaBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                               const float* a, const float* b, float beta, float* c) {
+  if (m <= 0 || n <= 0) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  // Row-major C(m,n) is column-major C^T(n,m) = op(B)^T op(A)^T: the operands swap places and
+  // keep their leading dimensions (the stored row lengths).
+  const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
+  const int lda = std::max(1, at ? m : k), ldb = std::max(1, bt ? k : n);
+  KILN_CUDA_CHECK(cublasSgemm(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
+                              &beta, c, n));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BiasForward(int rows, int cols, const float* bias, float* y) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::bias_forward(stream_, rows, cols, bias, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BiasBackward(int rows, int cols, const float* dy, float* dbias) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::bias_backward(stream_, rows, cols, dy, dbias));
+  return absl::OkStatus();
+}
+
+// --- element-wise ---------------------------------------------------------------------------
+
+absl::Status CudaBackend::ReluForward(int64_t n, const float* x, float* y) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::relu_forward(stream_, n, x, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::relu_backward(stream_, n, y, dy, dx));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DropoutForward(int64_t n, float p, uint64_t seed, uint64_t offset,
+                                         const float* x, float* mask, float* y) {
+  KILN_RETURN_IF_ERROR(Activate());
+  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  KILN_CUDA_CHECK(ck::dropout_forward(stream_, n, p, keep_scale, seed, offset, x, mask, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DropoutBackward(int64_t n, const float* mask, const float* dy,
+                                          float* dx) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::multiply(stream_, n, dy, mask, dx));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SoftmaxForward(int rows, int cols, const float* x, float* y) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::softmax_forward(stream_, rows, cols, x, y));
+  return absl::OkStatus();
+}
+
+// --- convolution and pooling ----------------------------------------------------------------
+
+absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
+                                        const float* bias, Activation act, float* y) {
+  if (g.batch == 0) return absl::OkStatus();  // as on the CPU: nothing to do
+  KILN_RETURN_IF_ERROR(Activate());
+  const WorkspaceFn workspace = [this](size_t bytes) {
+    return GetScratch(Scratch::kWorkspace, bytes);
+  };
+  if (absl::Status s = convs_->Forward(g, x, w, y, workspace); !s.ok()) {
+    return Annotate(s, ConvContext(g, "forward"));
+  }
+  const int64_t plane = int64_t{g.out_h()} * g.out_w();
+  KILN_CUDA_CHECK(ck::conv_bias_act_forward(
+      stream_, g.batch, g.out_channels, plane, bias,
+      act == Activation::kRelu ? ck::ConvActivation::kRelu : ck::ConvActivation::kNone, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                                         const float* y, const float* dy, Activation act, float* dw,
+                                         float* dbias, float* dx) {
+  if (g.batch == 0) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  const int64_t plane = int64_t{g.out_h()} * g.out_w();
+  const int64_t out_elems = int64_t{g.batch} * g.out_channels * plane;
+  // The gradient at the convolution's output: dy through the fused ReLU's mask when there is one.
+  const float* grad = dy;
+  if (act == Activation::kRelu) {
+    KILN_ASSIGN_OR_RETURN(void* tmp, GetScratch(Scratch::kTemp, out_elems * sizeof(float)));
+    float* masked = static_cast<float*>(tmp);
+    if (dbias != nullptr) {
+      KILN_CUDA_CHECK(ck::conv_bias_act_backward(stream_, g.batch, g.out_channels, plane, y, dy,
+                                                 masked, dbias));
+    } else {
+      KILN_CUDA_CHECK(ck::relu_backward(stream_, out_elems, y, dy, masked));
+    }
+    grad = masked;
+  } else if (dbias != nullptr) {
+    KILN_CUDA_CHECK(ck::conv_bias_act_backward(stream_, g.batch, g.out_channels, plane, nullptr, dy,
+                                               nullptr, dbias));
+  }
+  const WorkspaceFn workspace = [this](size_t bytes) {
+    return GetScratch(Scratch::kWorkspace, bytes);
+  };
+  if (dw != nullptr) {
+    if (absl::Status s = convs_->BackwardFilter(g, x, grad, dw, workspace); !s.ok()) {
+      return Annotate(s, ConvContext(g, "backward-filter"));
+    }
+  }
+  if (dx != nullptr) {
+    if (absl::Status s = convs_->BackwardData(g, w, grad, dx, workspace); !s.ok()) {
+      return Annotate(s, ConvContext(g, "backward-data"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
+                                           int32_t* argmax) {
+  KILN_RETURN_IF_ERROR(CheckPool(g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::maxpool_forward(stream_, ToPoolShape(g), x, y, argmax));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
+                                            const int32_t* argmax, float* dx) {
+  KILN_RETURN_IF_ERROR(CheckPool(g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::maxpool_backward(stream_, ToPoolShape(g), dy, argmax, dx));
+  return absl::OkStatus();
+}
+
+// --- losses ---------------------------------------------------------------------------------
+
+absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
+                                              const int32_t* labels, float* loss, int32_t* correct,
+                                              float* dlogits) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(void* scratch,
+                        GetScratch(Scratch::kTemp, static_cast<size_t>(std::max(rows, 1)) * 8));
+  kernel_error_pending_ = true;
+  KILN_CUDA_CHECK(ck::softmax_xent(stream_, rows, cols, logits, labels, loss, correct, dlogits,
+                                   scratch, static_cast<ck::KernelErrorRecord*>(kernel_error_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MeanSquaredError(int64_t n, const float* y, const float* target,
+                                           float* loss, float* dy) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(
+      void* scratch, GetScratch(Scratch::kTemp, static_cast<size_t>(std::max<int64_t>(
+                                                    ck::mean_squared_error_scratch_bytes(n), 8))));
+  KILN_CUDA_CHECK(ck::mean_squared_error(stream_, n, y, target, loss, dy, scratch));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::OneHot(int rows, int cols, const int32_t* labels, float* onehot) {
+  KILN_RETURN_IF_ERROR(Activate());
+  kernel_error_pending_ = true;
+  KILN_CUDA_CHECK(ck::one_hot(stream_, rows, cols, labels, onehot,
+                              static_cast<ck::KernelErrorRecord*>(kernel_error_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Argmax(int rows, int cols, const float* x, int32_t* out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::argmax_rows(stream_, rows, cols, x, out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CountCorrect(int rows, int cols, const float* x, const int32_t* labels,
+                                       int32_t* correct) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::count_correct(stream_, rows, cols, x, labels, correct));
+  return absl::OkStatus();
+}
+
+// --- optimizers -----------------------------------------------------------------------------
+
+absl::Status CudaBackend::SgdUpdate(int64_t n, const SgdHyper& h, MomentumBuffer buffer,
+                                    float* param, const float* grad, float* momentum_buf) {
+  if (h.momentum != 0.0f && momentum_buf == nullptr) {
+    return absl::InvalidArgumentError("SgdUpdate: momentum needs a momentum buffer");
+  }
+  KILN_RETURN_IF_ERROR(Activate());
+  const ck::SgdConstants c{h.lr,           h.momentum, h.dampening,
+                           h.weight_decay, h.nesterov, buffer == MomentumBuffer::kSeed};
+  KILN_CUDA_CHECK(ck::sgd_update(stream_, n, c, param, grad, momentum_buf));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param, const float* grad,
+                                     float* exp_avg, float* exp_avg_sq) {
+  KILN_RETURN_IF_ERROR(Activate());
+  // Folded exactly as CpuBackend::AdamUpdate folds them, so both run the same float arithmetic.
+  const double t = static_cast<double>(h.step);
+  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t));
+  const float bias2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
+  const bool decoupled = h.decay == WeightDecayMode::kDecoupled;
+  ck::AdamConstants c;
+  c.step_size = h.lr / bias1;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.eps = h.eps;
+  c.bias2_sqrt = bias2_sqrt;
+  c.param_scale = decoupled ? 1.0f - h.lr * h.weight_decay : 1.0f;
+  c.grad_decay = decoupled ? 0.0f : h.weight_decay;
+  KILN_CUDA_CHECK(ck::adam_update(stream_, n, c, param, grad, exp_avg, exp_avg_sq));
+  return absl::OkStatus();
+}
+
+// --- data -----------------------------------------------------------------------------------
+
+absl::Status CudaBackend::GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
+                                          const uint8_t* pixels, const int32_t* labels,
+                                          const PixelNorm& norm, float* out, int32_t* labels_out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  // x = (u8 * scale - mean) / std, folded into one multiply-add per pixel as on the CPU.
+  const float a = norm.scale / norm.std, b = -norm.mean / norm.std;
+  KILN_CUDA_CHECK(ck::gather_normalize(stream_, count, sample_elems, index, pixels, labels, a, b,
+                                       out, labels_out));
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,143 @@
+// The CUDA backend: one stream per instance, cuBLAS and cuDNN handles bound to it, a caching
+// device allocator, cuDNN convolutions with per-shape algorithm choice, and kiln's own kernels for
+// everything else. Results match the CPU backend to float rounding (TF32 is off by default).
+//
+// Threading: like every backend, one thread at a time issues ops; tensors may be freed from any
+// thread. Every failing CUDA, cuBLAS or cuDNN call comes back as a Status naming the call, file
+// and line; out of device memory is ResourceExhausted. Bad labels found by a kernel come back as
+// InvalidArgument from the next Synchronize() or CopyToHost().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+
+// The CUDA handle types, declared so that this header needs no CUDA headers.
+struct CUstream_st;
+struct cublasContext;
+struct cudnnContext;
+
+namespace kiln {
+
+class CudaCachingAllocator;
+class CudnnConvolutions;
+
+struct CudaBackendOptions {
+  // TF32 tensor cores for GEMMs and convolutions: about 3x the matrix throughput of float32 with
+  // a 10-bit mantissa. Off, results match the CPU backend to ~1e-6.
+  bool allow_tf32 = false;
+  // Restricts cuDNN's backward algorithms to deterministic ones (same bits on every run).
+  bool deterministic = true;
+  // Most workspace a cuDNN convolution algorithm may take.
+  size_t conv_workspace_limit = size_t{256} << 20;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Backend for CUDA device `device` (cuda:N): NotFound when there is no such device, and any
+  // failure of the driver or libraries (no driver, cuDNN missing) as a Status; nothing aborts.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      int device, const CudaBackendOptions& options = {});
+  ~CudaBackend() override;
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override;
+  int device() const { return device_; }
+  const CudaBackendOptions& options() const { return options_; }
+  // The device, its memory and the library versions: "NVIDIA H200, 139 GiB, sm_90; cuBLAS ...".
+  std::string Description() const;
+  // The cuDNN algorithms chosen so far, one entry per convolution shape.
+  std::string ConvolutionAlgorithms() const;
+  // Device memory held by this backend: in tensors and scratch, and waiting in the cache.
+  size_t bytes_in_use() const;
+  size_t bytes_cached() const;
+  int64_t device_allocations() const;  // cudaMalloc calls so far
+
+  absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override;
+  // Returns once `host` may be reused (the copy is queued in stream order).
+  absl::Status CopyFromHost(const void* host, size_t bytes, Tensor* dst) override;
+  // Waits for every op issued so far, then copies: `host` holds the result on return.
+  absl::Status CopyToHost(const Tensor& src, void* host, size_t bytes) override;
+  absl::Status Copy(const Tensor& src, Tensor* dst, size_t bytes) override;
+  absl::Status Fill(Tensor* t, float value) override;
+  absl::Status Synchronize() override;
+
+  absl::Status Gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+                    const float* b, float beta, float* c) override;
+  absl::Status BiasForward(int rows, int cols, const float* bias, float* y) override;
+  absl::Status BiasBackward(int rows, int cols, const float* dy, float* dbias) override;
+
+  absl::Status ReluForward(int64_t n, const float* x, float* y) override;
+  absl::Status ReluBackward(int64_t n, const float* y, const float* dy, float* dx) override;
+  absl::Status DropoutForward(int64_t n, float p, uint64_t seed, uint64_t offset, const float* x,
+                              float* mask, float* y) override;
+  absl::Status DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) override;
+  absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) override;
+
+  absl::Status Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
+                             const float* bias, Activation act, float* y) override;
+  absl::Status Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                              const float* y, const float* dy, Activation act, float* dw,
+                              float* dbias, float* dx) override;
+  absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
+                                int32_t* argmax) override;
+  absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
+                                 float* dx) override;
+
+  absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits, const int32_t* labels,
+                                   float* loss, int32_t* correct, float* dlogits) override;
+  absl::Status MeanSquaredError(int64_t n, const float* y, const float* target, float* loss,
+                                float* dy) override;
+  absl::Status OneHot(int rows, int cols, const int32_t* labels, float* onehot) override;
+  absl::Status Argmax(int rows, int cols, const float* x, int32_t* out) override;
+  absl::Status CountCorrect(int rows, int cols, const float* x, const int32_t* labels,
+                            int32_t* correct) override;
+
+  absl::Status SgdUpdate(int64_t n, const SgdHyper& hyper, MomentumBuffer buffer, float* param,
+                         const float* grad, float* momentum_buf) override;
+  absl::Status AdamUpdate(int64_t n, const AdamHyper& hyper, float* param, const float* grad,
+                          float* exp_avg, float* exp_avg_sq) override;
+
+  absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
+                               const uint8_t* pixels, const int32_t* labels, const PixelNorm& norm,
+                               float* out, int32_t* labels_out) override;
+
+ private:
+  // Device memory kept between ops and grown on demand: kTemp for kiln's kernels, kWorkspace
+  // for cuDNN. An op may use both, never two requests of one slot at once.
+  enum class Scratch { kTemp, kWorkspace };
+  struct ScratchBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  CudaBackend(int device, const CudaBackendOptions& options);
+  absl::Status Init();
+  // Makes this backend's device current on the calling thread (ops may come from any thread).
+  absl::Status Activate();
+  absl::StatusOr<void*> GetScratch(Scratch slot, size_t bytes);
+  // Waits for the stream; then reports (and clears) a bad input a kernel recorded.
+  absl::Status SyncAndCheckKernelErrors();
+
+  const int device_;
+  const CudaBackendOptions options_;
+  std::shared_ptr<CudaCachingAllocator> allocator_;
+  CUstream_st* stream_ = nullptr;
+  cublasContext* cublas_ = nullptr;
+  cudnnContext* cudnn_ = nullptr;
+  std::unique_ptr<CudnnConvolutions> convs_;
+  ScratchBuffer temp_, workspace_;
+  // Pinned host memory for small device-to-host copies (the per-step loss and accuracy).
+  void* staging_ = nullptr;
+  // A KernelErrorRecord in device memory, and whether a kernel that may write it ran since the
+  // last check.
+  void* kernel_error_ = nullptr;
+  bool kernel_error_pending_ = false;
+};
+
+}  // namespace kiln

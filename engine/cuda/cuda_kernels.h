@@ -1,0 +1,108 @@
+// Launch wrappers of kiln's own CUDA kernels, one per op, each beside its kernel in the .cu file
+// named after its group. All run on the given stream, return the launch's cudaError_t, and launch
+// nothing for empty inputs. Pointers are device memory; shapes follow engine/backend.h.
+// Internal to engine/cuda/: CudaBackend checks the inputs and the results.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kiln::cuda_kernels {
+
+// Bad input a kernel found, written to host-mapped memory with the first failure winning, and
+// read by the host after the stream is synchronised.
+enum KernelErrorCode : int32_t { kNoKernelError = 0, kLabelOutOfRange = 1 };
+enum KernelOp : int32_t { kOpSoftmaxCrossEntropy = 1, kOpOneHot = 2 };
+struct KernelErrorRecord {
+  int32_t code;   // KernelErrorCode
+  int32_t op;     // KernelOp
+  int32_t value;  // the offending label
+  int32_t limit;  // the number of classes
+};
+
+// --- elementwise_kernels.cu ------------------------------------------------------------------
+// dst[0:n] = the 32-bit pattern `bits` (a float or an int32).
+cudaError_t fill_u32(cudaStream_t stream, int64_t n, uint32_t bits, void* dst);
+cudaError_t relu_forward(cudaStream_t stream, int64_t n, const float* x, float* y);
+cudaError_t relu_backward(cudaStream_t stream, int64_t n, const float* y, const float* dy,
+                          float* dx);
+// mask[i] = CounterUniform(seed, offset + i) >= p ? keep_scale : 0 (engine/rng.h, bit for bit);
+// y = x * mask.
+cudaError_t dropout_forward(cudaStream_t stream, int64_t n, float p, float keep_scale,
+                            uint64_t seed, uint64_t offset, const float* x, float* mask, float* y);
+// out = a * b element-wise (dropout's backward).
+cudaError_t multiply(cudaStream_t stream, int64_t n, const float* a, const float* b, float* out);
+// y(rows, cols) += bias(cols).
+cudaError_t bias_forward(cudaStream_t stream, int rows, int cols, const float* bias, float* y);
+// dbias(cols) += column sums of dy(rows, cols), in a fixed order.
+cudaError_t bias_backward(cudaStream_t stream, int rows, int cols, const float* dy, float* dbias);
+// y(rows, cols) = softmax of each row of x.
+cudaError_t softmax_forward(cudaStream_t stream, int rows, int cols, const float* x, float* y);
+
+enum class ConvActivation { kNone, kRelu };
+// y(batch, channels, plane) = act(y + bias[channel]); bias may be null.
+cudaError_t conv_bias_act_forward(cudaStream_t stream, int batch, int channels, int64_t plane,
+                                  const float* bias, ConvActivation act, float* y);
+// Per channel of dy(batch, channels, plane): d = relu_y ? (relu_y > 0 ? dy : 0) : dy; writes d to
+// masked (when not null) and adds its sum over batch and plane to dbias (when not null), in a
+// fixed order.
+cudaError_t conv_bias_act_backward(cudaStream_t stream, int batch, int channels, int64_t plane,
+                                   const float* relu_y, const float* dy, float* masked,
+                                   float* dbias);
+
+// --- loss_kernels.cu -------------------------------------------------------------------------
+// Fused log-softmax cross-entropy over logits(rows, cols): loss[0] = mean row loss (summed in
+// double, in a fixed order), correct[0] = rows whose first maximum is the label, dlogits =
+// (softmax - onehot) / rows when not null. scratch holds 8 * rows bytes.
+cudaError_t softmax_xent(cudaStream_t stream, int rows, int cols, const float* logits,
+                         const int32_t* labels, float* loss, int32_t* correct, float* dlogits,
+                         void* scratch, KernelErrorRecord* error);
+// Bytes of scratch mean_squared_error needs.
+int64_t mean_squared_error_scratch_bytes(int64_t n);
+// loss[0] = mean of (y - target)^2 (summed in double, fixed order); dy = 2 (y - target) / n
+// when not null.
+cudaError_t mean_squared_error(cudaStream_t stream, int64_t n, const float* y, const float* target,
+                               float* loss, float* dy, void* scratch);
+cudaError_t one_hot(cudaStream_t stream, int rows, int cols, const int32_t* labels, float* onehot,
+                    KernelErrorRecord* error);
+// out[r] = index of the first maximum of row r (std::max_element's choice).
+cudaError_t argmax_rows(cudaStream_t stream, int rows, int cols, const float* x, int32_t* out);
+cudaError_t count_correct(cudaStream_t stream, int rows, int cols, const float* x,
+                          const int32_t* labels, int32_t* correct);
+
+// --- optimizer_kernels.cu --------------------------------------------------------------------
+struct SgdConstants {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool seed_buffer;  // first step: the momentum buffer becomes the gradient
+};
+cudaError_t sgd_update(cudaStream_t stream, int64_t n, const SgdConstants& c, float* param,
+                       const float* grad, float* momentum_buf);
+// Constants of one Adam/AdamW step, folded on the host exactly as the CPU backend folds them.
+struct AdamConstants {
+  float step_size, beta1, beta2, eps, bias2_sqrt, param_scale, grad_decay;
+};
+cudaError_t adam_update(cudaStream_t stream, int64_t n, const AdamConstants& c, float* param,
+                        const float* grad, float* exp_avg, float* exp_avg_sq);
+
+// --- data_kernels.cu -------------------------------------------------------------------------
+// out(count, sample_elems) = pixels[index[i]] * a + b; labels_out[i] = labels[index[i]] when
+// labels_out is not null.
+cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
+                             const int32_t* index, const uint8_t* pixels, const int32_t* labels,
+                             float a, float b, float* out, int32_t* labels_out);
+
+// --- pool_kernels.cu -------------------------------------------------------------------------
+struct PoolShape {
+  int planes, in_h, in_w, kernel, stride, out_h, out_w;  // planes = batch * channels
+};
+// y = window maxima, argmax = the winner's flat index within its input plane (the CPU backend's
+// order and NaN rule).
+cudaError_t maxpool_forward(cudaStream_t stream, const PoolShape& s, const float* x, float* y,
+                            int32_t* argmax);
+// dx = sum of dy over the windows whose argmax is that pixel (overwrites dx, fixed order).
+cudaError_t maxpool_backward(cudaStream_t stream, const PoolShape& s, const float* dy,
+                             const int32_t* argmax, float* dx);
+
+}  // namespace kiln::cuda_kernels

@@ -1,0 +1,70 @@
+// Batch assembly on the device: gathers samples of a uint8 dataset by index and normalises them
+// to float32 (x = u8 * a + b), with their labels, so only the index list ever crosses the bus.
+#include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/device_math.cuh"
+
+namespace kiln::cuda_kernels {
+
+namespace {
+
+// grid.y = sample, grid.x * blockDim.x covers the sample's elements (four at a time when every
+// sample starts 4-byte aligned, i.e. sample_elems % 4 == 0: MNIST's 784).
+template <int kVec>
+__global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* index,
+                                        const uint8_t* pixels, const int32_t* labels, float a,
+                                        float b, float* out, int32_t* labels_out) {
+  const int sample = blockIdx.y;
+  const int64_t src_row = index[sample];
+  if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    labels_out[sample] = labels[src_row];
+  }
+  const uint8_t* src = pixels + src_row * sample_elems;
+  float* dst = out + static_cast<int64_t>(sample) * sample_elems;
+  const int64_t vecs = sample_elems / kVec;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (kVec == 4) {
+      const uchar4 q = reinterpret_cast<const uchar4*>(src)[v];
+      reinterpret_cast<float4*>(dst)[v] =
+          make_float4(static_cast<float>(q.x) * a + b, static_cast<float>(q.y) * a + b,
+                      static_cast<float>(q.z) * a + b, static_cast<float>(q.w) * a + b);
+    } else {
+      dst[v] = static_cast<float>(src[v]) * a + b;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
+                             const int32_t* index, const uint8_t* pixels, const int32_t* labels,
+                             float a, float b, float* out, int32_t* labels_out) {
+  if (count <= 0) return cudaSuccess;
+  // Samples go along grid.y, which holds at most 65535.
+  constexpr int kMaxSamplesPerLaunch = 65535;
+  const bool vec4 = sample_elems % 4 == 0 && reinterpret_cast<uintptr_t>(pixels) % 4 == 0 &&
+                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const int64_t work = vec4 ? sample_elems / 4 : sample_elems;
+  const unsigned blocks_x = static_cast<unsigned>(work <= 0 ? 1
+                                                  : (work + kThreads - 1) / kThreads < 64
+                                                      ? (work + kThreads - 1) / kThreads
+                                                      : 64);
+  for (int first = 0; first < count; first += kMaxSamplesPerLaunch) {
+    const int n = count - first < kMaxSamplesPerLaunch ? count - first : kMaxSamplesPerLaunch;
+    const dim3 grid(blocks_x, static_cast<unsigned>(n));
+    float* dst = out + static_cast<int64_t>(first) * sample_elems;
+    int32_t* lab = labels_out != nullptr ? labels_out + first : nullptr;
+    if (vec4) {
+      gather_normalize_kernel<4><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
+                                                                labels, a, b, dst, lab);
+    } else {
+      gather_normalize_kernel<1><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
+                                                                labels, a, b, dst, lab);
+    }
+    const cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) return rc;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace kiln::cuda_kernels

@@ -1,0 +1,975 @@
+// The CUDA backend against the CPU backend: every op on the same fresh random inputs, relative
+// error ||cuda - cpu|| / ||cpu|| under 1e-5 with TF32 off, over every launch branch of each
+// kernel; then a whole training step, 50 steps of both reference models, and checkpoints that
+// move between the two backends. Every test skips itself where no CUDA device is found.
+#include <gtest/gtest.h>
+
+#if KILN_WITH_CUDA
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backend_registry.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/cuda_allocator.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_device.h"
+#include "engine/data/dataset.h"
+#include "engine/loss.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "engine/optim/optimizer.h"
+#include "engine/trainer.h"
+#include "tests/engine/test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::RandomValues;
+using testing::TempDir;
+
+#define KILN_ASSERT_OK(expr)              \
+  do {                                    \
+    const absl::Status kiln_s_ = (expr);  \
+    ASSERT_TRUE(kiln_s_.ok()) << kiln_s_; \
+  } while (0)
+
+constexpr double kOpTolerance = 1e-5;
+
+enum Side { kCpu = 0, kCuda = 1 };
+
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    diff += d * d;
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The same tensor on both backends.
+struct Both {
+  Tensor t[2];
+  float* f(Side s) const { return t[s].f32(); }
+  int32_t* i(Side s) const { return t[s].i32(); }
+  uint8_t* u(Side s) const { return t[s].u8(); }
+};
+
+class CudaParity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string why;
+    if (CudaDeviceCount(&why) == 0) {
+      skip_reason_ = new std::string("no CUDA device found: " + why);
+      return;
+    }
+    cpu_ = new CpuBackend(4);
+    auto cuda = CudaBackend::Create(0);
+    if (!cuda.ok()) {
+      create_error_ = new std::string(cuda.status().ToString());
+      return;
+    }
+    cuda_ = cuda->release();
+    std::printf("# %s\n", cuda_->Description().c_str());
+  }
+  static void TearDownTestSuite() {
+    delete cuda_;
+    delete cpu_;
+    delete skip_reason_;
+    delete create_error_;
+    cuda_ = nullptr;
+    cpu_ = nullptr;
+    skip_reason_ = create_error_ = nullptr;
+  }
+  void SetUp() override {
+    if (skip_reason_ != nullptr) GTEST_SKIP() << *skip_reason_;
+    ASSERT_NE(cuda_, nullptr) << "CudaBackend::Create(0) failed: "
+                              << (create_error_ ? *create_error_ : "");
+  }
+
+  Backend& backend(Side s) { return s == kCpu ? static_cast<Backend&>(*cpu_) : *cuda_; }
+
+  Both Upload(const std::vector<float>& v) {
+    Both b;
+    for (Side s : {kCpu, kCuda}) {
+      auto t = backend(s).Allocate(DType::kF32, {static_cast<int64_t>(v.size())});
+      EXPECT_TRUE(t.ok()) << t.status();
+      EXPECT_TRUE(backend(s).CopyFromHost(v.data(), v.size() * sizeof(float), &*t).ok());
+      b.t[s] = *t;
+    }
+    return b;
+  }
+  Both UploadI32(const std::vector<int32_t>& v) {
+    Both b;
+    for (Side s : {kCpu, kCuda}) {
+      auto t = backend(s).Allocate(DType::kI32, {static_cast<int64_t>(v.size())});
+      EXPECT_TRUE(t.ok()) << t.status();
+      EXPECT_TRUE(backend(s).CopyFromHost(v.data(), v.size() * sizeof(int32_t), &*t).ok());
+      b.t[s] = *t;
+    }
+    return b;
+  }
+  Both UploadU8(const std::vector<uint8_t>& v) {
+    Both b;
+    for (Side s : {kCpu, kCuda}) {
+      auto t = backend(s).Allocate(DType::kU8, {static_cast<int64_t>(v.size())});
+      EXPECT_TRUE(t.ok()) << t.status();
+      EXPECT_TRUE(backend(s).CopyFromHost(v.data(), v.size(), &*t).ok());
+      b.t[s] = *t;
+    }
+    return b;
+  }
+  // Filled with the same random values on both sides: an output that must be overwritten.
+  Both Garbage(int64_t n, uint32_t seed = 777) { return Upload(RandomValues(n, seed, -9, 9)); }
+
+  std::vector<float> Get(Side s, const Tensor& t) {
+    std::vector<float> out(t.numel());
+    const absl::Status st = backend(s).CopyToHost(t, out.data(), out.size() * sizeof(float));
+    EXPECT_TRUE(st.ok()) << st;
+    return out;
+  }
+  std::vector<int32_t> GetI32(Side s, const Tensor& t) {
+    std::vector<int32_t> out(t.numel());
+    const absl::Status st = backend(s).CopyToHost(t, out.data(), out.size() * sizeof(int32_t));
+    EXPECT_TRUE(st.ok()) << st;
+    return out;
+  }
+
+  // Runs op on the CPU, then on CUDA, and waits for CUDA: the first failure, naming its side.
+  template <typename Op>
+  absl::Status RunBoth(Op op) {
+    for (Side s : {kCpu, kCuda}) {
+      absl::Status st = op(backend(s), s);
+      if (st.ok() && s == kCuda) st = cuda_->Synchronize();
+      if (!st.ok()) {
+        return absl::Status(
+            st.code(), std::string(s == kCpu ? "cpu: " : "cuda: ") + std::string(st.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void ExpectClose(const Both& b, const std::string& what, double tol = kOpTolerance) {
+    const std::vector<float> want = Get(kCpu, b.t[kCpu]), got = Get(kCuda, b.t[kCuda]);
+    ASSERT_EQ(want.size(), got.size());
+    const double err = RelativeError(got, want);
+    EXPECT_LT(err, tol) << what << ": relative error " << err << " over " << want.size()
+                        << " values";
+  }
+  void ExpectSameBits(const Both& b, const std::string& what) {
+    EXPECT_TRUE(SameBits(Get(kCpu, b.t[kCpu]), Get(kCuda, b.t[kCuda]))) << what;
+  }
+  void ExpectSameI32(const Both& b, const std::string& what) {
+    EXPECT_EQ(GetI32(kCpu, b.t[kCpu]), GetI32(kCuda, b.t[kCuda])) << what;
+  }
+
+  static CpuBackend* cpu_;
+  static CudaBackend* cuda_;
+  static std::string* skip_reason_;
+  static std::string* create_error_;
+};
+
+CpuBackend* CudaParity::cpu_ = nullptr;
+CudaBackend* CudaParity::cuda_ = nullptr;
+std::string* CudaParity::skip_reason_ = nullptr;
+std::string* CudaParity::create_error_ = nullptr;
+
+std::vector<int32_t> RandomLabels(int n, int classes, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> dist(0, classes - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// --- devices, memory, errors ----------------------------------------------------------------
+
+// Runs without a device: the allocator's size classes.
+TEST(CudaCachingAllocator, BlockSizesAreBucketedAndStable) {
+  EXPECT_EQ(CudaCachingAllocator::BlockSize(0), 512u);
+  EXPECT_EQ(CudaCachingAllocator::BlockSize(1), 512u);
+  EXPECT_EQ(CudaCachingAllocator::BlockSize(513), 1024u);
+  EXPECT_EQ(CudaCachingAllocator::BlockSize(size_t{1} << 20), size_t{1} << 20);
+  EXPECT_EQ(CudaCachingAllocator::BlockSize((size_t{1} << 20) + 1), size_t{5} << 18);
+  EXPECT_EQ(CudaCachingAllocator::BlockSize((size_t{7} << 20) + 1), size_t{8} << 20);
+  for (size_t bytes = 1; bytes < (size_t{1} << 34); bytes = bytes * 3 + 7) {
+    const size_t block = CudaCachingAllocator::BlockSize(bytes);
+    EXPECT_GE(block, bytes);
+    EXPECT_LE(block, std::max<size_t>(512, bytes + bytes / 4 + 512)) << bytes;
+    EXPECT_EQ(CudaCachingAllocator::BlockSize(block), block) << bytes;  // a block is its own class
+  }
+}
+
+TEST_F(CudaParity, RegistryMakesCudaBackendsAndAutoPrefersTheGpu) {
+  EXPECT_EQ(cuda_->name(), "cuda:0");
+  EXPECT_EQ(cuda_->kind(), DeviceKind::kCuda);
+  auto explicit_backend = CreateBackend("cuda:0");
+  ASSERT_TRUE(explicit_backend.ok()) << explicit_backend.status();
+  EXPECT_EQ((*explicit_backend)->name(), "cuda:0");
+  auto auto_backend = CreateBackend("auto");
+  ASSERT_TRUE(auto_backend.ok()) << auto_backend.status();
+  EXPECT_EQ((*auto_backend)->name(), "cuda:0");
+  const std::string missing = "cuda:" + std::to_string(CudaDeviceCount());
+  EXPECT_EQ(CreateBackend(missing).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CudaBackend::Create(-1).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CudaParity, AllocateZeroFillsAndCopiesRoundTripExactly) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{(1 << 20) + 3}}) {
+    SCOPED_TRACE(n);
+    auto t = cuda_->Allocate(DType::kF32, {n});
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->capacity_bytes(), static_cast<size_t>(n) * 4);
+    EXPECT_EQ(Get(kCuda, *t), std::vector<float>(n, 0.0f));
+    const std::vector<float> v = RandomValues(n, 5);
+    KILN_ASSERT_OK(cuda_->CopyFromHost(v.data(), v.size() * 4, &*t));
+    EXPECT_TRUE(SameBits(Get(kCuda, *t), v));  // small reads go through pinned staging
+    auto u = cuda_->Allocate(DType::kF32, {n});
+    ASSERT_TRUE(u.ok());
+    KILN_ASSERT_OK(cuda_->Copy(*t, &*u, v.size() * 4));
+    EXPECT_TRUE(SameBits(Get(kCuda, *u), v));
+  }
+  auto small = cuda_->Allocate(DType::kI32, {4});
+  ASSERT_TRUE(small.ok());
+  std::vector<int32_t> host(8);
+  EXPECT_EQ(cuda_->CopyToHost(*small, host.data(), 32).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda_->CopyFromHost(host.data(), 32, &*small).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda_->Allocate(DType::kF32, {-1}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A view of `n` floats starting `offset` floats into t's buffer (the buffer stays t's).
+Tensor View(const Tensor& t, int64_t offset, int64_t n) {
+  return Tensor(std::shared_ptr<Buffer>(new Buffer{t.f32() + offset, static_cast<size_t>(n) * 4}),
+                DType::kF32, {n});
+}
+
+TEST_F(CudaParity, CopyBetweenOverlappingViewsActsLikeMemmove) {
+  Both b = Upload(RandomValues(1000, 8));
+  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+    Tensor head = View(b.t[s], 0, 900), tail = View(b.t[s], 100, 900);
+    return be.Copy(head, &tail, 900 * 4);
+  }));
+  ExpectSameBits(b, "forward overlap");
+  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+    Tensor head = View(b.t[s], 0, 900), tail = View(b.t[s], 100, 900);
+    return be.Copy(tail, &head, 900 * 4);
+  }));
+  ExpectSameBits(b, "backward overlap");
+}
+
+TEST_F(CudaParity, FillWritesEveryDtypeAsTheCpuDoes) {
+  for (float value : {0.0f, -0.0f, 1.5f, -7.0f}) {
+    SCOPED_TRACE(value);
+    Both f = Garbage(1001);
+    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&f.t[s], value); }));
+    ExpectSameBits(f, "f32");
+    Both i = UploadI32(RandomLabels(77, 1000, 3));
+    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&i.t[s], value); }));
+    ExpectSameI32(i, "i32");
+  }
+  Both u = UploadU8(std::vector<uint8_t>(333, 9));
+  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&u.t[s], 200.0f); }));
+  for (Side s : {kCpu, kCuda}) {
+    std::vector<uint8_t> host(333);
+    KILN_ASSERT_OK(backend(s).CopyToHost(u.t[s], host.data(), host.size()));
+    EXPECT_EQ(host, std::vector<uint8_t>(333, 200));
+  }
+}
+
+TEST_F(CudaParity, FreedBlocksAreReusedWithoutNewDeviceAllocations) {
+  { auto warm = cuda_->Allocate(DType::kF32, {12345}); }
+  const int64_t before = cuda_->device_allocations();
+  void* first = nullptr;
+  for (int i = 0; i < 100; ++i) {
+    auto t = cuda_->Allocate(DType::kF32, {12345});
+    ASSERT_TRUE(t.ok());
+    if (i == 0) first = t->raw();
+    EXPECT_EQ(t->raw(), first);
+  }
+  EXPECT_EQ(cuda_->device_allocations(), before);
+  EXPECT_GT(cuda_->bytes_cached(), 0u);
+}
+
+TEST_F(CudaParity, OutOfDeviceMemoryIsResourceExhaustedAndTheBackendCarriesOn) {
+  auto huge = cuda_->Allocate(DType::kF32, {int64_t{1} << 42});  // 16 TiB
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(huge.status().message().find("out of device memory"), std::string::npos);
+  Both x = Upload(RandomValues(100, 1)), y = Garbage(100);
+  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.ReluForward(100, x.f(s), y.f(s)); }));
+  ExpectSameBits(y, "relu after a failed allocation");
+}
+
+// --- dense algebra --------------------------------------------------------------------------
+
+TEST_F(CudaParity, GemmMatchesForEveryTransposeAndOddShapes) {
+  struct Case {
+    int m, n, k;
+  };
+  for (Case c : {Case{1, 1, 1}, Case{17, 33, 65}, Case{64, 512, 784}, Case{128, 10, 256},
+                 Case{3, 1000, 7}}) {
+    for (Transpose ta : {Transpose::kNo, Transpose::kYes}) {
+      for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+        for (float beta : {0.0f, 0.5f}) {
+          SCOPED_TRACE(::testing::Message()
+                       << c.m << "x" << c.n << "x" << c.k << " ta " << (ta == Transpose::kYes)
+                       << " tb " << (tb == Transpose::kYes) << " beta " << beta);
+          Both a = Upload(RandomValues(int64_t{c.m} * c.k, 1));
+          Both b = Upload(RandomValues(int64_t{c.k} * c.n, 2));
+          Both out = Upload(RandomValues(int64_t{c.m} * c.n, 3));
+          KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+            return be.Gemm(ta, tb, c.m, c.n, c.k, 0.7f, a.f(s), b.f(s), beta, out.f(s));
+          }));
+          ExpectClose(out, "gemm");
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaParity, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
+  CudaBackendOptions options;
+  options.allow_tf32 = true;
+  auto tf32 = CudaBackend::Create(0, options);
+  ASSERT_TRUE(tf32.ok()) << tf32.status();
+  const int m = 256, n = 256, k = 512;
+  const std::vector<float> av = RandomValues(m * k, 11), bv = RandomValues(k * n, 12);
+  Both a = Upload(av), b = Upload(bv), c = Garbage(m * n);
+  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+    return be.Gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.f(s), b.f(s), 0.0f, c.f(s));
+  }));
+  ExpectClose(c, "float32 gemm");
+  Backend& t = **tf32;
+  Tensor ta = testing::MakeTensor(t, {m * k}, av), tb = testing::MakeTensor(t, {k * n}, bv);
+  auto tc = t.Allocate(DType::kF32, {m * n});
+  ASSERT_TRUE(tc.ok());
+  KILN_ASSERT_OK(
+      t.Gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, ta.f32(), tb.f32(), 0.0f, tc->f32()));
+  const double err = RelativeError(testing::ToHost(t, *tc), Get(kCpu, c.t[kCpu]));
+  std::printf("# TF32 gemm relative error %.3g (float32 must stay under %g)\n", err, kOpTolerance);
+  EXPECT_LT(err, 1e-2);
+}
+
+TEST_F(CudaParity, BiasForwardAddsAndBackwardAccumulates) {
+  struct Case {
+    int rows, cols;
+  };
+  for (Case c : {Case{1, 1}, Case{7, 33}, Case{64, 512}, Case{1000, 10}, Case{3, 1000}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols);
+    Both y = Upload(RandomValues(int64_t{c.rows} * c.cols, 4));
+    Both bias = Upload(RandomValues(c.cols, 5));
+    KILN_ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.BiasForward(c.rows, c.cols, bias.f(s), y.f(s)); }));
+    ExpectClose(y, "bias forward");
+    Both dbias = Upload(RandomValues(c.cols, 6));  // accumulates onto what is there
+    KILN_ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.BiasBackward(c.rows, c.cols, y.f(s), dbias.f(s)); }));
+    ExpectClose(dbias, "bias backward");
+  }
+}
+
+// --- element-wise ---------------------------------------------------------------------------
+
+TEST_F(CudaParity, ReluForwardAndBackwardMatchBitForBit) {
+  for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{100003}}) {
+    SCOPED_TRACE(n);
+    Both x = Upload(RandomValues(n, 7)), y = Garbage(n), dy = Upload(RandomValues(n, 8));
+    Both dx = Garbage(n, 9);
+    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.ReluForward(n, x.f(s), y.f(s)); }));
+    ExpectSameBits(y, "relu forward");
+    KILN_ASSERT_OK(
+        RunBoth([&](Backend& be, Side s) { return be.ReluBackward(n, y.f(s), dy.f(s), dx.f(s)); }));
+    ExpectSameBits(dx, "relu backward");
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  Both special = Upload({std::nanf(""), -std::nanf(""), inf, -inf, 0.0f, -0.0f}), out = Garbage(6);
+  KILN_ASSERT_OK(
+      RunBoth([&](Backend& be, Side s) { return be.ReluForward(6, special.f(s), out.f(s)); }));
+  ExpectSameBits(out, "relu of NaN, inf and signed zeros");
+}
+
+TEST_F(CudaParity, DropoutMasksAreIdenticalOnBothBackends) {
+  struct Case {
+    int64_t n;
+    float p;
+    uint64_t seed, offset;
+  };
+  for (Case c : {Case{1, 0.5f, 1, 0}, Case{1001, 0.3f, 42, 7}, Case{65537, 0.5f, 9, 1ull << 40},
+                 Case{100, 1.0f, 3, 0}, Case{100, 0.0f, 3, 0}}) {
+    SCOPED_TRACE(::testing::Message() << c.n << " p " << c.p << " offset " << c.offset);
+    Both x = Upload(RandomValues(c.n, 10)), mask = Garbage(c.n), y = Garbage(c.n, 11);
+    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.DropoutForward(c.n, c.p, c.seed, c.offset, x.f(s), mask.f(s), y.f(s));
+    }));
+    ExpectSameBits(mask, "mask");
+    ExpectSameBits(y, "dropout forward");
+    Both dy = Upload(RandomValues(c.n, 12)), dx = Garbage(c.n, 13);
+    KILN_ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.DropoutBackward(c.n, mask.f(s), dy.f(s), dx.f(s)); }));
+    ExpectSameBits(dx, "dropout backward");
+  }
+}
+
+TEST_F(CudaParity, SoftmaxForwardMatchesForNarrowAndWideRows) {
+  struct Case {
+    int rows, cols;
+  };
+  for (Case c : {Case{1, 1}, Case{7, 10}, Case{3, 33}, Case{64, 1000}, Case{1000, 10}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols);
+    Both x = Upload(RandomValues(int64_t{c.rows} * c.cols, 14, -5, 5));
+    Both y = Garbage(int64_t{c.rows} * c.cols);
+    KILN_ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.SoftmaxForward(c.rows, c.cols, x.f(s), y.f(s)); }));
+    ExpectClose(y, "softmax");
+  }
+}
+
+// --- convolution and pooling ----------------------------------------------------------------
+
+std::vector<Conv2dGeometry> ConvGeometries() {
+  auto g = [](int n, int c, int h, int w, int oc, int kh, int kw, int stride, int pad) {
+    Conv2dGeometry out;
+    out.batch = n;
+    out.in_channels = c;
+    out.in_h = h;
+    out.in_w = w;
+    out.out_channels = oc;
+    out.kernel_h = kh;
+    out.kernel_w = kw;
+    out.stride = stride;
+    out.padding = pad;
+    return out;
+  };
+  return {g(2, 3, 9, 11, 5, 3, 3, 1, 0),    g(2, 3, 9, 11, 5, 3, 3, 2, 1),
+          g(3, 2, 8, 8, 4, 5, 5, 1, 2),     g(1, 4, 7, 7, 6, 1, 1, 1, 0),
+          g(2, 3, 10, 9, 2, 3, 2, 3, 1),    g(64, 1, 28, 28, 32, 3, 3, 1, 0),
+          g(64, 32, 13, 13, 64, 3, 3, 1, 0)};
+}
+
+std::string Describe(const Conv2dGeometry& g) {
+  return ::testing::PrintToString(std::vector<int>{g.batch, g.in_channels, g.in_h, g.in_w,
+                                                   g.out_channels, g.kernel_h, g.kernel_w, g.stride,
+                                                   g.padding});
+}
+
+TEST_F(CudaParity, ConvForwardMatchesWithAndWithoutBiasAndFusedRelu) {
+  for (const Conv2dGeometry& g : ConvGeometries()) {
+    const int64_t x_n = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
+    const int64_t w_n = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
+    const int64_t y_n = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
+    Both x = Upload(RandomValues(x_n, 15)), w = Upload(RandomValues(w_n, 16, -0.3f, 0.3f));
+    Both bias = Upload(RandomValues(g.out_channels, 17));
+    for (Activation act : {Activation::kNone, Activation::kRelu}) {
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(Describe(g) + (act == Activation::kRelu ? " relu" : "") +
+                     (with_bias ? " bias" : ""));
+        Both y = Garbage(y_n);
+        KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+          return be.Conv2dForward(g, x.f(s), w.f(s), with_bias ? bias.f(s) : nullptr, act, y.f(s));
+        }));
+        ExpectClose(y, "conv forward");
+      }
+    }
+  }
+  std::printf("# cuDNN algorithms: %s\n", cuda_->ConvolutionAlgorithms().c_str());
+}
+
+TEST_F(CudaParity, ConvBackwardAccumulatesWeightsAndOverwritesInputGradient) {
+  for (const Conv2dGeometry& g : ConvGeometries()) {
+    const int64_t x_n = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
+    const int64_t w_n = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
+    const int64_t y_n = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
+    Both x = Upload(RandomValues(x_n, 18)), w = Upload(RandomValues(w_n, 19, -0.3f, 0.3f));
+    Both dy = Upload(RandomValues(y_n, 20));
+    for (Activation act : {Activation::kNone, Activation::kRelu}) {
+      // The fused ReLU's mask comes from y: both sides get the CPU's forward output.
+      std::vector<float> y_host(y_n);
+      {
+        Both y = Garbage(y_n);
+        KILN_ASSERT_OK(cpu_->Conv2dForward(g, x.f(kCpu), w.f(kCpu), nullptr, act, y.f(kCpu)));
+        y_host = Get(kCpu, y.t[kCpu]);
+      }
+      Both y = Upload(y_host);
+      for (bool all_outputs : {true, false}) {
+        SCOPED_TRACE(Describe(g) + (act == Activation::kRelu ? " relu" : "") +
+                     (all_outputs ? " dbias+dx" : " dw only"));
+        Both dw = Upload(RandomValues(w_n, 21)), dbias = Upload(RandomValues(g.out_channels, 22));
+        Both dx = Garbage(x_n);
+        KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+          return be.Conv2dBackward(g, x.f(s), w.f(s), y.f(s), dy.f(s), act, dw.f(s),
+                                   all_outputs ? dbias.f(s) : nullptr,
+                                   all_outputs ? dx.f(s) : nullptr);
+        }));
+        ExpectClose(dw, "dw");
+        if (all_outputs) {
+          ExpectClose(dbias, "dbias");
+          ExpectClose(dx, "dx");
+        }
+      }
+    }
+  }
+  std::printf("# cuDNN algorithms: %s\n", cuda_->ConvolutionAlgorithms().c_str());
+}
+
+TEST_F(CudaParity, MaxPoolPicksTheSameWinnersForEveryWindowShape) {
+  struct Case {
+    int n, c, h, w, kernel, stride;
+  };
+  for (Case k : {Case{2, 3, 8, 8, 2, 2}, Case{1, 2, 7, 9, 2, 2}, Case{2, 2, 9, 9, 3, 2},
+                 Case{1, 3, 9, 7, 3, 3}, Case{1, 1, 6, 6, 2, 1}, Case{2, 1, 5, 5, 1, 1},
+                 Case{64, 32, 26, 26, 2, 2}}) {
+    Pool2dGeometry g;
+    g.batch = k.n;
+    g.channels = k.c;
+    g.in_h = k.h;
+    g.in_w = k.w;
+    g.kernel = k.kernel;
+    g.stride = k.stride;
+    SCOPED_TRACE(::testing::Message() << k.n << "x" << k.c << "x" << k.h << "x" << k.w << " k"
+                                      << k.kernel << " s" << k.stride);
+    const int64_t x_n = int64_t{k.n} * k.c * k.h * k.w;
+    const int64_t y_n = int64_t{k.n} * k.c * g.out_h() * g.out_w();
+    std::vector<float> xv = RandomValues(x_n, 23);
+    for (int64_t i = 0; i < x_n; i += 37) xv[i] = std::nanf("");  // NaN rule, several positions
+    for (int64_t i = 5; i < x_n; i += 41) xv[i] = xv[i - 1];      // exact ties
+    Both x = Upload(xv), y = Garbage(y_n);
+    Both argmax = UploadI32(std::vector<int32_t>(y_n, -1));
+    KILN_ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.MaxPool2dForward(g, x.f(s), y.f(s), argmax.i(s)); }));
+    ExpectSameBits(y, "pool forward");
+    ExpectSameI32(argmax, "argmax");
+    // Backward from the same winners on both sides.
+    Both am = UploadI32(GetI32(kCpu, argmax.t[kCpu]));
+    Both dy = Upload(RandomValues(y_n, 24)), dx = Garbage(x_n);
+    KILN_ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.MaxPool2dBackward(g, dy.f(s), am.i(s), dx.f(s)); }));
+    ExpectClose(dx, "pool backward", 1e-6);
+  }
+}
+
+// --- losses ---------------------------------------------------------------------------------
+
+TEST_F(CudaParity, SoftmaxCrossEntropyMatchesLossCountAndGradient) {
+  struct Case {
+    int rows, cols;
+  };
+  for (Case c :
+       {Case{1, 1}, Case{7, 10}, Case{64, 10}, Case{1000, 10}, Case{5, 1000}, Case{33, 37}}) {
+    for (bool with_grad : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols << (with_grad ? " grad" : ""));
+      const int64_t n = int64_t{c.rows} * c.cols;
+      Both logits = Upload(RandomValues(n, 25, -4, 4));
+      Both labels = UploadI32(RandomLabels(c.rows, c.cols, 26));
+      Both loss = Garbage(1), dlogits = Garbage(n);
+      Both correct = UploadI32({-5});
+      KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.SoftmaxCrossEntropy(c.rows, c.cols, logits.f(s), labels.i(s), loss.f(s),
+                                      correct.i(s), with_grad ? dlogits.f(s) : nullptr);
+      }));
+      ExpectClose(loss, "loss");
+      ExpectSameI32(correct, "correct");
+      if (with_grad) ExpectClose(dlogits, "dlogits");
+    }
+  }
+}
+
+TEST_F(CudaParity, ArgmaxRulesForTiesNansAndInfinitiesMatch) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> rows = {1,    3,    3, 2, nan, 5, 1,     0,    0,  nan, 7, 7, -inf, -inf,
+                             -inf, -inf, 2, 2, 2,   2, -0.0f, 0.0f, -1, -2,  4, 4, nan,  9};
+  const int cols = 4, n_rows = static_cast<int>(rows.size()) / cols;
+  Both x = Upload(rows);
+  Both out = UploadI32(std::vector<int32_t>(n_rows, -1));
+  KILN_ASSERT_OK(
+      RunBoth([&](Backend& be, Side s) { return be.Argmax(n_rows, cols, x.f(s), out.i(s)); }));
+  ExpectSameI32(out, "argmax of special rows");
+  // A wide row takes the warp-strided path: its maximum and a later tie.
+  std::vector<float> wide = RandomValues(3 * 100, 27);
+  wide[70] = wide[95] = 5.0f;
+  wide[100 + 3] = nan;
+  wide[200] = nan;
+  Both wx = Upload(wide), wout = UploadI32({-1, -1, -1});
+  KILN_ASSERT_OK(
+      RunBoth([&](Backend& be, Side s) { return be.Argmax(3, 100, wx.f(s), wout.i(s)); }));
+  ExpectSameI32(wout, "argmax of wide rows");
+  Both labels = UploadI32({70, 3, 0});
+  Both correct = UploadI32({-1});
+  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+    return be.CountCorrect(3, 100, wx.f(s), labels.i(s), correct.i(s));
+  }));
+  ExpectSameI32(correct, "count correct");
+}
+
+TEST_F(CudaParity, CountCorrectAndArgmaxMatchOnRandomRows) {
+  for (int rows : {1, 63, 1000}) {
+    Both x = Upload(RandomValues(int64_t{rows} * 10, 28));
+    Both labels = UploadI32(RandomLabels(rows, 10, 29));
+    Both correct = UploadI32({-1}), out = UploadI32(std::vector<int32_t>(rows, -1));
+    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      absl::Status st = be.CountCorrect(rows, 10, x.f(s), labels.i(s), correct.i(s));
+      return st.ok() ? be.Argmax(rows, 10, x.f(s), out.i(s)) : st;
+    }));
+    ExpectSameI32(correct, "count correct");
+    ExpectSameI32(out, "argmax");
+  }
+}
+
+TEST_F(CudaParity, MeanSquaredErrorMatchesWithAndWithoutGradient) {
+  for (int64_t n : {int64_t{1}, int64_t{640}, int64_t{1001}, int64_t{300000}}) {
+    for (bool with_grad : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << n << (with_grad ? " grad" : ""));
+      Both y = Upload(RandomValues(n, 30)), target = Upload(RandomValues(n, 31));
+      Both loss = Garbage(1), dy = Garbage(n);
+      KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.MeanSquaredError(n, y.f(s), target.f(s), loss.f(s),
+                                   with_grad ? dy.f(s) : nullptr);
+      }));
+      ExpectClose(loss, "mse");
+      if (with_grad) ExpectClose(dy, "mse gradient");
+    }
+  }
+}
+
+TEST_F(CudaParity, OneHotMatches) {
+  for (int rows : {1, 7, 64}) {
+    Both labels = UploadI32(RandomLabels(rows, 10, 32));
+    Both onehot = Garbage(int64_t{rows} * 10);
+    KILN_ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.OneHot(rows, 10, labels.i(s), onehot.f(s)); }));
+    ExpectSameBits(onehot, "one-hot");
+  }
+}
+
+TEST_F(CudaParity, LabelsOutOfRangeAreInvalidArgumentByTheNextSync) {
+  Both logits = Upload(RandomValues(40, 33)), loss = Garbage(1), dlogits = Garbage(40);
+  Both correct = UploadI32({0}), labels = UploadI32({1, 2, 12, 3});
+  KILN_ASSERT_OK(cuda_->SoftmaxCrossEntropy(4, 10, logits.f(kCuda), labels.i(kCuda), loss.f(kCuda),
+                                            correct.i(kCuda), dlogits.f(kCuda)));
+  float host_loss = 0;
+  const absl::Status st = cuda_->CopyToHost(loss.t[kCuda], &host_loss, sizeof(host_loss));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("label 12 out of range for 10 classes"), std::string::npos) << st;
+  EXPECT_EQ(cpu_->SoftmaxCrossEntropy(4, 10, logits.f(kCpu), labels.i(kCpu), loss.f(kCpu),
+                                      correct.i(kCpu), nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  KILN_ASSERT_OK(cuda_->Synchronize());  // reported once, then cleared
+  Both onehot = Garbage(40);
+  KILN_ASSERT_OK(cuda_->OneHot(4, 10, labels.i(kCuda), onehot.f(kCuda)));
+  EXPECT_EQ(cuda_->Synchronize().code(), absl::StatusCode::kInvalidArgument);
+  KILN_ASSERT_OK(cuda_->Synchronize());
+}
+
+// --- optimizers -----------------------------------------------------------------------------
+
+TEST_F(CudaParity, SgdUpdatesMatchForEveryMomentumVariant) {
+  auto h = [](float lr, float momentum, float dampening, float wd, bool nesterov) {
+    SgdHyper out;
+    out.lr = lr;
+    out.momentum = momentum;
+    out.dampening = dampening;
+    out.weight_decay = wd;
+    out.nesterov = nesterov;
+    return out;
+  };
+  const int64_t n = 4099;
+  for (SgdHyper hyper :
+       {h(0.1f, 0, 0, 0, false), h(0.1f, 0, 0, 0.01f, false), h(0.05f, 0.9f, 0, 0, false),
+        h(0.05f, 0.9f, 0.1f, 1e-3f, false), h(0.05f, 0.9f, 0, 1e-4f, true)}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "momentum " << hyper.momentum << " dampening " << hyper.dampening << " wd "
+                 << hyper.weight_decay << " nesterov " << hyper.nesterov);
+    Both param = Upload(RandomValues(n, 34)), buf = Garbage(n);
+    for (int step = 0; step < 3; ++step) {
+      Both grad = Upload(RandomValues(n, 35 + step));
+      const MomentumBuffer mode = step == 0 ? MomentumBuffer::kSeed : MomentumBuffer::kAccumulate;
+      KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.SgdUpdate(n, hyper, mode, param.f(s), grad.f(s),
+                            hyper.momentum != 0 ? buf.f(s) : nullptr);
+      }));
+    }
+    ExpectClose(param, "param");
+    if (hyper.momentum != 0) ExpectClose(buf, "momentum buffer");
+  }
+}
+
+TEST_F(CudaParity, AdamAndAdamWUpdatesMatchIncludingLateSteps) {
+  const int64_t n = 4099;
+  for (WeightDecayMode decay : {WeightDecayMode::kL2, WeightDecayMode::kDecoupled}) {
+    for (float wd : {0.0f, 0.01f}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (decay == WeightDecayMode::kL2 ? "adam" : "adamw") << " wd " << wd);
+      Both param = Upload(RandomValues(n, 40)), m = Upload(std::vector<float>(n, 0.0f));
+      Both v = Upload(std::vector<float>(n, 0.0f));
+      for (int64_t step : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{1000}}) {
+        AdamHyper hyper;
+        hyper.lr = 1e-3f;
+        hyper.weight_decay = wd;
+        hyper.decay = decay;
+        hyper.step = step;
+        Both grad = Upload(RandomValues(n, 41 + static_cast<uint32_t>(step)));
+        KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+          return be.AdamUpdate(n, hyper, param.f(s), grad.f(s), m.f(s), v.f(s));
+        }));
+      }
+      ExpectClose(param, "param");
+      ExpectClose(m, "exp_avg");
+      ExpectClose(v, "exp_avg_sq");
+    }
+  }
+}
+
+// --- data -----------------------------------------------------------------------------------
+
+TEST_F(CudaParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {
+  struct Case {
+    int count;
+    int64_t sample_elems;
+    bool labels;
+  };
+  for (Case c :
+       {Case{64, 784, true}, Case{5, 49, false}, Case{3, 3, true}, Case{1000, 784, true}}) {
+    SCOPED_TRACE(::testing::Message() << c.count << " x " << c.sample_elems);
+    const int dataset = 97;
+    std::mt19937 gen(42);
+    std::vector<uint8_t> pixels(dataset * c.sample_elems);
+    for (auto& p : pixels) p = static_cast<uint8_t>(gen() & 0xff);
+    std::vector<int32_t> index = RandomLabels(c.count, dataset, 43);  // repeats included
+    Both px = UploadU8(pixels), idx = UploadI32(index);
+    Both labels = UploadI32(RandomLabels(dataset, 10, 44));
+    Both out = Garbage(c.count * c.sample_elems),
+         labels_out = UploadI32(std::vector<int32_t>(c.count, -1));
+    PixelNorm norm;
+    norm.mean = 0.1307f;
+    norm.std = 0.3081f;
+    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.GatherNormalize(c.count, c.sample_elems, idx.i(s), px.u(s), labels.i(s), norm,
+                                out.f(s), c.labels ? labels_out.i(s) : nullptr);
+    }));
+    ExpectClose(out, "pixels");
+    ExpectSameI32(labels_out, "labels");
+  }
+}
+
+// --- whole models ---------------------------------------------------------------------------
+
+struct Reference {
+  const char* name;
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  int batch;
+  PixelNorm norm;
+};
+
+std::vector<Reference> ReferenceModels() {
+  Reference mlp{"mlp", MnistMlpConfig(), {}, 64, {}};
+  mlp.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  mlp.optimizer.lr = 0.01f;
+  mlp.optimizer.momentum = 0.9f;
+  mlp.norm = {1.0f / 255.0f, 0.5f, 0.5f};
+  Reference cnn{"cnn", MnistCnnConfig(), {}, 32, {}};
+  cnn.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  cnn.optimizer.lr = 1e-3f;
+  return {mlp, cnn};
+}
+
+// Random 28x28 images and labels: no structure to learn, which makes the two runs diverge the
+// most they can.
+Dataset RandomImages(int64_t n, uint32_t seed) {
+  Dataset d;
+  d.sample_shape = {28, 28};
+  d.size = n;
+  d.num_classes = 10;
+  d.pixels.resize(n * 784);
+  std::mt19937 gen(seed);
+  for (auto& p : d.pixels) p = static_cast<uint8_t>(gen() & 0xff);
+  d.labels = RandomLabels(static_cast<int>(n), 10, seed + 1);
+  return d;
+}
+
+TEST_F(CudaParity, OneTrainingStepOfEachReferenceModelMatches) {
+  for (const Reference& ref : ReferenceModels()) {
+    SCOPED_TRACE(ref.name);
+    const int batch = ref.batch;
+    Shape input = ref.model.input_shape;
+    input.insert(input.begin(), batch);
+    const std::vector<float> xv = RandomValues(NumElements(input), 50);
+    const std::vector<int32_t> yv = RandomLabels(batch, 10, 51);
+    std::unique_ptr<Model> model[2];
+    std::unique_ptr<Optimizer> opt[2];
+    Tensor logits[2], grads_out[2];
+    std::vector<float> loss_host(2);
+    for (Side s : {kCpu, kCuda}) {
+      Backend& be = backend(s);
+      auto m = Model::Build(ref.model, &be, 7);
+      ASSERT_TRUE(m.ok()) << m.status();
+      model[s] = std::move(*m);
+      auto o = Optimizer::Create(ref.optimizer, &be, model[s]->parameters());
+      ASSERT_TRUE(o.ok()) << o.status();
+      opt[s] = std::move(*o);
+      Tensor x = testing::MakeTensor(be, input, xv);
+      auto labels = be.Allocate(DType::kI32, {batch});
+      ASSERT_TRUE(labels.ok());
+      KILN_ASSERT_OK(be.CopyFromHost(yv.data(), yv.size() * 4, &*labels));
+      auto loss = be.Allocate(DType::kF32, {1});
+      auto correct = be.Allocate(DType::kI32, {1});
+      auto dout = be.Allocate(DType::kF32, {batch, 10});
+      ASSERT_TRUE(loss.ok() && correct.ok() && dout.ok());
+      KILN_ASSERT_OK(model[s]->ZeroGrad());
+      auto out = model[s]->Forward(x, Mode::kTrain);
+      ASSERT_TRUE(out.ok()) << out.status();
+      logits[s] = **out;
+      Loss loss_fn(LossKind::kCrossEntropy, &be);
+      KILN_ASSERT_OK(loss_fn.Compute(**out, *labels, loss->f32(), correct->i32(), &*dout));
+      KILN_ASSERT_OK(model[s]->Backward(*dout));
+      loss_host[s] = Get(s, *loss)[0];
+    }
+    EXPECT_LT(RelativeError({loss_host[kCuda]}, {loss_host[kCpu]}), 1e-5) << "loss";
+    EXPECT_LT(RelativeError(Get(kCuda, logits[kCuda]), Get(kCpu, logits[kCpu])), 1e-5) << "logits";
+    auto cpu_params = model[kCpu]->parameters(), cuda_params = model[kCuda]->parameters();
+    ASSERT_EQ(cpu_params.size(), cuda_params.size());
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      EXPECT_TRUE(
+          SameBits(Get(kCuda, cuda_params[i].param->value), Get(kCpu, cpu_params[i].param->value)))
+          << "initial " << cpu_params[i].name;
+      const double err = RelativeError(Get(kCuda, cuda_params[i].param->grad),
+                                       Get(kCpu, cpu_params[i].param->grad));
+      EXPECT_LT(err, 1e-4) << "gradient of " << cpu_params[i].name;
+    }
+    for (Side s : {kCpu, kCuda}) KILN_ASSERT_OK(opt[s]->Step(ref.optimizer.lr));
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      const double err = RelativeError(Get(kCuda, cuda_params[i].param->value),
+                                       Get(kCpu, cpu_params[i].param->value));
+      // Adam's first step moves by about lr * sign(gradient): looser than one op.
+      EXPECT_LT(err, 1e-4) << "updated " << cpu_params[i].name;
+    }
+  }
+}
+
+TrainConfig TrainConfigFor(const Reference& ref, int epochs) {
+  TrainConfig c;
+  c.model = ref.model;
+  c.optimizer = ref.optimizer;
+  c.epochs = epochs;
+  c.batch_size = ref.batch;
+  c.seed = 5;
+  c.norm = ref.norm;
+  return c;
+}
+
+std::vector<std::vector<float>> Weights(Backend& be, Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (const NamedParameter& p : t.model().parameters()) {
+    out.push_back(testing::ToHost(be, p.param->value));
+  }
+  return out;
+}
+
+TEST_F(CudaParity, FiftyStepsOfEachReferenceModelTrackTheCpu) {
+  for (const Reference& ref : ReferenceModels()) {
+    SCOPED_TRACE(ref.name);
+    const Dataset data = RandomImages(50 * ref.batch, 60);
+    std::vector<float> losses[2];
+    std::vector<std::vector<float>> weights[2];
+    for (Side s : {kCpu, kCuda}) {
+      auto t = Trainer::Create(TrainConfigFor(ref, 1), &backend(s), &data, nullptr);
+      ASSERT_TRUE(t.ok()) << t.status();
+      Trainer::Callbacks cb;
+      cb.on_step = [&](const StepEvent& e) { losses[s].push_back(e.loss); };
+      KILN_ASSERT_OK((*t)->Run(cb));
+      weights[s] = Weights(backend(s), **t);
+    }
+    ASSERT_EQ(losses[kCpu].size(), 50u);
+    ASSERT_EQ(losses[kCuda].size(), 50u);
+    double worst = 0;
+    for (int i = 0; i < 50; ++i) {
+      worst = std::max(worst, RelativeError({losses[kCuda][i]}, {losses[kCpu][i]}));
+    }
+    std::printf(
+        "# %s: 50 steps, worst per-step loss difference %.3g, last loss cpu %.6f cuda %.6f\n",
+        ref.name, worst, losses[kCpu].back(), losses[kCuda].back());
+    EXPECT_LT(worst, 1e-3) << "per-step loss";
+    for (size_t i = 0; i < weights[kCpu].size(); ++i) {
+      const double err = RelativeError(weights[kCuda][i], weights[kCpu][i]);
+      EXPECT_LT(err, 2e-3) << "parameter " << i << " after 50 steps";
+    }
+  }
+}
+
+TEST_F(CudaParity, TrainingOnCudaRepeatsBitForBit) {
+  // Every reduction (loss, bias and convolution gradients, cuDNN's backward algorithms) runs in
+  // a fixed order, so two runs from the same seed agree exactly.
+  for (const Reference& ref : ReferenceModels()) {
+    SCOPED_TRACE(ref.name);
+    const Dataset data = RandomImages(20 * ref.batch, 80);
+    std::vector<std::vector<float>> weights[2];
+    std::vector<float> losses[2];
+    for (int run = 0; run < 2; ++run) {
+      auto t = Trainer::Create(TrainConfigFor(ref, 1), cuda_, &data, nullptr);
+      ASSERT_TRUE(t.ok()) << t.status();
+      Trainer::Callbacks cb;
+      cb.on_step = [&](const StepEvent& e) { losses[run].push_back(e.loss); };
+      KILN_ASSERT_OK((*t)->Run(cb));
+      weights[run] = Weights(*cuda_, **t);
+    }
+    EXPECT_TRUE(SameBits(losses[0], losses[1]));
+    for (size_t i = 0; i < weights[0].size(); ++i) {
+      EXPECT_TRUE(SameBits(weights[0][i], weights[1][i])) << "parameter " << i;
+    }
+  }
+}
+
+TEST_F(CudaParity, CheckpointsMoveBetweenCudaAndCpuBothWays) {
+  const Reference ref = ReferenceModels()[1];  // the CNN: conv, pool and Adam state
+  const Dataset data = RandomImages(10 * ref.batch, 70);
+  TempDir dir;
+  for (Side from : {kCuda, kCpu}) {
+    const Side to = from == kCuda ? kCpu : kCuda;
+    SCOPED_TRACE(from == kCuda ? "cuda -> cpu" : "cpu -> cuda");
+    const std::string path =
+        dir.file(from == kCuda ? "from_cuda.safetensors" : "from_cpu.safetensors");
+    auto writer = Trainer::Create(TrainConfigFor(ref, 1), &backend(from), &data, nullptr);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    KILN_ASSERT_OK((*writer)->Run({}));
+    KILN_ASSERT_OK((*writer)->SaveCheckpoint(path));
+    // The checkpoint resumes on either backend: the weights arrive bit for bit, and one more
+    // epoch from there agrees across the two.
+    std::unique_ptr<Trainer> resumed[2];
+    for (Side s : {kCpu, kCuda}) {
+      auto t = Trainer::Create(TrainConfigFor(ref, 2), &backend(s), &data, nullptr);
+      ASSERT_TRUE(t.ok()) << t.status();
+      KILN_ASSERT_OK((*t)->LoadCheckpoint(path));
+      EXPECT_EQ((*t)->position().epochs_done, 1);
+      resumed[s] = std::move(*t);
+    }
+    const auto saved = Weights(backend(from), **writer);
+    const auto loaded = Weights(backend(to), *resumed[to]);
+    ASSERT_EQ(saved.size(), loaded.size());
+    for (size_t i = 0; i < saved.size(); ++i) EXPECT_TRUE(SameBits(saved[i], loaded[i])) << i;
+    for (Side s : {kCpu, kCuda}) KILN_ASSERT_OK(resumed[s]->Run({}));
+    const auto cpu_w = Weights(*cpu_, *resumed[kCpu]), cuda_w = Weights(*cuda_, *resumed[kCuda]);
+    for (size_t i = 0; i < cpu_w.size(); ++i) {
+      EXPECT_LT(RelativeError(cuda_w[i], cpu_w[i]), 2e-3) << "parameter " << i << " after resume";
+    }
+  }
+}
+}  // namespace
+}  // namespace kiln
+
+#else  // !KILN_WITH_CUDA
+
+TEST(CudaParity, NeedsACudaBuild) { GTEST_SKIP() << "this build of kiln has no CUDA support"; }
+
+#endif  // KILN_WITH_CUDA
