@@ -1,0 +1,236 @@
+// kiln checkpoints, checkpoint and export: listing, taking and downloading a job's checkpoints.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli_status.h"
+#include "client/command_env.h"
+#include "client/format.h"
+#include "client/job_ref.h"
+#include "client/sha256.h"
+#include "client/table.h"
+#include "engine/status_macros.h"
+#include "kiln/v1/training.grpc.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace kiln::client {
+namespace {
+
+absl::StatusOr<v1::ListCheckpointsResponse> FetchCheckpoints(Connection& c,
+                                                             const std::string& job_id) {
+  auto stub = v1::Training::NewStub(c.channel());
+  v1::ListCheckpointsRequest request;
+  request.set_job_id(job_id);
+  v1::ListCheckpointsResponse response;
+  auto context = c.NewContext();
+  grpc::Status status = stub->ListCheckpoints(context.get(), request, &response);
+  if (!status.ok()) return ServerError(status);
+  return response;
+}
+
+absl::Status ListCheckpoints(CommandEnv& env, const std::string& job_id) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  KILN_ASSIGN_OR_RETURN(v1::ListCheckpointsResponse response, FetchCheckpoints(*c, job_id));
+  if (env.json()) {
+    PrintJson(env, response);
+    return absl::OkStatus();
+  }
+  if (response.checkpoints().empty()) {
+    std::fprintf(env.out, "%s has no checkpoints yet; take one with: kiln checkpoint %s\n",
+                 job_id.c_str(), job_id.c_str());
+    return absl::OkStatus();
+  }
+  Table table({"ID", "KIND", "EPOCHS", "STEP", "TEST ACC", "SIZE", "CREATED", "PATH"});
+  for (const v1::Checkpoint& ck : response.checkpoints()) {
+    table.AddRow({absl::StrCat(ck.id()), absl::AsciiStrToLower(CheckpointKindName(ck.kind())),
+                  absl::StrCat(ck.epochs_done()), absl::StrCat(ck.global_step()),
+                  ck.epochs_done() > 0 ? FormatPercent(ck.test_accuracy()) : "-",
+                  FormatBytes(ck.size_bytes()), FormatTime(ck.create_time()), ck.path()});
+  }
+  table.Print(env.out);
+  return absl::OkStatus();
+}
+
+absl::Status TakeCheckpoint(CommandEnv& env, const std::string& job_id) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = v1::Training::NewStub(c->channel());
+  v1::CreateCheckpointRequest request;
+  request.set_job_id(job_id);
+  v1::Checkpoint ck;
+  auto context = c->NewContext(absl::Minutes(5));
+  grpc::Status status = stub->CreateCheckpoint(context.get(), request, &ck);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    PrintJson(env, ck);
+  } else {
+    std::fprintf(env.out, "checkpoint %lld of %s written: epoch %d, step %lld, %s, %s\n",
+                 static_cast<long long>(ck.id()), job_id.c_str(), ck.epochs_done(),
+                 static_cast<long long>(ck.global_step()), FormatBytes(ck.size_bytes()).c_str(),
+                 ck.path().c_str());
+  }
+  return absl::OkStatus();
+}
+
+// The checkpoint id `ref` names (0: the latest, which the server picks).
+absl::StatusOr<int64_t> ResolveCheckpoint(Connection& c, const CheckpointRef& ref) {
+  if (ref.which == CheckpointRef::Which::kId) return ref.checkpoint_id;
+  if (ref.which == CheckpointRef::Which::kLatest) return 0;
+  KILN_ASSIGN_OR_RETURN(v1::ListCheckpointsResponse list, FetchCheckpoints(c, ref.job_id));
+  const v1::Checkpoint* best = nullptr;
+  for (const v1::Checkpoint& ck : list.checkpoints()) {
+    // Later ones win ties: they have trained longer for the same accuracy.
+    if (best == nullptr || ck.test_accuracy() >= best->test_accuracy()) best = &ck;
+  }
+  if (best == nullptr) {
+    return absl::NotFoundError(absl::StrCat(ref.job_id, " has no checkpoints"));
+  }
+  return best->id();
+}
+
+struct ExportOptions {
+  std::string ref;
+  std::string output;
+  bool force = false;
+};
+
+absl::Status Export(CommandEnv& env, const ExportOptions& o) {
+  KILN_ASSIGN_OR_RETURN(CheckpointRef ref, ParseCheckpointRef(o.ref));
+  if (!o.output.empty() && !o.force && std::filesystem::exists(o.output)) {
+    return UsageError(absl::StrCat(o.output, " exists; pass --force to overwrite it"));
+  }
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  KILN_ASSIGN_OR_RETURN(int64_t checkpoint_id, ResolveCheckpoint(*c, ref));
+  auto stub = v1::Training::NewStub(c->channel());
+  v1::ExportCheckpointRequest request;
+  request.set_job_id(ref.job_id);
+  request.set_checkpoint_id(checkpoint_id);
+  auto context = c->NewContext(absl::Minutes(30));
+  auto reader = stub->ExportCheckpoint(context.get(), request);
+
+  v1::CheckpointChunk chunk;
+  v1::Checkpoint ck;
+  std::string path, temp, server_sha;
+  std::ofstream file;
+  Sha256 sha;
+  int64_t bytes = 0;
+  absl::Status local;
+  while (reader->Read(&chunk)) {
+    if (chunk.has_checkpoint() && path.empty()) {
+      ck = chunk.checkpoint();
+      path = o.output.empty() ? absl::StrCat(ref.job_id, "-", ck.id(), ".safetensors") : o.output;
+      temp = path + ".part";
+      file.open(temp, std::ios::binary | std::ios::trunc);
+      if (!file) {
+        local = absl::PermissionDeniedError(absl::StrCat("cannot write ", temp));
+        context->TryCancel();
+        break;
+      }
+    }
+    if (path.empty()) {
+      local = absl::DataLossError("the server sent data before naming the checkpoint");
+      context->TryCancel();
+      break;
+    }
+    if (chunk.offset() != bytes) {
+      local = absl::DataLossError(
+          absl::StrCat("chunk at offset ", chunk.offset(), " but ", bytes, " bytes received"));
+      context->TryCancel();
+      break;
+    }
+    file.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    sha.Update(chunk.data());
+    bytes += static_cast<int64_t>(chunk.data().size());
+    if (!chunk.sha256().empty()) server_sha = chunk.sha256();
+  }
+  grpc::Status status = reader->Finish();
+  file.close();
+  auto discard = [&] {
+    if (!temp.empty()) std::filesystem::remove(temp);
+  };
+  if (!local.ok()) {
+    discard();
+    return local;
+  }
+  if (!status.ok()) {
+    discard();
+    return ServerError(status);
+  }
+  if (!file) {
+    discard();
+    return absl::DataLossError(absl::StrCat("writing ", temp, " failed"));
+  }
+  if (server_sha.empty()) {
+    discard();
+    return absl::DataLossError("the server sent no sha256 with the last chunk");
+  }
+  const std::string got = sha.HexDigest();
+  if (absl::AsciiStrToLower(server_sha) != got) {
+    discard();
+    return absl::DataLossError(absl::StrCat("sha256 mismatch: the server says ", server_sha,
+                                            ", the received file has ", got,
+                                            "; nothing was written"));
+  }
+  std::error_code error;
+  std::filesystem::rename(temp, path, error);
+  if (error) {
+    discard();
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot move ", temp, " to ", path, ": ", error.message()));
+  }
+  if (env.json()) {
+    nlohmann::json out = {{"file", path}, {"bytes", bytes}, {"sha256", got}};
+    out["checkpoint"] = nlohmann::json::parse(MessageToJson(ck));
+    std::fprintf(env.out, "%s\n", out.dump(2).c_str());
+  } else {
+    std::fprintf(env.out,
+                 "exported checkpoint %lld of %s (epoch %d, step %lld) to %s: %s, sha256 %s\n",
+                 static_cast<long long>(ck.id()), ref.job_id.c_str(), ck.epochs_done(),
+                 static_cast<long long>(ck.global_step()), path.c_str(), FormatBytes(bytes).c_str(),
+                 got.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddCheckpointCommands(CLI::App& app, CommandEnv& env, Action* action) {
+  auto list_id = std::make_shared<std::string>();
+  CLI::App* l = app.add_subcommand("checkpoints", "List a job's checkpoints, oldest first");
+  l->add_option("job", *list_id, "Job id")->required();
+  l->footer("Example:\n  kiln checkpoints job-3f9c2a1b7d04");
+  l->callback([&env, action, list_id] {
+    *action = [&env, list_id] { return ListCheckpoints(env, *list_id); };
+  });
+
+  auto take_id = std::make_shared<std::string>();
+  CLI::App* t = app.add_subcommand("checkpoint", "Checkpoint a running job now");
+  t->add_option("job", *take_id, "Job id")->required();
+  t->footer(
+      "Answers once the checkpoint is written (after the current step).\n\n"
+      "Example:\n  kiln checkpoint job-3f9c2a1b7d04");
+  t->callback([&env, action, take_id] {
+    *action = [&env, take_id] { return TakeCheckpoint(env, *take_id); };
+  });
+
+  auto e_opts = std::make_shared<ExportOptions>();
+  CLI::App* e = app.add_subcommand("export", "Download a checkpoint as a safetensors file");
+  e->add_option("checkpoint", e_opts->ref, "JOB, JOB@ID, JOB@best or JOB@latest (the default)")
+      ->required();
+  e->add_option("-o,--output-file", e_opts->output, "File to write (default JOB-ID.safetensors)");
+  e->add_flag("--force,-f", e_opts->force, "Overwrite the file if it exists");
+  e->footer(
+      "The file's sha256 is checked against the server's before it is kept.\n\n"
+      "Examples:\n"
+      "  kiln export job-3f9c2a1b7d04 -o cnn.safetensors\n"
+      "  kiln export job-3f9c2a1b7d04@best -o best.safetensors\n"
+      "  kiln export job-3f9c2a1b7d04@3");
+  e->callback(
+      [&env, action, e_opts] { *action = [&env, e_opts] { return Export(env, *e_opts); }; });
+}
+
+}  // namespace kiln::client

@@ -1,0 +1,146 @@
+// kiln datasets and upload: the IDX datasets kilnd trains on.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli_status.h"
+#include "client/command_env.h"
+#include "client/format.h"
+#include "client/sha256.h"
+#include "client/table.h"
+#include "engine/status_macros.h"
+#include "kiln/v1/training.grpc.pb.h"
+
+namespace kiln::client {
+namespace {
+
+constexpr size_t kChunkBytes = 1 << 20;
+
+absl::Status ListDatasets(CommandEnv& env) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = v1::Training::NewStub(c->channel());
+  v1::ListDatasetsResponse response;
+  auto context = c->NewContext();
+  grpc::Status status = stub->ListDatasets(context.get(), v1::ListDatasetsRequest(), &response);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    PrintJson(env, response);
+    return absl::OkStatus();
+  }
+  if (response.datasets().empty()) {
+    std::fprintf(env.out,
+                 "no datasets; add one with: kiln upload NAME --train-images F "
+                 "--train-labels F\n");
+    return absl::OkStatus();
+  }
+  Table table({"NAME", "TRAIN", "TEST", "SHAPE", "SIZE"});
+  for (const v1::Dataset& d : response.datasets()) {
+    table.AddRow({d.name(), absl::StrCat(d.train_samples()), absl::StrCat(d.test_samples()),
+                  absl::StrJoin(d.sample_shape(), "x"), FormatBytes(d.size_bytes())});
+  }
+  table.Print(env.out);
+  return absl::OkStatus();
+}
+
+struct UploadOptions {
+  std::string name;
+  std::string train_images, train_labels, test_images, test_labels;
+};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return UsageError(absl::StrCat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
+  if (o.test_images.empty() != o.test_labels.empty()) {
+    return UsageError("--test-images and --test-labels go together");
+  }
+  // The server's names for the files; gzip files (magic 1f 8b) keep a ".gz".
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"train-images-idx3-ubyte", o.train_images}, {"train-labels-idx1-ubyte", o.train_labels}};
+  if (!o.test_images.empty()) {
+    files.push_back({"t10k-images-idx3-ubyte", o.test_images});
+    files.push_back({"t10k-labels-idx1-ubyte", o.test_labels});
+  }
+  std::vector<std::string> contents;
+  for (auto& [name, path] : files) {
+    KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+    if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+        static_cast<unsigned char>(bytes[1]) == 0x8b) {
+      name += ".gz";
+    }
+    contents.push_back(std::move(bytes));
+  }
+
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = v1::Training::NewStub(c->channel());
+  auto context = c->NewContext(absl::Minutes(30));
+  v1::Dataset dataset;
+  auto writer = stub->UploadDataset(context.get(), &dataset);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_name(o.name);
+  bool open = writer->Write(header);
+  for (size_t f = 0; f < files.size() && open; ++f) {
+    const std::string& bytes = contents[f];
+    Sha256 sha;
+    sha.Update(bytes);
+    const std::string digest = sha.HexDigest();
+    if (!env.json()) {
+      std::fprintf(env.err, "uploading %s as %s (%s)\n", files[f].second.c_str(),
+                   files[f].first.c_str(), FormatBytes(static_cast<int64_t>(bytes.size())).c_str());
+    }
+    size_t offset = 0;
+    do {
+      const size_t n = std::min(kChunkBytes, bytes.size() - offset);
+      v1::UploadDatasetRequest request;
+      v1::DatasetFileChunk* chunk = request.mutable_chunk();
+      chunk->set_file_name(files[f].first);
+      chunk->set_data(bytes.substr(offset, n));
+      offset += n;
+      if (offset == bytes.size()) chunk->set_sha256(digest);
+      open = writer->Write(request);
+    } while (open && offset < bytes.size());
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    PrintJson(env, dataset);
+  } else {
+    std::fprintf(env.out, "dataset %s: %lld training and %lld test samples of %s\n",
+                 dataset.name().c_str(), static_cast<long long>(dataset.train_samples()),
+                 static_cast<long long>(dataset.test_samples()),
+                 absl::StrJoin(dataset.sample_shape(), "x").c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
+  CLI::App* l = app.add_subcommand("datasets", "List the datasets on the server");
+  l->footer("Example:\n  kiln datasets --output json");
+  l->callback([&env, action] { *action = [&env] { return ListDatasets(env); }; });
+
+  auto o = std::make_shared<UploadOptions>();
+  CLI::App* u = app.add_subcommand("upload", "Upload a dataset of MNIST-style IDX files");
+  u->add_option("name", o->name, "Name of the new dataset")->required();
+  u->add_option("--train-images", o->train_images, "IDX images (raw or .gz)")->required();
+  u->add_option("--train-labels", o->train_labels, "IDX labels (raw or .gz)")->required();
+  u->add_option("--test-images", o->test_images, "IDX test images");
+  u->add_option("--test-labels", o->test_labels, "IDX test labels");
+  u->footer(
+      "Examples:\n"
+      "  kiln upload fashion --train-images train-images-idx3-ubyte.gz \\\n"
+      "      --train-labels train-labels-idx1-ubyte.gz \\\n"
+      "      --test-images t10k-images-idx3-ubyte.gz --test-labels t10k-labels-idx1-ubyte.gz\n"
+      "  kiln submit --preset mnist-cnn --dataset fashion --watch");
+  u->callback([&env, action, o] { *action = [&env, o] { return Upload(env, *o); }; });
+}
+
+}  // namespace kiln::client

@@ -1,0 +1,318 @@
+// kiln deploy, undeploy, models and predict: serving checkpoints over KServe v2, with Triton's
+// model-repository extension for loading and unloading.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/cli_status.h"
+#include "client/command_env.h"
+#include "client/image_file.h"
+#include "client/job_ref.h"
+#include "client/table.h"
+#include "engine/status_macros.h"
+#include "inference/grpc_service.grpc.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace kiln::client {
+namespace {
+
+using inference::GRPCInferenceService;
+
+struct DeployOptions {
+  std::string ref;
+  std::string name;
+  std::string version;
+  std::string device;
+  int64_t max_batch = 0;
+  int64_t max_delay_us = -1;
+};
+
+inference::ModelRepositoryParameter StringParam(const std::string& s) {
+  inference::ModelRepositoryParameter p;
+  p.set_string_param(s);
+  return p;
+}
+
+inference::ModelRepositoryParameter IntParam(int64_t v) {
+  inference::ModelRepositoryParameter p;
+  p.set_int64_param(v);
+  return p;
+}
+
+absl::Status Deploy(CommandEnv& env, const DeployOptions& o) {
+  KILN_ASSIGN_OR_RETURN(CheckpointRef ref, ParseCheckpointRef(o.ref));
+  const std::string name = o.name.empty() ? ref.job_id : o.name;
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = GRPCInferenceService::NewStub(c->channel());
+  inference::RepositoryModelLoadRequest request;
+  request.set_model_name(name);
+  // What to load, in the JOB@CKPT form (see grpc_service.proto, RepositoryModelLoadRequest).
+  auto& params = *request.mutable_parameters();
+  params["checkpoint"] = StringParam(ref.ToString());
+  if (o.max_batch > 0) params["max_batch_size"] = IntParam(o.max_batch);
+  if (o.max_delay_us >= 0) params["max_queue_delay_us"] = IntParam(o.max_delay_us);
+  if (!o.version.empty()) params["version"] = StringParam(o.version);
+  if (!o.device.empty()) params["device"] = StringParam(o.device);
+  inference::RepositoryModelLoadResponse response;
+  auto context = c->NewContext(absl::Minutes(5));
+  grpc::Status status = stub->RepositoryModelLoad(context.get(), request, &response);
+  if (!status.ok()) return ServerError(status);
+
+  // Which versions are now there, for the user's record.
+  inference::RepositoryIndexRequest index_request;
+  inference::RepositoryIndexResponse index;
+  auto index_context = c->NewContext();
+  std::vector<std::string> versions;
+  if (stub->RepositoryIndex(index_context.get(), index_request, &index).ok()) {
+    for (const auto& m : index.models()) {
+      if (m.name() == name && !m.version().empty()) versions.push_back(m.version());
+    }
+  }
+  if (env.json()) {
+    nlohmann::json out = {{"model", name}, {"checkpoint", ref.ToString()}, {"versions", versions}};
+    std::fprintf(env.out, "%s\n", out.dump(2).c_str());
+  } else {
+    std::fprintf(env.out, "deployed %s as model %s%s\npredict with: kiln predict %s IMAGE.png\n",
+                 ref.ToString().c_str(), name.c_str(),
+                 versions.empty()
+                     ? ""
+                     : absl::StrCat(" (versions ", absl::StrJoin(versions, ", "), ")").c_str(),
+                 name.c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Undeploy(CommandEnv& env, const std::string& name, const std::string& version) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = GRPCInferenceService::NewStub(c->channel());
+  inference::RepositoryModelUnloadRequest request;
+  request.set_model_name(name);
+  if (!version.empty()) (*request.mutable_parameters())["version"] = StringParam(version);
+  inference::RepositoryModelUnloadResponse response;
+  auto context = c->NewContext(absl::Minutes(1));
+  grpc::Status status = stub->RepositoryModelUnload(context.get(), request, &response);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    std::fprintf(env.out, "%s\n",
+                 nlohmann::json({{"model", name}, {"unloaded", true}}).dump(2).c_str());
+  } else {
+    std::fprintf(env.out, "undeployed model %s\n", name.c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Models(CommandEnv& env) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = GRPCInferenceService::NewStub(c->channel());
+  inference::RepositoryIndexResponse response;
+  auto context = c->NewContext();
+  grpc::Status status =
+      stub->RepositoryIndex(context.get(), inference::RepositoryIndexRequest(), &response);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    PrintJson(env, response);
+    return absl::OkStatus();
+  }
+  if (response.models().empty()) {
+    std::fprintf(env.out, "no models; deploy one with: kiln deploy JOB\n");
+    return absl::OkStatus();
+  }
+  Table table({"NAME", "VERSION", "STATE", "REASON"});
+  for (const auto& m : response.models())
+    table.AddRow({m.name(), m.version(), m.state(), m.reason()});
+  table.Print(env.out);
+  return absl::OkStatus();
+}
+
+struct PredictOptions {
+  std::string model;
+  std::vector<std::string> files;
+  std::vector<int64_t> indices;
+  std::string version;
+  int top = 3;
+};
+
+struct Sample {
+  std::string label;  // "seven.png" or "t10k-images-idx3-ubyte#12"
+  GrayImage image;
+};
+
+absl::StatusOr<std::vector<Sample>> LoadSamples(const PredictOptions& o) {
+  std::vector<Sample> samples;
+  for (const std::string& file : o.files) {
+    if (o.indices.empty()) {
+      KILN_ASSIGN_OR_RETURN(GrayImage image, ReadImageFile(file));
+      samples.push_back({file, std::move(image)});
+      continue;
+    }
+    for (int64_t index : o.indices) {
+      KILN_ASSIGN_OR_RETURN(GrayImage image, ReadIdxImage(file, index));
+      samples.push_back({absl::StrCat(file, "#", index), std::move(image)});
+    }
+  }
+  return samples;
+}
+
+// The floats of output `i`, from raw_output_contents or the typed contents.
+std::vector<float> OutputFloats(const inference::ModelInferResponse& response, int i) {
+  const auto& tensor = response.outputs(i);
+  if (i < response.raw_output_contents_size()) {
+    const std::string& raw = response.raw_output_contents(i);
+    std::vector<float> values(raw.size() / sizeof(float));
+    std::memcpy(values.data(), raw.data(), values.size() * sizeof(float));
+    return values;
+  }
+  return {tensor.contents().fp32_contents().begin(), tensor.contents().fp32_contents().end()};
+}
+
+absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadSamples(o));
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = GRPCInferenceService::NewStub(c->channel());
+
+  // The model's input: its name and per-sample shape (after the batch dimension).
+  inference::ModelMetadataRequest meta_request;
+  meta_request.set_name(o.model);
+  meta_request.set_version(o.version);
+  inference::ModelMetadataResponse metadata;
+  auto meta_context = c->NewContext();
+  grpc::Status status = stub->ModelMetadata(meta_context.get(), meta_request, &metadata);
+  if (!status.ok()) return ServerError(status);
+  if (metadata.inputs().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("model ", o.model, " declares no inputs"));
+  }
+  const auto& input = metadata.inputs(0);
+  std::vector<int64_t> sample_shape(input.shape().begin() + std::min(1, input.shape_size()),
+                                    input.shape().end());
+  const int64_t elements =
+      std::accumulate(sample_shape.begin(), sample_shape.end(), int64_t{1},
+                      [](int64_t a, int64_t b) { return a * std::max<int64_t>(b, 1); });
+  std::string pixels;
+  for (const Sample& s : samples) {
+    if (static_cast<int64_t>(s.image.pixels.size()) != elements) {
+      return UsageError(absl::StrFormat(
+          "%s is %dx%d (%d pixels) but model %s takes %d per sample (%s); MNIST models want 28x28 "
+          "grayscale",
+          s.label, s.image.width, s.image.height, s.image.pixels.size(), o.model, elements,
+          absl::StrJoin(sample_shape, "x")));
+    }
+    pixels.append(s.image.pixels.begin(), s.image.pixels.end());
+  }
+
+  inference::ModelInferRequest request;
+  request.set_model_name(o.model);
+  request.set_model_version(o.version);
+  auto* tensor = request.add_inputs();
+  tensor->set_name(input.name().empty() ? "input" : input.name());
+  tensor->set_datatype("UINT8");
+  tensor->add_shape(static_cast<int64_t>(samples.size()));
+  for (int64_t d : sample_shape) tensor->add_shape(d);
+  request.add_raw_input_contents(std::move(pixels));
+  request.add_outputs()->set_name("probabilities");
+  inference::ModelInferResponse response;
+  auto context = c->NewContext(absl::Minutes(1));
+  status = stub->ModelInfer(context.get(), request, &response);
+  if (!status.ok()) return ServerError(status);
+
+  int probs = -1;
+  for (int i = 0; i < response.outputs_size(); ++i) {
+    if (response.outputs(i).name() == "probabilities") probs = i;
+  }
+  if (probs < 0) return absl::DataLossError("the server's answer has no \"probabilities\" output");
+  const std::vector<float> values = OutputFloats(response, probs);
+  const size_t classes = samples.empty() ? 0 : values.size() / samples.size();
+  if (classes == 0 || classes * samples.size() != values.size()) {
+    return absl::DataLossError(absl::StrCat("\"probabilities\" holds ", values.size(),
+                                            " values for ", samples.size(), " samples"));
+  }
+
+  nlohmann::json predictions = nlohmann::json::array();
+  Table table({"FILE", "CLASS", "PROBABILITY", "RUNNERS-UP"});
+  for (size_t s = 0; s < samples.size(); ++s) {
+    std::vector<int> order(classes);
+    std::iota(order.begin(), order.end(), 0);
+    const float* p = values.data() + s * classes;
+    std::stable_sort(order.begin(), order.end(), [p](int a, int b) { return p[a] > p[b]; });
+    const size_t top = std::min<size_t>(std::max(1, o.top), classes);
+    nlohmann::json ranked = nlohmann::json::array();
+    std::vector<std::string> runners;
+    for (size_t k = 0; k < top; ++k) {
+      ranked.push_back({{"class", order[k]}, {"probability", p[order[k]]}});
+      if (k > 0) runners.push_back(absl::StrFormat("%d (%.2f%%)", order[k], 100.0 * p[order[k]]));
+    }
+    predictions.push_back({{"file", samples[s].label}, {"class", order[0]}, {"top", ranked}});
+    table.AddRow({samples[s].label, absl::StrCat(order[0]),
+                  absl::StrFormat("%.2f%%", 100.0 * p[order[0]]), absl::StrJoin(runners, "  ")});
+  }
+  if (env.json()) {
+    nlohmann::json out = {
+        {"model", o.model}, {"version", response.model_version()}, {"predictions", predictions}};
+    std::fprintf(env.out, "%s\n", out.dump(2).c_str());
+  } else {
+    table.Print(env.out);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
+  auto d = std::make_shared<DeployOptions>();
+  CLI::App* dep = app.add_subcommand("deploy", "Serve a job's checkpoint as a model");
+  dep->add_option("checkpoint", d->ref, "JOB, JOB@ID, JOB@best or JOB@latest (the default)")
+      ->required();
+  dep->add_option("--name", d->name, "Model name (default: the job id)");
+  dep->add_option("--version", d->version, "Model version (default: the server's choice)");
+  dep->add_option("--max-batch", d->max_batch, "Largest batch the dynamic batcher forms")
+      ->check(CLI::PositiveNumber);
+  dep->add_option("--max-delay-us", d->max_delay_us,
+                  "Longest a request waits for a batch to fill, in microseconds")
+      ->check(CLI::NonNegativeNumber);
+  dep->add_option("--device", d->device, "Device to serve on: cpu, cuda:N or auto");
+  dep->footer(
+      "Examples:\n"
+      "  kiln deploy job-3f9c2a1b7d04 --name digits\n"
+      "  kiln deploy job-3f9c2a1b7d04@best --name digits --max-batch 64 --max-delay-us 500\n"
+      "  kiln predict digits seven.png");
+  dep->callback([&env, action, d] { *action = [&env, d] { return Deploy(env, *d); }; });
+
+  auto un_name = std::make_shared<std::string>();
+  auto un_version = std::make_shared<std::string>();
+  CLI::App* un = app.add_subcommand("undeploy", "Stop serving a model");
+  un->add_option("name", *un_name, "Model name")->required();
+  un->add_option("--version", *un_version, "Only this version");
+  un->footer("Example:\n  kiln undeploy digits");
+  un->callback([&env, action, un_name, un_version] {
+    *action = [&env, un_name, un_version] { return Undeploy(env, *un_name, *un_version); };
+  });
+
+  CLI::App* m = app.add_subcommand("models", "List the models the server knows");
+  m->footer("Example:\n  kiln models --output json");
+  m->callback([&env, action] { *action = [&env] { return Models(env); }; });
+
+  auto p = std::make_shared<PredictOptions>();
+  CLI::App* pr = app.add_subcommand("predict", "Classify images with a deployed model");
+  pr->add_option("model", p->model, "Model name")->required();
+  pr->add_option("files", p->files,
+                 "PNG or PGM images (28x28 grayscale), or IDX files with --index")
+      ->required();
+  pr->add_option("--index", p->indices, "Image numbers (0-based) to take from IDX files")
+      ->delimiter(',');
+  pr->add_option("--top", p->top, "Classes to show per image (default 3)")
+      ->check(CLI::Range(1, 1000));
+  pr->add_option("--version", p->version, "Model version (default: the latest)");
+  pr->footer(
+      "Examples:\n"
+      "  kiln predict digits seven.png two.pgm\n"
+      "  kiln predict digits data/mnist/t10k-images-idx3-ubyte --index 0,1,2\n"
+      "  kiln predict digits seven.png --output json | jq '.predictions[0].class'");
+  pr->callback([&env, action, p] { *action = [&env, p] { return Predict(env, *p); }; });
+}
+
+}  // namespace kiln::client

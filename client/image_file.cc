@@ -1,0 +1,161 @@
+#include "client/image_file.h"
+
+#include <cctype>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli_status.h"
+
+#ifdef KILN_CLIENT_HAVE_PNG
+#include <png.h>
+#endif
+
+namespace kiln::client {
+namespace {
+
+absl::StatusOr<std::string> Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return UsageError(absl::StrCat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+uint32_t BigEndian32(const std::string& b, size_t at) {
+  return (uint32_t{static_cast<uint8_t>(b[at])} << 24) |
+         (uint32_t{static_cast<uint8_t>(b[at + 1])} << 16) |
+         (uint32_t{static_cast<uint8_t>(b[at + 2])} << 8) |
+         uint32_t{static_cast<uint8_t>(b[at + 3])};
+}
+
+#ifdef KILN_CLIENT_HAVE_PNG
+absl::StatusOr<GrayImage> DecodePng(const std::string& path) {
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&image, path.c_str())) {
+    return UsageError(absl::StrCat(path, ": not a readable PNG: ", image.message));
+  }
+  image.format = PNG_FORMAT_GRAY;  // libpng converts colour and 16-bit images to 8-bit gray
+  GrayImage out;
+  out.width = static_cast<int>(image.width);
+  out.height = static_cast<int>(image.height);
+  out.pixels.resize(PNG_IMAGE_SIZE(image));
+  if (!png_image_finish_read(&image, nullptr, out.pixels.data(), 0, nullptr)) {
+    std::string message = image.message;
+    png_image_free(&image);
+    return UsageError(absl::StrCat(path, ": decoding the PNG failed: ", message));
+  }
+  return out;
+}
+#endif
+
+}  // namespace
+
+ImageFileKind DetectImageFile(const std::string& bytes) {
+  if (bytes.size() >= 8 && bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0)
+    return ImageFileKind::kPng;
+  if (bytes.size() >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '2')) {
+    return ImageFileKind::kPgm;
+  }
+  if (bytes.size() >= 16 && BigEndian32(bytes, 0) == 0x00000803) return ImageFileKind::kIdxImages;
+  return ImageFileKind::kUnknown;
+}
+
+absl::StatusOr<GrayImage> DecodePgm(const std::string& bytes, const std::string& source) {
+  size_t at = 2;
+  // Header fields are separated by whitespace; '#' starts a comment to the end of the line.
+  auto next_number = [&](long* value) {
+    for (;;) {
+      while (at < bytes.size() && std::isspace(static_cast<unsigned char>(bytes[at]))) ++at;
+      if (at < bytes.size() && bytes[at] == '#') {
+        while (at < bytes.size() && bytes[at] != '\n') ++at;
+        continue;
+      }
+      break;
+    }
+    const size_t start = at;
+    while (at < bytes.size() && std::isdigit(static_cast<unsigned char>(bytes[at]))) ++at;
+    if (at == start || at - start > 9) return false;
+    *value = std::stol(bytes.substr(start, at - start));
+    return true;
+  };
+  long width = 0, height = 0, maxval = 0;
+  if (bytes.size() < 2 || bytes[0] != 'P' || (bytes[1] != '5' && bytes[1] != '2') ||
+      !next_number(&width) || !next_number(&height) || !next_number(&maxval) || width <= 0 ||
+      height <= 0 || width > 16384 || height > 16384 || maxval <= 0 || maxval > 65535) {
+    return UsageError(absl::StrCat(source, ": not a valid PGM header"));
+  }
+  GrayImage out;
+  out.width = static_cast<int>(width);
+  out.height = static_cast<int>(height);
+  const size_t count = static_cast<size_t>(width) * static_cast<size_t>(height);
+  out.pixels.resize(count);
+  auto scale = [maxval](long v) { return static_cast<uint8_t>((v * 255 + maxval / 2) / maxval); };
+  if (bytes[1] == '5') {
+    ++at;  // the single whitespace after maxval
+    const size_t per = maxval > 255 ? 2 : 1;
+    if (bytes.size() < at + count * per) {
+      return UsageError(absl::StrCat(source, ": PGM data is cut short"));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      long v = static_cast<uint8_t>(bytes[at + i * per]);
+      if (per == 2) v = (v << 8) | static_cast<uint8_t>(bytes[at + i * per + 1]);
+      out.pixels[i] = scale(std::min(v, maxval));
+    }
+  } else {
+    for (size_t i = 0; i < count; ++i) {
+      long v = 0;
+      if (!next_number(&v)) return UsageError(absl::StrCat(source, ": PGM data is cut short"));
+      out.pixels[i] = scale(std::min(v, maxval));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<GrayImage> ReadImageFile(const std::string& path) {
+  absl::StatusOr<std::string> bytes = Slurp(path);
+  if (!bytes.ok()) return bytes.status();
+  switch (DetectImageFile(*bytes)) {
+    case ImageFileKind::kPgm:
+      return DecodePgm(*bytes, path);
+    case ImageFileKind::kPng:
+#ifdef KILN_CLIENT_HAVE_PNG
+      return DecodePng(path);
+#else
+      return UsageError(absl::StrCat(path, ": this kiln was built without libpng; use PGM files"));
+#endif
+    case ImageFileKind::kIdxImages:
+      return UsageError(absl::StrCat(path, " is an IDX file; pick an image with --index N"));
+    case ImageFileKind::kUnknown:
+      break;
+  }
+  return UsageError(absl::StrCat(path, ": not a PNG or PGM image"));
+}
+
+absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return UsageError(absl::StrCat("cannot read ", path));
+  std::string header(16, '\0');
+  if (!in.read(header.data(), 16) || DetectImageFile(header) != ImageFileKind::kIdxImages) {
+    return UsageError(absl::StrCat(path, ": not an IDX ubyte image file (magic 0x00000803)"));
+  }
+  const int64_t count = BigEndian32(header, 4);
+  GrayImage out;
+  out.height = static_cast<int>(BigEndian32(header, 8));
+  out.width = static_cast<int>(BigEndian32(header, 12));
+  if (index < 0 || index >= count) {
+    return UsageError(absl::StrCat("--index ", index, ": ", path, " holds images 0..", count - 1));
+  }
+  if (out.width <= 0 || out.height <= 0 || out.width > 16384 || out.height > 16384) {
+    return UsageError(absl::StrCat(path, ": bad image size in the IDX header"));
+  }
+  const size_t size = static_cast<size_t>(out.width) * static_cast<size_t>(out.height);
+  out.pixels.resize(size);
+  in.seekg(static_cast<std::streamoff>(16 + index * static_cast<int64_t>(size)));
+  if (!in.read(reinterpret_cast<char*>(out.pixels.data()), static_cast<std::streamsize>(size))) {
+    return UsageError(absl::StrCat(path, ": cut short before image ", index));
+  }
+  return out;
+}
+
+}  // namespace kiln::client

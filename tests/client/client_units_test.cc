@@ -1,0 +1,230 @@
+// Unit tests of the client's pieces: tables, checkpoint references, spec files and overrides,
+// image decoding, the plain progress view and exit codes.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_split.h"
+#include "cli_test_support.h"
+#include "client/cli_status.h"
+#include "client/image_file.h"
+#include "client/job_ref.h"
+#include "client/progress_view.h"
+#include "client/spec_file.h"
+#include "client/table.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+#ifdef KILN_CLIENT_HAVE_PNG
+#include <png.h>
+#endif
+
+namespace kiln::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TableTest, AlignsColumnsAndTrimsTrailingSpace) {
+  Table t({"ID", "STATE"});
+  t.AddRow({"job-1", "RUNNING"});
+  t.AddRow({"j", ""});
+  EXPECT_EQ(t.Render(), "ID     STATE\njob-1  RUNNING\nj\n");
+}
+
+TEST(KeyValueListTest, AlignsValues) {
+  KeyValueList kv;
+  kv.Add("job", "job-1");
+  kv.Add("state", "RUNNING");
+  EXPECT_EQ(kv.Render(), "job:    job-1\nstate:  RUNNING\n");
+}
+
+TEST(CheckpointRefTest, ParsesEveryForm) {
+  EXPECT_EQ(ParseCheckpointRef("job-1")->which, CheckpointRef::Which::kLatest);
+  EXPECT_EQ(ParseCheckpointRef("job-1@latest")->ToString(), "job-1@latest");
+  EXPECT_EQ(ParseCheckpointRef("job-1@best")->which, CheckpointRef::Which::kBest);
+  auto id = ParseCheckpointRef("job-1@7");
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(id->checkpoint_id, 7);
+  EXPECT_EQ(id->job_id, "job-1");
+  EXPECT_FALSE(ParseCheckpointRef("job-1@-3").ok());
+  EXPECT_FALSE(ParseCheckpointRef("@best").ok());
+  EXPECT_EQ(ReportStatus(ParseCheckpointRef("job@x").status(), stderr), 2);
+}
+
+TEST(SpecFileTest, ParsesJsonAndTextAndNamesTheFileOnErrors) {
+  auto json = ParseSpecJson(R"({"preset": "mnist-cnn", "epochs": 3})", "a.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->epochs(), 3);
+  auto text = ParseSpecText("preset: \"mnist-mlp\"\nbatch_size: 16\n", "a.textproto");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->batch_size(), 16);
+  auto bad = ParseSpecText("epochs: \"x\"", "b.textproto");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("b.textproto"));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 1"));
+  EXPECT_FALSE(ParseSpecJson(R"({"no_such_field": 1})", "c.json").ok());
+}
+
+TEST(SpecFileTest, OverridesFillDefaultsAndSpellOutThePresetOptimizerForLr) {
+  v1::JobSpec spec;
+  SpecOverrides o;
+  o.preset = "mnist-cnn";
+  o.lr = 0.002;
+  ASSERT_TRUE(ApplyOverrides(o, &spec).ok());
+  EXPECT_EQ(spec.dataset(), "mnist");
+  EXPECT_EQ(spec.epochs(), 1);
+  EXPECT_EQ(spec.optimizer().kind(), v1::OptimizerSpec::KIND_ADAM);
+  EXPECT_FLOAT_EQ(spec.optimizer().lr(), 0.002f);
+
+  v1::JobSpec custom;
+  SpecOverrides lr_only;
+  lr_only.lr = 0.1;
+  EXPECT_EQ(ReportStatus(ApplyOverrides(lr_only, &custom), stderr), 2);
+}
+
+TEST(ImageFileTest, DecodesBinaryAndAsciiPgm) {
+  const std::string p5 = testing::ToyPgm(3, 2);
+  auto image = DecodePgm(p5, "x.pgm");
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_EQ(image->width, 28);
+  EXPECT_EQ(image->height, 28);
+  EXPECT_EQ(std::string(image->pixels.begin(), image->pixels.end()), p5.substr(p5.size() - 784));
+
+  auto ascii = DecodePgm("P2\n# comment\n2 1\n15\n0 15\n", "y.pgm");
+  ASSERT_TRUE(ascii.ok()) << ascii.status();
+  EXPECT_EQ(ascii->pixels, (std::vector<uint8_t>{0, 255}));
+  EXPECT_FALSE(DecodePgm("P5\n28 28\n255\nshort", "z.pgm").ok());
+  EXPECT_EQ(DetectImageFile(testing::ToyImagesIdx(1, 1)), ImageFileKind::kIdxImages);
+}
+
+#ifdef KILN_CLIENT_HAVE_PNG
+TEST(ImageFileTest, DecodesPngToGray) {
+  const std::string dir = testing::MakeTempDir("kiln-png");
+  const std::string pgm = testing::ToyPgm(1, 2);
+  const std::string gray = pgm.substr(pgm.size() - 784);
+  // The same pixels as RGB, which the decoder must bring back to gray.
+  std::string rgb;
+  for (char c : gray) rgb.append(3, c);
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  image.width = 28;
+  image.height = 28;
+  image.format = PNG_FORMAT_RGB;
+  const std::string path = dir + "/digit.png";
+  ASSERT_TRUE(png_image_write_to_file(&image, path.c_str(), 0, rgb.data(), 0, nullptr));
+  auto decoded = ReadImageFile(path);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->pixels.size(), 784u);
+  int far = 0;
+  for (size_t i = 0; i < 784; ++i)
+    far += std::abs(decoded->pixels[i] - static_cast<uint8_t>(gray[i])) > 2;
+  EXPECT_EQ(far, 0);
+}
+#endif
+
+TEST(ImageFileTest, ReadsOneImageOutOfAnIdxFile) {
+  const std::string dir = testing::MakeTempDir("kiln-idx");
+  testing::WriteFile(dir + "/images", testing::ToyImagesIdx(4, 2));
+  auto image = ReadIdxImage(dir + "/images", 3);
+  ASSERT_TRUE(image.ok()) << image.status();
+  const std::string pgm = testing::ToyPgm(3, 2);
+  EXPECT_EQ(std::string(image->pixels.begin(), image->pixels.end()), pgm.substr(pgm.size() - 784));
+  EXPECT_FALSE(ReadIdxImage(dir + "/images", 4).ok());
+}
+
+TEST(ProgressViewTest, PlainStylePrintsLinesWithoutControlCharacters) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  v1::Job job;
+  job.set_id("job-1");
+  job.set_epochs(1);
+  {
+    ProgressView view(out, ProgressView::Style::kPlain, job);
+    for (int i = 1; i <= 20; ++i) {
+      v1::JobEvent e;
+      e.mutable_time()->set_seconds(1000 + i);
+      v1::StepMetrics* s = e.mutable_step();
+      s->set_epoch(1);
+      s->set_step_in_epoch(i);
+      s->set_steps_per_epoch(20);
+      s->set_global_step(i);
+      s->set_loss(1.0f / i);
+      view.OnEvent(e);
+    }
+    v1::JobEvent epoch;
+    epoch.mutable_epoch()->set_epoch(1);
+    epoch.mutable_epoch()->set_test_samples(10);
+    epoch.mutable_epoch()->set_test_accuracy(0.9);
+    view.OnEvent(epoch);
+    job.set_state(v1::JOB_STATE_SUCCEEDED);
+    job.set_epochs_done(1);
+    job.set_global_step(20);
+    view.PrintSummary(job);
+  }
+  std::fclose(out);
+  const std::string text(buffer, size);
+  free(buffer);
+  EXPECT_FALSE(testing::HasControlCharacters(text)) << text;
+  EXPECT_THAT(text, HasSubstr("epoch 1/1  step 2/20 (10%)"));
+  EXPECT_THAT(text, HasSubstr("test acc 90.00%"));
+  EXPECT_THAT(text, HasSubstr("job-1 SUCCEEDED: 1 epoch, 20 steps"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 9 + 1 + 2);
+}
+
+TEST(ProgressViewTest, LiveStyleRedrawsOneBarInPlaceAndClearsItForLines) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  v1::Job job;
+  job.set_id("job-2");
+  job.set_epochs(2);
+  {
+    ProgressView view(out, ProgressView::Style::kLive, job, 80);
+    for (int i = 1; i <= 4; ++i) {
+      v1::JobEvent e;
+      e.mutable_time()->set_seconds(1000 + i);
+      v1::StepMetrics* s = e.mutable_step();
+      s->set_epoch(1);
+      s->set_step_in_epoch(i);
+      s->set_steps_per_epoch(4);
+      s->set_global_step(i);
+      s->set_loss(0.5f);
+      s->set_samples_per_sec(1234);
+      view.OnEvent(e);
+    }
+    v1::JobEvent epoch;
+    epoch.mutable_epoch()->set_epoch(1);
+    view.OnEvent(epoch);
+    job.set_state(v1::JOB_STATE_FAILED);
+    job.set_reason("loss became NaN");
+    view.PrintSummary(job);
+  }
+  std::fclose(out);
+  const std::string text(buffer, size);
+  free(buffer);
+  EXPECT_THAT(text, HasSubstr("\r\033[Kepoch 1/2 [=====>"));
+  EXPECT_THAT(text, HasSubstr("] 4/4  loss 0.5000  acc -  1234/s"));
+  EXPECT_THAT(text, HasSubstr("\r\033[Kepoch 1/2  train loss"));
+  EXPECT_THAT(text, HasSubstr("job-2 FAILED after 0 epochs, 0 steps: loss became NaN\n"));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    // Every drawn bar fits the 80 columns it was given.
+    const size_t last = line.rfind("\033[K");
+    const absl::string_view shown = last == absl::string_view::npos ? line : line.substr(last + 3);
+    EXPECT_LT(shown.size(), 80u) << shown;
+  }
+}
+
+TEST(CliStatusTest, ExitCodesByKind) {
+  EXPECT_EQ(ReportStatus(absl::OkStatus(), stderr), 0);
+  EXPECT_EQ(ReportStatus(UsageError("bad"), stderr), 2);
+  EXPECT_EQ(ReportStatus(ServerError(grpc::Status(grpc::StatusCode::NOT_FOUND, "x")), stderr), 1);
+  EXPECT_EQ(ReportStatus(ReportedFailure(), stderr), 1);
+  EXPECT_EQ(ReportStatus(absl::UnavailableError("down"), stderr), 1);
+  EXPECT_EQ(ReportStatus(Interrupted(), stderr), 130);
+}
+
+}  // namespace
+}  // namespace kiln::client

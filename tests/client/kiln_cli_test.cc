@@ -1,0 +1,388 @@
+// The kiln binary as a user runs it: a subprocess against a real kilnd subprocess on a loopback
+// port, checked by exit code, stdout and stderr.
+#include <signal.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "cli_test_support.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace kiln::client::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kSmallSpecJson[] = R"({
+  "dataset": "toy",
+  "epochs": 2,
+  "batch_size": 32,
+  "seed": 7,
+  "device": "cpu",
+  "model": {
+    "input_shape": [784],
+    "layers": [
+      {"linear": {"in_features": 784, "out_features": 32}},
+      {"relu": {}},
+      {"linear": {"in_features": 32, "out_features": 10}}
+    ]
+  },
+  "optimizer": {"kind": "KIND_SGD", "lr": 0.05, "momentum": 0.9}
+})";
+
+constexpr char kSmallSpecText[] = R"(
+dataset: "toy"
+epochs: 1
+batch_size: 32
+device: "cpu"
+model {
+  input_shape: 784
+  layers { linear { in_features: 784 out_features: 10 } }
+}
+optimizer { kind: KIND_SGD lr: 0.05 }
+)";
+
+// One fast kilnd and one whose steps take 20 ms (for cancel and detach), shared by the tests.
+class KilnCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new std::string(MakeTempDir("kiln-cli"));
+    WriteToyDataset(*root_ + "/data/toy", 256, 64);
+    fast_ = new Kilnd();
+    ASSERT_TRUE(fast_->Start(*root_ + "/state-fast", *root_ + "/data")) << "kilnd did not start";
+    slow_ = new Kilnd();
+    ASSERT_TRUE(slow_->Start(*root_ + "/state-slow", *root_ + "/data", {"--step_delay=20ms"}));
+    WriteFile(*root_ + "/small.json", kSmallSpecJson);
+    WriteFile(*root_ + "/small.textproto", kSmallSpecText);
+  }
+  static void TearDownTestSuite() {
+    delete fast_;
+    delete slow_;
+    fs::remove_all(*root_);
+    delete root_;
+  }
+
+  // Runs kiln with `args` against `server` (the fast kilnd by default).
+  static RunResult Kiln(std::vector<std::string> args, Kilnd* server = nullptr,
+                        absl::Duration timeout = absl::Seconds(60)) {
+    args.insert(args.begin(), KILN_PATH);
+    return RunCommand(args, {"KILN_SERVER=" + (server != nullptr ? server : fast_)->address()},
+                      timeout);
+  }
+
+  // Submits a spec file and returns the job id (empty on failure).
+  static std::string Submit(const std::string& spec_file, std::vector<std::string> extra = {},
+                            Kilnd* server = nullptr) {
+    std::vector<std::string> args = {"submit", spec_file, "--output", "json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    RunResult r = Kiln(args, server);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (r.exit_code != 0) return "";
+    return nlohmann::json::parse(r.out).at("id").get<std::string>();
+  }
+
+  static std::string* root_;
+  static Kilnd* fast_;
+  static Kilnd* slow_;
+};
+
+std::string* KilnCliTest::root_ = nullptr;
+Kilnd* KilnCliTest::fast_ = nullptr;
+Kilnd* KilnCliTest::slow_ = nullptr;
+
+TEST_F(KilnCliTest, SubmitWatchRunsToSuccessInPlainLinesWithoutControlCharacters) {
+  RunResult r = Kiln({"submit", *root_ + "/small.json", "--watch"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("submitted job-"));
+  EXPECT_THAT(r.out, HasSubstr("step "));
+  EXPECT_THAT(r.out, HasSubstr("epoch 1/2  train loss"));
+  EXPECT_THAT(r.out, HasSubstr("epoch 2/2  train loss"));
+  EXPECT_THAT(r.out, HasSubstr("checkpoint "));
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED: 2 epochs, 16 steps"));
+  EXPECT_FALSE(HasControlCharacters(r.out)) << r.out;
+  EXPECT_FALSE(HasControlCharacters(r.err)) << r.err;
+}
+
+TEST_F(KilnCliTest, WatchInJsonPrintsOneParsableEventPerLine) {
+  const std::string id = Submit(*root_ + "/small.json", {"--epochs", "1"});
+  ASSERT_FALSE(id.empty());
+  RunResult r = Kiln({"watch", id, "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int epochs = 0, steps = 0;
+  for (absl::string_view line : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    epochs += event.contains("epoch");
+    steps += event.contains("step");
+  }
+  EXPECT_EQ(epochs, 1);
+  EXPECT_EQ(steps, 8);
+}
+
+TEST_F(KilnCliTest, JobsAndGetPrintTablesAndJson) {
+  const std::string id = Submit(*root_ + "/small.textproto");
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Kiln({"watch", id}).exit_code, 0);
+
+  RunResult table = Kiln({"jobs"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("JOB"));
+  EXPECT_THAT(table.out, HasSubstr("STATE"));
+  EXPECT_THAT(table.out, HasSubstr(id + "  SUCCEEDED"));
+
+  RunResult json = Kiln({"jobs", "--output", "json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json jobs = nlohmann::json::parse(json.out);
+  bool found = false;
+  for (const auto& job : jobs.at("jobs")) found |= job.at("id") == id;
+  EXPECT_TRUE(found) << json.out;
+
+  RunResult only_running = Kiln({"jobs", "--state", "running", "--output", "json"});
+  ASSERT_EQ(only_running.exit_code, 0) << only_running.err;
+  const nlohmann::json running = nlohmann::json::parse(only_running.out);
+  for (const auto& job : running.at("jobs")) {
+    EXPECT_EQ(job.at("state"), "JOB_STATE_RUNNING");
+  }
+
+  RunResult get = Kiln({"get", id});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("state:"));
+  EXPECT_THAT(get.out, HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(get.out, HasSubstr("epochs:         1 of 1 done"));
+
+  RunResult get_json = Kiln({"--output", "json", "get", id});
+  ASSERT_EQ(get_json.exit_code, 0) << get_json.err;
+  const nlohmann::json job = nlohmann::json::parse(get_json.out);
+  EXPECT_EQ(job.at("id"), id);
+  EXPECT_EQ(job.at("state"), "JOB_STATE_SUCCEEDED");
+  EXPECT_EQ(job.at("epochs_done"), 1);
+}
+
+TEST_F(KilnCliTest, PresetFlagsOverrideThePresetsOptimizerRate) {
+  RunResult r = Kiln({"submit", "--preset", "mnist-mlp", "--dataset", "toy", "--epochs", "1",
+                      "--lr", "0.01", "--batch-size", "64", "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json job = nlohmann::json::parse(r.out);
+  EXPECT_EQ(job.at("spec").at("preset"), "mnist-mlp");
+  EXPECT_EQ(job.at("spec").at("optimizer").at("kind"), "KIND_SGD");
+  EXPECT_NEAR(job.at("spec").at("optimizer").at("lr").get<double>(), 0.01, 1e-6);
+  EXPECT_EQ(job.at("spec").at("batch_size"), 64);
+  EXPECT_EQ(Kiln({"watch", job.at("id")}).exit_code, 0);
+}
+
+TEST_F(KilnCliTest, CancelStopsARunningJobAndWatchThenExitsOne) {
+  const std::string id = Submit(*root_ + "/small.json", {"--epochs", "50"}, slow_);
+  ASSERT_FALSE(id.empty());
+  RunResult cancel = Kiln({"cancel", id}, slow_);
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_THAT(cancel.out, HasSubstr("cancelling " + id));
+  RunResult watch = Kiln({"watch", id}, slow_);
+  EXPECT_EQ(watch.exit_code, 1) << watch.out << watch.err;
+  EXPECT_THAT(watch.out, HasSubstr(id + " CANCELLED"));
+
+  RunResult again = Kiln({"cancel", id}, slow_);
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("FAILED_PRECONDITION: "));
+}
+
+TEST_F(KilnCliTest, CtrlCDuringWatchDetachesAndTheJobKeepsRunning) {
+  const std::string id = Submit(*root_ + "/small.json", {"--epochs", "50"}, slow_);
+  ASSERT_FALSE(id.empty());
+  Subprocess watch;
+  ASSERT_TRUE(watch.Start({KILN_PATH, "watch", id}, {"KILN_SERVER=" + slow_->address()}));
+  ASSERT_TRUE(watch.WaitForStdout("step ", absl::Seconds(30))) << watch.Stdout();
+  watch.Signal(SIGINT);
+  EXPECT_EQ(watch.Wait(absl::Seconds(10)), 130);
+  EXPECT_THAT(watch.Stderr(),
+              HasSubstr("detached; job " + id + " keeps running — kiln watch " + id));
+  RunResult get = Kiln({"get", id, "--output", "json"}, slow_);
+  ASSERT_EQ(get.exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(get.out).at("state"), "JOB_STATE_RUNNING");
+  EXPECT_EQ(Kiln({"cancel", id}, slow_).exit_code, 0);
+}
+
+TEST_F(KilnCliTest, CheckpointsAndExportCheckTheServersSha256) {
+  const std::string id = Submit(*root_ + "/small.json", {"--epochs", "1"});
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Kiln({"watch", id}).exit_code, 0);
+
+  RunResult list = Kiln({"checkpoints", id, "--output", "json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  const nlohmann::json checkpoints = nlohmann::json::parse(list.out).at("checkpoints");
+  ASSERT_FALSE(checkpoints.empty());
+  EXPECT_EQ(checkpoints.back().at("kind"), "CHECKPOINT_KIND_FINAL");
+  RunResult table = Kiln({"checkpoints", id});
+  EXPECT_THAT(table.out, HasSubstr("final"));
+
+  const std::string file = *root_ + "/" + id + ".safetensors";
+  RunResult exported = Kiln({"export", id, "-o", file, "--output", "json"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  const nlohmann::json out = nlohmann::json::parse(exported.out);
+  const std::string bytes = ReadFile(file);
+  EXPECT_EQ(out.at("sha256"), Sha256Hex(bytes));
+  EXPECT_EQ(out.at("bytes"), bytes.size());
+  EXPECT_FALSE(fs::exists(file + ".part"));
+
+  RunResult best = Kiln({"export", id + "@best", "-o", file});
+  EXPECT_EQ(best.exit_code, 2) << "refuses to overwrite without --force";
+  EXPECT_THAT(best.err, HasSubstr("--force"));
+  best = Kiln({"export", id + "@best", "-o", file, "--force"});
+  EXPECT_EQ(best.exit_code, 0) << best.err;
+  EXPECT_THAT(best.out, HasSubstr("sha256 " + Sha256Hex(ReadFile(file))));
+
+  RunResult missing = Kiln({"export", id + "@999", "-o", *root_ + "/none.safetensors"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.err, HasSubstr("NOT_FOUND: "));
+  EXPECT_FALSE(fs::exists(*root_ + "/none.safetensors"));
+}
+
+TEST_F(KilnCliTest, AFailedJobMakesWatchExitOneWithTheReason) {
+  // Pixels scaled to ~1e30 overflow the loss at once.
+  nlohmann::json spec = nlohmann::json::parse(kSmallSpecJson);
+  spec["normalization"] = {{"scale", 1e30}, {"mean", 0}, {"std", 1}};
+  WriteFile(*root_ + "/diverges.json", spec.dump());
+  RunResult r = Kiln({"submit", *root_ + "/diverges.json", "--watch"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr(" FAILED after "));
+  EXPECT_THAT(r.out, HasSubstr("loss became"));
+}
+
+TEST_F(KilnCliTest, BadUsageExitsTwoWithAMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  WriteFile(*root_ + "/broken.json", "{\"epochs\": \"many\"");
+  const std::vector<Case> cases = {
+      {{}, "A subcommand is required"},
+      {{"frobnicate"}, "unknown command \"frobnicate\""},
+      {{"get"}, "job is required"},
+      {{"submit"}, "give a spec file"},
+      {{"submit", "--preset", "resnet"}, "--preset"},
+      {{"submit", *root_ + "/missing.json"}, "cannot read spec file"},
+      {{"submit", *root_ + "/broken.json"}, "not a valid JobSpec in JSON"},
+      {{"submit", "--preset", "mnist-mlp", "--epochs", "0"}, "--epochs"},
+      {{"--output", "yaml", "jobs"}, "--output"},
+      {{"export", "job-1@newest"}, "the part after @ must be a checkpoint id"},
+      {{"predict", "digits"}, "files is required"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = Kiln(c.args);
+    EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(c.args, " ") << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << absl::StrJoin(c.args, " ");
+  }
+  RunResult help = Kiln({"submit", "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.out, HasSubstr("Examples:"));
+}
+
+TEST_F(KilnCliTest, ServerRefusalsExitOneWithTheCodeNameAndTheServersMessage) {
+  RunResult r = Kiln({"get", "job-nope"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND: "));
+  EXPECT_THAT(r.err, HasSubstr("job-nope"));
+
+  r = Kiln({"submit", *root_ + "/small.json", "--dataset", "no-such-data"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("no-such-data"));
+}
+
+TEST_F(KilnCliTest, AnUnreachableServerSaysHowToStartKilnd) {
+  const std::string address = absl::StrCat("127.0.0.1:", ClosedPort());
+  const absl::Time start = absl::Now();
+  RunResult r = RunCommand({KILN_PATH, "--server", address, "jobs"});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot reach kilnd at " + address + ": connection refused"));
+  EXPECT_THAT(r.err, HasSubstr("(is kilnd running? start it with: kilnd --listen " + address +
+                               " --state_dir DIR --data_dir DIR)"));
+  // The environment variable names the server too.
+  r = RunCommand({KILN_PATH, "health"}, {"KILN_SERVER=" + address});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot reach kilnd at " + address));
+}
+
+TEST_F(KilnCliTest, UploadAddsADatasetThatDatasetsLists) {
+  const std::string dir = *root_ + "/upload";
+  WriteToyDataset(dir, 64, 16, 5);
+  RunResult up =
+      Kiln({"upload", "uploaded", "--train-images", dir + "/train-images-idx3-ubyte",
+            "--train-labels", dir + "/train-labels-idx1-ubyte", "--test-images",
+            dir + "/t10k-images-idx3-ubyte", "--test-labels", dir + "/t10k-labels-idx1-ubyte"});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  EXPECT_THAT(up.out, HasSubstr("64 training and 16 test samples"));
+
+  RunResult list = Kiln({"datasets", "--output", "json"});
+  ASSERT_EQ(list.exit_code, 0);
+  std::vector<std::string> names;
+  const nlohmann::json datasets = nlohmann::json::parse(list.out);
+  for (const auto& d : datasets.at("datasets")) names.push_back(d.at("name"));
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"toy", "uploaded"}));
+  EXPECT_THAT(Kiln({"datasets"}).out, HasSubstr("uploaded"));
+
+  RunResult again = Kiln({"upload", "uploaded", "--train-images", dir + "/train-images-idx3-ubyte",
+                          "--train-labels", dir + "/train-labels-idx1-ubyte"});
+  EXPECT_EQ(again.exit_code, 1) << "the name is taken";
+}
+
+TEST_F(KilnCliTest, HealthSaysTheTrainingServiceIsServing) {
+  RunResult r = Kiln({"health", "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json health = nlohmann::json::parse(r.out);
+  EXPECT_EQ(health.at("status"), "SERVING");
+  EXPECT_EQ(health.at("services").at("kiln.v1.Training"), "SERVING");
+}
+
+TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
+  RunResult models = Kiln({"models"});
+  if (models.exit_code != 0 && absl::StrContains(models.err, "UNIMPLEMENTED")) {
+    GTEST_SKIP() << "serving (KServe v2) is not wired into kilnd yet: " << models.err;
+  }
+  ASSERT_EQ(models.exit_code, 0) << models.err;
+  const std::string id = Submit(*root_ + "/small.json");
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Kiln({"watch", id}).exit_code, 0);
+
+  RunResult deploy = Kiln({"deploy", id + "@latest", "--name", "toy-digits", "--max-batch", "8",
+                           "--max-delay-us", "100"});
+  ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
+  EXPECT_THAT(Kiln({"models"}).out, HasSubstr("toy-digits"));
+
+  // Test images of the toy set, whose labels are known, as PGM files.
+  std::vector<std::string> args = {"predict", "toy-digits", "--output", "json"};
+  std::vector<int> labels;
+  for (int i = 0; i < 5; ++i) {
+    const std::string file = absl::StrCat(*root_, "/digit", i, ".pgm");
+    WriteFile(file, ToyPgm(i, 2));
+    args.push_back(file);
+    labels.push_back(ToyLabel(i, 2));
+  }
+  RunResult predict = Kiln(args);
+  ASSERT_EQ(predict.exit_code, 0) << predict.err;
+  const nlohmann::json out = nlohmann::json::parse(predict.out);
+  ASSERT_EQ(out.at("predictions").size(), 5u);
+  int right = 0;
+  for (int i = 0; i < 5; ++i) right += out.at("predictions")[i].at("class") == labels[i];
+  EXPECT_GE(right, 4) << predict.out;
+
+  RunResult idx = Kiln(
+      {"predict", "toy-digits", *root_ + "/data/toy/t10k-images-idx3-ubyte", "--index", "0,1"});
+  EXPECT_EQ(idx.exit_code, 0) << idx.err;
+  EXPECT_THAT(idx.out, HasSubstr("t10k-images-idx3-ubyte#1"));
+
+  EXPECT_EQ(Kiln({"undeploy", "toy-digits"}).exit_code, 0);
+  RunResult gone = Kiln({"predict", "toy-digits", *root_ + "/digit0.pgm"});
+  EXPECT_EQ(gone.exit_code, 1);
+}
+
+}  // namespace
+}  // namespace kiln::client::testing
