@@ -3,20 +3,25 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "grpc/health/v1/health.pb.h"
 #include "engine/backend_registry.h"
 #include "engine/status_macros.h"
+#include "server/serving/job_checkpoint_resolver.h"
 #include "server/training_service.h"
 
 namespace kiln::server {
 namespace {
 
 constexpr const char* kServiceName = "kiln.v1.Training";
+constexpr const char* kInferenceServiceName = "inference.GRPCInferenceService";
 
 absl::Status MakeDir(const std::string& flag, const std::string& dir) {
   if (dir.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is required"));
@@ -27,6 +32,12 @@ absl::Status MakeDir(const std::string& flag, const std::string& dir) {
         absl::StrCat("--", flag, "=", dir, ": cannot create: ", ec.message()));
   }
   return absl::OkStatus();
+}
+
+// "host:0" with the port actually bound.
+std::string WithPort(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
 }
 
 }  // namespace
@@ -45,6 +56,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;
+  d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
+  d->metrics_ = std::make_unique<Metrics>(MetricsOptions{options.metrics_job_retention, {}});
+  if (absl::Status served = d->metrics_->Serve(options.metrics_listen); !served.ok()) {
+    if (!options.metrics_optional) return served;
+    d->log_->Log(LogLevel::kWarning, "metrics_off", {{"reason", std::string(served.message())}});
+  }
   KILN_ASSIGN_OR_RETURN(d->store_, JobStore::Open(options.state_dir + "/kiln.db"));
   d->broadcaster_ = std::make_unique<MetricBroadcaster>(options.watch_buffer_events);
   d->datasets_ = std::make_unique<DatasetCatalog>(options.data_dir, options.max_upload_bytes);
@@ -55,11 +72,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.limits = options.limits;
   manager_options.step_delay = options.step_delay;
+  manager_options.metrics = d->metrics_.get();
+  manager_options.log = d->log_.get();
   d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());
   d->service_ = std::make_unique<TrainingService>(d->manager_.get(), d->datasets_.get(),
                                                   d->broadcaster_.get());
+
+  // Serving: deployments name a job's checkpoint ("JOB@best"), resolved through the manager.
+  serving::ModelRepositoryOptions models;
+  models.resolver = serving::MakeJobCheckpointResolver(
+      [m = d->manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
+  d->models_ = std::make_unique<serving::ModelRepository>(std::move(models));
+  serving::InferenceServiceOptions inference;
+  inference.default_deployment.device = options.device;
+  Metrics* metrics = d->metrics_.get();
+  EventLog* log = d->log_.get();
+  inference.on_infer = [metrics](const std::string& model, const std::string& version,
+                                 absl::StatusCode code, double seconds, double queue_seconds,
+                                 int batch_size) {
+    metrics->RecordInference(model, version, code, seconds, queue_seconds, batch_size);
+  };
+  inference.on_repository_change = [metrics, log](const std::string& model,
+                                                  const std::string& source, bool loaded) {
+    if (loaded) {
+      log->Log(LogLevel::kInfo, "model_deployed", {{"model", model}, {"source", source}});
+    } else {
+      metrics->ForgetInferenceModel(model);
+      log->Log(LogLevel::kInfo, "model_undeployed", {{"model", model}});
+    }
+  };
+  d->inference_ = std::make_unique<serving::InferenceService>(d->models_.get(), inference);
 
   grpc::EnableDefaultHealthCheckService(true);
   // Touching the health descriptors links them in, so reflection can describe that service.
@@ -68,13 +112,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &d->port_);
   builder.RegisterService(d->service_.get());
+  builder.RegisterService(d->inference_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(d->metrics_->NewGrpcInterceptor());
+  builder.experimental().SetInterceptorCreators(std::move(creators));
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr || d->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen=", options.listen, ": cannot listen"));
   }
   d->server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  d->server_->GetHealthCheckService()->SetServingStatus(kInferenceServiceName, true);
   d->server_->GetHealthCheckService()->SetServingStatus("", true);
+  d->log_->ServerStarted(WithPort(options.listen, d->port_),
+                         options.metrics_listen.empty() || d->metrics_->port() == 0
+                             ? ""
+                             : WithPort(options.metrics_listen, d->metrics_->port()),
+                         options.device, absl::StrJoin(AvailableDevices(), ","));
   return d;
 }
 
@@ -82,7 +136,9 @@ absl::Status Daemon::Shutdown(absl::Duration deadline) {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(kServiceName, false);
+  server_->GetHealthCheckService()->SetServingStatus(kInferenceServiceName, false);
   server_->GetHealthCheckService()->SetServingStatus("", false);
+  inference_->SetReady(false);
   absl::Status jobs = manager_->Shutdown(deadline);
   broadcaster_->CloseAll(absl::UnavailableError("kilnd is shutting down"));
   // In-flight calls get a moment to finish; after it they are cancelled.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -12,7 +13,11 @@
 #include "server/dataset_catalog.h"
 #include "server/job_manager.h"
 #include "server/job_store.h"
+#include "server/logging.h"
 #include "server/metric_broadcaster.h"
+#include "server/serving/inference_service.h"
+#include "server/serving/model_repository.h"
+#include "server/metrics.h"
 #include "server/spec_translation.h"
 
 namespace grpc {
@@ -35,6 +40,12 @@ struct DaemonOptions {
   size_t watch_buffer_events = 1024;
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only
+  // Prometheus /metrics on HOST:PORT (port 0 picks one); empty: not served.
+  std::string metrics_listen;
+  bool metrics_optional = false;  // true: an address that cannot be bound only warns
+  absl::Duration metrics_job_retention = absl::Minutes(10);
+  LogFormat log_format = LogFormat::kText;
+  std::FILE* log_stream = stderr;  // the event log; null: none
 };
 
 class Daemon {
@@ -46,6 +57,11 @@ class Daemon {
   // The port actually bound.
   int port() const { return port_; }
   JobManager& manager() { return *manager_; }
+  // The metric families (also when not served), for serving and tests to feed and read.
+  Metrics& metrics() { return *metrics_; }
+  EventLog& event_log() { return *log_; }
+  // The /metrics port actually bound; 0 when not served.
+  int metrics_port() const { return metrics_->port(); }
 
   // Graceful stop: health goes NOT_SERVING, new jobs are refused, running jobs checkpoint and
   // stop (staying RUNNING in the store, to resume on the next start), watchers are told, and
@@ -56,11 +72,17 @@ class Daemon {
   Daemon() = default;
 
   DaemonOptions options_;
+  // First, so they outlive everything that reports to them.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<EventLog> log_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<MetricBroadcaster> broadcaster_;
   std::unique_ptr<DatasetCatalog> datasets_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<TrainingService> service_;
+  // Serving: above server_, so in-flight inference calls end before these go.
+  std::unique_ptr<serving::ModelRepository> models_;
+  std::unique_ptr<serving::InferenceService> inference_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

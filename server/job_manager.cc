@@ -6,6 +6,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +14,8 @@
 #include "engine/model.h"
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
+#include "server/logging.h"
+#include "server/metrics.h"
 #include "server/proto_time.h"
 
 namespace kiln::server {
@@ -111,6 +114,7 @@ absl::Status JobManager::EmitLocked(JobSlot& slot, v1::JobEvent event, bool pers
 
 absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
                                         const std::string& reason) {
+  const v1::JobState from = slot.job.state();
   slot.job.set_state(state);
   slot.job.set_reason(reason);
   if (IsFinal(state)) *slot.job.mutable_end_time() = MillisToTimestamp(NowMillis());
@@ -118,6 +122,8 @@ absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
   event.mutable_state()->set_state(state);
   event.mutable_state()->set_reason(reason);
   absl::Status status = EmitLocked(slot, std::move(event), /*persist_job=*/true);
+  if (options_.metrics != nullptr) options_.metrics->JobStateChanged(slot.job.id(), from, state);
+  if (options_.log != nullptr) options_.log->JobStateChanged(slot.job, from);
   if (IsFinal(state)) broadcaster_->Close(slot.job.id(), absl::OkStatus());
   return status;
 }
@@ -132,6 +138,10 @@ absl::Status JobManager::Recover() {
     slot->next_seq = max_seq + 1;
     slot->job = std::move(job);
     jobs_[slot->job.id()] = slot;
+    if (options_.metrics != nullptr) {
+      options_.metrics->JobStateChanged(slot->job.id(), v1::JOB_STATE_UNSPECIFIED,
+                                        slot->job.state());
+    }
     if (slot->job.state() == v1::JOB_STATE_RUNNING) resumed.push_back(slot);
     if (slot->job.state() == v1::JOB_STATE_QUEUED) queued.push_back(slot);
   }
@@ -210,6 +220,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   queues_[job.device()].push_back(job.id());
   ++queued_count_;
   v1::Job result = job;
+  if (options_.metrics != nullptr) options_.metrics->JobSubmitted();
+  if (options_.log != nullptr) options_.log->JobSubmitted(result);
   ScheduleLocked();
   return result;
 }
@@ -406,7 +418,9 @@ absl::StatusOr<v1::Checkpoint> JobManager::SaveCheckpoint(JobSlot& slot, Trainer
   const TrainingPosition& position = trainer.position();
   const std::string path = absl::StrCat(dir, "/", KindName(kind), "-step", position.global_step,
                                         "-", NowMillis(), ".safetensors");
+  const absl::Time write_start = absl::Now();
   KILN_RETURN_IF_ERROR(trainer.SaveCheckpoint(path));
+  const double write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
   v1::Checkpoint c;
   c.set_job_id(slot.job.id());
   c.set_kind(kind);
@@ -421,6 +435,10 @@ absl::StatusOr<v1::Checkpoint> JobManager::SaveCheckpoint(JobSlot& slot, Trainer
   v1::JobEvent event;
   *event.mutable_checkpoint() = c;
   KILN_RETURN_IF_ERROR(EmitLocked(slot, std::move(event), /*persist_job=*/true));
+  if (options_.metrics != nullptr) {
+    options_.metrics->CheckpointWritten(c.job_id(), KindName(kind), write_seconds, c.size_bytes());
+  }
+  if (options_.log != nullptr) options_.log->CheckpointWritten(c, write_seconds);
   PruneCheckpointsLocked(slot, c);
   return c;
 }
@@ -493,12 +511,22 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
     KILN_RETURN_IF_ERROR(store_->PutJob(slot->job));
   }
   if (slot->stop) return absl::AbortedError("kilnd is shutting down");
+  if (options_.metrics != nullptr) {
+    options_.metrics->TrainingStarted(job_id, ModelLabel(spec), epochs);
+  }
 
   absl::Status store_error;  // from callbacks that cannot return one; stops the run
   int epoch_ended = 0;
   bool improved = false;
+  absl::Time step_start = absl::Now();  // steps are timed from the end of the last after_step
   Trainer::Callbacks callbacks;
   callbacks.on_step = [&](const StepEvent& e) {
+    if (options_.metrics != nullptr) {
+      const int64_t samples = std::min<int64_t>(
+          config.batch_size, data->train.size - int64_t{e.step_in_epoch - 1} * config.batch_size);
+      options_.metrics->TrainingStep(job_id, e, samples,
+                                     absl::ToDoubleSeconds(absl::Now() - step_start));
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       slot->job.set_global_step(e.global_step);
@@ -536,9 +564,12 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
     *slot->job.mutable_last_epoch() = *m;
     absl::Status s = EmitLocked(*slot, std::move(event), /*persist_job=*/true);
     if (!s.ok() && store_error.ok()) store_error = s;
+    if (options_.metrics != nullptr) options_.metrics->TrainingEpoch(job_id, e);
+    if (options_.log != nullptr) options_.log->EpochDone(job_id, e, epochs);
     epoch_ended = e.epoch;
   };
   callbacks.after_step = [&](Trainer& t) -> absl::Status {
+    absl::Cleanup restart_step_clock = [&] { step_start = absl::Now(); };
     KILN_RETURN_IF_ERROR(store_error);
     if (epoch_ended > 0) {
       const int epoch = std::exchange(epoch_ended, 0);

@@ -30,6 +30,9 @@ class Trainer;
 
 namespace kiln::server {
 
+class EventLog;
+class Metrics;
+
 struct JobManagerOptions {
   std::string state_dir;               // checkpoints go to state_dir/checkpoints/<job>/
   std::string default_device = "cpu";  // for specs without a device; "auto" is resolved
@@ -38,6 +41,8 @@ struct JobManagerOptions {
   SpecLimits limits;
   // For tests only: a pause after every training step, to make jobs last predictably.
   absl::Duration step_delay = absl::ZeroDuration();
+  Metrics* metrics = nullptr;  // not owned; null: no metrics
+  EventLog* log = nullptr;     // not owned; null: no event log
 };
 
 // History plus live events of one job, as WatchJob streams them.

@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -25,6 +26,11 @@ ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20, "size limit of one data
 ABSL_FLAG(int64_t, max_parameters, 50'000'000, "largest model accepted, in parameters");
 ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
           "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)");
+ABSL_FLAG(absl::Duration, metrics_job_retention, absl::Minutes(10),
+          "how long a finished job's labelled series stay in /metrics");
+ABSL_FLAG(std::string, log_format, "text", "event log lines on stderr: text or json");
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
           "testing only: pause after every training step");
 
@@ -59,6 +65,18 @@ int main(int argc, char** argv) {
   options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
   options.limits.max_parameters = absl::GetFlag(FLAGS_max_parameters);
   options.step_delay = absl::GetFlag(FLAGS_step_delay);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  // The default address may be taken by another kilnd (a warning, then no metrics); one asked
+  // for explicitly must work.
+  const absl::CommandLineFlag* metrics_flag = absl::FindCommandLineFlag("metrics_listen");
+  options.metrics_optional = metrics_flag->CurrentValue() == metrics_flag->DefaultValue();
+  options.metrics_job_retention = absl::GetFlag(FLAGS_metrics_job_retention);
+  auto log_format = kiln::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", std::string(log_format.status().message()).c_str());
+    return 1;
+  }
+  options.log_format = *log_format;
 
   auto daemon = kiln::server::Daemon::Start(options);
   if (!daemon.ok()) {
@@ -67,6 +85,9 @@ int main(int argc, char** argv) {
   }
   // Tests and scripts read this line to learn the port.
   std::printf("kilnd: listening on port %d\n", (*daemon)->port());
+  if ((*daemon)->metrics_port() != 0) {
+    std::printf("kilnd: metrics on port %d\n", (*daemon)->metrics_port());
+  }
   std::fflush(stdout);
 
   int signal_number = 0;

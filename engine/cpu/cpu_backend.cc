@@ -163,6 +163,16 @@ absl::Status CpuBackend::Fill(Tensor* t, float value) {
 absl::Status CpuBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
                               const float* a, const float* b, float beta, float* c) {
   const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
+  if (m == 1) {
+    // One row (batch-1 inference): sgemv reads B once, where sgemm would first pack all of it.
+    // A 1 x k matrix is a contiguous vector whether or not it is transposed.
+    if (bt) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, alpha, b, k, a, 1, beta, c, 1);
+    } else {
+      cblas_sgemv(CblasRowMajor, CblasTrans, k, n, alpha, b, n, a, 1, beta, c, 1);
+    }
+    return absl::OkStatus();
+  }
   cblas_sgemm(CblasRowMajor, at ? CblasTrans : CblasNoTrans, bt ? CblasTrans : CblasNoTrans, m, n,
               k, alpha, a, at ? m : k, b, bt ? k : n, beta, c, n);
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/conv_cudnn.h"
+#include "engine/cuda/cublas_library.h"
 #include "engine/cuda/cuda_allocator.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_device.h"
@@ -84,10 +85,11 @@ absl::Status CudaBackend::Init() {
   allocator_ = std::make_shared<CudaCachingAllocator>(device_);
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocator_->set_stream(stream_);
-  KILN_CUDA_CHECK(cublasCreate(&cublas_));
-  KILN_CUDA_CHECK(cublasSetStream(cublas_, stream_));
+  KILN_ASSIGN_OR_RETURN(blas_, Cublas());
+  KILN_CUDA_CHECK(blas_->Create(&cublas_));
+  KILN_CUDA_CHECK(blas_->SetStream(cublas_, stream_));
   // Default math is true float32 for SGEMM; TF32 only when asked for.
-  KILN_CUDA_CHECK(cublasSetMathMode(
+  KILN_CUDA_CHECK(blas_->SetMathMode(
       cublas_, options_.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   KILN_CUDA_CHECK(cudnnCreate(&cudnn_));
   KILN_CUDA_CHECK(cudnnSetStream(cudnn_, stream_));
@@ -111,7 +113,7 @@ CudaBackend::~CudaBackend() {
   }
   convs_.reset();  // its descriptors before the cuDNN handle
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) blas_->Destroy(cublas_);
   if (allocator_ != nullptr) {
     allocator_->Free(temp_.data, temp_.bytes);
     allocator_->Free(workspace_.data, workspace_.bytes);
@@ -130,7 +132,7 @@ std::string CudaBackend::Description() const {
   int runtime = 0, driver = 0, cublas = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
-  if (cublas_ != nullptr) cublasGetVersion(cublas_, &cublas);
+  if (cublas_ != nullptr) blas_->GetVersion(cublas_, &cublas);
   cudaGetLastError();
   return absl::StrCat(CudaDeviceDescription(device_), "; CUDA runtime ", runtime, ", driver ",
                       driver, ", cuBLAS ", cublas, ", cuDNN ", cudnnGetVersion(),
@@ -292,7 +294,7 @@ absl::Status CudaBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, 
   // keep their leading dimensions (the stored row lengths).
   const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
   const int lda = std::max(1, at ? m : k), ldb = std::max(1, bt ? k : n);
-  KILN_CUDA_CHECK(cublasSgemm(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
+  KILN_CUDA_CHECK(blas_->Sgemm(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
                               at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
                               &beta, c, n));
   return absl::OkStatus();

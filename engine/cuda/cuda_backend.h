@@ -20,6 +20,9 @@
 // The CUDA handle types, declared so that this header needs no CUDA headers.
 struct CUstream_st;
 struct cublasContext;
+namespace kiln {
+struct CublasLibrary;
+}
 struct cudnnContext;
 
 namespace kiln {
@@ -128,6 +131,7 @@ class CudaBackend final : public Backend {
   const CudaBackendOptions options_;
   std::shared_ptr<CudaCachingAllocator> allocator_;
   CUstream_st* stream_ = nullptr;
+  const CublasLibrary* blas_ = nullptr;  // loaded at Init
   cublasContext* cublas_ = nullptr;
   cudnnContext* cudnn_ = nullptr;
   std::unique_ptr<CudnnConvolutions> convs_;

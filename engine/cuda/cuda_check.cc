@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/cublas_library.h"
 
 namespace kiln::cuda_internal {
 
@@ -32,9 +33,18 @@ absl::Status CallError(cudaError_t rc, const char* call, const char* file, int l
               absl::StrCat(cudaGetErrorName(rc), ": ", cudaGetErrorString(rc)));
 }
 
+namespace {
+// cuBLAS's own names for a status, when the library is loaded (it is, once a handle exists).
+std::string CublasMessage(cublasStatus_t rc) {
+  auto lib = Cublas();
+  if (!lib.ok()) return absl::StrCat("cuBLAS status ", static_cast<int>(rc));
+  return absl::StrCat((*lib)->GetStatusName(rc), ": ", (*lib)->GetStatusString(rc));
+}
+}  // namespace
+
 absl::Status CallError(cublasStatus_t rc, const char* call, const char* file, int line) {
   return Make(rc == CUBLAS_STATUS_ALLOC_FAILED, call, file, line,
-              absl::StrCat(cublasGetStatusName(rc), ": ", cublasGetStatusString(rc)));
+              CublasMessage(rc));
 }
 
 absl::Status CallError(cudnnStatus_t rc, const char* call, const char* file, int line) {

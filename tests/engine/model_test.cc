@@ -167,3 +167,25 @@ TEST(Model, FusedConvReluMatchesSeparateLayers) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The one-row GEMM path (sgemv) gives what the general path gives, for both layouts of B.
+TEST(CpuGemm, SingleRowMatchesGeneralPath) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_TRUE(backend.ok());
+  const int k = 7, n = 5;
+  const std::vector<float> a = testing::RandomValues(2 * k, 1), b = testing::RandomValues(n * k, 2);
+  for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+    std::vector<float> two(2 * n, 0.5f), one(n, 0.5f);
+    ASSERT_TRUE((*backend)->Gemm(Transpose::kNo, tb, 2, n, k, 1.5f, a.data(), b.data(), 2.0f,
+                                 two.data()).ok());
+    ASSERT_TRUE((*backend)->Gemm(Transpose::kNo, tb, 1, n, k, 1.5f, a.data(), b.data(), 2.0f,
+                                 one.data()).ok());
+    for (int j = 0; j < n; ++j) EXPECT_NEAR(one[j], two[j], 1e-5f) << j;
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,27 @@
+// cuBLAS, opened at run time (dlopen) instead of linked: libcublasLt carries ~94 KiB of static
+// TLS, which, linked into every binary, leaves no room for the small thread stacks some
+// libraries use (civetweb's, under kilnd's /metrics) and makes CPU-only machines need cuBLAS.
+#pragma once
+
+#include <cublas_v2.h>
+
+#include "absl/status/statusor.h"
+
+namespace kiln {
+
+// The cuBLAS entry points kiln calls, resolved once from libcublas.so.13 (or libcublas.so).
+struct CublasLibrary {
+  decltype(&cublasCreate_v2) Create;
+  decltype(&cublasDestroy_v2) Destroy;
+  decltype(&cublasSetStream_v2) SetStream;
+  decltype(&cublasSetMathMode) SetMathMode;
+  decltype(&cublasGetVersion_v2) GetVersion;
+  decltype(&cublasSgemm_v2) Sgemm;
+  decltype(&cublasGetStatusName) GetStatusName;
+  decltype(&cublasGetStatusString) GetStatusString;
+};
+
+// The library, loaded on first use; thread-safe. FailedPrecondition naming what is missing.
+absl::StatusOr<const CublasLibrary*> Cublas();
+
+}  // namespace kiln

@@ -1,0 +1,486 @@
+#include "server/metrics.h"
+
+#include <grpcpp/support/server_interceptor.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <fstream>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/trainer.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "unknown"
+#endif
+#ifndef KILN_CUDA_VERSION
+#define KILN_CUDA_VERSION "none"
+#endif
+#ifndef KILN_CUDNN_VERSION
+#define KILN_CUDNN_VERSION "none"
+#endif
+
+namespace kiln::server {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::Labels;
+
+// Distinct label values a client can make us create are capped; the rest fold into "other".
+constexpr size_t kMaxGrpcMethods = 200;
+constexpr size_t kMaxInferenceModels = 100;
+
+// Training steps run from ~100 us (a tiny MLP on CPU) to seconds (a big CNN).
+const Histogram::BucketBoundaries& StepBuckets() {
+  static const auto* b =
+      new Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+  return *b;
+}
+const Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* b =
+      new Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+  return *b;
+}
+const Histogram::BucketBoundaries& CheckpointBuckets() {
+  static const auto* b = new Histogram::BucketBoundaries{
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return *b;
+}
+const Histogram::BucketBoundaries& BatchBuckets() {
+  static const auto* b =
+      new Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  return *b;
+}
+
+std::string StateLabel(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  name = name.substr(std::string("JOB_STATE_").size());
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  return name;
+}
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string CodeLabel(absl::StatusCode code) { return absl::StatusCodeToString(code); }
+
+template <typename T>
+Family<T>* Declare(prometheus::detail::Builder<T> builder, prometheus::Registry& registry,
+                   const char* name, const char* help) {
+  return &builder.Name(name).Help(help).Register(registry);
+}
+
+}  // namespace
+
+DeviceMemory CpuMemory() {
+  DeviceMemory m;
+  m.device = "cpu";
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  m.total_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * page;
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  if (statm >> size_pages >> resident_pages) m.used_bytes = resident_pages * page;
+  return m;
+}
+
+std::string ModelLabel(const v1::JobSpec& spec) {
+  return spec.preset().empty() ? "custom" : spec.preset();
+}
+
+// Device memory is read at scrape time rather than polled.
+class Metrics::DeviceCollector : public prometheus::Collectable {
+ public:
+  explicit DeviceCollector(std::function<std::vector<DeviceMemory>()> source)
+      : source_(std::move(source)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::MetricFamily used{"kiln_device_memory_used_bytes",
+                                  "Memory in use per device (cpu: this process's resident set).",
+                                  prometheus::MetricType::Gauge,
+                                  {}};
+    prometheus::MetricFamily total{"kiln_device_memory_total_bytes",
+                                   "Memory per device (cpu: the machine's RAM).",
+                                   prometheus::MetricType::Gauge,
+                                   {}};
+    for (const DeviceMemory& d : source_()) {
+      prometheus::ClientMetric m;
+      m.label.push_back({"device", d.device});
+      m.gauge.value = static_cast<double>(d.used_bytes);
+      used.metric.push_back(m);
+      m.gauge.value = static_cast<double>(d.total_bytes);
+      total.metric.push_back(m);
+    }
+    return {used, total};
+  }
+
+ private:
+  std::function<std::vector<DeviceMemory>()> source_;
+};
+
+// The series of one job. Pointers are owned by their families; `removers` takes them out.
+struct Metrics::JobSeries {
+  Labels labels;  // job, model
+  std::vector<std::function<void()>> removers;
+  std::optional<absl::Time> expires;  // set once the job ended
+
+  Gauge* loss = nullptr;
+  Gauge* test_loss = nullptr;
+  Gauge* test_accuracy = nullptr;
+  Gauge* train_accuracy = nullptr;
+  Gauge* epoch = nullptr;
+  Gauge* target_epochs = nullptr;
+  Gauge* step = nullptr;
+  Gauge* samples_per_second = nullptr;
+  Gauge* learning_rate = nullptr;
+  Counter* samples = nullptr;
+  Histogram* step_duration = nullptr;
+  std::map<std::string, Counter*> checkpoints;  // by kind
+  Histogram* checkpoint_duration = nullptr;
+  Gauge* checkpoint_bytes = nullptr;
+
+  template <typename T, typename... Args>
+  T* Add(Family<T>* family, const Labels& labels_, Args&&... args) {
+    T* metric = &family->Add(labels_, std::forward<Args>(args)...);
+    removers.push_back([family, metric] { family->Remove(metric); });
+    return metric;
+  }
+  template <typename T, typename... Args>
+  T* Get(T*& slot, Family<T>* family, Args&&... args) {
+    if (slot == nullptr) slot = Add(family, labels, std::forward<Args>(args)...);
+    return slot;
+  }
+};
+
+namespace {
+
+// Records each call's method, final code and duration.
+class GrpcMetricsInterceptor : public grpc::experimental::Interceptor {
+ public:
+  GrpcMetricsInterceptor(Metrics* metrics, std::string method)
+      : metrics_(metrics), method_(std::move(method)), start_(std::chrono::steady_clock::now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      metrics_->RecordGrpc(method_, status.error_code(), seconds);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  Metrics* metrics_;
+  const std::string method_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
+class GrpcMetricsInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit GrpcMetricsInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
+
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    const char* method = info->method();
+    return new GrpcMetricsInterceptor(metrics_, method != nullptr ? method : "unknown");
+  }
+
+ private:
+  Metrics* metrics_;
+};
+
+}  // namespace
+
+Metrics::Metrics(MetricsOptions options)
+    : options_(std::move(options)), registry_(std::make_shared<prometheus::Registry>()) {
+  auto source = options_.device_memory;
+  if (!source) source = [] { return std::vector<DeviceMemory>{CpuMemory()}; };
+  devices_ = std::make_shared<DeviceCollector>(std::move(source));
+  prometheus::Registry& r = *registry_;
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+
+  build_info_ =
+      Declare(BuildGauge(), r, "kiln_build_info", "Always 1; the labels say which kilnd this is.");
+  jobs_ = Declare(BuildGauge(), r, "kiln_jobs", "Jobs known to kilnd, by state.");
+  job_submissions_ =
+      Declare(BuildCounter(), r, "kiln_job_submissions_total", "Jobs accepted by SubmitJob.");
+  job_completions_ = Declare(BuildCounter(), r, "kiln_job_completions_total",
+                             "Jobs that reached a final state, by that state.");
+  grpc_requests_ = Declare(BuildCounter(), r, "kiln_grpc_requests_total",
+                           "Finished gRPC calls, by method and status code.");
+  grpc_duration_ = Declare(BuildHistogram(), r, "kiln_grpc_request_duration_seconds",
+                           "Duration of gRPC calls (streams: until the status), by method.");
+
+  loss_ = Declare(BuildGauge(), r, "kiln_training_loss", "Mean loss of the job's latest batch.");
+  test_loss_ = Declare(BuildGauge(), r, "kiln_training_test_loss",
+                       "Mean test-set loss after the job's latest epoch.");
+  test_accuracy_ = Declare(BuildGauge(), r, "kiln_training_test_accuracy",
+                           "Test-set accuracy (fraction 0..1) after the job's latest epoch.");
+  train_accuracy_ = Declare(BuildGauge(), r, "kiln_training_train_accuracy",
+                            "Training accuracy (fraction 0..1) over the job's latest epoch.");
+  epoch_ = Declare(BuildGauge(), r, "kiln_training_epoch",
+                   "Epochs trained, fractional within the current epoch.");
+  target_epochs_ = Declare(BuildGauge(), r, "kiln_training_target_epochs",
+                           "Epochs the job is asked to train in all.");
+  step_ = Declare(BuildGauge(), r, "kiln_training_step", "Optimizer steps done, across epochs.");
+  samples_per_second_ = Declare(BuildGauge(), r, "kiln_training_samples_per_second",
+                                "Training throughput over the current epoch so far.");
+  samples_ = Declare(BuildCounter(), r, "kiln_training_samples_total",
+                     "Training samples processed by this run of the job.");
+  step_duration_ = Declare(BuildHistogram(), r, "kiln_training_step_duration_seconds",
+                           "Wall time of one optimizer step (forward, backward, update).");
+  learning_rate_ =
+      Declare(BuildGauge(), r, "kiln_training_learning_rate", "Current learning rate.");
+  checkpoints_ = Declare(BuildCounter(), r, "kiln_checkpoints_total",
+                         "Checkpoints written by this run of the job, by kind.");
+  checkpoint_duration_ = Declare(BuildHistogram(), r, "kiln_checkpoint_write_duration_seconds",
+                                 "Time to write one checkpoint file, fsync and rename included.");
+  checkpoint_bytes_ =
+      Declare(BuildGauge(), r, "kiln_checkpoint_bytes", "Size of the job's latest checkpoint.");
+
+  inference_requests_ = Declare(BuildCounter(), r, "kiln_inference_requests_total",
+                                "Inference requests, by model, version and status code.");
+  inference_duration_ = Declare(BuildHistogram(), r, "kiln_inference_request_duration_seconds",
+                                "End-to-end latency of inference requests, by model.");
+  inference_queue_ = Declare(BuildHistogram(), r, "kiln_inference_queue_duration_seconds",
+                             "Time inference requests waited for a batch, by model.");
+  inference_batch_ = Declare(BuildHistogram(), r, "kiln_inference_batch_size",
+                             "Requests per executed inference batch, by model.");
+
+  build_info_
+      ->Add({{"version", KILN_VERSION}, {"cuda", KILN_CUDA_VERSION}, {"cudnn", KILN_CUDNN_VERSION}})
+      .Set(1);
+  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+    jobs_by_state_[s] = &jobs_->Add({{"state", StateLabel(s)}});
+    if (IsFinal(s)) completions_by_state_[s] = &job_completions_->Add({{"state", StateLabel(s)}});
+  }
+  job_submissions_->Add({});
+  reaper_ = std::thread(&Metrics::ReaperLoop, this);
+}
+
+Metrics::~Metrics() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  reaper_cv_.notify_all();
+  reaper_.join();
+  http_.reset();  // stop serving before the families go
+}
+
+absl::Status Metrics::Serve(const std::string& listen) {
+  if (listen.empty()) return absl::OkStatus();
+  auto server = std::make_unique<MetricsHttpServer>([this] { return Scrape(); });
+  absl::StatusOr<int> port = server->Start(listen);
+  if (!port.ok()) return port.status();
+  port_ = *port;
+  http_ = std::move(server);
+  return absl::OkStatus();
+}
+
+std::string Metrics::Scrape() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : devices_->Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+void Metrics::JobSubmitted() { job_submissions_->Add({}).Increment(); }
+
+void Metrics::JobStateChanged(const std::string& job_id, v1::JobState from, v1::JobState to) {
+  if (from == to) return;
+  if (auto it = jobs_by_state_.find(from); it != jobs_by_state_.end()) it->second->Decrement();
+  if (auto it = jobs_by_state_.find(to); it != jobs_by_state_.end()) it->second->Increment();
+  if (!IsFinal(to)) return;
+  // A job loaded already finished was counted when it finished, before the restart.
+  if (from != v1::JOB_STATE_UNSPECIFIED) completions_by_state_[to]->Increment();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (JobSeries* s = FindJobLocked(job_id)) {
+    s->expires = absl::Now() + options_.job_retention;
+    reaper_cv_.notify_all();
+  }
+}
+
+Metrics::JobSeries* Metrics::FindJobLocked(const std::string& job_id) {
+  auto it = jobs_series_.find(job_id);
+  return it == jobs_series_.end() ? nullptr : it->second.get();
+}
+
+void Metrics::TrainingStarted(const std::string& job_id, const std::string& model,
+                              int target_epochs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<JobSeries>& s = jobs_series_[job_id];
+  if (s == nullptr) {
+    s = std::make_unique<JobSeries>();
+    s->labels = {{"job", job_id}, {"model", model}};
+  }
+  s->expires.reset();
+  s->Get(s->target_epochs, target_epochs_)->Set(target_epochs);
+  s->Get(s->samples, samples_);
+  s->Get(s->step_duration, step_duration_, StepBuckets());
+}
+
+void Metrics::TrainingStep(const std::string& job_id, const StepEvent& e, int64_t samples,
+                           double step_seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobSeries* s = FindJobLocked(job_id);
+  if (s == nullptr) return;
+  s->Get(s->loss, loss_)->Set(e.loss);
+  s->Get(s->learning_rate, learning_rate_)->Set(e.lr);
+  s->Get(s->samples_per_second, samples_per_second_)->Set(e.samples_per_sec);
+  s->Get(s->step, step_)->Set(static_cast<double>(e.global_step));
+  const double within =
+      e.steps_per_epoch > 0 ? static_cast<double>(e.step_in_epoch) / e.steps_per_epoch : 0;
+  s->Get(s->epoch, epoch_)->Set(e.epoch - 1 + within);
+  s->Get(s->samples, samples_)->Increment(static_cast<double>(samples));
+  s->Get(s->step_duration, step_duration_, StepBuckets())->Observe(step_seconds);
+}
+
+void Metrics::TrainingEpoch(const std::string& job_id, const EpochEvent& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobSeries* s = FindJobLocked(job_id);
+  if (s == nullptr) return;
+  s->Get(s->epoch, epoch_)->Set(e.epoch);
+  s->Get(s->train_accuracy, train_accuracy_)->Set(e.train_accuracy);
+  if (e.test.samples > 0) {
+    s->Get(s->test_accuracy, test_accuracy_)->Set(e.test.accuracy);
+    s->Get(s->test_loss, test_loss_)->Set(e.test.loss);
+  }
+}
+
+void Metrics::CheckpointWritten(const std::string& job_id, const std::string& kind, double seconds,
+                                int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobSeries* s = FindJobLocked(job_id);
+  if (s == nullptr) return;
+  Counter*& by_kind = s->checkpoints[kind];
+  if (by_kind == nullptr) {
+    Labels labels = s->labels;
+    labels["kind"] = kind;
+    by_kind = s->Add(checkpoints_, labels);
+  }
+  by_kind->Increment();
+  s->Get(s->checkpoint_duration, checkpoint_duration_, CheckpointBuckets())->Observe(seconds);
+  s->Get(s->checkpoint_bytes, checkpoint_bytes_)->Set(static_cast<double>(bytes));
+}
+
+void Metrics::RecordInference(const std::string& model, const std::string& version,
+                              absl::StatusCode code, double seconds, double queue_seconds,
+                              int batch_size) {
+  std::string name = model;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (inference_models_.count(name) == 0) {
+      if (inference_models_.size() >= kMaxInferenceModels) {
+        name = "other";
+      } else {
+        inference_models_.insert(name);
+      }
+    }
+  }
+  inference_requests_->Add({{"model", name}, {"version", version}, {"code", CodeLabel(code)}})
+      .Increment();
+  inference_duration_->Add({{"model", name}}, LatencyBuckets()).Observe(seconds);
+  if (batch_size > 0) {
+    inference_queue_->Add({{"model", name}}, LatencyBuckets()).Observe(queue_seconds);
+    inference_batch_->Add({{"model", name}}, BatchBuckets()).Observe(batch_size);
+  }
+}
+
+void Metrics::ForgetInferenceModel(const std::string& model) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (inference_models_.erase(model) == 0) return;
+  // Families cannot be listed by label, so probe the label sets this model can have.
+  const Labels by_model = {{"model", model}};
+  if (inference_duration_->Has(by_model)) {
+    inference_duration_->Remove(&inference_duration_->Add(by_model, LatencyBuckets()));
+  }
+  if (inference_queue_->Has(by_model)) {
+    inference_queue_->Remove(&inference_queue_->Add(by_model, LatencyBuckets()));
+  }
+  if (inference_batch_->Has(by_model)) {
+    inference_batch_->Remove(&inference_batch_->Add(by_model, BatchBuckets()));
+  }
+  for (const prometheus::MetricFamily& f : inference_requests_->Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      Labels labels;
+      for (const auto& l : m.label) labels[l.name] = l.value;
+      if (labels["model"] == model) inference_requests_->Remove(&inference_requests_->Add(labels));
+    }
+  }
+}
+
+void Metrics::RecordGrpc(const std::string& method, int code, double seconds) {
+  std::string name = method;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (grpc_methods_.count(name) == 0) {
+      if (grpc_methods_.size() >= kMaxGrpcMethods) {
+        name = "other";
+      } else {
+        grpc_methods_.insert(name);
+      }
+    }
+  }
+  grpc_requests_->Add({{"method", name}, {"code", CodeLabel(static_cast<absl::StatusCode>(code))}})
+      .Increment();
+  grpc_duration_->Add({{"method", name}}, LatencyBuckets()).Observe(seconds);
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+Metrics::NewGrpcInterceptor() {
+  return std::make_unique<GrpcMetricsInterceptorFactory>(this);
+}
+
+void Metrics::RemoveJobLocked(JobSeries& series) {
+  for (const auto& remove : series.removers) remove();
+  series.removers.clear();
+}
+
+void Metrics::ReapExpiredJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = absl::Now();
+  for (auto it = jobs_series_.begin(); it != jobs_series_.end();) {
+    if (it->second->expires.has_value() && *it->second->expires <= now) {
+      RemoveJobLocked(*it->second);
+      it = jobs_series_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Metrics::ReaperLoop() {
+  // Wakes often enough that a series outlives its retention by at most a second.
+  const absl::Duration tick =
+      std::clamp(options_.job_retention / 4, absl::Milliseconds(10), absl::Seconds(1));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    reaper_cv_.wait_for(lock, absl::ToChronoNanoseconds(tick));
+    if (stopping_) break;
+    lock.unlock();
+    ReapExpiredJobs();
+    lock.lock();
+  }
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,167 @@
+// Every Prometheus metric family kilnd exports, declared in one place and updated through the
+// small event API below by the code that owns each event (job manager, serving, gRPC edge).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kiln/v1/training.pb.h"
+#include "server/metrics_http_server.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace grpc::experimental {
+class ServerInterceptorFactoryInterface;
+}
+
+namespace kiln {
+struct EpochEvent;
+struct StepEvent;
+}  // namespace kiln
+
+namespace kiln::server {
+
+// Memory of one device at scrape time, in bytes.
+struct DeviceMemory {
+  std::string device;  // "cpu", "cuda:0"
+  int64_t used_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// The CPU entry: this process's resident set and the machine's RAM (from /proc).
+DeviceMemory CpuMemory();
+
+// The `model` label of a job's series: its preset, or "custom".
+std::string ModelLabel(const v1::JobSpec& spec);
+
+struct MetricsOptions {
+  // Job-labelled series are removed this long after their job ends.
+  absl::Duration job_retention = absl::Minutes(10);
+  // Queried at every scrape for kiln_device_memory_*; the default reports CpuMemory() only.
+  std::function<std::vector<DeviceMemory>()> device_memory;
+};
+
+// Thread-safe. Every method is cheap enough to call per training step or per request.
+class Metrics {
+ public:
+  explicit Metrics(MetricsOptions options = {});
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Serves the registry as text at http://`listen`/metrics (HOST:PORT, port 0 picks one).
+  // Unavailable when the address cannot be bound. Call at most once.
+  absl::Status Serve(const std::string& listen);
+  // The bound port after Serve, else 0.
+  int port() const { return port_; }
+  // The text exposition of everything, exactly as a scrape gets it.
+  std::string Scrape() const;
+
+  // --- jobs ---------------------------------------------------------------------------------
+  void JobSubmitted();
+  // A job moved from `from` (UNSPECIFIED for a job just created or loaded) to `to`. Final states
+  // count a completion and start the retention clock of the job's series; a new run stops it.
+  void JobStateChanged(const std::string& job_id, v1::JobState from, v1::JobState to);
+
+  // --- training, per job ----------------------------------------------------------------------
+  // A run of the job begins: its series (labels job, model) exist from now on.
+  void TrainingStarted(const std::string& job_id, const std::string& model, int target_epochs);
+  // One optimizer step of `samples` samples took `step_seconds`.
+  void TrainingStep(const std::string& job_id, const StepEvent& step, int64_t samples,
+                    double step_seconds);
+  void TrainingEpoch(const std::string& job_id, const EpochEvent& epoch);
+  // kind: "periodic", "best", "on-demand", "shutdown", "final".
+  void CheckpointWritten(const std::string& job_id, const std::string& kind, double seconds,
+                         int64_t bytes);
+
+  // --- inference (for the serving front end) --------------------------------------------------
+  // One ModelInfer request: its outcome, total latency, time spent queued for a batch, and the
+  // size of the batch it ran in.
+  void RecordInference(const std::string& model, const std::string& version, absl::StatusCode code,
+                       double seconds, double queue_seconds, int batch_size);
+  // Drops the series of an undeployed model.
+  void ForgetInferenceModel(const std::string& model);
+
+  // --- gRPC ---------------------------------------------------------------------------------
+  // One finished call of `method` ("/pkg.Service/Method").
+  void RecordGrpc(const std::string& method, int code, double seconds);
+  // An interceptor factory for grpc::ServerBuilder::experimental().SetInterceptorCreators that
+  // feeds RecordGrpc for every call of every service on that server.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewGrpcInterceptor();
+
+  // Removes job series whose retention has passed (also done by a background thread).
+  void ReapExpiredJobs();
+
+ private:
+  struct JobSeries;
+  class DeviceCollector;
+
+  JobSeries* FindJobLocked(const std::string& job_id);
+  void RemoveJobLocked(JobSeries& series);
+  void ReaperLoop();
+
+  const MetricsOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<DeviceCollector> devices_;
+  std::unique_ptr<MetricsHttpServer> http_;
+  int port_ = 0;
+
+  // Process-wide families.
+  prometheus::Family<prometheus::Gauge>* build_info_;
+  prometheus::Family<prometheus::Gauge>* jobs_;
+  prometheus::Family<prometheus::Counter>* job_submissions_;
+  prometheus::Family<prometheus::Counter>* job_completions_;
+  prometheus::Family<prometheus::Counter>* grpc_requests_;
+  prometheus::Family<prometheus::Histogram>* grpc_duration_;
+  // Per job.
+  prometheus::Family<prometheus::Gauge>* loss_;
+  prometheus::Family<prometheus::Gauge>* test_loss_;
+  prometheus::Family<prometheus::Gauge>* test_accuracy_;
+  prometheus::Family<prometheus::Gauge>* train_accuracy_;
+  prometheus::Family<prometheus::Gauge>* epoch_;
+  prometheus::Family<prometheus::Gauge>* target_epochs_;
+  prometheus::Family<prometheus::Gauge>* step_;
+  prometheus::Family<prometheus::Gauge>* samples_per_second_;
+  prometheus::Family<prometheus::Counter>* samples_;
+  prometheus::Family<prometheus::Histogram>* step_duration_;
+  prometheus::Family<prometheus::Gauge>* learning_rate_;
+  prometheus::Family<prometheus::Counter>* checkpoints_;
+  prometheus::Family<prometheus::Histogram>* checkpoint_duration_;
+  prometheus::Family<prometheus::Gauge>* checkpoint_bytes_;
+  // Inference, per model.
+  prometheus::Family<prometheus::Counter>* inference_requests_;
+  prometheus::Family<prometheus::Histogram>* inference_duration_;
+  prometheus::Family<prometheus::Histogram>* inference_queue_;
+  prometheus::Family<prometheus::Histogram>* inference_batch_;
+
+  std::map<v1::JobState, prometheus::Gauge*> jobs_by_state_;
+  std::map<v1::JobState, prometheus::Counter*> completions_by_state_;
+
+  mutable std::mutex mu_;
+  std::condition_variable reaper_cv_;
+  bool stopping_ = false;                                          // guarded by mu_
+  std::map<std::string, std::unique_ptr<JobSeries>> jobs_series_;  // guarded by mu_
+  std::set<std::string> grpc_methods_;                             // guarded by mu_
+  std::set<std::string> inference_models_;                         // guarded by mu_
+  std::thread reaper_;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,264 @@
+#include "server/serving/inference_service.h"
+
+#include <chrono>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "server/serving/tensor_codec.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "unknown"
+#endif
+
+namespace kiln::serving {
+namespace {
+
+// absl and gRPC share the canonical code numbering; the message passes unchanged.
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status Prefixed(const ServedVersion& version, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("model \"", version.model(), "\" version \"", version.version(),
+                                   "\": ", std::string(status.message())));
+}
+
+absl::StatusOr<std::string> StringParameter(const std::string& key,
+                                            const inference::ModelRepositoryParameter& p) {
+  if (p.has_string_param()) return p.string_param();
+  if (p.has_bytes_param()) return p.bytes_param();
+  return absl::InvalidArgumentError(
+      absl::StrCat("parameter \"", key, "\": must be a string_param"));
+}
+
+absl::StatusOr<int64_t> IntParameter(const std::string& key,
+                                     const inference::ModelRepositoryParameter& p) {
+  if (p.has_int64_param()) return p.int64_param();
+  int64_t value;
+  if (p.has_string_param() && absl::SimpleAtoi(p.string_param(), &value)) return value;
+  return absl::InvalidArgumentError(
+      absl::StrCat("parameter \"", key, "\": must be an int64_param (or a string holding one)"));
+}
+
+absl::StatusOr<LoadRequest> ParseLoad(const inference::RepositoryModelLoadRequest& request,
+                                      const DeploymentOptions& defaults) {
+  if (request.model_name().empty()) return absl::InvalidArgumentError("model_name: required");
+  LoadRequest load;
+  load.model = request.model_name();
+  load.options = defaults;
+  for (const auto& [key, value] : request.parameters()) {
+    if (key == "checkpoint") {
+      KILN_ASSIGN_OR_RETURN(load.source, StringParameter(key, value));
+    } else if (key == "version") {
+      KILN_ASSIGN_OR_RETURN(load.version, StringParameter(key, value));
+    } else if (key == "device") {
+      KILN_ASSIGN_OR_RETURN(load.options.device, StringParameter(key, value));
+    } else if (key == "max_batch_size") {
+      KILN_ASSIGN_OR_RETURN(int64_t n, IntParameter(key, value));
+      if (n < 1 || n > (int64_t{1} << 30)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter \"max_batch_size\": ", n, " is out of range"));
+      }
+      load.options.batching.max_batch_size = static_cast<int>(n);
+    } else if (key == "threads") {
+      KILN_ASSIGN_OR_RETURN(int64_t n, IntParameter(key, value));
+      if (n < 0 || n > 1024) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter \"threads\": ", n, " is out of range 0..1024"));
+      }
+      load.options.threads = static_cast<int>(n);
+    } else if (key == "max_queue_delay_us") {
+      KILN_ASSIGN_OR_RETURN(load.options.batching.max_queue_delay_us, IntParameter(key, value));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", key,
+                       "\" is not supported; kilnd reads checkpoint, version, device, threads, "
+                       "max_batch_size and max_queue_delay_us"));
+    }
+  }
+  return load;
+}
+
+}  // namespace
+
+InferenceService::InferenceService(ModelRepository* repository, InferenceServiceOptions options)
+    : repository_(repository), options_(std::move(options)) {
+  if (options_.server_version.empty()) options_.server_version = KILN_VERSION;
+}
+
+absl::Status InferenceService::Infer(const inference::ModelInferRequest& request,
+                                     inference::ModelInferResponse* response,
+                                     DynamicBatcher::RunInfo* info) const {
+  if (request.model_name().empty()) return absl::InvalidArgumentError("model_name: required");
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const ServedVersion> version,
+                        repository_->Find(request.model_name(), request.model_version()));
+  absl::StatusOr<PixelInput> input = DecodeInput(request, version->input_elems());
+  if (!input.ok()) return Prefixed(*version, input.status());
+  if (input->samples > options_.max_request_samples) {
+    return Prefixed(*version, absl::InvalidArgumentError(absl::StrCat(
+                                  "input \"", kInputName, "\": batch ", input->samples,
+                                  " is over the limit of ", options_.max_request_samples)));
+  }
+  absl::StatusOr<OutputSelection> outputs = SelectOutputs(request);
+  if (!outputs.ok()) return Prefixed(*version, outputs.status());
+
+  response->set_model_name(version->model());
+  response->set_model_version(version->version());
+  response->set_id(request.id());
+  const ContentsForm form =
+      request.raw_input_contents_size() > 0 ? ContentsForm::kRaw : ContentsForm::kTyped;
+  const OutputBuffers buffers =
+      PrepareOutputs(*outputs, input->samples, version->num_classes(), form, response);
+  // `version` stays referenced until the batch ran, even when it is unloaded meanwhile.
+  return version->batcher().Run(*input, buffers, info);
+}
+
+absl::Status InferenceService::Metadata(const inference::ModelMetadataRequest& request,
+                                        inference::ModelMetadataResponse* response) const {
+  if (request.name().empty()) return absl::InvalidArgumentError("name: required");
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const ServedVersion> version,
+                        repository_->Find(request.name(), request.version()));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> versions, repository_->Versions(request.name()));
+  response->set_name(version->model());
+  for (const std::string& v : versions) response->add_versions(v);
+  response->set_platform("kiln");
+  // FP32 is the input's declared datatype; UINT8 (raw pixels) is accepted too.
+  auto* input = response->add_inputs();
+  input->set_name(kInputName);
+  input->set_datatype("FP32");
+  input->add_shape(-1);
+  for (int64_t d : version->input_shape()) input->add_shape(d);
+  auto* probs = response->add_outputs();
+  probs->set_name(kProbabilitiesOutput);
+  probs->set_datatype("FP32");
+  probs->add_shape(-1);
+  probs->add_shape(version->num_classes());
+  auto* cls = response->add_outputs();
+  cls->set_name(kClassOutput);
+  cls->set_datatype("INT64");
+  cls->add_shape(-1);
+  return absl::OkStatus();
+}
+
+absl::Status InferenceService::LoadModel(const inference::RepositoryModelLoadRequest& request) {
+  KILN_ASSIGN_OR_RETURN(LoadRequest load, ParseLoad(request, options_.default_deployment));
+  return repository_->Load(load).status();
+}
+
+absl::Status InferenceService::UnloadModel(const inference::RepositoryModelUnloadRequest& request) {
+  if (request.model_name().empty()) return absl::InvalidArgumentError("model_name: required");
+  std::string version;
+  for (const auto& [key, value] : request.parameters()) {
+    if (key == "version") {
+      KILN_ASSIGN_OR_RETURN(version, StringParameter(key, value));
+    } else if (key != "unload_dependents") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", key, "\" is not supported; kilnd reads version and unload_dependents"));
+    }
+  }
+  return repository_->Unload(request.model_name(), version);
+}
+
+grpc::Status InferenceService::ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
+                                          inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ServerReady(grpc::ServerContext*,
+                                           const inference::ServerReadyRequest*,
+                                           inference::ServerReadyResponse* response) {
+  response->set_ready(ready_.load(std::memory_order_relaxed));
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ModelReady(grpc::ServerContext*,
+                                          const inference::ModelReadyRequest* request,
+                                          inference::ModelReadyResponse* response) {
+  if (request->name().empty()) {
+    return ToGrpc(absl::InvalidArgumentError("name: required"));
+  }
+  response->set_ready(repository_->Find(request->name(), request->version()).ok());
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ServerMetadata(grpc::ServerContext*,
+                                              const inference::ServerMetadataRequest*,
+                                              inference::ServerMetadataResponse* response) {
+  response->set_name(options_.server_name);
+  response->set_version(options_.server_version);
+  response->add_extensions("model_repository");
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ModelMetadata(grpc::ServerContext*,
+                                             const inference::ModelMetadataRequest* request,
+                                             inference::ModelMetadataResponse* response) {
+  absl::Status status = Metadata(*request, response);
+  if (!status.ok()) response->Clear();
+  return ToGrpc(status);
+}
+
+grpc::Status InferenceService::ModelInfer(grpc::ServerContext*,
+                                          const inference::ModelInferRequest* request,
+                                          inference::ModelInferResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  DynamicBatcher::RunInfo info;
+  absl::Status status = Infer(*request, response, &info);
+  if (options_.on_infer) {
+    const std::string version = status.ok() ? response->model_version() : request->model_version();
+    options_.on_infer(request->model_name(), version, status.code(),
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                      info.queue_seconds, info.batch_size);
+  }
+  if (!status.ok()) response->Clear();
+  return ToGrpc(status);
+}
+
+grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext*,
+                                               const inference::RepositoryIndexRequest* request,
+                                               inference::RepositoryIndexResponse* response) {
+  for (const ModelIndexEntry& entry : repository_->Index()) {
+    if (request->ready() && entry.state != "READY") continue;
+    auto* model = response->add_models();
+    model->set_name(entry.name);
+    model->set_version(entry.version);
+    model->set_state(entry.state);
+    model->set_reason(entry.reason);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::RepositoryModelLoad(
+    grpc::ServerContext*, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  absl::Status status = LoadModel(*request);
+  if (status.ok() && options_.on_repository_change) {
+    auto it = request->parameters().find("checkpoint");
+    options_.on_repository_change(
+        request->model_name(),
+        it != request->parameters().end() ? it->second.string_param() : request->model_name(),
+        true);
+  }
+  return ToGrpc(status);
+}
+
+grpc::Status InferenceService::RepositoryModelUnload(
+    grpc::ServerContext*, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  absl::Status status = UnloadModel(*request);
+  if (status.ok() && options_.on_repository_change) {
+    options_.on_repository_change(request->model_name(), "", false);
+  }
+  return ToGrpc(status);
+}
+
+}  // namespace kiln::serving

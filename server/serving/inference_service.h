@@ -1,0 +1,94 @@
+// inference.GRPCInferenceService (KServe v2 plus the model-repository extension) over gRPC's sync
+// API: a thin translator that checks requests, calls the model repository and the batchers, and
+// maps absl::Status to grpc::Status.
+//
+// Served models take one input, "input": FP32 (pixels scaled to [0, 1]) or UINT8 (raw pixels
+// 0..255), typed or in raw_input_contents, shape [batch, ...] with the model's per-sample element
+// count; ModelMetadata reports it as FP32 [-1, ...input shape]. They answer "probabilities" (FP32
+// [batch, classes]) and "class" (INT64 [batch]), typed, or raw when the input was raw.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/serving/model_repository.h"
+
+namespace kiln::serving {
+
+struct InferenceServiceOptions {
+  std::string server_name = "kiln";
+  std::string server_version;           // empty: kiln's own version
+  int64_t max_request_samples = 16384;  // the largest batch one ModelInfer may carry
+  // What RepositoryModelLoad deploys with, for the parameters a request does not give.
+  DeploymentOptions default_deployment;
+  // Called once per ModelInfer with its outcome, latency, queue time and batch size (0 when it
+  // never ran), and after each load/unload; for the daemon's metrics and event log.
+  std::function<void(const std::string& model, const std::string& version, absl::StatusCode code,
+                     double seconds, double queue_seconds, int batch_size)>
+      on_infer;
+  // After a successful RepositoryModelLoad (source: its "checkpoint" parameter, or the model
+  // name) or RepositoryModelUnload (source empty).
+  std::function<void(const std::string& model, const std::string& source, bool loaded)>
+      on_repository_change;
+};
+
+class InferenceService final : public inference::GRPCInferenceService::Service {
+ public:
+  // `repository` must outlive the service (and the grpc::Server it is registered on).
+  explicit InferenceService(ModelRepository* repository, InferenceServiceOptions options = {});
+
+  // What ServerReady answers (true from the start); e.g. false while the daemon shuts down.
+  void SetReady(bool ready) { ready_.store(ready, std::memory_order_relaxed); }
+
+  grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
+                          inference::ServerLiveResponse* response) override;
+  grpc::Status ServerReady(grpc::ServerContext* context,
+                           const inference::ServerReadyRequest* request,
+                           inference::ServerReadyResponse* response) override;
+  // Ready is false, not an error, for an unknown or unloaded model or version.
+  grpc::Status ModelReady(grpc::ServerContext* context, const inference::ModelReadyRequest* request,
+                          inference::ModelReadyResponse* response) override;
+  grpc::Status ServerMetadata(grpc::ServerContext* context,
+                              const inference::ServerMetadataRequest* request,
+                              inference::ServerMetadataResponse* response) override;
+  grpc::Status ModelMetadata(grpc::ServerContext* context,
+                             const inference::ModelMetadataRequest* request,
+                             inference::ModelMetadataResponse* response) override;
+  grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
+                          inference::ModelInferResponse* response) override;
+  // Lists loaded versions (READY) and unloaded models (UNAVAILABLE); repository_name is ignored:
+  // kilnd has one repository.
+  grpc::Status RepositoryIndex(grpc::ServerContext* context,
+                               const inference::RepositoryIndexRequest* request,
+                               inference::RepositoryIndexResponse* response) override;
+  // Parameters: "checkpoint" (string: the model source; default: model_name), "version"
+  // (string), "device" (string), "threads", "max_batch_size" and "max_queue_delay_us" (int64, or
+  // a string holding one). Any other parameter is InvalidArgument.
+  grpc::Status RepositoryModelLoad(grpc::ServerContext* context,
+                                   const inference::RepositoryModelLoadRequest* request,
+                                   inference::RepositoryModelLoadResponse* response) override;
+  // Parameters: "version" (string: only that version or alias), "unload_dependents" (ignored).
+  grpc::Status RepositoryModelUnload(grpc::ServerContext* context,
+                                     const inference::RepositoryModelUnloadRequest* request,
+                                     inference::RepositoryModelUnloadResponse* response) override;
+
+  // The same calls without gRPC, for the daemon and tests.
+  absl::Status Infer(const inference::ModelInferRequest& request,
+                     inference::ModelInferResponse* response,
+                     DynamicBatcher::RunInfo* info = nullptr) const;
+  absl::Status Metadata(const inference::ModelMetadataRequest& request,
+                        inference::ModelMetadataResponse* response) const;
+  absl::Status LoadModel(const inference::RepositoryModelLoadRequest& request);
+  absl::Status UnloadModel(const inference::RepositoryModelUnloadRequest& request);
+
+ private:
+  ModelRepository* repository_;
+  InferenceServiceOptions options_;
+  std::atomic<bool> ready_{true};
+};
+
+}  // namespace kiln::serving

@@ -1,0 +1,252 @@
+#include "server/serving/model_repository.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/backend_registry.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/inference.h"
+#include "engine/status_macros.h"
+
+namespace kiln::serving {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+constexpr size_t kMaxUnloadedRemembered = 10000;
+
+// Model names, version labels and aliases: 1..128 of [A-Za-z0-9._-].
+absl::Status CheckName(const char* what, const std::string& name) {
+  const bool ok = !name.empty() && name.size() <= kMaxNameLength &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+                           c == '_' || c == '-';
+                  });
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " \"", name, "\" must be 1 to ", kMaxNameLength, " of A-Z a-z 0-9 . _ -"));
+}
+
+absl::Status Prefixed(const std::string& model, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("model \"", model, "\": ", std::string(status.message())));
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedCheckpoint> ResolveCheckpointFile(const std::string& source) {
+  std::error_code ec;
+  if (source.empty() || !std::filesystem::is_regular_file(source, ec)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint \"", source, "\": no such file"));
+  }
+  ResolvedCheckpoint resolved;
+  resolved.path = source;
+  return resolved;
+}
+
+ModelRepository::ModelRepository(ModelRepositoryOptions options) : options_(std::move(options)) {}
+
+absl::Status ModelRepository::CheckOptions(const DeploymentOptions& options) const {
+  if (options.threads < 0 || options.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be in 0..1024, got ", options.threads));
+  }
+  const BatchingOptions& b = options.batching;
+  if (b.max_batch_size < 1 || b.max_batch_size > options_.max_batch_size_limit) {
+    return absl::InvalidArgumentError(absl::StrCat("max_batch_size must be in 1..",
+                                                   options_.max_batch_size_limit, ", got ",
+                                                   b.max_batch_size));
+  }
+  if (b.max_queue_delay_us < 0 || b.max_queue_delay_us > options_.max_queue_delay_us_limit) {
+    return absl::InvalidArgumentError(absl::StrCat("max_queue_delay_us must be in 0..",
+                                                   options_.max_queue_delay_us_limit, ", got ",
+                                                   b.max_queue_delay_us));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
+    const LoadRequest& request) {
+  KILN_RETURN_IF_ERROR(CheckName("model name", request.model));
+  if (!request.version.empty()) KILN_RETURN_IF_ERROR(CheckName("version", request.version));
+  if (absl::Status s = CheckOptions(request.options); !s.ok()) return Prefixed(request.model, s);
+
+  const std::string& source = request.source.empty() ? request.model : request.source;
+  absl::StatusOr<ResolvedCheckpoint> resolved = options_.resolver(source);
+  if (!resolved.ok()) return Prefixed(request.model, resolved.status());
+  std::string label = request.version.empty() ? resolved->version : request.version;
+  if (!label.empty()) {
+    if (absl::Status s = CheckName("version", label); !s.ok()) return Prefixed(request.model, s);
+  }
+  for (const std::string& alias : resolved->aliases) {
+    if (absl::Status s = CheckName("alias", alias); !s.ok()) return Prefixed(request.model, s);
+  }
+  if (label.empty()) {
+    // Numbers keep counting across unloads, so a number never names two checkpoints.
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
+    auto it = models_.find(request.model);
+    do {
+      label = std::to_string(next++);
+    } while (it != models_.end() && it->second.versions.count(label) > 0);
+  }
+
+  auto version = std::shared_ptr<ServedVersion>(new ServedVersion());
+  version->model_ = request.model;
+  version->version_ = label;
+  version->checkpoint_path_ = resolved->path;
+  version->options_ = request.options;
+  const std::string who = absl::StrCat("model \"", request.model, "\" version \"", label, "\"");
+  BackendOptions backend_options;
+  backend_options.threads = request.options.threads;
+  // A CPU backend sets the OpenMP thread count of the thread creating it, which suits the
+  // session's warm-up forward pass below; afterwards this thread gets its own count back.
+  const int caller_threads = omp_get_max_threads();
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      options_.backend_factory ? options_.backend_factory(request.options.device, backend_options)
+                               : CreateBackend(request.options.device, backend_options);
+  if (!backend.ok()) {
+    omp_set_num_threads(caller_threads);
+    return absl::Status(backend.status().code(),
+                        absl::StrCat(who, ": device \"", request.options.device,
+                                     "\": ", std::string(backend.status().message())));
+  }
+  version->backend_ = std::move(*backend);
+  absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
+      resolved->path, version->backend_.get(), request.options.batching.max_batch_size);
+  omp_set_num_threads(caller_threads);
+  if (!session.ok()) {
+    return absl::Status(session.status().code(),
+                        absl::StrCat(who, ": ", std::string(session.status().message())));
+  }
+  version->input_shape_ = (*session)->input_shape();
+  version->input_elems_ = (*session)->input_elems();
+  version->num_classes_ = (*session)->num_classes();
+  // OpenBLAS (OpenMP build) takes its thread count from the calling thread's OpenMP setting, so
+  // the batcher's worker adopts the CPU backend's count before its first forward pass.
+  std::function<void()> on_worker_start;
+  if (const auto* cpu = dynamic_cast<const CpuBackend*>(version->backend_.get())) {
+    on_worker_start = [threads = cpu->threads()] { omp_set_num_threads(threads); };
+  }
+  KILN_ASSIGN_OR_RETURN(version->batcher_,
+                        DynamicBatcher::Create(std::move(*session), request.options.batching, who,
+                                               std::move(on_worker_start)));
+
+  // Versions replaced or pushed out are released after the lock, where the last reference may
+  // stop a batcher's worker thread.
+  std::vector<std::shared_ptr<const ServedVersion>> released;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Model& model = models_[request.model];
+    if (auto it = model.versions.find(label); it != model.versions.end()) {
+      released.push_back(it->second);
+      RemoveVersion(model, label);
+    }
+    model.versions[label] = version;
+    model.load_order.push_back(label);
+    for (const std::string& alias : resolved->aliases) model.aliases[alias] = label;
+    while (static_cast<int>(model.load_order.size()) >
+           std::max(1, options_.max_versions_per_model)) {
+      const std::string oldest = model.load_order.front();
+      released.push_back(model.versions[oldest]);
+      RemoveVersion(model, oldest);
+    }
+    unloaded_.erase(request.model);
+  }
+  return std::shared_ptr<const ServedVersion>(version);
+}
+
+void ModelRepository::RemoveVersion(Model& model, const std::string& label) {
+  model.versions.erase(label);
+  model.load_order.erase(std::remove(model.load_order.begin(), model.load_order.end(), label),
+                         model.load_order.end());
+  for (auto it = model.aliases.begin(); it != model.aliases.end();) {
+    it = it->second == label ? model.aliases.erase(it) : std::next(it);
+  }
+}
+
+absl::Status ModelRepository::Unload(const std::string& model, const std::string& version) {
+  // Destroyed after `lock` is released: a last reference stops its batcher's thread unlocked.
+  std::vector<std::shared_ptr<const ServedVersion>> released;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = models_.find(model);
+  if (it == models_.end()) {
+    if (unloaded_.count(model) > 0) return absl::OkStatus();  // unloading twice changes nothing
+    return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
+  }
+  Model& m = it->second;
+  if (version.empty()) {
+    for (auto& [label, v] : m.versions) released.push_back(v);
+    models_.erase(it);
+  } else {
+    std::string label = version;
+    if (m.versions.count(label) == 0) {
+      auto alias = m.aliases.find(version);
+      if (alias == m.aliases.end()) {
+        return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
+                                                "\" (versions: ", absl::StrJoin(m.load_order, ", "),
+                                                ")"));
+      }
+      label = alias->second;
+    }
+    released.push_back(m.versions[label]);
+    RemoveVersion(m, label);
+    if (!m.versions.empty()) return absl::OkStatus();
+    models_.erase(it);
+  }
+  if (unloaded_.size() >= kMaxUnloadedRemembered) unloaded_.erase(unloaded_.begin());
+  unloaded_.insert(model);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Find(
+    const std::string& model, const std::string& version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = models_.find(model);
+  if (it == models_.end()) {
+    if (unloaded_.count(model) > 0) {
+      return absl::UnavailableError(absl::StrCat("model \"", model, "\" is unloaded"));
+    }
+    return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
+  }
+  const Model& m = it->second;
+  if (version.empty()) return m.versions.at(m.load_order.back());
+  if (auto v = m.versions.find(version); v != m.versions.end()) return v->second;
+  if (auto a = m.aliases.find(version); a != m.aliases.end()) return m.versions.at(a->second);
+  return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
+                                          "\" (versions: ", absl::StrJoin(m.load_order, ", "),
+                                          ")"));
+}
+
+absl::StatusOr<std::vector<std::string>> ModelRepository::Versions(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = models_.find(model);
+  if (it == models_.end()) {
+    if (unloaded_.count(model) > 0) {
+      return absl::UnavailableError(absl::StrCat("model \"", model, "\" is unloaded"));
+    }
+    return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
+  }
+  return it->second.load_order;
+}
+
+std::vector<ModelIndexEntry> ModelRepository::Index() const {
+  std::vector<ModelIndexEntry> index;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, model] : models_) {
+    for (const std::string& label : model.load_order) index.push_back({name, label, "READY", ""});
+  }
+  for (const std::string& name : unloaded_) index.push_back({name, "", "UNAVAILABLE", "unloaded"});
+  std::stable_sort(
+      index.begin(), index.end(),
+      [](const ModelIndexEntry& a, const ModelIndexEntry& b) { return a.name < b.name; });
+  return index;
+}
+
+}  // namespace kiln::serving

@@ -1,0 +1,150 @@
+// The deployed models: each a name with versions (a checkpoint, its session and its batcher) and
+// aliases such as "latest" and "best", loaded and unloaded while requests are in flight.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/backend_registry.h"
+#include "engine/tensor.h"
+#include "server/serving/dynamic_batcher.h"
+
+namespace kiln::serving {
+
+// What a model source (e.g. "JOB@best" for the daemon, a file path by default) stands for.
+struct ResolvedCheckpoint {
+  std::string path;  // the checkpoint file
+  // The version's label (e.g. the checkpoint id); empty: the model's next number ("1", "2", ...).
+  std::string version;
+  // Names that should point at this version from now on, e.g. {"latest", "best"}.
+  std::vector<std::string> aliases;
+};
+
+// Maps a model source to a checkpoint; errors pass to the caller of Load as they are.
+using CheckpointResolver =
+    std::function<absl::StatusOr<ResolvedCheckpoint>(const std::string& source)>;
+
+// The default resolver: `source` is the path of a checkpoint file (NotFound when there is none);
+// no version label, no aliases.
+absl::StatusOr<ResolvedCheckpoint> ResolveCheckpointFile(const std::string& source);
+
+// Makes the backend a version runs on, from a device string ("auto", "cpu", "cuda:N").
+using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(
+    const std::string& device, const BackendOptions& options)>;
+
+// How one deployment runs.
+struct DeploymentOptions {
+  std::string device = "auto";
+  // CPU threads of the version's forward passes (0: every core). One keeps batch-1 latency low
+  // and leaves the cores to training; batches still run at full speed per thread.
+  int threads = 1;
+  BatchingOptions batching;
+};
+
+struct ModelRepositoryOptions {
+  CheckpointResolver resolver = ResolveCheckpointFile;
+  BackendFactory backend_factory;  // empty: CreateBackend
+  // Loading a version beyond this many unloads the model's oldest one.
+  int max_versions_per_model = 3;
+  int max_batch_size_limit = 1024;             // the largest max_batch_size a deployment may ask
+  int64_t max_queue_delay_us_limit = 1000000;  // the longest delay it may ask
+};
+
+// What to load: `source` goes to the resolver; a non-empty `version` overrides its label.
+struct LoadRequest {
+  std::string model;
+  std::string source;
+  std::string version;
+  DeploymentOptions options;
+};
+
+// One loaded checkpoint of a model. Immutable but for its batcher; shared by the repository and
+// by requests in flight, so it lives until the last of them lets go.
+class ServedVersion {
+ public:
+  const std::string& model() const { return model_; }
+  const std::string& version() const { return version_; }
+  const std::string& checkpoint_path() const { return checkpoint_path_; }
+  const DeploymentOptions& options() const { return options_; }
+  const Shape& input_shape() const { return input_shape_; }  // per sample, e.g. {1, 28, 28}
+  int64_t input_elems() const { return input_elems_; }
+  int64_t num_classes() const { return num_classes_; }
+  DynamicBatcher& batcher() const { return *batcher_; }
+
+ private:
+  friend class ModelRepository;
+  ServedVersion() = default;
+
+  std::string model_, version_, checkpoint_path_;
+  DeploymentOptions options_;
+  Shape input_shape_;
+  int64_t input_elems_ = 0, num_classes_ = 0;
+  std::unique_ptr<Backend> backend_;         // declared before the batcher: outlives it
+  std::unique_ptr<DynamicBatcher> batcher_;  // owns the session
+};
+
+// One row of the repository index.
+struct ModelIndexEntry {
+  std::string name, version;
+  std::string state;   // "READY" or "UNAVAILABLE"
+  std::string reason;  // why UNAVAILABLE
+};
+
+// Thread-safe throughout.
+class ModelRepository {
+ public:
+  explicit ModelRepository(ModelRepositoryOptions options = {});
+
+  // Resolves and loads a checkpoint as a version of `request.model`, starting its batcher, then
+  // makes it the model's default version and points the resolved aliases at it. A version with
+  // the same label is replaced; requests already holding the old one finish on it.
+  // InvalidArgument for a bad name or option; the resolver's or loader's error otherwise.
+  absl::StatusOr<std::shared_ptr<const ServedVersion>> Load(const LoadRequest& request);
+
+  // Unloads one version (a label or alias) or, with `version` empty, the whole model. Requests
+  // in flight finish; later ones get Unavailable. NotFound for an unknown model or version;
+  // unloading an unloaded model again is OK.
+  absl::Status Unload(const std::string& model, const std::string& version = "");
+
+  // The version to serve: `version` is a label, an alias, or empty for the default (the most
+  // recently loaded). NotFound for a model or version never loaded, Unavailable for an unloaded
+  // model; both name it.
+  absl::StatusOr<std::shared_ptr<const ServedVersion>> Find(const std::string& model,
+                                                            const std::string& version) const;
+
+  // A model's version labels, oldest first (NotFound as for Find).
+  absl::StatusOr<std::vector<std::string>> Versions(const std::string& model) const;
+
+  // Every loaded version (READY) and every unloaded model (UNAVAILABLE), by name.
+  std::vector<ModelIndexEntry> Index() const;
+
+  const ModelRepositoryOptions& options() const { return options_; }
+
+ private:
+  struct Model {
+    std::map<std::string, std::shared_ptr<const ServedVersion>> versions;  // by label
+    std::vector<std::string> load_order;         // labels, oldest first; back() is the default
+    std::map<std::string, std::string> aliases;  // alias -> label
+  };
+
+  // Drops a version's label from a model (caller holds mu_).
+  static void RemoveVersion(Model& model, const std::string& label);
+  absl::Status CheckOptions(const DeploymentOptions& options) const;
+
+  const ModelRepositoryOptions options_;
+  mutable std::mutex mu_;
+  std::map<std::string, Model> models_;
+  std::set<std::string> unloaded_;              // unloaded and not loaded again since
+  std::map<std::string, int64_t> next_number_;  // the next unlabelled version's number
+};
+
+}  // namespace kiln::serving

@@ -1,0 +1,239 @@
+// kiln's metric families: names, labels, job-state accounting, retention of job series, the
+// inference API, gRPC call counting, and the /metrics endpoint, in process.
+#include "server/metrics.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/trainer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus_harness.h"
+#include "server/daemon.h"
+#include "server_test_support.h"
+
+namespace kiln::server {
+namespace {
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+StepEvent Step(int epoch, int step_in_epoch, int steps_per_epoch, float loss) {
+  StepEvent e;
+  e.epoch = epoch;
+  e.step_in_epoch = step_in_epoch;
+  e.steps_per_epoch = steps_per_epoch;
+  e.global_step = (epoch - 1) * steps_per_epoch + step_in_epoch;
+  e.loss = loss;
+  e.lr = 0.05f;
+  e.samples_per_sec = 1000;
+  return e;
+}
+
+TEST(MetricsTest, ScrapeDeclaresEveryFamilyWithItsType) {
+  Metrics metrics;
+  const std::string text = metrics.Scrape();
+  for (const char* line : {
+           "# TYPE kiln_build_info gauge",
+           "# TYPE kiln_jobs gauge",
+           "# TYPE kiln_job_submissions_total counter",
+           "# TYPE kiln_job_completions_total counter",
+           "# TYPE kiln_device_memory_used_bytes gauge",
+           "# TYPE kiln_device_memory_total_bytes gauge",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line));
+  }
+  EXPECT_THAT(text, HasSubstr("kiln_build_info{cuda=\""));
+  EXPECT_THAT(text, HasSubstr("kiln_jobs{state=\"queued\"} 0"));
+  EXPECT_THAT(text, HasSubstr("kiln_job_completions_total{state=\"failed\"} 0"));
+  EXPECT_THAT(text, HasSubstr("kiln_device_memory_used_bytes{device=\"cpu\"}"));
+}
+
+TEST(MetricsTest, CpuMemoryReportsThisProcessAndTheMachine) {
+  const DeviceMemory m = CpuMemory();
+  EXPECT_EQ(m.device, "cpu");
+  EXPECT_GT(m.used_bytes, 0);
+  EXPECT_GT(m.total_bytes, m.used_bytes);
+}
+
+TEST(MetricsTest, JobStatesMoveBetweenGaugesAndFinalStatesCountCompletions) {
+  Metrics metrics;
+  metrics.JobSubmitted();
+  metrics.JobStateChanged("a", v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED);
+  metrics.JobStateChanged("a", v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING);
+  metrics.JobStateChanged("b", v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED);
+  // A job loaded from the store already finished is not a new completion.
+  metrics.JobStateChanged("c", v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_SUCCEEDED);
+  metrics.JobStateChanged("a", v1::JOB_STATE_RUNNING, v1::JOB_STATE_FAILED);
+  const std::string text = metrics.Scrape();
+  EXPECT_THAT(text, HasSubstr("kiln_jobs{state=\"queued\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_jobs{state=\"running\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_jobs{state=\"failed\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_jobs{state=\"succeeded\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_job_completions_total{state=\"failed\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_job_completions_total{state=\"succeeded\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_job_submissions_total 1\n"));
+}
+
+TEST(MetricsTest, TrainingSeriesCarryJobAndModelLabels) {
+  Metrics metrics;
+  metrics.TrainingStarted("job-1", "mnist-mlp", 4);
+  metrics.TrainingStep("job-1", Step(1, 2, 4, 0.5f), 32, 0.002);
+  EpochEvent epoch;
+  epoch.epoch = 1;
+  epoch.train_accuracy = 0.75;
+  epoch.test.accuracy = 0.875;
+  epoch.test.loss = 0.25;
+  epoch.test.samples = 64;
+  metrics.TrainingEpoch("job-1", epoch);
+  metrics.CheckpointWritten("job-1", "periodic", 0.01, 12345);
+  const std::string text = metrics.Scrape();
+  const std::string labels = "{job=\"job-1\",model=\"mnist-mlp\"}";
+  EXPECT_THAT(text, HasSubstr("kiln_training_loss" + labels + " 0.5\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_test_accuracy" + labels + " 0.875\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_test_loss" + labels + " 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_epoch" + labels + " 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_target_epochs" + labels + " 4\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_step" + labels + " 2\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_samples_total" + labels + " 32\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_samples_per_second" + labels + " 1000\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_step_duration_seconds_count" + labels + " 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_learning_rate" + labels));
+  EXPECT_THAT(text, HasSubstr("kiln_checkpoints_total{job=\"job-1\",kind=\"periodic\","
+                              "model=\"mnist-mlp\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_checkpoint_bytes" + labels + " 12345\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_checkpoint_write_duration_seconds_count" + labels + " 1\n"));
+}
+
+TEST(MetricsTest, EventsOfUnknownJobsAreIgnored) {
+  Metrics metrics;
+  metrics.TrainingStep("nobody", Step(1, 1, 1, 1.0f), 1, 0.1);
+  metrics.CheckpointWritten("nobody", "final", 0.1, 1);
+  EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("nobody")));
+}
+
+TEST(MetricsTest, FinishedJobSeriesAreRemovedAfterTheRetention) {
+  MetricsOptions options;
+  options.job_retention = absl::Milliseconds(200);
+  Metrics metrics(options);
+  metrics.TrainingStarted("old", "custom", 1);
+  metrics.TrainingStep("old", Step(1, 1, 1, 1.0f), 8, 0.001);
+  metrics.TrainingStarted("live", "custom", 1);
+  metrics.TrainingStep("live", Step(1, 1, 1, 1.0f), 8, 0.001);
+  metrics.JobStateChanged("old", v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(metrics.Scrape(), HasSubstr("job=\"old\""));  // still within the retention
+  EXPECT_TRUE(testing::WaitFor([&] { return !absl::StrContains(metrics.Scrape(), "job=\"old\""); },
+                               absl::Seconds(5)));
+  EXPECT_THAT(metrics.Scrape(), HasSubstr("kiln_training_loss{job=\"live\""));
+}
+
+TEST(MetricsTest, AResumedJobKeepsItsSeries) {
+  MetricsOptions options;
+  options.job_retention = absl::Milliseconds(100);
+  Metrics metrics(options);
+  metrics.TrainingStarted("j", "custom", 1);
+  metrics.JobStateChanged("j", v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLED);
+  metrics.TrainingStarted("j", "custom", 2);  // resumed before the series expired
+  absl::SleepFor(absl::Milliseconds(400));
+  metrics.ReapExpiredJobs();
+  EXPECT_THAT(metrics.Scrape(),
+              HasSubstr("kiln_training_target_epochs{job=\"j\",model=\"custom\"} 2"));
+}
+
+TEST(MetricsTest, InferenceRequestsAreRecordedByModelVersionAndCode) {
+  Metrics metrics;
+  metrics.RecordInference("mnist", "1", absl::StatusCode::kOk, 0.004, 0.001, 8);
+  metrics.RecordInference("mnist", "1", absl::StatusCode::kOk, 0.006, 0.002, 8);
+  metrics.RecordInference("mnist", "1", absl::StatusCode::kInvalidArgument, 0.0001, 0, 0);
+  std::string text = metrics.Scrape();
+  EXPECT_THAT(text, HasSubstr("kiln_inference_requests_total{code=\"OK\",model=\"mnist\","
+                              "version=\"1\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_inference_requests_total{code=\"INVALID_ARGUMENT\","
+                              "model=\"mnist\",version=\"1\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_inference_request_duration_seconds_count{model=\"mnist\"} 3"));
+  // A request that never ran in a batch has no queue time or batch size.
+  EXPECT_THAT(text, HasSubstr("kiln_inference_queue_duration_seconds_count{model=\"mnist\"} 2"));
+  EXPECT_THAT(text, HasSubstr("kiln_inference_batch_size_sum{model=\"mnist\"} 16"));
+  metrics.ForgetInferenceModel("mnist");
+  EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("model=\"mnist\"")));
+}
+
+TEST(MetricsTest, GrpcMethodsBeyondTheCapFoldIntoOther) {
+  Metrics metrics;
+  for (int i = 0; i < 300; ++i) metrics.RecordGrpc(absl::StrCat("/x.Y/M", i), 12, 0.001);
+  const std::string text = metrics.Scrape();
+  EXPECT_THAT(text,
+              HasSubstr("kiln_grpc_requests_total{code=\"UNIMPLEMENTED\",method=\"/x.Y/M0\"} 1"));
+  EXPECT_THAT(text,
+              HasSubstr("kiln_grpc_requests_total{code=\"UNIMPLEMENTED\",method=\"other\"} 100"));
+}
+
+TEST(MetricsTest, ServesTheTextFormatOverHttp) {
+  Metrics metrics;
+  ASSERT_TRUE(metrics.Serve("127.0.0.1:0").ok());
+  ASSERT_GT(metrics.port(), 0);
+  absl::StatusOr<std::string> body =
+      testing::HttpGet(absl::StrCat("http://127.0.0.1:", metrics.port(), "/metrics"));
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_THAT(*body, HasSubstr("kiln_build_info{"));
+  EXPECT_THAT(*body, HasSubstr("kiln_device_memory_total_bytes{device=\"cpu\"}"));
+}
+
+TEST(MetricsTest, ABusyAddressIsUnavailable) {
+  Metrics first;
+  ASSERT_TRUE(first.Serve("127.0.0.1:0").ok());
+  Metrics second;
+  const absl::Status status = second.Serve(absl::StrCat("127.0.0.1:", first.port()));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("--metrics_listen"));
+}
+
+// The job manager's and the gRPC edge's hooks, through an in-process daemon.
+TEST(MetricsTest, ADaemonReportsItsJobsTrainingAndGrpcCalls) {
+  const std::string root = testing::MakeTempDir("kilnd-metrics");
+  DaemonOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "127.0.0.1:0";
+  options.state_dir = root + "/state";
+  options.data_dir = root + "/data";
+  options.device = "cpu";
+  options.log_stream = nullptr;
+  testing::WriteToyDataset(options.data_dir + "/toy", 128, 32);
+  auto daemon = Daemon::Start(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_GT((*daemon)->metrics_port(), 0);
+  auto stub = v1::Training::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*daemon)->port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = testing::SmallSpec("toy", 2);
+  v1::Job job;
+  ASSERT_TRUE(stub->SubmitJob(&context, request, &job).ok());
+  ASSERT_TRUE(testing::WaitForState(*stub, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+
+  const std::string text = (*daemon)->metrics().Scrape();
+  const std::string labels = absl::StrCat("{job=\"", job.id(), "\",model=\"custom\"}");
+  EXPECT_THAT(text, HasSubstr("kiln_jobs{state=\"succeeded\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_job_completions_total{state=\"succeeded\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_job_submissions_total 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_step" + labels + " 8\n"));  // 2 epochs of 4 steps
+  EXPECT_THAT(text, HasSubstr("kiln_training_samples_total" + labels + " 256\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_step_duration_seconds_count" + labels + " 8\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_epoch" + labels + " 2\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_training_test_accuracy" + labels));
+  EXPECT_THAT(text, HasSubstr("kiln_checkpoints_total{job=\"" + job.id()));
+  EXPECT_THAT(text, HasSubstr("kiln_grpc_requests_total{code=\"OK\","
+                              "method=\"/kiln.v1.Training/SubmitJob\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_grpc_requests_total{code=\"OK\","
+                              "method=\"/kiln.v1.Training/GetJob\"}"));
+  daemon->reset();
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+}  // namespace
+}  // namespace kiln::server

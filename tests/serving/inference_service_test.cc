@@ -1,0 +1,546 @@
+// The KServe v2 service over real gRPC channels: predictions equal the engine's own, batched and
+// one-by-one answers agree, metadata describes the model, bad requests get clear errors, and
+// models load and unload under traffic.
+#include "server/serving/inference_service.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/backend_registry.h"
+#include "engine/inference.h"
+#include "tests/serving/serving_test_support.h"
+
+namespace kiln::serving {
+namespace {
+
+using testing::Answer;
+using testing::Form;
+using testing::kClasses;
+using testing::kPixels;
+using testing::MakeRequest;
+using testing::ReadAnswer;
+using testing::SharedCheckpoints;
+
+// What the engine itself answers for `n` images, as PredictU8 or PredictF32 (pixels / 255).
+Answer EngineAnswer(const std::string& checkpoint, const uint8_t* pixels, int n,
+                    const std::string& datatype) {
+  auto backend = CreateBackend("cpu", {2});
+  EXPECT_TRUE(backend.ok());
+  auto session = InferenceSession::FromCheckpoint(checkpoint, backend->get(), n);
+  EXPECT_TRUE(session.ok()) << session.status();
+  std::vector<float> probs(n * kClasses);
+  std::vector<int32_t> classes(n);
+  if (datatype == "UINT8") {
+    EXPECT_TRUE((*session)->PredictU8(pixels, n, probs.data(), classes.data()).ok());
+  } else {
+    std::vector<float> scaled(n * kPixels);
+    for (int i = 0; i < n * kPixels; ++i) scaled[i] = pixels[i] / 255.0f;
+    EXPECT_TRUE((*session)->PredictF32(scaled.data(), n, probs.data(), classes.data()).ok());
+  }
+  return Answer{probs, std::vector<int64_t>(classes.begin(), classes.end())};
+}
+
+// Equal to float rounding: rows computed in batches of different sizes may differ in the last bits.
+bool Near(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::abs(a[i] - b[i]) > 1e-6f) return false;
+  }
+  return true;
+}
+
+grpc::Status Infer(inference::GRPCInferenceService::Stub& stub,
+                   const inference::ModelInferRequest& request,
+                   inference::ModelInferResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  return stub.ModelInfer(&context, request, response);
+}
+
+class InferenceServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Deploy("mlp", SharedCheckpoints().mlp_flat);
+    Deploy("image", SharedCheckpoints().mlp_image);
+    Deploy("cnn", SharedCheckpoints().cnn);
+    stub_ = server_.NewStub();
+  }
+
+  void Deploy(const std::string& name, const std::string& path, BatchingOptions batching = {}) {
+    LoadRequest load;
+    load.model = name;
+    load.source = path;
+    load.options.device = "cpu";
+    load.options.batching = batching;
+    auto loaded = server_.repository().Load(load);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+  }
+
+  testing::ServingServer server_;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
+};
+
+TEST_F(InferenceServiceTest, HealthAndServerMetadata) {
+  grpc::ClientContext c1, c2, c3;
+  inference::ServerLiveResponse live;
+  ASSERT_TRUE(stub_->ServerLive(&c1, {}, &live).ok());
+  EXPECT_TRUE(live.live());
+  inference::ServerReadyResponse ready;
+  ASSERT_TRUE(stub_->ServerReady(&c2, {}, &ready).ok());
+  EXPECT_TRUE(ready.ready());
+  inference::ServerMetadataResponse meta;
+  ASSERT_TRUE(stub_->ServerMetadata(&c3, {}, &meta).ok());
+  EXPECT_EQ(meta.name(), "kiln");
+  EXPECT_FALSE(meta.version().empty());
+  ASSERT_EQ(meta.extensions_size(), 1);
+  EXPECT_EQ(meta.extensions(0), "model_repository");
+  server_.service().SetReady(false);
+  grpc::ClientContext c4;
+  ASSERT_TRUE(stub_->ServerReady(&c4, {}, &ready).ok());
+  EXPECT_FALSE(ready.ready());
+}
+
+TEST_F(InferenceServiceTest, ModelMetadataAndReadinessDescribeTheModel) {
+  struct Case {
+    std::string model;
+    std::vector<int64_t> input_shape;
+  } cases[] = {{"mlp", {-1, 784}}, {"image", {-1, 1, 28, 28}}, {"cnn", {-1, 1, 28, 28}}};
+  for (const Case& c : cases) {
+    grpc::ClientContext context;
+    inference::ModelMetadataRequest request;
+    request.set_name(c.model);
+    inference::ModelMetadataResponse meta;
+    ASSERT_TRUE(stub_->ModelMetadata(&context, request, &meta).ok());
+    EXPECT_EQ(meta.name(), c.model);
+    EXPECT_EQ(meta.platform(), "kiln");
+    ASSERT_EQ(meta.versions_size(), 1);
+    EXPECT_EQ(meta.versions(0), "1");
+    ASSERT_EQ(meta.inputs_size(), 1);
+    EXPECT_EQ(meta.inputs(0).name(), "input");
+    EXPECT_EQ(meta.inputs(0).datatype(), "FP32");
+    EXPECT_EQ(std::vector<int64_t>(meta.inputs(0).shape().begin(), meta.inputs(0).shape().end()),
+              c.input_shape);
+    ASSERT_EQ(meta.outputs_size(), 2);
+    EXPECT_EQ(meta.outputs(0).name(), "probabilities");
+    EXPECT_EQ(meta.outputs(0).datatype(), "FP32");
+    EXPECT_EQ(std::vector<int64_t>(meta.outputs(0).shape().begin(), meta.outputs(0).shape().end()),
+              std::vector<int64_t>({-1, kClasses}));
+    EXPECT_EQ(meta.outputs(1).name(), "class");
+    EXPECT_EQ(meta.outputs(1).datatype(), "INT64");
+    EXPECT_EQ(meta.outputs(1).shape_size(), 1);
+  }
+  auto ready = [&](const std::string& name, const std::string& version) {
+    grpc::ClientContext context;
+    inference::ModelReadyRequest request;
+    request.set_name(name);
+    request.set_version(version);
+    inference::ModelReadyResponse response;
+    EXPECT_TRUE(stub_->ModelReady(&context, request, &response).ok());
+    return response.ready();
+  };
+  EXPECT_TRUE(ready("mlp", ""));
+  EXPECT_TRUE(ready("mlp", "1"));
+  EXPECT_FALSE(ready("mlp", "2"));
+  EXPECT_FALSE(ready("nope", ""));
+  grpc::ClientContext context;
+  inference::ModelMetadataRequest unknown;
+  unknown.set_name("nope");
+  inference::ModelMetadataResponse meta;
+  grpc::Status status = stub_->ModelMetadata(&context, unknown, &meta);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "unknown model \"nope\"");
+}
+
+TEST_F(InferenceServiceTest, PredictionsEqualTheEnginesOwn) {
+  const int n = 7;
+  const std::vector<uint8_t> images = testing::SampleImages(n, 11);
+  struct Model {
+    std::string name, checkpoint;
+  } models[] = {{"mlp", SharedCheckpoints().mlp_flat},
+                {"image", SharedCheckpoints().mlp_image},
+                {"cnn", SharedCheckpoints().cnn}};
+  const std::vector<int64_t> shapes[] = {{n, 784}, {n, 1, 28, 28}, {n, 28, 28}};
+  for (const Model& model : models) {
+    for (const std::string datatype : {"UINT8", "FP32"}) {
+      const Answer expected = EngineAnswer(model.checkpoint, images.data(), n, datatype);
+      for (Form form : {Form::kTyped, Form::kRaw}) {
+        for (const std::vector<int64_t>& shape : shapes) {
+          SCOPED_TRACE(model.name + " " + datatype + (form == Form::kRaw ? " raw " : " typed ") +
+                       std::to_string(shape.size()) + "-d");
+          auto request = MakeRequest(model.name, images.data(), n, datatype, form, shape);
+          request.set_id("req-42");
+          inference::ModelInferResponse response;
+          grpc::Status status = Infer(*stub_, request, &response);
+          ASSERT_TRUE(status.ok()) << status.error_message();
+          EXPECT_EQ(response.model_name(), model.name);
+          EXPECT_EQ(response.model_version(), "1");
+          EXPECT_EQ(response.id(), "req-42");
+          EXPECT_EQ(response.raw_output_contents_size(), form == Form::kRaw ? 2 : 0);
+          ASSERT_EQ(response.outputs_size(), 2);
+          EXPECT_EQ(std::vector<int64_t>(response.outputs(0).shape().begin(),
+                                         response.outputs(0).shape().end()),
+                    std::vector<int64_t>({n, kClasses}));
+          const Answer answer = ReadAnswer(response);
+          // The request ran alone, as one batch of n: the same arithmetic, the same bits.
+          EXPECT_EQ(answer.classes, expected.classes);
+          EXPECT_EQ(answer.probabilities, expected.probabilities);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(InferenceServiceTest, OnlyTheRequestedOutputsInTheirOrder) {
+  const std::vector<uint8_t> images = testing::SampleImages(3, 5);
+  auto request = MakeRequest("mlp", images.data(), 3, "UINT8", Form::kRaw);
+  request.add_outputs()->set_name("class");
+  inference::ModelInferResponse only_class;
+  ASSERT_TRUE(Infer(*stub_, request, &only_class).ok());
+  ASSERT_EQ(only_class.outputs_size(), 1);
+  EXPECT_EQ(only_class.outputs(0).name(), "class");
+  ASSERT_EQ(only_class.raw_output_contents_size(), 1);
+  EXPECT_EQ(only_class.raw_output_contents(0).size(), 3 * sizeof(int64_t));
+  request.add_outputs()->set_name("probabilities");
+  inference::ModelInferResponse both;
+  ASSERT_TRUE(Infer(*stub_, request, &both).ok());
+  ASSERT_EQ(both.outputs_size(), 2);
+  EXPECT_EQ(both.outputs(1).name(), "probabilities");
+  EXPECT_EQ(ReadAnswer(both).classes, ReadAnswer(only_class).classes);
+}
+
+TEST_F(InferenceServiceTest, BatchedAndOneByOneAnswersAreIdentical) {
+  // A long delay, so concurrent requests surely meet however slow the machine.
+  Deploy("batched", SharedCheckpoints().mlp_flat, {64, 20000});
+  Deploy("single", SharedCheckpoints().mlp_flat, {1, 0});
+  constexpr int kClients = 24, kRounds = 8;
+  const std::vector<uint8_t> images = testing::SampleImages(kClients * kRounds, 13);
+  std::vector<Answer> batched(kClients * kRounds), single(kClients * kRounds);
+  std::vector<std::thread> clients;
+  std::atomic<int> failures{0};
+  std::mutex error_mu;
+  std::string first_error;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      auto stub = server_.NewStub();
+      for (int r = 0; r < kRounds; ++r) {
+        const int i = c * kRounds + r;
+        const Form form = (i % 2) ? Form::kRaw : Form::kTyped;
+        auto request = MakeRequest("batched", images.data() + i * kPixels, 1, "UINT8", form);
+        inference::ModelInferResponse response;
+        const grpc::Status status = Infer(*stub, request, &response);
+        if (!status.ok()) {
+          std::lock_guard<std::mutex> lock(error_mu);
+          if (first_error.empty()) first_error = status.error_message();
+          ++failures;
+        }
+        batched[i] = ReadAnswer(response);
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  ASSERT_EQ(failures.load(), 0) << "first: " << first_error;
+  for (int i = 0; i < kClients * kRounds; ++i) {
+    auto request = MakeRequest("single", images.data() + i * kPixels, 1, "UINT8", Form::kRaw);
+    inference::ModelInferResponse response;
+    ASSERT_TRUE(Infer(*stub_, request, &response).ok());
+    single[i] = ReadAnswer(response);
+  }
+  for (int i = 0; i < kClients * kRounds; ++i) {
+    EXPECT_EQ(batched[i].classes, single[i].classes) << "image " << i;
+    ASSERT_EQ(batched[i].probabilities.size(), single[i].probabilities.size());
+    EXPECT_TRUE(Near(batched[i].probabilities, single[i].probabilities)) << "image " << i;
+  }
+  // The concurrent requests really were batched.
+  const DynamicBatcher::Stats stats =
+      (*server_.repository().Find("batched", ""))->batcher().stats();
+  EXPECT_EQ(stats.requests, kClients * kRounds);
+  EXPECT_LT(stats.batches, stats.requests);
+}
+
+TEST_F(InferenceServiceTest, BadRequestsGetClearErrors) {
+  const std::vector<uint8_t> images = testing::SampleImages(2, 17);
+  const auto valid = [&] { return MakeRequest("mlp", images.data(), 2, "UINT8", Form::kTyped); };
+  const auto raw = [&] { return MakeRequest("mlp", images.data(), 2, "UINT8", Form::kRaw); };
+  using Edit = std::function<void(inference::ModelInferRequest&)>;
+  struct Case {
+    std::string what;
+    std::function<inference::ModelInferRequest()> make;
+    Edit edit;
+    grpc::StatusCode code;
+    std::string fragment;
+  };
+  const std::string at = "model \"mlp\" version \"1\": ";
+  auto shape = [](std::vector<int64_t> dims) {
+    return [dims](inference::ModelInferRequest& r) {
+      r.mutable_inputs(0)->clear_shape();
+      for (int64_t d : dims) r.mutable_inputs(0)->add_shape(d);
+    };
+  };
+  const grpc::StatusCode kBad = grpc::StatusCode::INVALID_ARGUMENT;
+  const Case cases[] = {
+      {"no model name", valid, [](auto& r) { r.clear_model_name(); }, kBad, "model_name: required"},
+      {"unknown model", valid, [](auto& r) { r.set_model_name("nope"); },
+       grpc::StatusCode::NOT_FOUND, "unknown model \"nope\""},
+      {"unknown version", valid, [](auto& r) { r.set_model_version("3"); },
+       grpc::StatusCode::NOT_FOUND, "model \"mlp\" has no version \"3\" (versions: 1)"},
+      {"no input", valid, [](auto& r) { r.clear_inputs(); }, kBad,
+       at + "the model takes one input, \"input\"; the request has 0"},
+      {"two inputs", valid, [](auto& r) { *r.add_inputs() = r.inputs(0); }, kBad,
+       "the request has 2"},
+      {"unknown input name", valid, [](auto& r) { r.mutable_inputs(0)->set_name("x"); }, kBad,
+       at + "unknown input \"x\"; the model's input is \"input\""},
+      {"wrong datatype", valid, [](auto& r) { r.mutable_inputs(0)->set_datatype("INT32"); }, kBad,
+       at + "input \"input\": datatype \"INT32\" is not accepted"},
+      {"no batch dimension", valid, shape({1568}), kBad,
+       "input \"input\": shape [1568] has no batch dimension"},
+      {"wrong per-sample count", valid, shape({2, 100}), kBad,
+       "shape [2,100] holds 100 elements per sample; the model takes 784"},
+      {"negative dimension", valid, shape({2, -1}), kBad, "has a negative dimension"},
+      {"empty batch", valid, shape({0, 784}), kBad, "has batch dimension 0"},
+      {"absurd shape", valid, shape({int64_t{1} << 40, 784}), kBad, "is too large"},
+      {"element count", valid, shape({3, 784}), kBad,
+       "shape [3,784] needs 2352 elements; contents.uint_contents has 1568"},
+      {"raw byte size", raw, [](auto& r) { r.mutable_raw_input_contents(0)->resize(1000); }, kBad,
+       "input \"input\": raw_input_contents holds 1000 bytes; shape [2,784] of UINT8 "
+       "needs 1568"},
+      {"raw FP32 byte size", raw, [](auto& r) { r.mutable_inputs(0)->set_datatype("FP32"); }, kBad,
+       "holds 1568 bytes; shape [2,784] of FP32 needs 6272"},
+      {"typed and raw", raw,
+       [](auto& r) { r.mutable_inputs(0)->mutable_contents()->add_uint_contents(1); }, kBad,
+       "data given both in contents and in raw_input_contents"},
+      {"two raw entries", raw, [](auto& r) { r.add_raw_input_contents()->push_back(0); }, kBad,
+       "raw_input_contents has 2 entries"},
+      {"no data", valid, [](auto& r) { r.mutable_inputs(0)->clear_contents(); }, kBad,
+       "input \"input\": no data"},
+      {"wrong typed field", valid, [](auto& r) { r.mutable_inputs(0)->set_datatype("FP32"); }, kBad,
+       "FP32 elements go in contents.fp32_contents"},
+      {"UINT8 out of range", valid,
+       [](auto& r) { r.mutable_inputs(0)->mutable_contents()->set_uint_contents(5, 300); }, kBad,
+       "input \"input\": element 5 is 300, outside 0..255 for UINT8"},
+      {"FP32 not finite",
+       [&] { return MakeRequest("mlp", images.data(), 2, "FP32", Form::kTyped); },
+       [](auto& r) {
+         r.mutable_inputs(0)->mutable_contents()->set_fp32_contents(9, std::nanf(""));
+       },
+       kBad, "input \"input\": element 9 is not a finite number"},
+      {"raw FP32 not finite",
+       [&] { return MakeRequest("mlp", images.data(), 2, "FP32", Form::kRaw); },
+       [](auto& r) {
+         const float inf = std::numeric_limits<float>::infinity();
+         std::memcpy(r.mutable_raw_input_contents(0)->data() + 4 * 100, &inf, 4);
+       },
+       kBad, "element 100 is not a finite number"},
+      {"unknown output", valid, [](auto& r) { r.add_outputs()->set_name("logits"); }, kBad,
+       at + "unknown output \"logits\"; the model's outputs are \"probabilities\" and \"class\""},
+      {"repeated output", valid,
+       [](auto& r) {
+         r.add_outputs()->set_name("class");
+         r.add_outputs()->set_name("class");
+       },
+       kBad, "output \"class\" is asked for twice"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    inference::ModelInferRequest request = c.make();
+    c.edit(request);
+    inference::ModelInferResponse response;
+    grpc::Status status = Infer(*stub_, request, &response);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_NE(status.error_message().find(c.fragment), std::string::npos) << status.error_message();
+  }
+  // The service is unharmed.
+  inference::ModelInferResponse response;
+  EXPECT_TRUE(Infer(*stub_, valid(), &response).ok());
+}
+
+inference::ModelRepositoryParameter StringParam(const std::string& value) {
+  inference::ModelRepositoryParameter p;
+  p.set_string_param(value);
+  return p;
+}
+
+grpc::Status LoadRpc(inference::GRPCInferenceService::Stub& stub, const std::string& model,
+                     std::map<std::string, inference::ModelRepositoryParameter> params) {
+  grpc::ClientContext context;
+  inference::RepositoryModelLoadRequest request;
+  request.set_model_name(model);
+  for (auto& [k, v] : params) (*request.mutable_parameters())[k] = v;
+  inference::RepositoryModelLoadResponse response;
+  return stub.RepositoryModelLoad(&context, request, &response);
+}
+
+grpc::Status UnloadRpc(inference::GRPCInferenceService::Stub& stub, const std::string& model) {
+  grpc::ClientContext context;
+  inference::RepositoryModelUnloadRequest request;
+  request.set_model_name(model);
+  inference::RepositoryModelUnloadResponse response;
+  return stub.RepositoryModelUnload(&context, request, &response);
+}
+
+std::vector<std::string> IndexRpc(inference::GRPCInferenceService::Stub& stub, bool ready) {
+  grpc::ClientContext context;
+  inference::RepositoryIndexRequest request;
+  request.set_ready(ready);
+  inference::RepositoryIndexResponse response;
+  EXPECT_TRUE(stub.RepositoryIndex(&context, request, &response).ok());
+  std::vector<std::string> rows;
+  for (const auto& m : response.models()) {
+    rows.push_back(m.name() + ":" + m.version() + ":" + m.state() + ":" + m.reason());
+  }
+  return rows;
+}
+
+TEST_F(InferenceServiceTest, RepositoryExtensionLoadsIndexesAndUnloads) {
+  inference::ModelRepositoryParameter batch;
+  batch.set_int64_param(8);
+  ASSERT_TRUE(LoadRpc(*stub_, "fresh",
+                      {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
+                       {"max_batch_size", batch},
+                       {"max_queue_delay_us", StringParam("100")},
+                       {"device", StringParam("cpu")},
+                       {"threads", StringParam("2")},
+                       {"version", StringParam("v7")}})
+                  .ok());
+  auto fresh = server_.repository().Find("fresh", "v7");
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ((*fresh)->options().batching.max_batch_size, 8);
+  EXPECT_EQ((*fresh)->options().batching.max_queue_delay_us, 100);
+  EXPECT_EQ((*fresh)->options().threads, 2);
+  EXPECT_EQ(IndexRpc(*stub_, true), std::vector<std::string>({"cnn:1:READY:", "fresh:v7:READY:",
+                                                              "image:1:READY:", "mlp:1:READY:"}));
+  ASSERT_TRUE(UnloadRpc(*stub_, "fresh").ok());
+  EXPECT_EQ(IndexRpc(*stub_, false).size(), 4u);
+  EXPECT_EQ(IndexRpc(*stub_, false)[1], "fresh::UNAVAILABLE:unloaded");
+  EXPECT_EQ(IndexRpc(*stub_, true).size(), 3u);
+
+  const std::vector<uint8_t> images = testing::SampleImages(1, 1);
+  inference::ModelInferResponse response;
+  grpc::Status gone =
+      Infer(*stub_, MakeRequest("fresh", images.data(), 1, "UINT8", Form::kRaw), &response);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(gone.error_message(), "model \"fresh\" is unloaded");
+
+  struct Case {
+    std::string model;
+    std::map<std::string, inference::ModelRepositoryParameter> params;
+    grpc::StatusCode code;
+    std::string fragment;
+  };
+  const Case cases[] = {
+      {"", {}, grpc::StatusCode::INVALID_ARGUMENT, "model_name: required"},
+      {"ghost", {}, grpc::StatusCode::NOT_FOUND, "model \"ghost\": checkpoint \"ghost\": no such"},
+      {"m",
+       {{"config", StringParam("{}")}},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "parameter \"config\" is not supported"},
+      {"m",
+       {{"checkpoint", batch}},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "parameter \"checkpoint\": must be a string_param"},
+      {"m",
+       {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
+        {"max_batch_size", StringParam("many")}},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "parameter \"max_batch_size\": must be an int64"},
+      {"m",
+       {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
+        {"max_batch_size", StringParam("5000")}},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "max_batch_size must be in 1..1024, got 5000"},
+  };
+  for (const Case& c : cases) {
+    grpc::Status status = LoadRpc(*stub_, c.model, c.params);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_NE(status.error_message().find(c.fragment), std::string::npos) << status.error_message();
+  }
+  grpc::Status unknown = UnloadRpc(*stub_, "ghost");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(unknown.error_message(), "unknown model \"ghost\"");
+}
+
+TEST_F(InferenceServiceTest, LoadAndUnloadWhileClientsSend) {
+  const std::string a = SharedCheckpoints().mlp_flat, b = SharedCheckpoints().mlp_flat_other;
+  const std::vector<uint8_t> images = testing::SampleImages(4, 19);
+  const Answer from_a = EngineAnswer(a, images.data(), 4, "UINT8");
+  const Answer from_b = EngineAnswer(b, images.data(), 4, "UINT8");
+  ASSERT_FALSE(Near(from_a.probabilities, from_b.probabilities));
+  ASSERT_TRUE(LoadRpc(*stub_, "hot", {{"checkpoint", StringParam(a)}}).ok());
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, unavailable{0}, wrong{0};
+  std::mutex mu;
+  std::string first_wrong;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 6; ++c) {
+    clients.emplace_back([&] {
+      auto stub = server_.NewStub();
+      auto request = MakeRequest("hot", images.data(), 4, "UINT8", Form::kRaw);
+      while (!stop.load()) {
+        inference::ModelInferResponse response;
+        grpc::Status status = Infer(*stub, request, &response);
+        if (status.ok()) {
+          const Answer answer = ReadAnswer(response);
+          // Every answer is wholly one checkpoint's (batched with others' requests or not).
+          if ((Near(answer.probabilities, from_a.probabilities) &&
+               answer.classes == from_a.classes) ||
+              (Near(answer.probabilities, from_b.probabilities) &&
+               answer.classes == from_b.classes)) {
+            ++ok;
+            continue;
+          }
+        } else if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                   status.error_message() == "model \"hot\" is unloaded") {
+          ++unavailable;
+          continue;
+        }
+        ++wrong;
+        std::lock_guard<std::mutex> lock(mu);
+        first_wrong = std::to_string(status.error_code()) + " " + status.error_message();
+      }
+    });
+  }
+  // Reloads (a version replaced under traffic), new versions, and whole unloads.
+  auto admin = server_.NewStub();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  int cycles = 0;
+  // At least 1.5 s and four cycles, however slow the machine.
+  while (std::chrono::steady_clock::now() < until || cycles < 4) {
+    const std::string path = cycles % 2 ? b : a;
+    EXPECT_TRUE(LoadRpc(*admin, "hot", {{"checkpoint", StringParam(path)}}).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_TRUE(LoadRpc(*admin, "hot",
+                        {{"checkpoint", StringParam(path)}, {"version", StringParam("fixed")}})
+                    .ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (cycles % 3 == 2) {
+      EXPECT_TRUE(UnloadRpc(*admin, "hot").ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ++cycles;
+  }
+  stop = true;
+  for (auto& t : clients) t.join();
+  RecordProperty("ok", ok.load());
+  RecordProperty("unavailable", unavailable.load());
+  RecordProperty("cycles", cycles);
+  EXPECT_EQ(wrong.load(), 0) << first_wrong;
+  EXPECT_GT(ok.load(), 0);
+  // Afterwards the model loads and answers as ever.
+  ASSERT_TRUE(LoadRpc(*admin, "hot", {{"checkpoint", StringParam(a)}}).ok());
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(
+      Infer(*stub_, MakeRequest("hot", images.data(), 4, "UINT8", Form::kRaw), &response).ok());
+  EXPECT_EQ(ReadAnswer(response).probabilities, from_a.probabilities);
+}
+
+}  // namespace
+}  // namespace kiln::serving

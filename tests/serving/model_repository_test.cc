@@ -1,0 +1,158 @@
+// The model repository: versions and aliases, what a failed load leaves behind, and unloading
+// while a request still holds the model.
+#include "server/serving/model_repository.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/serving/serving_test_support.h"
+
+namespace kiln::serving {
+namespace {
+
+using testing::SharedCheckpoints;
+
+LoadRequest FileLoad(const std::string& model, const std::string& path) {
+  LoadRequest r;
+  r.model = model;
+  r.source = path;
+  r.options.device = "cpu";
+  return r;
+}
+
+bool Contains(const absl::Status& s, const std::string& fragment) {
+  return std::string(s.message()).find(fragment) != std::string::npos;
+}
+
+TEST(ModelRepositoryTest, LoadsFilesAsNumberedVersionsAndServesTheLatestByDefault) {
+  ModelRepository repo;
+  auto v1 = repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat));
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ((*v1)->version(), "1");
+  EXPECT_EQ((*v1)->input_shape(), Shape({784}));
+  EXPECT_EQ((*v1)->num_classes(), 10);
+  auto v2 = repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat_other));
+  ASSERT_TRUE(v2.ok());
+  EXPECT_EQ((*v2)->version(), "2");
+  EXPECT_EQ((*repo.Find("m", ""))->version(), "2");
+  EXPECT_EQ((*repo.Find("m", "1"))->checkpoint_path(), SharedCheckpoints().mlp_flat);
+  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"1", "2"}));
+  auto missing = repo.Find("m", "9");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(missing.status(), "model \"m\" has no version \"9\" (versions: 1, 2)"))
+      << missing.status();
+}
+
+TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
+  const std::string a = SharedCheckpoints().mlp_flat, b = SharedCheckpoints().mlp_flat_other;
+  ModelRepositoryOptions options;
+  // As the daemon would: "job@best" and "job@latest" name checkpoints by id.
+  options.resolver = [&](const std::string& source) -> absl::StatusOr<ResolvedCheckpoint> {
+    if (source == "job@best") return ResolvedCheckpoint{a, "7", {"best"}};
+    if (source == "job@latest") return ResolvedCheckpoint{b, "9", {"latest", "best"}};
+    return absl::NotFoundError("no checkpoint " + source);
+  };
+  ModelRepository repo(options);
+  ASSERT_TRUE(repo.Load(FileLoad("job", "job@best")).ok());
+  EXPECT_EQ((*repo.Find("job", "best"))->version(), "7");
+  EXPECT_EQ(repo.Find("job", "latest").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(repo.Load(FileLoad("job", "job@latest")).ok());
+  EXPECT_EQ((*repo.Find("job", "best"))->version(), "9");
+  EXPECT_EQ((*repo.Find("job", "latest"))->version(), "9");
+  EXPECT_EQ((*repo.Find("job", "7"))->checkpoint_path(), a);
+  // Unloading through an alias drops the version and every alias on it.
+  ASSERT_TRUE(repo.Unload("job", "latest").ok());
+  EXPECT_EQ((*repo.Find("job", ""))->version(), "7");
+  EXPECT_FALSE(repo.Find("job", "best").ok());
+  auto bad = repo.Load(FileLoad("job", "job@nothing"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(bad.status(), "model \"job\": no checkpoint job@nothing"));
+}
+
+TEST(ModelRepositoryTest, TheOldestVersionsArePushedOut) {
+  ModelRepositoryOptions options;
+  options.max_versions_per_model = 2;
+  ModelRepository repo(options);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(repo.Load(FileLoad("m", SharedCheckpoints().cnn)).ok());
+  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"2", "3"}));
+  // Loading a label again replaces that version in place of adding one.
+  LoadRequest again = FileLoad("m", SharedCheckpoints().mlp_image);
+  again.version = "2";
+  ASSERT_TRUE(repo.Load(again).ok());
+  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"3", "2"}));
+  EXPECT_EQ((*repo.Find("m", "2"))->checkpoint_path(), SharedCheckpoints().mlp_image);
+}
+
+TEST(ModelRepositoryTest, FailedLoadsNameTheProblemAndChangeNothing) {
+  testing::TempDir dir;
+  std::ofstream(dir.file("junk")) << "not a checkpoint";
+  ModelRepository repo;
+  struct Case {
+    LoadRequest request;
+    absl::StatusCode code;
+    std::string fragment;
+  };
+  LoadRequest bad_name = FileLoad("a/b", SharedCheckpoints().mlp_flat);
+  LoadRequest bad_batch = FileLoad("m", SharedCheckpoints().mlp_flat);
+  bad_batch.options.batching.max_batch_size = 0;
+  LoadRequest bad_delay = FileLoad("m", SharedCheckpoints().mlp_flat);
+  bad_delay.options.batching.max_queue_delay_us = -5;
+  LoadRequest bad_device = FileLoad("m", SharedCheckpoints().mlp_flat);
+  bad_device.options.device = "tpu";
+  LoadRequest bad_version = FileLoad("m", SharedCheckpoints().mlp_flat);
+  bad_version.version = "v 1";
+  const Case cases[] = {
+      {bad_name, absl::StatusCode::kInvalidArgument, "model name \"a/b\" must be"},
+      {FileLoad("m", dir.file("none")), absl::StatusCode::kNotFound, "no such file"},
+      {FileLoad("m", dir.file("junk")), absl::StatusCode::kDataLoss, "model \"m\" version \"1\": "},
+      {bad_batch, absl::StatusCode::kInvalidArgument, "max_batch_size must be in 1..1024"},
+      {bad_delay, absl::StatusCode::kInvalidArgument, "max_queue_delay_us must be in"},
+      {bad_device, absl::StatusCode::kInvalidArgument, "device \"tpu\""},
+      {bad_version, absl::StatusCode::kInvalidArgument, "version \"v 1\" must be"},
+  };
+  for (const Case& c : cases) {
+    auto result = repo.Load(c.request);
+    EXPECT_EQ(result.status().code(), c.code) << result.status();
+    EXPECT_TRUE(Contains(result.status(), c.fragment)) << result.status();
+  }
+  EXPECT_TRUE(repo.Index().empty());
+  EXPECT_EQ(repo.Find("m", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ModelRepositoryTest, UnloadedModelsAreUnavailableButFinishWhatTheyHold) {
+  ModelRepository repo;
+  ASSERT_TRUE(repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat)).ok());
+  auto held = repo.Find("m", "");
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(repo.Unload("m").ok());
+  EXPECT_TRUE(repo.Unload("m").ok());  // again: nothing changes
+  auto gone = repo.Find("m", "");
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(gone.status(), "model \"m\" is unloaded"));
+  EXPECT_EQ(repo.Find("never", "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(repo.Find("never", "").status(), "unknown model \"never\""));
+  EXPECT_EQ(repo.Unload("never").code(), absl::StatusCode::kNotFound);
+
+  // The request that held the version before the unload still runs on it.
+  const std::vector<uint8_t> image = testing::SampleImages(1, 3);
+  std::vector<float> probs(10);
+  std::vector<int64_t> classes(1);
+  PixelInput input{PixelEncoding::kU8, image.data(), 1};
+  EXPECT_TRUE((*held)
+                  ->batcher()
+                  .Run(input, {reinterpret_cast<char*>(probs.data()),
+                               reinterpret_cast<char*>(classes.data())})
+                  .ok());
+
+  auto index = repo.Index();
+  ASSERT_EQ(index.size(), 1u);
+  EXPECT_EQ(index[0].name, "m");
+  EXPECT_EQ(index[0].state, "UNAVAILABLE");
+  ASSERT_TRUE(repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat)).ok());
+  EXPECT_EQ((*repo.Find("m", ""))->version(), "2");  // numbers are not reused
+  EXPECT_EQ(repo.Index()[0].state, "READY");
+}
+
+}  // namespace
+}  // namespace kiln::serving
