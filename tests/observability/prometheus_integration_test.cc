@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "prometheus_harness.h"
 #include "server/metrics.h"
 #include "server_test_support.h"
@@ -182,6 +183,9 @@ class PrometheusIntegrationTest : public ::testing::Test {
     v1::GetJobRequest missing;
     missing.set_job_id("job-none");
     stub->GetJob(&missing_context, missing, &job).error_code();
+    // Serve the job and send some ModelInfer traffic (and one bad request), so the serving
+    // series come from the real serving path.
+    if (std::string err = ServeAndInfer(w); !err.empty()) return err;
     // Wait for a scrape after the job's end.
     const std::string step = absl::StrCat("kiln_training_step{job=\"", w.job_id, "\"}");
     if (!WaitForValue(w, step, [&](double v) { return v == kSteps; })) {
@@ -190,6 +194,41 @@ class PrometheusIntegrationTest : public ::testing::Test {
     if (!WaitForValue(w, "kiln_job_completions_total{state=\"succeeded\"}",
                       [](double v) { return v == 1; })) {
       return "Prometheus never saw the completion";
+    }
+    return "";
+  }
+
+  static std::string ServeAndInfer(Workload& w) {
+    auto inference = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", w.kilnd->port()), grpc::InsecureChannelCredentials()));
+    {
+      grpc::ClientContext context;
+      inference::RepositoryModelLoadRequest load;
+      load.set_model_name("toy");
+      (*load.mutable_parameters())["checkpoint"].set_string_param(w.job_id + "@latest");
+      inference::RepositoryModelLoadResponse loaded;
+      grpc::Status status = inference->RepositoryModelLoad(&context, load, &loaded);
+      if (!status.ok()) return "RepositoryModelLoad: " + status.error_message();
+    }
+    for (int i = 0; i < 20; ++i) {
+      grpc::ClientContext context;
+      inference::ModelInferRequest request;
+      request.set_model_name("toy");
+      auto* input = request.add_inputs();
+      input->set_name("input");
+      input->set_datatype(i == 5 ? "FP16" : "UINT8");  // one bad request: INVALID_ARGUMENT
+      input->add_shape(1);
+      input->add_shape(28 * 28);
+      request.add_raw_input_contents(std::string(28 * 28, static_cast<char>(i * 10)));
+      inference::ModelInferResponse response;
+      grpc::Status status = inference->ModelInfer(&context, request, &response);
+      if (i != 5 && !status.ok()) return "ModelInfer: " + status.error_message();
+      // Spread over several 1 s scrapes, so rate() panels see the counters rise.
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    const std::string served = "kiln_inference_requests_total{model=\"toy\",code=\"OK\"}";
+    if (!WaitForValue(w, served, [](double v) { return v == 19; })) {
+      return "Prometheus never saw the 19 inference requests";
     }
     return "";
   }
