@@ -485,7 +485,13 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
     return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
                                                            "\": ", data.status().message()));
   }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device));
+  // Jobs running side by side on the CPU split its cores, so their thread teams never
+  // oversubscribe them (spin-waiting OpenMP teams slow down many times over when they do).
+  BackendOptions backend_options;
+  backend_options.threads =
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                      std::max(1, options_.max_jobs_per_device));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                         Trainer::Create(config, backend.get(), &data->train,
                                         data->test.size > 0 ? &data->test : nullptr));
