@@ -16,28 +16,10 @@
 #include "engine/data/dataset.h"
 #include "engine/inference.h"
 #include "engine/model.h"
+#include "engine/reference_configs.h"
 #include "engine/trainer.h"
 
 namespace {
-
-kiln::TrainConfig ReferenceConfig(const std::string& model) {
-  kiln::TrainConfig c;
-  if (model == "mlp") {
-    c.model = kiln::MnistMlpConfig();
-    c.optimizer.kind = kiln::OptimizerConfig::Kind::kSgd;
-    c.optimizer.lr = 0.001f;
-    c.optimizer.momentum = 0.9f;
-    c.batch_size = 128;
-    c.norm = {1.0f / 255.0f, 0.5f, 0.5f};  // ToTensor then Normalize((0.5,), (0.5,))
-  } else {
-    c.model = kiln::MnistCnnConfig();
-    c.optimizer.kind = kiln::OptimizerConfig::Kind::kAdam;
-    c.optimizer.lr = 0.001f;
-    c.batch_size = 64;
-    c.norm = {1.0f / 255.0f, 0.0f, 1.0f};  // ToTensor
-  }
-  return c;
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -94,7 +76,8 @@ absl::StatusOr<nlohmann::json> BenchInference(kiln::Trainer& trainer, kiln::Back
 int Train(const std::string& model, int epochs, int threads, uint64_t seed, int batch, float lr,
           const std::string& data, const std::string& device, const std::string& json_path,
           bool infer) {
-  kiln::TrainConfig config = ReferenceConfig(model);
+  kiln::TrainConfig config =
+      model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
   config.epochs = epochs;
   config.seed = seed;
   if (batch > 0) config.batch_size = batch;

@@ -90,19 +90,9 @@ absl::Status Trainer::Init() {
   loss_ = std::make_unique<Loss>(config_.loss, backend_);
 
   // The datasets go to the device once, as uint8; batches are gathered and normalised there.
-  auto upload = [&](const Dataset& d, Tensor* pixels, Tensor* labels) -> absl::Status {
-    KILN_ASSIGN_OR_RETURN(*pixels, backend_->Allocate(DType::kU8, {d.size, d.sample_elems()}));
-    KILN_ASSIGN_OR_RETURN(*labels, backend_->Allocate(DType::kI32, {d.size}));
-    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(d.pixels.data(), d.pixels.size(), pixels));
-    return backend_->CopyFromHost(d.labels.data(), d.labels.size() * sizeof(int32_t), labels);
-  };
-  KILN_RETURN_IF_ERROR(upload(*train_, &train_pixels_, &train_labels_));
+  KILN_RETURN_IF_ERROR(Upload(*train_, &train_pixels_, &train_labels_, nullptr));
   if (test_ != nullptr && test_->size > 0) {
-    KILN_RETURN_IF_ERROR(upload(*test_, &test_pixels_, &test_labels_));
-    std::vector<int32_t> identity(test_->size);
-    for (int32_t i = 0; i < test_->size; ++i) identity[i] = i;
-    KILN_ASSIGN_OR_RETURN(eval_index_, backend_->Allocate(DType::kI32, {test_->size}));
-    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(identity.data(), identity.size() * 4, &eval_index_));
+    KILN_RETURN_IF_ERROR(Upload(*test_, &test_pixels_, &test_labels_, &eval_index_));
   }
   const int64_t cap = std::max(config_.batch_size, kEvalBatch);
   KILN_ASSIGN_OR_RETURN(perm_, backend_->Allocate(DType::kI32, {train_->size}));
@@ -121,6 +111,21 @@ absl::Status Trainer::Init() {
 float Trainer::current_lr() const {
   const int epoch = std::min(position_.epochs_done, config_.epochs - 1);
   return ScheduledLearningRate(config_.optimizer.lr, config_.schedule, epoch, config_.epochs);
+}
+
+absl::Status Trainer::Upload(const Dataset& d, Tensor* pixels, Tensor* labels,
+                             Tensor* identity_index) {
+  KILN_ASSIGN_OR_RETURN(*pixels, backend_->Allocate(DType::kU8, {d.size, d.sample_elems()}));
+  KILN_ASSIGN_OR_RETURN(*labels, backend_->Allocate(DType::kI32, {d.size}));
+  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(d.pixels.data(), d.pixels.size(), pixels));
+  KILN_RETURN_IF_ERROR(
+      backend_->CopyFromHost(d.labels.data(), d.labels.size() * sizeof(int32_t), labels));
+  if (identity_index == nullptr) return absl::OkStatus();
+  std::vector<int32_t> identity(d.size);
+  for (int32_t i = 0; i < d.size; ++i) identity[i] = i;
+  KILN_ASSIGN_OR_RETURN(*identity_index, backend_->Allocate(DType::kI32, {d.size}));
+  return backend_->CopyFromHost(identity.data(), identity.size() * sizeof(int32_t),
+                                identity_index);
 }
 
 absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
@@ -226,14 +231,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
     // Another dataset: upload it for this evaluation only.
     KILN_RETURN_IF_ERROR(CheckData(data, "evaluation", config_.model.input_shape,
                                    model_->output_shape()[0]));
-    KILN_ASSIGN_OR_RETURN(pixels, backend_->Allocate(DType::kU8, {data.size, data.sample_elems()}));
-    KILN_ASSIGN_OR_RETURN(labels, backend_->Allocate(DType::kI32, {data.size}));
-    KILN_ASSIGN_OR_RETURN(index, backend_->Allocate(DType::kI32, {data.size}));
-    std::vector<int32_t> identity(data.size);
-    for (int32_t i = 0; i < data.size; ++i) identity[i] = i;
-    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(data.pixels.data(), data.pixels.size(), &pixels));
-    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(data.labels.data(), data.size * 4, &labels));
-    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(identity.data(), data.size * 4, &index));
+    KILN_RETURN_IF_ERROR(Upload(data, &pixels, &labels, &index));
   }
   EvalResult r;
   double loss_sum = 0;

@@ -112,6 +112,9 @@ class Trainer {
   Trainer(const TrainConfig& config, Backend* backend, const Dataset* train, const Dataset* test);
   absl::Status Init();
   absl::Status RunEpoch(const Callbacks& callbacks, const std::atomic<bool>* cancel);
+  // Copies a dataset's pixels and labels to the device, and when `identity_index` is given, the
+  // indices 0..size-1 for evaluating it in order.
+  absl::Status Upload(const Dataset& d, Tensor* pixels, Tensor* labels, Tensor* identity_index);
   // Gathers `count` samples at device indices `index` into batch_x_/batch_y_.
   absl::Status LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
                          const int32_t* index, int count);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "engine/model.h"
+#include "engine/reference_configs.h"
 #include "engine/status_macros.h"
 
 namespace kiln::server {
@@ -35,19 +36,11 @@ struct Preset {
 };
 
 absl::StatusOr<Preset> FindPreset(const std::string& name) {
-  if (name == "mnist-mlp") {
-    OptimizerConfig sgd;
-    sgd.kind = OptimizerConfig::Kind::kSgd;
-    sgd.lr = 0.001f;
-    sgd.momentum = 0.9f;
-    return Preset{MnistMlpConfig(), sgd, 128, PixelNorm{1.0f / 255.0f, 0.5f, 0.5f}};
-  }
-  if (name == "mnist-cnn") {
-    OptimizerConfig adam;
-    adam.kind = OptimizerConfig::Kind::kAdam;
-    adam.lr = 1e-3f;
-    return Preset{MnistCnnConfig(), adam, 64, PixelNorm{1.0f / 255.0f, 0.0f, 1.0f}};
-  }
+  auto preset = [](const TrainConfig& c) {
+    return Preset{c.model, c.optimizer, c.batch_size, c.norm};
+  };
+  if (name == "mnist-mlp") return preset(MnistMlpReference());
+  if (name == "mnist-cnn") return preset(MnistCnnReference());
   return Invalid("spec.preset", absl::StrCat("unknown preset \"", name, "\"; expected one of ",
                                              absl::StrJoin(kPresetNames, ", ")));
 }
