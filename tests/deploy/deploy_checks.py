@@ -1,0 +1,507 @@
+"""Structural checks of kiln's container and deployment files against what they must provide.
+
+Each check_* function takes the repository root and returns a list of problems, each naming the
+file and what is missing or inconsistent; an empty list means the files have everything checked.
+Nothing here builds an image, starts a container or talks to a cluster.
+"""
+
+import os
+import re
+
+import yaml
+
+import dockerfile_parser
+
+DOCKERFILE = "Dockerfile"
+COMPOSE = "deploy/docker-compose.yml"
+COMPOSE_ENV = "deploy/.env"
+K8S = "deploy/k8s"
+GRPC_HEALTH_SERVICES = ("", "kiln.v1.Training")  # the names kilnd's grpc.health.v1 answers for
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30  # kilnd's --shutdown_timeout default (server/main.cc)
+
+
+def read(root, rel):
+    with open(os.path.join(root, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def load_yaml(root, rel):
+    with open(os.path.join(root, rel), encoding="utf-8") as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc is not None]
+
+
+def kilnd_flags(root):
+    """The names of the flags server/main.cc defines."""
+    return set(re.findall(r"ABSL_FLAG\(\s*[\w:<>]+\s*,\s*(\w+)\s*,", read(root, "server/main.cc")))
+
+
+def unknown_flag_vars(where, env, flags):
+    """Problems for FLAGS_<name> variables whose name is not a kilnd flag."""
+    return [f"{where}: {key} names no kilnd flag (server/main.cc)"
+            for key in sorted(env) if key.startswith("FLAGS_") and key[len("FLAGS_"):] not in flags]
+
+
+def host_port(address):
+    """("0.0.0.0", 7070) from "0.0.0.0:7070"; (address, None) when there is no numeric port."""
+    host, _, port = str(address).rpartition(":")
+    return (host, int(port)) if port.isdigit() else (str(address), None)
+
+
+def seconds(duration):
+    """Seconds in an absl duration such as "30s", "2m" or "1m30s"; None when unreadable."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", str(duration))
+    if not parts or "".join(n + u for n, u in parts) != str(duration):
+        return None
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def under(path, directory):
+    directory = directory.rstrip("/")
+    return path == directory or path.startswith(directory + "/")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dockerfile
+
+
+def image_contract(root):
+    """What the Dockerfile's final stage promises: its env, exposed ports and volumes."""
+    _, stages = dockerfile_parser.parse(read(root, DOCKERFILE))
+    final = stages[-1] if stages else dockerfile_parser.Stage("", None)
+    ports = {int(p.split("/")[0]) for args in final.all("EXPOSE") for p in args.split()}
+    volumes = set()
+    for args in final.all("VOLUME"):
+        args = args.strip()
+        volumes.update(yaml.safe_load(args) if args.startswith("[") else args.split())
+    return final.env(), ports, volumes
+
+
+def check_dockerfile(root):
+    problems = []
+    where = DOCKERFILE
+    global_args, stages = dockerfile_parser.parse(read(root, DOCKERFILE))
+    by_name = {s.name: s for s in stages if s.name}
+    if len(stages) < 2:
+        return [f"{where}: not multi-stage (a build stage and a runtime stage)"]
+
+    # The global ARG KILN_DEVICE picks the variant; resolve() follows FROM <name>-${KILN_DEVICE}
+    # to the base image each device gets.
+    if "KILN_DEVICE" not in global_args:
+        problems.append(f"{where}: no global ARG KILN_DEVICE (cuda|cpu) choosing the variant")
+
+    def resolve(stage, device):
+        """The stage a FROM of `stage` reaches for the device, following FROM <stage> chains."""
+        seen = set()
+        while stage is not None and id(stage) not in seen:
+            seen.add(id(stage))
+            base = stage.base.replace("${KILN_DEVICE}", device).replace("$KILN_DEVICE", device)
+            if base not in by_name:
+                return stage, base
+            stage = by_name[base]
+        return stage, stage.base if stage else ""
+
+    build = next((s for s in stages if any("scripts/build" in a for a in s.all("RUN"))), None)
+    if build is None:
+        problems.append(f"{where}: no stage RUNs scripts/build (the build the test command runs)")
+    else:
+        if not any(re.search(r"scripts/install-deps\b.*--image", a) for a in build.all("RUN")):
+            problems.append(f"{where}: the build stage does not RUN scripts/install-deps --image")
+        if not any("-DKILN_CUDA=" in a for a in build.all("RUN")):
+            problems.append(f"{where}: the build stage's scripts/build gets no -DKILN_CUDA=")
+        for device, want_cuda, pattern in (
+                ("cuda", "ON", r"^nvidia/cuda:\S*cudnn-devel-ubuntu24\.04$"),
+                ("cpu", "OFF", r"^(debian:12|ubuntu:24\.04)(-slim)?$")):
+            stage, image = resolve(build, device)
+            if not re.match(pattern, image):
+                problems.append(f"{where}: KILN_DEVICE={device} builds on {image!r}, "
+                                f"not an image matching {pattern}")
+            # ENV KILN_CUDA may sit in the base stage or in the build stage itself.
+            env = {**stage.env(), **build.env()}
+            if env.get("KILN_CUDA") != want_cuda:
+                problems.append(f"{where}: KILN_DEVICE={device} builds with KILN_CUDA="
+                                f"{env.get('KILN_CUDA')!r}, not {want_cuda}")
+
+    final = stages[-1]
+    for device, pattern in (("cuda", r"^nvidia/cuda:\S*cudnn-runtime-ubuntu24\.04$"),
+                            ("cpu", r"^(debian:12|ubuntu:24\.04)(-slim)?$")):
+        _, image = resolve(final, device)
+        if not re.match(pattern, image):
+            problems.append(f"{where}: KILN_DEVICE={device} runs on {image!r}, "
+                            f"not an image matching {pattern}")
+    if build is not None:
+        cuda_build = resolve(build, "cuda")[1].split(":")[-1].split("-")[0]
+        cuda_run = resolve(final, "cuda")[1].split(":")[-1].split("-")[0]
+        if cuda_build != cuda_run:
+            problems.append(f"{where}: CUDA version of the build ({cuda_build}) and the runtime "
+                            f"({cuda_run}) differ")
+
+    # The runtime stage carries the binaries, not the build tree.
+    copied = [c for c in map(dockerfile_parser.copy_from, final.all("COPY")) if c]
+    sources = [p for _, paths, _ in copied for p in paths]
+    for binary in ("kilnd", "kiln"):
+        if not any(os.path.basename(p) == binary for p in sources):
+            problems.append(f"{where}: the runtime stage does not COPY {binary} from the build")
+    workdirs = {w.rstrip("/") for s in stages for w in s.all("WORKDIR")}
+    for path in sources:
+        if path.endswith("/") or path.rstrip("/") in workdirs | {w + "/build" for w in workdirs}:
+            problems.append(f"{where}: the runtime stage copies a whole tree ({path})")
+
+    users = final.all("USER")
+    user = users[-1].split(":")[0] if users else "root"
+    if user in ("root", "0"):
+        problems.append(f"{where}: the runtime stage runs as root (no USER, or USER root)")
+    elif not user.isdigit():
+        problems.append(f"{where}: USER {user} is not numeric (runAsNonRoot cannot verify it)")
+
+    env, ports, volumes = image_contract(root)
+    problems += unknown_flag_vars(where, env, kilnd_flags(root))
+    for flag in ("state_dir", "data_dir"):
+        path = env.get(f"FLAGS_{flag}")
+        if not path:
+            problems.append(f"{where}: no ENV FLAGS_{flag}")
+        elif not any(under(path, v) for v in volumes):
+            problems.append(f"{where}: FLAGS_{flag}={path} is on no VOLUME {sorted(volumes)}")
+    for flag in ("listen", "metrics_listen"):
+        host, port = host_port(env.get(f"FLAGS_{flag}", ""))
+        if host != "0.0.0.0":
+            problems.append(f"{where}: FLAGS_{flag} does not bind 0.0.0.0 (kilnd's default is "
+                            f"loopback, unreachable from outside the container)")
+        if port not in ports:
+            problems.append(f"{where}: FLAGS_{flag} port {port} is not EXPOSEd ({sorted(ports)})")
+
+    checks = final.all("HEALTHCHECK")
+    if not checks or not re.search(r"\bCMD\b.*\bkiln\b.*\bhealth\b", checks[-1]):
+        problems.append(f"{where}: no HEALTHCHECK CMD running `kiln ... health`")
+    entry = final.all("ENTRYPOINT")
+    if not entry:
+        problems.append(f"{where}: no ENTRYPOINT")
+    else:
+        words = yaml.safe_load(entry[-1]) if entry[-1].startswith("[") else entry[-1].split()
+        program = os.path.basename(words[0]) if words else ""
+        script = os.path.join("deploy/image", program)
+        if program == "kilnd":
+            pass
+        elif not os.path.isfile(os.path.join(root, script)):
+            problems.append(f"{where}: ENTRYPOINT {program!r} is neither kilnd nor in deploy/image")
+        elif not re.search(r"^\s*exec kilnd\b", read(root, script), re.M):
+            problems.append(f"{script}: does not exec kilnd")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# docker-compose
+
+
+def compose_env_defaults(root):
+    values = {}
+    path = os.path.join(root, COMPOSE_ENV)
+    if os.path.isfile(path):
+        for line in read(root, COMPOSE_ENV).splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and not key.startswith("#"):
+                values[key.strip()] = value.strip()
+    return values
+
+
+def short_volumes(service):
+    """{container path: source} of a service's volumes in short syntax."""
+    mounts = {}
+    for v in service.get("volumes") or []:
+        if isinstance(v, str):
+            parts = v.split(":")
+            if len(parts) >= 2:
+                mounts[parts[1]] = parts[0]
+        elif isinstance(v, dict):
+            mounts[v.get("target")] = v.get("source")
+    return mounts
+
+
+def environment(service):
+    """A service's environment as a dict, from either the mapping or the list form."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.partition("=")[::2] for item in env)
+    return env
+
+
+def published_targets(service):
+    targets = set()
+    for p in service.get("ports") or []:
+        if isinstance(p, dict):
+            targets.add(int(p.get("target")))
+        else:
+            targets.add(int(str(p).split(":")[-1].split("/")[0]))
+    return targets
+
+
+def gpu_reserved(service):
+    devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations")
+               or {}).get("devices") or []
+    return any(d.get("driver") == "nvidia" and "gpu" in (d.get("capabilities") or [])
+               for d in devices)
+
+
+def check_compose(root):
+    problems = []
+    where = COMPOSE
+    docs = load_yaml(root, COMPOSE)
+    services = (docs[0] if docs else {}).get("services") or {}
+    env, ports, volumes = image_contract(root)
+    flags = kilnd_flags(root)
+
+    # The kilnd variants: services built from the Dockerfile.
+    kilnds = {n: s for n, s in services.items() if isinstance(s.get("build"), dict)
+              and os.path.normpath(os.path.join("deploy", s["build"].get("context", "."))) == "."}
+    gpu = {n: s for n, s in kilnds.items() if gpu_reserved(s)}
+    cpu = {n: s for n, s in kilnds.items() if "cpu" in (s.get("profiles") or [])}
+    if not gpu:
+        problems.append(f"{where}: no kilnd service reserves a GPU (deploy.resources.reservations"
+                        f".devices with driver nvidia, capabilities [gpu])")
+    if not cpu:
+        problems.append(f"{where}: no kilnd service in a \"cpu\" profile")
+    for name, s in cpu.items():
+        if gpu_reserved(s):
+            problems.append(f"{where}: {name} is in the cpu profile but reserves a GPU")
+        if (s["build"].get("args") or {}).get("KILN_DEVICE") != "cpu":
+            problems.append(f"{where}: {name} is in the cpu profile but not built with "
+                            f"KILN_DEVICE: cpu")
+    for name, s in gpu.items():
+        if (s["build"].get("args") or {}).get("KILN_DEVICE", "cuda") != "cuda":
+            problems.append(f"{where}: {name} reserves a GPU but is not built with "
+                            f"KILN_DEVICE: cuda")
+    # Only one variant may start: each has a profile, and the default (.env) picks the GPU one.
+    for name, s in kilnds.items():
+        if not s.get("profiles"):
+            problems.append(f"{where}: {name} has no profile, so it starts beside every variant")
+    default = compose_env_defaults(root).get("COMPOSE_PROFILES", "").split(",")
+    for name, s in gpu.items():
+        if not set(s.get("profiles") or []) & set(default):
+            problems.append(f"{COMPOSE_ENV}: COMPOSE_PROFILES={','.join(default)} does not start "
+                            f"{name} by default (plain `docker compose up`)")
+
+    for name, s in kilnds.items():
+        problems += unknown_flag_vars(f"{where}: {name}", environment(s), flags)
+        mounts = short_volumes(s)
+        for v in volumes:
+            if v not in mounts:
+                problems.append(f"{where}: {name} mounts nothing at the image's VOLUME {v}")
+        missing = ports - published_targets(s)
+        if missing:
+            problems.append(f"{where}: {name} does not publish port(s) {sorted(missing)}")
+
+    # Prometheus scrapes kilnd by a name every variant answers to.
+    prometheus = services.get("prometheus")
+    if prometheus is None:
+        problems.append(f"{where}: no prometheus service")
+    else:
+        source = short_volumes(prometheus).get("/etc/prometheus/prometheus.yml")
+        if not source:
+            problems.append(f"{where}: prometheus mounts no /etc/prometheus/prometheus.yml")
+        else:
+            config = load_yaml(root, os.path.normpath(os.path.join("deploy", source)))[0]
+            targets = [t for job in config.get("scrape_configs") or []
+                       for sc in job.get("static_configs") or [] for t in sc.get("targets") or []]
+            _, metrics_port = host_port(env.get("FLAGS_metrics_listen", ""))
+            for name, s in kilnds.items():
+                aliases = {name}
+                for network in (s.get("networks") or {}).values():
+                    aliases.update((network or {}).get("aliases") or [])
+                if not any(t in {f"{a}:{metrics_port}" for a in aliases} for t in targets):
+                    problems.append(f"{where}: prometheus ({source}) scrapes {targets}, not "
+                                    f"{name} at port {metrics_port} by any of {sorted(aliases)}")
+
+    # Grafana gets the provisioning and the dashboards where the provisioning looks for them.
+    grafana = services.get("grafana")
+    if grafana is None:
+        problems.append(f"{where}: no grafana service")
+    else:
+        mounts = short_volumes(grafana)
+        for kind in ("datasources", "dashboards"):
+            target = f"/etc/grafana/provisioning/{kind}"
+            if os.path.normpath(mounts.get(target, "")) != f"grafana/provisioning/{kind}":
+                problems.append(f"{where}: grafana does not mount ./grafana/provisioning/{kind} "
+                                f"at {target}")
+        for provider_file in sorted(os.listdir(os.path.join(root, "deploy/grafana/provisioning/"
+                                                                  "dashboards"))):
+            rel = f"deploy/grafana/provisioning/dashboards/{provider_file}"
+            for provider in load_yaml(root, rel)[0].get("providers") or []:
+                path = (provider.get("options") or {}).get("path")
+                if os.path.normpath(mounts.get(path, "")) != "grafana/dashboards":
+                    problems.append(f"{where}: grafana does not mount ./grafana/dashboards at "
+                                    f"{path} (where {rel} reads them)")
+        for source_file in sorted(os.listdir(os.path.join(root, "deploy/grafana/provisioning/"
+                                                                "datasources"))):
+            rel = f"deploy/grafana/provisioning/datasources/{source_file}"
+            for source in load_yaml(root, rel)[0].get("datasources") or []:
+                host = re.sub(r"^\w+://", "", source.get("url", "")).split(":")[0].split("/")[0]
+                if host not in services:
+                    problems.append(f"{rel}: data source url {source.get('url')} names no "
+                                    f"compose service")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+def check_kubernetes(root):
+    problems = []
+    kustomization = f"{K8S}/kustomization.yaml"
+    if not os.path.isfile(os.path.join(root, kustomization)):
+        return [f"{kustomization}: missing"]
+    resources = load_yaml(root, kustomization)[0].get("resources") or []
+    files = sorted(f for f in os.listdir(os.path.join(root, K8S))
+                   if f.endswith((".yaml", ".yml")) and f != "kustomization.yaml")
+    for f in files:
+        if f not in resources:
+            problems.append(f"{kustomization}: {f} is not in resources")
+    objects = {}  # kind -> [(file, object)]
+    for rel in resources:
+        if not os.path.isfile(os.path.join(root, K8S, rel)):
+            problems.append(f"{kustomization}: resource {rel} does not exist")
+            continue
+        for doc in load_yaml(root, f"{K8S}/{rel}"):
+            objects.setdefault(doc.get("kind"), []).append((f"{K8S}/{rel}", doc))
+    for kind in ("Deployment", "Service", "PersistentVolumeClaim", "ConfigMap", "ServiceMonitor"):
+        if kind not in objects:
+            problems.append(f"{kustomization}: no {kind} among the resources")
+    if "Deployment" not in objects:
+        return problems
+
+    where, deployment = objects["Deployment"][0]
+    spec = deployment.get("spec") or {}
+    pod = (spec.get("template") or {}).get("spec") or {}
+    pod_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    containers = pod.get("containers") or [{}]
+    container = containers[0]
+    if spec.get("replicas") != 1:
+        problems.append(f"{where}: replicas is {spec.get('replicas')}, not 1 (one SQLite store)")
+    if (spec.get("strategy") or {}).get("type") != "Recreate":
+        problems.append(f"{where}: strategy is not Recreate (two kilnds would share the store)")
+
+    images = load_yaml(root, kustomization)[0].get("images") or []
+    image = str(container.get("image", "")).split(":")[0]
+    if images and image not in {i.get("name") for i in images}:
+        problems.append(f"{where}: image {image} is not the one kustomization.yaml's images sets")
+
+    container_ports = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+    grpc_port, metrics_port = container_ports.get("grpc"), container_ports.get("metrics")
+    if grpc_port is None or metrics_port is None:
+        problems.append(f"{where}: the container has no ports named grpc and metrics")
+
+    resources_ = container.get("resources") or {}
+    limits, requests = resources_.get("limits") or {}, resources_.get("requests") or {}
+    if int(limits.get("nvidia.com/gpu", 0) or 0) < 1:
+        problems.append(f"{where}: no nvidia.com/gpu limit")
+    for key, table in (("cpu", requests), ("memory", requests), ("memory", limits)):
+        if key not in table:
+            problems.append(f"{where}: no {key} in resources."
+                            f"{'requests' if table is requests else 'limits'}")
+
+    for probe_name in ("livenessProbe", "readinessProbe"):
+        probe = container.get(probe_name) or {}
+        grpc = probe.get("grpc")
+        if not isinstance(grpc, dict):
+            problems.append(f"{where}: {probe_name} is not a native gRPC probe")
+            continue
+        if grpc.get("port") != grpc_port:
+            problems.append(f"{where}: {probe_name} probes port {grpc.get('port')}, "
+                            f"not the grpc port {grpc_port}")
+        if grpc.get("service", "") not in GRPC_HEALTH_SERVICES:
+            problems.append(f"{where}: {probe_name} asks for service {grpc.get('service')!r}, "
+                            f"which kilnd's health service does not know")
+
+    pod_security = pod.get("securityContext") or {}
+    security = container.get("securityContext") or {}
+    if not security.get("runAsNonRoot", pod_security.get("runAsNonRoot")):
+        problems.append(f"{where}: runAsNonRoot is not true")
+    if security.get("readOnlyRootFilesystem") is not True:
+        problems.append(f"{where}: readOnlyRootFilesystem is not true")
+    if security.get("allowPrivilegeEscalation") is not False:
+        problems.append(f"{where}: allowPrivilegeEscalation is not false")
+
+    # The flags: a ConfigMap the container reads, naming real flags, matching the ports.
+    configmaps = {o.get("metadata", {}).get("name"): o for _, o in objects.get("ConfigMap", [])}
+    referenced = [e["configMapRef"].get("name") for e in container.get("envFrom") or []
+                  if "configMapRef" in e]
+    if not any(name in configmaps for name in referenced):
+        problems.append(f"{where}: the container's envFrom references none of the ConfigMaps "
+                        f"{sorted(configmaps)}")
+    image_env, _, _ = image_contract(root)
+    flags_env = dict(image_env)
+    for name in referenced:
+        data = (configmaps.get(name) or {}).get("data") or {}
+        problems += unknown_flag_vars(f"{K8S} ConfigMap {name}", data, kilnd_flags(root))
+        flags_env.update(data)
+    for e in container.get("env") or []:
+        flags_env[e.get("name")] = e.get("value", "")
+    for flag, port in (("listen", grpc_port), ("metrics_listen", metrics_port)):
+        host, flag_port = host_port(flags_env.get(f"FLAGS_{flag}", ""))
+        if host != "0.0.0.0" or flag_port != port:
+            problems.append(f"{where}: FLAGS_{flag}={flags_env.get(f'FLAGS_{flag}')} does not "
+                            f"bind 0.0.0.0 on the container's port {port}")
+    timeout = seconds(flags_env.get("FLAGS_shutdown_timeout", f"{DEFAULT_SHUTDOWN_TIMEOUT_S}s"))
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    if timeout is None or grace <= timeout:
+        problems.append(f"{where}: terminationGracePeriodSeconds {grace} is not longer than "
+                        f"kilnd's shutdown timeout {flags_env.get('FLAGS_shutdown_timeout')}")
+
+    # Read-only root: the state dir, the data dir and /tmp are writable volumes, the first two
+    # on a claim this kustomization creates.
+    volumes = {v.get("name"): v for v in pod.get("volumes") or []}
+    claims = {o.get("metadata", {}).get("name")
+              for _, o in objects.get("PersistentVolumeClaim", [])}
+    mounts = [m for m in container.get("volumeMounts") or [] if not m.get("readOnly")]
+    for label, path in (("state dir", flags_env.get("FLAGS_state_dir")),
+                        ("data dir", flags_env.get("FLAGS_data_dir")), ("tmp dir", "/tmp")):
+        mount = next((m for m in sorted(mounts, key=lambda m: -len(m.get("mountPath", "")))
+                      if path and under(path, m.get("mountPath", ""))), None)
+        if mount is None:
+            problems.append(f"{where}: the {label} {path} is on no writable volume "
+                            f"(the root filesystem is read-only)")
+            continue
+        volume = volumes.get(mount.get("name"))
+        if volume is None:
+            problems.append(f"{where}: volumeMount {mount.get('name')} has no volume")
+        elif label != "tmp dir":
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim not in claims:
+                problems.append(f"{where}: the {label} is not on a PersistentVolumeClaim of this "
+                                f"kustomization ({sorted(c for c in claims if c)})")
+
+    # The Service selects the pod and exposes both container ports; the ServiceMonitor scrapes
+    # the Service's metrics port.
+    for svc_where, service in objects.get("Service", []):
+        svc_spec = service.get("spec") or {}
+        selector = svc_spec.get("selector") or {}
+        if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
+            problems.append(f"{svc_where}: selector {selector} does not select the kilnd pod")
+        exposed = {}
+        for p in svc_spec.get("ports") or []:
+            target = p.get("targetPort", p.get("port"))
+            exposed[p.get("name")] = container_ports.get(target, target)
+            if exposed[p.get("name")] not in container_ports.values():
+                problems.append(f"{svc_where}: port {p.get('name')} targets {target}, which is no "
+                                f"container port {sorted(container_ports.values())}")
+        for port in (grpc_port, metrics_port):
+            if port not in exposed.values():
+                problems.append(f"{svc_where}: does not expose container port {port}")
+        for mon_where, monitor in objects.get("ServiceMonitor", []):
+            mon_spec = monitor.get("spec") or {}
+            match = (mon_spec.get("selector") or {}).get("matchLabels") or {}
+            labels = (service.get("metadata") or {}).get("labels") or {}
+            if not match or any(labels.get(k) != v for k, v in match.items()):
+                problems.append(f"{mon_where}: selector {match} does not select Service "
+                                f"{service['metadata'].get('name')}")
+            for endpoint in mon_spec.get("endpoints") or [{}]:
+                if exposed.get(endpoint.get("port")) != metrics_port:
+                    problems.append(f"{mon_where}: endpoint port {endpoint.get('port')} is not "
+                                    f"the Service's metrics port")
+                if endpoint.get("honorLabels") is not True:
+                    problems.append(f"{mon_where}: honorLabels is not true (the per-job `job` "
+                                    f"label would become exported_job)")
+    return problems
+
+
+def check_all(root):
+    return check_dockerfile(root) + check_compose(root) + check_kubernetes(root)
