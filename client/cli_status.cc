@@ -38,6 +38,12 @@ absl::Status ServerError(const grpc::Status& status) {
   if (message.empty() && status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
     message = "this kilnd does not implement the call (a kilnd without serving, or an older one)";
   }
+  // kilnd says "missing bearer token" or "invalid bearer token"; say where a token comes from.
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    message = absl::StrCat("kilnd refused the credentials: ",
+                           message.empty() ? "no reason given" : message,
+                           "; pass --token or set KILN_TOKEN");
+  }
   return WithKind(absl::Status(static_cast<absl::StatusCode>(status.error_code()), message),
                   kServer);
 }

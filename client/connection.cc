@@ -13,8 +13,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace kiln::client {
 namespace {
@@ -75,22 +78,101 @@ std::string TcpFailure(const std::string& target, absl::Duration timeout) {
   return failure;
 }
 
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
+  std::ostringstream pem;
+  pem << in.rdbuf();
+  return pem.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(
+    const ConnectionOptions& options) {
+  if (!options.tls()) return grpc::InsecureChannelCredentials();
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together: the client certificate and its private key");
+  }
+  grpc::SslCredentialsOptions ssl;  // no CA given: gRPC's default roots
+  if (!options.tls_ca.empty()) {
+    KILN_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem("tls-ca", options.tls_ca));
+  }
+  if (!options.tls_cert.empty()) {
+    KILN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem("tls-cert", options.tls_cert));
+    KILN_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem("tls-key", options.tls_key));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+// What gRPC says about a channel that would not connect ("... Ssl handshake failed: ...
+// CERTIFICATE_VERIFY_FAILED"), asked through a health check that fails fast.
+std::string GrpcConnectError(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
+  return status.ok() ? "" : status.error_message();
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOptions& options) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (options.tls_ca.empty()) {
-    credentials = grpc::InsecureChannelCredentials();
-  } else {
-    std::ifstream in(options.tls_ca, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("--tls-ca: cannot read ", options.tls_ca));
-    std::ostringstream pem;
-    pem << in.rdbuf();
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = pem.str();
-    credentials = grpc::SslCredentials(ssl);
+std::string DescribeConnectFailure(const ConnectionOptions& options,
+                                   const std::string& grpc_error) {
+  if (!options.tls()) {
+    return "the port answers but not as a plaintext gRPC server (does kilnd serve TLS? pass "
+           "--tls-ca with the CA of its certificate)";
   }
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(options.server, credentials);
+  std::string host, port;
+  if (!options.tls_server_name.empty()) {
+    host = options.tls_server_name;
+  } else if (!SplitHostPort(options.server, &host, &port)) {
+    host = options.server;
+  }
+  const std::string lower = absl::AsciiStrToLower(grpc_error);
+  if (absl::StrContains(lower, "certificate verify failed")) {
+    return absl::StrCat("the TLS handshake failed: kilnd's certificate does not verify against ",
+                        options.tls_ca.empty()
+                            ? "the system's CAs (pass --tls-ca with the CA that signed it)"
+                            : absl::StrCat("the CA in --tls-ca ", options.tls_ca));
+  }
+  if (absl::StrContains(lower, "not in peer certificate")) {
+    return absl::StrCat("the TLS handshake failed: kilnd's certificate is not for \"", host,
+                        "\" (pass --tls-server-name with a name the certificate holds)");
+  }
+  if (absl::StrContains(lower, "wrong version number") ||
+      absl::StrContains(lower, "packet length too long") ||
+      absl::StrContains(lower, "record layer failure")) {
+    return "the port answers but not with TLS (kilnd serves plaintext there: drop --tls-ca, "
+           "--tls-cert, --tls-key and --tls-server-name)";
+  }
+  if (absl::StrContains(lower, "socket closed") || absl::StrContains(lower, "connection reset") ||
+      absl::StrContains(lower, "handshake read failed") ||
+      absl::StrContains(lower, "unexpected eof")) {
+    return options.tls_cert.empty()
+               ? "kilnd closed the connection during the TLS handshake (does it require a client "
+                 "certificate? pass --tls-cert and --tls-key)"
+               : "kilnd closed the connection during the TLS handshake (did it refuse the client "
+                 "certificate? it must chain to kilnd's --tls_client_ca)";
+  }
+  // Anything else: gRPC's own words, without its "failed to connect to all addresses" preamble.
+  std::string detail = grpc_error;
+  if (const size_t last = detail.find("last error: "); last != std::string::npos) {
+    detail = detail.substr(last + std::string("last error: ").size());
+  }
+  return absl::StrCat("the TLS handshake failed",
+                      detail.empty() ? std::string() : absl::StrCat(": ", detail));
+}
+
+absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                        MakeCredentials(options));
+  grpc::ChannelArguments arguments;
+  if (!options.tls_server_name.empty()) {
+    arguments.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.server, credentials, arguments);
   const auto deadline =
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout));
@@ -102,13 +184,15 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOpt
     state = channel->GetState(/*try_to_connect=*/true);
   }
   if (state != GRPC_CHANNEL_READY) {
-    std::string why = TcpFailure(options.server, options.connect_timeout);
-    if (why.empty()) {
-      why = options.tls_ca.empty()
-                ? "the port answers but not as a gRPC server (does it want TLS? pass --tls-ca)"
-                : "the port answers but the TLS handshake failed (check --tls-ca and the name)";
+    const std::string tcp_failure = TcpFailure(options.server, options.connect_timeout);
+    if (tcp_failure.empty()) {
+      // Something listens: the trouble is between plaintext and TLS, or in the handshake.
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach kilnd at ", options.server, ": ",
+                       DescribeConnectFailure(options, GrpcConnectError(channel))));
     }
-    return absl::UnavailableError(absl::StrCat("cannot reach kilnd at ", options.server, ": ", why,
+    return absl::UnavailableError(absl::StrCat("cannot reach kilnd at ", options.server, ": ",
+                                               tcp_failure,
                                                " (is kilnd running? start it with: kilnd --listen ",
                                                options.server, " --state_dir DIR --data_dir DIR)"));
   }

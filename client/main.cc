@@ -1,6 +1,9 @@
 // kiln: the command-line client of kilnd. Wires the global flags and the subcommands together,
 // runs the chosen one and turns its outcome into an exit code.
+#include <grpc/support/log.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -10,6 +13,9 @@
 
 int main(int argc, char** argv) {
   kiln::client::InstallInterruptHandling();
+  // gRPC's own log lines (a failed TLS handshake, say) repeat less clearly what kiln reports;
+  // setting GRPC_VERBOSITY brings them back.
+  if (std::getenv("GRPC_VERBOSITY") == nullptr) gpr_set_log_function([](gpr_log_func_args*) {});
   kiln::client::CommandEnv env;
   kiln::client::Action action;
 
@@ -24,6 +30,20 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", env.connection.tls_ca, "PEM file of the CA to verify kilnd's TLS")
       ->envname("KILN_TLS_CA")
       ->check(CLI::ExistingFile);
+  CLI::Option* tls_cert =
+      app.add_option("--tls-cert", env.connection.tls_cert,
+                     "PEM client certificate, for a kilnd with mutual TLS (needs --tls-key)")
+          ->envname("KILN_TLS_CERT")
+          ->check(CLI::ExistingFile);
+  CLI::Option* tls_key =
+      app.add_option("--tls-key", env.connection.tls_key, "PEM private key of --tls-cert")
+          ->envname("KILN_TLS_KEY")
+          ->check(CLI::ExistingFile);
+  tls_cert->needs(tls_key);
+  tls_key->needs(tls_cert);
+  app.add_option("--tls-server-name", env.connection.tls_server_name,
+                 "Name to verify kilnd's certificate for, when it differs from the --server host")
+      ->envname("KILN_TLS_SERVER_NAME");
   app.add_option("--output", env.output, "Output format: table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
@@ -48,7 +68,8 @@ int main(int argc, char** argv) {
     if (arg == "--") break;
     if (!arg.empty() && arg[0] == '-') {
       const bool takes_value = arg == "--server" || arg == "-s" || arg == "--token" ||
-                               arg == "--tls-ca" || arg == "--output";
+                               arg == "--tls-ca" || arg == "--tls-cert" || arg == "--tls-key" ||
+                               arg == "--tls-server-name" || arg == "--output";
       if (takes_value) ++i;
       continue;
     }

@@ -7,13 +7,15 @@
 
 #include <filesystem>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "grpc/health/v1/health.pb.h"
 #include "engine/backend_registry.h"
 #include "engine/status_macros.h"
+#include "grpc/health/v1/health.pb.h"
+#include "server/auth_interceptor.h"
 #include "server/serving/job_checkpoint_resolver.h"
 #include "server/training_service.h"
 
@@ -54,9 +56,35 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.max_jobs_per_device < 1) {
     return absl::InvalidArgumentError("--max_jobs_per_device: must be at least 1");
   }
+  // Every limit must let something through; a zero would refuse all work in confusing ways.
+  const std::pair<const char*, int64_t> limits[] = {
+      {"max_queued_jobs", options.max_queued_jobs},
+      {"max_upload_bytes", options.max_upload_bytes},
+      {"max_message_bytes", options.max_message_bytes},
+      {"max_streams", options.max_streams},
+      {"max_inference_batch", options.max_inference_batch},
+      {"max_deploy_batch_size", options.max_deploy_batch_size},
+      {"max_layers", options.limits.max_layers},
+      {"max_parameters", options.limits.max_parameters},
+      {"max_activation_bytes", options.limits.max_activation_bytes},
+      {"max_epochs", options.limits.max_epochs},
+      {"max_batch_size", options.limits.max_batch_size},
+  };
+  for (const auto& [flag, value] : limits) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": must be at least 1, got ", value));
+    }
+  }
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;
   d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
+  // Security settings are checked before anything is opened or bound.
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        MakeServerCredentials(options.tls));
+  if (!options.auth_tokens_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(d->auth_tokens_, AuthTokens::Load(options.auth_tokens_file));
+  }
   d->metrics_ = std::make_unique<Metrics>(MetricsOptions{options.metrics_job_retention, {}});
   if (absl::Status served = d->metrics_->Serve(options.metrics_listen); !served.ok()) {
     if (!options.metrics_optional) return served;
@@ -78,14 +106,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());
   d->service_ = std::make_unique<TrainingService>(d->manager_.get(), d->datasets_.get(),
-                                                  d->broadcaster_.get());
+                                                  d->broadcaster_.get(), options.max_streams);
 
   // Serving: deployments name a job's checkpoint ("JOB@best"), resolved through the manager.
   serving::ModelRepositoryOptions models;
   models.resolver = serving::MakeJobCheckpointResolver(
       [m = d->manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
+  models.max_batch_size_limit = options.max_deploy_batch_size;
   d->models_ = std::make_unique<serving::ModelRepository>(std::move(models));
   serving::InferenceServiceOptions inference;
+  inference.max_request_samples = options.max_inference_batch;
   inference.default_deployment.device = options.device;
   Metrics* metrics = d->metrics_.get();
   EventLog* log = d->log_.get();
@@ -110,11 +140,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &d->port_);
+  builder.AddListeningPort(options.listen, credentials, &d->port_);
   builder.RegisterService(d->service_.get());
   builder.RegisterService(d->inference_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  if (d->auth_tokens_ != nullptr) {  // first, so the metrics see the calls it refuses as refused
+    creators.push_back(NewBearerAuthInterceptor(
+        d->auth_tokens_.get(), [metrics](std::string_view reason) { metrics->AuthFailed(reason); }));
+  }
   creators.push_back(d->metrics_->NewGrpcInterceptor());
   builder.experimental().SetInterceptorCreators(std::move(creators));
   d->server_ = builder.BuildAndStart();
@@ -129,7 +163,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                              ? ""
                              : WithPort(options.metrics_listen, d->metrics_->port()),
                          options.device, absl::StrJoin(AvailableDevices(), ","));
+  d->log_->Log(LogLevel::kInfo, "security",
+               {{"tls", TlsModeName(TlsModeOf(options.tls))},
+                {"auth", d->auth_tokens_ == nullptr ? "off" : "bearer"},
+                {"tokens", d->auth_tokens_ == nullptr ? 0 : d->auth_tokens_->size()}});
   return d;
+}
+
+absl::Status Daemon::ReloadAuthTokens() {
+  if (auth_tokens_ == nullptr) {
+    log_->Log(LogLevel::kWarning, "auth_tokens_reload_skipped",
+              {{"reason", "no --auth_tokens_file; auth is off"}});
+    return absl::FailedPreconditionError("auth is off (no --auth_tokens_file)");
+  }
+  absl::StatusOr<int> count = auth_tokens_->Reload();
+  if (!count.ok()) {
+    // The message names the file and the line, never a token.
+    log_->Log(LogLevel::kError, "auth_tokens_reload_failed",
+              {{"file", auth_tokens_->path()},
+               {"reason", std::string(count.status().message())},
+               {"kept_tokens", auth_tokens_->size()}});
+    return count.status();
+  }
+  log_->Log(LogLevel::kInfo, "auth_tokens_reloaded",
+            {{"file", auth_tokens_->path()}, {"tokens", *count}});
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::Shutdown(absl::Duration deadline) {

@@ -10,15 +10,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/auth_tokens.h"
 #include "server/dataset_catalog.h"
 #include "server/job_manager.h"
 #include "server/job_store.h"
 #include "server/logging.h"
 #include "server/metric_broadcaster.h"
+#include "server/metrics.h"
 #include "server/serving/inference_service.h"
 #include "server/serving/model_repository.h"
-#include "server/metrics.h"
 #include "server/spec_translation.h"
+#include "server/tls_credentials.h"
 
 namespace grpc {
 class Server;
@@ -37,6 +39,9 @@ struct DaemonOptions {
   int max_queued_jobs = 1000;
   int64_t max_upload_bytes = int64_t{512} << 20;
   int max_message_bytes = 16 << 20;
+  int max_streams = 256;                // WatchJob/ExportCheckpoint/UploadDataset open at once
+  int64_t max_inference_batch = 16384;  // samples in one ModelInfer
+  int max_deploy_batch_size = 1024;     // the largest max_batch_size a deployment may ask
   size_t watch_buffer_events = 1024;
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only
@@ -44,6 +49,10 @@ struct DaemonOptions {
   std::string metrics_listen;
   bool metrics_optional = false;  // true: an address that cannot be bound only warns
   absl::Duration metrics_job_retention = absl::Minutes(10);
+  // Security: TLS from these PEM files (none: plaintext); bearer tokens, one per line, required
+  // on every call but health when set.
+  TlsFiles tls;
+  std::string auth_tokens_file;
   LogFormat log_format = LogFormat::kText;
   std::FILE* log_stream = stderr;  // the event log; null: none
 };
@@ -68,6 +77,10 @@ class Daemon {
   // the server stops. DeadlineExceeded when jobs did not stop by `deadline`.
   absl::Status Shutdown(absl::Duration deadline);
 
+  // Reads --auth_tokens_file again (SIGHUP). On failure the old tokens stay in force; either way
+  // the outcome is logged. FailedPrecondition when auth is off.
+  absl::Status ReloadAuthTokens();
+
  private:
   Daemon() = default;
 
@@ -75,6 +88,7 @@ class Daemon {
   // First, so they outlive everything that reports to them.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<EventLog> log_;
+  std::unique_ptr<AuthTokens> auth_tokens_;  // null: auth off; read by the server's interceptor
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<MetricBroadcaster> broadcaster_;
   std::unique_ptr<DatasetCatalog> datasets_;

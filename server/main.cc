@@ -1,5 +1,5 @@
-// kilnd: the kiln training daemon. Parses flags, starts the Daemon, and stops it gracefully on
-// SIGTERM or SIGINT.
+// kilnd: the kiln training daemon. Parses flags, starts the Daemon, stops it gracefully on
+// SIGTERM or SIGINT, and reloads its bearer tokens on SIGHUP.
 #include <pthread.h>
 #include <signal.h>
 
@@ -24,6 +24,17 @@ ABSL_FLAG(int, max_jobs_per_device, 1, "jobs running at once on each device");
 ABSL_FLAG(int, max_queued_jobs, 1000, "jobs waiting at once; more are refused");
 ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20, "size limit of one dataset upload");
 ABSL_FLAG(int64_t, max_parameters, 50'000'000, "largest model accepted, in parameters");
+ABSL_FLAG(int, max_layers, 64, "most layers a submitted model may have");
+ABSL_FLAG(int64_t, max_activation_bytes, int64_t{8} << 30,
+          "largest activation memory of one training batch (activations and gradients, bytes)");
+ABSL_FLAG(int, max_epochs, 10'000, "most epochs a job may ask for");
+ABSL_FLAG(int, max_batch_size, 65'536, "largest training batch a job may ask for");
+ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest gRPC message kilnd accepts, in bytes");
+ABSL_FLAG(int, max_streams, 256,
+          "streaming calls (WatchJob, ExportCheckpoint, UploadDataset) open at once");
+ABSL_FLAG(int64_t, max_inference_batch, 16384, "most samples one ModelInfer request may carry");
+ABSL_FLAG(int, max_deploy_batch_size, 1024,
+          "largest dynamic-batching max_batch_size a deployment may ask for");
 ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
           "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -31,6 +42,14 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
 ABSL_FLAG(absl::Duration, metrics_job_retention, absl::Minutes(10),
           "how long a finished job's labelled series stay in /metrics");
 ABSL_FLAG(std::string, log_format, "text", "event log lines on stderr: text or json");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain to serve TLS with (needs --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert, unencrypted");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA that client certificates must chain to: mutual TLS, clients without one are "
+          "refused");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "file of accepted bearer tokens, one per line ('#' comments); every call but health "
+          "then needs 'authorization: Bearer TOKEN'. SIGHUP reloads it");
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
           "testing only: pause after every training step");
 
@@ -43,17 +62,23 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "kilnd --listen HOST:PORT --state_dir DIR --data_dir DIR [--device auto|cpu|cuda:N] "
-      "[--max_jobs_per_device N]");
+      "[--max_jobs_per_device N] [--tls_cert F --tls_key F [--tls_client_ca F]] "
+      "[--auth_tokens_file F]");
   absl::ParseCommandLine(argc, argv);
 
-  // Block the stop signals in every thread (threads inherit the mask) and take them in main.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the signals main acts on in every thread (threads inherit the mask) and take them in
+  // main: TERM and INT stop, HUP reloads the token file.
+  sigset_t handled_signals;
+  sigemptyset(&handled_signals);
+  sigaddset(&handled_signals, SIGTERM);
+  sigaddset(&handled_signals, SIGINT);
+  sigaddset(&handled_signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &handled_signals, nullptr);
   // A vanished client must not kill the daemon through a broken pipe.
   signal(SIGPIPE, SIG_IGN);
+  // Past a file-size limit (RLIMIT_FSIZE) a write must fail with EFBIG, failing that checkpoint,
+  // not kill the daemon.
+  signal(SIGXFSZ, SIG_IGN);
 
   kiln::server::DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -64,6 +89,14 @@ int main(int argc, char** argv) {
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
   options.limits.max_parameters = absl::GetFlag(FLAGS_max_parameters);
+  options.limits.max_layers = absl::GetFlag(FLAGS_max_layers);
+  options.limits.max_activation_bytes = absl::GetFlag(FLAGS_max_activation_bytes);
+  options.limits.max_epochs = absl::GetFlag(FLAGS_max_epochs);
+  options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.max_inference_batch = absl::GetFlag(FLAGS_max_inference_batch);
+  options.max_deploy_batch_size = absl::GetFlag(FLAGS_max_deploy_batch_size);
   options.step_delay = absl::GetFlag(FLAGS_step_delay);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   // The default address may be taken by another kilnd (a warning, then no metrics); one asked
@@ -71,6 +104,10 @@ int main(int argc, char** argv) {
   const absl::CommandLineFlag* metrics_flag = absl::FindCommandLineFlag("metrics_listen");
   options.metrics_optional = metrics_flag->CurrentValue() == metrics_flag->DefaultValue();
   options.metrics_job_retention = absl::GetFlag(FLAGS_metrics_job_retention);
+  options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   auto log_format = kiln::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
   if (!log_format.ok()) {
     std::fprintf(stderr, "kilnd: %s\n", std::string(log_format.status().message()).c_str());
@@ -91,7 +128,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  // A reload logs its outcome (a bad file keeps the old tokens) and the daemon serves on.
+  while (sigwait(&handled_signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    (*daemon)->ReloadAuthTokens().IgnoreError();
+  }
   std::fprintf(stderr, "kilnd: signal %d, shutting down\n", signal_number);
   absl::Status stopped = (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_timeout));
   if (!stopped.ok()) {

@@ -229,6 +229,9 @@ Metrics::Metrics(MetricsOptions options)
                            "Finished gRPC calls, by method and status code.");
   grpc_duration_ = Declare(BuildHistogram(), r, "kiln_grpc_request_duration_seconds",
                            "Duration of gRPC calls (streams: until the status), by method.");
+  auth_failures_ = Declare(BuildCounter(), r, "kiln_auth_failures_total",
+                           "gRPC calls refused for their bearer token, by reason (missing, "
+                           "invalid).");
 
   loss_ = Declare(BuildGauge(), r, "kiln_training_loss", "Mean loss of the job's latest batch.");
   test_loss_ = Declare(BuildGauge(), r, "kiln_training_test_loss",
@@ -275,6 +278,8 @@ Metrics::Metrics(MetricsOptions options)
     if (IsFinal(s)) completions_by_state_[s] = &job_completions_->Add({{"state", StateLabel(s)}});
   }
   job_submissions_->Add({});
+  // Both reasons exist from the start, so rate() sees the first failure.
+  for (const char* reason : {"missing", "invalid"}) auth_failures_->Add({{"reason", reason}});
   reaper_ = std::thread(&Metrics::ReaperLoop, this);
 }
 
@@ -444,6 +449,10 @@ void Metrics::RecordGrpc(const std::string& method, int code, double seconds) {
   grpc_requests_->Add({{"method", name}, {"code", CodeLabel(static_cast<absl::StatusCode>(code))}})
       .Increment();
   grpc_duration_->Add({{"method", name}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::AuthFailed(std::string_view reason) {
+  auth_failures_->Add({{"reason", std::string(reason)}}).Increment();
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

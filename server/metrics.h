@@ -107,6 +107,10 @@ class Metrics {
   // feeds RecordGrpc for every call of every service on that server.
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewGrpcInterceptor();
 
+  // --- auth ---------------------------------------------------------------------------------
+  // A call refused for its bearer token; reason: "missing" or "invalid".
+  void AuthFailed(std::string_view reason);
+
   // Removes job series whose retention has passed (also done by a background thread).
   void ReapExpiredJobs();
 
@@ -131,6 +135,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* job_completions_;
   prometheus::Family<prometheus::Counter>* grpc_requests_;
   prometheus::Family<prometheus::Histogram>* grpc_duration_;
+  prometheus::Family<prometheus::Counter>* auth_failures_;
   // Per job.
   prometheus::Family<prometheus::Gauge>* loss_;
   prometheus::Family<prometheus::Gauge>* test_loss_;

@@ -1,6 +1,7 @@
 #include "server/spec_translation.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -108,7 +109,7 @@ absl::StatusOr<ModelConfig> TranslateModel(const v1::ModelSpec& spec, const Spec
   if (spec.layers_size() > limits.max_layers) {
     return absl::ResourceExhaustedError(absl::StrCat("spec.model.layers: ", spec.layers_size(),
                                                      " layers exceed the limit of ",
-                                                     limits.max_layers));
+                                                     limits.max_layers, " (--max_layers)"));
   }
   ModelConfig config;
   if (spec.input_shape_size() < 1 || spec.input_shape_size() > 4) {
@@ -119,6 +120,15 @@ absl::StatusOr<ModelConfig> TranslateModel(const v1::ModelSpec& spec, const Spec
     KILN_RETURN_IF_ERROR(InRange(absl::StrCat("spec.model.input_shape[", i, "]"),
                                  spec.input_shape(i), int64_t{1}, limits.max_features));
     config.input_shape.push_back(spec.input_shape(i));
+  }
+  // Bounds every later shape product: no layer multiplies the elements of a sample by more than
+  // its channels times its kernel, each bounded too.
+  double sample_elements = 1;  // in double: four dimensions of a million overflow int64
+  for (int64_t d : config.input_shape) sample_elements *= static_cast<double>(d);
+  if (sample_elements > static_cast<double>(limits.max_features)) {
+    return Invalid("spec.model.input_shape",
+                   absl::StrCat(ShapeString(config.input_shape), " is ", sample_elements,
+                                " elements per sample, over the limit of ", limits.max_features));
   }
   for (int i = 0; i < spec.layers_size(); ++i) {
     KILN_ASSIGN_OR_RETURN(
@@ -270,10 +280,30 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   }
   const int64_t parameters = CountParameters(config.model);
   if (parameters > limits.max_parameters) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "spec.model: ", parameters, " parameters exceed the limit of ", limits.max_parameters));
+    return absl::ResourceExhaustedError(absl::StrCat("spec.model: ", parameters,
+                                                     " parameters exceed the limit of ",
+                                                     limits.max_parameters, " (--max_parameters)"));
+  }
+  const int64_t activation_bytes = ActivationBytes(*shapes, config.batch_size);
+  if (activation_bytes > limits.max_activation_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spec.model: a batch of ", config.batch_size, " needs ", activation_bytes,
+                     " bytes of activations and gradients, over the limit of ",
+                     limits.max_activation_bytes, " (--max_activation_bytes)"));
   }
   return config;
+}
+
+int64_t ActivationBytes(const std::vector<Shape>& shapes, int64_t batch_size) {
+  // In double: a hostile spec must not wrap around to a small number.
+  double bytes = 0;
+  for (const Shape& shape : shapes) {
+    double elements = 1;
+    for (int64_t d : shape) elements *= static_cast<double>(d);
+    bytes += 2.0 * elements * static_cast<double>(batch_size) * sizeof(float);
+  }
+  constexpr double kMax = 9.2e18;  // just under INT64_MAX
+  return bytes >= kMax ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
 }
 
 CheckpointSettings TranslateCheckpointPolicy(const v1::CheckpointPolicy& policy) {

@@ -4,23 +4,31 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/tensor.h"
 #include "engine/trainer.h"
 #include "kiln/v1/model_spec.pb.h"
 
 namespace kiln::server {
 
-// Bounds on what a client may ask for. Breaking a range is INVALID_ARGUMENT; a model over the
-// size limits is RESOURCE_EXHAUSTED.
+// Bounds on what a client may ask for (kilnd's --max_* flags). Breaking a range is
+// INVALID_ARGUMENT; a model over the size limits is RESOURCE_EXHAUSTED. Messages name the flag.
 struct SpecLimits {
   int max_layers = 64;
   int64_t max_parameters = 50'000'000;
-  int64_t max_features = 1'000'000;  // per layer dimension (features, channels, kernel)
+  int64_t max_features = 1'000'000;  // per layer dimension, and the elements of one input sample
+  // One batch's activations and their gradients (float32): what training allocates per step.
+  int64_t max_activation_bytes = int64_t{8} << 30;
   int max_epochs = 10'000;
   int max_batch_size = 65'536;
 };
+
+// The bytes of one batch's activations and their gradients for `shapes` (from InferShapes, the
+// input first), saturating at INT64_MAX instead of overflowing.
+int64_t ActivationBytes(const std::vector<Shape>& shapes, int64_t batch_size);
 
 // The epochs, checkpoint policy and so on the engine does not see, with defaults applied.
 struct CheckpointSettings {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "server/call_auth.h"
 
 namespace kiln::server {
 
@@ -56,14 +57,23 @@ class RefusedWrite : public grpc::ServerWriteReactor<T> {
   void OnDone() override { delete this; }
 };
 
+// The same for client-streaming calls: nothing is read.
+template <typename T>
+class RefusedRead : public grpc::ServerReadReactor<T> {
+ public:
+  explicit RefusedRead(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 // Streams a job's history, then its live events until the job ends, the client cancels, or the
 // daemon shuts down. Writes are one at a time; new events wake it from the publishing thread.
 class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
-  WatchReactor(JobWatch watch, MetricBroadcaster* broadcaster)
+  WatchReactor(JobWatch watch, MetricBroadcaster* broadcaster, StreamSlots::Slot slot)
       : history_(std::move(watch.history)),
         live_(std::move(watch.live)),
-        broadcaster_(broadcaster) {
+        broadcaster_(broadcaster),
+        slot_(std::move(slot)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (live_) live_->SetNotify([this] { OnEventAvailable(); });
     WriteNextLocked();
@@ -128,6 +138,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   size_t next_history_ = 0;
   std::shared_ptr<Subscription> live_;
   MetricBroadcaster* broadcaster_;
+  StreamSlots::Slot slot_;
   v1::JobEvent current_;
   bool writing_ = false;
   bool finished_ = false;
@@ -137,8 +148,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
 // Streams a checkpoint file in chunks, hashing as it goes; the last chunk carries the digest.
 class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
  public:
-  ExportReactor(v1::Checkpoint checkpoint, int chunk_bytes)
-      : checkpoint_(std::move(checkpoint)), buffer_(chunk_bytes) {
+  ExportReactor(v1::Checkpoint checkpoint, int chunk_bytes, StreamSlots::Slot slot)
+      : checkpoint_(std::move(checkpoint)), buffer_(chunk_bytes), slot_(std::move(slot)) {
     fd_ = open(checkpoint_.path().c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st {};
     if (fd_ < 0 || fstat(fd_, &st) != 0) {
@@ -193,6 +204,7 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
 
   v1::Checkpoint checkpoint_;
   std::vector<char> buffer_;
+  StreamSlots::Slot slot_;
   v1::CheckpointChunk chunk_;
   int fd_ = -1;
   int64_t size_ = 0;
@@ -204,8 +216,8 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
 // Reads an upload: a header, then file chunks; commits when the client half-closes.
 class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
  public:
-  UploadReactor(const DatasetCatalog* datasets, v1::Dataset* response)
-      : datasets_(datasets), response_(response) {
+  UploadReactor(const DatasetCatalog* datasets, v1::Dataset* response, StreamSlots::Slot slot)
+      : datasets_(datasets), response_(response), slot_(std::move(slot)) {
     StartRead(&request_);
   }
 
@@ -247,6 +259,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
  private:
   const DatasetCatalog* datasets_;
   v1::Dataset* response_;
+  StreamSlots::Slot slot_;
   v1::UploadDatasetRequest request_;
   std::unique_ptr<DatasetUpload> upload_;
 };
@@ -256,6 +269,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
 grpc::ServerUnaryReactor* TrainingService::SubmitJob(grpc::CallbackServerContext* context,
                                                      const v1::SubmitJobRequest* request,
                                                      v1::Job* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   if (!request->has_spec()) {
     return FinishWithError(context, absl::InvalidArgumentError("spec: required"));
   }
@@ -265,6 +279,7 @@ grpc::ServerUnaryReactor* TrainingService::SubmitJob(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* TrainingService::GetJob(grpc::CallbackServerContext* context,
                                                   const v1::GetJobRequest* request,
                                                   v1::Job* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
@@ -274,6 +289,7 @@ grpc::ServerUnaryReactor* TrainingService::GetJob(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* TrainingService::ListJobs(grpc::CallbackServerContext* context,
                                                     const v1::ListJobsRequest* request,
                                                     v1::ListJobsResponse* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   int page_size = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
   if (page_size < 1 || page_size > kMaxPageSize) {
     return FinishWithError(
@@ -299,6 +315,7 @@ grpc::ServerUnaryReactor* TrainingService::ListJobs(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* TrainingService::CancelJob(grpc::CallbackServerContext* context,
                                                      const v1::CancelJobRequest* request,
                                                      v1::Job* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
@@ -308,6 +325,7 @@ grpc::ServerUnaryReactor* TrainingService::CancelJob(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* TrainingService::ResumeJob(grpc::CallbackServerContext* context,
                                                      const v1::ResumeJobRequest* request,
                                                      v1::Job* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
@@ -315,19 +333,23 @@ grpc::ServerUnaryReactor* TrainingService::ResumeJob(grpc::CallbackServerContext
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* TrainingService::WatchJob(
-    grpc::CallbackServerContext* /*context*/, const v1::WatchJobRequest* request) {
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return new RefusedWrite<v1::JobEvent>(s);
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return new RefusedWrite<v1::JobEvent>(s);
   }
+  absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
+  if (!slot.ok()) return new RefusedWrite<v1::JobEvent>(slot.status());
   absl::StatusOr<JobWatch> watch =
       manager_->Watch(request->job_id(), request->include_steps(), request->live_only());
   if (!watch.ok()) return new RefusedWrite<v1::JobEvent>(watch.status());
-  return new WatchReactor(*std::move(watch), broadcaster_);
+  return new WatchReactor(*std::move(watch), broadcaster_, *std::move(slot));
 }
 
 grpc::ServerUnaryReactor* TrainingService::CreateCheckpoint(
     grpc::CallbackServerContext* context, const v1::CreateCheckpointRequest* request,
     v1::Checkpoint* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
@@ -344,6 +366,7 @@ grpc::ServerUnaryReactor* TrainingService::CreateCheckpoint(
 grpc::ServerUnaryReactor* TrainingService::ListCheckpoints(
     grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
@@ -355,7 +378,9 @@ grpc::ServerUnaryReactor* TrainingService::ListCheckpoints(
 }
 
 grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint(
-    grpc::CallbackServerContext* /*context*/, const v1::ExportCheckpointRequest* request) {
+    grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok())
+    return new RefusedWrite<v1::CheckpointChunk>(s);
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return new RefusedWrite<v1::CheckpointChunk>(s);
   }
@@ -367,12 +392,15 @@ grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint
   absl::StatusOr<v1::Checkpoint> checkpoint =
       manager_->FindCheckpoint(request->job_id(), request->checkpoint_id());
   if (!checkpoint.ok()) return new RefusedWrite<v1::CheckpointChunk>(checkpoint.status());
-  return new ExportReactor(*std::move(checkpoint), chunk);
+  absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
+  if (!slot.ok()) return new RefusedWrite<v1::CheckpointChunk>(slot.status());
+  return new ExportReactor(*std::move(checkpoint), chunk, *std::move(slot));
 }
 
 grpc::ServerUnaryReactor* TrainingService::ListDatasets(grpc::CallbackServerContext* context,
                                                         const v1::ListDatasetsRequest* /*request*/,
                                                         v1::ListDatasetsResponse* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
   absl::StatusOr<std::vector<v1::Dataset>> list = datasets_->List();
   if (list.ok()) {
     for (v1::Dataset& d : *list) *response->add_datasets() = std::move(d);
@@ -381,8 +409,12 @@ grpc::ServerUnaryReactor* TrainingService::ListDatasets(grpc::CallbackServerCont
 }
 
 grpc::ServerReadReactor<v1::UploadDatasetRequest>* TrainingService::UploadDataset(
-    grpc::CallbackServerContext* /*context*/, v1::Dataset* response) {
-  return new UploadReactor(datasets_, response);
+    grpc::CallbackServerContext* context, v1::Dataset* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok())
+    return new RefusedRead<v1::UploadDatasetRequest>(s);
+  absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
+  if (!slot.ok()) return new RefusedRead<v1::UploadDatasetRequest>(slot.status());
+  return new UploadReactor(datasets_, response, *std::move(slot));
 }
 
 }  // namespace kiln::server

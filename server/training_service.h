@@ -6,14 +6,16 @@
 #include "server/dataset_catalog.h"
 #include "server/job_manager.h"
 #include "server/metric_broadcaster.h"
+#include "server/stream_slots.h"
 
 namespace kiln::server {
 
 class TrainingService final : public v1::Training::CallbackService {
  public:
+  // `max_streams`: streaming calls (WatchJob, ExportCheckpoint, UploadDataset) open at once.
   TrainingService(JobManager* manager, const DatasetCatalog* datasets,
-                  MetricBroadcaster* broadcaster)
-      : manager_(manager), datasets_(datasets), broadcaster_(broadcaster) {}
+                  MetricBroadcaster* broadcaster, int max_streams)
+      : manager_(manager), datasets_(datasets), broadcaster_(broadcaster), streams_(max_streams) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -49,6 +51,7 @@ class TrainingService final : public v1::Training::CallbackService {
   JobManager* manager_;
   const DatasetCatalog* datasets_;
   MetricBroadcaster* broadcaster_;
+  StreamSlots streams_;
 };
 
 // absl and gRPC share the canonical code numbering; the message passes unchanged.

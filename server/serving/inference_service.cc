@@ -1,7 +1,6 @@
 #include "server/serving/inference_service.h"
 
 #include <chrono>
-
 #include <memory>
 #include <string>
 #include <utility>
@@ -10,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "server/call_auth.h"
 #include "server/serving/tensor_codec.h"
 
 #ifndef KILN_VERSION
@@ -105,7 +105,8 @@ absl::Status InferenceService::Infer(const inference::ModelInferRequest& request
   if (input->samples > options_.max_request_samples) {
     return Prefixed(*version, absl::InvalidArgumentError(absl::StrCat(
                                   "input \"", kInputName, "\": batch ", input->samples,
-                                  " is over the limit of ", options_.max_request_samples)));
+                                  " is over the limit of ", options_.max_request_samples,
+                                  " (--max_inference_batch)")));
   }
   absl::StatusOr<OutputSelection> outputs = SelectOutputs(request);
   if (!outputs.ok()) return Prefixed(*version, outputs.status());
@@ -167,22 +168,26 @@ absl::Status InferenceService::UnloadModel(const inference::RepositoryModelUnloa
   return repository_->Unload(request.model_name(), version);
 }
 
-grpc::Status InferenceService::ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*,
+grpc::Status InferenceService::ServerLive(grpc::ServerContext* context,
+                                          const inference::ServerLiveRequest*,
                                           inference::ServerLiveResponse* response) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   response->set_live(true);
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::ServerReady(grpc::ServerContext*,
+grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
                                            const inference::ServerReadyRequest*,
                                            inference::ServerReadyResponse* response) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   response->set_ready(ready_.load(std::memory_order_relaxed));
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::ModelReady(grpc::ServerContext*,
+grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
                                           const inference::ModelReadyRequest* request,
                                           inference::ModelReadyResponse* response) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   if (request->name().empty()) {
     return ToGrpc(absl::InvalidArgumentError("name: required"));
   }
@@ -190,42 +195,47 @@ grpc::Status InferenceService::ModelReady(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::ServerMetadata(grpc::ServerContext*,
+grpc::Status InferenceService::ServerMetadata(grpc::ServerContext* context,
                                               const inference::ServerMetadataRequest*,
                                               inference::ServerMetadataResponse* response) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   response->set_name(options_.server_name);
   response->set_version(options_.server_version);
   response->add_extensions("model_repository");
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::ModelMetadata(grpc::ServerContext*,
+grpc::Status InferenceService::ModelMetadata(grpc::ServerContext* context,
                                              const inference::ModelMetadataRequest* request,
                                              inference::ModelMetadataResponse* response) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   absl::Status status = Metadata(*request, response);
   if (!status.ok()) response->Clear();
   return ToGrpc(status);
 }
 
-grpc::Status InferenceService::ModelInfer(grpc::ServerContext*,
+grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
                                           const inference::ModelInferRequest* request,
                                           inference::ModelInferResponse* response) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   const auto start = std::chrono::steady_clock::now();
   DynamicBatcher::RunInfo info;
   absl::Status status = Infer(*request, response, &info);
   if (options_.on_infer) {
     const std::string version = status.ok() ? response->model_version() : request->model_version();
-    options_.on_infer(request->model_name(), version, status.code(),
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                      info.queue_seconds, info.batch_size);
+    options_.on_infer(
+        request->model_name(), version, status.code(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        info.queue_seconds, info.batch_size);
   }
   if (!status.ok()) response->Clear();
   return ToGrpc(status);
 }
 
-grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext*,
+grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext* context,
                                                const inference::RepositoryIndexRequest* request,
                                                inference::RepositoryIndexResponse* response) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   for (const ModelIndexEntry& entry : repository_->Index()) {
     if (request->ready() && entry.state != "READY") continue;
     auto* model = response->add_models();
@@ -238,8 +248,9 @@ grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext*,
 }
 
 grpc::Status InferenceService::RepositoryModelLoad(
-    grpc::ServerContext*, const inference::RepositoryModelLoadRequest* request,
+    grpc::ServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   absl::Status status = LoadModel(*request);
   if (status.ok() && options_.on_repository_change) {
     auto it = request->parameters().find("checkpoint");
@@ -252,8 +263,9 @@ grpc::Status InferenceService::RepositoryModelLoad(
 }
 
 grpc::Status InferenceService::RepositoryModelUnload(
-    grpc::ServerContext*, const inference::RepositoryModelUnloadRequest* request,
+    grpc::ServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
   absl::Status status = UnloadModel(*request);
   if (status.ok() && options_.on_repository_change) {
     options_.on_repository_change(request->model_name(), "", false);

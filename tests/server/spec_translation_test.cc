@@ -1,5 +1,9 @@
 #include "server/spec_translation.h"
 
+#include <limits>
+#include <string>
+
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server_test_support.h"
 
@@ -86,6 +90,48 @@ TEST(SpecTranslationTest, CheckpointPolicyDefaultsToCheckpointOnShutdown) {
   v1::CheckpointPolicy off;
   off.set_on_shutdown(false);
   EXPECT_FALSE(TranslateCheckpointPolicy(off).on_shutdown);
+}
+
+TEST(SpecTranslationTest, ActivationMemoryOverTheLimitIsRefusedNamingTheFlag) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-cnn");
+  spec.set_epochs(1);
+  SpecLimits limits;
+  // The CNN at batch 64: input, 32x26x26, 32x13x13, 64x11x11, 64x5x5, 1600, 128, 10 (and
+  // the ReLU outputs), twice (gradients), float32 -- well over 1 MiB.
+  limits.max_activation_bytes = 1 << 20;
+  auto config = TranslateSpec(spec, limits);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(config.status().message()), ::testing::HasSubstr("a batch of 64 needs"));
+  EXPECT_THAT(std::string(config.status().message()),
+              ::testing::HasSubstr("over the limit of 1048576 (--max_activation_bytes)"));
+  limits.max_activation_bytes = int64_t{1} << 30;
+  EXPECT_TRUE(TranslateSpec(spec, limits).ok());
+}
+
+TEST(SpecTranslationTest, ActivationBytesCountsEveryShapeTwiceAndSaturates) {
+  EXPECT_EQ(ActivationBytes({{784}, {512}, {10}}, 2), 2 * 2 * 4 * (784 + 512 + 10));
+  const int64_t huge = int64_t{1} << 40;
+  EXPECT_EQ(ActivationBytes({{huge, huge}}, huge), std::numeric_limits<int64_t>::max());
+}
+
+TEST(SpecTranslationTest, HugeInputShapesAreRefusedWithoutOverflow) {
+  v1::JobSpec spec;
+  spec.set_epochs(1);
+  spec.set_batch_size(1);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_SGD);
+  spec.mutable_optimizer()->set_lr(0.1f);
+  // Each dimension is within max_features; their product (1e24) overflows int64.
+  for (int i = 0; i < 4; ++i) spec.mutable_model()->add_input_shape(1'000'000);
+  spec.mutable_model()->add_layers()->mutable_flatten();
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()),
+              ::testing::HasSubstr("spec.model.input_shape"));
+  EXPECT_THAT(std::string(config.status().message()),
+              ::testing::HasSubstr("elements per sample, over the limit of 1000000"));
 }
 
 TEST(SpecTranslationTest, NamesAreCheckedForPathTricks) {

@@ -126,6 +126,62 @@ TEST_F(TrainingServiceTest, JobTrainsAndTwoWatchersSeeEveryEpochThenTheFinalStat
   EXPECT_EQ(checkpoints[0].global_step(), 32);
 }
 
+TEST_F(TrainingServiceTest, StreamsOverTheLimitAreRefusedUntilOneCloses) {
+  options_.max_streams = 2;
+  options_.step_delay = absl::Milliseconds(10);
+  StartDaemon();
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1000));
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_RUNNING, absl::Seconds(30)));
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  request.set_live_only(true);
+  // Two open streams, each waiting for its next live event.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::JobEvent>>> open;
+  for (int i = 0; i < 2; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    open.push_back(stub_->WatchJob(contexts.back().get(), request));
+    v1::JobEvent event;
+    ASSERT_TRUE(open.back()->Read(&event)) << "stream " << i << " got no event";
+  }
+  auto third = [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    auto reader = stub_->WatchJob(&context, request);
+    v1::JobEvent event;
+    if (!reader->Read(&event)) return reader->Finish();
+    context.TryCancel();  // it got through; close it again
+    reader->Finish();
+    return grpc::Status::OK;
+  };
+  grpc::Status refused = third();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("2 streaming calls are open"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("--max_streams"));
+  // Closing one gives its slot back.
+  contexts[0]->TryCancel();
+  open[0]->Finish();
+  ASSERT_TRUE(WaitFor([&] { return third().ok(); }, absl::Seconds(10)))
+      << "a closed stream's slot was not given back";
+  contexts[1]->TryCancel();
+  open[1]->Finish();
+  v1::Job job;
+  ASSERT_TRUE(Cancel(id, &job).ok());
+}
+
+TEST_F(TrainingServiceTest, LimitsOfZeroAreRefusedAtStartNamingTheFlag) {
+  options_.max_streams = 0;
+  auto daemon = Daemon::Start(options_);
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_THAT(std::string(daemon.status().message()),
+              HasSubstr("--max_streams: must be at least 1, got 0"));
+  options_.max_streams = 256;
+  options_.limits.max_activation_bytes = -1;
+  daemon = Daemon::Start(options_);
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_THAT(std::string(daemon.status().message()), HasSubstr("--max_activation_bytes"));
+}
+
 TEST_F(TrainingServiceTest, WatchingAFinishedJobReplaysItsHistory) {
   StartDaemon();
   const std::string id = SubmitOrDie(SmallSpec("toy", 2));
@@ -428,6 +484,13 @@ TEST_F(TrainingServiceTest, BadSubmissionsAreRefusedWithTheFieldNamed) {
          for (int i = 0; i < 70; ++i) s.mutable_model()->add_layers()->mutable_relu();
        },
        grpc::RESOURCE_EXHAUSTED, "spec.model.layers: 73 layers exceed the limit of 64"},
+      {"activations too big",
+       [](v1::JobSpec& s) {
+         s.set_batch_size(65536);
+         s.mutable_model()->mutable_layers(0)->mutable_linear()->set_out_features(40000);
+         s.mutable_model()->mutable_layers(2)->mutable_linear()->set_in_features(40000);
+       },
+       grpc::RESOURCE_EXHAUSTED, "(--max_activation_bytes)"},
       {"checkpoint keep_last",
        [](v1::JobSpec& s) { s.mutable_checkpoint_policy()->set_keep_last(-1); },
        grpc::INVALID_ARGUMENT, "spec.checkpoint_policy.keep_last"},

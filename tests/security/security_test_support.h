@@ -1,0 +1,82 @@
+// Pieces of the security tests: certificates made with the openssl CLI at test time, a kilnd
+// child whose stdout and stderr are captured (for its ports, its log, and signals), a scrape of
+// its /metrics, and calls that only a generic client makes (reflection).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cli_test_support.h"
+#include "grpcpp/grpcpp.h"
+
+namespace kiln::security::testing {
+
+// PEM files under one folder. The CA signs everything but the stranger's certificate, which an
+// unrelated CA signs. All keys are unencrypted P-256.
+struct TestPki {
+  std::string ca_cert;
+  std::string server_cert, server_key;              // SAN IP:127.0.0.1, DNS:localhost
+  std::string named_server_cert, named_server_key;  // SAN DNS:kilnd.test only
+  std::string client_cert, client_key;              // extendedKeyUsage clientAuth
+  std::string other_ca_cert;
+  std::string stranger_cert, stranger_key;  // a client certificate of the other CA
+};
+
+// Makes a TestPki in `dir` (which must exist) with /usr/bin/openssl; the error names the step
+// that failed and what openssl said.
+absl::StatusOr<TestPki> MakeTestPki(const std::string& dir);
+
+// Writes a self-signed certificate that expired a day ago and its key (PEM), with OpenSSL's C
+// API (the CLI of OpenSSL 3.0 cannot date a certificate in the past).
+absl::Status WriteExpiredCertificate(const std::string& cert_path, const std::string& key_path);
+
+// kilnd as a child on 127.0.0.1, any free port, /metrics on another free port, with fresh state
+// and data folders under `root`.
+class KilndUnderTest {
+ public:
+  explicit KilndUnderTest(std::string root) : root_(std::move(root)) {}
+
+  // Starts kilnd with `extra_args` and waits for both ports; false when it does not report them.
+  bool Start(const std::vector<std::string>& extra_args);
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string address() const;  // 127.0.0.1:PORT
+  void Signal(int signal) { process_.Signal(signal); }
+  // Sends SIGTERM and waits for the exit; the exit code, or -1 on timeout.
+  int Stop();
+  // kilnd's stderr so far: its event log.
+  std::string Stderr() { return process_.Stderr(); }
+  // Polls until stderr contains `text` `count` times or more.
+  bool WaitForStderr(const std::string& text, int count, absl::Duration timeout);
+
+ private:
+  std::string root_;
+  client::testing::Subprocess process_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+};
+
+// The text of http://127.0.0.1:`port`/metrics, or an error saying why not.
+absl::StatusOr<std::string> ScrapeMetrics(int port);
+// The value of one sample line ("name{labels} value") in a scrape; -1 when absent.
+double SampleValue(const std::string& scrape, const std::string& series);
+
+// A channel to kilnd: plaintext, or TLS verifying with `ca_pem` (optionally presenting a client
+// certificate).
+std::shared_ptr<grpc::Channel> PlaintextChannel(const std::string& address);
+std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std::string& ca_file,
+                                          const std::string& cert_file = "",
+                                          const std::string& key_file = "");
+
+// A client context with "authorization: Bearer `token`" (none when empty) and a 10 s deadline.
+std::unique_ptr<grpc::ClientContext> ContextWithToken(const std::string& token);
+
+// Lists the services through gRPC reflection (v1alpha) with a generic bidi call; on success
+// `services` holds the raw response bytes (the names appear in them).
+grpc::Status ListServicesByReflection(const std::shared_ptr<grpc::Channel>& channel,
+                                      const std::string& token, std::string* services);
+
+}  // namespace kiln::security::testing

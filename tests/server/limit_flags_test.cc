@@ -1,0 +1,80 @@
+// kilnd's --max_* flags reach the checks they name: each limit, set low on the command line,
+// refuses what is over it with the limit and the value in the message.
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server_test_support.h"
+
+namespace kiln::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(LimitFlagsTest, LimitsSetOnTheCommandLineRefuseWhatIsOverThem) {
+  const std::string root = testing::MakeTempDir("kilnd-limits");
+  testing::WriteToyDataset(root + "/data/toy", 64, 16);
+  testing::KilndProcess kilnd(root + "/state", root + "/data",
+                              {"--metrics_listen=", "--max_layers=2", "--max_epochs=3",
+                               "--max_batch_size=16", "--max_parameters=1000",
+                               "--max_message_bytes=4096"});
+  ASSERT_TRUE(kilnd.Start());
+  auto stub = kilnd.NewStub();
+  auto submit = [&](const v1::JobSpec& spec) {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::Job job;
+    return stub->SubmitJob(&context, request, &job);
+  };
+  struct Case {
+    const char* name;
+    std::function<void(v1::JobSpec&)> mutate;
+    grpc::StatusCode code;
+    const char* fragment;
+  };
+  const Case cases[] = {
+      {"layers", [](v1::JobSpec&) {}, grpc::RESOURCE_EXHAUSTED,
+       "3 layers exceed the limit of 2 (--max_layers)"},
+      {"epochs",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->mutable_layers()->RemoveLast();
+         s.set_epochs(4);
+       },
+       grpc::INVALID_ARGUMENT, "spec.epochs: must be in [1, 3], got 4"},
+      {"batch",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->mutable_layers()->RemoveLast();
+         s.set_batch_size(17);
+       },
+       grpc::INVALID_ARGUMENT, "spec.batch_size: must be in [1, 16], got 17"},
+      {"parameters",
+       [](v1::JobSpec& s) {
+         s.mutable_model()->mutable_layers()->RemoveLast();
+         s.set_batch_size(16);
+       },
+       grpc::RESOURCE_EXHAUSTED, "parameters exceed the limit of 1000 (--max_parameters)"},
+      {"message", [](v1::JobSpec& s) { s.set_dataset(std::string(5000, 'x')); },
+       grpc::RESOURCE_EXHAUSTED, "larger than max"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::JobSpec spec = testing::SmallSpec("toy", 1);
+    c.mutate(spec);
+    grpc::Status status = submit(spec);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.fragment));
+  }
+}
+
+TEST(LimitFlagsTest, ANonPositiveLimitStopsKilndAtStart) {
+  const std::string root = testing::MakeTempDir("kilnd-limits");
+  testing::KilndProcess kilnd(root + "/state", root + "/data",
+                              {"--metrics_listen=", "--max_streams=0"});
+  EXPECT_FALSE(kilnd.Start()) << "kilnd started with --max_streams=0";
+}
+
+}  // namespace
+}  // namespace kiln::server
