@@ -219,6 +219,9 @@ TEST_F(BearerAuthTest, HealthNeedsNoToken) {
   RunResult r = Kiln({"health"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr(": SERVING"));
+  // Serving's row comes from the health service too, not an error for the missing token.
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("inference.GRPCInferenceService +SERVING"));
+  EXPECT_THAT(r.out, HasSubstr("details need a token"));
 }
 
 TEST_F(BearerAuthTest, RefusalsAreCountedByReason) {
