@@ -32,7 +32,7 @@ void FutexWake(std::atomic<uint32_t>* word) {
 
 absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     std::unique_ptr<InferenceSession> session, const BatchingOptions& options, std::string label,
-    std::function<void()> on_worker_start) {
+    std::function<void()> prepare_thread, bool callers_run_when_idle) {
   if (session == nullptr) return absl::InvalidArgumentError(label + ": no session");
   if (options.max_batch_size < 1) {
     return absl::InvalidArgumentError(
@@ -47,25 +47,31 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
         absl::StrCat(label, ": the session holds batches of ", session->max_batch(),
                      ", less than max_batch_size ", options.max_batch_size));
   }
-  return std::unique_ptr<DynamicBatcher>(new DynamicBatcher(
-      std::move(session), options, std::move(label), std::move(on_worker_start)));
+  return std::unique_ptr<DynamicBatcher>(new DynamicBatcher(std::move(session), options,
+                                                            std::move(label),
+                                                            std::move(prepare_thread),
+                                                            callers_run_when_idle));
 }
 
 DynamicBatcher::DynamicBatcher(std::unique_ptr<InferenceSession> session,
                                const BatchingOptions& options, std::string label,
-                               std::function<void()> on_worker_start)
+                               std::function<void()> prepare_thread,
+                               bool callers_run_when_idle)
     : session_(std::move(session)),
       options_(options),
       label_(std::move(label)),
       sample_elems_(session_->input_elems()),
-      classes_(session_->num_classes()) {
+      classes_(session_->num_classes()),
+      prepare_thread_(std::move(prepare_thread)),
+      callers_run_when_idle_(callers_run_when_idle &&
+                             (options.max_batch_size == 1 || options.max_queue_delay_us == 0)) {
   const size_t cap = static_cast<size_t>(options_.max_batch_size);
   segments_.resize(cap);
   u8_pixels_.resize(cap * sample_elems_);
   f32_pixels_.resize(cap * sample_elems_);
   probabilities_.resize(cap * classes_);
   classes_out_.resize(cap);
-  worker_ = std::thread(&DynamicBatcher::Work, this, std::move(on_worker_start));
+  worker_ = std::thread(&DynamicBatcher::Work, this);
   pthread_setname_np(worker_.native_handle(), "kiln-batcher");
 }
 
@@ -97,8 +103,15 @@ absl::Status DynamicBatcher::Run(const PixelInput& input, const OutputBuffers& o
   p.enqueued = std::chrono::steady_clock::now();
   bool wake;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) return absl::UnavailableError(absl::StrCat(label_, " is being unloaded"));
+    if (callers_run_when_idle_ && !running_ && head_ == nullptr) {
+      running_ = true;
+      lock.unlock();
+      RunOnCaller(&p);
+      if (info != nullptr) *info = p.info;
+      return p.status;
+    }
     // The worker sleeps either for an empty queue or, during its delay, for a full batch.
     wake = head_ == nullptr || queued_samples_ + input.samples >= options_.max_batch_size;
     if (tail_ != nullptr) {
@@ -117,13 +130,33 @@ absl::Status DynamicBatcher::Run(const PixelInput& input, const OutputBuffers& o
   return p.status;
 }
 
-void DynamicBatcher::Work(const std::function<void()>& on_worker_start) {
-  if (on_worker_start) on_worker_start();
+void DynamicBatcher::RunOnCaller(Pending* p) {
+  if (prepare_thread_) prepare_thread_();
+  p->staged = p->input.samples;
+  num_segments_ = 0;
+  // Batches of at most max_batch_size, as the worker would run them.
+  const int64_t cap = options_.max_batch_size;
+  while (p->finished < p->input.samples && p->status.ok()) {
+    const int64_t first = p->finished;
+    segments_[0] = Segment{p, first, std::min(cap, p->input.samples - first), 0};
+    num_segments_ = 1;
+    RunBatch();
+    if (p->state.load(std::memory_order_relaxed) != kQueued) break;  // done or failed
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  running_ = false;
+  // Requests that queued meanwhile are the worker's.
+  if (head_ != nullptr) wake_.notify_one();
+}
+
+void DynamicBatcher::Work() {
+  if (prepare_thread_) prepare_thread_();
   const int64_t cap = options_.max_batch_size;
   const auto delay = std::chrono::microseconds(options_.max_queue_delay_us);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    wake_.wait(lock, [this] { return head_ != nullptr || stopping_; });
+    // A batch running on a caller has the session; what queued meanwhile waits for it to end.
+    wake_.wait(lock, [this] { return (head_ != nullptr && !running_) || (stopping_ && !running_); });
     if (head_ == nullptr) return;  // stopping, and nothing is left
     if (cap > 1 && delay.count() > 0 && queued_samples_ < cap && !stopping_) {
       wake_.wait_until(lock, head_->enqueued + delay,
@@ -144,9 +177,11 @@ void DynamicBatcher::Work(const std::function<void()>& on_worker_start) {
       head_ = p->next;
       if (head_ == nullptr) tail_ = nullptr;
     }
+    running_ = true;
     lock.unlock();
     RunBatch();
     lock.lock();
+    running_ = false;
   }
 }
 

@@ -39,12 +39,18 @@ class DynamicBatcher {
   };
 
   // Takes `session` (max_batch() must be at least options.max_batch_size) and starts the worker
-  // thread, the only user of the session from then on; `on_worker_start`, when given, runs first
-  // on that thread (e.g. to set its OpenMP thread count). `label` (e.g. model "m" version "1")
-  // starts the batcher's error messages.
+  // thread. `prepare_thread`, when given, runs on a thread before it drives the session (e.g. to
+  // set its OpenMP thread count): on the worker at its start, and on a caller before it runs its
+  // own request. `label` (e.g. model "m" version "1") starts the batcher's error messages.
+  //
+  // `callers_run_when_idle`: when no request will be waited for (max_batch_size 1 or
+  // max_queue_delay_us 0), a request that finds nothing queued and no batch running runs on its
+  // caller's thread, sparing the handoff to the worker and back (two thread wake-ups, most of the
+  // batcher's cost for a batch of one). Only for sessions any thread may drive (CPU; not CUDA,
+  // whose current device is per thread). One batch runs at a time either way.
   static absl::StatusOr<std::unique_ptr<DynamicBatcher>> Create(
       std::unique_ptr<InferenceSession> session, const BatchingOptions& options, std::string label,
-      std::function<void()> on_worker_start = nullptr);
+      std::function<void()> prepare_thread = nullptr, bool callers_run_when_idle = false);
   // Runs what is queued, then stops the worker. No Run() may be in progress or start.
   ~DynamicBatcher();
 
@@ -92,10 +98,13 @@ class DynamicBatcher {
   };
 
   DynamicBatcher(std::unique_ptr<InferenceSession> session, const BatchingOptions& options,
-                 std::string label, std::function<void()> on_worker_start);
-  void Work(const std::function<void()>& on_worker_start);
+                 std::string label, std::function<void()> prepare_thread,
+                 bool callers_run_when_idle);
+  void Work();
+  // Runs `p` alone on the calling thread; running_ must have been set for it.
+  void RunOnCaller(Pending* p);
   // Stages segments_[0, num_segments_), runs them, scatters their rows and completes finished
-  // requests. Worker thread only.
+  // requests. Only the thread that set running_.
   void RunBatch();
   void Complete(Pending* request, const absl::Status& status);
 
@@ -110,6 +119,10 @@ class DynamicBatcher {
   Pending* tail_ = nullptr;
   int64_t queued_samples_ = 0;
   bool stopping_ = false;
+  // A batch is running (on the worker or a caller); the session and the buffers below are its.
+  bool running_ = false;
+  const std::function<void()> prepare_thread_;
+  const bool callers_run_when_idle_;
 
   // The worker's buffers, sized for a full batch up front.
   std::vector<Segment> segments_;

@@ -129,14 +129,18 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   version->input_elems_ = (*session)->input_elems();
   version->num_classes_ = (*session)->num_classes();
   // OpenBLAS (OpenMP build) takes its thread count from the calling thread's OpenMP setting, so
-  // the batcher's worker adopts the CPU backend's count before its first forward pass.
-  std::function<void()> on_worker_start;
+  // a thread adopts the CPU backend's count before it runs a forward pass. Any thread may drive
+  // a CPU session, so idle requests run on their gRPC thread.
+  std::function<void()> prepare_thread;
+  bool callers_run_when_idle = false;
   if (const auto* cpu = dynamic_cast<const CpuBackend*>(version->backend_.get())) {
-    on_worker_start = [threads = cpu->threads()] { omp_set_num_threads(threads); };
+    prepare_thread = [threads = cpu->threads()] { omp_set_num_threads(threads); };
+    callers_run_when_idle = true;
   }
-  KILN_ASSIGN_OR_RETURN(version->batcher_,
-                        DynamicBatcher::Create(std::move(*session), request.options.batching, who,
-                                               std::move(on_worker_start)));
+  KILN_ASSIGN_OR_RETURN(
+      version->batcher_,
+      DynamicBatcher::Create(std::move(*session), request.options.batching, who,
+                             std::move(prepare_thread), callers_run_when_idle));
 
   // Versions replaced or pushed out are released after the lock, where the last reference may
   // stop a batcher's worker thread.

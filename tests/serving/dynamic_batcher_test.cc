@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -39,14 +42,17 @@ class DynamicBatcherTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<DynamicBatcher> MakeBatcher(BatchingOptions options) {
+  std::unique_ptr<DynamicBatcher> MakeBatcher(BatchingOptions options,
+                                              std::function<void()> prepare_thread = nullptr,
+                                              bool callers_run_when_idle = false) {
     auto backend = CreateBackend("cpu", {2});
     EXPECT_TRUE(backend.ok());
     backends_.push_back(std::move(*backend));
     auto session = InferenceSession::FromCheckpoint(testing::SharedCheckpoints().mlp_flat,
                                                     backends_.back().get(), options.max_batch_size);
     EXPECT_TRUE(session.ok()) << session.status();
-    auto batcher = DynamicBatcher::Create(std::move(*session), options, "model \"m\"");
+    auto batcher = DynamicBatcher::Create(std::move(*session), options, "model \"m\"",
+                                          std::move(prepare_thread), callers_run_when_idle);
     EXPECT_TRUE(batcher.ok()) << batcher.status();
     return std::move(*batcher);
   }
@@ -155,6 +161,63 @@ TEST_F(DynamicBatcherTest, ZeroDelayStillAnswersEveryRequest) {
   for (auto& t : clients) t.join();
   EXPECT_EQ(batcher->stats().requests, 400);
   EXPECT_EQ(batcher->stats().samples, 400);
+}
+
+// Records the threads the batcher prepared for driving the session.
+class ThreadLog {
+ public:
+  std::function<void()> Hook() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids_.push_back(std::this_thread::get_id());
+    };
+  }
+  bool Saw(std::thread::id id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::find(ids_.begin(), ids_.end(), id) != ids_.end();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread::id> ids_;
+};
+
+TEST_F(DynamicBatcherTest, AnIdleRequestRunsOnItsCallerWhenAllowed) {
+  ThreadLog log;
+  auto batcher = MakeBatcher({1, 500}, log.Hook(), /*callers_run_when_idle=*/true);
+  RunAndCheck(*batcher, 0, 3, PixelEncoding::kU8);
+  EXPECT_TRUE(log.Saw(std::this_thread::get_id())) << "the caller did not run its own request";
+  EXPECT_EQ(batcher->stats().batches, 3);
+  EXPECT_EQ(batcher->stats().requests, 1);
+}
+
+TEST_F(DynamicBatcherTest, ARequestThatWillBeWaitedForStaysWithTheWorker) {
+  ThreadLog log;
+  // Batching on with a delay: the delay is what the deployment asked for, so no caller runs.
+  auto batcher = MakeBatcher({8, 1000}, log.Hook(), /*callers_run_when_idle=*/true);
+  RunAndCheck(*batcher, 0, 1, PixelEncoding::kU8);
+  EXPECT_FALSE(log.Saw(std::this_thread::get_id()));
+}
+
+TEST_F(DynamicBatcherTest, CallersAndTheWorkerShareTheSessionWithoutMixingAnswers) {
+  for (BatchingOptions options : {BatchingOptions{1, 0}, BatchingOptions{4, 0}}) {
+    SCOPED_TRACE(options.max_batch_size);
+    ThreadLog log;
+    auto batcher = MakeBatcher(options, log.Hook(), /*callers_run_when_idle=*/true);
+    const PixelEncoding encodings[] = {PixelEncoding::kU8, PixelEncoding::kU32,
+                                       PixelEncoding::kF32};
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 8; ++i) {
+      clients.emplace_back([&, i] {
+        for (int round = 0; round < 40; ++round) {
+          const int n = 1 + (i + round) % 6;  // some requests span several passes
+          RunAndCheck(*batcher, (i * 7 + round) % (kImages - n), n, encodings[(i + round) % 3]);
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+    EXPECT_EQ(batcher->stats().requests, 8 * 40);
+  }
 }
 
 TEST_F(DynamicBatcherTest, BadOptionsAreRefused) {
