@@ -117,8 +117,13 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
 }
 
 WatchResult WatchToEnd(v1::Training::Stub& stub, const std::string& job_id, bool include_steps) {
+  return WatchToEnd(stub, job_id, include_steps, absl::Seconds(120));
+}
+
+WatchResult WatchToEnd(v1::Training::Stub& stub, const std::string& job_id, bool include_steps,
+                       absl::Duration deadline) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_include_steps(include_steps);
@@ -143,6 +148,26 @@ v1::Job GetJob(v1::Training::Stub& stub, const std::string& job_id) {
 bool WaitForState(v1::Training::Stub& stub, const std::string& job_id, v1::JobState state,
                   absl::Duration timeout) {
   return WaitFor([&] { return GetJob(stub, job_id).state() == state; }, timeout);
+}
+
+std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec) {
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  grpc::Status status = stub.SubmitJob(&context, request, &job);
+  EXPECT_TRUE(status.ok()) << "SubmitJob: " << status.error_message();
+  return status.ok() ? job.id() : "";
+}
+
+std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std::string& job_id) {
+  grpc::ClientContext context;
+  v1::ListCheckpointsRequest request;
+  request.set_job_id(job_id);
+  v1::ListCheckpointsResponse response;
+  grpc::Status status = stub.ListCheckpoints(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << "ListCheckpoints " << job_id << ": " << status.error_message();
+  return {response.checkpoints().begin(), response.checkpoints().end()};
 }
 
 KilndProcess::KilndProcess(std::string state_dir, std::string data_dir,

@@ -39,11 +39,19 @@ struct WatchResult {
 };
 WatchResult WatchToEnd(v1::Training::Stub& stub, const std::string& job_id,
                        bool include_steps = false);
+// The same with a deadline of the caller's choosing (the one above allows 120 s).
+WatchResult WatchToEnd(v1::Training::Stub& stub, const std::string& job_id, bool include_steps,
+                       absl::Duration deadline);
 
 // Polls GetJob until the job is in `state`.
 bool WaitForState(v1::Training::Stub& stub, const std::string& job_id, v1::JobState state,
                   absl::Duration timeout);
 v1::Job GetJob(v1::Training::Stub& stub, const std::string& job_id);
+
+// SubmitJob; the new job's id, or "" (and a test failure naming the error) when refused.
+std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec);
+// ListCheckpoints of a job, oldest first (a test failure when the call fails).
+std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std::string& job_id);
 
 // kilnd as a child process on a free loopback port.
 class KilndProcess {
@@ -57,6 +65,8 @@ class KilndProcess {
   // waitpid, or -1 on timeout.
   int Stop(int signal, absl::Duration timeout);
   int port() const { return port_; }
+  // The child's process id while it runs, else -1 (for /proc and prlimit).
+  pid_t pid() const { return pid_; }
   std::unique_ptr<v1::Training::Stub> NewStub() const;
 
  private:
