@@ -1,0 +1,2 @@
+
+	mnist-cnn2mnist8H

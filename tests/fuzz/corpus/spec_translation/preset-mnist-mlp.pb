@@ -1,0 +1,2 @@
+
+	mnist-mlp2mnist8
