@@ -73,9 +73,34 @@ absl::StatusOr<nlohmann::json> BenchInference(kiln::Trainer& trainer, kiln::Back
                         {"b256_img_per_s_median", test.size / t256[t256.size() / 2]}};
 }
 
+// Per-layer milliseconds per training step (forward and backward; evaluation excluded); what the
+// layers leave of the step is batch loading, the loss, zeroing gradients and the optimizer.
+nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
+                            double train_seconds) {
+  const double steps = static_cast<double>(std::max<int64_t>(t.backward_calls, 1));
+  std::printf("profile (ms per training step over %lld steps):\n",
+              static_cast<long long>(t.backward_calls));
+  std::printf("  %-5s %-10s %9s %9s\n", "layer", "type", "forward", "backward");
+  nlohmann::json layers = nlohmann::json::array();
+  double in_layers = 0;
+  for (size_t i = 0; i < model.num_layers(); ++i) {
+    const double fwd = t.forward_s[i] * 1e3 / std::max<int64_t>(t.forward_calls, 1);
+    const double bwd = t.backward_s[i] * 1e3 / steps;
+    in_layers += fwd + bwd;
+    const char* note = model.layer_fused(i) ? " (fused into the layer above)" : "";
+    std::printf("  %-5zu %-10s %9.3f %9.3f%s\n", i, model.layer_type(i), fwd, bwd, note);
+    layers.push_back({{"layer", i}, {"type", model.layer_type(i)}, {"forward_ms", fwd},
+                      {"backward_ms", bwd}, {"fused", model.layer_fused(i)}});
+  }
+  const double step_ms = train_seconds * 1e3 / steps;
+  std::printf("  layers %.3f ms of a %.3f ms step; the rest (batch, loss, zero_grad, optimizer) "
+              "%.3f ms\n", in_layers, step_ms, step_ms - in_layers);
+  return {{"layers", layers}, {"step_ms", step_ms}, {"layers_ms", in_layers}};
+}
+
 int Train(const std::string& model, int epochs, int threads, uint64_t seed, int batch, float lr,
           const std::string& data, const std::string& device, const std::string& json_path,
-          bool infer) {
+          bool infer, bool profile) {
   kiln::TrainConfig config =
       model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
   config.epochs = epochs;
@@ -108,6 +133,9 @@ int Train(const std::string& model, int epochs, int threads, uint64_t seed, int 
               static_cast<long long>(splits->test.size));
   std::fflush(stdout);
 
+  kiln::LayerTimes layer_times;
+  if (profile) (*trainer)->model().set_layer_times(&layer_times);
+  double train_seconds = 0;
   nlohmann::json epochs_json = nlohmann::json::array();
   kiln::Trainer::Callbacks cb;
   cb.on_epoch = [&](const kiln::EpochEvent& e) {
@@ -115,6 +143,7 @@ int Train(const std::string& model, int epochs, int threads, uint64_t seed, int 
     std::printf("epoch %d: train_s=%.3f samples/s=%.0f loss=%.4f test_acc=%.2f%%\n", e.epoch,
                 e.train_seconds, e.samples_per_sec, e.train_loss, acc);
     std::fflush(stdout);
+    train_seconds += e.train_seconds;
     epochs_json.push_back({{"epoch", e.epoch},
                            {"train_s", e.train_seconds},
                            {"samples_per_s", e.samples_per_sec},
@@ -125,6 +154,9 @@ int Train(const std::string& model, int epochs, int threads, uint64_t seed, int 
     std::cerr << "kiln-bench: " << s.message() << "\n";
     return 1;
   }
+  (*trainer)->model().set_layer_times(nullptr);
+  nlohmann::json profile_json;
+  if (profile) profile_json = PrintProfile((*trainer)->model(), layer_times, train_seconds);
   nlohmann::json summary = {{"model", model},
                             {"threads", threads},
                             {"batch", config.batch_size},
@@ -134,6 +166,7 @@ int Train(const std::string& model, int epochs, int threads, uint64_t seed, int 
                             {"epochs", epochs_json},
                             {"device", (*backend)->name()},
                             {"kiln", "0.1.0"}};
+  if (profile) summary["profile"] = profile_json;
   if (infer) {
     auto inf = BenchInference(**trainer, backend->get(), splits->test);
     if (!inf.ok()) {
@@ -181,6 +214,10 @@ int main(int argc, char** argv) {
   train->add_option("--json", json_path, "also write the summary JSON to this file");
   bool no_infer = false;
   train->add_flag("--no-infer", no_infer, "skip the inference benchmark after training");
+  bool profile = false;
+  train->add_flag("--profile", profile,
+                  "time every layer's forward and backward (synchronising after each; slower)");
   CLI11_PARSE(app, argc, argv);
-  return Train(model, epochs, threads, seed, batch, lr, data, device, json_path, !no_infer);
+  return Train(model, epochs, threads, seed, batch, lr, data, device, json_path, !no_infer,
+               profile);
 }

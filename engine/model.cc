@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include <chrono>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,10 @@
 namespace kiln {
 
 namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 std::string DescribeInput(const Shape& in) {
   if (in.size() == 1) return std::to_string(in[0]);
@@ -220,23 +225,45 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
   }
   KILN_RETURN_IF_ERROR(EnsureActivations(x.dim(0)));
   input_ = &x;
+  // Only training passes are timed: evaluation forwards would dilute the per-step numbers.
+  LayerTimes* times = mode == Mode::kTrain ? layer_times_ : nullptr;
+  if (times != nullptr) ++times->forward_calls;
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (fused_[i]) continue;
     const Tensor& in = i == 0 ? x : activations_[i];
+    const auto start = std::chrono::steady_clock::now();
     KILN_RETURN_IF_ERROR(layers_[i]->Forward(in, &activations_[i + 1], mode));
+    if (times != nullptr) {
+      KILN_RETURN_IF_ERROR(backend_->Synchronize());
+      times->forward_s[i] += SecondsSince(start);
+    }
   }
   return &activations_.back();
 }
 
 absl::Status Model::Backward(const Tensor& dout) {
   if (input_ == nullptr) return absl::FailedPreconditionError("Backward before Forward");
+  if (layer_times_ != nullptr) ++layer_times_->backward_calls;
   for (size_t i = layers_.size(); i-- > 0;) {
     if (fused_[i]) continue;
     const Tensor& x = i == 0 ? *input_ : activations_[i];
+    const auto start = std::chrono::steady_clock::now();
     KILN_RETURN_IF_ERROR(layers_[i]->Backward(x, activations_[i + 1], OutputGrad(i, dout),
                                               i == 0 ? nullptr : &grads_[i]));
+    if (layer_times_ != nullptr) {
+      KILN_RETURN_IF_ERROR(backend_->Synchronize());
+      layer_times_->backward_s[i] += SecondsSince(start);
+    }
   }
   return absl::OkStatus();
+}
+
+void Model::set_layer_times(LayerTimes* times) {
+  layer_times_ = times;
+  if (times != nullptr) {
+    times->forward_s.resize(layers_.size(), 0.0);
+    times->backward_s.resize(layers_.size(), 0.0);
+  }
 }
 
 absl::Status Model::ZeroGrad() {

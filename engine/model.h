@@ -32,6 +32,15 @@ struct NamedParameter {
 // over memory each way); kNone keeps every layer separate.
 enum class Fusion { kFuse, kNone };
 
+// Wall time per layer of the training passes (kTrain forwards and backwards) made while attached
+// to a model (set_layer_times).
+// The backend is synchronised after every layer so asynchronous devices are timed too; that
+// costs a little, so it is for profiling, not for every run. A fused layer's time is its host's.
+struct LayerTimes {
+  std::vector<double> forward_s, backward_s;  // indexed by layer
+  int64_t forward_calls = 0, backward_calls = 0;
+};
+
 class Model {
  public:
   // Builds every layer on `backend` and initialises parameters as PyTorch's defaults do
@@ -56,6 +65,11 @@ class Model {
   std::vector<uint64_t> random_offsets() const;
   absl::Status set_random_offsets(const std::vector<uint64_t>& offsets);
   Backend* backend() const { return backend_; }
+  size_t num_layers() const { return layers_.size(); }
+  const char* layer_type(size_t i) const { return layers_[i]->type(); }
+  bool layer_fused(size_t i) const { return fused_[i]; }
+  // Starts (or with nullptr stops) adding each layer's forward and backward time to `times`.
+  void set_layer_times(LayerTimes* times);
 
  private:
   Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
@@ -74,6 +88,7 @@ class Model {
   std::vector<Tensor> grads_;  // grads_[i] is d loss / d activations_[i]
   const Tensor* input_ = nullptr;
   int64_t capacity_ = 0;
+  LayerTimes* layer_times_ = nullptr;
 };
 
 }  // namespace kiln
