@@ -132,6 +132,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvGradient,
                                            ConvCase{3, 6, 6, 2, 2, 2, 1},
                                            ConvCase{1, 4, 4, 1, 1, 1, 0}));
 
+// One sample takes the backend's other path (no per-sample team; OpenBLAS threads the GEMMs).
+TEST_F(GradientCheck, ConvOfOneSample) {
+  Conv2dConfig cfg{2, 3, 3, 1, 1, true};
+  auto shapes = InferShapes({{2, 5, 4}, {cfg}});
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  auto layer = Conv2d::Create(cfg, backend_.get(), (*shapes)[0], (*shapes)[1], &rng_);
+  ASSERT_TRUE(layer.ok());
+  CheckLayer(**layer, 1, RandomValues(2 * 5 * 4, 5));
+}
+
 TEST_F(GradientCheck, Relu) {
   Relu layer(backend_.get(), {3, 4});
   CheckLayer(layer, 2, DistinctValues(24, 4));
