@@ -16,6 +16,7 @@
 #include "engine/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/auth_interceptor.h"
+#include "server/interrupted_writes.h"
 #include "server/serving/job_checkpoint_resolver.h"
 #include "server/training_service.h"
 
@@ -79,6 +80,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;
   d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
+  KILN_ASSIGN_OR_RETURN(d->state_dir_lock_, StateDirLock::Acquire(options.state_dir));
+  // A kilnd killed mid-write left these; with the lock held, no other daemon is writing here.
+  const InterruptedWrites swept = RemoveInterruptedWrites(options.state_dir, options.data_dir);
+  if (swept.checkpoint_temps > 0 || swept.upload_dirs > 0) {
+    d->log_->Log(LogLevel::kInfo, "interrupted_writes_removed",
+                 {{"checkpoint_temp_files", swept.checkpoint_temps},
+                  {"upload_dirs", swept.upload_dirs}});
+  }
   // Security settings are checked before anything is opened or bound.
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         MakeServerCredentials(options.tls));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -20,6 +21,7 @@
 #include "server/serving/inference_service.h"
 #include "server/serving/model_repository.h"
 #include "server/spec_translation.h"
+#include "server/state_dir_lock.h"
 #include "server/tls_credentials.h"
 
 namespace grpc {
@@ -85,6 +87,8 @@ class Daemon {
   Daemon() = default;
 
   DaemonOptions options_;
+  // Held from before the store opens until after it closes (declared first: destroyed last).
+  std::optional<StateDirLock> state_dir_lock_;
   // First, so they outlive everything that reports to them.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<EventLog> log_;

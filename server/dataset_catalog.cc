@@ -185,7 +185,10 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
   if (fs::exists(PathOf(name), ec)) {
     return absl::AlreadyExistsError(absl::StrCat("dataset \"", name, "\" already exists"));
   }
-  const std::string temp = absl::StrCat(data_dir_, "/.upload-", name, "-", RandomSuffix());
+  // The pid lets the next kilnd start tell an abandoned upload from a live one
+  // (server/interrupted_writes.h).
+  const std::string temp = absl::StrCat(data_dir_, "/.upload-", ::getpid(), "-", RandomSuffix(),
+                                        "-", name);
   if (!fs::create_directories(temp, ec)) {
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
   }
