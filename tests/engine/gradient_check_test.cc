@@ -130,7 +130,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvGradient,
                                            ConvCase{2, 5, 4, 3, 3, 1, 1},
                                            ConvCase{2, 7, 6, 2, 3, 2, 0},
                                            ConvCase{3, 6, 6, 2, 2, 2, 1},
-                                           ConvCase{1, 4, 4, 1, 1, 1, 0}));
+                                           ConvCase{1, 4, 4, 1, 1, 1, 0},
+                                           ConvCase{1, 6, 5, 2, 3, 1, 1},
+                                           ConvCase{1, 6, 6, 2, 5, 1, 2}));
 
 // One sample takes the backend's other path (no per-sample team; OpenBLAS threads the GEMMs).
 TEST_F(GradientCheck, ConvOfOneSample) {

@@ -189,3 +189,98 @@ TEST(CpuGemm, SingleRowMatchesGeneralPath) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The CPU convolution (direct for one input channel at stride 1, im2col + GEMM otherwise)
+// against the definition, written as plain loops, with bias, padding, strides and the fused ReLU.
+struct ConvForwardCase {
+  int c, h, w, oc, k, stride, pad;
+  bool relu;
+};
+class ConvForward : public ::testing::TestWithParam<ConvForwardCase> {};
+
+TEST_P(ConvForward, MatchesTheDefinition) {
+  const ConvForwardCase p = GetParam();
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_TRUE(backend.ok());
+  Conv2dGeometry g;
+  g.batch = 3;
+  g.in_channels = p.c;
+  g.in_h = p.h;
+  g.in_w = p.w;
+  g.out_channels = p.oc;
+  g.kernel_h = g.kernel_w = p.k;
+  g.stride = p.stride;
+  g.padding = p.pad;
+  const int oh = g.out_h(), ow = g.out_w();
+  const std::vector<float> x = testing::RandomValues(size_t{3} * p.c * p.h * p.w, 11);
+  const std::vector<float> w = testing::RandomValues(size_t{p.oc} * p.c * p.k * p.k, 12);
+  const std::vector<float> bias = testing::RandomValues(static_cast<size_t>(p.oc), 13);
+  std::vector<float> y(size_t{3} * p.oc * oh * ow);
+  ASSERT_TRUE((*backend)->Conv2dForward(g, x.data(), w.data(), bias.data(),
+                                        p.relu ? Activation::kRelu : Activation::kNone, y.data())
+                  .ok());
+  for (int n = 0; n < 3; ++n) {
+    for (int o = 0; o < p.oc; ++o) {
+      for (int i = 0; i < oh; ++i) {
+        for (int j = 0; j < ow; ++j) {
+          double sum = bias[o];
+          for (int c = 0; c < p.c; ++c) {
+            for (int a = 0; a < p.k; ++a) {
+              for (int b = 0; b < p.k; ++b) {
+                const int yy = i * p.stride - p.pad + a, xx = j * p.stride - p.pad + b;
+                if (yy < 0 || yy >= p.h || xx < 0 || xx >= p.w) continue;
+                sum += double{w[((o * p.c + c) * p.k + a) * p.k + b]} *
+                       x[((n * p.c + c) * p.h + yy) * p.w + xx];
+              }
+            }
+          }
+          if (p.relu && sum < 0) sum = 0;
+          ASSERT_NEAR(y[((n * p.oc + o) * oh + i) * ow + j], sum, 1e-5)
+              << "sample " << n << " channel " << o << " at " << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Geometries, ConvForward,
+                         ::testing::Values(ConvForwardCase{1, 28, 28, 4, 3, 1, 0, true},
+                                           ConvForwardCase{1, 7, 9, 3, 3, 1, 1, false},
+                                           ConvForwardCase{1, 6, 5, 2, 5, 1, 2, true},
+                                           ConvForwardCase{1, 8, 8, 2, 3, 2, 1, false},
+                                           ConvForwardCase{3, 9, 7, 4, 3, 1, 1, true},
+                                           ConvForwardCase{2, 9, 9, 3, 3, 2, 0, false}));
+
+// The fused ReLU on the one-channel (direct) path, as the reference CNN's first layer runs.
+TEST(Model, FusedConvReluMatchesSeparateLayersForOneInputChannel) {
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_TRUE(backend.ok());
+  ModelConfig c{{1, 10, 10},
+                {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{}, MaxPool2dConfig{2}, FlattenConfig{},
+                 LinearConfig{100, 5}}};
+  auto fused = Model::Build(c, backend->get(), 1, Fusion::kFuse);
+  auto plain = Model::Build(c, backend->get(), 1, Fusion::kNone);
+  ASSERT_TRUE(fused.ok() && plain.ok());
+  Tensor x = testing::MakeTensor(**backend, {3, 1, 10, 10}, testing::RandomValues(300, 4));
+  Tensor dout = testing::MakeTensor(**backend, {3, 5}, testing::RandomValues(15, 5));
+  std::vector<std::vector<float>> grads[2];
+  std::vector<float> outs[2];
+  int k = 0;
+  for (auto* m : {fused->get(), plain->get()}) {
+    auto y = m->Forward(x, Mode::kTrain);
+    ASSERT_TRUE(y.ok());
+    outs[k] = testing::ToHost(**backend, **y);
+    ASSERT_TRUE(m->ZeroGrad().ok());
+    ASSERT_TRUE(m->Backward(dout).ok());
+    for (const auto& p : m->parameters()) grads[k].push_back(testing::ToHost(**backend, p.param->grad));
+    ++k;
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
+}  // namespace
+}  // namespace kiln
