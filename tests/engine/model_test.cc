@@ -216,9 +216,9 @@ TEST_P(ConvForward, MatchesTheDefinition) {
   g.padding = p.pad;
   const int oh = g.out_h(), ow = g.out_w();
   const std::vector<float> x = testing::RandomValues(size_t{3} * p.c * p.h * p.w, 11);
-  const std::vector<float> w = testing::RandomValues(size_t{p.oc} * p.c * p.k * p.k, 12);
+  const std::vector<float> w = testing::RandomValues(static_cast<size_t>(p.oc) * p.c * p.k * p.k, 12);
   const std::vector<float> bias = testing::RandomValues(static_cast<size_t>(p.oc), 13);
-  std::vector<float> y(size_t{3} * p.oc * oh * ow);
+  std::vector<float> y(static_cast<size_t>(3 * p.oc * oh * ow));
   ASSERT_TRUE((*backend)->Conv2dForward(g, x.data(), w.data(), bias.data(),
                                         p.relu ? Activation::kRelu : Activation::kNone, y.data())
                   .ok());
