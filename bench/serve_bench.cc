@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
   std::string model = "mlp", data = "data/mnist", checkpoint, device = "cpu", input = "u8raw";
   std::string runs = "off1,offN,on1,onN", client = "async";
   int clients = 64, epochs = 1, max_batch = 64, threads = 1;
-  int64_t delay_us = 500;
+  int64_t delay_us = kiln::serving::BatchingOptions{}.max_queue_delay_us;
   double seconds = 3;
   app.add_option("--model", model, "mlp (784-512-256-10) or cnn")
       ->check(CLI::IsMember({"mlp", "cnn"}));

@@ -278,7 +278,7 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
   dep->footer(
       "Examples:\n"
       "  kiln deploy job-3f9c2a1b7d04 --name digits\n"
-      "  kiln deploy job-3f9c2a1b7d04@best --name digits --max-batch 64 --max-delay-us 500\n"
+      "  kiln deploy job-3f9c2a1b7d04@best --name digits --max-batch 64 --max-delay-us 200\n"
       "  kiln predict digits seven.png");
   dep->callback([&env, action, d] { *action = [&env, d] { return Deploy(env, *d); }; });
 

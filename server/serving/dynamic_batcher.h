@@ -25,8 +25,10 @@ struct BatchingOptions {
   // runs alone. Requests with more samples than this are run in several passes.
   int max_batch_size = 64;
   // How long the oldest queued request may wait for others before its batch runs, in
-  // microseconds. 0: never wait, but requests already queued still run together.
-  int64_t max_queue_delay_us = 500;
+  // microseconds. 0 (the default, as in Triton): never wait, but requests that queued while a
+  // pass ran still run together after it. Measured on the CPU (MLP, 64 clients): 10,001 req/s
+  // at 0 against 7,326 at 500 us, and a lone request's p50 257 us against 941 us.
+  int64_t max_queue_delay_us = 0;
 };
 
 class DynamicBatcher {
