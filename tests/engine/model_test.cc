@@ -138,17 +138,18 @@ namespace kiln {
 namespace {
 
 // A ReLU fused into the preceding conv2d gives exactly the unfused outputs and gradients.
-TEST(Model, FusedConvReluMatchesSeparateLayers) {
+void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
   auto backend = CreateBackend("cpu", {2});
   ASSERT_TRUE(backend.ok());
-  ModelConfig c{{2, 9, 9},
-                {Conv2dConfig{2, 4, 3, 1, 1}, ReluConfig{}, MaxPool2dConfig{2}, Conv2dConfig{4, 3, 3},
-                 ReluConfig{}, FlattenConfig{}, LinearConfig{12, 5}}};
   auto fused = Model::Build(c, backend->get(), 1, Fusion::kFuse);
   auto plain = Model::Build(c, backend->get(), 1, Fusion::kNone);
   ASSERT_TRUE(fused.ok() && plain.ok());
-  Tensor x = testing::MakeTensor(**backend, {3, 2, 9, 9}, testing::RandomValues(486, 4));
-  Tensor dout = testing::MakeTensor(**backend, {3, 5}, testing::RandomValues(15, 5));
+  Shape in = c.input_shape;
+  in.insert(in.begin(), batch);
+  const int64_t classes = (*fused)->output_shape()[0];
+  Tensor x = testing::MakeTensor(**backend, in, testing::RandomValues(NumElements(in), 4));
+  Tensor dout = testing::MakeTensor(**backend, {batch, classes},
+                                    testing::RandomValues(batch * classes, 5));
   std::vector<std::vector<float>> grads[2];
   std::vector<float> outs[2];
   int k = 0;
@@ -163,6 +164,22 @@ TEST(Model, FusedConvReluMatchesSeparateLayers) {
   }
   EXPECT_EQ(outs[0], outs[1]);
   EXPECT_EQ(grads[0], grads[1]);
+}
+
+TEST(Model, FusedConvReluMatchesSeparateLayers) {
+  ExpectFusedMatchesSeparate(
+      {{2, 9, 9},
+       {Conv2dConfig{2, 4, 3, 1, 1}, ReluConfig{}, MaxPool2dConfig{2}, Conv2dConfig{4, 3, 3},
+        ReluConfig{}, FlattenConfig{}, LinearConfig{12, 5}}},
+      3);
+}
+
+// One input channel, as the reference CNN's first layer.
+TEST(Model, FusedConvReluMatchesSeparateLayersForOneInputChannel) {
+  ExpectFusedMatchesSeparate({{1, 10, 10},
+                              {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{}, MaxPool2dConfig{2},
+                               FlattenConfig{}, LinearConfig{100, 5}}},
+                             3);
 }
 
 }  // namespace
@@ -253,34 +270,6 @@ INSTANTIATE_TEST_SUITE_P(Geometries, ConvForward,
                                            ConvForwardCase{1, 8, 8, 2, 3, 2, 1, false},
                                            ConvForwardCase{3, 9, 7, 4, 3, 1, 1, true},
                                            ConvForwardCase{2, 9, 9, 3, 3, 2, 0, false}));
-
-// The fused ReLU on the one-channel (direct) path, as the reference CNN's first layer runs.
-TEST(Model, FusedConvReluMatchesSeparateLayersForOneInputChannel) {
-  auto backend = CreateBackend("cpu", {2});
-  ASSERT_TRUE(backend.ok());
-  ModelConfig c{{1, 10, 10},
-                {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{}, MaxPool2dConfig{2}, FlattenConfig{},
-                 LinearConfig{100, 5}}};
-  auto fused = Model::Build(c, backend->get(), 1, Fusion::kFuse);
-  auto plain = Model::Build(c, backend->get(), 1, Fusion::kNone);
-  ASSERT_TRUE(fused.ok() && plain.ok());
-  Tensor x = testing::MakeTensor(**backend, {3, 1, 10, 10}, testing::RandomValues(300, 4));
-  Tensor dout = testing::MakeTensor(**backend, {3, 5}, testing::RandomValues(15, 5));
-  std::vector<std::vector<float>> grads[2];
-  std::vector<float> outs[2];
-  int k = 0;
-  for (auto* m : {fused->get(), plain->get()}) {
-    auto y = m->Forward(x, Mode::kTrain);
-    ASSERT_TRUE(y.ok());
-    outs[k] = testing::ToHost(**backend, **y);
-    ASSERT_TRUE(m->ZeroGrad().ok());
-    ASSERT_TRUE(m->Backward(dout).ok());
-    for (const auto& p : m->parameters()) grads[k].push_back(testing::ToHost(**backend, p.param->grad));
-    ++k;
-  }
-  EXPECT_EQ(outs[0], outs[1]);
-  EXPECT_EQ(grads[0], grads[1]);
-}
 
 }  // namespace
 }  // namespace kiln
