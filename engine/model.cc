@@ -231,7 +231,8 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (fused_[i]) continue;
     const Tensor& in = i == 0 ? x : activations_[i];
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = times != nullptr ? std::chrono::steady_clock::now()
+                                        : std::chrono::steady_clock::time_point();
     KILN_RETURN_IF_ERROR(layers_[i]->Forward(in, &activations_[i + 1], mode));
     if (times != nullptr) {
       KILN_RETURN_IF_ERROR(backend_->Synchronize());
@@ -247,7 +248,8 @@ absl::Status Model::Backward(const Tensor& dout) {
   for (size_t i = layers_.size(); i-- > 0;) {
     if (fused_[i]) continue;
     const Tensor& x = i == 0 ? *input_ : activations_[i];
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = layer_times_ != nullptr ? std::chrono::steady_clock::now()
+                                               : std::chrono::steady_clock::time_point();
     KILN_RETURN_IF_ERROR(layers_[i]->Backward(x, activations_[i + 1], OutputGrad(i, dout),
                                               i == 0 ? nullptr : &grads_[i]));
     if (layer_times_ != nullptr) {

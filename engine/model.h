@@ -33,9 +33,9 @@ struct NamedParameter {
 enum class Fusion { kFuse, kNone };
 
 // Wall time per layer of the training passes (kTrain forwards and backwards) made while attached
-// to a model (set_layer_times).
-// The backend is synchronised after every layer so asynchronous devices are timed too; that
-// costs a little, so it is for profiling, not for every run. A fused layer's time is its host's.
+// to a model (set_layer_times). The backend is synchronised after every layer so asynchronous
+// devices are timed too; that costs a little, so it is for profiling, not for every run. A fused
+// layer's time is its host's.
 struct LayerTimes {
   std::vector<double> forward_s, backward_s;  // indexed by layer
   int64_t forward_calls = 0, backward_calls = 0;

@@ -41,7 +41,8 @@ inline void CopyRow(float* dst, const float* src, int n) {
   }
   int j = 0;
   for (; j + 8 <= n; j += 8) {
-    *reinterpret_cast<UnalignedFloat8*>(dst + j) = *reinterpret_cast<const UnalignedFloat8*>(src + j);
+    *reinterpret_cast<UnalignedFloat8*>(dst + j) =
+        *reinterpret_cast<const UnalignedFloat8*>(src + j);
   }
   if (j < n) {
     *reinterpret_cast<UnalignedFloat8*>(dst + n - 8) =
@@ -117,10 +118,12 @@ void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx) {
       const float* src = in + i * ow;
       if (g.stride == 1) {
         const int x0 = kw - g.padding;
-        const int j0 = std::min(ow, std::max(0, -x0)), j1 = std::max(j0, std::min(ow, g.in_w - x0));
-        float* dst = row + x0;
+        int j0, j1;
+        ValidRange(ow, x0, g.in_w, &j0, &j1);
+        float* dst = row + x0 + j0;
+        const float* from = src + j0;
 #pragma omp simd
-        for (int j = j0; j < j1; ++j) dst[j] += src[j];
+        for (int j = 0; j < j1 - j0; ++j) dst[j] += from[j];
       } else {
         for (int j = 0; j < ow; ++j) {
           const int xx = j * g.stride - g.padding + kw;
