@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -302,6 +303,7 @@ bool WriteAll(int fd, const void* data, size_t size) {
 }
 
 // PATH.tmp.<pid>.<random>: unique across processes and threads writing the same PATH.
+// SafetensorsTempWriterPid (below) reads the pid back; the two change together.
 std::string TempPathFor(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   uint64_t random = 0;
@@ -419,6 +421,19 @@ absl::StatusOr<std::vector<T>> ToValues(const HostTensor& tensor, SafetensorDTyp
 }
 
 }  // namespace
+
+int SafetensorsTempWriterPid(std::string_view file_name) {
+  constexpr std::string_view kMarker = ".tmp.";
+  constexpr size_t kHexDigits = 16;
+  const size_t at = file_name.rfind(kMarker);
+  if (at == std::string_view::npos) return -1;
+  const std::string_view rest = file_name.substr(at + kMarker.size());  // "<pid>.<hex>"
+  const size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || rest.size() - dot - 1 != kHexDigits) return -1;
+  int pid = 0;
+  if (!absl::SimpleAtoi(absl::string_view(rest.data(), dot), &pid) || pid <= 0) return -1;
+  return pid;
+}
 
 absl::StatusOr<std::vector<uint64_t>> ToU64Values(const HostTensor& tensor) {
   return ToValues<uint64_t>(tensor, SafetensorDType::kU64);

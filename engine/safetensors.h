@@ -68,6 +68,10 @@ struct SafetensorsContents {
 absl::Status WriteSafetensors(const std::string& path, const std::vector<HostTensor>& tensors,
                               const std::map<std::string, std::string>& metadata);
 
+// The pid in the name of a temp file WriteSafetensors makes (FILE.tmp.<pid>.<16 hex digits>), or
+// -1 when `file_name` is not one: how a later process tells a dead writer's leftover.
+int SafetensorsTempWriterPid(std::string_view file_name);
+
 // Reads and fully validates the file at `path`. NotFound for a missing file; DataLoss for a
 // truncated or otherwise corrupt file; InvalidArgument for a malformed header or one using a
 // dtype kiln does not store. Every message names the file.

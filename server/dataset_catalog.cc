@@ -13,6 +13,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/data/idx_reader.h"
@@ -68,6 +69,8 @@ bool IsUploadFileName(const std::string& name) {
   }
   return false;
 }
+
+constexpr char kUploadPrefix[] = ".upload-";
 
 std::string RandomSuffix() {
   std::random_device rd;
@@ -186,13 +189,26 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
     return absl::AlreadyExistsError(absl::StrCat("dataset \"", name, "\" already exists"));
   }
   // The pid lets the next kilnd start tell an abandoned upload from a live one
-  // (server/interrupted_writes.h).
-  const std::string temp = absl::StrCat(data_dir_, "/.upload-", ::getpid(), "-", RandomSuffix(),
-                                        "-", name);
+  // (UploadWriterPid, server/interrupted_writes.h).
+  const std::string temp = absl::StrCat(data_dir_, "/", kUploadPrefix, ::getpid(), "-",
+                                        RandomSuffix(), "-", name);
   if (!fs::create_directories(temp, ec)) {
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
   }
   return std::unique_ptr<DatasetUpload>(new DatasetUpload(this, name, temp));
+}
+
+int DatasetCatalog::UploadWriterPid(const std::string& dir_name) {
+  if (!absl::StartsWith(dir_name, kUploadPrefix)) return -1;
+  const size_t begin = std::string_view(kUploadPrefix).size();
+  const size_t dash = dir_name.find('-', begin);
+  if (dash == std::string::npos) return -1;
+  int pid = 0;
+  if (!absl::SimpleAtoi(absl::string_view(dir_name).substr(begin, dash - begin), &pid) ||
+      pid <= 0) {
+    return -1;
+  }
+  return pid;
 }
 
 DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir)

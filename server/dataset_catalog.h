@@ -40,8 +40,11 @@ class DatasetCatalog {
   absl::StatusOr<DatasetInfo> Inspect(const std::string& name) const;
   // Loads both splits into memory.
   absl::StatusOr<DatasetSplits> Load(const std::string& name) const;
-  // Starts an upload of a new dataset; AlreadyExists when the name is taken.
+  // Starts an upload of a new dataset; AlreadyExists when the name is taken. The upload is
+  // written into a folder .upload-<pid>-<hex>-<name> and renamed into place when it is complete.
   absl::StatusOr<std::unique_ptr<DatasetUpload>> BeginUpload(const std::string& name) const;
+  // The pid in the name of such an upload folder, or -1 when `dir_name` is not one.
+  static int UploadWriterPid(const std::string& dir_name);
 
   const std::string& data_dir() const { return data_dir_; }
   int64_t max_upload_bytes() const { return max_upload_bytes_; }

@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "engine/safetensors.h"
+#include "server/dataset_catalog.h"
 #include "server/state_dir_lock.h"
 #include "server_test_support.h"
 
@@ -34,13 +36,13 @@ int DeadPid() {
 }
 
 TEST(InterruptedWritesTest, NamesYieldTheirWritersPid) {
-  EXPECT_EQ(CheckpointTempWriter("latest-step40-1733.safetensors.tmp.4242.00ff00ff00ff00ff"), 4242);
-  EXPECT_EQ(CheckpointTempWriter("latest-step40-1733.safetensors"), -1);
-  EXPECT_EQ(CheckpointTempWriter("notes.tmp.12.ab"), -1);
-  EXPECT_EQ(CheckpointTempWriter("x.safetensors.tmp..ab"), -1);
-  EXPECT_EQ(UploadDirWriter(".upload-977-0a0b0c0d-my-data.v2"), 977);
-  EXPECT_EQ(UploadDirWriter("mnist"), -1);
-  EXPECT_EQ(UploadDirWriter(".upload-x-0a0b0c0d-mnist"), -1);
+  EXPECT_EQ(SafetensorsTempWriterPid("latest-step40-1733.safetensors.tmp.4242.00ff00ff00ff00ff"), 4242);
+  EXPECT_EQ(SafetensorsTempWriterPid("latest-step40-1733.safetensors"), -1);
+  EXPECT_EQ(SafetensorsTempWriterPid("notes.tmp.12.ab"), -1);
+  EXPECT_EQ(SafetensorsTempWriterPid("x.safetensors.tmp..ab"), -1);
+  EXPECT_EQ(DatasetCatalog::UploadWriterPid(".upload-977-0a0b0c0d-my-data.v2"), 977);
+  EXPECT_EQ(DatasetCatalog::UploadWriterPid("mnist"), -1);
+  EXPECT_EQ(DatasetCatalog::UploadWriterPid(".upload-x-0a0b0c0d-mnist"), -1);
 }
 
 TEST(InterruptedWritesTest, RemovesWhatDeadWritersLeftAndKeepsEverythingElse) {
