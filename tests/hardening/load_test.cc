@@ -31,6 +31,7 @@
 #include "inference/grpc_service.grpc.pb.h"
 #include "server_test_support.h"
 #include "serving_test_support.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::server {
 namespace {
@@ -109,8 +110,8 @@ struct ClientTally {
 std::unique_ptr<inference::GRPCInferenceService::Stub> InferenceStub(int port) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a TCP connection per client
-  return inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  return inference::GRPCInferenceService::NewStub(
+      kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", port), args));
 }
 
 // Checks one subscriber's stream: OK, starting at the job's first event, every seq in order

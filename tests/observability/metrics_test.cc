@@ -15,6 +15,7 @@
 #include "prometheus_harness.h"
 #include "server/daemon.h"
 #include "server_test_support.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::server {
 namespace {
@@ -206,8 +207,8 @@ TEST(MetricsTest, ADaemonReportsItsJobsTrainingAndGrpcCalls) {
   auto daemon = Daemon::Start(options);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   ASSERT_GT((*daemon)->metrics_port(), 0);
-  auto stub = v1::Training::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", (*daemon)->port()), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Training::NewStub(
+      kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", (*daemon)->port())));
   grpc::ClientContext context;
   v1::SubmitJobRequest request;
   *request.mutable_spec() = testing::SmallSpec("toy", 2);

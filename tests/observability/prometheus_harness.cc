@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "tests/support/connected_channel.h"
 
 extern char** environ;
 
@@ -262,8 +263,7 @@ int KilndWithMetrics::Stop(absl::Duration timeout) {
 std::string KilndWithMetrics::stderr_text() const { return ReadFile(stderr_path_); }
 
 std::unique_ptr<v1::Training::Stub> KilndWithMetrics::NewStub() const {
-  return v1::Training::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+  return v1::Training::NewStub(kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", port_)));
 }
 
 }  // namespace kiln::server::testing

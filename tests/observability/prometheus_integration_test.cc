@@ -25,6 +25,7 @@
 #include "prometheus_harness.h"
 #include "server/metrics.h"
 #include "server_test_support.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::server {
 namespace {
@@ -199,8 +200,8 @@ class PrometheusIntegrationTest : public ::testing::Test {
   }
 
   static std::string ServeAndInfer(Workload& w) {
-    auto inference = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", w.kilnd->port()), grpc::InsecureChannelCredentials()));
+    auto inference = inference::GRPCInferenceService::NewStub(
+        kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", w.kilnd->port())));
     {
       grpc::ClientContext context;
       inference::RepositoryModelLoadRequest load;

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "server/daemon.h"
 #include "server_test_support.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::server {
 namespace {
@@ -55,7 +56,7 @@ std::string RunShell(const std::string& command, int* rc) {
 }
 
 TEST_F(GenericClientsTest, HealthCheckReportsTheTrainingServiceServing) {
-  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  auto channel = kiln::testing::ConnectedChannel(address_);
   grpc::GenericStub stub(channel);
   // HealthCheckRequest{service: "kiln.v1.Training"}, encoded by hand: field 1, length-delimited.
   const std::string service = "kiln.v1.Training";
@@ -91,8 +92,7 @@ TEST_F(GenericClientsTest, BufCurlListsServicesAndCallsGetJob) {
   EXPECT_THAT(services, HasSubstr("kiln.v1.Training"));
   EXPECT_THAT(services, HasSubstr("grpc.health.v1.Health"));
 
-  auto stub =
-      v1::Training::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Training::NewStub(kiln::testing::ConnectedChannel(address_));
   grpc::ClientContext context;
   v1::SubmitJobRequest request;
   *request.mutable_spec() = testing::SmallSpec("toy", 1);

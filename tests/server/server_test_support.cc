@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/support/connected_channel.h"
 
 extern char** environ;
 
@@ -236,8 +237,7 @@ int KilndProcess::Stop(int signal, absl::Duration timeout) {
 }
 
 std::unique_ptr<v1::Training::Stub> KilndProcess::NewStub() const {
-  return v1::Training::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+  return v1::Training::NewStub(kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", port_)));
 }
 
 }  // namespace kiln::server::testing

@@ -13,6 +13,7 @@
 #include "server/daemon.h"
 #include "server/dataset_catalog.h"
 #include "server_test_support.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::server {
 namespace {
@@ -45,8 +46,8 @@ class TrainingServiceTest : public ::testing::Test {
     auto daemon = Daemon::Start(options_);
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = *std::move(daemon);
-    stub_ = v1::Training::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", daemon_->port()),
-                                                      grpc::InsecureChannelCredentials()));
+    stub_ = v1::Training::NewStub(
+        kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", daemon_->port())));
   }
 
   grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {

@@ -10,6 +10,7 @@
 #include "engine/backend_registry.h"
 #include "engine/trainer.h"
 #include "tests/engine/synthetic_data.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::serving::testing {
 
@@ -149,8 +150,8 @@ std::unique_ptr<inference::GRPCInferenceService::Stub> ServingServer::NewStub() 
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(64 << 20);
-  return inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
-      "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials(), args));
+  return inference::GRPCInferenceService::NewStub(
+      kiln::testing::ConnectedChannel("127.0.0.1:" + std::to_string(port_), args));
 }
 
 TempDir::TempDir() {
