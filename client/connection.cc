@@ -115,6 +115,30 @@ std::string GrpcConnectError(const std::shared_ptr<grpc::Channel>& channel) {
   return status.ok() ? "" : status.error_message();
 }
 
+// A channel of its own to kilnd: with a local subchannel pool, so that a second channel makes a
+// new connection attempt instead of sharing the first one's subchannel and its backoff.
+std::shared_ptr<grpc::Channel> NewChannel(const ConnectionOptions& options,
+                                          const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (!options.tls_server_name.empty()) {
+    arguments.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return grpc::CreateCustomChannel(options.server, creds, arguments);
+}
+
+// Waits for READY, but gives up at the first TRANSIENT_FAILURE (every address failed) rather
+// than letting gRPC retry until the deadline: a dead port answers at once.
+grpc_connectivity_state AwaitReadyOrFailure(grpc::Channel& channel,
+                                            std::chrono::system_clock::time_point deadline) {
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+         state != GRPC_CHANNEL_SHUTDOWN && channel.WaitForStateChange(state, deadline)) {
+    state = channel.GetState(/*try_to_connect=*/true);
+  }
+  return state;
+}
+
 }  // namespace
 
 std::string DescribeConnectFailure(const ConnectionOptions& options,
@@ -167,36 +191,36 @@ std::string DescribeConnectFailure(const ConnectionOptions& options,
 absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOptions& options) {
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                         MakeCredentials(options));
-  grpc::ChannelArguments arguments;
-  if (!options.tls_server_name.empty()) {
-    arguments.SetSslTargetNameOverride(options.tls_server_name);
-  }
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.server, credentials, arguments);
   const auto deadline =
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout));
-  // Waits for READY, but gives up at the first TRANSIENT_FAILURE (every address refused) rather
-  // than letting gRPC retry until the deadline: a dead port answers at once.
-  grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
-  while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
-         state != GRPC_CHANNEL_SHUTDOWN && channel->WaitForStateChange(state, deadline)) {
-    state = channel->GetState(/*try_to_connect=*/true);
+  std::shared_ptr<grpc::Channel> channel = NewChannel(options, credentials);
+  grpc_connectivity_state state = AwaitReadyOrFailure(*channel, deadline);
+  if (state == GRPC_CHANNEL_READY) {
+    return std::unique_ptr<Connection>(new Connection(options, std::move(channel)));
   }
-  if (state != GRPC_CHANNEL_READY) {
-    const std::string tcp_failure = TcpFailure(options.server, options.connect_timeout);
-    if (tcp_failure.empty()) {
-      // Something listens: the trouble is between plaintext and TLS, or in the handshake.
-      return absl::UnavailableError(
-          absl::StrCat("cannot reach kilnd at ", options.server, ": ",
-                       DescribeConnectFailure(options, GrpcConnectError(channel))));
-    }
+  const std::string tcp_failure = TcpFailure(options.server, options.connect_timeout);
+  if (!tcp_failure.empty()) {
     return absl::UnavailableError(absl::StrCat("cannot reach kilnd at ", options.server, ": ",
                                                tcp_failure,
                                                " (is kilnd running? start it with: kilnd --listen ",
                                                options.server, " --state_dir DIR --data_dir DIR)"));
   }
-  return std::unique_ptr<Connection>(new Connection(options, std::move(channel)));
+  // Something listens, so the failed attempt may have been gRPC's own: Debian 12's gRPC 1.51 now
+  // and then takes an in-progress connect for a failed one (a stale errno, grpc/grpc#35064). A
+  // second attempt on a fresh channel (a fresh subchannel, not one in backoff) tells that apart
+  // from a real mismatch, which fails again at once.
+  if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+    channel = NewChannel(options, credentials);
+    state = AwaitReadyOrFailure(*channel, deadline);
+    if (state == GRPC_CHANNEL_READY) {
+      return std::unique_ptr<Connection>(new Connection(options, std::move(channel)));
+    }
+  }
+  // The trouble is between plaintext and TLS, or in the handshake.
+  return absl::UnavailableError(
+      absl::StrCat("cannot reach kilnd at ", options.server, ": ",
+                   DescribeConnectFailure(options, GrpcConnectError(channel))));
 }
 
 std::unique_ptr<grpc::ClientContext> Connection::NewContext(absl::Duration timeout) const {
