@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::security::testing {
 namespace {
@@ -216,7 +217,7 @@ double SampleValue(const std::string& scrape, const std::string& series) {
 }
 
 std::shared_ptr<grpc::Channel> PlaintextChannel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  return kiln::testing::ConnectedChannel(address);
 }
 
 std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std::string& ca_file,
@@ -228,7 +229,7 @@ std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std:
     ssl.pem_cert_chain = client::testing::ReadFile(cert_file);
     ssl.pem_private_key = client::testing::ReadFile(key_file);
   }
-  return grpc::CreateChannel(address, grpc::SslCredentials(ssl));
+  return kiln::testing::ConnectedChannel(address, grpc::SslCredentials(ssl));
 }
 
 std::unique_ptr<grpc::ClientContext> ContextWithToken(const std::string& token) {

@@ -18,11 +18,16 @@
 
 namespace kiln::testing {
 
-// A plaintext channel to `target`, READY when it returns. A test failure (not a crash) if it is
-// not READY within `timeout`; the channel is returned either way so calls on it report why.
+// A channel to `target` with `credentials`, READY when it returns. A test failure (not a crash)
+// if it is not READY within `timeout`; the channel is returned either way so calls on it report
+// why.
+std::shared_ptr<grpc::Channel> ConnectedChannel(
+    const std::string& target, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const grpc::ChannelArguments& arguments = {}, absl::Duration timeout = absl::Seconds(30));
+
+// The same in plaintext.
 std::shared_ptr<grpc::Channel> ConnectedChannel(const std::string& target,
-                                                const grpc::ChannelArguments& arguments = {},
-                                                absl::Duration timeout = absl::Seconds(30));
+                                                const grpc::ChannelArguments& arguments = {});
 
 }  // namespace kiln::testing
 
