@@ -89,8 +89,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                   {"upload_dirs", swept.upload_dirs}});
   }
   // Security settings are checked before anything is opened or bound.
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                        MakeServerCredentials(options.tls));
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (TlsModeOf(options.tls) != TlsMode::kOff) {
+    if (options.tls_reload_interval < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls_reload_interval: must not be negative, got ",
+                       absl::FormatDuration(options.tls_reload_interval)));
+    }
+    // kilnd's own copies of the files, which only ever hold a sound set (server/tls_reloader.h).
+    KILN_ASSIGN_OR_RETURN(d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
+                                                      options.tls_reload_interval, d->log_.get()));
+    credentials = d->tls_->credentials();
+  }
   if (!options.auth_tokens_file.empty()) {
     KILN_ASSIGN_OR_RETURN(d->auth_tokens_, AuthTokens::Load(options.auth_tokens_file));
   }
@@ -197,6 +207,21 @@ absl::Status Daemon::ReloadAuthTokens() {
   log_->Log(LogLevel::kInfo, "auth_tokens_reloaded",
             {{"file", auth_tokens_->path()}, {"tokens", *count}});
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Daemon::ReloadTls() {
+  if (tls_ == nullptr) return absl::FailedPreconditionError("TLS is off (no --tls_cert)");
+  return tls_->Reload();
+}
+
+void Daemon::Reload() {
+  if (auth_tokens_ == nullptr && tls_ == nullptr) {
+    log_->Log(LogLevel::kWarning, "reload_skipped",
+              {{"reason", "no --auth_tokens_file and no --tls_cert: nothing to read again"}});
+    return;
+  }
+  if (auth_tokens_ != nullptr) ReloadAuthTokens().IgnoreError();
+  if (tls_ != nullptr) ReloadTls().IgnoreError();
 }
 
 absl::Status Daemon::Shutdown(absl::Duration deadline) {

@@ -23,6 +23,7 @@
 #include "server/spec_translation.h"
 #include "server/state_dir_lock.h"
 #include "server/tls_credentials.h"
+#include "server/tls_reloader.h"
 
 namespace grpc {
 class Server;
@@ -54,6 +55,8 @@ struct DaemonOptions {
   // Security: TLS from these PEM files (none: plaintext); bearer tokens, one per line, required
   // on every call but health when set.
   TlsFiles tls;
+  // How often the TLS files are read again (0: only on Reload, i.e. SIGHUP).
+  absl::Duration tls_reload_interval = absl::ZeroDuration();
   std::string auth_tokens_file;
   LogFormat log_format = LogFormat::kText;
   std::FILE* log_stream = stderr;  // the event log; null: none
@@ -82,6 +85,12 @@ class Daemon {
   // Reads --auth_tokens_file again (SIGHUP). On failure the old tokens stay in force; either way
   // the outcome is logged. FailedPrecondition when auth is off.
   absl::Status ReloadAuthTokens();
+  // Reads the TLS files again (SIGHUP, and every tls_reload_interval): a sound renewal is served
+  // to new connections, a bad one is logged and the files in force stay. True when they changed;
+  // FailedPrecondition when TLS is off.
+  absl::StatusOr<bool> ReloadTls();
+  // SIGHUP: ReloadAuthTokens and ReloadTls, each where it is on; a warning when neither is.
+  void Reload();
 
  private:
   Daemon() = default;
@@ -93,6 +102,7 @@ class Daemon {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<EventLog> log_;
   std::unique_ptr<AuthTokens> auth_tokens_;  // null: auth off; read by the server's interceptor
+  std::unique_ptr<TlsReloader> tls_;         // null: plaintext
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<MetricBroadcaster> broadcaster_;
   std::unique_ptr<DatasetCatalog> datasets_;

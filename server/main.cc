@@ -1,5 +1,5 @@
 // kilnd: the kiln training daemon. Parses flags, starts the Daemon, stops it gracefully on
-// SIGTERM or SIGINT, and reloads its bearer tokens on SIGHUP.
+// SIGTERM or SIGINT, and reads its bearer tokens and TLS files again on SIGHUP.
 #include <pthread.h>
 #include <signal.h>
 
@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert, unencrypted"
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA that client certificates must chain to: mutual TLS, clients without one are "
           "refused");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "how often the --tls_* files are read again, so that renewed certificates are served "
+          "without a restart (0: only on SIGHUP); a renewal that does not check out is logged "
+          "and the files in force stay");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "file of accepted bearer tokens, one per line ('#' comments); every call but health "
           "then needs 'authorization: Bearer TOKEN'. SIGHUP reloads it");
@@ -107,6 +111,7 @@ int main(int argc, char** argv) {
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   auto log_format = kiln::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
   if (!log_format.ok()) {
@@ -130,7 +135,7 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   // A reload logs its outcome (a bad file keeps the old tokens) and the daemon serves on.
   while (sigwait(&handled_signals, &signal_number) == 0 && signal_number == SIGHUP) {
-    (*daemon)->ReloadAuthTokens().IgnoreError();
+    (*daemon)->Reload();
   }
   std::fprintf(stderr, "kilnd: signal %d, shutting down\n", signal_number);
   absl::Status stopped = (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_timeout));

@@ -1,6 +1,5 @@
 #include "server/tls_credentials.h"
 
-#include <grpcpp/security/server_credentials.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -88,9 +87,7 @@ const char* TlsModeName(TlsMode mode) {
   return "off";
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles& files) {
-  if (TlsModeOf(files) == TlsMode::kOff) return grpc::InsecureServerCredentials();
+absl::StatusOr<TlsPems> ReadTlsFiles(const TlsFiles& files) {
   if (files.cert.empty() || files.key.empty()) {
     return absl::InvalidArgumentError(
         files.cert.empty() && files.key.empty()
@@ -125,8 +122,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
                                                    FlagFile("tls_cert", files.cert)));
   }
 
-  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  options.pem_key_cert_pairs.push_back({*key_pem, *cert_pem});
+  TlsPems pems{*std::move(cert_pem), *std::move(key_pem), ""};
   if (!files.client_ca.empty()) {
     absl::StatusOr<std::string> ca_pem = ReadPemFile("tls_client_ca", files.client_ca);
     if (!ca_pem.ok()) return ca_pem.status();
@@ -134,10 +130,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
       return absl::InvalidArgumentError(
           absl::StrCat(FlagFile("tls_client_ca", files.client_ca), ": holds no PEM certificate"));
     }
-    options.pem_root_certs = *ca_pem;
-    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    pems.client_ca = *std::move(ca_pem);
   }
-  return grpc::SslServerCredentials(options);
+  return pems;
 }
 
 }  // namespace kiln::server

@@ -1,16 +1,13 @@
-// kilnd's gRPC server credentials from its --tls_* flags: plaintext, TLS, or mutual TLS. The PEM
-// files are read and checked here, so a wrong path or a key that does not fit its certificate is
-// a startup error naming the flag, not a server that silently fails to bind.
+// kilnd's TLS files from its --tls_* flags: plaintext, TLS, or mutual TLS. The PEM files are read
+// and checked here, so a wrong path or a key that does not fit its certificate is an error naming
+// the flag (at start: kilnd exits; on a reload: the files in force stay), not a server that
+// silently fails its handshakes. server/tls_reloader serves them.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-
-namespace grpc {
-class ServerCredentials;
-}
 
 namespace kiln::server {
 
@@ -27,12 +24,17 @@ TlsMode TlsModeOf(const TlsFiles& files);
 // "off", "tls" or "mutual".
 const char* TlsModeName(TlsMode mode);
 
-// Insecure credentials when no file is set; TLS with cert and key; with client_ca too, TLS that
-// requires a client certificate and verifies it against client_ca. InvalidArgument naming the
+// The checked contents of a TlsFiles.
+struct TlsPems {
+  std::string cert_chain;
+  std::string key;
+  std::string client_ca;  // empty without mutual TLS
+};
+
+// Reads and checks the files of a TLS or mutual TLS setting (not kOff). InvalidArgument naming the
 // flag when only one of cert and key is given, client_ca comes without them, a file cannot be
 // read or holds no PEM of its kind, the key does not match the certificate, or the certificate
 // has expired.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles& files);
+absl::StatusOr<TlsPems> ReadTlsFiles(const TlsFiles& files);
 
 }  // namespace kiln::server

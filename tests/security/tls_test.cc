@@ -1,9 +1,13 @@
 // TLS and mutual TLS: kilnd's credentials from its --tls_* flags (in-process), and kilnd as a
 // subprocess reached by the kiln CLI as a subprocess, with certificates made at test time.
+#include <signal.h>
+
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "cli_test_support.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,10 +18,11 @@ namespace kiln::security::testing {
 namespace {
 
 using client::testing::MakeTempDir;
+using client::testing::ReadFile;
 using client::testing::RunCommand;
 using client::testing::RunResult;
 using client::testing::WriteFile;
-using server::MakeServerCredentials;
+using server::ReadTlsFiles;
 using server::TlsFiles;
 using ::testing::HasSubstr;
 
@@ -66,19 +71,22 @@ class TlsTest : public ::testing::Test {
 std::string* TlsTest::pki_dir_ = nullptr;
 TestPki* TlsTest::pki_ = nullptr;
 
-TEST_F(TlsTest, CredentialsArePlaintextTlsOrMutualByTheFilesGiven) {
+TEST_F(TlsTest, TheModeIsPlaintextTlsOrMutualByTheFilesGiven) {
   TlsFiles files;
   EXPECT_EQ(server::TlsModeOf(files), server::TlsMode::kOff);
-  EXPECT_TRUE(MakeServerCredentials(files).ok());
   files.cert = pki_->server_cert;
   files.key = pki_->server_key;
   EXPECT_EQ(server::TlsModeOf(files), server::TlsMode::kTls);
-  auto tls = MakeServerCredentials(files);
-  EXPECT_TRUE(tls.ok()) << tls.status();
+  auto tls = ReadTlsFiles(files);
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  EXPECT_EQ(tls->cert_chain, ReadFile(pki_->server_cert));
+  EXPECT_EQ(tls->key, ReadFile(pki_->server_key));
+  EXPECT_EQ(tls->client_ca, "");
   files.client_ca = pki_->ca_cert;
   EXPECT_EQ(server::TlsModeOf(files), server::TlsMode::kMutualTls);
-  auto mutual = MakeServerCredentials(files);
-  EXPECT_TRUE(mutual.ok()) << mutual.status();
+  auto mutual = ReadTlsFiles(files);
+  ASSERT_TRUE(mutual.ok()) << mutual.status();
+  EXPECT_EQ(mutual->client_ca, ReadFile(pki_->ca_cert));
 }
 
 TEST_F(TlsTest, BadTlsFilesAreRefusedNamingTheFlag) {
@@ -105,7 +113,7 @@ TEST_F(TlsTest, BadTlsFilesAreRefusedNamingTheFlag) {
        "--tls_client_ca=" + not_pem + ": holds no PEM certificate"},
   };
   for (const Case& c : cases) {
-    auto credentials = MakeServerCredentials(c.files);
+    auto credentials = ReadTlsFiles(c.files);
     ASSERT_FALSE(credentials.ok()) << c.message;
     EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(credentials.status().message(), HasSubstr(c.message));
@@ -115,7 +123,7 @@ TEST_F(TlsTest, BadTlsFilesAreRefusedNamingTheFlag) {
 TEST_F(TlsTest, AnExpiredCertificateIsRefused) {
   const std::string cert = root_ + "/expired.pem", key = root_ + "/expired.key.pem";
   ASSERT_TRUE(WriteExpiredCertificate(cert, key).ok());
-  auto credentials = MakeServerCredentials({cert, key, ""});
+  auto credentials = ReadTlsFiles({cert, key, ""});
   ASSERT_FALSE(credentials.ok());
   EXPECT_THAT(credentials.status().message(),
               HasSubstr("--tls_cert=" + cert + ": the certificate has expired"));
@@ -212,6 +220,111 @@ TEST_F(TlsTest, MutualTlsRefusesClientsWithoutACertificateOfItsCa) {
            {"KILN_TLS_CA=" + pki_->ca_cert, "KILN_TLS_CERT=" + pki_->client_cert,
             "KILN_TLS_KEY=" + pki_->client_key});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Replaces `path` as renewal tools do: the new content in a file beside it, then a rename.
+void Renew(const std::string& path, const std::string& content) {
+  WriteFile(path + ".new", content);
+  std::filesystem::rename(path + ".new", path);
+}
+
+// Runs `attempt` (a kiln command's exit code) every 200 ms until it is 0; false after `timeout`.
+bool EventuallySucceeds(const std::function<int()>& attempt, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (attempt() == 0) return true;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return false;
+}
+
+// kilnd's own copies of the PKI's server files, so that a test can renew them.
+struct RenewableFiles {
+  std::string cert, key;
+  std::vector<std::string> Flags() const { return {"--tls_cert=" + cert, "--tls_key=" + key}; }
+};
+
+class TlsRenewalTest : public TlsTest {
+ protected:
+  RenewableFiles Files() {
+    RenewableFiles files{root_ + "/kilnd.pem", root_ + "/kilnd.key.pem"};
+    WriteFile(files.cert, ReadFile(pki_->server_cert));
+    WriteFile(files.key, ReadFile(pki_->server_key));
+    return files;
+  }
+  // The renewed certificate names kilnd.test only: once it is served, only that name verifies.
+  void RenewForTheName(const RenewableFiles& files) {
+    Renew(files.key, ReadFile(pki_->named_server_key));
+    Renew(files.cert, ReadFile(pki_->named_server_cert));
+  }
+  std::vector<std::string> ForTheAddress() const { return {"--tls-ca", pki_->ca_cert, "health"}; }
+  std::vector<std::string> ForTheName() const {
+    return {"--tls-ca", pki_->ca_cert, "--tls-server-name", "kilnd.test", "health"};
+  }
+};
+
+TEST_F(TlsRenewalTest, RenewedFilesAreServedWithoutARestart) {
+  const RenewableFiles files = Files();
+  KilndUnderTest kilnd(root_);
+  std::vector<std::string> args = files.Flags();
+  args.push_back("--tls_reload_interval=1s");
+  ASSERT_TRUE(kilnd.Start(args));
+  RunResult r = Kiln(kilnd, ForTheAddress());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+
+  RenewForTheName(files);
+  EXPECT_TRUE(
+      EventuallySucceeds([&] { return Kiln(kilnd, ForTheName()).exit_code; }, absl::Seconds(30)))
+      << "kilnd never served the renewed certificate; its log:\n"
+      << kilnd.Stderr();
+  EXPECT_THAT(kilnd.Stderr(), HasSubstr("tls_reloaded cert=" + files.cert));
+  r = Kiln(kilnd, ForTheAddress());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kilnd's certificate is not for \"127.0.0.1\""));
+}
+
+TEST_F(TlsRenewalTest, ABadRenewalIsLoggedAndTheFilesInForceStay) {
+  const RenewableFiles files = Files();
+  KilndUnderTest kilnd(root_);
+  std::vector<std::string> args = files.Flags();
+  args.push_back("--tls_reload_interval=0");  // only SIGHUP reads them
+  ASSERT_TRUE(kilnd.Start(args));
+  struct Case {
+    std::function<void()> renew;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {[&] { Renew(files.key, ReadFile(pki_->client_key)); }, "does not match the certificate"},
+      {[&] { Renew(files.key, "not a key\n"); }, "holds no PEM private key"},
+      {[&] { Renew(files.cert, ""); }, "holds no PEM certificate"},
+      {[&] { std::filesystem::remove(files.cert); }, "cannot read"},
+  };
+  int failures = 0;
+  for (const Case& c : cases) {
+    c.renew();
+    kilnd.Signal(SIGHUP);
+    ASSERT_TRUE(kilnd.WaitForStderr("tls_reload_failed", ++failures, absl::Seconds(10)))
+        << kilnd.Stderr();
+    EXPECT_THAT(kilnd.Stderr(), HasSubstr(c.reason));
+    // Well past gRPC's one-second look at kilnd's copies: still the certificate in force.
+    absl::SleepFor(absl::Milliseconds(1500));
+    const RunResult r = Kiln(kilnd, ForTheAddress());
+    EXPECT_EQ(r.exit_code, 0) << c.reason << ": " << r.err;
+  }
+  // A sound renewal after all that is served.
+  RenewForTheName(files);
+  kilnd.Signal(SIGHUP);
+  ASSERT_TRUE(kilnd.WaitForStderr("tls_reloaded", 1, absl::Seconds(10))) << kilnd.Stderr();
+  EXPECT_TRUE(
+      EventuallySucceeds([&] { return Kiln(kilnd, ForTheName()).exit_code; }, absl::Seconds(10)));
+}
+
+TEST_F(TlsTest, ANegativeReloadIntervalIsRefused) {
+  std::vector<std::string> args = ServerTls();
+  args.push_back("--tls_reload_interval=-1s");
+  RunResult r = StartupFailure(args);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tls_reload_interval: must not be negative"));
 }
 
 TEST_F(TlsTest, AClientCertificateWithoutItsKeyIsBadUsage) {

@@ -1,0 +1,148 @@
+#include "server/tls_reloader.h"
+
+#include <fcntl.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+
+namespace kiln::server {
+namespace {
+
+// How often gRPC looks at the copies; reading two small files a second costs nothing.
+constexpr unsigned int kWatchSeconds = 1;
+
+absl::Status WriteError(const std::string& path, const char* what) {
+  return absl::InternalError(absl::StrCat("cannot write the served TLS copy ", path, ": ", what,
+                                          ": ", std::strerror(errno)));
+}
+
+// Replaces `path` with `content` (mode 0600): a temporary file, fsync, rename, so that a reader
+// sees the old content or the new, never a part.
+absl::Status WriteAtomically(const std::string& path, const std::string& content) {
+  const std::string temp = path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return WriteError(temp, "open");
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      return WriteError(temp, "write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    return WriteError(temp, "fsync");
+  }
+  if (::close(fd) != 0) return WriteError(temp, "close");
+  if (::rename(temp.c_str(), path.c_str()) != 0) return WriteError(path, "rename");
+  return absl::OkStatus();
+}
+
+bool SamePems(const TlsPems& a, const TlsPems& b) {
+  return a.cert_chain == b.cert_chain && a.key == b.key && a.client_ca == b.client_ca;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TlsReloader>> TlsReloader::Start(const TlsFiles& files,
+                                                                const std::string& served_dir,
+                                                                absl::Duration reload_interval,
+                                                                EventLog* log) {
+  KILN_ASSIGN_OR_RETURN(TlsPems pems, ReadTlsFiles(files));
+  std::error_code ec;
+  std::filesystem::create_directories(served_dir, ec);
+  if (ec || ::chmod(served_dir.c_str(), 0700) != 0) {
+    return absl::InternalError(absl::StrCat("cannot make the folder for the served TLS copies ",
+                                            served_dir, ": ",
+                                            ec ? ec.message() : std::strerror(errno)));
+  }
+  std::unique_ptr<TlsReloader> reloader(new TlsReloader(files, served_dir, log));
+  KILN_RETURN_IF_ERROR(reloader->Publish(pems));
+  reloader->served_ = std::move(pems);
+
+  const bool mutual = !files.client_ca.empty();
+  // The identity file holds the key and the chain: OpenSSL's PEM readers skip blocks of the
+  // other kind, so it serves as both the key file and the certificate file.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      reloader->IdentityPath(), reloader->IdentityPath(),
+      mutual ? reloader->ClientCaPath() : std::string(), kWatchSeconds);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (mutual) options.watch_root_certs();
+  options.set_cert_request_type(mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                       : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  reloader->credentials_ = grpc::experimental::TlsServerCredentials(options);
+
+  if (reload_interval > absl::ZeroDuration()) {
+    TlsReloader* self = reloader.get();
+    reloader->periodic_ = std::thread([self, reload_interval] {
+      std::unique_lock<std::mutex> lock(self->mu_);
+      const auto every = std::chrono::milliseconds(absl::ToInt64Milliseconds(reload_interval));
+      while (!self->stop_.wait_for(lock, every, [self] { return self->stopping_; })) {
+        self->ReloadLocked(/*log_repeated_failure=*/false).IgnoreError();
+      }
+    });
+  }
+  return reloader;
+}
+
+TlsReloader::~TlsReloader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  if (periodic_.joinable()) periodic_.join();
+}
+
+absl::StatusOr<bool> TlsReloader::Reload() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ReloadLocked(/*log_repeated_failure=*/true);
+}
+
+absl::StatusOr<bool> TlsReloader::ReloadLocked(bool log_repeated_failure) {
+  absl::StatusOr<TlsPems> pems = ReadTlsFiles(files_);
+  absl::Status published = pems.ok() ? absl::OkStatus() : pems.status();
+  const bool changed = pems.ok() && !SamePems(*pems, served_);
+  if (changed) published = Publish(*pems);
+  if (!published.ok()) {
+    const std::string reason(published.message());
+    if (log_repeated_failure || reason != last_failure_) {
+      log_->Log(LogLevel::kError, "tls_reload_failed",
+                {{"reason", reason}, {"kept", "the certificate and key in force"}});
+    }
+    last_failure_ = reason;
+    return published;
+  }
+  last_failure_.clear();
+  if (changed) {
+    served_ = *std::move(pems);
+    log_->Log(LogLevel::kInfo, "tls_reloaded", {{"cert", files_.cert}, {"key", files_.key}});
+  }
+  return changed;
+}
+
+absl::Status TlsReloader::Publish(const TlsPems& pems) {
+  if (!pems.client_ca.empty())
+    KILN_RETURN_IF_ERROR(WriteAtomically(ClientCaPath(), pems.client_ca));
+  return WriteAtomically(IdentityPath(), absl::StrCat(pems.key, "\n", pems.cert_chain));
+}
+
+std::string TlsReloader::IdentityPath() const { return served_dir_ + "/identity.pem"; }
+std::string TlsReloader::ClientCaPath() const { return served_dir_ + "/client_ca.pem"; }
+
+}  // namespace kiln::server

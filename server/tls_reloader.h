@@ -1,0 +1,70 @@
+// kilnd's TLS credentials, renewed without a restart.
+//
+// gRPC's file watcher re-reads its files every second and takes whatever it finds: a key that
+// does not fit the certificate, a half-renewed pair (key renewed, certificate not yet) or a
+// deleted file, and every new handshake fails until the files are right again. So gRPC watches
+// copies in a folder of kilnd's own, and kilnd replaces them only with a set that passed
+// ReadTlsFiles: the key and the certificate chain in one file (so one rename swaps both), the
+// client CA in another. A bad renewal is logged and the set in force stays.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/logging.h"
+#include "server/tls_credentials.h"
+
+namespace grpc {
+class ServerCredentials;
+}
+
+namespace kiln::server {
+
+class TlsReloader {
+ public:
+  // Checks `files` (TLS or mutual TLS; the error names the flag), writes the copies into
+  // `served_dir` (made if missing; the folder 0700, the files 0600) and returns credentials that
+  // watch them. With a positive `reload_interval`, Reload runs that often by itself (logging a
+  // failure once, not every time).
+  static absl::StatusOr<std::unique_ptr<TlsReloader>> Start(const TlsFiles& files,
+                                                            const std::string& served_dir,
+                                                            absl::Duration reload_interval,
+                                                            EventLog* log);
+  ~TlsReloader();  // stops the periodic check
+  TlsReloader(const TlsReloader&) = delete;
+  TlsReloader& operator=(const TlsReloader&) = delete;
+
+  std::shared_ptr<grpc::ServerCredentials> credentials() const { return credentials_; }
+
+  // Reads the files again (SIGHUP). Changed and sound: the copies are replaced, new connections
+  // get the new set within a second, and it returns true (logged tls_reloaded); unchanged: false;
+  // otherwise the error (logged tls_reload_failed) and the set in force stays.
+  absl::StatusOr<bool> Reload();
+
+ private:
+  TlsReloader(TlsFiles files, std::string served_dir, EventLog* log)
+      : files_(std::move(files)), served_dir_(std::move(served_dir)), log_(log) {}
+  absl::StatusOr<bool> ReloadLocked(bool log_repeated_failure);
+  absl::Status Publish(const TlsPems& pems);
+  std::string IdentityPath() const;
+  std::string ClientCaPath() const;
+
+  const TlsFiles files_;
+  const std::string served_dir_;
+  EventLog* const log_;
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+
+  std::mutex mu_;
+  TlsPems served_;            // what the copies hold
+  std::string last_failure_;  // the periodic check logs a failure once
+  bool stopping_ = false;
+  std::condition_variable stop_;
+  std::thread periodic_;
+};
+
+}  // namespace kiln::server
