@@ -7,6 +7,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -281,6 +282,7 @@ Metrics::Metrics(MetricsOptions options)
   // Both reasons exist from the start, so rate() sees the first failure.
   for (const char* reason : {"missing", "invalid"}) auth_failures_->Add({{"reason", reason}});
   reaper_ = std::thread(&Metrics::ReaperLoop, this);
+  pthread_setname_np(reaper_.native_handle(), "kiln-reaper");
 }
 
 Metrics::~Metrics() {

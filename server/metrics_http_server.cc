@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -88,6 +89,7 @@ absl::StatusOr<int> MetricsHttpServer::Start(const std::string& listen) {
     return Unavailable(listen, std::strerror(errno));
   }
   thread_ = std::thread(&MetricsHttpServer::Serve, this);
+  pthread_setname_np(thread_.native_handle(), "kiln-metrics");
   return bound_port;
 }
 

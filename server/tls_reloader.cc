@@ -4,6 +4,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,6 +97,7 @@ absl::StatusOr<std::unique_ptr<TlsReloader>> TlsReloader::Start(const TlsFiles& 
         self->ReloadLocked(/*log_repeated_failure=*/false).IgnoreError();
       }
     });
+    pthread_setname_np(reloader->periodic_.native_handle(), "kiln-tls");
   }
   return reloader;
 }

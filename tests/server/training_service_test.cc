@@ -222,6 +222,31 @@ TEST_F(TrainingServiceTest, CancelStopsARunningJobAndAQueuedOne) {
   EXPECT_THAT(again.error_message(), HasSubstr("already ended"));
 }
 
+// The names of this process's threads, as top -H and /proc show them.
+std::multiset<std::string> ThreadNames() {
+  std::multiset<std::string> names;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
+  }
+  return names;
+}
+
+TEST_F(TrainingServiceTest, ATrainingThreadIsNamedAfterItsJob) {
+  options_.step_delay = absl::Milliseconds(10);
+  StartDaemon();
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1000));
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_RUNNING, absl::Seconds(30)));
+  // Linux keeps 15 characters of a thread's name: "job-" and 11 of the id's hex digits.
+  const std::string name = id.substr(0, 15);
+  EXPECT_TRUE(WaitFor([&] { return ThreadNames().count(name) > 0; }, absl::Seconds(10)))
+      << "no thread named " << name;
+  v1::Job job;
+  ASSERT_TRUE(Cancel(id, &job).ok());
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
+}
+
 TEST_F(TrainingServiceTest, CheckpointOnDemandIsWrittenListedAndExported) {
   options_.step_delay = absl::Milliseconds(10);
   StartDaemon();
