@@ -110,6 +110,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->log_->Log(LogLevel::kWarning, "metrics_off", {{"reason", std::string(served.message())}});
   }
   KILN_ASSIGN_OR_RETURN(d->store_, JobStore::Open(options.state_dir + "/kiln.db"));
+  // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
+  if (const int unrecorded = RemoveUnrecordedCheckpoints(options.state_dir, *d->store_);
+      unrecorded > 0) {
+    d->log_->Log(LogLevel::kInfo, "unrecorded_checkpoints_removed", {{"files", unrecorded}});
+  }
   d->broadcaster_ = std::make_unique<MetricBroadcaster>(options.watch_buffer_events);
   d->datasets_ = std::make_unique<DatasetCatalog>(options.data_dir, options.max_upload_bytes);
   JobManagerOptions manager_options;

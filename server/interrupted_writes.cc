@@ -5,9 +5,11 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <set>
 
 #include "engine/safetensors.h"
 #include "server/dataset_catalog.h"
+#include "server/job_store.h"
 
 namespace kiln::server {
 
@@ -44,6 +46,31 @@ InterruptedWrites RemoveInterruptedWrites(const std::string& state_dir,
     if (pid > 0 && WriterGone(pid) && d.is_directory(rm_ec) &&
         fs::remove_all(d.path(), rm_ec) > 0 && !rm_ec) {
       ++removed.upload_dirs;
+    }
+  }
+  return removed;
+}
+
+int RemoveUnrecordedCheckpoints(const std::string& state_dir, JobStore& store) {
+  int removed = 0;
+  std::error_code ec;
+  for (const fs::directory_entry& job : fs::directory_iterator(state_dir + "/checkpoints", ec)) {
+    if (!job.is_directory(ec)) continue;
+    const std::string job_id = job.path().filename().string();
+    // Only where the store answers for the job: an unknown job or a failed query removes nothing.
+    if (!store.GetJob(job_id).ok()) continue;
+    absl::StatusOr<std::vector<v1::Checkpoint>> recorded = store.Checkpoints(job_id);
+    if (!recorded.ok()) continue;
+    std::set<std::string> names;
+    for (const v1::Checkpoint& c : *recorded) names.insert(fs::path(c.path()).filename().string());
+    std::error_code job_ec;
+    for (const fs::directory_entry& f : fs::directory_iterator(job.path(), job_ec)) {
+      const std::string name = f.path().filename().string();
+      std::error_code rm_ec;
+      if (f.path().extension() == ".safetensors" && names.count(name) == 0 &&
+          f.is_regular_file(rm_ec) && fs::remove(f.path(), rm_ec)) {
+        ++removed;
+      }
     }
   }
   return removed;

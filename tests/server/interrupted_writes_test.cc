@@ -1,5 +1,5 @@
-// Leftovers of a kilnd killed mid-write (checkpoint temp files, upload folders) go at the next
-// start, and a second kilnd on a state dir in use is refused before it touches anything.
+// Leftovers of a kilnd killed mid-write (checkpoint temp files, upload folders, checkpoint files
+// the store does not list) go at the next start, and a second kilnd on a state dir in use is refused before it touches anything.
 #include "server/interrupted_writes.h"
 
 #include <sys/wait.h>
@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "engine/safetensors.h"
 #include "server/dataset_catalog.h"
+#include "server/job_store.h"
 #include "server/state_dir_lock.h"
 #include "server_test_support.h"
 
@@ -73,6 +74,42 @@ TEST(InterruptedWritesTest, RemovesWhatDeadWritersLeftAndKeepsEverythingElse) {
   // Missing folders are nothing to remove, not an error.
   const InterruptedWrites none = RemoveInterruptedWrites(root + "/absent", root + "/absent2");
   EXPECT_EQ(none.checkpoint_temps + none.upload_dirs, 0);
+  fs::remove_all(root);
+}
+
+TEST(InterruptedWritesTest, CheckpointFilesTheStoreDoesNotListGoAndTheRestStay) {
+  const std::string root = testing::MakeTempDir("unrecorded-checkpoints");
+  const std::string state = root + "/state";
+  auto store = JobStore::Open(root + "/kiln.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::Job job;
+  job.set_id("job-1");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE((*store)->PutJob(job).ok());
+  const std::string ckpt = state + "/checkpoints/job-1/";
+  // Recorded under another spelling of the same folder: matched by name, so it stays.
+  v1::Checkpoint kept;
+  kept.set_job_id("job-1");
+  kept.set_path(state + "/./checkpoints/job-1/latest-step5-100.safetensors");
+  ASSERT_TRUE((*store)->InsertCheckpoint(&kept).ok());
+  // Recorded, then deleted from the store: the unlink did not happen.
+  v1::Checkpoint pruned = kept;
+  pruned.set_path(ckpt + "latest-step3-90.safetensors");
+  ASSERT_TRUE((*store)->InsertCheckpoint(&pruned).ok());
+  ASSERT_TRUE((*store)->DeleteCheckpoint(pruned.id()).ok());
+  Touch(ckpt + "latest-step5-100.safetensors");
+  Touch(ckpt + "latest-step3-90.safetensors");
+  Touch(ckpt + "best-step6-101.safetensors");  // renamed into place, never inserted
+  Touch(ckpt + "notes.txt");                   // not a checkpoint
+  Touch(state + "/checkpoints/job-unknown/latest-step1-1.safetensors");  // no such job
+
+  EXPECT_EQ(RemoveUnrecordedCheckpoints(state, **store), 2);
+  EXPECT_TRUE(fs::exists(ckpt + "latest-step5-100.safetensors"));
+  EXPECT_FALSE(fs::exists(ckpt + "latest-step3-90.safetensors"));
+  EXPECT_FALSE(fs::exists(ckpt + "best-step6-101.safetensors"));
+  EXPECT_TRUE(fs::exists(ckpt + "notes.txt"));
+  EXPECT_TRUE(fs::exists(state + "/checkpoints/job-unknown/latest-step1-1.safetensors"));
+  EXPECT_EQ(RemoveUnrecordedCheckpoints(root + "/absent", **store), 0);
   fs::remove_all(root);
 }
 
