@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                  {{"checkpoint_temp_files", swept.checkpoint_temps},
                   {"upload_dirs", swept.upload_dirs}});
   }
+  d->metrics_ = std::make_unique<Metrics>(MetricsOptions{options.metrics_job_retention, {}});
   // Security settings are checked before anything is opened or bound.
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (TlsModeOf(options.tls) != TlsMode::kOff) {
@@ -98,13 +99,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     // kilnd's own copies of the files, which only ever hold a sound set (server/tls_reloader.h).
     KILN_ASSIGN_OR_RETURN(d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
-                                                      options.tls_reload_interval, d->log_.get()));
+                                                      options.tls_reload_interval, d->log_.get(),
+                                                      d->metrics_.get()));
     credentials = d->tls_->credentials();
   }
   if (!options.auth_tokens_file.empty()) {
     KILN_ASSIGN_OR_RETURN(d->auth_tokens_, AuthTokens::Load(options.auth_tokens_file));
   }
-  d->metrics_ = std::make_unique<Metrics>(MetricsOptions{options.metrics_job_retention, {}});
   if (absl::Status served = d->metrics_->Serve(options.metrics_listen); !served.ok()) {
     if (!options.metrics_optional) return served;
     d->log_->Log(LogLevel::kWarning, "metrics_off", {{"reason", std::string(served.message())}});

@@ -233,6 +233,13 @@ Metrics::Metrics(MetricsOptions options)
   auth_failures_ = Declare(BuildCounter(), r, "kiln_auth_failures_total",
                            "gRPC calls refused for their bearer token, by reason (missing, "
                            "invalid).");
+  tls_expiry_ = Declare(BuildGauge(), r, "kiln_tls_certificate_expiry_timestamp_seconds",
+                        "When the TLS certificate kilnd serves expires (Unix time); absent "
+                        "without TLS.");
+  tls_reloads_ = Declare(BuildCounter(), r, "kiln_tls_reloads_total",
+                         "Reloads of the TLS files, by result (ok: a renewal now served; failed: "
+                         "files that do not check out, those in force stay); a check that finds "
+                         "nothing new counts nothing.");
 
   loss_ = Declare(BuildGauge(), r, "kiln_training_loss", "Mean loss of the job's latest batch.");
   test_loss_ = Declare(BuildGauge(), r, "kiln_training_test_loss",
@@ -455,6 +462,16 @@ void Metrics::RecordGrpc(const std::string& method, int code, double seconds) {
 
 void Metrics::AuthFailed(std::string_view reason) {
   auth_failures_->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::TlsCertificateServed(absl::Time not_after) {
+  tls_expiry_->Add({}).Set(static_cast<double>(absl::ToUnixSeconds(not_after)));
+  // Both results exist once TLS is on, so rate() sees the first failure.
+  for (const char* result : {"ok", "failed"}) tls_reloads_->Add({{"result", result}});
+}
+
+void Metrics::TlsReloaded(std::string_view result) {
+  tls_reloads_->Add({{"result", std::string(result)}}).Increment();
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

@@ -111,6 +111,12 @@ class Metrics {
   // A call refused for its bearer token; reason: "missing" or "invalid".
   void AuthFailed(std::string_view reason);
 
+  // --- TLS ----------------------------------------------------------------------------------
+  // The certificate now served expires at `not_after` (at start and after each renewal).
+  void TlsCertificateServed(absl::Time not_after);
+  // A reload of the TLS files: "ok" (a renewal now served) or "failed" (the files in force stay).
+  void TlsReloaded(std::string_view result);
+
   // Removes job series whose retention has passed (also done by a background thread).
   void ReapExpiredJobs();
 
@@ -136,6 +142,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* grpc_requests_;
   prometheus::Family<prometheus::Histogram>* grpc_duration_;
   prometheus::Family<prometheus::Counter>* auth_failures_;
+  prometheus::Family<prometheus::Gauge>* tls_expiry_;
+  prometheus::Family<prometheus::Counter>* tls_reloads_;
   // Per job.
   prometheus::Family<prometheus::Gauge>* loss_;
   prometheus::Family<prometheus::Gauge>* test_loss_;

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -68,6 +69,12 @@ absl::Status CheckCertificate(const char* flag, const std::string& path, X509* c
   return absl::OkStatus();
 }
 
+absl::Time NotAfter(X509* cert) {
+  std::tm tm{};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) != 1) return absl::InfinitePast();
+  return absl::FromTimeT(timegm(&tm));
+}
+
 }  // namespace
 
 TlsMode TlsModeOf(const TlsFiles& files) {
@@ -122,7 +129,7 @@ absl::StatusOr<TlsPems> ReadTlsFiles(const TlsFiles& files) {
                                                    FlagFile("tls_cert", files.cert)));
   }
 
-  TlsPems pems{*std::move(cert_pem), *std::move(key_pem), ""};
+  TlsPems pems{*std::move(cert_pem), *std::move(key_pem), "", NotAfter(cert.get())};
   if (!files.client_ca.empty()) {
     absl::StatusOr<std::string> ca_pem = ReadPemFile("tls_client_ca", files.client_ca);
     if (!ca_pem.ok()) return ca_pem.status();

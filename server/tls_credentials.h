@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace kiln::server {
 
@@ -29,6 +30,7 @@ struct TlsPems {
   std::string cert_chain;
   std::string key;
   std::string client_ca;  // empty without mutual TLS
+  absl::Time not_after;   // when the certificate (the chain's first) expires
 };
 
 // Reads and checks the files of a TLS or mutual TLS setting (not kOff). InvalidArgument naming the

@@ -53,7 +53,7 @@ absl::Status WriteAtomically(const std::string& path, const std::string& content
   return absl::OkStatus();
 }
 
-bool SamePems(const TlsPems& a, const TlsPems& b) {
+bool SamePems(const TlsPems& a, const TlsPems& b) {  // not_after follows from cert_chain
   return a.cert_chain == b.cert_chain && a.key == b.key && a.client_ca == b.client_ca;
 }
 
@@ -62,7 +62,7 @@ bool SamePems(const TlsPems& a, const TlsPems& b) {
 absl::StatusOr<std::unique_ptr<TlsReloader>> TlsReloader::Start(const TlsFiles& files,
                                                                 const std::string& served_dir,
                                                                 absl::Duration reload_interval,
-                                                                EventLog* log) {
+                                                                EventLog* log, Metrics* metrics) {
   KILN_ASSIGN_OR_RETURN(TlsPems pems, ReadTlsFiles(files));
   std::error_code ec;
   std::filesystem::create_directories(served_dir, ec);
@@ -71,8 +71,9 @@ absl::StatusOr<std::unique_ptr<TlsReloader>> TlsReloader::Start(const TlsFiles& 
                                             served_dir, ": ",
                                             ec ? ec.message() : std::strerror(errno)));
   }
-  std::unique_ptr<TlsReloader> reloader(new TlsReloader(files, served_dir, log));
+  std::unique_ptr<TlsReloader> reloader(new TlsReloader(files, served_dir, log, metrics));
   KILN_RETURN_IF_ERROR(reloader->Publish(pems));
+  metrics->TlsCertificateServed(pems.not_after);
   reloader->served_ = std::move(pems);
 
   const bool mutual = !files.client_ca.empty();
@@ -128,12 +129,19 @@ absl::StatusOr<bool> TlsReloader::ReloadLocked(bool log_repeated_failure) {
                 {{"reason", reason}, {"kept", "the certificate and key in force"}});
     }
     last_failure_ = reason;
+    metrics_->TlsReloaded("failed");
     return published;
   }
   last_failure_.clear();
   if (changed) {
     served_ = *std::move(pems);
-    log_->Log(LogLevel::kInfo, "tls_reloaded", {{"cert", files_.cert}, {"key", files_.key}});
+    metrics_->TlsCertificateServed(served_.not_after);
+    metrics_->TlsReloaded("ok");
+    log_->Log(
+        LogLevel::kInfo, "tls_reloaded",
+        {{"cert", files_.cert},
+         {"key", files_.key},
+         {"expires", absl::FormatTime(absl::RFC3339_sec, served_.not_after, absl::UTCTimeZone())}});
   }
   return changed;
 }

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/logging.h"
+#include "server/metrics.h"
 #include "server/tls_credentials.h"
 
 namespace grpc {
@@ -29,12 +30,12 @@ class TlsReloader {
  public:
   // Checks `files` (TLS or mutual TLS; the error names the flag), writes the copies into
   // `served_dir` (made if missing; the folder 0700, the files 0600) and returns credentials that
-  // watch them. With a positive `reload_interval`, Reload runs that often by itself (logging a
-  // failure once, not every time).
+  // watch them; `metrics` hears of the certificate served and of each reload. With a positive
+  // `reload_interval`, Reload runs that often by itself (logging a failure once, not every time).
   static absl::StatusOr<std::unique_ptr<TlsReloader>> Start(const TlsFiles& files,
                                                             const std::string& served_dir,
                                                             absl::Duration reload_interval,
-                                                            EventLog* log);
+                                                            EventLog* log, Metrics* metrics);
   ~TlsReloader();  // stops the periodic check
   TlsReloader(const TlsReloader&) = delete;
   TlsReloader& operator=(const TlsReloader&) = delete;
@@ -47,8 +48,11 @@ class TlsReloader {
   absl::StatusOr<bool> Reload();
 
  private:
-  TlsReloader(TlsFiles files, std::string served_dir, EventLog* log)
-      : files_(std::move(files)), served_dir_(std::move(served_dir)), log_(log) {}
+  TlsReloader(TlsFiles files, std::string served_dir, EventLog* log, Metrics* metrics)
+      : files_(std::move(files)),
+        served_dir_(std::move(served_dir)),
+        log_(log),
+        metrics_(metrics) {}
   absl::StatusOr<bool> ReloadLocked(bool log_repeated_failure);
   absl::Status Publish(const TlsPems& pems);
   std::string IdentityPath() const;
@@ -57,6 +61,7 @@ class TlsReloader {
   const TlsFiles files_;
   const std::string served_dir_;
   EventLog* const log_;
+  Metrics* const metrics_;  // kiln_tls_*: the expiry served, reloads by result
   std::shared_ptr<grpc::ServerCredentials> credentials_;
 
   std::mutex mu_;

@@ -1,6 +1,11 @@
 // TLS and mutual TLS: kilnd's credentials from its --tls_* flags (in-process), and kilnd as a
 // subprocess reached by the kiln CLI as a subprocess, with certificates made at test time.
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <signal.h>
+
+#include <cstdio>
+#include <ctime>
 
 #include <filesystem>
 #include <functional>
@@ -238,6 +243,28 @@ bool EventuallySucceeds(const std::function<int()>& attempt, absl::Duration time
   return false;
 }
 
+// When the certificate in the PEM file `path` expires, in Unix seconds.
+double NotAfterUnix(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return -1;
+  X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
+  std::fclose(f);
+  std::tm tm{};
+  const bool ok = cert != nullptr && ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) == 1;
+  X509_free(cert);
+  return ok ? static_cast<double>(timegm(&tm)) : -1;
+}
+
+// A sample of kilnd's /metrics, -1 when absent or unreachable.
+double Sample(const KilndUnderTest& kilnd, const std::string& series) {
+  absl::StatusOr<std::string> scrape = ScrapeMetrics(kilnd.metrics_port());
+  return scrape.ok() ? SampleValue(*scrape, series) : -1;
+}
+
+constexpr char kExpiry[] = "kiln_tls_certificate_expiry_timestamp_seconds";
+constexpr char kReloadsOk[] = "kiln_tls_reloads_total{result=\"ok\"}";
+constexpr char kReloadsFailed[] = "kiln_tls_reloads_total{result=\"failed\"}";
+
 // kilnd's own copies of the PKI's server files, so that a test can renew them.
 struct RenewableFiles {
   std::string cert, key;
@@ -271,6 +298,8 @@ TEST_F(TlsRenewalTest, RenewedFilesAreServedWithoutARestart) {
   ASSERT_TRUE(kilnd.Start(args));
   RunResult r = Kiln(kilnd, ForTheAddress());
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Sample(kilnd, kExpiry), NotAfterUnix(pki_->server_cert));
+  EXPECT_EQ(Sample(kilnd, kReloadsOk), 0);
 
   RenewForTheName(files);
   EXPECT_TRUE(
@@ -281,6 +310,8 @@ TEST_F(TlsRenewalTest, RenewedFilesAreServedWithoutARestart) {
   r = Kiln(kilnd, ForTheAddress());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("kilnd's certificate is not for \"127.0.0.1\""));
+  EXPECT_EQ(Sample(kilnd, kExpiry), NotAfterUnix(pki_->named_server_cert));
+  EXPECT_GE(Sample(kilnd, kReloadsOk), 1);
 }
 
 TEST_F(TlsRenewalTest, ABadRenewalIsLoggedAndTheFilesInForceStay) {
@@ -311,12 +342,15 @@ TEST_F(TlsRenewalTest, ABadRenewalIsLoggedAndTheFilesInForceStay) {
     const RunResult r = Kiln(kilnd, ForTheAddress());
     EXPECT_EQ(r.exit_code, 0) << c.reason << ": " << r.err;
   }
+  EXPECT_EQ(Sample(kilnd, kReloadsFailed), 4);
+  EXPECT_EQ(Sample(kilnd, kExpiry), NotAfterUnix(pki_->server_cert));
   // A sound renewal after all that is served.
   RenewForTheName(files);
   kilnd.Signal(SIGHUP);
   ASSERT_TRUE(kilnd.WaitForStderr("tls_reloaded", 1, absl::Seconds(10))) << kilnd.Stderr();
   EXPECT_TRUE(
       EventuallySucceeds([&] { return Kiln(kilnd, ForTheName()).exit_code; }, absl::Seconds(10)));
+  EXPECT_EQ(Sample(kilnd, kReloadsOk), 1);
 }
 
 TEST_F(TlsTest, ANegativeReloadIntervalIsRefused) {
