@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "engine/tensor.h"
 
 namespace kiln {
@@ -56,6 +57,14 @@ struct AdamHyper {
 struct PixelNorm {
   float scale = 1.0f / 255.0f, mean = 0.0f, std = 1.0f;
 };
+
+// What every backend's copies check: `bytes` must fit the `capacity` of the tensors involved.
+// InvalidArgument naming the op otherwise.
+inline absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity) {
+  if (bytes <= capacity) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
+}
 
 class Backend {
  public:

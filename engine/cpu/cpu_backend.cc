@@ -19,14 +19,6 @@ namespace {
 // Below this many elements a loop runs on the calling thread: waking the team costs more.
 constexpr int64_t kParallelMin = 1 << 15;
 
-absl::Status CheckBytes(const char* op, size_t bytes, size_t capacity) {
-  if (bytes > capacity) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
 // Eight floats at any alignment, moved as one 32-byte load and store (GCC and Clang vector
 // extension); memcpy(.., 32) compiled to two 16-byte moves.
 typedef float UnalignedFloat8 __attribute__((vector_size(32), aligned(4), may_alias));
@@ -170,19 +162,19 @@ absl::StatusOr<Tensor> CpuBackend::Allocate(DType dtype, const Shape& shape) {
 }
 
 absl::Status CpuBackend::CopyFromHost(const void* host, size_t bytes, Tensor* dst) {
-  if (auto s = CheckBytes("CopyFromHost", bytes, dst->capacity_bytes()); !s.ok()) return s;
+  if (auto s = CheckCopyFits("CopyFromHost", bytes, dst->capacity_bytes()); !s.ok()) return s;
   std::memcpy(dst->raw(), host, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyToHost(const Tensor& src, void* host, size_t bytes) {
-  if (auto s = CheckBytes("CopyToHost", bytes, src.capacity_bytes()); !s.ok()) return s;
+  if (auto s = CheckCopyFits("CopyToHost", bytes, src.capacity_bytes()); !s.ok()) return s;
   std::memcpy(host, src.raw(), bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Copy(const Tensor& src, Tensor* dst, size_t bytes) {
-  if (auto s = CheckBytes("Copy", bytes, std::min(src.capacity_bytes(), dst->capacity_bytes()));
+  if (auto s = CheckCopyFits("Copy", bytes, std::min(src.capacity_bytes(), dst->capacity_bytes()));
       !s.ok()) {
     return s;
   }

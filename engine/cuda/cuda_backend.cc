@@ -29,14 +29,6 @@ namespace ck = cuda_kernels;
 // caller's memory.
 constexpr size_t kStagingBytes = 64 << 10;
 
-absl::Status CheckBytes(const char* op, size_t bytes, size_t capacity) {
-  if (bytes > capacity) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
 // Prefixes an error with what the op was working on; OK passes through.
 absl::Status Annotate(absl::Status s, const std::string& context) {
   if (s.ok()) return s;
@@ -212,7 +204,7 @@ absl::StatusOr<Tensor> CudaBackend::Allocate(DType dtype, const Shape& shape) {
 }
 
 absl::Status CudaBackend::CopyFromHost(const void* host, size_t bytes, Tensor* dst) {
-  KILN_RETURN_IF_ERROR(CheckBytes("CopyFromHost", bytes, dst->capacity_bytes()));
+  KILN_RETURN_IF_ERROR(CheckCopyFits("CopyFromHost", bytes, dst->capacity_bytes()));
   if (bytes == 0) return absl::OkStatus();
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst->raw(), host, bytes, cudaMemcpyHostToDevice, stream_));
@@ -223,7 +215,7 @@ absl::Status CudaBackend::CopyFromHost(const void* host, size_t bytes, Tensor* d
 }
 
 absl::Status CudaBackend::CopyToHost(const Tensor& src, void* host, size_t bytes) {
-  KILN_RETURN_IF_ERROR(CheckBytes("CopyToHost", bytes, src.capacity_bytes()));
+  KILN_RETURN_IF_ERROR(CheckCopyFits("CopyToHost", bytes, src.capacity_bytes()));
   KILN_RETURN_IF_ERROR(Activate());
   if (bytes == 0) return SyncAndCheckKernelErrors();
   if (bytes <= kStagingBytes) {
@@ -240,7 +232,7 @@ absl::Status CudaBackend::CopyToHost(const Tensor& src, void* host, size_t bytes
 
 absl::Status CudaBackend::Copy(const Tensor& src, Tensor* dst, size_t bytes) {
   KILN_RETURN_IF_ERROR(
-      CheckBytes("Copy", bytes, std::min(src.capacity_bytes(), dst->capacity_bytes())));
+      CheckCopyFits("Copy", bytes, std::min(src.capacity_bytes(), dst->capacity_bytes())));
   if (bytes == 0 || src.raw() == dst->raw()) return absl::OkStatus();
   KILN_RETURN_IF_ERROR(Activate());
   const char* s = static_cast<const char*>(src.raw());
