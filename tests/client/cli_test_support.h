@@ -1,73 +1,20 @@
-// Pieces of the kiln CLI tests: child processes with captured output, a kilnd child on a free
-// loopback port, and tiny generated IDX datasets with known labels.
+// Pieces of the kiln CLI tests: the shared child-process and kilnd launchers (tests/support) under
+// the names these tests use, and tiny generated IDX datasets with known labels.
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/time/time.h"
+#include "tests/support/kilnd_child.h"
+#include "tests/support/subprocess.h"
 
 namespace kiln::client::testing {
 
-// A child process whose stdout and stderr are read into strings as it runs.
-class Subprocess {
- public:
-  Subprocess() = default;
-  ~Subprocess();  // SIGKILL if still running
-  Subprocess(const Subprocess&) = delete;
-  Subprocess& operator=(const Subprocess&) = delete;
-
-  // Starts argv[0] (a path) with the environment plus `env` ("NAME=value"), stdin /dev/null.
-  bool Start(const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
-  // Waits up to `timeout` for the exit; returns the exit code, 128+signal when killed by one,
-  // or -1 on timeout (the child is then killed).
-  int Wait(absl::Duration timeout);
-  void Signal(int signal);
-  // What it has written so far.
-  std::string Stdout();
-  std::string Stderr();
-  // Polls until stdout contains `text`; false after `timeout`.
-  bool WaitForStdout(const std::string& text, absl::Duration timeout);
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  int exit_code_ = -1;
-  std::mutex mu_;
-  std::string out_, err_;
-  std::thread out_reader_, err_reader_;
-};
-
-// The outcome of one finished command.
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs `argv` to its end (at most `timeout`).
-RunResult RunCommand(const std::vector<std::string>& argv, const std::vector<std::string>& env = {},
-                     absl::Duration timeout = absl::Seconds(60));
-
-// kilnd as a child on 127.0.0.1 with a port of its choosing.
-class Kilnd {
- public:
-  // Starts kilnd (path KILND_PATH) with the given dirs and extra flags; false on failure.
-  bool Start(const std::string& state_dir, const std::string& data_dir,
-             const std::vector<std::string>& extra_args = {});
-  int port() const { return port_; }
-  std::string address() const;
-
- private:
-  Subprocess process_;
-  int port_ = 0;
-};
+// The shared launchers, under the names these tests use.
+using kiln::testing::RunCommand;
+using kiln::testing::RunResult;
+using kiln::testing::Subprocess;
+using Kilnd = kiln::testing::KilndChild;
 
 // A fresh folder under the test's temporary directory.
 std::string MakeTempDir(const std::string& prefix);

@@ -40,8 +40,8 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// Spawns argv with stdout and stderr going to `out_path` (stdout to `stdout_fd` when >= 0).
-pid_t Spawn(const std::vector<std::string>& args, const std::string& out_path, int stdout_fd,
+// Spawns argv with stdout and stderr going to `out_path`.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& out_path,
             const std::string& stdin_path) {
   std::vector<std::string> copy = args;
   std::vector<char*> argv;
@@ -51,11 +51,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& out_path, i
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, out_path.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (stdout_fd >= 0) {
-    posix_spawn_file_actions_adddup2(&actions, stdout_fd, STDOUT_FILENO);
-  } else {
-    posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  }
+  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
   posix_spawn_file_actions_addopen(
       &actions, STDIN_FILENO, stdin_path.empty() ? "/dev/null" : stdin_path.c_str(), O_RDONLY, 0);
   pid_t pid = -1;
@@ -134,7 +130,7 @@ ProgramResult RunProgram(const std::vector<std::string>& argv, const std::string
   const int fd = mkstemp(pattern);
   if (fd < 0) return result;
   close(fd);
-  const pid_t pid = Spawn(argv, pattern, -1, stdin_file);
+  const pid_t pid = Spawn(argv, pattern, stdin_file);
   if (pid > 0) {
     int status = 0;
     waitpid(pid, &status, 0);
@@ -168,7 +164,7 @@ bool PrometheusProcess::Start(absl::Duration timeout) {
                   "--storage.tsdb.path=" + dir_ + "/data",
                   absl::StrCat("--web.listen-address=127.0.0.1:", port_),
                   "--storage.tsdb.retention.time=1h", "--log.level=warn"},
-                 dir_ + "/prometheus.log", -1, "");
+                 dir_ + "/prometheus.log", "");
     if (pid_ <= 0) return false;
     const absl::Time end = absl::Now() + timeout;
     while (absl::Now() < end) {
@@ -209,61 +205,8 @@ absl::StatusOr<nlohmann::json> PrometheusProcess::Query(const std::string& expr)
 
 std::string PrometheusProcess::log() const { return ReadFile(dir_ + "/prometheus.log"); }
 
-KilndWithMetrics::KilndWithMetrics(std::string state_dir, std::string data_dir,
-                                   std::vector<std::string> extra)
-    : state_dir_(std::move(state_dir)),
-      data_dir_(std::move(data_dir)),
-      stderr_path_(state_dir_ + ".stderr"),
-      extra_(std::move(extra)) {}
-
-KilndWithMetrics::~KilndWithMetrics() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-}
-
-bool KilndWithMetrics::Start() {
-  std::vector<std::string> args = {KILND_PATH,
-                                   "--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0",
-                                   "--state_dir=" + state_dir_,
-                                   "--data_dir=" + data_dir_,
-                                   "--device=cpu"};
-  args.insert(args.end(), extra_.begin(), extra_.end());
-  int out[2];
-  if (pipe(out) != 0) return false;
-  pid_ = Spawn(args, stderr_path_, out[1], "");
-  close(out[1]);
-  if (pid_ <= 0) {
-    close(out[0]);
-    return false;
-  }
-  FILE* f = fdopen(out[0], "r");
-  char line[256] = {};
-  bool got = fgets(line, sizeof(line), f) != nullptr &&
-             std::sscanf(line, "kilnd: listening on port %d", &port_) == 1;
-  got = got && fgets(line, sizeof(line), f) != nullptr &&
-        std::sscanf(line, "kilnd: metrics on port %d", &metrics_port_) == 1;
-  std::thread([f] {
-    char sink[256];
-    while (fgets(sink, sizeof(sink), f) != nullptr) {
-    }
-    fclose(f);
-  }).detach();
-  return got;
-}
-
-int KilndWithMetrics::Stop(absl::Duration timeout) {
-  const int status = StopChild(pid_, timeout);
-  pid_ = -1;
-  return status;
-}
-
-std::string KilndWithMetrics::stderr_text() const { return ReadFile(stderr_path_); }
-
 std::unique_ptr<v1::Training::Stub> KilndWithMetrics::NewStub() const {
-  return v1::Training::NewStub(kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", port_)));
+  return v1::Training::NewStub(kiln::testing::ConnectedChannel(address()));
 }
 
 }  // namespace kiln::server::testing

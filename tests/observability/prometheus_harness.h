@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.grpc.pb.h"
+#include "tests/support/kilnd_child.h"
 
 namespace kiln::server::testing {
 
@@ -53,27 +54,19 @@ class PrometheusProcess {
   int port_ = 0;
 };
 
-// kilnd as a child process, with gRPC and /metrics on free ports and stderr (the event log) in a
-// file.
-class KilndWithMetrics {
+// kilnd as a child (tests/support/kilnd_child.h) with /metrics on a port of its own.
+class KilndWithMetrics : public kiln::testing::KilndChild {
  public:
-  KilndWithMetrics(std::string state_dir, std::string data_dir, std::vector<std::string> extra);
-  ~KilndWithMetrics();  // SIGKILL if still running
-
-  // Starts it and reads both ports from its stdout.
-  bool Start();
-  // SIGTERM and wait; returns the waitpid status or -1.
-  int Stop(absl::Duration timeout);
-  int port() const { return port_; }
-  int metrics_port() const { return metrics_port_; }
-  std::string stderr_text() const;
+  KilndWithMetrics(std::string state_dir, std::string data_dir, std::vector<std::string> extra)
+      : state_dir_(std::move(state_dir)),
+        data_dir_(std::move(data_dir)),
+        extra_(std::move(extra)) {}
+  bool Start() { return KilndChild::Start(state_dir_, data_dir_, extra_, /*metrics=*/true); }
   std::unique_ptr<v1::Training::Stub> NewStub() const;
 
  private:
-  std::string state_dir_, data_dir_, stderr_path_;
+  std::string state_dir_, data_dir_;
   std::vector<std::string> extra_;
-  pid_t pid_ = -1;
-  int port_ = 0, metrics_port_ = 0;
 };
 
 }  // namespace kiln::server::testing

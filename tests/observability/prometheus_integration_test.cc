@@ -147,7 +147,7 @@ class PrometheusIntegrationTest : public ::testing::Test {
         w.root + "/state", w.root + "/data",
         std::vector<std::string>{"--step_delay=30ms", "--log_format=json",
                                  "--metrics_job_retention=10m"});
-    if (!w.kilnd->Start()) return "kilnd did not start: " + w.kilnd->stderr_text();
+    if (!w.kilnd->Start()) return "kilnd did not start: " + w.kilnd->Stderr();
     w.prometheus = std::make_unique<testing::PrometheusProcess>(
         PrometheusBinary(), w.root + "/prometheus",
         std::vector<std::string>{absl::StrCat("127.0.0.1:", w.kilnd->metrics_port())});
@@ -350,7 +350,7 @@ TEST_F(PrometheusIntegrationTest, EveryDashboardQueryReturnsData) {
 
 TEST_F(PrometheusIntegrationTest, TheEventLogHasOneJsonLinePerEvent) {
   std::vector<nlohmann::json> lines;
-  for (absl::string_view line : absl::StrSplit(w_->kilnd->stderr_text(), '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(w_->kilnd->Stderr(), '\n', absl::SkipEmpty())) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     ASSERT_FALSE(j.is_discarded()) << "not JSON: " << line;
     lines.push_back(j);

@@ -136,51 +136,6 @@ absl::Status WriteExpiredCertificate(const std::string& cert_path, const std::st
   return status;
 }
 
-bool KilndUnderTest::Start(const std::vector<std::string>& extra_args) {
-  std::vector<std::string> args = {KILND_PATH,
-                                   "--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0",
-                                   "--state_dir=" + root_ + "/state",
-                                   "--data_dir=" + root_ + "/data",
-                                   "--device=cpu"};
-  args.insert(args.end(), extra_args.begin(), extra_args.end());
-  if (!process_.Start(args)) return false;
-  if (!process_.WaitForStdout("kilnd: metrics on port ", absl::Seconds(30)) ||
-      !process_.WaitForStdout("\n", absl::Seconds(5))) {
-    return false;
-  }
-  // The two lines come in one flush.
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  while (absl::Now() < end) {
-    const std::string out = process_.Stdout();
-    if (std::sscanf(out.c_str(), "kilnd: listening on port %d\nkilnd: metrics on port %d\n", &port_,
-                    &metrics_port_) == 2) {
-      return true;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return false;
-}
-
-std::string KilndUnderTest::address() const { return absl::StrCat("127.0.0.1:", port_); }
-
-int KilndUnderTest::Stop() {
-  process_.Signal(SIGTERM);
-  return process_.Wait(absl::Seconds(30));
-}
-
-bool KilndUnderTest::WaitForStderr(const std::string& text, int count, absl::Duration timeout) {
-  const absl::Time end = absl::Now() + timeout;
-  for (;;) {
-    const std::string err = process_.Stderr();
-    int found = 0;
-    for (size_t at = err.find(text); at != std::string::npos; at = err.find(text, at + 1)) ++found;
-    if (found >= count) return true;
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-}
-
 absl::StatusOr<std::string> ScrapeMetrics(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -3,6 +3,8 @@
 // its /metrics, and calls that only a generic client makes (reflection).
 #pragma once
 
+#include <signal.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "absl/time/time.h"
 #include "cli_test_support.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/support/kilnd_child.h"
 
 namespace kiln::security::testing {
 
@@ -33,30 +36,19 @@ absl::StatusOr<TestPki> MakeTestPki(const std::string& dir);
 // API (the CLI of OpenSSL 3.0 cannot date a certificate in the past).
 absl::Status WriteExpiredCertificate(const std::string& cert_path, const std::string& key_path);
 
-// kilnd as a child on 127.0.0.1, any free port, /metrics on another free port, with fresh state
-// and data folders under `root`.
-class KilndUnderTest {
+// kilnd as a child (tests/support/kilnd_child.h) with /metrics on a port of its own, and fresh
+// state and data folders under `root`.
+class KilndUnderTest : public kiln::testing::KilndChild {
  public:
   explicit KilndUnderTest(std::string root) : root_(std::move(root)) {}
-
-  // Starts kilnd with `extra_args` and waits for both ports; false when it does not report them.
-  bool Start(const std::vector<std::string>& extra_args);
-  int port() const { return port_; }
-  int metrics_port() const { return metrics_port_; }
-  std::string address() const;  // 127.0.0.1:PORT
-  void Signal(int signal) { process_.Signal(signal); }
-  // Sends SIGTERM and waits for the exit; the exit code, or -1 on timeout.
-  int Stop();
-  // kilnd's stderr so far: its event log.
-  std::string Stderr() { return process_.Stderr(); }
-  // Polls until stderr contains `text` `count` times or more.
-  bool WaitForStderr(const std::string& text, int count, absl::Duration timeout);
+  bool Start(const std::vector<std::string>& extra_args) {
+    return KilndChild::Start(root_ + "/state", root_ + "/data", extra_args, /*metrics=*/true);
+  }
+  // SIGTERM, then the exit code (-1 when it did not exit within 30 s).
+  int Stop() { return KilndChild::Stop(SIGTERM, absl::Seconds(30)); }
 
  private:
   std::string root_;
-  client::testing::Subprocess process_;
-  int port_ = 0;
-  int metrics_port_ = 0;
 };
 
 // The text of http://127.0.0.1:`port`/metrics, or an error saying why not.

@@ -1,9 +1,6 @@
 #include "server_test_support.h"
 
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,8 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/support/connected_channel.h"
-
-extern char** environ;
 
 namespace kiln::server::testing {
 namespace fs = std::filesystem;
@@ -171,73 +166,8 @@ std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std:
   return {response.checkpoints().begin(), response.checkpoints().end()};
 }
 
-KilndProcess::KilndProcess(std::string state_dir, std::string data_dir,
-                           std::vector<std::string> extra_args)
-    : state_dir_(std::move(state_dir)),
-      data_dir_(std::move(data_dir)),
-      extra_args_(std::move(extra_args)) {}
-
-KilndProcess::~KilndProcess() {
-  if (pid_ > 0) Stop(SIGKILL, absl::Seconds(10));
-}
-
-bool KilndProcess::Start() {
-  std::vector<std::string> args = {KILND_PATH, "--listen=127.0.0.1:0", "--state_dir=" + state_dir_,
-                                   "--data_dir=" + data_dir_, "--device=cpu"};
-  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  int out[2];
-  if (pipe(out) != 0) return false;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out[1]);
-  if (rc != 0) {
-    close(out[0]);
-    pid_ = -1;
-    return false;
-  }
-  // The first line of stdout names the port: "kilnd: listening on port N".
-  FILE* f = fdopen(out[0], "r");
-  char line[256] = {};
-  const bool got = fgets(line, sizeof(line), f) != nullptr &&
-                   std::sscanf(line, "kilnd: listening on port %d", &port_) == 1;
-  // Keep draining stdout in the background so the child never blocks on a full pipe.
-  std::thread([f] {
-    char sink[256];
-    while (fgets(sink, sizeof(sink), f) != nullptr) {
-    }
-    fclose(f);
-  }).detach();
-  return got;
-}
-
-int KilndProcess::Stop(int signal, absl::Duration timeout) {
-  if (pid_ <= 0) return -1;
-  kill(pid_, signal);
-  const absl::Time end = absl::Now() + timeout;
-  int status = 0;
-  while (absl::Now() < end) {
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      pid_ = -1;
-      return status;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
-  return -1;
-}
-
 std::unique_ptr<v1::Training::Stub> KilndProcess::NewStub() const {
-  return v1::Training::NewStub(kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", port_)));
+  return v1::Training::NewStub(kiln::testing::ConnectedChannel(address()));
 }
 
 }  // namespace kiln::server::testing

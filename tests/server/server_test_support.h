@@ -12,6 +12,7 @@
 
 #include "absl/time/time.h"
 #include "kiln/v1/training.grpc.pb.h"
+#include "tests/support/kilnd_child.h"
 
 namespace kiln::server::testing {
 
@@ -53,27 +54,21 @@ std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec);
 // ListCheckpoints of a job, oldest first (a test failure when the call fails).
 std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std::string& job_id);
 
-// kilnd as a child process on a free loopback port.
-class KilndProcess {
+// kilnd as a child (tests/support/kilnd_child.h) on the given folders, /metrics off unless
+// `extra_args` turn it on.
+class KilndProcess : public kiln::testing::KilndChild {
  public:
-  KilndProcess(std::string state_dir, std::string data_dir, std::vector<std::string> extra_args);
-  ~KilndProcess();  // SIGKILL if still running
-
-  // Starts it and reads the port it reports; false on failure.
-  bool Start();
-  // Sends `signal` and waits up to `timeout` for the exit; returns the exit status as from
-  // waitpid, or -1 on timeout.
-  int Stop(int signal, absl::Duration timeout);
-  int port() const { return port_; }
-  // The child's process id while it runs, else -1 (for /proc and prlimit).
-  pid_t pid() const { return pid_; }
+  KilndProcess(std::string state_dir, std::string data_dir, std::vector<std::string> extra_args)
+      : state_dir_(std::move(state_dir)),
+        data_dir_(std::move(data_dir)),
+        extra_args_(std::move(extra_args)) {}
+  bool Start() { return KilndChild::Start(state_dir_, data_dir_, extra_args_); }
+  // A Training stub on a channel connected to it.
   std::unique_ptr<v1::Training::Stub> NewStub() const;
 
  private:
   std::string state_dir_, data_dir_;
   std::vector<std::string> extra_args_;
-  pid_t pid_ = -1;
-  int port_ = 0;
 };
 
 }  // namespace kiln::server::testing
