@@ -1,9 +1,6 @@
 #include "cli_test_support.h"
 
-#include <netinet/in.h>
 #include <openssl/evp.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,9 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace kiln::client::testing {
 namespace fs = std::filesystem;
@@ -49,19 +44,6 @@ std::string MakeTempDir(const std::string& prefix) {
   buffer.push_back('\0');
   char* made = mkdtemp(buffer.data());
   return made != nullptr ? std::string(made) : pattern;
-}
-
-int ClosedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 int ToyLabel(int i, uint32_t seed) { return static_cast<int>((i * 7 + seed) % 10); }

@@ -18,8 +18,6 @@ using Kilnd = kiln::testing::KilndChild;
 
 // A fresh folder under the test's temporary directory.
 std::string MakeTempDir(const std::string& prefix);
-// A port on 127.0.0.1 that nothing listens on (bound, then released).
-int ClosedPort();
 
 // Label of sample i of a toy dataset; images put a bright 7x7 block in cell (label / 4, label % 4)
 // of a 4x4 grid of 7x7 cells, over noise.

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "cli_test_support.h"
 #include "flaky_port.h"
+#include "tests/support/loopback_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -298,7 +299,7 @@ TEST_F(KilnCliTest, ServerRefusalsExitOneWithTheCodeNameAndTheServersMessage) {
 }
 
 TEST_F(KilnCliTest, AnUnreachableServerSaysHowToStartKilnd) {
-  const std::string address = absl::StrCat("127.0.0.1:", ClosedPort());
+  const std::string address = absl::StrCat("127.0.0.1:", kiln::testing::UnusedLoopbackPort());
   const absl::Time start = absl::Now();
   RunResult r = RunCommand({KILN_PATH, "--server", address, "jobs"});
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/loopback_port.h"
 
 extern char** environ;
 
@@ -99,22 +100,6 @@ absl::StatusOr<std::string> HttpGet(const std::string& url) {
   return body;
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 std::string FindProgram(const std::string& name) {
   const char* path = std::getenv("PATH");
   for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
@@ -159,7 +144,7 @@ bool PrometheusProcess::Start(absl::Duration timeout) {
       << absl::StrJoin(quoted, ", ") << "]\n";
   // The port is picked then bound by the child; a lost race is retried with another.
   for (int attempt = 0; attempt < 3; ++attempt) {
-    port_ = FreePort();
+    port_ = kiln::testing::UnusedLoopbackPort();
     pid_ = Spawn({binary_, "--config.file=" + dir_ + "/prometheus.yml",
                   "--storage.tsdb.path=" + dir_ + "/data",
                   absl::StrCat("--web.listen-address=127.0.0.1:", port_),

@@ -19,9 +19,6 @@ namespace kiln::server::testing {
 // The body of a 200 answer to GET `url`; an error for anything else.
 absl::StatusOr<std::string> HttpGet(const std::string& url);
 
-// A loopback TCP port that was free a moment ago.
-int FreePort();
-
 // The path of a program on PATH, or "" when there is none.
 std::string FindProgram(const std::string& name);
 

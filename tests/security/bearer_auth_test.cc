@@ -16,6 +16,7 @@
 #include "inference/grpc_service.grpc.pb.h"
 #include "kiln/v1/training.grpc.pb.h"
 #include "security_test_support.h"
+#include "tests/support/connected_channel.h"
 
 namespace kiln::security::testing {
 namespace {
@@ -122,7 +123,7 @@ class BearerAuthTest : public ::testing::Test {
     client::testing::WriteToyDataset(root_ + "/data/toy", 64, 16);
     kilnd_ = std::make_unique<KilndUnderTest>(root_);
     ASSERT_TRUE(kilnd_->Start({"--auth_tokens_file=" + tokens_file_})) << kilnd_->Stderr();
-    channel_ = PlaintextChannel(kilnd_->address());
+    channel_ = kiln::testing::ConnectedChannel(kilnd_->address());
   }
   void TearDown() override {
     kilnd_.reset();

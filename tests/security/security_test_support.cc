@@ -171,10 +171,6 @@ double SampleValue(const std::string& scrape, const std::string& series) {
   return -1;
 }
 
-std::shared_ptr<grpc::Channel> PlaintextChannel(const std::string& address) {
-  return kiln::testing::ConnectedChannel(address);
-}
-
 std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std::string& ca_file,
                                           const std::string& cert_file,
                                           const std::string& key_file) {

@@ -56,9 +56,8 @@ absl::StatusOr<std::string> ScrapeMetrics(int port);
 // The value of one sample line ("name{labels} value") in a scrape; -1 when absent.
 double SampleValue(const std::string& scrape, const std::string& series);
 
-// A channel to kilnd, READY when returned: plaintext, or TLS verifying with `ca_pem` (optionally
-// presenting a client certificate).
-std::shared_ptr<grpc::Channel> PlaintextChannel(const std::string& address);
+// A TLS channel to kilnd, READY when returned, verifying with `ca_file` (optionally presenting a
+// client certificate). Plaintext: kiln::testing::ConnectedChannel.
 std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, const std::string& ca_file,
                                           const std::string& cert_file = "",
                                           const std::string& key_file = "");

@@ -2,35 +2,18 @@
 // channel in TRANSIENT_FAILURE.
 #include "tests/support/connected_channel.h"
 
-#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "tests/support/loopback_port.h"
 
 namespace kiln::testing {
 namespace {
-
-// A loopback port that nothing listens on right now.
-int UnusedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  socklen_t length = sizeof(address);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 // Calls a method no server has: UNIMPLEMENTED means a server answered, UNAVAILABLE that none did.
 grpc::Status CallAnything(const std::shared_ptr<grpc::Channel>& channel) {
@@ -46,7 +29,7 @@ grpc::Status CallAnything(const std::shared_ptr<grpc::Channel>& channel) {
 }
 
 TEST(ConnectedChannelTest, AFirstAttemptThatFailsIsRetriedUntilReady) {
-  const std::string target = absl::StrCat("127.0.0.1:", UnusedPort());
+  const std::string target = absl::StrCat("127.0.0.1:", UnusedLoopbackPort());
   // The first attempt is refused: the server starts only after the channel has tried.
   inference::GRPCInferenceService::Service unimplemented;
   std::unique_ptr<grpc::Server> server;

@@ -70,26 +70,17 @@ bool Subprocess::Start(const std::vector<std::string>& argv, const std::vector<s
 }
 
 int Subprocess::Wait(absl::Duration timeout) {
-  if (pid_ <= 0) return exit_code_;
   const absl::Time end = absl::Now() + timeout;
-  int status = 0;
-  for (;;) {
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) break;
+  while (!Exited()) {
     if (absl::Now() > end) {
       kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
+      waitpid(pid_, nullptr, 0);
       pid_ = -1;
       exit_code_ = -1;
       return -1;
     }
     absl::SleepFor(absl::Milliseconds(5));
   }
-  pid_ = -1;
-  exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  // The readers end when the child's pipes close (grandchildren aside).
-  if (out_reader_.joinable()) out_reader_.join();
-  if (err_reader_.joinable()) err_reader_.join();
   return exit_code_;
 }
 
@@ -99,6 +90,7 @@ bool Subprocess::Exited() {
   if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
   pid_ = -1;
   exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // The readers end when the child's pipes close (grandchildren aside).
   if (out_reader_.joinable()) out_reader_.join();
   if (err_reader_.joinable()) err_reader_.join();
   return true;
