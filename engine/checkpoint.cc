@@ -17,6 +17,29 @@ namespace kiln {
 namespace {
 
 constexpr char kOptimizerPrefix[] = "optimizer.";
+// Metadata names, written and read only here.
+constexpr char kFormatKey[] = "format";
+constexpr char kModelKey[] = "kiln.model";
+constexpr char kNormKey[] = "kiln.norm";
+
+// "scale,mean,std" with enough digits to read back the same floats.
+std::string PixelNormToString(const PixelNorm& n) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.9g,%.9g,%.9g", n.scale, n.mean, n.std);
+  return buf;
+}
+
+absl::StatusOr<PixelNorm> PixelNormFromString(const std::string& path, const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  PixelNorm n;
+  if (parts.size() != 3 || !absl::SimpleAtof(parts[0], &n.scale) ||
+      !absl::SimpleAtof(parts[1], &n.mean) || !absl::SimpleAtof(parts[2], &n.std) ||
+      !(n.std > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": normalisation \"", text, "\" is not \"scale,mean,std\" with std > 0"));
+  }
+  return n;
+}
 
 absl::StatusOr<HostTensor> ToHost(Backend* backend, const std::string& name, const Tensor& t) {
   std::vector<float> host(t.numel());
@@ -76,18 +99,50 @@ absl::StatusOr<const HostTensor*> Expect(const std::string& path, const Safetens
   return t;
 }
 
+// The position entries of a checkpoint's metadata.
+absl::StatusOr<TrainingPosition> ParsePosition(const std::string& path,
+                                               const std::map<std::string, std::string>& meta) {
+  TrainingPosition p;
+  KILN_RETURN_IF_ERROR(GetNumber(path, meta, "epochs_done", &p.epochs_done));
+  KILN_RETURN_IF_ERROR(GetNumber(path, meta, "step_in_epoch", &p.step_in_epoch));
+  KILN_RETURN_IF_ERROR(GetNumber(path, meta, "global_step", &p.global_step));
+  KILN_RETURN_IF_ERROR(GetNumber(path, meta, "epoch_loss_sum", &p.epoch_loss_sum));
+  KILN_RETURN_IF_ERROR(GetNumber(path, meta, "epoch_seconds", &p.epoch_seconds));
+  KILN_RETURN_IF_ERROR(GetNumber(path, meta, "epoch_correct", &p.epoch_correct));
+  KILN_RETURN_IF_ERROR(GetNumber(path, meta, "epoch_samples", &p.epoch_samples));
+  auto rng_text = meta.find("epoch_rng");
+  KILN_ASSIGN_OR_RETURN(
+      std::vector<uint64_t> rng,
+      SplitU64(path, "epoch_rng", rng_text != meta.end() ? rng_text->second : ""));
+  if (rng.size() != p.epoch_rng.size()) {
+    return absl::DataLossError(absl::StrCat(path, ": metadata epoch_rng needs 4 integers"));
+  }
+  std::copy(rng.begin(), rng.end(), p.epoch_rng.begin());
+  return p;
+}
+
+// Whether the file says it is a kiln checkpoint.
+absl::Status CheckFormat(const std::string& path, const std::map<std::string, std::string>& meta) {
+  auto fmt = meta.find(kFormatKey);
+  if (fmt == meta.end() || fmt->second != kCheckpointFormat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a kiln checkpoint (metadata format is not ", kCheckpointFormat, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
-                             const TrainingPosition& p,
-                             const std::map<std::string, std::string>& extra_metadata) {
+                             const TrainingPosition& p, const PixelNorm& norm) {
   Backend* backend = model.backend();
   std::vector<HostTensor> tensors;
   for (const NamedParameter& np : model.parameters()) {
     KILN_ASSIGN_OR_RETURN(HostTensor t, ToHost(backend, np.name, np.param->value));
     tensors.push_back(std::move(t));
   }
-  std::map<std::string, std::string> meta = extra_metadata;
+  std::map<std::string, std::string> meta;
+  meta[kNormKey] = PixelNormToString(norm);
   if (optimizer != nullptr) {
     for (const NamedState& s : optimizer->state()) {
       KILN_ASSIGN_OR_RETURN(HostTensor t, ToHost(backend, kOptimizerPrefix + s.name, *s.tensor));
@@ -95,8 +150,8 @@ absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* o
     }
     meta["optimizer_steps"] = absl::StrCat(optimizer->steps());
   }
-  meta["format"] = kCheckpointFormat;
-  meta["kiln.model"] = ModelConfigToJson(model.config());
+  meta[kFormatKey] = kCheckpointFormat;
+  meta[kModelKey] = ModelConfigToJson(model.config());
   meta["epochs_done"] = absl::StrCat(p.epochs_done);
   meta["step_in_epoch"] = absl::StrCat(p.step_in_epoch);
   meta["global_step"] = absl::StrCat(p.global_step);
@@ -118,14 +173,27 @@ absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const 
   return c.metadata;
 }
 
+absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(path));
+  KILN_RETURN_IF_ERROR(CheckFormat(path, c.metadata));
+  CheckpointInfo info;
+  auto model = c.metadata.find(kModelKey);
+  if (model == c.metadata.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": checkpoint has no ", kModelKey, " metadata"));
+  }
+  KILN_ASSIGN_OR_RETURN(info.model, ModelConfigFromJson(model->second));
+  if (auto norm = c.metadata.find(kNormKey); norm != c.metadata.end()) {
+    KILN_ASSIGN_OR_RETURN(info.norm, PixelNormFromString(path, norm->second));
+  }
+  KILN_ASSIGN_OR_RETURN(info.position, ParsePosition(path, c.metadata));
+  return info;
+}
+
 absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
                             TrainingPosition* position) {
   KILN_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(path));
-  auto fmt = c.metadata.find("format");
-  if (fmt == c.metadata.end() || fmt->second != kCheckpointFormat) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a kiln checkpoint (metadata format is not ", kCheckpointFormat, ")"));
-  }
+  KILN_RETURN_IF_ERROR(CheckFormat(path, c.metadata));
   // Validate everything first, so a mismatch changes nothing.
   std::vector<std::pair<const HostTensor*, Tensor*>> loads;
   for (const NamedParameter& np : model.parameters()) {
@@ -144,19 +212,7 @@ absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* op
   TrainingPosition p;
   std::vector<uint64_t> offsets;
   if (position != nullptr) {
-    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epochs_done", &p.epochs_done));
-    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "step_in_epoch", &p.step_in_epoch));
-    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "global_step", &p.global_step));
-    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_loss_sum", &p.epoch_loss_sum));
-    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_seconds", &p.epoch_seconds));
-    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_correct", &p.epoch_correct));
-    KILN_RETURN_IF_ERROR(GetNumber(path, c.metadata, "epoch_samples", &p.epoch_samples));
-    KILN_ASSIGN_OR_RETURN(std::vector<uint64_t> rng,
-                          SplitU64(path, "epoch_rng", c.metadata["epoch_rng"]));
-    if (rng.size() != p.epoch_rng.size()) {
-      return absl::DataLossError(absl::StrCat(path, ": metadata epoch_rng needs 4 integers"));
-    }
-    std::copy(rng.begin(), rng.end(), p.epoch_rng.begin());
+    KILN_ASSIGN_OR_RETURN(p, ParsePosition(path, c.metadata));
     KILN_ASSIGN_OR_RETURN(offsets, SplitU64(path, "random_offsets", c.metadata["random_offsets"]));
     if (offsets.size() != model.random_offsets().size()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": checkpoint has ", offsets.size(),

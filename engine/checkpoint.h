@@ -3,7 +3,9 @@
 //
 // Tensors: "<i>.weight", "<i>.bias" as torch.nn.Sequential names them, and optimizer state as
 // "optimizer.<param>.<slot>" (so `model.load_state_dict(load_file(path), strict=False)` loads the
-// weights in PyTorch). Position, RNG state and the model config live in "__metadata__" strings.
+// weights in PyTorch). Position, RNG state, the model config and the input normalisation live in
+// "__metadata__" strings, whose names only checkpoint.cc knows; the rest of kiln reads them typed
+// (CheckpointInfo).
 #pragma once
 
 #include <map>
@@ -11,17 +13,26 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/model_config.h"
 #include "engine/optim/optimizer.h"
-#include "engine/trainer.h"
+#include "engine/training_position.h"
 
 namespace kiln {
 
 inline constexpr char kCheckpointFormat[] = "kiln-checkpoint-1";
 
+// What a checkpoint says of itself besides its tensors.
+struct CheckpointInfo {
+  ModelConfig model;
+  PixelNorm norm;  // the input normalisation the model was trained with
+  TrainingPosition position;
+};
+
+// Writes the model's weights, the optimizer's state (when given), the position and `norm`.
 absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
-                             const TrainingPosition& position,
-                             const std::map<std::string, std::string>& extra_metadata = {});
+                             const TrainingPosition& position, const PixelNorm& norm);
 
 // Loads weights into `model` (every parameter must be present with its exact shape and dtype),
 // and when given, the optimizer state and the position. Nothing is changed unless the whole file
@@ -29,7 +40,12 @@ absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* o
 absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
                             TrainingPosition* position);
 
-// The metadata strings of a checkpoint (e.g. "kiln.model" and "epochs_done").
+// The typed metadata of a kiln checkpoint: InvalidArgument for a file that is not one, DataLoss
+// for a missing or malformed entry. A checkpoint without a recorded normalisation gets PixelNorm's
+// defaults.
+absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path);
+
+// The raw metadata strings of a checkpoint (e.g. "kiln.model" and "epochs_done"), for tools.
 absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const std::string& path);
 
 }  // namespace kiln

@@ -14,39 +14,14 @@
 
 namespace kiln {
 
-std::string PixelNormToString(const PixelNorm& n) {
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), "%.9g,%.9g,%.9g", n.scale, n.mean, n.std);
-  return buf;
-}
-
-absl::StatusOr<PixelNorm> PixelNormFromString(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ',');
-  PixelNorm n;
-  if (parts.size() != 3 || !absl::SimpleAtof(parts[0], &n.scale) ||
-      !absl::SimpleAtof(parts[1], &n.mean) || !absl::SimpleAtof(parts[2], &n.std) ||
-      !(n.std > 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("normalisation \"", text, "\" is not \"scale,mean,std\" with std > 0"));
-  }
-  return n;
-}
-
 absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromCheckpoint(
     const std::string& path, Backend* backend, int max_batch) {
   if (max_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_batch must be >= 1, got ", max_batch));
   }
-  KILN_ASSIGN_OR_RETURN(auto meta, ReadCheckpointMetadata(path));
-  auto model_json = meta.find("kiln.model");
-  if (model_json == meta.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": checkpoint has no kiln.model metadata"));
-  }
-  KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfigFromJson(model_json->second));
-  PixelNorm norm;
-  if (auto it = meta.find("kiln.norm"); it != meta.end()) {
-    KILN_ASSIGN_OR_RETURN(norm, PixelNormFromString(it->second));
-  }
+  KILN_ASSIGN_OR_RETURN(CheckpointInfo info, ReadCheckpointInfo(path));
+  const ModelConfig& config = info.model;
+  const PixelNorm& norm = info.norm;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Build(config, backend, 0));
   if (model->output_shape().size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": the model's output is ",

@@ -13,14 +13,10 @@
 
 namespace kiln {
 
-// The normalisation a checkpoint records as metadata "kiln.norm" ("scale,mean,std").
-std::string PixelNormToString(const PixelNorm& norm);
-absl::StatusOr<PixelNorm> PixelNormFromString(const std::string& text);
-
 class InferenceSession {
  public:
-  // Builds the model described by the checkpoint's "kiln.model" metadata on `backend`, loads its
-  // weights and its "kiln.norm". Buffers for up to max_batch samples are allocated here, so
+  // Builds the model the checkpoint describes (CheckpointInfo) on `backend`, loads its weights and
+  // takes its normalisation. Buffers for up to max_batch samples are allocated here, so
   // requests allocate nothing.
   static absl::StatusOr<std::unique_ptr<InferenceSession>> FromCheckpoint(
       const std::string& path, Backend* backend, int max_batch);

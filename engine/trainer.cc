@@ -258,8 +258,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
 
 absl::Status Trainer::SaveCheckpoint(const std::string& path) {
   // The normalisation travels with the weights, so a served model applies it by itself.
-  return WriteCheckpoint(path, *model_, optimizer_.get(), position_,
-                         {{"kiln.norm", PixelNormToString(config_.norm)}});
+  return WriteCheckpoint(path, *model_, optimizer_.get(), position_, config_.norm);
 }
 
 absl::Status Trainer::LoadCheckpoint(const std::string& path) {

@@ -16,6 +16,7 @@
 #include "engine/model_config.h"
 #include "engine/optim/optimizer_config.h"
 #include "engine/rng.h"
+#include "engine/training_position.h"
 
 namespace kiln {
 
@@ -58,18 +59,6 @@ struct EpochEvent {
   double train_seconds = 0;
   double samples_per_sec = 0;
   float lr = 0;
-};
-
-// Where a run stands, for checkpoints: enough to continue exactly.
-struct TrainingPosition {
-  int epochs_done = 0;
-  int step_in_epoch = 0;     // batches of epoch epochs_done+1 already trained
-  int64_t global_step = 0;
-  Rng::State epoch_rng{};    // shuffle RNG as it was at the start of the current epoch
-  // Sums over the current epoch's trained batches, so a resumed epoch reports the whole epoch.
-  double epoch_loss_sum = 0;
-  int64_t epoch_correct = 0, epoch_samples = 0;
-  double epoch_seconds = 0;
 };
 
 class Trainer {
