@@ -66,6 +66,32 @@ inline absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity)
       absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
 }
 
+// What every backend checks before pooling: a window of at least 1 that fits the input (a
+// smaller input would make the window read past it). InvalidArgument naming the geometry.
+inline absl::Status CheckPool2d(const Pool2dGeometry& g) {
+  if (g.kernel < 1 || g.stride < 1 || g.batch < 0 || g.channels < 0 || g.in_h < 0 || g.in_w < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("maxpool2d: invalid geometry kernel ", g.kernel,
+                                                   " stride ", g.stride, " over ", g.batch, "x",
+                                                   g.channels, "x", g.in_h, "x", g.in_w));
+  }
+  if (g.in_h < g.kernel || g.in_w < g.kernel) {
+    return absl::InvalidArgumentError(absl::StrCat("maxpool2d: input ", g.in_h, "x", g.in_w,
+                                                   " is smaller than the ", g.kernel, "x", g.kernel,
+                                                   " window"));
+  }
+  return absl::OkStatus();
+}
+
+// What every backend checks before a softmax cross-entropy: at least one class, no negative row
+// count. Zero rows is allowed: the loss is NaN (a mean over nothing) and correct is 0.
+inline absl::Status CheckSoftmaxCrossEntropy(int rows, int cols) {
+  if (rows < 0 || cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("softmax cross-entropy over ", rows, " rows of ",
+                                                   cols, " classes: needs at least one class"));
+  }
+  return absl::OkStatus();
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -116,6 +142,7 @@ class Backend {
                                       const float* y, const float* dy, Activation act, float* dw,
                                       float* dbias, float* dx) = 0;
   // y = max over each window; argmax(int32, same shape as y) records the winner for backward.
+  // CheckPool2d's rules for both passes.
   virtual absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                         int32_t* argmax) = 0;
   // dx = scatter of dy to the recorded winners (dx fully overwritten).
@@ -125,13 +152,14 @@ class Backend {
   // --- losses -------------------------------------------------------------------------------
   // Mean cross-entropy of log-softmax(logits(rows, cols)) against int32 labels. Writes the mean
   // loss to loss[0] and the number of rows whose argmax equals the label to correct[0] (both
-  // device scalars). dlogits (softmax - onehot) / rows when not null.
+  // device scalars). dlogits (softmax - onehot) / rows when not null. CheckSoftmaxCrossEntropy's
+  // rules; zero rows write NaN and 0.
   virtual absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits,
                                            const int32_t* labels, float* loss, int32_t* correct,
                                            float* dlogits) = 0;
   // Mean squared error over all elements; dy = 2 (y - target) / n when not null.
-  virtual absl::Status MeanSquaredError(int64_t n, const float* y, const float* target,
-                                        float* loss, float* dy) = 0;
+  virtual absl::Status MeanSquaredError(int64_t n, const float* y, const float* target, float* loss,
+                                        float* dy) = 0;
   // onehot(rows, cols) from int32 labels.
   virtual absl::Status OneHot(int rows, int cols, const int32_t* labels, float* onehot) = 0;
   // Row-wise argmax of x(rows, cols) into int32 out(rows).
@@ -152,8 +180,7 @@ class Backend {
   // sample_elems per sample; labels_out(count) likewise from int32 labels (when not null).
   virtual absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                        const uint8_t* pixels, const int32_t* labels,
-                                       const PixelNorm& norm, float* out,
-                                       int32_t* labels_out) = 0;
+                                       const PixelNorm& norm, float* out, int32_t* labels_out) = 0;
 };
 
 }  // namespace kiln

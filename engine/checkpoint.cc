@@ -35,8 +35,8 @@ absl::StatusOr<PixelNorm> PixelNormFromString(const std::string& path, const std
   if (parts.size() != 3 || !absl::SimpleAtof(parts[0], &n.scale) ||
       !absl::SimpleAtof(parts[1], &n.mean) || !absl::SimpleAtof(parts[2], &n.std) ||
       !(n.std > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": normalisation \"", text, "\" is not \"scale,mean,std\" with std > 0"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": normalisation \"", text,
+                                                   "\" is not \"scale,mean,std\" with std > 0"));
   }
   return n;
 }
@@ -56,7 +56,8 @@ absl::StatusOr<std::vector<uint64_t>> SplitU64(const std::string& path, const st
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     uint64_t v;
     if (!absl::SimpleAtoi(part, &v)) {
-      return absl::DataLossError(absl::StrCat(path, ": metadata ", key, " is not a list of integers"));
+      return absl::DataLossError(
+          absl::StrCat(path, ": metadata ", key, " is not a list of integers"));
     }
     out.push_back(v);
   }
@@ -92,9 +93,9 @@ absl::StatusOr<const HostTensor*> Expect(const std::string& path, const Safetens
   const HostTensor* t = c.Find(name);
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", name));
   if (t->dtype != SafetensorDType::kF32 || t->shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": tensor ", name, " is ", SafetensorDTypeName(t->dtype), " ",
-        ShapeString(t->shape), " but the model needs F32 ", ShapeString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor ", name, " is ", SafetensorDTypeName(t->dtype), " ",
+                     ShapeString(t->shape), " but the model needs F32 ", ShapeString(shape)));
   }
   return t;
 }

@@ -50,8 +50,7 @@ absl::Status InferenceSession::Allocate() {
 absl::Status InferenceSession::PredictU8(const uint8_t* pixels, int batch, float* probs,
                                          int32_t* classes) {
   if (batch < 1 || batch > max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
   }
   const float a = norm_.scale / norm_.std, b = -norm_.mean / norm_.std;
   const int64_t n = batch * input_elems();
@@ -62,8 +61,7 @@ absl::Status InferenceSession::PredictU8(const uint8_t* pixels, int batch, float
 absl::Status InferenceSession::PredictF32(const float* pixels01, int batch, float* probs,
                                           int32_t* classes) {
   if (batch < 1 || batch > max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
   }
   // [0, 1] is pixel / 255: undo that, then apply the training normalisation.
   const float a = 255.0f * norm_.scale / norm_.std, b = -norm_.mean / norm_.std;

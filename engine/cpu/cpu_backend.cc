@@ -398,6 +398,7 @@ absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x,
 
 absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                           int32_t* argmax) {
+  if (absl::Status s = CheckPool2d(g); !s.ok()) return s;
   // The geometry in locals: stores through `argmax` (int32) could alias g's ints, which made
   // GCC reload them for every output.
   const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
@@ -456,6 +457,7 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
 
 absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                            const int32_t* argmax, float* dx) {
+  if (absl::Status s = CheckPool2d(g); !s.ok()) return s;
   const int ohw = g.out_h() * g.out_w(), planes = g.batch * g.channels;
   const int in_hw = g.in_h * g.in_w;
 #pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_hw > kParallelMin)
@@ -472,6 +474,7 @@ absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float*
 absl::Status CpuBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
                                              const int32_t* labels, float* loss,
                                              int32_t* correct, float* dlogits) {
+  if (absl::Status s = CheckSoftmaxCrossEntropy(rows, cols); !s.ok()) return s;
   double total = 0;
   int32_t hits = 0;
   const float inv_rows = 1.0f / static_cast<float>(rows);

@@ -1,10 +1,12 @@
 #include "engine/cuda/conv_cudnn.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/cudnn_library.h"
 #include "engine/status_macros.h"
 
 namespace kiln {
@@ -40,7 +42,7 @@ const char* AlgoName(cudnnConvolutionBwdFilterAlgo_t a) {
 }
 
 // The fastest measured (or, from the heuristics, the most promising) result that fits the
-// workspace limit, keeps the precision asked for and, for backward passes, is deterministic.
+// workspace limit, keeps the precision asked for and, when asked, is deterministic.
 template <typename Perf, typename Algo>
 bool Pick(const std::vector<Perf>& results, int count, const CudnnConvOptions& options,
           bool need_determinism, Choice<Algo>* out) {
@@ -65,9 +67,60 @@ std::string DescribeChoice(const char* pass, const Choice<Algo>& c) {
                       c.workspace, " B)");
 }
 
+// How one pass (forward, backward-data, backward-filter) asks cuDNN for its algorithms.
+template <typename Perf, typename Algo>
+struct PassCalls {
+  std::function<cudnnStatus_t(int* max)> max_count;
+  std::function<cudnnStatus_t(int max, int* count, Perf* results)> heuristics;
+  // Times every algorithm on the call's buffers with `bytes` of workspace at `work`.
+  std::function<cudnnStatus_t(int max, int* count, Perf* results, void* work, size_t bytes)> find;
+  std::function<cudnnStatus_t(Algo algo, size_t* bytes)> workspace_size;
+  Algo fallback;            // needs no workspace and is deterministic
+  size_t find_scratch = 0;  // extra bytes the timed search needs after its workspace
+};
+
+// Deterministic: the heuristics' first deterministic fit (a function of shape, device and
+// library only). Otherwise the timed search over the heuristics' candidates, its workspace the
+// largest any of them that fits needs. At last the fallback algorithm.
+template <typename Perf, typename Algo>
+absl::Status ChooseAlgorithm(const CudnnConvOptions& options, const PassCalls<Perf, Algo>& calls,
+                             const WorkspaceFn& workspace, Choice<Algo>* out) {
+  int max = 0;
+  KILN_CUDA_CHECK(calls.max_count(&max));
+  std::vector<Perf> results(std::max(max, 1));
+  int count = 0;
+  const bool listed = calls.heuristics(max, &count, results.data()) == CUDNN_STATUS_SUCCESS;
+  if (listed && options.deterministic && Pick(results, count, options, true, out)) {
+    return absl::OkStatus();
+  }
+  if (listed && !options.deterministic) {
+    size_t search_bytes = 0;
+    for (int i = 0; i < count; ++i) {
+      if (results[i].status == CUDNN_STATUS_SUCCESS &&
+          results[i].memory <= options.workspace_limit) {
+        search_bytes = std::max(search_bytes, results[i].memory);
+      }
+    }
+    std::vector<Perf> timed(results.size());
+    int timed_count = 0;
+    absl::StatusOr<void*> work = workspace(search_bytes + calls.find_scratch);
+    if (work.ok() &&
+        calls.find(max, &timed_count, timed.data(), *work, search_bytes) == CUDNN_STATUS_SUCCESS &&
+        Pick(timed, timed_count, options, false, out)) {
+      return absl::OkStatus();
+    }
+    cudaGetLastError();  // a failed search may leave an out-of-memory error behind
+    if (Pick(results, count, options, false, out)) return absl::OkStatus();
+  }
+  *out = {true, calls.fallback, CUDNN_FMA_MATH, 0};
+  KILN_CUDA_CHECK(calls.workspace_size(out->algo, &out->workspace));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct CudnnConvolutions::Plan {
+  const CudnnLibrary* dnn = nullptr;
   Key key{};
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
@@ -77,10 +130,10 @@ struct CudnnConvolutions::Plan {
   Choice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
 
   ~Plan() {
-    if (x != nullptr) cudnnDestroyTensorDescriptor(x);
-    if (y != nullptr) cudnnDestroyTensorDescriptor(y);
-    if (w != nullptr) cudnnDestroyFilterDescriptor(w);
-    if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
+    if (x != nullptr) dnn->DestroyTensorDescriptor(x);
+    if (y != nullptr) dnn->DestroyTensorDescriptor(y);
+    if (w != nullptr) dnn->DestroyFilterDescriptor(w);
+    if (conv != nullptr) dnn->DestroyConvolutionDescriptor(conv);
   }
 };
 
@@ -97,14 +150,19 @@ size_t CudnnConvolutions::KeyHash::operator()(const Key& k) const {
   return h;
 }
 
-CudnnConvolutions::CudnnConvolutions(cudnnHandle_t handle, const CudnnConvOptions& options)
-    : handle_(handle), options_(options) {}
+CudnnConvolutions::CudnnConvolutions(const CudnnLibrary* dnn, cudnnHandle_t handle,
+                                     const CudnnConvOptions& options)
+    : dnn_(dnn), handle_(handle), options_(options) {}
+
+CudnnConvolutions::Key CudnnConvolutions::KeyOf(const Conv2dGeometry& g) {
+  return {g.batch,    g.in_channels, g.in_h,   g.in_w,   g.out_channels,
+          g.kernel_h, g.kernel_w,    g.stride, g.padding};
+}
 
 CudnnConvolutions::~CudnnConvolutions() = default;
 
 absl::StatusOr<CudnnConvolutions::Plan*> CudnnConvolutions::GetPlan(const Conv2dGeometry& g) {
-  const Key key{g.batch,    g.in_channels, g.in_h,   g.in_w,   g.out_channels,
-                g.kernel_h, g.kernel_w,    g.stride, g.padding};
+  const Key key = KeyOf(g);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   if (g.batch < 1 || g.in_channels < 1 || g.out_channels < 1 || g.kernel_h < 1 || g.kernel_w < 1 ||
       g.stride < 1 || g.padding < 0 || g.out_h() < 1 || g.out_w() < 1) {
@@ -114,124 +172,134 @@ absl::StatusOr<CudnnConvolutions::Plan*> CudnnConvolutions::GetPlan(const Conv2d
                      g.kernel_w, " stride ", g.stride, " padding ", g.padding));
   }
   auto plan = std::make_unique<Plan>();
+  plan->dnn = dnn_;
   plan->key = key;
-  KILN_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->x));
-  KILN_CUDA_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g.batch,
-                                             g.in_channels, g.in_h, g.in_w));
-  KILN_CUDA_CHECK(cudnnCreateFilterDescriptor(&plan->w));
-  KILN_CUDA_CHECK(cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                             g.out_channels, g.in_channels, g.kernel_h,
-                                             g.kernel_w));
-  KILN_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
-  KILN_CUDA_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, g.padding, g.padding, g.stride,
-                                                  g.stride, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                  CUDNN_DATA_FLOAT));
+  KILN_CUDA_CHECK(dnn_->CreateTensorDescriptor(&plan->x));
+  KILN_CUDA_CHECK(dnn_->SetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g.batch,
+                                              g.in_channels, g.in_h, g.in_w));
+  KILN_CUDA_CHECK(dnn_->CreateFilterDescriptor(&plan->w));
+  KILN_CUDA_CHECK(dnn_->SetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                              g.out_channels, g.in_channels, g.kernel_h,
+                                              g.kernel_w));
+  KILN_CUDA_CHECK(dnn_->CreateConvolutionDescriptor(&plan->conv));
+  KILN_CUDA_CHECK(dnn_->SetConvolution2dDescriptor(plan->conv, g.padding, g.padding, g.stride,
+                                                   g.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                   CUDNN_DATA_FLOAT));
   // FMA_MATH keeps float32 convolutions off TF32 tensor cores (DEFAULT_MATH allows them on
   // Ampere and later); the math type set here is what the algorithm searches consider.
-  KILN_CUDA_CHECK(cudnnSetConvolutionMathType(
+  KILN_CUDA_CHECK(dnn_->SetConvolutionMathType(
       plan->conv, options_.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   int n = 0, c = 0, h = 0, w = 0;
   KILN_CUDA_CHECK(
-      cudnnGetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &n, &c, &h, &w));
+      dnn_->GetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &n, &c, &h, &w));
   if (n != g.batch || c != g.out_channels || h != g.out_h() || w != g.out_w()) {
     return absl::InternalError(absl::StrCat("conv2d: cuDNN computes an output of ", n, "x", c, "x",
                                             h, "x", w, " where kiln expects ", g.batch, "x",
                                             g.out_channels, "x", g.out_h(), "x", g.out_w()));
   }
-  KILN_CUDA_CHECK(cudnnCreateTensorDescriptor(&plan->y));
+  KILN_CUDA_CHECK(dnn_->CreateTensorDescriptor(&plan->y));
   KILN_CUDA_CHECK(
-      cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+      dnn_->SetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
   return raw;
 }
 
-// Each Choose* runs cuDNN's timed search once per shape (it allocates its own trial buffers),
-// falls back to the heuristics when the search fails or nothing fits, and at last to the one
-// algorithm that needs no workspace and is deterministic.
-absl::Status CudnnConvolutions::ChooseForward(Plan* p) {
-  int max = 0;
-  KILN_CUDA_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle_, &max));
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> results(std::max(max, 1));
-  int count = 0;
-  if (cudnnFindConvolutionForwardAlgorithm(handle_, p->x, p->w, p->conv, p->y, max, &count,
-                                           results.data()) == CUDNN_STATUS_SUCCESS &&
-      Pick(results, count, options_, false, &p->fwd)) {
-    return absl::OkStatus();
-  }
-  cudaGetLastError();  // a failed search may leave an out-of-memory error behind
-  if (cudnnGetConvolutionForwardAlgorithm_v7(handle_, p->x, p->w, p->conv, p->y, max, &count,
-                                             results.data()) == CUDNN_STATUS_SUCCESS &&
-      Pick(results, count, options_, false, &p->fwd)) {
-    return absl::OkStatus();
-  }
-  p->fwd = {true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH, 0};
-  KILN_CUDA_CHECK(cudnnSetConvolutionMathType(p->conv, p->fwd.math));
-  KILN_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle_, p->x, p->w, p->conv, p->y,
-                                                          p->fwd.algo, &p->fwd.workspace));
-  return absl::OkStatus();
+absl::Status CudnnConvolutions::ChooseForward(Plan* p, const float* x, const float* w, float* y,
+                                              const WorkspaceFn& workspace) {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  PassCalls<Perf, cudnnConvolutionFwdAlgo_t> calls;
+  calls.max_count = [&](int* max) {
+    return dnn_->GetConvolutionForwardAlgorithmMaxCount(handle_, max);
+  };
+  calls.heuristics = [&](int max, int* count, Perf* r) {
+    return dnn_->GetConvolutionForwardAlgorithm_v7(handle_, p->x, p->w, p->conv, p->y, max, count,
+                                                   r);
+  };
+  calls.find = [&](int max, int* count, Perf* r, void* work, size_t bytes) {
+    return dnn_->FindConvolutionForwardAlgorithmEx(handle_, p->x, x, p->w, w, p->conv, p->y, y, max,
+                                                   count, r, work, bytes);
+  };
+  calls.workspace_size = [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, CUDNN_FMA_MATH);
+    if (rc != CUDNN_STATUS_SUCCESS) return rc;
+    return dnn_->GetConvolutionForwardWorkspaceSize(handle_, p->x, p->w, p->conv, p->y, algo,
+                                                    bytes);
+  };
+  calls.fallback = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  return ChooseAlgorithm(options_, calls, workspace, &p->fwd);
 }
 
-absl::Status CudnnConvolutions::ChooseBackwardData(Plan* p) {
-  int max = 0;
-  KILN_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle_, &max));
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> results(std::max(max, 1));
-  int count = 0;
-  const bool det = options_.deterministic;
-  if (cudnnFindConvolutionBackwardDataAlgorithm(handle_, p->w, p->y, p->conv, p->x, max, &count,
-                                                results.data()) == CUDNN_STATUS_SUCCESS &&
-      Pick(results, count, options_, det, &p->bwd_data)) {
-    return absl::OkStatus();
-  }
-  cudaGetLastError();
-  if (cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, p->w, p->y, p->conv, p->x, max, &count,
-                                                  results.data()) == CUDNN_STATUS_SUCCESS &&
-      Pick(results, count, options_, det, &p->bwd_data)) {
-    return absl::OkStatus();
-  }
-  p->bwd_data = {true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_FMA_MATH, 0};
-  KILN_CUDA_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_data.math));
-  KILN_CUDA_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
-      handle_, p->w, p->y, p->conv, p->x, p->bwd_data.algo, &p->bwd_data.workspace));
-  return absl::OkStatus();
+absl::Status CudnnConvolutions::ChooseBackwardData(Plan* p, const float* w, const float* dy,
+                                                   float* dx, const WorkspaceFn& workspace) {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  PassCalls<Perf, cudnnConvolutionBwdDataAlgo_t> calls;
+  calls.max_count = [&](int* max) {
+    return dnn_->GetConvolutionBackwardDataAlgorithmMaxCount(handle_, max);
+  };
+  calls.heuristics = [&](int max, int* count, Perf* r) {
+    return dnn_->GetConvolutionBackwardDataAlgorithm_v7(handle_, p->w, p->y, p->conv, p->x, max,
+                                                        count, r);
+  };
+  calls.find = [&](int max, int* count, Perf* r, void* work, size_t bytes) {
+    return dnn_->FindConvolutionBackwardDataAlgorithmEx(handle_, p->w, w, p->y, dy, p->conv, p->x,
+                                                        dx, max, count, r, work, bytes);
+  };
+  calls.workspace_size = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, CUDNN_FMA_MATH);
+    if (rc != CUDNN_STATUS_SUCCESS) return rc;
+    return dnn_->GetConvolutionBackwardDataWorkspaceSize(handle_, p->w, p->y, p->conv, p->x, algo,
+                                                         bytes);
+  };
+  calls.fallback = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  return ChooseAlgorithm(options_, calls, workspace, &p->bwd_data);
 }
 
-absl::Status CudnnConvolutions::ChooseBackwardFilter(Plan* p) {
-  int max = 0;
-  KILN_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle_, &max));
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> results(std::max(max, 1));
-  int count = 0;
-  const bool det = options_.deterministic;
-  if (cudnnFindConvolutionBackwardFilterAlgorithm(handle_, p->x, p->y, p->conv, p->w, max, &count,
-                                                  results.data()) == CUDNN_STATUS_SUCCESS &&
-      Pick(results, count, options_, det, &p->bwd_filter)) {
-    return absl::OkStatus();
-  }
-  cudaGetLastError();
-  if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle_, p->x, p->y, p->conv, p->w, max, &count,
-                                                    results.data()) == CUDNN_STATUS_SUCCESS &&
-      Pick(results, count, options_, det, &p->bwd_filter)) {
-    return absl::OkStatus();
-  }
-  p->bwd_filter = {true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_FMA_MATH, 0};
-  KILN_CUDA_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_filter.math));
-  KILN_CUDA_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-      handle_, p->x, p->y, p->conv, p->w, p->bwd_filter.algo, &p->bwd_filter.workspace));
-  return absl::OkStatus();
+absl::Status CudnnConvolutions::ChooseBackwardFilter(Plan* p, const float* x, const float* dy,
+                                                     const WorkspaceFn& workspace) {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  // The timed search overwrites its filter-gradient buffer, and dw accumulates: the search writes
+  // into scratch after its workspace instead.
+  const Key& k = p->key;
+  const size_t dw_bytes = static_cast<size_t>(k.oc) * k.c * k.kh * k.kw * sizeof(float);
+  constexpr size_t kAlign = 256;
+  PassCalls<Perf, cudnnConvolutionBwdFilterAlgo_t> calls;
+  calls.max_count = [&](int* max) {
+    return dnn_->GetConvolutionBackwardFilterAlgorithmMaxCount(handle_, max);
+  };
+  calls.heuristics = [&](int max, int* count, Perf* r) {
+    return dnn_->GetConvolutionBackwardFilterAlgorithm_v7(handle_, p->x, p->y, p->conv, p->w, max,
+                                                          count, r);
+  };
+  calls.find = [&](int max, int* count, Perf* r, void* work, size_t bytes) {
+    const size_t at = (bytes + kAlign - 1) / kAlign * kAlign;
+    return dnn_->FindConvolutionBackwardFilterAlgorithmEx(
+        handle_, p->x, x, p->y, dy, p->conv, p->w,
+        reinterpret_cast<float*>(static_cast<char*>(work) + at), max, count, r, work, bytes);
+  };
+  calls.workspace_size = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, CUDNN_FMA_MATH);
+    if (rc != CUDNN_STATUS_SUCCESS) return rc;
+    return dnn_->GetConvolutionBackwardFilterWorkspaceSize(handle_, p->x, p->y, p->conv, p->w, algo,
+                                                           bytes);
+  };
+  calls.fallback = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+  calls.find_scratch = kAlign + dw_bytes;
+  return ChooseAlgorithm(options_, calls, workspace, &p->bwd_filter);
 }
 
 absl::Status CudnnConvolutions::Forward(const Conv2dGeometry& g, const float* x, const float* w,
                                         float* y, const WorkspaceFn& workspace) {
   KILN_ASSIGN_OR_RETURN(Plan * p, GetPlan(g));
-  if (!p->fwd.chosen) KILN_RETURN_IF_ERROR(ChooseForward(p));
+  if (!p->fwd.chosen) KILN_RETURN_IF_ERROR(ChooseForward(p, x, w, y, workspace));
   void* work = nullptr;
   if (p->fwd.workspace > 0) {
     KILN_ASSIGN_OR_RETURN(work, workspace(p->fwd.workspace));
   }
   const float one = 1.0f, zero = 0.0f;
-  KILN_CUDA_CHECK(cudnnSetConvolutionMathType(p->conv, p->fwd.math));
-  KILN_CUDA_CHECK(cudnnConvolutionForward(handle_, &one, p->x, x, p->w, w, p->conv, p->fwd.algo,
-                                          work, p->fwd.workspace, &zero, p->y, y));
+  KILN_CUDA_CHECK(dnn_->SetConvolutionMathType(p->conv, p->fwd.math));
+  KILN_CUDA_CHECK(dnn_->ConvolutionForward(handle_, &one, p->x, x, p->w, w, p->conv, p->fwd.algo,
+                                           work, p->fwd.workspace, &zero, p->y, y));
   return absl::OkStatus();
 }
 
@@ -239,16 +307,16 @@ absl::Status CudnnConvolutions::BackwardFilter(const Conv2dGeometry& g, const fl
                                                const float* dy, float* dw,
                                                const WorkspaceFn& workspace) {
   KILN_ASSIGN_OR_RETURN(Plan * p, GetPlan(g));
-  if (!p->bwd_filter.chosen) KILN_RETURN_IF_ERROR(ChooseBackwardFilter(p));
+  if (!p->bwd_filter.chosen) KILN_RETURN_IF_ERROR(ChooseBackwardFilter(p, x, dy, workspace));
   void* work = nullptr;
   if (p->bwd_filter.workspace > 0) {
     KILN_ASSIGN_OR_RETURN(work, workspace(p->bwd_filter.workspace));
   }
   const float one = 1.0f;  // beta = 1: parameter gradients accumulate
-  KILN_CUDA_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_filter.math));
-  KILN_CUDA_CHECK(cudnnConvolutionBackwardFilter(handle_, &one, p->x, x, p->y, dy, p->conv,
-                                                 p->bwd_filter.algo, work, p->bwd_filter.workspace,
-                                                 &one, p->w, dw));
+  KILN_CUDA_CHECK(dnn_->SetConvolutionMathType(p->conv, p->bwd_filter.math));
+  KILN_CUDA_CHECK(dnn_->ConvolutionBackwardFilter(handle_, &one, p->x, x, p->y, dy, p->conv,
+                                                  p->bwd_filter.algo, work, p->bwd_filter.workspace,
+                                                  &one, p->w, dw));
   return absl::OkStatus();
 }
 
@@ -256,28 +324,38 @@ absl::Status CudnnConvolutions::BackwardData(const Conv2dGeometry& g, const floa
                                              const float* dy, float* dx,
                                              const WorkspaceFn& workspace) {
   KILN_ASSIGN_OR_RETURN(Plan * p, GetPlan(g));
-  if (!p->bwd_data.chosen) KILN_RETURN_IF_ERROR(ChooseBackwardData(p));
+  if (!p->bwd_data.chosen) KILN_RETURN_IF_ERROR(ChooseBackwardData(p, w, dy, dx, workspace));
   void* work = nullptr;
   if (p->bwd_data.workspace > 0) {
     KILN_ASSIGN_OR_RETURN(work, workspace(p->bwd_data.workspace));
   }
   const float one = 1.0f, zero = 0.0f;  // beta = 0: activation gradients overwrite
-  KILN_CUDA_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_data.math));
-  KILN_CUDA_CHECK(cudnnConvolutionBackwardData(handle_, &one, p->w, w, p->y, dy, p->conv,
-                                               p->bwd_data.algo, work, p->bwd_data.workspace, &zero,
-                                               p->x, dx));
+  KILN_CUDA_CHECK(dnn_->SetConvolutionMathType(p->conv, p->bwd_data.math));
+  KILN_CUDA_CHECK(dnn_->ConvolutionBackwardData(handle_, &one, p->w, w, p->y, dy, p->conv,
+                                                p->bwd_data.algo, work, p->bwd_data.workspace,
+                                                &zero, p->x, dx));
   return absl::OkStatus();
+}
+
+std::string CudnnConvolutions::DescribePlan(const Plan& plan) {
+  const Key& k = plan.key;
+  return absl::StrCat(k.n, "x", k.c, "x", k.h, "x", k.w, " k", k.kh, "x", k.kw, " s", k.stride,
+                      " p", k.pad, " -> ", k.oc, ":", DescribeChoice("fwd", plan.fwd),
+                      DescribeChoice("bwd_data", plan.bwd_data),
+                      DescribeChoice("bwd_filter", plan.bwd_filter));
 }
 
 std::string CudnnConvolutions::Describe() const {
   std::string out;
   for (const auto& [key, plan] : plans_) {
-    absl::StrAppend(&out, out.empty() ? "" : "; ", key.n, "x", key.c, "x", key.h, "x", key.w, " k",
-                    key.kh, "x", key.kw, " s", key.stride, " p", key.pad, " -> ", key.oc, ":",
-                    DescribeChoice("fwd", plan->fwd), DescribeChoice("bwd_data", plan->bwd_data),
-                    DescribeChoice("bwd_filter", plan->bwd_filter));
+    absl::StrAppend(&out, out.empty() ? "" : "; ", DescribePlan(*plan));
   }
   return out;
+}
+
+std::string CudnnConvolutions::Describe(const Conv2dGeometry& g) const {
+  auto it = plans_.find(KeyOf(g));
+  return it != plans_.end() ? DescribePlan(*it->second) : "";
 }
 
 }  // namespace kiln

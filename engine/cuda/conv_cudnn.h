@@ -1,6 +1,12 @@
 // 2-D convolutions through cuDNN 9's legacy API for one backend: descriptors and the chosen
 // forward, backward-data and backward-filter algorithms are cached per shape. Internal to
 // engine/cuda/; bias and the fused ReLU are CudaBackend's own kernels.
+//
+// Deterministic (the default): every pass takes the first deterministic algorithm of cuDNN's
+// heuristics, which depend only on the shape, the device and the library, so every backend,
+// process and resumed job on the same machine picks the same algorithms and gets the same bits.
+// Otherwise each pass is timed once per shape (cudnnFind*Ex, trial buffers from the backend's
+// caching allocator) and the fastest that fits is kept.
 #pragma once
 
 #include <cudnn.h>
@@ -17,9 +23,11 @@
 
 namespace kiln {
 
+struct CudnnLibrary;
+
 struct CudnnConvOptions {
   bool allow_tf32 = false;     // CUDNN_FMA_MATH unless true
-  bool deterministic = true;   // backward algorithms restricted to deterministic ones
+  bool deterministic = true;   // deterministic algorithms chosen by heuristics, not by timing
   size_t workspace_limit = 0;  // bytes of workspace an algorithm may use
 };
 
@@ -28,8 +36,8 @@ using WorkspaceFn = std::function<absl::StatusOr<void*>(size_t bytes)>;
 
 class CudnnConvolutions {
  public:
-  // `handle` is the backend's, already bound to its stream; it must outlive this object.
-  CudnnConvolutions(cudnnHandle_t handle, const CudnnConvOptions& options);
+  // `handle` is the backend's, already bound to its stream; it and `dnn` must outlive this object.
+  CudnnConvolutions(const CudnnLibrary* dnn, cudnnHandle_t handle, const CudnnConvOptions& options);
   ~CudnnConvolutions();
   CudnnConvolutions(const CudnnConvolutions&) = delete;
   CudnnConvolutions& operator=(const CudnnConvolutions&) = delete;
@@ -44,8 +52,10 @@ class CudnnConvolutions {
   absl::Status BackwardData(const Conv2dGeometry& g, const float* w, const float* dy, float* dx,
                             const WorkspaceFn& workspace);
 
-  // "fwd=IMPLICIT_PRECOMP_GEMM(0 B) ..." for every shape seen, for logs and tests.
+  // "2x3x9x11 k3x3 s1 p0 -> 5: fwd=IMPLICIT_PRECOMP_GEMM(0 B) ..." for every shape seen, for logs.
   std::string Describe() const;
+  // The same for the shape of `g` alone ("" before its first use), for a failing test's message.
+  std::string Describe(const Conv2dGeometry& g) const;
 
  private:
   struct Plan;
@@ -57,11 +67,18 @@ class CudnnConvolutions {
     size_t operator()(const Key& k) const;
   };
 
+  static Key KeyOf(const Conv2dGeometry& g);
+  static std::string DescribePlan(const Plan& plan);
   absl::StatusOr<Plan*> GetPlan(const Conv2dGeometry& g);
-  absl::Status ChooseForward(Plan* plan);
-  absl::Status ChooseBackwardData(Plan* plan);
-  absl::Status ChooseBackwardFilter(Plan* plan);
+  // Each pass's choice, made on the pass's first use with the call's own buffers.
+  absl::Status ChooseForward(Plan* plan, const float* x, const float* w, float* y,
+                             const WorkspaceFn& workspace);
+  absl::Status ChooseBackwardData(Plan* plan, const float* w, const float* dy, float* dx,
+                                  const WorkspaceFn& workspace);
+  absl::Status ChooseBackwardFilter(Plan* plan, const float* x, const float* dy,
+                                    const WorkspaceFn& workspace);
 
+  const CudnnLibrary* dnn_;
   cudnnHandle_t handle_;
   CudnnConvOptions options_;
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans_;

@@ -1,42 +1,43 @@
 #include "engine/cuda/cublas_library.h"
 
-#include <dlfcn.h>
-
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/shared_library.h"
+#include "engine/status_macros.h"
 
 namespace kiln {
 
 namespace {
 
+using cuda_internal::ResolveSymbol;
+
 absl::StatusOr<CublasLibrary> Load() {
-  void* handle = nullptr;
-  std::string tried;
-  for (const char* name : {"libcublas.so.13", "libcublas.so"}) {
-    handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (handle != nullptr) break;
-    absl::StrAppend(&tried, tried.empty() ? "" : "; ", dlerror());
-  }
-  if (handle == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot load cuBLAS: ", tried));
-  }
+  KILN_ASSIGN_OR_RETURN(
+      const cuda_internal::OpenedLibrary so,
+      cuda_internal::OpenLibrary(
+          "cuBLAS", {absl::StrCat("libcublas.so.", CUBLAS_VER_MAJOR), "libcublas.so"}));
   CublasLibrary lib;
   std::string missing;
-  auto resolve = [&](auto* fn, const char* symbol) {
-    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(handle, symbol));
-    if (*fn == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", symbol);
-  };
-  resolve(&lib.Create, "cublasCreate_v2");
-  resolve(&lib.Destroy, "cublasDestroy_v2");
-  resolve(&lib.SetStream, "cublasSetStream_v2");
-  resolve(&lib.SetMathMode, "cublasSetMathMode");
-  resolve(&lib.GetVersion, "cublasGetVersion_v2");
-  resolve(&lib.Sgemm, "cublasSgemm_v2");
-  resolve(&lib.GetStatusName, "cublasGetStatusName");
-  resolve(&lib.GetStatusString, "cublasGetStatusString");
+  ResolveSymbol(so, "cublasGetProperty", &lib.GetProperty, &missing);
+  ResolveSymbol(so, "cublasCreate_v2", &lib.Create, &missing);
+  ResolveSymbol(so, "cublasDestroy_v2", &lib.Destroy, &missing);
+  ResolveSymbol(so, "cublasSetStream_v2", &lib.SetStream, &missing);
+  ResolveSymbol(so, "cublasSetMathMode", &lib.SetMathMode, &missing);
+  ResolveSymbol(so, "cublasGetVersion_v2", &lib.GetVersion, &missing);
+  ResolveSymbol(so, "cublasSgemm_v2", &lib.Sgemm, &missing);
+  ResolveSymbol(so, "cublasGetStatusName", &lib.GetStatusName, &missing);
+  ResolveSymbol(so, "cublasGetStatusString", &lib.GetStatusString, &missing);
+  if (lib.GetProperty == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuBLAS at ", so.path, " lacks cublasGetProperty: not cuBLAS ", CUBLAS_VER_MAJOR));
+  }
+  int major = -1;
+  if (lib.GetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS) major = -1;
+  KILN_RETURN_IF_ERROR(
+      cuda_internal::CheckMajorVersion("cuBLAS", so.path, major, CUBLAS_VER_MAJOR));
   if (!missing.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("cuBLAS lacks ", missing));
+    return absl::FailedPreconditionError(absl::StrCat("cuBLAS at ", so.path, " lacks ", missing));
   }
   return lib;
 }

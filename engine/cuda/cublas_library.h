@@ -9,8 +9,10 @@
 
 namespace kiln {
 
-// The cuBLAS entry points kiln calls, resolved once from libcublas.so.13 (or libcublas.so).
+// The cuBLAS entry points kiln calls, resolved once from libcublas.so.13 (or libcublas.so, whose
+// major version is checked against the headers kiln was compiled with).
 struct CublasLibrary {
+  decltype(&cublasGetProperty) GetProperty;
   decltype(&cublasCreate_v2) Create;
   decltype(&cublasDestroy_v2) Destroy;
   decltype(&cublasSetStream_v2) SetStream;

@@ -17,6 +17,8 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_device.h"
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/cudnn_library.h"
+#include "engine/cuda/device_guard.h"
 #include "engine/status_macros.h"
 
 namespace kiln {
@@ -45,14 +47,6 @@ ck::PoolShape ToPoolShape(const Pool2dGeometry& g) {
   return {g.batch * g.channels, g.in_h, g.in_w, g.kernel, g.stride, g.out_h(), g.out_w()};
 }
 
-absl::Status CheckPool(const Pool2dGeometry& g) {
-  if (g.kernel < 1 || g.stride < 1 || g.batch < 0 || g.channels < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("maxpool2d: invalid kernel ", g.kernel, " stride ", g.stride));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -73,25 +67,27 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options)
     : device_(device), options_(options) {}
 
 absl::Status CudaBackend::Init() {
-  KILN_CUDA_CHECK(cudaSetDevice(device_));
-  allocator_ = std::make_shared<CudaCachingAllocator>(device_);
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  allocator_->set_stream(stream_);
+  // The libraries first: without them nothing below is worth creating.
   KILN_ASSIGN_OR_RETURN(blas_, Cublas());
+  KILN_ASSIGN_OR_RETURN(dnn_, Cudnn());
+  KILN_CUDA_CHECK(cudaSetDevice(device_));
+  allocator_ = CudaCachingAllocator::ForDevice(device_);
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  pool_ = allocator_->AttachStream(stream_);
   KILN_CUDA_CHECK(blas_->Create(&cublas_));
   KILN_CUDA_CHECK(blas_->SetStream(cublas_, stream_));
   // Default math is true float32 for SGEMM; TF32 only when asked for.
   KILN_CUDA_CHECK(blas_->SetMathMode(
       cublas_, options_.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  KILN_CUDA_CHECK(cudnnCreate(&cudnn_));
-  KILN_CUDA_CHECK(cudnnSetStream(cudnn_, stream_));
+  KILN_CUDA_CHECK(dnn_->Create(&cudnn_));
+  KILN_CUDA_CHECK(dnn_->SetStream(cudnn_, stream_));
   CudnnConvOptions conv;
   conv.allow_tf32 = options_.allow_tf32;
   conv.deterministic = options_.deterministic;
   conv.workspace_limit = options_.conv_workspace_limit;
-  convs_ = std::make_unique<CudnnConvolutions>(cudnn_, conv);
+  convs_ = std::make_unique<CudnnConvolutions>(dnn_, cudnn_, conv);
   KILN_CUDA_CHECK(cudaMallocHost(&staging_, kStagingBytes + sizeof(ck::KernelErrorRecord)));
-  KILN_ASSIGN_OR_RETURN(kernel_error_, allocator_->Allocate(sizeof(ck::KernelErrorRecord)));
+  KILN_ASSIGN_OR_RETURN(kernel_error_, allocator_->Allocate(pool_, sizeof(ck::KernelErrorRecord)));
   KILN_CUDA_CHECK(cudaMemsetAsync(kernel_error_, 0, sizeof(ck::KernelErrorRecord), stream_));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
@@ -99,19 +95,18 @@ absl::Status CudaBackend::Init() {
 
 CudaBackend::~CudaBackend() {
   // Teardown cannot report: each step is best effort, and the driver reclaims what is left.
-  if (stream_ != nullptr) {
-    cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_);
-  }
+  CudaDeviceGuard guard(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   convs_.reset();  // its descriptors before the cuDNN handle
-  if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
+  if (cudnn_ != nullptr) dnn_->Destroy(cudnn_);
   if (cublas_ != nullptr) blas_->Destroy(cublas_);
   if (allocator_ != nullptr) {
-    allocator_->Free(temp_.data, temp_.bytes);
-    allocator_->Free(workspace_.data, workspace_.bytes);
-    allocator_->Free(kernel_error_, sizeof(ck::KernelErrorRecord));
-    // Tensors that outlive the backend return their blocks to a cache with no stream behind it.
-    allocator_->set_stream(nullptr);
+    allocator_->Free(pool_, temp_.data, temp_.bytes);
+    allocator_->Free(pool_, workspace_.data, workspace_.bytes);
+    allocator_->Free(pool_, kernel_error_, sizeof(ck::KernelErrorRecord));
+    // The stream has finished: its blocks, and those of tensors that outlive the backend, are
+    // free for any other backend on the device.
+    allocator_->DetachStream(pool_);
   }
   if (staging_ != nullptr) cudaFreeHost(staging_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -127,7 +122,8 @@ std::string CudaBackend::Description() const {
   if (cublas_ != nullptr) blas_->GetVersion(cublas_, &cublas);
   cudaGetLastError();
   return absl::StrCat(CudaDeviceDescription(device_), "; CUDA runtime ", runtime, ", driver ",
-                      driver, ", cuBLAS ", cublas, ", cuDNN ", cudnnGetVersion(),
+                      driver, ", cuBLAS ", cublas, ", cuDNN ",
+                      dnn_ != nullptr ? dnn_->GetVersion() : 0,
                       options_.allow_tf32 ? "; TF32 allowed" : "; TF32 off");
 }
 
@@ -135,9 +131,13 @@ std::string CudaBackend::ConvolutionAlgorithms() const {
   return convs_ != nullptr ? convs_->Describe() : "";
 }
 
-size_t CudaBackend::bytes_in_use() const { return allocator_->stats().in_use_bytes; }
-size_t CudaBackend::bytes_cached() const { return allocator_->stats().cached_bytes; }
-int64_t CudaBackend::device_allocations() const { return allocator_->stats().device_allocs; }
+std::string CudaBackend::ConvolutionAlgorithms(const Conv2dGeometry& g) const {
+  return convs_ != nullptr ? convs_->Describe(g) : "";
+}
+
+size_t CudaBackend::bytes_in_use() const { return allocator_->stats(pool_).in_use_bytes; }
+size_t CudaBackend::bytes_cached() const { return allocator_->stats(pool_).cached_bytes; }
+int64_t CudaBackend::device_allocations() const { return allocator_->stats(pool_).device_allocs; }
 
 absl::Status CudaBackend::Activate() {
   int current = -1;
@@ -150,9 +150,9 @@ absl::StatusOr<void*> CudaBackend::GetScratch(Scratch slot, size_t bytes) {
   ScratchBuffer& buf = slot == Scratch::kTemp ? temp_ : workspace_;
   if (buf.data != nullptr && buf.bytes >= bytes) return buf.data;
   // Stream order makes the swap safe: work queued on the old buffer runs before any reuse.
-  allocator_->Free(buf.data, buf.bytes);
+  allocator_->Free(pool_, buf.data, buf.bytes);
   buf = {};
-  KILN_ASSIGN_OR_RETURN(void* data, allocator_->Allocate(bytes));
+  KILN_ASSIGN_OR_RETURN(void* data, allocator_->Allocate(pool_, bytes));
   buf = {data, CudaCachingAllocator::BlockSize(bytes)};
   return data;
 }
@@ -186,20 +186,20 @@ absl::StatusOr<Tensor> CudaBackend::Allocate(DType dtype, const Shape& shape) {
   }
   const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
   KILN_RETURN_IF_ERROR(Activate());
-  KILN_ASSIGN_OR_RETURN(void* data, allocator_->Allocate(bytes));
+  KILN_ASSIGN_OR_RETURN(void* data, allocator_->Allocate(pool_, bytes));
   if (bytes > 0) {
     const cudaError_t rc = cudaMemsetAsync(data, 0, bytes, stream_);
     if (rc != cudaSuccess) {
-      allocator_->Free(data, bytes);
+      allocator_->Free(pool_, data, bytes);
       return cuda_internal::CallError(rc, "cudaMemsetAsync(data, 0, bytes, stream_)", __FILE__,
                                       __LINE__);
     }
   }
-  auto buffer =
-      std::shared_ptr<Buffer>(new Buffer{data, bytes}, [allocator = allocator_](Buffer* b) {
-        allocator->Free(b->data, b->bytes);
-        delete b;
-      });
+  auto buffer = std::shared_ptr<Buffer>(new Buffer{data, bytes},
+                                        [allocator = allocator_, pool = pool_](Buffer* b) {
+                                          allocator->Free(pool, b->data, b->bytes);
+                                          delete b;
+                                        });
   return Tensor(std::move(buffer), dtype, shape);
 }
 
@@ -287,8 +287,8 @@ absl::Status CudaBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, 
   const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
   const int lda = std::max(1, at ? m : k), ldb = std::max(1, bt ? k : n);
   KILN_CUDA_CHECK(blas_->Sgemm(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
-                              &beta, c, n));
+                               at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
+                               &beta, c, n));
   return absl::OkStatus();
 }
 
@@ -399,7 +399,7 @@ absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x
 
 absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                            int32_t* argmax) {
-  KILN_RETURN_IF_ERROR(CheckPool(g));
+  KILN_RETURN_IF_ERROR(CheckPool2d(g));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::maxpool_forward(stream_, ToPoolShape(g), x, y, argmax));
   return absl::OkStatus();
@@ -407,7 +407,7 @@ absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float*
 
 absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                             const int32_t* argmax, float* dx) {
-  KILN_RETURN_IF_ERROR(CheckPool(g));
+  KILN_RETURN_IF_ERROR(CheckPool2d(g));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::maxpool_backward(stream_, ToPoolShape(g), dy, argmax, dx));
   return absl::OkStatus();
@@ -418,7 +418,14 @@ absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float
 absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
                                               const int32_t* labels, float* loss, int32_t* correct,
                                               float* dlogits) {
+  KILN_RETURN_IF_ERROR(CheckSoftmaxCrossEntropy(rows, cols));
   KILN_RETURN_IF_ERROR(Activate());
+  if (rows == 0) {
+    // As on the CPU: the mean over no rows is NaN, and no row is correct.
+    KILN_CUDA_CHECK(ck::fill_u32(stream_, 1, 0x7fc00000u, loss));
+    KILN_CUDA_CHECK(cudaMemsetAsync(correct, 0, sizeof(int32_t), stream_));
+    return absl::OkStatus();
+  }
   KILN_ASSIGN_OR_RETURN(void* scratch,
                         GetScratch(Scratch::kTemp, static_cast<size_t>(std::max(rows, 1)) * 8));
   kernel_error_pending_ = true;

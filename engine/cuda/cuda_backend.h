@@ -22,7 +22,8 @@ struct CUstream_st;
 struct cublasContext;
 namespace kiln {
 struct CublasLibrary;
-}
+struct CudnnLibrary;
+}  // namespace kiln
 struct cudnnContext;
 
 namespace kiln {
@@ -34,7 +35,9 @@ struct CudaBackendOptions {
   // TF32 tensor cores for GEMMs and convolutions: about 3x the matrix throughput of float32 with
   // a 10-bit mantissa. Off, results match the CPU backend to ~1e-6.
   bool allow_tf32 = false;
-  // Restricts cuDNN's backward algorithms to deterministic ones (same bits on every run).
+  // Deterministic cuDNN algorithms chosen by heuristics (shape and device only), so every backend
+  // and process on this machine computes the same bits; false times each algorithm once per shape
+  // and keeps the fastest.
   bool deterministic = true;
   // Most workspace a cuDNN convolution algorithm may take.
   size_t conv_workspace_limit = size_t{256} << 20;
@@ -56,7 +59,10 @@ class CudaBackend final : public Backend {
   std::string Description() const;
   // The cuDNN algorithms chosen so far, one entry per convolution shape.
   std::string ConvolutionAlgorithms() const;
-  // Device memory held by this backend: in tensors and scratch, and waiting in the cache.
+  // Those chosen for the shape of `g` ("" before its first use).
+  std::string ConvolutionAlgorithms(const Conv2dGeometry& g) const;
+  // Device memory held by this backend (its pool of the device's allocator): in tensors and
+  // scratch, and waiting in its cache.
   size_t bytes_in_use() const;
   size_t bytes_cached() const;
   int64_t device_allocations() const;  // cudaMalloc calls so far
@@ -129,9 +135,11 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const CudaBackendOptions options_;
-  std::shared_ptr<CudaCachingAllocator> allocator_;
+  std::shared_ptr<CudaCachingAllocator> allocator_;  // the device's, shared
+  uint64_t pool_ = 0;                                // this backend's stream's pool in it
   CUstream_st* stream_ = nullptr;
   const CublasLibrary* blas_ = nullptr;  // loaded at Init
+  const CudnnLibrary* dnn_ = nullptr;    // loaded at Init
   cublasContext* cublas_ = nullptr;
   cudnnContext* cudnn_ = nullptr;
   std::unique_ptr<CudnnConvolutions> convs_;

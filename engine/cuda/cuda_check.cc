@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cublas_library.h"
+#include "engine/cuda/cudnn_library.h"
 
 namespace kiln::cuda_internal {
 
@@ -43,18 +44,20 @@ std::string CublasMessage(cublasStatus_t rc) {
 }  // namespace
 
 absl::Status CallError(cublasStatus_t rc, const char* call, const char* file, int line) {
-  return Make(rc == CUBLAS_STATUS_ALLOC_FAILED, call, file, line,
-              CublasMessage(rc));
+  return Make(rc == CUBLAS_STATUS_ALLOC_FAILED, call, file, line, CublasMessage(rc));
 }
 
 absl::Status CallError(cudnnStatus_t rc, const char* call, const char* file, int line) {
   const bool oom = rc == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
                    rc == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED;
-  char detail[512] = {0};
-  cudnnGetLastErrorString(detail, sizeof(detail));
-  std::string what =
-      absl::StrCat("cuDNN status ", static_cast<int>(rc), ": ", cudnnGetErrorString(rc));
-  if (detail[0] != '\0') absl::StrAppend(&what, " (", detail, ")");
+  std::string what = absl::StrCat("cuDNN status ", static_cast<int>(rc));
+  // cuDNN's own words, when the library is loaded (it is, once a handle exists).
+  if (auto lib = Cudnn(); lib.ok()) {
+    char detail[512] = {0};
+    (*lib)->GetLastErrorString(detail, sizeof(detail));
+    absl::StrAppend(&what, ": ", (*lib)->GetErrorString(rc));
+    if (detail[0] != '\0') absl::StrAppend(&what, " (", detail, ")");
+  }
   return Make(oom, call, file, line, what);
 }
 

@@ -6,6 +6,9 @@
 
 #if KILN_WITH_CUDA
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,18 +30,13 @@
 #include "engine/optim/optimizer.h"
 #include "engine/trainer.h"
 #include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
 
 using testing::RandomValues;
 using testing::TempDir;
-
-#define KILN_ASSERT_OK(expr)              \
-  do {                                    \
-    const absl::Status kiln_s_ = (expr);  \
-    ASSERT_TRUE(kiln_s_.ok()) << kiln_s_; \
-  } while (0)
 
 constexpr double kOpTolerance = 1e-5;
 
@@ -233,11 +231,11 @@ TEST_F(CudaParity, AllocateZeroFillsAndCopiesRoundTripExactly) {
     EXPECT_EQ(t->capacity_bytes(), static_cast<size_t>(n) * 4);
     EXPECT_EQ(Get(kCuda, *t), std::vector<float>(n, 0.0f));
     const std::vector<float> v = RandomValues(n, 5);
-    KILN_ASSERT_OK(cuda_->CopyFromHost(v.data(), v.size() * 4, &*t));
+    ASSERT_OK(cuda_->CopyFromHost(v.data(), v.size() * 4, &*t));
     EXPECT_TRUE(SameBits(Get(kCuda, *t), v));  // small reads go through pinned staging
     auto u = cuda_->Allocate(DType::kF32, {n});
     ASSERT_TRUE(u.ok());
-    KILN_ASSERT_OK(cuda_->Copy(*t, &*u, v.size() * 4));
+    ASSERT_OK(cuda_->Copy(*t, &*u, v.size() * 4));
     EXPECT_TRUE(SameBits(Get(kCuda, *u), v));
   }
   auto small = cuda_->Allocate(DType::kI32, {4});
@@ -257,12 +255,12 @@ Tensor View(const Tensor& t, int64_t offset, int64_t n) {
 
 TEST_F(CudaParity, CopyBetweenOverlappingViewsActsLikeMemmove) {
   Both b = Upload(RandomValues(1000, 8));
-  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+  ASSERT_OK(RunBoth([&](Backend& be, Side s) {
     Tensor head = View(b.t[s], 0, 900), tail = View(b.t[s], 100, 900);
     return be.Copy(head, &tail, 900 * 4);
   }));
   ExpectSameBits(b, "forward overlap");
-  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+  ASSERT_OK(RunBoth([&](Backend& be, Side s) {
     Tensor head = View(b.t[s], 0, 900), tail = View(b.t[s], 100, 900);
     return be.Copy(tail, &head, 900 * 4);
   }));
@@ -273,17 +271,17 @@ TEST_F(CudaParity, FillWritesEveryDtypeAsTheCpuDoes) {
   for (float value : {0.0f, -0.0f, 1.5f, -7.0f}) {
     SCOPED_TRACE(value);
     Both f = Garbage(1001);
-    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&f.t[s], value); }));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&f.t[s], value); }));
     ExpectSameBits(f, "f32");
     Both i = UploadI32(RandomLabels(77, 1000, 3));
-    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&i.t[s], value); }));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&i.t[s], value); }));
     ExpectSameI32(i, "i32");
   }
   Both u = UploadU8(std::vector<uint8_t>(333, 9));
-  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&u.t[s], 200.0f); }));
+  ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Fill(&u.t[s], 200.0f); }));
   for (Side s : {kCpu, kCuda}) {
     std::vector<uint8_t> host(333);
-    KILN_ASSERT_OK(backend(s).CopyToHost(u.t[s], host.data(), host.size()));
+    ASSERT_OK(backend(s).CopyToHost(u.t[s], host.data(), host.size()));
     EXPECT_EQ(host, std::vector<uint8_t>(333, 200));
   }
 }
@@ -308,7 +306,7 @@ TEST_F(CudaParity, OutOfDeviceMemoryIsResourceExhaustedAndTheBackendCarriesOn) {
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
   EXPECT_NE(huge.status().message().find("out of device memory"), std::string::npos);
   Both x = Upload(RandomValues(100, 1)), y = Garbage(100);
-  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.ReluForward(100, x.f(s), y.f(s)); }));
+  ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.ReluForward(100, x.f(s), y.f(s)); }));
   ExpectSameBits(y, "relu after a failed allocation");
 }
 
@@ -329,7 +327,7 @@ TEST_F(CudaParity, GemmMatchesForEveryTransposeAndOddShapes) {
           Both a = Upload(RandomValues(int64_t{c.m} * c.k, 1));
           Both b = Upload(RandomValues(int64_t{c.k} * c.n, 2));
           Both out = Upload(RandomValues(int64_t{c.m} * c.n, 3));
-          KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+          ASSERT_OK(RunBoth([&](Backend& be, Side s) {
             return be.Gemm(ta, tb, c.m, c.n, c.k, 0.7f, a.f(s), b.f(s), beta, out.f(s));
           }));
           ExpectClose(out, "gemm");
@@ -347,7 +345,7 @@ TEST_F(CudaParity, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
   const int m = 256, n = 256, k = 512;
   const std::vector<float> av = RandomValues(m * k, 11), bv = RandomValues(k * n, 12);
   Both a = Upload(av), b = Upload(bv), c = Garbage(m * n);
-  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+  ASSERT_OK(RunBoth([&](Backend& be, Side s) {
     return be.Gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.f(s), b.f(s), 0.0f, c.f(s));
   }));
   ExpectClose(c, "float32 gemm");
@@ -355,7 +353,7 @@ TEST_F(CudaParity, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
   Tensor ta = testing::MakeTensor(t, {m * k}, av), tb = testing::MakeTensor(t, {k * n}, bv);
   auto tc = t.Allocate(DType::kF32, {m * n});
   ASSERT_TRUE(tc.ok());
-  KILN_ASSERT_OK(
+  ASSERT_OK(
       t.Gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, ta.f32(), tb.f32(), 0.0f, tc->f32()));
   const double err = RelativeError(testing::ToHost(t, *tc), Get(kCpu, c.t[kCpu]));
   std::printf("# TF32 gemm relative error %.3g (float32 must stay under %g)\n", err, kOpTolerance);
@@ -370,11 +368,11 @@ TEST_F(CudaParity, BiasForwardAddsAndBackwardAccumulates) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols);
     Both y = Upload(RandomValues(int64_t{c.rows} * c.cols, 4));
     Both bias = Upload(RandomValues(c.cols, 5));
-    KILN_ASSERT_OK(RunBoth(
+    ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.BiasForward(c.rows, c.cols, bias.f(s), y.f(s)); }));
     ExpectClose(y, "bias forward");
     Both dbias = Upload(RandomValues(c.cols, 6));  // accumulates onto what is there
-    KILN_ASSERT_OK(RunBoth(
+    ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.BiasBackward(c.rows, c.cols, y.f(s), dbias.f(s)); }));
     ExpectClose(dbias, "bias backward");
   }
@@ -387,15 +385,15 @@ TEST_F(CudaParity, ReluForwardAndBackwardMatchBitForBit) {
     SCOPED_TRACE(n);
     Both x = Upload(RandomValues(n, 7)), y = Garbage(n), dy = Upload(RandomValues(n, 8));
     Both dx = Garbage(n, 9);
-    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.ReluForward(n, x.f(s), y.f(s)); }));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.ReluForward(n, x.f(s), y.f(s)); }));
     ExpectSameBits(y, "relu forward");
-    KILN_ASSERT_OK(
+    ASSERT_OK(
         RunBoth([&](Backend& be, Side s) { return be.ReluBackward(n, y.f(s), dy.f(s), dx.f(s)); }));
     ExpectSameBits(dx, "relu backward");
   }
   const float inf = std::numeric_limits<float>::infinity();
   Both special = Upload({std::nanf(""), -std::nanf(""), inf, -inf, 0.0f, -0.0f}), out = Garbage(6);
-  KILN_ASSERT_OK(
+  ASSERT_OK(
       RunBoth([&](Backend& be, Side s) { return be.ReluForward(6, special.f(s), out.f(s)); }));
   ExpectSameBits(out, "relu of NaN, inf and signed zeros");
 }
@@ -410,13 +408,13 @@ TEST_F(CudaParity, DropoutMasksAreIdenticalOnBothBackends) {
                  Case{100, 1.0f, 3, 0}, Case{100, 0.0f, 3, 0}}) {
     SCOPED_TRACE(::testing::Message() << c.n << " p " << c.p << " offset " << c.offset);
     Both x = Upload(RandomValues(c.n, 10)), mask = Garbage(c.n), y = Garbage(c.n, 11);
-    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
       return be.DropoutForward(c.n, c.p, c.seed, c.offset, x.f(s), mask.f(s), y.f(s));
     }));
     ExpectSameBits(mask, "mask");
     ExpectSameBits(y, "dropout forward");
     Both dy = Upload(RandomValues(c.n, 12)), dx = Garbage(c.n, 13);
-    KILN_ASSERT_OK(RunBoth(
+    ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.DropoutBackward(c.n, mask.f(s), dy.f(s), dx.f(s)); }));
     ExpectSameBits(dx, "dropout backward");
   }
@@ -430,7 +428,7 @@ TEST_F(CudaParity, SoftmaxForwardMatchesForNarrowAndWideRows) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols);
     Both x = Upload(RandomValues(int64_t{c.rows} * c.cols, 14, -5, 5));
     Both y = Garbage(int64_t{c.rows} * c.cols);
-    KILN_ASSERT_OK(RunBoth(
+    ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.SoftmaxForward(c.rows, c.cols, x.f(s), y.f(s)); }));
     ExpectClose(y, "softmax");
   }
@@ -464,6 +462,28 @@ std::string Describe(const Conv2dGeometry& g) {
                                                    g.padding});
 }
 
+// The algorithm cuDNN runs for one pass ("fwd", "bwd_data", "bwd_filter") of g's shape, from
+// CudaBackend::ConvolutionAlgorithms(g): "WINOGRAD_NONFUSED", or "" before the first use.
+std::string PassAlgorithm(const std::string& algorithms, const std::string& pass) {
+  const size_t at = algorithms.find(" " + pass + "=");
+  if (at == std::string::npos) return "";
+  const size_t from = at + pass.size() + 2;
+  return algorithms.substr(from, algorithms.find('(', from) - from);
+}
+
+// How far a correct cuDNN result may be from the CPU's, by relative L2 error. Each output is a
+// float32 sum of `reduction` products; two summation orders differ by about 2^-24 * sqrt(K)
+// relative (rounding errors add as a random walk), so 4x that, and never below 1e-5 (the op
+// tolerance). FFT and Winograd algorithms also round in their transforms, whose constants grow
+// with the tile: they get a 1e-4 floor (measured fp32 Winograd F(4x4,3x3) errors are ~1e-5 to
+// 1e-4 relative). With K = 64*26*26 (the reference CNN's first weight gradient) the bound is 5e-5.
+double ConvTolerance(int64_t reduction, const std::string& algorithm) {
+  const double by_order = 4.0 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(reduction));
+  const bool transform =
+      algorithm.find("FFT") != std::string::npos || algorithm.find("WINOGRAD") != std::string::npos;
+  return std::max(by_order, transform ? 1e-4 : kOpTolerance);
+}
+
 TEST_F(CudaParity, ConvForwardMatchesWithAndWithoutBiasAndFusedRelu) {
   for (const Conv2dGeometry& g : ConvGeometries()) {
     const int64_t x_n = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
@@ -476,10 +496,12 @@ TEST_F(CudaParity, ConvForwardMatchesWithAndWithoutBiasAndFusedRelu) {
         SCOPED_TRACE(Describe(g) + (act == Activation::kRelu ? " relu" : "") +
                      (with_bias ? " bias" : ""));
         Both y = Garbage(y_n);
-        KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        ASSERT_OK(RunBoth([&](Backend& be, Side s) {
           return be.Conv2dForward(g, x.f(s), w.f(s), with_bias ? bias.f(s) : nullptr, act, y.f(s));
         }));
-        ExpectClose(y, "conv forward");
+        const std::string algo = PassAlgorithm(cuda_->ConvolutionAlgorithms(g), "fwd");
+        ExpectClose(y, "conv forward with cuDNN " + algo,
+                    ConvTolerance(int64_t{g.in_channels} * g.kernel_h * g.kernel_w, algo));
       }
     }
   }
@@ -498,7 +520,7 @@ TEST_F(CudaParity, ConvBackwardAccumulatesWeightsAndOverwritesInputGradient) {
       std::vector<float> y_host(y_n);
       {
         Both y = Garbage(y_n);
-        KILN_ASSERT_OK(cpu_->Conv2dForward(g, x.f(kCpu), w.f(kCpu), nullptr, act, y.f(kCpu)));
+        ASSERT_OK(cpu_->Conv2dForward(g, x.f(kCpu), w.f(kCpu), nullptr, act, y.f(kCpu)));
         y_host = Get(kCpu, y.t[kCpu]);
       }
       Both y = Upload(y_host);
@@ -507,15 +529,21 @@ TEST_F(CudaParity, ConvBackwardAccumulatesWeightsAndOverwritesInputGradient) {
                      (all_outputs ? " dbias+dx" : " dw only"));
         Both dw = Upload(RandomValues(w_n, 21)), dbias = Upload(RandomValues(g.out_channels, 22));
         Both dx = Garbage(x_n);
-        KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        ASSERT_OK(RunBoth([&](Backend& be, Side s) {
           return be.Conv2dBackward(g, x.f(s), w.f(s), y.f(s), dy.f(s), act, dw.f(s),
                                    all_outputs ? dbias.f(s) : nullptr,
                                    all_outputs ? dx.f(s) : nullptr);
         }));
-        ExpectClose(dw, "dw");
+        const std::string algos = cuda_->ConvolutionAlgorithms(g);
+        const std::string filter_algo = PassAlgorithm(algos, "bwd_filter");
+        const int64_t per_plane = int64_t{g.out_h()} * g.out_w();
+        ExpectClose(dw, "dw with cuDNN " + filter_algo,
+                    ConvTolerance(g.batch * per_plane, filter_algo));
         if (all_outputs) {
-          ExpectClose(dbias, "dbias");
-          ExpectClose(dx, "dx");
+          ExpectClose(dbias, "dbias", ConvTolerance(g.batch * per_plane, ""));
+          const std::string data_algo = PassAlgorithm(algos, "bwd_data");
+          ExpectClose(dx, "dx with cuDNN " + data_algo,
+                      ConvTolerance(int64_t{g.out_channels} * g.kernel_h * g.kernel_w, data_algo));
         }
       }
     }
@@ -546,14 +574,14 @@ TEST_F(CudaParity, MaxPoolPicksTheSameWinnersForEveryWindowShape) {
     for (int64_t i = 5; i < x_n; i += 41) xv[i] = xv[i - 1];      // exact ties
     Both x = Upload(xv), y = Garbage(y_n);
     Both argmax = UploadI32(std::vector<int32_t>(y_n, -1));
-    KILN_ASSERT_OK(RunBoth(
+    ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.MaxPool2dForward(g, x.f(s), y.f(s), argmax.i(s)); }));
     ExpectSameBits(y, "pool forward");
     ExpectSameI32(argmax, "argmax");
     // Backward from the same winners on both sides.
     Both am = UploadI32(GetI32(kCpu, argmax.t[kCpu]));
     Both dy = Upload(RandomValues(y_n, 24)), dx = Garbage(x_n);
-    KILN_ASSERT_OK(RunBoth(
+    ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.MaxPool2dBackward(g, dy.f(s), am.i(s), dx.f(s)); }));
     ExpectClose(dx, "pool backward", 1e-6);
   }
@@ -574,7 +602,7 @@ TEST_F(CudaParity, SoftmaxCrossEntropyMatchesLossCountAndGradient) {
       Both labels = UploadI32(RandomLabels(c.rows, c.cols, 26));
       Both loss = Garbage(1), dlogits = Garbage(n);
       Both correct = UploadI32({-5});
-      KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
         return be.SoftmaxCrossEntropy(c.rows, c.cols, logits.f(s), labels.i(s), loss.f(s),
                                       correct.i(s), with_grad ? dlogits.f(s) : nullptr);
       }));
@@ -592,7 +620,7 @@ TEST_F(CudaParity, ArgmaxRulesForTiesNansAndInfinitiesMatch) {
   const int cols = 4, n_rows = static_cast<int>(rows.size()) / cols;
   Both x = Upload(rows);
   Both out = UploadI32(std::vector<int32_t>(n_rows, -1));
-  KILN_ASSERT_OK(
+  ASSERT_OK(
       RunBoth([&](Backend& be, Side s) { return be.Argmax(n_rows, cols, x.f(s), out.i(s)); }));
   ExpectSameI32(out, "argmax of special rows");
   // A wide row takes the warp-strided path: its maximum and a later tie.
@@ -601,12 +629,11 @@ TEST_F(CudaParity, ArgmaxRulesForTiesNansAndInfinitiesMatch) {
   wide[100 + 3] = nan;
   wide[200] = nan;
   Both wx = Upload(wide), wout = UploadI32({-1, -1, -1});
-  KILN_ASSERT_OK(
-      RunBoth([&](Backend& be, Side s) { return be.Argmax(3, 100, wx.f(s), wout.i(s)); }));
+  ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Argmax(3, 100, wx.f(s), wout.i(s)); }));
   ExpectSameI32(wout, "argmax of wide rows");
   Both labels = UploadI32({70, 3, 0});
   Both correct = UploadI32({-1});
-  KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+  ASSERT_OK(RunBoth([&](Backend& be, Side s) {
     return be.CountCorrect(3, 100, wx.f(s), labels.i(s), correct.i(s));
   }));
   ExpectSameI32(correct, "count correct");
@@ -617,7 +644,7 @@ TEST_F(CudaParity, CountCorrectAndArgmaxMatchOnRandomRows) {
     Both x = Upload(RandomValues(int64_t{rows} * 10, 28));
     Both labels = UploadI32(RandomLabels(rows, 10, 29));
     Both correct = UploadI32({-1}), out = UploadI32(std::vector<int32_t>(rows, -1));
-    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
       absl::Status st = be.CountCorrect(rows, 10, x.f(s), labels.i(s), correct.i(s));
       return st.ok() ? be.Argmax(rows, 10, x.f(s), out.i(s)) : st;
     }));
@@ -632,7 +659,7 @@ TEST_F(CudaParity, MeanSquaredErrorMatchesWithAndWithoutGradient) {
       SCOPED_TRACE(::testing::Message() << n << (with_grad ? " grad" : ""));
       Both y = Upload(RandomValues(n, 30)), target = Upload(RandomValues(n, 31));
       Both loss = Garbage(1), dy = Garbage(n);
-      KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
         return be.MeanSquaredError(n, y.f(s), target.f(s), loss.f(s),
                                    with_grad ? dy.f(s) : nullptr);
       }));
@@ -646,7 +673,7 @@ TEST_F(CudaParity, OneHotMatches) {
   for (int rows : {1, 7, 64}) {
     Both labels = UploadI32(RandomLabels(rows, 10, 32));
     Both onehot = Garbage(int64_t{rows} * 10);
-    KILN_ASSERT_OK(RunBoth(
+    ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.OneHot(rows, 10, labels.i(s), onehot.f(s)); }));
     ExpectSameBits(onehot, "one-hot");
   }
@@ -655,8 +682,8 @@ TEST_F(CudaParity, OneHotMatches) {
 TEST_F(CudaParity, LabelsOutOfRangeAreInvalidArgumentByTheNextSync) {
   Both logits = Upload(RandomValues(40, 33)), loss = Garbage(1), dlogits = Garbage(40);
   Both correct = UploadI32({0}), labels = UploadI32({1, 2, 12, 3});
-  KILN_ASSERT_OK(cuda_->SoftmaxCrossEntropy(4, 10, logits.f(kCuda), labels.i(kCuda), loss.f(kCuda),
-                                            correct.i(kCuda), dlogits.f(kCuda)));
+  ASSERT_OK(cuda_->SoftmaxCrossEntropy(4, 10, logits.f(kCuda), labels.i(kCuda), loss.f(kCuda),
+                                       correct.i(kCuda), dlogits.f(kCuda)));
   float host_loss = 0;
   const absl::Status st = cuda_->CopyToHost(loss.t[kCuda], &host_loss, sizeof(host_loss));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
@@ -665,11 +692,11 @@ TEST_F(CudaParity, LabelsOutOfRangeAreInvalidArgumentByTheNextSync) {
                                       correct.i(kCpu), nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  KILN_ASSERT_OK(cuda_->Synchronize());  // reported once, then cleared
+  ASSERT_OK(cuda_->Synchronize());  // reported once, then cleared
   Both onehot = Garbage(40);
-  KILN_ASSERT_OK(cuda_->OneHot(4, 10, labels.i(kCuda), onehot.f(kCuda)));
+  ASSERT_OK(cuda_->OneHot(4, 10, labels.i(kCuda), onehot.f(kCuda)));
   EXPECT_EQ(cuda_->Synchronize().code(), absl::StatusCode::kInvalidArgument);
-  KILN_ASSERT_OK(cuda_->Synchronize());
+  ASSERT_OK(cuda_->Synchronize());
 }
 
 // --- optimizers -----------------------------------------------------------------------------
@@ -695,7 +722,7 @@ TEST_F(CudaParity, SgdUpdatesMatchForEveryMomentumVariant) {
     for (int step = 0; step < 3; ++step) {
       Both grad = Upload(RandomValues(n, 35 + step));
       const MomentumBuffer mode = step == 0 ? MomentumBuffer::kSeed : MomentumBuffer::kAccumulate;
-      KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
         return be.SgdUpdate(n, hyper, mode, param.f(s), grad.f(s),
                             hyper.momentum != 0 ? buf.f(s) : nullptr);
       }));
@@ -720,7 +747,7 @@ TEST_F(CudaParity, AdamAndAdamWUpdatesMatchIncludingLateSteps) {
         hyper.decay = decay;
         hyper.step = step;
         Both grad = Upload(RandomValues(n, 41 + static_cast<uint32_t>(step)));
-        KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        ASSERT_OK(RunBoth([&](Backend& be, Side s) {
           return be.AdamUpdate(n, hyper, param.f(s), grad.f(s), m.f(s), v.f(s));
         }));
       }
@@ -754,7 +781,7 @@ TEST_F(CudaParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {
     PixelNorm norm;
     norm.mean = 0.1307f;
     norm.std = 0.3081f;
-    KILN_ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
       return be.GatherNormalize(c.count, c.sample_elems, idx.i(s), px.u(s), labels.i(s), norm,
                                 out.f(s), c.labels ? labels_out.i(s) : nullptr);
     }));
@@ -822,18 +849,18 @@ TEST_F(CudaParity, OneTrainingStepOfEachReferenceModelMatches) {
       Tensor x = testing::MakeTensor(be, input, xv);
       auto labels = be.Allocate(DType::kI32, {batch});
       ASSERT_TRUE(labels.ok());
-      KILN_ASSERT_OK(be.CopyFromHost(yv.data(), yv.size() * 4, &*labels));
+      ASSERT_OK(be.CopyFromHost(yv.data(), yv.size() * 4, &*labels));
       auto loss = be.Allocate(DType::kF32, {1});
       auto correct = be.Allocate(DType::kI32, {1});
       auto dout = be.Allocate(DType::kF32, {batch, 10});
       ASSERT_TRUE(loss.ok() && correct.ok() && dout.ok());
-      KILN_ASSERT_OK(model[s]->ZeroGrad());
+      ASSERT_OK(model[s]->ZeroGrad());
       auto out = model[s]->Forward(x, Mode::kTrain);
       ASSERT_TRUE(out.ok()) << out.status();
       logits[s] = **out;
       Loss loss_fn(LossKind::kCrossEntropy, &be);
-      KILN_ASSERT_OK(loss_fn.Compute(**out, *labels, loss->f32(), correct->i32(), &*dout));
-      KILN_ASSERT_OK(model[s]->Backward(*dout));
+      ASSERT_OK(loss_fn.Compute(**out, *labels, loss->f32(), correct->i32(), &*dout));
+      ASSERT_OK(model[s]->Backward(*dout));
       loss_host[s] = Get(s, *loss)[0];
     }
     EXPECT_LT(RelativeError({loss_host[kCuda]}, {loss_host[kCpu]}), 1e-5) << "loss";
@@ -848,7 +875,7 @@ TEST_F(CudaParity, OneTrainingStepOfEachReferenceModelMatches) {
                                        Get(kCpu, cpu_params[i].param->grad));
       EXPECT_LT(err, 1e-4) << "gradient of " << cpu_params[i].name;
     }
-    for (Side s : {kCpu, kCuda}) KILN_ASSERT_OK(opt[s]->Step(ref.optimizer.lr));
+    for (Side s : {kCpu, kCuda}) ASSERT_OK(opt[s]->Step(ref.optimizer.lr));
     for (size_t i = 0; i < cpu_params.size(); ++i) {
       const double err = RelativeError(Get(kCuda, cuda_params[i].param->value),
                                        Get(kCpu, cpu_params[i].param->value));
@@ -877,58 +904,187 @@ std::vector<std::vector<float>> Weights(Backend& be, Trainer& t) {
   return out;
 }
 
-TEST_F(CudaParity, FiftyStepsOfEachReferenceModelTrackTheCpu) {
+// Tolerances of the 50-step runs. A correct backend differs from the CPU by rounding in every op
+// (1e-6 relative for most, up to 5e-5 for long convolution reductions), and training amplifies
+// that. How much was measured on the CPU alone (CpuAmplification below: the same 50 steps from
+// initial weights perturbed by 1e-6, 1e-5 and 1e-4 relative):
+//   mlp (SGD, momentum):  loss 1e-7 / 1e-7 / 5e-6,  weights 6e-7 / 3e-5 / 5e-4
+//   cnn (Adam):           loss 1e-7 / 4e-4 / 2e-3,  weights 2e-4 / 0.11 / 0.26, norms 2e-6 / 0.015
+//   / 0.022
+// Adam's early steps move each weight by about lr * sign(gradient), and random labels leave many
+// gradients near zero, so rounding turns individual CNN weights around: they are compared by
+// their tensors' norms, not one by one. Each tolerance is at least twice the drift of the 1e-4
+// perturbation, ten times the op tolerance.
+struct FiftyStepTolerance {
+  double loss;     // per-step loss, relative
+  double weights;  // per parameter tensor, relative L2 (0: not compared one by one)
+  double norms;    // per parameter tensor, relative difference of the L2 norms
+};
+
+FiftyStepTolerance FiftyStepToleranceFor(const std::string& model) {
+  if (model == "mlp") return {1e-3, 2e-3, 1e-3};
+  return {1e-2, 0, 0.05};  // cnn
+}
+
+struct FiftySteps {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> weights;
+};
+
+// 50 steps of `ref` on `data`; every initial weight w becomes w * (1 + e), e uniform in
+// [-perturb, perturb], when perturb > 0.
+FiftySteps TrainFiftySteps(Backend& be, const Reference& ref, const Dataset& data,
+                           float perturb = 0) {
+  FiftySteps out;
+  auto t = Trainer::Create(TrainConfigFor(ref, 1), &be, &data, nullptr);
+  EXPECT_OK(t);
+  if (!t.ok()) return out;
+  if (perturb > 0) {
+    std::mt19937 gen(99);
+    std::uniform_real_distribution<float> e(-perturb, perturb);
+    for (const NamedParameter& p : (*t)->model().parameters()) {
+      std::vector<float> w = testing::ToHost(be, p.param->value);
+      for (float& v : w) v *= 1.0f + e(gen);
+      EXPECT_OK(be.CopyFromHost(w.data(), w.size() * sizeof(float), &p.param->value));
+    }
+  }
+  Trainer::Callbacks cb;
+  cb.on_step = [&](const StepEvent& e) { out.losses.push_back(e.loss); };
+  EXPECT_OK((*t)->Run(cb));
+  out.weights = Weights(be, **t);
+  return out;
+}
+
+// The worst relative differences between two runs: per-step loss, per-parameter weights, and
+// per-parameter L2 norm of the weights.
+struct Drift {
+  double loss = 0, weights = 0, norms = 0;
+};
+
+double Norm(const std::vector<float>& v) {
+  double sum = 0;
+  for (float x : v) sum += static_cast<double>(x) * x;
+  return std::sqrt(sum);
+}
+
+Drift Divergence(const FiftySteps& got, const FiftySteps& want) {
+  Drift d;
+  for (size_t i = 0; i < std::min(got.losses.size(), want.losses.size()); ++i) {
+    d.loss = std::max(d.loss, RelativeError({got.losses[i]}, {want.losses[i]}));
+  }
+  for (size_t i = 0; i < std::min(got.weights.size(), want.weights.size()); ++i) {
+    d.weights = std::max(d.weights, RelativeError(got.weights[i], want.weights[i]));
+    const double a = Norm(got.weights[i]), b = Norm(want.weights[i]);
+    d.norms = std::max(d.norms, std::abs(a - b) / std::max(b, 1e-30));
+  }
+  return d;
+}
+
+// Runs without a GPU: how far 50 steps carry small differences in the weights, which a correct
+// CUDA backend's rounding also makes. The drift from a 1e-4 difference must stay within half
+// the CUDA tolerances.
+TEST(CpuAmplification, FiftyStepsFromSlightlyDifferentWeightsStayWithinHalfTheTolerances) {
+  CpuBackend cpu(2);
   for (const Reference& ref : ReferenceModels()) {
     SCOPED_TRACE(ref.name);
     const Dataset data = RandomImages(50 * ref.batch, 60);
-    std::vector<float> losses[2];
-    std::vector<std::vector<float>> weights[2];
-    for (Side s : {kCpu, kCuda}) {
-      auto t = Trainer::Create(TrainConfigFor(ref, 1), &backend(s), &data, nullptr);
-      ASSERT_TRUE(t.ok()) << t.status();
-      Trainer::Callbacks cb;
-      cb.on_step = [&](const StepEvent& e) { losses[s].push_back(e.loss); };
-      KILN_ASSERT_OK((*t)->Run(cb));
-      weights[s] = Weights(backend(s), **t);
-    }
-    ASSERT_EQ(losses[kCpu].size(), 50u);
-    ASSERT_EQ(losses[kCuda].size(), 50u);
-    double worst = 0;
-    for (int i = 0; i < 50; ++i) {
-      worst = std::max(worst, RelativeError({losses[kCuda][i]}, {losses[kCpu][i]}));
-    }
-    std::printf(
-        "# %s: 50 steps, worst per-step loss difference %.3g, last loss cpu %.6f cuda %.6f\n",
-        ref.name, worst, losses[kCpu].back(), losses[kCuda].back());
-    EXPECT_LT(worst, 1e-3) << "per-step loss";
-    for (size_t i = 0; i < weights[kCpu].size(); ++i) {
-      const double err = RelativeError(weights[kCuda][i], weights[kCpu][i]);
-      EXPECT_LT(err, 2e-3) << "parameter " << i << " after 50 steps";
+    const FiftySteps a = TrainFiftySteps(cpu, ref, data);
+    ASSERT_EQ(a.losses.size(), 50u);
+    const FiftyStepTolerance tol = FiftyStepToleranceFor(ref.name);
+    for (float perturb : {1e-6f, 1e-5f, 1e-4f}) {
+      const FiftySteps b = TrainFiftySteps(cpu, ref, data, perturb);
+      ASSERT_EQ(b.losses.size(), 50u);
+      const Drift d = Divergence(b, a);
+      std::printf("# %s: 50 steps from weights %g apart: loss %.3g, weights %.3g, norms %.3g\n",
+                  ref.name, perturb, d.loss, d.weights, d.norms);
+      if (perturb < 1e-4f) continue;
+      EXPECT_LT(d.loss, tol.loss / 2);
+      if (tol.weights > 0) {
+        EXPECT_LT(d.weights, tol.weights / 2);
+      }
+      EXPECT_LT(d.norms, tol.norms / 2);
     }
   }
 }
 
-TEST_F(CudaParity, TrainingOnCudaRepeatsBitForBit) {
-  // Every reduction (loss, bias and convolution gradients, cuDNN's backward algorithms) runs in
-  // a fixed order, so two runs from the same seed agree exactly.
+TEST_F(CudaParity, FiftyStepsOfEachReferenceModelTrackTheCpu) {
+  for (const Reference& ref : ReferenceModels()) {
+    SCOPED_TRACE(ref.name);
+    const Dataset data = RandomImages(50 * ref.batch, 60);
+    const FiftySteps cpu = TrainFiftySteps(*cpu_, ref, data);
+    const FiftySteps cuda = TrainFiftySteps(*cuda_, ref, data);
+    ASSERT_EQ(cpu.losses.size(), 50u);
+    ASSERT_EQ(cuda.losses.size(), 50u);
+    const Drift d = Divergence(cuda, cpu);
+    std::printf(
+        "# %s: 50 steps, worst per-step loss difference %.3g, weights %.3g, norms %.3g, last loss "
+        "cpu %.6f cuda %.6f\n",
+        ref.name, d.loss, d.weights, d.norms, cpu.losses.back(), cuda.losses.back());
+    const FiftyStepTolerance tol = FiftyStepToleranceFor(ref.name);
+    EXPECT_LT(d.loss, tol.loss) << "per-step loss";
+    for (size_t i = 0; i < cpu.weights.size(); ++i) {
+      const double err = RelativeError(cuda.weights[i], cpu.weights[i]);
+      if (tol.weights > 0) {
+        EXPECT_LT(err, tol.weights) << "parameter " << i << " after 50 steps";
+      }
+      const double a = Norm(cuda.weights[i]), b = Norm(cpu.weights[i]);
+      EXPECT_LT(std::abs(a - b) / b, tol.norms) << "norm of parameter " << i << " after 50 steps";
+    }
+  }
+}
+
+TEST_F(CudaParity, TrainingOnCudaRepeatsBitForBitOnAnotherBackend) {
+  // Every reduction (loss, bias and convolution gradients) runs in a fixed order, and cuDNN's
+  // algorithms come from its heuristics (shape and device only), so a second backend (another
+  // job, process or resumed checkpoint) trains the same bits from the same seed.
+  auto other = CudaBackend::Create(0);
+  ASSERT_OK(other);
+  CudaBackend* runs[2] = {cuda_, other->get()};
   for (const Reference& ref : ReferenceModels()) {
     SCOPED_TRACE(ref.name);
     const Dataset data = RandomImages(20 * ref.batch, 80);
     std::vector<std::vector<float>> weights[2];
     std::vector<float> losses[2];
     for (int run = 0; run < 2; ++run) {
-      auto t = Trainer::Create(TrainConfigFor(ref, 1), cuda_, &data, nullptr);
-      ASSERT_TRUE(t.ok()) << t.status();
+      auto t = Trainer::Create(TrainConfigFor(ref, 1), runs[run], &data, nullptr);
+      ASSERT_OK(t);
       Trainer::Callbacks cb;
       cb.on_step = [&](const StepEvent& e) { losses[run].push_back(e.loss); };
-      KILN_ASSERT_OK((*t)->Run(cb));
-      weights[run] = Weights(*cuda_, **t);
+      ASSERT_OK((*t)->Run(cb));
+      weights[run] = Weights(*runs[run], **t);
     }
+    EXPECT_EQ(runs[0]->ConvolutionAlgorithms(), runs[1]->ConvolutionAlgorithms());
     EXPECT_TRUE(SameBits(losses[0], losses[1]));
     for (size_t i = 0; i < weights[0].size(); ++i) {
       EXPECT_TRUE(SameBits(weights[0][i], weights[1][i])) << "parameter " << i;
     }
   }
+}
+
+TEST_F(CudaParity, BackendsOnOneDeviceShareOneCacheAndOutOfMemoryEmptiesItForAll) {
+  auto a = CudaBackend::Create(0), b = CudaBackend::Create(0);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  // Two thirds of what is free: held in a's cache after the tensor goes, it leaves too little
+  // for b's request of the same size unless b's allocation gives a's cache back first.
+  const int64_t floats = static_cast<int64_t>(free_bytes / 3 * 2 / sizeof(float));
+  {
+    auto big = (*a)->Allocate(DType::kF32, {floats});
+    ASSERT_OK(big);
+  }
+  EXPECT_GT((*a)->bytes_cached(), 0u);
+  auto other = (*b)->Allocate(DType::kF32, {floats});
+  ASSERT_OK(other);
+  EXPECT_EQ((*a)->bytes_cached(), 0u);
+  // Blocks a backend leaves behind go to the idle pool and serve the next backend's requests.
+  other = absl::InternalError("released");
+  const int64_t allocs = (*a)->device_allocations();
+  b->reset();
+  auto again = (*a)->Allocate(DType::kF32, {floats});
+  ASSERT_OK(again);
+  EXPECT_EQ((*a)->device_allocations(), allocs);
 }
 
 TEST_F(CudaParity, CheckpointsMoveBetweenCudaAndCpuBothWays) {
@@ -942,15 +1098,15 @@ TEST_F(CudaParity, CheckpointsMoveBetweenCudaAndCpuBothWays) {
         dir.file(from == kCuda ? "from_cuda.safetensors" : "from_cpu.safetensors");
     auto writer = Trainer::Create(TrainConfigFor(ref, 1), &backend(from), &data, nullptr);
     ASSERT_TRUE(writer.ok()) << writer.status();
-    KILN_ASSERT_OK((*writer)->Run({}));
-    KILN_ASSERT_OK((*writer)->SaveCheckpoint(path));
+    ASSERT_OK((*writer)->Run({}));
+    ASSERT_OK((*writer)->SaveCheckpoint(path));
     // The checkpoint resumes on either backend: the weights arrive bit for bit, and one more
     // epoch from there agrees across the two.
     std::unique_ptr<Trainer> resumed[2];
     for (Side s : {kCpu, kCuda}) {
       auto t = Trainer::Create(TrainConfigFor(ref, 2), &backend(s), &data, nullptr);
       ASSERT_TRUE(t.ok()) << t.status();
-      KILN_ASSERT_OK((*t)->LoadCheckpoint(path));
+      ASSERT_OK((*t)->LoadCheckpoint(path));
       EXPECT_EQ((*t)->position().epochs_done, 1);
       resumed[s] = std::move(*t);
     }
@@ -958,10 +1114,13 @@ TEST_F(CudaParity, CheckpointsMoveBetweenCudaAndCpuBothWays) {
     const auto loaded = Weights(backend(to), *resumed[to]);
     ASSERT_EQ(saved.size(), loaded.size());
     for (size_t i = 0; i < saved.size(); ++i) EXPECT_TRUE(SameBits(saved[i], loaded[i])) << i;
-    for (Side s : {kCpu, kCuda}) KILN_ASSERT_OK(resumed[s]->Run({}));
+    for (Side s : {kCpu, kCuda}) ASSERT_OK(resumed[s]->Run({}));
     const auto cpu_w = Weights(*cpu_, *resumed[kCpu]), cuda_w = Weights(*cuda_, *resumed[kCuda]);
+    // Ten Adam steps on random labels from there: compared as the 50-step runs are (by norms).
+    const FiftyStepTolerance tol = FiftyStepToleranceFor(ref.name);
     for (size_t i = 0; i < cpu_w.size(); ++i) {
-      EXPECT_LT(RelativeError(cuda_w[i], cpu_w[i]), 2e-3) << "parameter " << i << " after resume";
+      const double a = Norm(cuda_w[i]), b = Norm(cpu_w[i]);
+      EXPECT_LT(std::abs(a - b) / b, tol.norms) << "norm of parameter " << i << " after resume";
     }
   }
 }

@@ -1,0 +1,109 @@
+// The rules every backend shares at the edges of its ops' inputs (backend.h's Check* functions),
+// one test body run over every backend: the CPU here, CUDA where a device is found.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/backend_registry.h"
+#include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
+
+namespace kiln {
+namespace {
+
+class BackendEdgeCases : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::vector<std::string> present = AvailableDevices();
+    if (std::find(present.begin(), present.end(), GetParam()) == present.end()) {
+      GTEST_SKIP() << GetParam() << " is not present on this machine";
+    }
+    auto b = CreateBackend(GetParam());
+    ASSERT_OK(b);
+    backend_ = std::move(*b);
+  }
+
+  Tensor Make(DType dtype, const Shape& shape) {
+    auto t = backend_->Allocate(dtype, shape);
+    EXPECT_OK(t);
+    return t.ok() ? *t : Tensor();
+  }
+
+  std::unique_ptr<Backend> backend_;
+};
+
+Pool2dGeometry Pool(int h, int w, int kernel, int stride) {
+  Pool2dGeometry g;
+  g.batch = 2;
+  g.channels = 3;
+  g.in_h = h;
+  g.in_w = w;
+  g.kernel = kernel;
+  g.stride = stride;
+  return g;
+}
+
+TEST_P(BackendEdgeCases, PoolingAnInputSmallerThanTheWindowIsInvalidArgument) {
+  // (1 - 2) / 2 + 1 truncates to 1 output row: without the check the window reads past the input.
+  for (const Pool2dGeometry& g : {Pool(1, 4, 2, 2), Pool(4, 1, 2, 2), Pool(2, 2, 3, 1)}) {
+    SCOPED_TRACE(::testing::Message() << g.in_h << "x" << g.in_w << " k" << g.kernel);
+    Tensor x = Make(DType::kF32, {g.batch, g.channels, g.in_h, g.in_w});
+    Tensor y = Make(DType::kF32, {g.batch, g.channels, 4, 4});
+    Tensor argmax = Make(DType::kI32, {g.batch, g.channels, 4, 4});
+    const absl::Status fwd = backend_->MaxPool2dForward(g, x.f32(), y.f32(), argmax.i32());
+    EXPECT_EQ(fwd.code(), absl::StatusCode::kInvalidArgument) << fwd;
+    EXPECT_NE(fwd.message().find("smaller than"), std::string::npos) << fwd;
+    const absl::Status bwd = backend_->MaxPool2dBackward(g, y.f32(), argmax.i32(), x.f32());
+    EXPECT_EQ(bwd.code(), absl::StatusCode::kInvalidArgument) << bwd;
+  }
+  Tensor x = Make(DType::kF32, {2, 3, 4, 4});
+  Tensor y = Make(DType::kF32, {2, 3, 4, 4});
+  Tensor argmax = Make(DType::kI32, {2, 3, 4, 4});
+  for (const Pool2dGeometry& g : {Pool(4, 4, 0, 1), Pool(4, 4, 2, 0)}) {
+    EXPECT_EQ(backend_->MaxPool2dForward(g, x.f32(), y.f32(), argmax.i32()).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // The window exactly as large as the input is fine: one output per plane.
+  EXPECT_OK(backend_->MaxPool2dForward(Pool(2, 2, 2, 2), x.f32(), y.f32(), argmax.i32()));
+}
+
+TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoRowsIsNanLossAndNoneCorrect) {
+  Tensor loss = Make(DType::kF32, {1}), correct = Make(DType::kI32, {1});
+  const float garbage = 7.0f;
+  ASSERT_OK(backend_->CopyFromHost(&garbage, sizeof(garbage), &loss));
+  ASSERT_OK(backend_->Fill(&correct, 5.0f));
+  Tensor logits = Make(DType::kF32, {1, 10}), labels = Make(DType::kI32, {1});
+  ASSERT_OK(backend_->SoftmaxCrossEntropy(0, 10, logits.f32(), labels.i32(), loss.f32(),
+                                          correct.i32(), nullptr));
+  float loss_host = 0;
+  int32_t correct_host = -1;
+  ASSERT_OK(backend_->CopyToHost(loss, &loss_host, sizeof(loss_host)));
+  ASSERT_OK(backend_->CopyToHost(correct, &correct_host, sizeof(correct_host)));
+  EXPECT_TRUE(std::isnan(loss_host)) << loss_host;
+  EXPECT_EQ(correct_host, 0);
+}
+
+TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
+  Tensor loss = Make(DType::kF32, {1}), correct = Make(DType::kI32, {1});
+  Tensor logits = Make(DType::kF32, {4}), labels = Make(DType::kI32, {4});
+  for (int rows : {0, 3}) {
+    const absl::Status s = backend_->SoftmaxCrossEntropy(rows, 0, logits.f32(), labels.i32(),
+                                                         loss.f32(), correct.i32(), nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << rows << " rows: " << s;
+    EXPECT_NE(s.message().find("at least one class"), std::string::npos) << s;
+  }
+  EXPECT_OK(backend_->Synchronize());
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendEdgeCases, ::testing::Values("cpu", "cuda:0"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "cpu" ? std::string("cpu") : std::string("cuda0");
+                         });
+
+}  // namespace
+}  // namespace kiln
