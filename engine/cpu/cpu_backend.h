@@ -63,8 +63,8 @@ class CpuBackend final : public Backend {
                           float* exp_avg, float* exp_avg_sq) override;
 
   absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
-                               const uint8_t* pixels, const int32_t* labels,
-                               const PixelNorm& norm, float* out, int32_t* labels_out) override;
+                               const uint8_t* pixels, const int32_t* labels, const PixelNorm& norm,
+                               float* out, int32_t* labels_out) override;
 
  private:
   // Scratch for im2col columns and the GEMM result, grown on demand and kept between steps.

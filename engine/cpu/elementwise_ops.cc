@@ -1,0 +1,61 @@
+// CpuBackend's element-wise ops: ReLU, dropout (counter-based masks, as on CUDA), softmax.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/cpu_parallel.h"
+#include "engine/rng.h"
+
+namespace kiln {
+
+using cpu_internal::kParallelMin;
+
+absl::Status CpuBackend::ReluForward(int64_t n, const float* x, float* y) {
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
+  // Both loads unconditional, so the select vectorises instead of branching on random signs.
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = dy[i];
+    dx[i] = y[i] > 0.0f ? d : 0.0f;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DropoutForward(int64_t n, float p, uint64_t seed, uint64_t offset,
+                                        const float* x, float* mask, float* y) {
+  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+#pragma omp parallel for num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    mask[i] = CounterUniform(seed, offset + i) >= p ? keep_scale : 0.0f;
+    y[i] = x[i] * mask[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) {
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * mask[i];
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SoftmaxForward(int rows, int cols, const float* x, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * cols;
+    float* yr = y + static_cast<int64_t>(r) * cols;
+    const float mx = *std::max_element(xr, xr + cols);
+    float sum = 0;
+    for (int c = 0; c < cols; ++c) sum += (yr[c] = std::exp(xr[c] - mx));
+    const float inv = 1.0f / sum;
+    for (int c = 0; c < cols; ++c) yr[c] *= inv;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

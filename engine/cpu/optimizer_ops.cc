@@ -1,0 +1,86 @@
+// CpuBackend's optimizer updates (PyTorch's SGD and Adam/AdamW formulas).
+#include <omp.h>
+
+#include <cmath>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/cpu_parallel.h"
+
+namespace kiln {
+
+using cpu_internal::kParallelMin;
+
+absl::Status CpuBackend::SgdUpdate(int64_t n, const SgdHyper& h, MomentumBuffer buffer,
+                                   float* param, const float* grad, float* momentum_buf) {
+  // Hyperparameters in locals and one branch-free loop per case: with the branches and the loads
+  // through `h` inside, GCC's simd loop ran 5-8x slower (0.54 vs 0.07 ms for the MLP's 535k
+  // parameters), a fifth of an MLP step.
+  const float lr = h.lr, wd = h.weight_decay, mom = h.momentum, damp = 1.0f - h.dampening;
+  float* __restrict p = param;
+  const float* __restrict g = grad;
+  float* __restrict buf = momentum_buf;
+  const bool parallel = n > kParallelMin;
+  if (mom == 0.0f) {
+#pragma omp parallel for simd num_threads(threads_) if (parallel)
+    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+  } else if (buffer == MomentumBuffer::kSeed) {
+    // PyTorch's first step: the buffer starts as the gradient itself, undampened.
+    // Runs once per training, so it keeps the nesterov choice inside the loop.
+    const bool nesterov = h.nesterov;
+#pragma omp parallel for simd num_threads(threads_) if (parallel)
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      buf[i] = d;
+      p[i] -= lr * (nesterov ? d + mom * d : d);
+    }
+  } else if (h.nesterov) {
+#pragma omp parallel for simd num_threads(threads_) if (parallel)
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      const float b = mom * buf[i] + damp * d;
+      buf[i] = b;
+      p[i] -= lr * (d + mom * b);
+    }
+  } else {
+#pragma omp parallel for simd num_threads(threads_) if (parallel)
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      const float b = mom * buf[i] + damp * d;
+      buf[i] = b;
+      p[i] -= lr * b;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param, const float* grad,
+                                    float* exp_avg, float* exp_avg_sq) {
+  const double t = static_cast<double>(h.step);
+  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t));
+  const float bias2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
+  const float step_size = h.lr / bias1;
+  const bool decoupled = h.decay == WeightDecayMode::kDecoupled;
+  const float param_scale = decoupled ? 1.0f - h.lr * h.weight_decay : 1.0f;
+  const float grad_decay = decoupled ? 0.0f : h.weight_decay;
+  // Locals and restrict pointers, as in SgdUpdate: loads through `h` inside the loop keep GCC
+  // from vectorising it well.
+  const float beta1 = h.beta1, beta2 = h.beta2, eps = h.eps;
+  float* __restrict pr = param;
+  const float* __restrict gr = grad;
+  float* __restrict m1 = exp_avg;
+  float* __restrict m2 = exp_avg_sq;
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = pr[i] * param_scale;
+    const float g = gr[i] + grad_decay * p;
+    const float m = beta1 * m1[i] + (1.0f - beta1) * g;
+    const float v = beta2 * m2[i] + (1.0f - beta2) * g * g;
+    m1[i] = m;
+    m2[i] = v;
+    pr[i] = p - step_size * m / (std::sqrt(v) / bias2_sqrt + eps);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

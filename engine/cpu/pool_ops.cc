@@ -1,0 +1,88 @@
+// CpuBackend's max pooling, with PyTorch's scan order and NaN rule.
+#include <omp.h>
+
+#include <cstring>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/cpu_parallel.h"
+
+namespace kiln {
+
+using cpu_internal::kParallelMin;
+
+absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
+                                          int32_t* argmax) {
+  if (absl::Status s = CheckPool2d(g); !s.ok()) return s;
+  // The geometry in locals: stores through `argmax` (int32) could alias g's ints, which made
+  // GCC reload them for every output.
+  const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
+  const int in_h = g.in_h, in_w = g.in_w, kernel = g.kernel, stride = g.stride;
+  const bool two_by_two = kernel == 2 && stride == 2;
+#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_h * in_w > kParallelMin)
+  for (int p = 0; p < planes; ++p) {
+    const float* __restrict in = x + static_cast<int64_t>(p) * in_h * in_w;
+    float* __restrict out = y + static_cast<int64_t>(p) * oh * ow;
+    int32_t* __restrict am = argmax + static_cast<int64_t>(p) * oh * ow;
+    for (int i = 0; i < oh; ++i) {
+      if (two_by_two) {
+        // Window (a, b) in PyTorch's scan order: (0,0), (0,1), (1,0), (1,1); a later one wins
+        // only when strictly greater, or NaN (`!(v <= best)`), as in PyTorch. Written as selects:
+        // with random data, branches would mispredict half the time.
+        const int top = 2 * i * in_w;
+        const float* r0 = in + top;
+        const float* r1 = r0 + in_w;
+#pragma omp simd
+        for (int j = 0; j < ow; ++j) {
+          const int q0 = top + 2 * j;
+          float best_v = r0[2 * j];
+          int best = q0;
+          const float v1 = r0[2 * j + 1], v2 = r1[2 * j], v3 = r1[2 * j + 1];
+          const bool t1 = !(v1 <= best_v);
+          best = t1 ? q0 + 1 : best;
+          best_v = t1 ? v1 : best_v;
+          const bool t2 = !(v2 <= best_v);
+          best = t2 ? q0 + in_w : best;
+          best_v = t2 ? v2 : best_v;
+          const bool t3 = !(v3 <= best_v);
+          best = t3 ? q0 + in_w + 1 : best;
+          best_v = t3 ? v3 : best_v;
+          out[i * ow + j] = best_v;
+          am[i * ow + j] = best;
+        }
+        continue;
+      }
+      for (int j = 0; j < ow; ++j) {
+        const int top = (i * stride) * in_w + j * stride;
+        int best = top;
+        float best_v = in[best];
+        for (int a = 0; a < kernel; ++a) {
+          for (int b = 0; b < kernel; ++b) {
+            const int q = top + a * in_w + b;
+            if (!(in[q] <= best_v)) best_v = in[best = q];
+          }
+        }
+        out[i * ow + j] = best_v;
+        am[i * ow + j] = best;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
+                                           const int32_t* argmax, float* dx) {
+  if (absl::Status s = CheckPool2d(g); !s.ok()) return s;
+  const int ohw = g.out_h() * g.out_w(), planes = g.batch * g.channels;
+  const int in_hw = g.in_h * g.in_w;
+#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_hw > kParallelMin)
+  for (int p = 0; p < planes; ++p) {
+    float* d = dx + static_cast<int64_t>(p) * in_hw;
+    std::memset(d, 0, sizeof(float) * in_hw);
+    const float* src = dy + static_cast<int64_t>(p) * ohw;
+    const int32_t* am = argmax + static_cast<int64_t>(p) * ohw;
+    for (int i = 0; i < ohw; ++i) d[am[i]] += src[i];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln
