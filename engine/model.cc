@@ -4,13 +4,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "engine/layers/conv2d.h"
-#include "engine/layers/dropout.h"
-#include "engine/layers/flatten.h"
-#include "engine/layers/linear.h"
-#include "engine/layers/maxpool2d.h"
-#include "engine/layers/relu.h"
-#include "engine/layers/softmax.h"
+#include "engine/layers/layers.h"
 #include "engine/status_macros.h"
 
 namespace kiln {
@@ -21,123 +15,37 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::string DescribeInput(const Shape& in) {
-  if (in.size() == 1) return std::to_string(in[0]);
-  return absl::StrCat(ShapeString(in), " = ", NumElements(in));
-}
-
-// Output shape of one layer for a per-sample input shape; `where` is "layer 3 conv2d".
-struct ShapeOf {
-  const Shape& in;
-  const std::string& where;
-
-  absl::Status Positive(const char* field, int64_t v) const {
-    if (v > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be positive, got ", v));
-  }
-  absl::Status Image(const char* what) const {
-    if (in.size() == 3) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what, " needs a CxHxW input but input is ",
-                                                   ShapeString(in)));
-  }
-
-  absl::StatusOr<Shape> operator()(const LinearConfig& c) const {
-    KILN_RETURN_IF_ERROR(Positive("in_features", c.in_features));
-    KILN_RETURN_IF_ERROR(Positive("out_features", c.out_features));
-    if (NumElements(in) != c.in_features) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": in_features ", c.in_features,
-                                                     " but input is ", DescribeInput(in)));
-    }
-    return Shape{c.out_features};
-  }
-  absl::StatusOr<Shape> operator()(const Conv2dConfig& c) const {
-    KILN_RETURN_IF_ERROR(Positive("in_channels", c.in_channels));
-    KILN_RETURN_IF_ERROR(Positive("out_channels", c.out_channels));
-    KILN_RETURN_IF_ERROR(Positive("kernel_size", c.kernel_size));
-    KILN_RETURN_IF_ERROR(Positive("stride", c.stride));
-    if (c.padding < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": padding must be >= 0, got ", c.padding));
-    }
-    KILN_RETURN_IF_ERROR(Image("conv2d"));
-    if (in[0] != c.in_channels) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": in_channels ", c.in_channels,
-                                                     " but input is ", ShapeString(in), " (",
-                                                     in[0], " channels)"));
-    }
-    const int64_t h = in[1] + 2 * c.padding, w = in[2] + 2 * c.padding;
-    if (c.kernel_size > h || c.kernel_size > w) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": kernel_size ", c.kernel_size,
-                                                     " is larger than the padded input ", h, "x",
-                                                     w));
-    }
-    return Shape{c.out_channels, (h - c.kernel_size) / c.stride + 1,
-                 (w - c.kernel_size) / c.stride + 1};
-  }
-  absl::StatusOr<Shape> operator()(const ReluConfig&) const { return in; }
-  absl::StatusOr<Shape> operator()(const MaxPool2dConfig& c) const {
-    KILN_RETURN_IF_ERROR(Positive("kernel_size", c.kernel_size));
-    if (c.stride < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": stride must be >= 0, got ", c.stride));
-    }
-    KILN_RETURN_IF_ERROR(Image("maxpool2d"));
-    const int64_t s = c.stride > 0 ? c.stride : c.kernel_size;
-    if (c.kernel_size > in[1] || c.kernel_size > in[2]) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": kernel_size ", c.kernel_size,
-                                                     " is larger than the input ", ShapeString(in)));
-    }
-    return Shape{in[0], (in[1] - c.kernel_size) / s + 1, (in[2] - c.kernel_size) / s + 1};
-  }
-  absl::StatusOr<Shape> operator()(const FlattenConfig&) const { return Shape{NumElements(in)}; }
-  absl::StatusOr<Shape> operator()(const DropoutConfig& c) const {
-    if (!(c.p >= 0.0f && c.p < 1.0f)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": p must be in [0, 1), got ", c.p));
-    }
-    return in;
-  }
-  absl::StatusOr<Shape> operator()(const SoftmaxConfig&) const {
-    if (in.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": needs a flat input but input is ",
-                                                     ShapeString(in), " (add a flatten layer)"));
-    }
-    return in;
-  }
-};
-
-int64_t ParameterCount(const LayerConfig& layer) {
-  if (auto* l = std::get_if<LinearConfig>(&layer)) {
-    return l->in_features * l->out_features + (l->bias ? l->out_features : 0);
-  }
-  if (auto* c = std::get_if<Conv2dConfig>(&layer)) {
-    return c->out_channels * c->in_channels * c->kernel_size * c->kernel_size +
-           (c->bias ? c->out_channels : 0);
-  }
-  return 0;
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config) {
   if (config.input_shape.empty()) return absl::InvalidArgumentError("model input_shape is empty");
   for (int64_t d : config.input_shape) {
     if (d <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("model input_shape ",
-                                                     ShapeString(config.input_shape),
-                                                     " has a non-positive dimension"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model input_shape ", ShapeString(config.input_shape), " has a non-positive dimension"));
     }
   }
   if (config.layers.empty()) return absl::InvalidArgumentError("model has no layers");
   std::vector<Shape> shapes = {config.input_shape};
   for (size_t i = 0; i < config.layers.size(); ++i) {
-    const std::string where = absl::StrCat("layer ", i, " ", LayerTypeName(config.layers[i]));
-    KILN_ASSIGN_OR_RETURN(Shape out, std::visit(ShapeOf{shapes.back(), where}, config.layers[i]));
-    shapes.push_back(std::move(out));
+    const Shape& in = shapes.back();
+    absl::StatusOr<Shape> out =
+        std::visit([&](const auto& c) { return OutputShape(c, in); }, config.layers[i]);
+    if (!out.ok()) {
+      return absl::Status(out.status().code(),
+                          absl::StrCat("layer ", i, " ", LayerTypeName(config.layers[i]), ": ",
+                                       out.status().message()));
+    }
+    shapes.push_back(*std::move(out));
   }
   return shapes;
 }
 
 int64_t CountParameters(const ModelConfig& config) {
   int64_t n = 0;
-  for (const auto& layer : config.layers) n += ParameterCount(layer);
+  for (const auto& layer : config.layers) {
+    n += std::visit([](const auto& c) { return ParameterCount(c); }, layer);
+  }
   return n;
 }
 
@@ -150,26 +58,18 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
     const Shape& in = model->shapes_[i];
     const Shape& out = model->shapes_[i + 1];
     const LayerConfig& lc = config.layers[i];
-    std::unique_ptr<Layer> layer;
     const bool relu_follows = fusion == Fusion::kFuse && i + 1 < config.layers.size() &&
                               std::holds_alternative<ReluConfig>(config.layers[i + 1]);
-    if (auto* l = std::get_if<LinearConfig>(&lc)) {
-      KILN_ASSIGN_OR_RETURN(layer, Linear::Create(*l, backend, in, &rng));
-    } else if (auto* c = std::get_if<Conv2dConfig>(&lc)) {
-      KILN_ASSIGN_OR_RETURN(layer, Conv2d::Create(*c, backend, in, out, &rng,
-                                                  relu_follows ? Activation::kRelu
-                                                               : Activation::kNone));
-    } else if (std::holds_alternative<ReluConfig>(lc)) {
-      layer = std::make_unique<Relu>(backend, in);
-    } else if (auto* p = std::get_if<MaxPool2dConfig>(&lc)) {
-      layer = std::make_unique<MaxPool2d>(*p, backend, in, out);
-    } else if (std::holds_alternative<FlattenConfig>(lc)) {
-      layer = std::make_unique<Flatten>(backend, in);
-    } else if (auto* d = std::get_if<DropoutConfig>(&lc)) {
-      layer = std::make_unique<Dropout>(*d, backend, in, SplitMix64(seed + 0x51ED + i));
-    } else {
-      layer = std::make_unique<Softmax>(backend, in);
-    }
+    LayerContext ctx;
+    ctx.backend = backend;
+    ctx.input = in;
+    ctx.output = out;
+    ctx.rng = &rng;
+    ctx.stream_seed = SplitMix64(seed + 0x51ED + i);
+    // Only a conv2d fuses the ReLU after it (cuDNN's conv-bias-activation).
+    if (relu_follows && std::holds_alternative<Conv2dConfig>(lc)) ctx.fused = Activation::kRelu;
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
+                          std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, lc));
     model->layers_.push_back(std::move(layer));
     // A ReLU right after a conv2d built with the fused activation does nothing itself.
     model->fused_.push_back(i > 0 && fusion == Fusion::kFuse &&
@@ -290,7 +190,7 @@ int64_t Model::parameter_count() const { return CountParameters(config_); }
 std::vector<uint64_t> Model::random_offsets() const {
   std::vector<uint64_t> out;
   for (const auto& layer : layers_) {
-    if (auto* d = dynamic_cast<const Dropout*>(layer.get())) out.push_back(d->offset());
+    if (layer->has_random_stream()) out.push_back(layer->random_offset());
   }
   return out;
 }
@@ -298,9 +198,9 @@ std::vector<uint64_t> Model::random_offsets() const {
 absl::Status Model::set_random_offsets(const std::vector<uint64_t>& offsets) {
   size_t i = 0;
   for (auto& layer : layers_) {
-    if (auto* d = dynamic_cast<Dropout*>(layer.get())) {
+    if (layer->has_random_stream()) {
       if (i >= offsets.size()) break;
-      d->set_offset(offsets[i++]);
+      layer->set_random_offset(offsets[i++]);
     }
   }
   if (i != offsets.size() || i != random_offsets().size()) {

@@ -2,15 +2,47 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+#include "engine/layers/layer_rules.h"
 #include "engine/layers/parameter_init.h"
 #include "engine/status_macros.h"
 
 namespace kiln {
 
-absl::StatusOr<std::unique_ptr<Layer>> Conv2d::Create(const Conv2dConfig& config,
-                                                      Backend* backend, const Shape& input,
-                                                      const Shape& output, Rng* rng,
-                                                      Activation act) {
+absl::StatusOr<Shape> OutputShape(const Conv2dConfig& c, const Shape& in) {
+  KILN_RETURN_IF_ERROR(CheckPositive("in_channels", c.in_channels));
+  KILN_RETURN_IF_ERROR(CheckPositive("out_channels", c.out_channels));
+  KILN_RETURN_IF_ERROR(CheckPositive("kernel_size", c.kernel_size));
+  KILN_RETURN_IF_ERROR(CheckPositive("stride", c.stride));
+  if (c.padding < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("padding must be >= 0, got ", c.padding));
+  }
+  KILN_RETURN_IF_ERROR(CheckImageInput("conv2d", in));
+  if (in[0] != c.in_channels) {
+    return absl::InvalidArgumentError(absl::StrCat("in_channels ", c.in_channels, " but input is ",
+                                                   ShapeString(in), " (", in[0], " channels)"));
+  }
+  const int64_t h = in[1] + 2 * c.padding, w = in[2] + 2 * c.padding;
+  if (c.kernel_size > h || c.kernel_size > w) {
+    return absl::InvalidArgumentError(absl::StrCat("kernel_size ", c.kernel_size,
+                                                   " is larger than the padded input ", h, "x", w));
+  }
+  return Shape{c.out_channels, (h - c.kernel_size) / c.stride + 1,
+               (w - c.kernel_size) / c.stride + 1};
+}
+
+int64_t ParameterCount(const Conv2dConfig& c) {
+  return c.out_channels * c.in_channels * c.kernel_size * c.kernel_size +
+         (c.bias ? c.out_channels : 0);
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const Conv2dConfig& c, const LayerContext& ctx) {
+  return Conv2d::Create(c, ctx.backend, ctx.input, ctx.output, ctx.rng, ctx.fused);
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> Conv2d::Create(const Conv2dConfig& config, Backend* backend,
+                                                      const Shape& input, const Shape& output,
+                                                      Rng* rng, Activation act) {
   auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output, act));
   const int64_t k = config.kernel_size;
   const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_channels * k * k));
@@ -48,10 +80,9 @@ absl::Status Conv2d::Forward(const Tensor& x, Tensor* y, Mode) {
 }
 
 absl::Status Conv2d::Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
-  return backend_->Conv2dBackward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(), y.f32(),
-                                  dy.f32(), act_, weight_.grad.f32(),
-                                  config_.bias ? bias_.grad.f32() : nullptr,
-                                  dx ? dx->f32() : nullptr);
+  return backend_->Conv2dBackward(
+      Geometry(x.dim(0)), x.f32(), weight_.value.f32(), y.f32(), dy.f32(), act_, weight_.grad.f32(),
+      config_.bias ? bias_.grad.f32() : nullptr, dx ? dx->f32() : nullptr);
 }
 
 }  // namespace kiln

@@ -1,6 +1,8 @@
 // Conv2d: square kernel, stride and zero padding, weight (out, in, k, k) as in torch.nn.Conv2d.
 #pragma once
 
+#include <memory>
+
 #include "absl/status/statusor.h"
 #include "engine/layers/layer.h"
 #include "engine/model_config.h"
@@ -8,12 +10,17 @@
 
 namespace kiln {
 
+// Output (out_channels, H', W') for a (in_channels, H, W) input, floor((H + 2p - k) / s) + 1.
+absl::StatusOr<Shape> OutputShape(const Conv2dConfig& c, const Shape& input);
+int64_t ParameterCount(const Conv2dConfig& c);
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const Conv2dConfig& c, const LayerContext& ctx);
+
 class Conv2d final : public Layer {
  public:
   // `act` is an activation fused into this layer (the model fuses a following ReLU).
-  static absl::StatusOr<std::unique_ptr<Layer>> Create(const Conv2dConfig& config,
-                                                       Backend* backend, const Shape& input,
-                                                       const Shape& output, Rng* rng,
+  static absl::StatusOr<std::unique_ptr<Layer>> Create(const Conv2dConfig& config, Backend* backend,
+                                                       const Shape& input, const Shape& output,
+                                                       Rng* rng,
                                                        Activation act = Activation::kNone);
   const char* type() const override { return "conv2d"; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;

@@ -3,11 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
+#include "absl/status/statusor.h"
 #include "engine/layers/layer.h"
 #include "engine/model_config.h"
 
 namespace kiln {
+
+// The same shape as its input; p must lie in [0, 1); no parameters.
+absl::StatusOr<Shape> OutputShape(const DropoutConfig& c, const Shape& input);
+inline int64_t ParameterCount(const DropoutConfig&) { return 0; }
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const DropoutConfig& c, const LayerContext& ctx);
 
 class Dropout final : public Layer {
  public:
@@ -20,6 +27,9 @@ class Dropout final : public Layer {
   // Elements drawn so far: the position in this layer's random stream, for checkpoints.
   uint64_t offset() const { return offset_; }
   void set_offset(uint64_t offset) { offset_ = offset; }
+  bool has_random_stream() const override { return true; }
+  uint64_t random_offset() const override { return offset_; }
+  void set_random_offset(uint64_t offset) override { offset_ = offset; }
 
  private:
   DropoutConfig config_;

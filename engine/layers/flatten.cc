@@ -2,6 +2,10 @@
 
 namespace kiln {
 
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const FlattenConfig&, const LayerContext& ctx) {
+  return std::make_unique<Flatten>(ctx.backend, ctx.input);
+}
+
 absl::Status Flatten::Forward(const Tensor& x, Tensor* y, Mode) {
   return backend_->Copy(x, y, x.bytes());
 }

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "engine/backend.h"
+#include "engine/rng.h"
 #include "engine/tensor.h"
 
 namespace kiln {
@@ -20,10 +21,24 @@ struct Parameter {
   Tensor grad;
 };
 
+// What building a layer needs besides its config. Each layer's files define, for its config C:
+//   absl::StatusOr<Shape> OutputShape(const C&, const Shape& input)   its shape rule
+//   int64_t ParameterCount(const C&)                                   its learnable values
+//   absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const C&, const LayerContext&)
+// and engine/layers/layers.h gathers them for the model, which dispatches on the config's type.
+struct LayerContext {
+  Backend* backend = nullptr;
+  Shape input, output;                   // per sample; output is what OutputShape gave
+  Rng* rng = nullptr;                    // parameter initialisation, drawn in layer order
+  uint64_t stream_seed = 0;              // the layer's own random stream (dropout)
+  Activation fused = Activation::kNone;  // an activation fused into the layer's output
+};
+
 class Layer {
  public:
   Layer(Backend* backend, Shape input_shape, Shape output_shape)
-      : backend_(backend), input_shape_(std::move(input_shape)),
+      : backend_(backend),
+        input_shape_(std::move(input_shape)),
         output_shape_(std::move(output_shape)) {}
   virtual ~Layer() = default;
   Layer(const Layer&) = delete;
@@ -38,10 +53,15 @@ class Layer {
   virtual absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) = 0;
   // From dy (shaped like y), accumulates parameter gradients and, when dx is not null,
   // overwrites dx (shaped like x). x and y are the tensors of the last Forward in kTrain mode.
-  virtual absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy,
-                                Tensor* dx) = 0;
+  virtual absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
 
   virtual std::vector<Parameter*> parameters() { return {}; }
+
+  // Layers that draw random numbers (dropout) keep their position in their stream, which
+  // checkpoints record so that a resumed run draws what the uninterrupted one would have.
+  virtual bool has_random_stream() const { return false; }
+  virtual uint64_t random_offset() const { return 0; }
+  virtual void set_random_offset(uint64_t) {}
 
  protected:
   Backend* backend_;

@@ -3,19 +3,45 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "engine/layers/layer_rules.h"
 #include "engine/layers/parameter_init.h"
 #include "engine/status_macros.h"
 
 namespace kiln {
 
-absl::StatusOr<std::unique_ptr<Layer>> Linear::Create(const LinearConfig& config,
-                                                      Backend* backend, const Shape& input,
-                                                      Rng* rng) {
+namespace {
+
+std::string DescribeInput(const Shape& in) {
+  if (in.size() == 1) return std::to_string(in[0]);
+  return absl::StrCat(ShapeString(in), " = ", NumElements(in));
+}
+
+}  // namespace
+
+absl::StatusOr<Shape> OutputShape(const LinearConfig& c, const Shape& in) {
+  KILN_RETURN_IF_ERROR(CheckPositive("in_features", c.in_features));
+  KILN_RETURN_IF_ERROR(CheckPositive("out_features", c.out_features));
+  if (NumElements(in) != c.in_features) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("in_features ", c.in_features, " but input is ", DescribeInput(in)));
+  }
+  return Shape{c.out_features};
+}
+
+int64_t ParameterCount(const LinearConfig& c) {
+  return c.in_features * c.out_features + (c.bias ? c.out_features : 0);
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LinearConfig& c, const LayerContext& ctx) {
+  return Linear::Create(c, ctx.backend, ctx.input, ctx.rng);
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> Linear::Create(const LinearConfig& config, Backend* backend,
+                                                      const Shape& input, Rng* rng) {
   auto layer = std::unique_ptr<Linear>(new Linear(config, backend, input));
   const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_features));
-  KILN_RETURN_IF_ERROR(InitUniformParameter(backend, "weight",
-                                            {config.out_features, config.in_features}, bound, rng,
-                                            &layer->weight_));
+  KILN_RETURN_IF_ERROR(InitUniformParameter(
+      backend, "weight", {config.out_features, config.in_features}, bound, rng, &layer->weight_));
   if (config.bias) {
     KILN_RETURN_IF_ERROR(
         InitUniformParameter(backend, "bias", {config.out_features}, bound, rng, &layer->bias_));

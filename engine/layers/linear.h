@@ -1,6 +1,8 @@
 // Linear: y = x W^T + b, with W (out_features, in_features) as in torch.nn.Linear.
 #pragma once
 
+#include <memory>
+
 #include "absl/status/statusor.h"
 #include "engine/layers/layer.h"
 #include "engine/model_config.h"
@@ -8,11 +10,15 @@
 
 namespace kiln {
 
+// Output (out_features) for an input of in_features elements (any shape).
+absl::StatusOr<Shape> OutputShape(const LinearConfig& c, const Shape& input);
+int64_t ParameterCount(const LinearConfig& c);
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LinearConfig& c, const LayerContext& ctx);
+
 class Linear final : public Layer {
  public:
-  static absl::StatusOr<std::unique_ptr<Layer>> Create(const LinearConfig& config,
-                                                       Backend* backend, const Shape& input,
-                                                       Rng* rng);
+  static absl::StatusOr<std::unique_ptr<Layer>> Create(const LinearConfig& config, Backend* backend,
+                                                       const Shape& input, Rng* rng);
   const char* type() const override { return "linear"; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;

@@ -1,8 +1,29 @@
 #include "engine/layers/maxpool2d.h"
 
+#include "absl/strings/str_cat.h"
+#include "engine/layers/layer_rules.h"
 #include "engine/status_macros.h"
 
 namespace kiln {
+
+absl::StatusOr<Shape> OutputShape(const MaxPool2dConfig& c, const Shape& in) {
+  KILN_RETURN_IF_ERROR(CheckPositive("kernel_size", c.kernel_size));
+  if (c.stride < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("stride must be >= 0, got ", c.stride));
+  }
+  KILN_RETURN_IF_ERROR(CheckImageInput("maxpool2d", in));
+  const int64_t s = c.stride > 0 ? c.stride : c.kernel_size;
+  if (c.kernel_size > in[1] || c.kernel_size > in[2]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kernel_size ", c.kernel_size, " is larger than the input ", ShapeString(in)));
+  }
+  return Shape{in[0], (in[1] - c.kernel_size) / s + 1, (in[2] - c.kernel_size) / s + 1};
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const MaxPool2dConfig& c,
+                                                 const LayerContext& ctx) {
+  return std::make_unique<MaxPool2d>(c, ctx.backend, ctx.input, ctx.output);
+}
 
 Pool2dGeometry MaxPool2d::Geometry(int64_t batch) const {
   Pool2dGeometry g;

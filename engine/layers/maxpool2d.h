@@ -1,10 +1,18 @@
 // MaxPool2d: the maximum over each kernel x kernel window (floor mode, no padding).
 #pragma once
 
+#include <memory>
+
+#include "absl/status/statusor.h"
 #include "engine/layers/layer.h"
 #include "engine/model_config.h"
 
 namespace kiln {
+
+// Output (C, H', W') for a (C, H, W) input, floor((H - k) / stride) + 1; no parameters.
+absl::StatusOr<Shape> OutputShape(const MaxPool2dConfig& c, const Shape& input);
+inline int64_t ParameterCount(const MaxPool2dConfig&) { return 0; }
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const MaxPool2dConfig& c, const LayerContext& ctx);
 
 class MaxPool2d final : public Layer {
  public:

@@ -2,6 +2,10 @@
 
 namespace kiln {
 
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const ReluConfig&, const LayerContext& ctx) {
+  return std::make_unique<Relu>(ctx.backend, ctx.input);
+}
+
 absl::Status Relu::Forward(const Tensor& x, Tensor* y, Mode) {
   return backend_->ReluForward(x.numel(), x.f32(), y->f32());
 }

@@ -2,9 +2,22 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
 
 namespace kiln {
+
+absl::StatusOr<Shape> OutputShape(const SoftmaxConfig&, const Shape& in) {
+  if (in.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("needs a flat input but input is ",
+                                                   ShapeString(in), " (add a flatten layer)"));
+  }
+  return in;
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const SoftmaxConfig&, const LayerContext& ctx) {
+  return std::make_unique<Softmax>(ctx.backend, ctx.input);
+}
 
 absl::Status Softmax::Forward(const Tensor& x, Tensor* y, Mode) {
   const int cols = static_cast<int>(input_shape_.back());

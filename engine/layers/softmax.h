@@ -1,9 +1,18 @@
 // Softmax over the last dimension, for models that output probabilities when served.
 #pragma once
 
+#include <memory>
+
+#include "absl/status/statusor.h"
 #include "engine/layers/layer.h"
+#include "engine/model_config.h"
 
 namespace kiln {
+
+// A flat input's shape; no parameters.
+absl::StatusOr<Shape> OutputShape(const SoftmaxConfig& c, const Shape& input);
+inline int64_t ParameterCount(const SoftmaxConfig&) { return 0; }
+absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const SoftmaxConfig& c, const LayerContext& ctx);
 
 class Softmax final : public Layer {
  public:
