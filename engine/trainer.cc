@@ -23,7 +23,8 @@ constexpr int kEvalBatch = 1000;
 constexpr uint64_t kShuffleStream = 0x5EED5A1E;
 
 absl::Status ValidateConfig(const TrainConfig& c) {
-  if (c.epochs < 1) return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", c.epochs));
+  if (c.epochs < 1)
+    return absl::InvalidArgumentError(absl::StrCat("epochs must be >= 1, got ", c.epochs));
   if (c.batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("batch_size must be >= 1, got ", c.batch_size));
   }
@@ -42,8 +43,7 @@ absl::Status CheckData(const Dataset& d, const char* which, const Shape& input, 
   }
   if (d.num_classes > classes) {
     return absl::InvalidArgumentError(absl::StrCat("model has ", classes, " outputs but the ",
-                                                   which, " labels go up to ",
-                                                   d.num_classes - 1));
+                                                   which, " labels go up to ", d.num_classes - 1));
   }
   return absl::OkStatus();
 }
@@ -78,8 +78,8 @@ absl::Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(model_, Model::Build(config_.model, backend_, config_.seed));
   const Shape& out = model_->output_shape();
   if (out.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model's output is ", ShapeString(out), "; a classifier needs a flat output"));
+    return absl::InvalidArgumentError(absl::StrCat("the model's output is ", ShapeString(out),
+                                                   "; a classifier needs a flat output"));
   }
   KILN_RETURN_IF_ERROR(CheckData(*train_, "training", config_.model.input_shape, out[0]));
   if (test_ != nullptr) {
@@ -100,8 +100,8 @@ absl::Status Trainer::Init() {
                         backend_->Allocate(DType::kF32, WithBatch(cap, config_.model.input_shape)));
   KILN_ASSIGN_OR_RETURN(batch_y_, backend_->Allocate(DType::kI32, {cap}));
   KILN_ASSIGN_OR_RETURN(dlogits_, backend_->Allocate(DType::kF32, WithBatch(cap, out)));
-  KILN_ASSIGN_OR_RETURN(loss_scalar_, backend_->Allocate(DType::kF32, {1}));
-  KILN_ASSIGN_OR_RETURN(correct_scalar_, backend_->Allocate(DType::kI32, {1}));
+  // The loss (f32) and the correct count (i32) side by side: one device-to-host copy a step.
+  KILN_ASSIGN_OR_RETURN(step_scalars_, backend_->Allocate(DType::kF32, {2}));
 
   shuffle_rng_.Seed(config_.seed ^ kShuffleStream);
   position_.epoch_rng = shuffle_rng_.state();
@@ -124,8 +124,7 @@ absl::Status Trainer::Upload(const Dataset& d, Tensor* pixels, Tensor* labels,
   std::vector<int32_t> identity(d.size);
   for (int32_t i = 0; i < d.size; ++i) identity[i] = i;
   KILN_ASSIGN_OR_RETURN(*identity_index, backend_->Allocate(DType::kI32, {d.size}));
-  return backend_->CopyFromHost(identity.data(), identity.size() * sizeof(int32_t),
-                                identity_index);
+  return backend_->CopyFromHost(identity.data(), identity.size() * sizeof(int32_t), identity_index);
 }
 
 absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
@@ -169,26 +168,24 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
     KILN_RETURN_IF_ERROR(model_->ZeroGrad());
     KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kTrain));
     dlogits_.Reshape(out->shape());
-    KILN_RETURN_IF_ERROR(loss_->Compute(*out, batch_y_, loss_scalar_.f32(),
-                                        correct_scalar_.i32(), &dlogits_));
+    KILN_RETURN_IF_ERROR(
+        loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), &dlogits_));
     KILN_RETURN_IF_ERROR(model_->Backward(dlogits_));
     KILN_RETURN_IF_ERROR(optimizer_->Step(lr));
 
-    float loss = 0;
-    int32_t correct = 0;
-    KILN_RETURN_IF_ERROR(backend_->CopyToHost(loss_scalar_, &loss, sizeof(loss)));
-    KILN_RETURN_IF_ERROR(backend_->CopyToHost(correct_scalar_, &correct, sizeof(correct)));
+    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, ReadStepScalars());
+    const float loss = scalars.loss;
+    const int32_t correct = scalars.correct;
     if (!std::isfinite(loss)) {
-      return absl::FailedPreconditionError(absl::StrCat("loss became ", std::isnan(loss) ? "NaN" : "Inf",
-                                                        " at epoch ", epoch, " step ", s + 1));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "loss became ", std::isnan(loss) ? "NaN" : "Inf", " at epoch ", epoch, " step ", s + 1));
     }
     p.epoch_loss_sum += static_cast<double>(loss) * count;
     p.epoch_correct += correct;
     p.epoch_samples += count;
     p.step_in_epoch = s + 1;
     ++p.global_step;
-    p.epoch_seconds =
-        seconds_before + std::chrono::duration<double>(Clock::now() - start).count();
+    p.epoch_seconds = seconds_before + std::chrono::duration<double>(Clock::now() - start).count();
     if (callbacks.on_step) {
       StepEvent e;
       e.epoch = epoch;
@@ -229,8 +226,8 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
   Tensor pixels = test_pixels_, labels = test_labels_, index = eval_index_;
   if (&data != test_) {
     // Another dataset: upload it for this evaluation only.
-    KILN_RETURN_IF_ERROR(CheckData(data, "evaluation", config_.model.input_shape,
-                                   model_->output_shape()[0]));
+    KILN_RETURN_IF_ERROR(
+        CheckData(data, "evaluation", config_.model.input_shape, model_->output_shape()[0]));
     KILN_RETURN_IF_ERROR(Upload(data, &pixels, &labels, &index));
   }
   EvalResult r;
@@ -242,13 +239,10 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
         LoadBatch(pixels, labels, data.sample_elems(), index.i32() + start, count));
     KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));
     KILN_RETURN_IF_ERROR(
-        loss_->Compute(*out, batch_y_, loss_scalar_.f32(), correct_scalar_.i32(), nullptr));
-    float loss = 0;
-    int32_t hits = 0;
-    KILN_RETURN_IF_ERROR(backend_->CopyToHost(loss_scalar_, &loss, sizeof(loss)));
-    KILN_RETURN_IF_ERROR(backend_->CopyToHost(correct_scalar_, &hits, sizeof(hits)));
-    loss_sum += static_cast<double>(loss) * count;
-    correct += hits;
+        loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), nullptr));
+    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, ReadStepScalars());
+    loss_sum += static_cast<double>(scalars.loss) * count;
+    correct += scalars.correct;
   }
   r.samples = data.size;
   r.loss = loss_sum / std::max<int64_t>(data.size, 1);
@@ -263,6 +257,14 @@ absl::Status Trainer::SaveCheckpoint(const std::string& path) {
 
 absl::Status Trainer::LoadCheckpoint(const std::string& path) {
   return ReadCheckpoint(path, *model_, optimizer_.get(), &position_);
+}
+
+int32_t* Trainer::CorrectSlot() { return reinterpret_cast<int32_t*>(step_scalars_.f32() + 1); }
+
+absl::StatusOr<Trainer::StepScalars> Trainer::ReadStepScalars() {
+  StepScalars out;
+  KILN_RETURN_IF_ERROR(backend_->CopyToHost(step_scalars_, &out, sizeof(out)));
+  return out;
 }
 
 }  // namespace kiln

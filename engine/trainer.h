@@ -36,13 +36,13 @@ struct TrainConfig {
 };
 
 struct StepEvent {
-  int epoch = 0;                // 1-based
-  int step_in_epoch = 0;        // 1-based
+  int epoch = 0;          // 1-based
+  int step_in_epoch = 0;  // 1-based
   int steps_per_epoch = 0;
-  int64_t global_step = 0;      // 1-based, across epochs
-  float loss = 0;               // this batch's mean loss
+  int64_t global_step = 0;  // 1-based, across epochs
+  float loss = 0;           // this batch's mean loss
   float lr = 0;
-  double samples_per_sec = 0;   // over the epoch so far
+  double samples_per_sec = 0;  // over the epoch so far
 };
 
 struct EvalResult {
@@ -52,7 +52,7 @@ struct EvalResult {
 };
 
 struct EpochEvent {
-  int epoch = 0;  // 1-based
+  int epoch = 0;              // 1-based
   double train_loss = 0;      // mean over the epoch's samples
   double train_accuracy = 0;  // fraction, over the epoch's batches
   EvalResult test;            // samples 0 when there is no test set
@@ -108,6 +108,16 @@ class Trainer {
   absl::Status LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
                          const int32_t* index, int count);
 
+  // A step's loss and correct count, as they sit in step_scalars_ on the device.
+  struct StepScalars {
+    float loss = 0;
+    int32_t correct = 0;
+  };
+  static_assert(sizeof(StepScalars) == 2 * sizeof(float));
+  int32_t* CorrectSlot();  // step_scalars_'s second element
+  // Waits for the step and reads both scalars with one device-to-host copy.
+  absl::StatusOr<StepScalars> ReadStepScalars();
+
   TrainConfig config_;
   Backend* backend_;
   const Dataset* train_;
@@ -119,7 +129,7 @@ class Trainer {
   Rng shuffle_rng_;
   // Device copies of the datasets and per-batch buffers.
   Tensor train_pixels_, train_labels_, test_pixels_, test_labels_;
-  Tensor perm_, eval_index_, batch_x_, batch_y_, dlogits_, loss_scalar_, correct_scalar_;
+  Tensor perm_, eval_index_, batch_x_, batch_y_, dlogits_, step_scalars_;
 };
 
 }  // namespace kiln
