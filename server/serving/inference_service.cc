@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
-#include "server/call_auth.h"
+#include "server/grpc/call_auth.h"
 #include "server/serving/tensor_codec.h"
 
 #ifndef KILN_VERSION

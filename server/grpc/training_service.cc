@@ -1,4 +1,4 @@
-#include "server/training_service.h"
+#include "server/grpc/training_service.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -12,7 +12,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "server/call_auth.h"
+#include "server/grpc/call_auth.h"
 
 namespace kiln::server {
 

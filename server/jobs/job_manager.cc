@@ -1,4 +1,4 @@
-#include "server/job_manager.h"
+#include "server/jobs/job_manager.h"
 
 #include <pthread.h>
 
@@ -16,9 +16,9 @@
 #include "engine/model.h"
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
-#include "server/logging.h"
-#include "server/metrics.h"
-#include "server/proto_time.h"
+#include "server/jobs/proto_time.h"
+#include "server/observability/logging.h"
+#include "server/observability/metrics.h"
 
 namespace kiln::server {
 namespace fs = std::filesystem;

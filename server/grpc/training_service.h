@@ -3,10 +3,10 @@
 #pragma once
 
 #include "kiln/v1/training.grpc.pb.h"
-#include "server/dataset_catalog.h"
-#include "server/job_manager.h"
-#include "server/metric_broadcaster.h"
-#include "server/stream_slots.h"
+#include "server/grpc/stream_slots.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/metric_broadcaster.h"
 
 namespace kiln::server {
 

@@ -19,10 +19,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
-#include "server/dataset_catalog.h"
-#include "server/job_store.h"
-#include "server/metric_broadcaster.h"
-#include "server/spec_translation.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/metric_broadcaster.h"
+#include "server/jobs/spec_translation.h"
 
 namespace kiln {
 class Trainer;
