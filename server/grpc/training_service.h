@@ -54,7 +54,4 @@ class TrainingService final : public v1::Training::CallbackService {
   StreamSlots streams_;
 };
 
-// absl and gRPC share the canonical code numbering; the message passes unchanged.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 }  // namespace kiln::server
