@@ -127,8 +127,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.limits = options.limits;
   manager_options.step_delay = options.step_delay;
-  manager_options.metrics = d->metrics_.get();
-  manager_options.log = d->log_.get();
+  // Job events reach the metric families and the event log through these, and only these.
+  d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
+  d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());
+  manager_options.observers = {d->job_metrics_.get(), d->job_log_.get()};
   d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());

@@ -20,6 +20,7 @@
 #include "server/jobs/metric_broadcaster.h"
 #include "server/jobs/spec_translation.h"
 #include "server/jobs/state_dir_lock.h"
+#include "server/observability/job_observers.h"
 #include "server/observability/logging.h"
 #include "server/observability/metrics.h"
 #include "server/serving/inference_service.h"
@@ -101,6 +102,8 @@ class Daemon {
   // First, so they outlive everything that reports to them.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<EventLog> log_;
+  std::unique_ptr<JobMetricsObserver> job_metrics_;
+  std::unique_ptr<JobLogObserver> job_log_;
   std::unique_ptr<AuthTokens> auth_tokens_;  // null: auth off; read by the server's interceptor
   std::unique_ptr<TlsReloader> tls_;         // null: plaintext
   std::unique_ptr<JobStore> store_;

@@ -17,8 +17,6 @@
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
 #include "server/jobs/proto_time.h"
-#include "server/observability/logging.h"
-#include "server/observability/metrics.h"
 
 namespace kiln::server {
 namespace fs = std::filesystem;
@@ -35,11 +33,6 @@ struct JobManager::JobSlot {
 
 namespace {
 
-bool IsFinal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
-
 std::string StateName(v1::JobState state) {
   std::string name = v1::JobState_Name(state);
   return name.substr(std::string("JOB_STATE_").size());
@@ -51,23 +44,6 @@ std::string NewJobId() {
   return absl::StrFormat("job-%012x", bits & 0xffffffffffffull);
 }
 
-const char* KindName(v1::CheckpointKind kind) {
-  switch (kind) {
-    case v1::CHECKPOINT_KIND_PERIODIC:
-      return "periodic";
-    case v1::CHECKPOINT_KIND_BEST:
-      return "best";
-    case v1::CHECKPOINT_KIND_ON_DEMAND:
-      return "on-demand";
-    case v1::CHECKPOINT_KIND_SHUTDOWN:
-      return "shutdown";
-    case v1::CHECKPOINT_KIND_FINAL:
-      return "final";
-    default:
-      return "checkpoint";
-  }
-}
-
 void RemoveCheckpointFile(const v1::Checkpoint& c) {
   std::error_code ec;
   fs::remove(c.path(), ec);
@@ -77,7 +53,10 @@ void RemoveCheckpointFile(const v1::Checkpoint& c) {
 
 JobManager::JobManager(JobStore* store, MetricBroadcaster* broadcaster,
                        const DatasetCatalog* datasets, JobManagerOptions options)
-    : store_(store), broadcaster_(broadcaster), datasets_(datasets), options_(std::move(options)) {}
+    : store_(store),
+      events_(store, broadcaster, options.observers),
+      datasets_(datasets),
+      options_(std::move(options)) {}
 
 JobManager::~JobManager() {
   Shutdown(absl::InfiniteDuration()).IgnoreError();
@@ -105,29 +84,13 @@ absl::StatusOr<std::shared_ptr<JobManager::JobSlot>> JobManager::FindLocked(
   return it->second;
 }
 
-absl::Status JobManager::EmitLocked(JobSlot& slot, v1::JobEvent event, bool persist_job) {
-  event.set_seq(slot.next_seq++);
-  *event.mutable_time() = MillisToTimestamp(NowMillis());
-  KILN_RETURN_IF_ERROR(persist_job ? store_->PutJob(slot.job, &event)
-                                   : store_->AppendEvent(slot.job.id(), event));
-  broadcaster_->Publish(slot.job.id(), event);
-  return absl::OkStatus();
-}
-
 absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
                                         const std::string& reason) {
   const v1::JobState from = slot.job.state();
   slot.job.set_state(state);
   slot.job.set_reason(reason);
   if (IsFinal(state)) *slot.job.mutable_end_time() = MillisToTimestamp(NowMillis());
-  v1::JobEvent event;
-  event.mutable_state()->set_state(state);
-  event.mutable_state()->set_reason(reason);
-  absl::Status status = EmitLocked(slot, std::move(event), /*persist_job=*/true);
-  if (options_.metrics != nullptr) options_.metrics->JobStateChanged(slot.job.id(), from, state);
-  if (options_.log != nullptr) options_.log->JobStateChanged(slot.job, from);
-  if (IsFinal(state)) broadcaster_->Close(slot.job.id(), absl::OkStatus());
-  return status;
+  return events_.StateChanged(slot.job, from, &slot.next_seq);
 }
 
 absl::Status JobManager::Recover() {
@@ -140,10 +103,7 @@ absl::Status JobManager::Recover() {
     slot->next_seq = max_seq + 1;
     slot->job = std::move(job);
     jobs_[slot->job.id()] = slot;
-    if (options_.metrics != nullptr) {
-      options_.metrics->JobStateChanged(slot->job.id(), v1::JOB_STATE_UNSPECIFIED,
-                                        slot->job.state());
-    }
+    events_.Recovered(slot->job);
     if (slot->job.state() == v1::JOB_STATE_RUNNING) resumed.push_back(slot);
     if (slot->job.state() == v1::JOB_STATE_QUEUED) queued.push_back(slot);
   }
@@ -222,8 +182,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   queues_[job.device()].push_back(job.id());
   ++queued_count_;
   v1::Job result = job;
-  if (options_.metrics != nullptr) options_.metrics->JobSubmitted();
-  if (options_.log != nullptr) options_.log->JobSubmitted(result);
+  events_.Submitted(result);
   ScheduleLocked();
   return result;
 }
@@ -314,7 +273,7 @@ absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool inclu
     KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
     max_seq = slot->next_seq - 1;
     job = slot->job;
-    if (!IsFinal(job.state())) watch.live = broadcaster_->Subscribe(job_id, include_steps);
+    if (!IsFinal(job.state())) watch.live = events_.Subscribe(job_id, include_steps);
   }
   if (live_only) {
     v1::JobEvent& e = watch.history.emplace_back();
@@ -328,7 +287,7 @@ absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool inclu
   absl::StatusOr<std::vector<v1::JobEvent>> history =
       store_->Events(job_id, max_seq, include_steps);
   if (!history.ok()) {
-    if (watch.live) broadcaster_->Unsubscribe(watch.live);
+    if (watch.live) events_.Unsubscribe(watch.live);
     return history.status();
   }
   watch.history = *std::move(history);
@@ -423,8 +382,8 @@ absl::StatusOr<v1::Checkpoint> JobManager::SaveCheckpoint(JobSlot& slot, Trainer
   std::error_code ec;
   fs::create_directories(dir, ec);
   const TrainingPosition& position = trainer.position();
-  const std::string path = absl::StrCat(dir, "/", KindName(kind), "-step", position.global_step,
-                                        "-", NowMillis(), ".safetensors");
+  const std::string path = absl::StrCat(dir, "/", CheckpointKindName(kind), "-step",
+                                        position.global_step, "-", NowMillis(), ".safetensors");
   const absl::Time write_start = absl::Now();
   KILN_RETURN_IF_ERROR(trainer.SaveCheckpoint(path));
   const double write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
@@ -439,13 +398,7 @@ absl::StatusOr<v1::Checkpoint> JobManager::SaveCheckpoint(JobSlot& slot, Trainer
   std::lock_guard<std::mutex> lock(mu_);
   c.set_test_accuracy(slot.job.last_epoch().test_accuracy());
   KILN_RETURN_IF_ERROR(store_->InsertCheckpoint(&c));
-  v1::JobEvent event;
-  *event.mutable_checkpoint() = c;
-  KILN_RETURN_IF_ERROR(EmitLocked(slot, std::move(event), /*persist_job=*/true));
-  if (options_.metrics != nullptr) {
-    options_.metrics->CheckpointWritten(c.job_id(), KindName(kind), write_seconds, c.size_bytes());
-  }
-  if (options_.log != nullptr) options_.log->CheckpointWritten(c, write_seconds);
+  KILN_RETURN_IF_ERROR(events_.CheckpointWritten(slot.job, c, write_seconds, &slot.next_seq));
   PruneCheckpointsLocked(slot, c);
   return c;
 }
@@ -524,9 +477,7 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
     KILN_RETURN_IF_ERROR(store_->PutJob(slot->job));
   }
   if (slot->stop) return absl::AbortedError("kilnd is shutting down");
-  if (options_.metrics != nullptr) {
-    options_.metrics->TrainingStarted(job_id, ModelLabel(spec), epochs);
-  }
+  events_.TrainingStarted(job_id, spec, epochs);
 
   absl::Status store_error;  // from callbacks that cannot return one; stops the run
   int epoch_ended = 0;
@@ -534,51 +485,26 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
   absl::Time step_start = absl::Now();  // steps are timed from the end of the last after_step
   Trainer::Callbacks callbacks;
   callbacks.on_step = [&](const StepEvent& e) {
-    if (options_.metrics != nullptr) {
-      const int64_t samples = std::min<int64_t>(
-          config.batch_size, data->train.size - int64_t{e.step_in_epoch - 1} * config.batch_size);
-      options_.metrics->TrainingStep(job_id, e, samples,
-                                     absl::ToDoubleSeconds(absl::Now() - step_start));
-    }
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
+    const int64_t samples = std::min<int64_t>(
+        config.batch_size, data->train.size - int64_t{e.step_in_epoch - 1} * config.batch_size);
     {
       std::lock_guard<std::mutex> lock(mu_);
       slot->job.set_global_step(e.global_step);
-      v1::JobEvent event;
-      v1::StepMetrics* m = event.mutable_step();
-      m->set_epoch(e.epoch);
-      m->set_step_in_epoch(e.step_in_epoch);
-      m->set_steps_per_epoch(e.steps_per_epoch);
-      m->set_global_step(e.global_step);
-      m->set_loss(e.loss);
-      m->set_lr(e.lr);
-      m->set_samples_per_sec(e.samples_per_sec);
-      absl::Status s = EmitLocked(*slot, std::move(event), /*persist_job=*/false);
+      absl::Status s = events_.Step(slot->job, e, samples, seconds, &slot->next_seq);
       if (!s.ok() && store_error.ok()) store_error = s;
     }
     if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
   };
   callbacks.on_epoch = [&](const EpochEvent& e) {
     std::lock_guard<std::mutex> lock(mu_);
-    v1::JobEvent event;
-    v1::EpochMetrics* m = event.mutable_epoch();
-    m->set_epoch(e.epoch);
-    m->set_train_loss(e.train_loss);
-    m->set_train_accuracy(e.train_accuracy);
-    m->set_test_loss(e.test.loss);
-    m->set_test_accuracy(e.test.accuracy);
-    m->set_test_samples(e.test.samples);
-    m->set_train_seconds(e.train_seconds);
-    m->set_samples_per_sec(e.samples_per_sec);
-    m->set_lr(e.lr);
     const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
     improved = slot->job.best_test_accuracy() < score || e.epoch == 1;
     if (improved) slot->job.set_best_test_accuracy(score);
     slot->job.set_epochs_done(e.epoch);
-    *slot->job.mutable_last_epoch() = *m;
-    absl::Status s = EmitLocked(*slot, std::move(event), /*persist_job=*/true);
+    *slot->job.mutable_last_epoch() = EpochMetricsOf(e);
+    absl::Status s = events_.Epoch(slot->job, e, epochs, &slot->next_seq);
     if (!s.ok() && store_error.ok()) store_error = s;
-    if (options_.metrics != nullptr) options_.metrics->TrainingEpoch(job_id, e);
-    if (options_.log != nullptr) options_.log->EpochDone(job_id, e, epochs);
     epoch_ended = e.epoch;
   };
   callbacks.after_step = [&](Trainer& t) -> absl::Status {
@@ -634,10 +560,7 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
     SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request").IgnoreError();
   } else if (slot->stop) {
     // Left RUNNING in the store on purpose: the next start resumes it.
-    store_->PutJob(slot->job).IgnoreError();
-    broadcaster_->Close(slot->job.id(),
-                        absl::UnavailableError("kilnd is shutting down; the job resumes when it "
-                                               "starts again"));
+    events_.Interrupted(slot->job);
   } else {
     SetStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message())).IgnoreError();
   }

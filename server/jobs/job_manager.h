@@ -20,6 +20,8 @@
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
 #include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_event_observer.h"
+#include "server/jobs/job_events.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/metric_broadcaster.h"
 #include "server/jobs/spec_translation.h"
@@ -30,9 +32,6 @@ class Trainer;
 
 namespace kiln::server {
 
-class EventLog;
-class Metrics;
-
 struct JobManagerOptions {
   std::string state_dir;               // checkpoints go to state_dir/checkpoints/<job>/
   std::string default_device = "cpu";  // for specs without a device; "auto" is resolved
@@ -41,8 +40,8 @@ struct JobManagerOptions {
   SpecLimits limits;
   // For tests only: a pause after every training step, to make jobs last predictably.
   absl::Duration step_delay = absl::ZeroDuration();
-  Metrics* metrics = nullptr;  // not owned; null: no metrics
-  EventLog* log = nullptr;     // not owned; null: no event log
+  // Told of every job event, in this order (metrics, the event log); not owned.
+  std::vector<JobEventObserver*> observers;
 };
 
 // History plus live events of one job, as WatchJob streams them.
@@ -89,8 +88,6 @@ class JobManager {
   // Resolves "auto" and "" and checks the device exists.
   absl::StatusOr<std::string> ResolveDevice(const std::string& device) const;
   absl::StatusOr<std::shared_ptr<JobSlot>> FindLocked(const std::string& job_id);
-  // Persists the job with the event (seq and time assigned here), then publishes the event.
-  absl::Status EmitLocked(JobSlot& slot, v1::JobEvent event, bool persist_job);
   absl::Status SetStateLocked(JobSlot& slot, v1::JobState state, const std::string& reason);
   void ScheduleLocked();
   void StartLocked(const std::shared_ptr<JobSlot>& slot);
@@ -103,7 +100,7 @@ class JobManager {
   void ReapThreadsLocked();
 
   JobStore* store_;
-  MetricBroadcaster* broadcaster_;
+  JobEvents events_;
   const DatasetCatalog* datasets_;
   const JobManagerOptions options_;
 
