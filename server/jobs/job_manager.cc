@@ -16,6 +16,7 @@
 #include "engine/model.h"
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
+#include "server/jobs/checkpoint_policy.h"
 #include "server/jobs/proto_time.h"
 
 namespace kiln::server {
@@ -404,24 +405,10 @@ absl::StatusOr<v1::Checkpoint> JobManager::SaveCheckpoint(JobSlot& slot, Trainer
 }
 
 void JobManager::PruneCheckpointsLocked(JobSlot& slot, const v1::Checkpoint& added) {
-  const CheckpointSettings policy = TranslateCheckpointPolicy(slot.job.spec().checkpoint_policy());
+  const CheckpointPolicy policy(slot.job.spec().checkpoint_policy());
   absl::StatusOr<std::vector<v1::Checkpoint>> all = store_->Checkpoints(slot.job.id());
   if (!all.ok()) return;
-  std::vector<v1::Checkpoint> doomed;
-  if (added.kind() == v1::CHECKPOINT_KIND_BEST) {
-    for (const v1::Checkpoint& c : *all) {
-      if (c.kind() == v1::CHECKPOINT_KIND_BEST && c.id() != added.id()) doomed.push_back(c);
-    }
-  }
-  if (added.kind() == v1::CHECKPOINT_KIND_PERIODIC && policy.keep_last > 0) {
-    std::vector<v1::Checkpoint> periodic;
-    for (const v1::Checkpoint& c : *all) {
-      if (c.kind() == v1::CHECKPOINT_KIND_PERIODIC) periodic.push_back(c);
-    }
-    const int excess = static_cast<int>(periodic.size()) - policy.keep_last;
-    for (int i = 0; i < excess; ++i) doomed.push_back(periodic[i]);  // oldest first
-  }
-  for (const v1::Checkpoint& c : doomed) {
+  for (const v1::Checkpoint& c : policy.Redundant(*all, added)) {
     if (store_->DeleteCheckpoint(c.id()).ok()) RemoveCheckpointFile(c);
   }
 }
@@ -439,7 +426,7 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
   }
   KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
   config.epochs = epochs;
-  const CheckpointSettings policy = TranslateCheckpointPolicy(spec.checkpoint_policy());
+  const CheckpointPolicy policy(spec.checkpoint_policy());
   absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
   if (!data.ok()) {
     return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
@@ -512,11 +499,8 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
     KILN_RETURN_IF_ERROR(store_error);
     if (epoch_ended > 0) {
       const int epoch = std::exchange(epoch_ended, 0);
-      if (policy.every_n_epochs > 0 && epoch % policy.every_n_epochs == 0) {
-        KILN_RETURN_IF_ERROR(SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_PERIODIC).status());
-      }
-      if (policy.keep_best && improved) {
-        KILN_RETURN_IF_ERROR(SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_BEST).status());
+      for (v1::CheckpointKind kind : policy.AfterEpoch(epoch, improved)) {
+        KILN_RETURN_IF_ERROR(SaveCheckpoint(*slot, t, kind).status());
       }
     }
     if (slot->checkpoint_wanted.exchange(false)) {
@@ -529,7 +513,7 @@ absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
       for (CheckpointDone& done : waiters) done(c);
     }
     if (slot->stop) {
-      if (policy.on_shutdown) SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
+      if (policy.OnShutdown()) SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
       return absl::AbortedError("kilnd is shutting down");
     }
     return absl::OkStatus();
