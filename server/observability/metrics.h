@@ -1,5 +1,6 @@
 // Every Prometheus metric family kilnd exports, declared in one place and updated through the
-// small event API below by the code that owns each event (job manager, serving, gRPC edge).
+// small event API below by the code that owns each event (the jobs core through
+// JobMetricsObserver, serving, the gRPC edge).
 #pragma once
 
 #include <condition_variable>
