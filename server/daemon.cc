@@ -15,10 +15,11 @@
 #include "engine/backend_registry.h"
 #include "engine/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
-#include "server/auth_interceptor.h"
-#include "server/interrupted_writes.h"
+#include "server/grpc/auth_interceptor.h"
+#include "server/grpc/metrics_interceptor.h"
+#include "server/grpc/training_service.h"
+#include "server/jobs/interrupted_writes.h"
 #include "server/serving/job_checkpoint_resolver.h"
-#include "server/training_service.h"
 
 namespace kiln::server {
 namespace {
@@ -97,7 +98,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
           absl::StrCat("--tls_reload_interval: must not be negative, got ",
                        absl::FormatDuration(options.tls_reload_interval)));
     }
-    // kilnd's own copies of the files, which only ever hold a sound set (server/tls_reloader.h).
+    // kilnd's own copies of the files, which only ever hold a sound set
+    // (server/grpc/tls_reloader.h).
     KILN_ASSIGN_OR_RETURN(d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
                                                       options.tls_reload_interval, d->log_.get(),
                                                       d->metrics_.get()));
@@ -125,8 +127,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.limits = options.limits;
   manager_options.step_delay = options.step_delay;
-  manager_options.metrics = d->metrics_.get();
-  manager_options.log = d->log_.get();
+  // Job events reach the metric families and the event log through these, and only these.
+  d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
+  d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());
+  manager_options.observers = {d->job_metrics_.get(), d->job_log_.get()};
   d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());
@@ -174,7 +178,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     creators.push_back(NewBearerAuthInterceptor(
         d->auth_tokens_.get(), [metrics](std::string_view reason) { metrics->AuthFailed(reason); }));
   }
-  creators.push_back(d->metrics_->NewGrpcInterceptor());
+  creators.push_back(NewGrpcMetricsInterceptor(d->metrics_.get()));
   builder.experimental().SetInterceptorCreators(std::move(creators));
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr || d->port_ == 0) {

@@ -11,19 +11,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/auth_tokens.h"
-#include "server/dataset_catalog.h"
-#include "server/job_manager.h"
-#include "server/job_store.h"
-#include "server/logging.h"
-#include "server/metric_broadcaster.h"
-#include "server/metrics.h"
+#include "server/grpc/auth_tokens.h"
+#include "server/grpc/tls_credentials.h"
+#include "server/grpc/tls_reloader.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/metric_broadcaster.h"
+#include "server/jobs/spec_translation.h"
+#include "server/jobs/state_dir_lock.h"
+#include "server/observability/job_observers.h"
+#include "server/observability/logging.h"
+#include "server/observability/metrics.h"
 #include "server/serving/inference_service.h"
 #include "server/serving/model_repository.h"
-#include "server/spec_translation.h"
-#include "server/state_dir_lock.h"
-#include "server/tls_credentials.h"
-#include "server/tls_reloader.h"
 
 namespace grpc {
 class Server;
@@ -101,6 +102,8 @@ class Daemon {
   // First, so they outlive everything that reports to them.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<EventLog> log_;
+  std::unique_ptr<JobMetricsObserver> job_metrics_;
+  std::unique_ptr<JobLogObserver> job_log_;
   std::unique_ptr<AuthTokens> auth_tokens_;  // null: auth off; read by the server's interceptor
   std::unique_ptr<TlsReloader> tls_;         // null: plaintext
   std::unique_ptr<JobStore> store_;

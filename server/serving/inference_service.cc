@@ -9,7 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
-#include "server/call_auth.h"
+#include "server/grpc/call_auth.h"
+#include "server/grpc/status_mapping.h"
 #include "server/serving/tensor_codec.h"
 
 #ifndef KILN_VERSION
@@ -18,12 +19,6 @@
 
 namespace kiln::serving {
 namespace {
-
-// absl and gRPC share the canonical code numbering; the message passes unchanged.
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 absl::Status Prefixed(const ServedVersion& version, const absl::Status& status) {
   return absl::Status(status.code(),
@@ -171,7 +166,7 @@ absl::Status InferenceService::UnloadModel(const inference::RepositoryModelUnloa
 grpc::Status InferenceService::ServerLive(grpc::ServerContext* context,
                                           const inference::ServerLiveRequest*,
                                           inference::ServerLiveResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   response->set_live(true);
   return grpc::Status::OK;
 }
@@ -179,7 +174,7 @@ grpc::Status InferenceService::ServerLive(grpc::ServerContext* context,
 grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
                                            const inference::ServerReadyRequest*,
                                            inference::ServerReadyResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   response->set_ready(ready_.load(std::memory_order_relaxed));
   return grpc::Status::OK;
 }
@@ -187,9 +182,9 @@ grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
 grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
                                           const inference::ModelReadyRequest* request,
                                           inference::ModelReadyResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   if (request->name().empty()) {
-    return ToGrpc(absl::InvalidArgumentError("name: required"));
+    return server::ToGrpcStatus(absl::InvalidArgumentError("name: required"));
   }
   response->set_ready(repository_->Find(request->name(), request->version()).ok());
   return grpc::Status::OK;
@@ -198,7 +193,7 @@ grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
 grpc::Status InferenceService::ServerMetadata(grpc::ServerContext* context,
                                               const inference::ServerMetadataRequest*,
                                               inference::ServerMetadataResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   response->set_name(options_.server_name);
   response->set_version(options_.server_version);
   response->add_extensions("model_repository");
@@ -208,16 +203,16 @@ grpc::Status InferenceService::ServerMetadata(grpc::ServerContext* context,
 grpc::Status InferenceService::ModelMetadata(grpc::ServerContext* context,
                                              const inference::ModelMetadataRequest* request,
                                              inference::ModelMetadataResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   absl::Status status = Metadata(*request, response);
   if (!status.ok()) response->Clear();
-  return ToGrpc(status);
+  return server::ToGrpcStatus(status);
 }
 
 grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
                                           const inference::ModelInferRequest* request,
                                           inference::ModelInferResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   const auto start = std::chrono::steady_clock::now();
   DynamicBatcher::RunInfo info;
   absl::Status status = Infer(*request, response, &info);
@@ -229,13 +224,13 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
         info.queue_seconds, info.batch_size);
   }
   if (!status.ok()) response->Clear();
-  return ToGrpc(status);
+  return server::ToGrpcStatus(status);
 }
 
 grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext* context,
                                                const inference::RepositoryIndexRequest* request,
                                                inference::RepositoryIndexResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   for (const ModelIndexEntry& entry : repository_->Index()) {
     if (request->ready() && entry.state != "READY") continue;
     auto* model = response->add_models();
@@ -250,7 +245,7 @@ grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext* context,
 grpc::Status InferenceService::RepositoryModelLoad(
     grpc::ServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   absl::Status status = LoadModel(*request);
   if (status.ok() && options_.on_repository_change) {
     auto it = request->parameters().find("checkpoint");
@@ -259,18 +254,18 @@ grpc::Status InferenceService::RepositoryModelLoad(
         it != request->parameters().end() ? it->second.string_param() : request->model_name(),
         true);
   }
-  return ToGrpc(status);
+  return server::ToGrpcStatus(status);
 }
 
 grpc::Status InferenceService::RepositoryModelUnload(
     grpc::ServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   absl::Status status = UnloadModel(*request);
   if (status.ok() && options_.on_repository_change) {
     options_.on_repository_change(request->model_name(), "", false);
   }
-  return ToGrpc(status);
+  return server::ToGrpcStatus(status);
 }
 
 }  // namespace kiln::serving

@@ -21,8 +21,8 @@
 #include "engine/safetensors.h"
 #include "inference/grpc_service.pb.h"
 #include "kiln/v1/model_spec.pb.h"
+#include "server/jobs/spec_translation.h"
 #include "server/serving/tensor_codec.h"
-#include "server/spec_translation.h"
 
 namespace kiln {
 namespace {

@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "engine/model.h"
 #include "kiln/v1/model_spec.pb.h"
-#include "server/spec_translation.h"
+#include "server/jobs/spec_translation.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace kiln {

@@ -16,7 +16,7 @@
 #include "engine/data/dataset.h"
 #include "engine/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "server/spec_translation.h"
+#include "server/jobs/spec_translation.h"
 
 namespace kiln::server::hardening {
 

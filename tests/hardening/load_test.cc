@@ -6,7 +6,7 @@
 //
 // The machine may have as few as 2 cores, shared by training, serving and these clients, so the
 // clients pace themselves (one request, then a pause) rather than hammer, and kilnd runs with
-// --max_jobs_per_device=2: a CPU job then takes half the cores (server/job_manager.cc), which
+// --max_jobs_per_device=2: a CPU job then takes half the cores (server/jobs/job_manager.cc), which
 // leaves the other half to serving (one thread per deployment) and the clients. A job with every
 // core has its OpenMP team stall at each barrier whenever another thread takes one of them.
 #include <grpcpp/grpcpp.h>

@@ -1,5 +1,5 @@
 // The structured event log: logfmt text and JSON lines, quoting, levels, and one line per event.
-#include "server/logging.h"
+#include "server/observability/logging.h"
 
 #include <cstdio>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 // kiln's metric families: names, labels, job-state accounting, retention of job series, the
 // inference API, gRPC call counting, and the /metrics endpoint, in process.
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "prometheus_harness.h"
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
 

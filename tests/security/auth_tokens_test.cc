@@ -1,5 +1,5 @@
 // The token file and the check of one call's authorization metadata, in-process.
-#include "server/auth_tokens.h"
+#include "server/grpc/auth_tokens.h"
 
 #include <filesystem>
 #include <string>
@@ -8,7 +8,7 @@
 #include "cli_test_support.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/auth_interceptor.h"
+#include "server/grpc/auth_interceptor.h"
 
 namespace kiln::server {
 namespace {

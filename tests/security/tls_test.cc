@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "security_test_support.h"
-#include "server/tls_credentials.h"
+#include "server/grpc/tls_credentials.h"
 
 namespace kiln::security::testing {
 namespace {

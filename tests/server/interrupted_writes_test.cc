@@ -1,6 +1,6 @@
 // Leftovers of a kilnd killed mid-write (checkpoint temp files, upload folders, checkpoint files
 // the store does not list) go at the next start, and a second kilnd on a state dir in use is refused before it touches anything.
-#include "server/interrupted_writes.h"
+#include "server/jobs/interrupted_writes.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,11 +11,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "engine/safetensors.h"
-#include "server/dataset_catalog.h"
-#include "server/job_store.h"
-#include "server/state_dir_lock.h"
+#include "gtest/gtest.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/state_dir_lock.h"
 #include "server_test_support.h"
 
 namespace kiln::server {

@@ -1,11 +1,11 @@
-#include "server/job_store.h"
+#include "server/jobs/job_store.h"
 
 #include <sqlite3.h>
 
 #include <filesystem>
 
 #include "gtest/gtest.h"
-#include "server/proto_time.h"
+#include "server/jobs/proto_time.h"
 #include "server_test_support.h"
 
 namespace kiln::server {

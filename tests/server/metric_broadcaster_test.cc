@@ -1,4 +1,4 @@
-#include "server/metric_broadcaster.h"
+#include "server/jobs/metric_broadcaster.h"
 
 #include "gtest/gtest.h"
 

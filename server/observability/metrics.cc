@@ -1,6 +1,5 @@
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
-#include <grpcpp/support/server_interceptor.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -11,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <exception>
 #include <fstream>
 #include <optional>
@@ -167,47 +165,6 @@ struct Metrics::JobSeries {
     return slot;
   }
 };
-
-namespace {
-
-// Records each call's method, final code and duration.
-class GrpcMetricsInterceptor : public grpc::experimental::Interceptor {
- public:
-  GrpcMetricsInterceptor(Metrics* metrics, std::string method)
-      : metrics_(metrics), method_(std::move(method)), start_(std::chrono::steady_clock::now()) {}
-
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      const grpc::Status status = methods->GetSendStatus();
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      metrics_->RecordGrpc(method_, status.error_code(), seconds);
-    }
-    methods->Proceed();
-  }
-
- private:
-  Metrics* metrics_;
-  const std::string method_;
-  const std::chrono::steady_clock::time_point start_;
-};
-
-class GrpcMetricsInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
- public:
-  explicit GrpcMetricsInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
-
-  grpc::experimental::Interceptor* CreateServerInterceptor(
-      grpc::experimental::ServerRpcInfo* info) override {
-    const char* method = info->method();
-    return new GrpcMetricsInterceptor(metrics_, method != nullptr ? method : "unknown");
-  }
-
- private:
-  Metrics* metrics_;
-};
-
-}  // namespace
 
 Metrics::Metrics(MetricsOptions options)
     : options_(std::move(options)), registry_(std::make_shared<prometheus::Registry>()) {
@@ -472,11 +429,6 @@ void Metrics::TlsCertificateServed(absl::Time not_after) {
 
 void Metrics::TlsReloaded(std::string_view result) {
   tls_reloads_->Add({{"result", std::string(result)}}).Increment();
-}
-
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-Metrics::NewGrpcInterceptor() {
-  return std::make_unique<GrpcMetricsInterceptorFactory>(this);
 }
 
 void Metrics::RemoveJobLocked(JobSeries& series) {

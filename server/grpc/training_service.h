@@ -3,10 +3,10 @@
 #pragma once
 
 #include "kiln/v1/training.grpc.pb.h"
-#include "server/dataset_catalog.h"
-#include "server/job_manager.h"
-#include "server/metric_broadcaster.h"
-#include "server/stream_slots.h"
+#include "server/grpc/stream_slots.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/metric_broadcaster.h"
 
 namespace kiln::server {
 
@@ -53,8 +53,5 @@ class TrainingService final : public v1::Training::CallbackService {
   MetricBroadcaster* broadcaster_;
   StreamSlots streams_;
 };
-
-// absl and gRPC share the canonical code numbering; the message passes unchanged.
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace kiln::server

@@ -1,4 +1,4 @@
-#include "server/interrupted_writes.h"
+#include "server/jobs/interrupted_writes.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -8,8 +8,8 @@
 #include <set>
 
 #include "engine/safetensors.h"
-#include "server/dataset_catalog.h"
-#include "server/job_store.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_store.h"
 
 namespace kiln::server {
 

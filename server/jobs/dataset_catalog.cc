@@ -1,4 +1,4 @@
-#include "server/dataset_catalog.h"
+#include "server/jobs/dataset_catalog.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/data/idx_reader.h"
 #include "engine/status_macros.h"
-#include "server/spec_translation.h"
+#include "server/jobs/spec_translation.h"
 
 namespace kiln::server {
 namespace fs = std::filesystem;
@@ -189,7 +189,7 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
     return absl::AlreadyExistsError(absl::StrCat("dataset \"", name, "\" already exists"));
   }
   // The pid lets the next kilnd start tell an abandoned upload from a live one
-  // (UploadWriterPid, server/interrupted_writes.h).
+  // (UploadWriterPid, server/jobs/interrupted_writes.h).
   const std::string temp = absl::StrCat(data_dir_, "/", kUploadPrefix, ::getpid(), "-",
                                         RandomSuffix(), "-", name);
   if (!fs::create_directories(temp, ec)) {

@@ -1,5 +1,6 @@
 // Every Prometheus metric family kilnd exports, declared in one place and updated through the
-// small event API below by the code that owns each event (job manager, serving, gRPC edge).
+// small event API below by the code that owns each event (the jobs core through
+// JobMetricsObserver, serving, the gRPC edge).
 #pragma once
 
 #include <condition_variable>
@@ -17,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
-#include "server/metrics_http_server.h"
+#include "server/observability/metrics_http_server.h"
 
 namespace prometheus {
 class Counter;
@@ -27,10 +28,6 @@ class Registry;
 template <typename T>
 class Family;
 }  // namespace prometheus
-
-namespace grpc::experimental {
-class ServerInterceptorFactoryInterface;
-}
 
 namespace kiln {
 struct EpochEvent;
@@ -101,11 +98,9 @@ class Metrics {
   void ForgetInferenceModel(const std::string& model);
 
   // --- gRPC ---------------------------------------------------------------------------------
-  // One finished call of `method` ("/pkg.Service/Method").
+  // One finished call of `method` ("/pkg.Service/Method"); fed by the edge's interceptor
+  // (server/grpc/metrics_interceptor.h).
   void RecordGrpc(const std::string& method, int code, double seconds);
-  // An interceptor factory for grpc::ServerBuilder::experimental().SetInterceptorCreators that
-  // feeds RecordGrpc for every call of every service on that server.
-  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewGrpcInterceptor();
 
   // --- auth ---------------------------------------------------------------------------------
   // A call refused for its bearer token; reason: "missing" or "invalid".

@@ -1,4 +1,4 @@
-#include "server/spec_translation.h"
+#include "server/jobs/spec_translation.h"
 
 #include <cmath>
 #include <limits>

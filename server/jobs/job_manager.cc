@@ -1,44 +1,21 @@
-#include "server/job_manager.h"
+#include "server/jobs/job_manager.h"
 
 #include <pthread.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <random>
-#include <system_error>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "engine/backend_registry.h"
 #include "engine/model.h"
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
-#include "server/logging.h"
-#include "server/metrics.h"
-#include "server/proto_time.h"
+#include "server/jobs/proto_time.h"
 
 namespace kiln::server {
-namespace fs = std::filesystem;
-
-struct JobManager::JobSlot {
-  v1::Job job;           // guarded by mu_; the store holds the same, less live step progress
-  int64_t next_seq = 1;  // guarded by mu_
-  std::atomic<bool> cancel{false};
-  std::atomic<bool> stop{false};  // daemon shutdown: checkpoint and stop, stay RUNNING
-  std::atomic<bool> checkpoint_wanted{false};
-  std::vector<CheckpointDone> checkpoint_waiters;  // guarded by mu_
-  std::thread thread;                              // the running attempt, if any
-};
-
 namespace {
-
-bool IsFinal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
 
 std::string StateName(v1::JobState state) {
   std::string name = v1::JobState_Name(state);
@@ -51,33 +28,16 @@ std::string NewJobId() {
   return absl::StrFormat("job-%012x", bits & 0xffffffffffffull);
 }
 
-const char* KindName(v1::CheckpointKind kind) {
-  switch (kind) {
-    case v1::CHECKPOINT_KIND_PERIODIC:
-      return "periodic";
-    case v1::CHECKPOINT_KIND_BEST:
-      return "best";
-    case v1::CHECKPOINT_KIND_ON_DEMAND:
-      return "on-demand";
-    case v1::CHECKPOINT_KIND_SHUTDOWN:
-      return "shutdown";
-    case v1::CHECKPOINT_KIND_FINAL:
-      return "final";
-    default:
-      return "checkpoint";
-  }
-}
-
-void RemoveCheckpointFile(const v1::Checkpoint& c) {
-  std::error_code ec;
-  fs::remove(c.path(), ec);
-}
-
 }  // namespace
 
 JobManager::JobManager(JobStore* store, MetricBroadcaster* broadcaster,
                        const DatasetCatalog* datasets, JobManagerOptions options)
-    : store_(store), broadcaster_(broadcaster), datasets_(datasets), options_(std::move(options)) {}
+    : store_(store),
+      events_(store, broadcaster, options.observers),
+      datasets_(datasets),
+      options_(std::move(options)),
+      runner_options_{options_.state_dir, options_.limits, options_.max_jobs_per_device,
+                      options_.step_delay} {}
 
 JobManager::~JobManager() {
   Shutdown(absl::InfiniteDuration()).IgnoreError();
@@ -98,20 +58,10 @@ absl::StatusOr<std::string> JobManager::ResolveDevice(const std::string& request
   return device;
 }
 
-absl::StatusOr<std::shared_ptr<JobManager::JobSlot>> JobManager::FindLocked(
-    const std::string& job_id) {
+absl::StatusOr<std::shared_ptr<JobSlot>> JobManager::FindLocked(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   return it->second;
-}
-
-absl::Status JobManager::EmitLocked(JobSlot& slot, v1::JobEvent event, bool persist_job) {
-  event.set_seq(slot.next_seq++);
-  *event.mutable_time() = MillisToTimestamp(NowMillis());
-  KILN_RETURN_IF_ERROR(persist_job ? store_->PutJob(slot.job, &event)
-                                   : store_->AppendEvent(slot.job.id(), event));
-  broadcaster_->Publish(slot.job.id(), event);
-  return absl::OkStatus();
 }
 
 absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
@@ -120,14 +70,7 @@ absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
   slot.job.set_state(state);
   slot.job.set_reason(reason);
   if (IsFinal(state)) *slot.job.mutable_end_time() = MillisToTimestamp(NowMillis());
-  v1::JobEvent event;
-  event.mutable_state()->set_state(state);
-  event.mutable_state()->set_reason(reason);
-  absl::Status status = EmitLocked(slot, std::move(event), /*persist_job=*/true);
-  if (options_.metrics != nullptr) options_.metrics->JobStateChanged(slot.job.id(), from, state);
-  if (options_.log != nullptr) options_.log->JobStateChanged(slot.job, from);
-  if (IsFinal(state)) broadcaster_->Close(slot.job.id(), absl::OkStatus());
-  return status;
+  return events_.StateChanged(slot.job, from, &slot.next_seq);
 }
 
 absl::Status JobManager::Recover() {
@@ -140,10 +83,7 @@ absl::Status JobManager::Recover() {
     slot->next_seq = max_seq + 1;
     slot->job = std::move(job);
     jobs_[slot->job.id()] = slot;
-    if (options_.metrics != nullptr) {
-      options_.metrics->JobStateChanged(slot->job.id(), v1::JOB_STATE_UNSPECIFIED,
-                                        slot->job.state());
-    }
+    events_.Recovered(slot->job);
     if (slot->job.state() == v1::JOB_STATE_RUNNING) resumed.push_back(slot);
     if (slot->job.state() == v1::JOB_STATE_QUEUED) queued.push_back(slot);
   }
@@ -222,8 +162,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   queues_[job.device()].push_back(job.id());
   ++queued_count_;
   v1::Job result = job;
-  if (options_.metrics != nullptr) options_.metrics->JobSubmitted();
-  if (options_.log != nullptr) options_.log->JobSubmitted(result);
+  events_.Submitted(result);
   ScheduleLocked();
   return result;
 }
@@ -314,7 +253,7 @@ absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool inclu
     KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
     max_seq = slot->next_seq - 1;
     job = slot->job;
-    if (!IsFinal(job.state())) watch.live = broadcaster_->Subscribe(job_id, include_steps);
+    if (!IsFinal(job.state())) watch.live = events_.Subscribe(job_id, include_steps);
   }
   if (live_only) {
     v1::JobEvent& e = watch.history.emplace_back();
@@ -328,7 +267,7 @@ absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool inclu
   absl::StatusOr<std::vector<v1::JobEvent>> history =
       store_->Events(job_id, max_seq, include_steps);
   if (!history.ok()) {
-    if (watch.live) broadcaster_->Unsubscribe(watch.live);
+    if (watch.live) events_.Unsubscribe(watch.live);
     return history.status();
   }
   watch.history = *std::move(history);
@@ -417,213 +356,9 @@ void JobManager::StartLocked(const std::shared_ptr<JobSlot>& slot) {
   });
 }
 
-absl::StatusOr<v1::Checkpoint> JobManager::SaveCheckpoint(JobSlot& slot, Trainer& trainer,
-                                                          v1::CheckpointKind kind) {
-  const std::string dir = absl::StrCat(options_.state_dir, "/checkpoints/", slot.job.id());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  const TrainingPosition& position = trainer.position();
-  const std::string path = absl::StrCat(dir, "/", KindName(kind), "-step", position.global_step,
-                                        "-", NowMillis(), ".safetensors");
-  const absl::Time write_start = absl::Now();
-  KILN_RETURN_IF_ERROR(trainer.SaveCheckpoint(path));
-  const double write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
-  v1::Checkpoint c;
-  c.set_job_id(slot.job.id());
-  c.set_kind(kind);
-  c.set_epochs_done(position.epochs_done);
-  c.set_global_step(position.global_step);
-  c.set_size_bytes(static_cast<int64_t>(fs::file_size(path, ec)));
-  *c.mutable_create_time() = MillisToTimestamp(NowMillis());
-  c.set_path(path);
-  std::lock_guard<std::mutex> lock(mu_);
-  c.set_test_accuracy(slot.job.last_epoch().test_accuracy());
-  KILN_RETURN_IF_ERROR(store_->InsertCheckpoint(&c));
-  v1::JobEvent event;
-  *event.mutable_checkpoint() = c;
-  KILN_RETURN_IF_ERROR(EmitLocked(slot, std::move(event), /*persist_job=*/true));
-  if (options_.metrics != nullptr) {
-    options_.metrics->CheckpointWritten(c.job_id(), KindName(kind), write_seconds, c.size_bytes());
-  }
-  if (options_.log != nullptr) options_.log->CheckpointWritten(c, write_seconds);
-  PruneCheckpointsLocked(slot, c);
-  return c;
-}
-
-void JobManager::PruneCheckpointsLocked(JobSlot& slot, const v1::Checkpoint& added) {
-  const CheckpointSettings policy = TranslateCheckpointPolicy(slot.job.spec().checkpoint_policy());
-  absl::StatusOr<std::vector<v1::Checkpoint>> all = store_->Checkpoints(slot.job.id());
-  if (!all.ok()) return;
-  std::vector<v1::Checkpoint> doomed;
-  if (added.kind() == v1::CHECKPOINT_KIND_BEST) {
-    for (const v1::Checkpoint& c : *all) {
-      if (c.kind() == v1::CHECKPOINT_KIND_BEST && c.id() != added.id()) doomed.push_back(c);
-    }
-  }
-  if (added.kind() == v1::CHECKPOINT_KIND_PERIODIC && policy.keep_last > 0) {
-    std::vector<v1::Checkpoint> periodic;
-    for (const v1::Checkpoint& c : *all) {
-      if (c.kind() == v1::CHECKPOINT_KIND_PERIODIC) periodic.push_back(c);
-    }
-    const int excess = static_cast<int>(periodic.size()) - policy.keep_last;
-    for (int i = 0; i < excess; ++i) doomed.push_back(periodic[i]);  // oldest first
-  }
-  for (const v1::Checkpoint& c : doomed) {
-    if (store_->DeleteCheckpoint(c.id()).ok()) RemoveCheckpointFile(c);
-  }
-}
-
-absl::Status JobManager::Train(const std::shared_ptr<JobSlot>& slot) {
-  v1::JobSpec spec;
-  std::string job_id, device;
-  int epochs;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    spec = slot->job.spec();
-    job_id = slot->job.id();
-    device = slot->job.device();
-    epochs = slot->job.epochs();
-  }
-  KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
-  config.epochs = epochs;
-  const CheckpointSettings policy = TranslateCheckpointPolicy(spec.checkpoint_policy());
-  absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
-  if (!data.ok()) {
-    return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
-                                                           "\": ", data.status().message()));
-  }
-  // Jobs running side by side on the CPU split its cores, so their thread teams never
-  // oversubscribe them (spin-waiting OpenMP teams slow down many times over when they do).
-  BackendOptions backend_options;
-  backend_options.threads =
-      std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                      std::max(1, options_.max_jobs_per_device));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                        Trainer::Create(config, backend.get(), &data->train,
-                                        data->test.size > 0 ? &data->test : nullptr));
-
-  // Continue from the most advanced checkpoint, if any.
-  KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, store_->Checkpoints(job_id));
-  const v1::Checkpoint* latest = nullptr;
-  for (const v1::Checkpoint& c : checkpoints) {
-    if (latest == nullptr || c.global_step() >= latest->global_step()) latest = &c;
-  }
-  if (latest != nullptr) {
-    absl::Status loaded = trainer->LoadCheckpoint(latest->path());
-    if (!loaded.ok()) {
-      return absl::Status(loaded.code(), absl::StrCat("resuming from checkpoint ", latest->id(),
-                                                      ": ", loaded.message()));
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    slot->job.set_resumed_from_step(trainer->position().global_step);
-    slot->job.set_global_step(trainer->position().global_step);
-    slot->job.set_epochs_done(trainer->position().epochs_done);
-    KILN_RETURN_IF_ERROR(store_->PutJob(slot->job));
-  }
-  if (slot->stop) return absl::AbortedError("kilnd is shutting down");
-  if (options_.metrics != nullptr) {
-    options_.metrics->TrainingStarted(job_id, ModelLabel(spec), epochs);
-  }
-
-  absl::Status store_error;  // from callbacks that cannot return one; stops the run
-  int epoch_ended = 0;
-  bool improved = false;
-  absl::Time step_start = absl::Now();  // steps are timed from the end of the last after_step
-  Trainer::Callbacks callbacks;
-  callbacks.on_step = [&](const StepEvent& e) {
-    if (options_.metrics != nullptr) {
-      const int64_t samples = std::min<int64_t>(
-          config.batch_size, data->train.size - int64_t{e.step_in_epoch - 1} * config.batch_size);
-      options_.metrics->TrainingStep(job_id, e, samples,
-                                     absl::ToDoubleSeconds(absl::Now() - step_start));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      slot->job.set_global_step(e.global_step);
-      v1::JobEvent event;
-      v1::StepMetrics* m = event.mutable_step();
-      m->set_epoch(e.epoch);
-      m->set_step_in_epoch(e.step_in_epoch);
-      m->set_steps_per_epoch(e.steps_per_epoch);
-      m->set_global_step(e.global_step);
-      m->set_loss(e.loss);
-      m->set_lr(e.lr);
-      m->set_samples_per_sec(e.samples_per_sec);
-      absl::Status s = EmitLocked(*slot, std::move(event), /*persist_job=*/false);
-      if (!s.ok() && store_error.ok()) store_error = s;
-    }
-    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
-  };
-  callbacks.on_epoch = [&](const EpochEvent& e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    v1::JobEvent event;
-    v1::EpochMetrics* m = event.mutable_epoch();
-    m->set_epoch(e.epoch);
-    m->set_train_loss(e.train_loss);
-    m->set_train_accuracy(e.train_accuracy);
-    m->set_test_loss(e.test.loss);
-    m->set_test_accuracy(e.test.accuracy);
-    m->set_test_samples(e.test.samples);
-    m->set_train_seconds(e.train_seconds);
-    m->set_samples_per_sec(e.samples_per_sec);
-    m->set_lr(e.lr);
-    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
-    improved = slot->job.best_test_accuracy() < score || e.epoch == 1;
-    if (improved) slot->job.set_best_test_accuracy(score);
-    slot->job.set_epochs_done(e.epoch);
-    *slot->job.mutable_last_epoch() = *m;
-    absl::Status s = EmitLocked(*slot, std::move(event), /*persist_job=*/true);
-    if (!s.ok() && store_error.ok()) store_error = s;
-    if (options_.metrics != nullptr) options_.metrics->TrainingEpoch(job_id, e);
-    if (options_.log != nullptr) options_.log->EpochDone(job_id, e, epochs);
-    epoch_ended = e.epoch;
-  };
-  callbacks.after_step = [&](Trainer& t) -> absl::Status {
-    absl::Cleanup restart_step_clock = [&] { step_start = absl::Now(); };
-    KILN_RETURN_IF_ERROR(store_error);
-    if (epoch_ended > 0) {
-      const int epoch = std::exchange(epoch_ended, 0);
-      if (policy.every_n_epochs > 0 && epoch % policy.every_n_epochs == 0) {
-        KILN_RETURN_IF_ERROR(SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_PERIODIC).status());
-      }
-      if (policy.keep_best && improved) {
-        KILN_RETURN_IF_ERROR(SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_BEST).status());
-      }
-    }
-    if (slot->checkpoint_wanted.exchange(false)) {
-      std::vector<CheckpointDone> waiters;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        waiters.swap(slot->checkpoint_waiters);
-      }
-      absl::StatusOr<v1::Checkpoint> c = SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_ON_DEMAND);
-      for (CheckpointDone& done : waiters) done(c);
-    }
-    if (slot->stop) {
-      if (policy.on_shutdown) SaveCheckpoint(*slot, t, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
-      return absl::AbortedError("kilnd is shutting down");
-    }
-    return absl::OkStatus();
-  };
-  KILN_RETURN_IF_ERROR(trainer->Run(callbacks, &slot->cancel));
-
-  // Always leave a checkpoint of the finished model, for export and serving.
-  KILN_ASSIGN_OR_RETURN(checkpoints, store_->Checkpoints(job_id));
-  const bool have_final = std::any_of(
-      checkpoints.begin(), checkpoints.end(),
-      [&](const v1::Checkpoint& c) { return c.global_step() == trainer->position().global_step; });
-  if (!have_final) {
-    absl::Status s = SaveCheckpoint(*slot, *trainer, v1::CHECKPOINT_KIND_FINAL).status();
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("final checkpoint: ", s.message()));
-  }
-  return absl::OkStatus();
-}
-
 void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
-  const absl::Status status = Train(slot);
+  const absl::Status status =
+      JobRunner(slot.get(), &mu_, store_, &events_, datasets_, runner_options_).Run();
   std::vector<CheckpointDone> waiters;
   std::lock_guard<std::mutex> lock(mu_);
   waiters.swap(slot->checkpoint_waiters);
@@ -634,10 +369,7 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
     SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request").IgnoreError();
   } else if (slot->stop) {
     // Left RUNNING in the store on purpose: the next start resumes it.
-    store_->PutJob(slot->job).IgnoreError();
-    broadcaster_->Close(slot->job.id(),
-                        absl::UnavailableError("kilnd is shutting down; the job resumes when it "
-                                               "starts again"));
+    events_.Interrupted(slot->job);
   } else {
     SetStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message())).IgnoreError();
   }

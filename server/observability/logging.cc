@@ -1,4 +1,4 @@
-#include "server/logging.h"
+#include "server/observability/logging.h"
 
 #include <unistd.h>
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "server/auth_tokens.h"
+#include "server/grpc/auth_tokens.h"
 
 namespace grpc::experimental {
 class ServerInterceptorFactoryInterface;

@@ -1,4 +1,4 @@
-#include "server/state_dir_lock.h"
+#include "server/jobs/state_dir_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,4 +1,4 @@
-#include "server/auth_interceptor.h"
+#include "server/grpc/auth_interceptor.h"
 
 #include <grpc/grpc.h>
 #include <grpcpp/server_context.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "server/call_auth.h"
+#include "server/grpc/call_auth.h"
 
 namespace kiln::server {
 namespace {

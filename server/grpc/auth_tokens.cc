@@ -1,4 +1,4 @@
-#include "server/auth_tokens.h"
+#include "server/grpc/auth_tokens.h"
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>

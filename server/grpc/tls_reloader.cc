@@ -1,4 +1,4 @@
-#include "server/tls_reloader.h"
+#include "server/grpc/tls_reloader.h"
 
 #include <fcntl.h>
 #include <grpcpp/security/server_credentials.h>

@@ -1,4 +1,4 @@
-#include "server/job_store.h"
+#include "server/jobs/job_store.h"
 
 #include <sqlite3.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "engine/status_macros.h"
-#include "server/proto_time.h"
+#include "server/jobs/proto_time.h"
 
 namespace kiln::server {
 namespace {

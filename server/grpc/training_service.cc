@@ -1,4 +1,4 @@
-#include "server/training_service.h"
+#include "server/grpc/training_service.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -12,14 +12,10 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "server/call_auth.h"
+#include "server/grpc/call_auth.h"
+#include "server/grpc/status_mapping.h"
 
 namespace kiln::server {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 namespace {
 

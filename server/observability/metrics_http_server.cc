@@ -1,4 +1,4 @@
-#include "server/metrics_http_server.h"
+#include "server/observability/metrics_http_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "server/tls_credentials.h"
+#include "server/grpc/tls_credentials.h"
 
 #include <openssl/bio.h>
 #include <openssl/err.h>

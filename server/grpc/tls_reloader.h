@@ -16,9 +16,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/logging.h"
-#include "server/metrics.h"
-#include "server/tls_credentials.h"
+#include "server/grpc/tls_credentials.h"
+#include "server/observability/logging.h"
+#include "server/observability/metrics.h"
 
 namespace grpc {
 class ServerCredentials;

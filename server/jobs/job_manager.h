@@ -1,6 +1,6 @@
 // The core of kilnd: validates and queues jobs (FIFO per device, a bounded number running per
-// device), runs them on the engine's Trainer, writes checkpoints by policy, persists every state
-// change before announcing it, and recovers jobs after a restart. Knows nothing of gRPC.
+// device), runs each attempt on a thread of its own (JobRunner), persists every state change
+// before announcing it (JobEvents), and recovers jobs after a restart. Knows nothing of gRPC.
 #pragma once
 
 #include <atomic>
@@ -19,19 +19,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
-#include "server/dataset_catalog.h"
-#include "server/job_store.h"
-#include "server/metric_broadcaster.h"
-#include "server/spec_translation.h"
-
-namespace kiln {
-class Trainer;
-}
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_event_observer.h"
+#include "server/jobs/job_events.h"
+#include "server/jobs/job_runner.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/metric_broadcaster.h"
+#include "server/jobs/spec_translation.h"
 
 namespace kiln::server {
-
-class EventLog;
-class Metrics;
 
 struct JobManagerOptions {
   std::string state_dir;               // checkpoints go to state_dir/checkpoints/<job>/
@@ -41,8 +37,8 @@ struct JobManagerOptions {
   SpecLimits limits;
   // For tests only: a pause after every training step, to make jobs last predictably.
   absl::Duration step_delay = absl::ZeroDuration();
-  Metrics* metrics = nullptr;  // not owned; null: no metrics
-  EventLog* log = nullptr;     // not owned; null: no event log
+  // Told of every job event, in this order (metrics, the event log); not owned.
+  std::vector<JobEventObserver*> observers;
 };
 
 // History plus live events of one job, as WatchJob streams them.
@@ -50,8 +46,6 @@ struct JobWatch {
   std::vector<v1::JobEvent> history;
   std::shared_ptr<Subscription> live;  // null when the job had already ended
 };
-
-using CheckpointDone = std::function<void(absl::StatusOr<v1::Checkpoint>)>;
 
 // Thread-safe.
 class JobManager {
@@ -84,28 +78,21 @@ class JobManager {
   absl::Status Shutdown(absl::Duration deadline);
 
  private:
-  struct JobSlot;
-
   // Resolves "auto" and "" and checks the device exists.
   absl::StatusOr<std::string> ResolveDevice(const std::string& device) const;
   absl::StatusOr<std::shared_ptr<JobSlot>> FindLocked(const std::string& job_id);
-  // Persists the job with the event (seq and time assigned here), then publishes the event.
-  absl::Status EmitLocked(JobSlot& slot, v1::JobEvent event, bool persist_job);
   absl::Status SetStateLocked(JobSlot& slot, v1::JobState state, const std::string& reason);
   void ScheduleLocked();
   void StartLocked(const std::shared_ptr<JobSlot>& slot);
+  // Runs one attempt (JobRunner) on the slot's thread, then records how it ended.
   void RunJob(std::shared_ptr<JobSlot> slot);
-  // The training part of RunJob; its status decides the final state.
-  absl::Status Train(const std::shared_ptr<JobSlot>& slot);
-  absl::StatusOr<v1::Checkpoint> SaveCheckpoint(JobSlot& slot, Trainer& trainer,
-                                                v1::CheckpointKind kind);
-  void PruneCheckpointsLocked(JobSlot& slot, const v1::Checkpoint& added);
   void ReapThreadsLocked();
 
   JobStore* store_;
-  MetricBroadcaster* broadcaster_;
+  JobEvents events_;
   const DatasetCatalog* datasets_;
   const JobManagerOptions options_;
+  const JobRunnerOptions runner_options_;
 
   std::mutex mu_;
   std::condition_variable idle_cv_;

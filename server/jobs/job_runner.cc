@@ -1,0 +1,183 @@
+#include "server/jobs/job_runner.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <system_error>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/backend_registry.h"
+#include "engine/status_macros.h"
+#include "engine/trainer.h"
+#include "server/jobs/checkpoint_policy.h"
+#include "server/jobs/proto_time.h"
+
+namespace kiln::server {
+namespace fs = std::filesystem;
+namespace {
+
+void RemoveCheckpointFile(const v1::Checkpoint& c) {
+  std::error_code ec;
+  fs::remove(c.path(), ec);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Checkpoint> JobRunner::SaveCheckpoint(Trainer& trainer,
+                                                         v1::CheckpointKind kind) {
+  const std::string dir = absl::StrCat(options_.state_dir, "/checkpoints/", slot_->job.id());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const TrainingPosition& position = trainer.position();
+  const std::string path = absl::StrCat(dir, "/", CheckpointKindName(kind), "-step",
+                                        position.global_step, "-", NowMillis(), ".safetensors");
+  const absl::Time write_start = absl::Now();
+  KILN_RETURN_IF_ERROR(trainer.SaveCheckpoint(path));
+  const double write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
+  v1::Checkpoint c;
+  c.set_job_id(slot_->job.id());
+  c.set_kind(kind);
+  c.set_epochs_done(position.epochs_done);
+  c.set_global_step(position.global_step);
+  c.set_size_bytes(static_cast<int64_t>(fs::file_size(path, ec)));
+  *c.mutable_create_time() = MillisToTimestamp(NowMillis());
+  c.set_path(path);
+  std::lock_guard<std::mutex> lock(*mu_);
+  c.set_test_accuracy(slot_->job.last_epoch().test_accuracy());
+  KILN_RETURN_IF_ERROR(store_->InsertCheckpoint(&c));
+  KILN_RETURN_IF_ERROR(events_->CheckpointWritten(slot_->job, c, write_seconds, &slot_->next_seq));
+  PruneCheckpointsLocked(c);
+  return c;
+}
+
+void JobRunner::PruneCheckpointsLocked(const v1::Checkpoint& added) {
+  const CheckpointPolicy policy(slot_->job.spec().checkpoint_policy());
+  absl::StatusOr<std::vector<v1::Checkpoint>> all = store_->Checkpoints(slot_->job.id());
+  if (!all.ok()) return;
+  for (const v1::Checkpoint& c : policy.Redundant(*all, added)) {
+    if (store_->DeleteCheckpoint(c.id()).ok()) RemoveCheckpointFile(c);
+  }
+}
+
+absl::Status JobRunner::Run() {
+  v1::JobSpec spec;
+  std::string job_id, device;
+  int epochs;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    spec = slot_->job.spec();
+    job_id = slot_->job.id();
+    device = slot_->job.device();
+    epochs = slot_->job.epochs();
+  }
+  KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
+  config.epochs = epochs;
+  const CheckpointPolicy policy(spec.checkpoint_policy());
+  absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
+  if (!data.ok()) {
+    return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
+                                                           "\": ", data.status().message()));
+  }
+  // Jobs running side by side on the CPU split its cores, so their thread teams never
+  // oversubscribe them (spin-waiting OpenMP teams slow down many times over when they do).
+  BackendOptions backend_options;
+  backend_options.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                            std::max(1, options_.max_jobs_per_device));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                        Trainer::Create(config, backend.get(), &data->train,
+                                        data->test.size > 0 ? &data->test : nullptr));
+
+  // Continue from the most advanced checkpoint, if any.
+  KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, store_->Checkpoints(job_id));
+  const v1::Checkpoint* latest = nullptr;
+  for (const v1::Checkpoint& c : checkpoints) {
+    if (latest == nullptr || c.global_step() >= latest->global_step()) latest = &c;
+  }
+  if (latest != nullptr) {
+    absl::Status loaded = trainer->LoadCheckpoint(latest->path());
+    if (!loaded.ok()) {
+      return absl::Status(loaded.code(), absl::StrCat("resuming from checkpoint ", latest->id(),
+                                                      ": ", loaded.message()));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    slot_->job.set_resumed_from_step(trainer->position().global_step);
+    slot_->job.set_global_step(trainer->position().global_step);
+    slot_->job.set_epochs_done(trainer->position().epochs_done);
+    KILN_RETURN_IF_ERROR(store_->PutJob(slot_->job));
+  }
+  if (slot_->stop) return absl::AbortedError("kilnd is shutting down");
+  events_->TrainingStarted(job_id, spec, epochs);
+
+  absl::Status store_error;  // from callbacks that cannot return one; stops the run
+  int epoch_ended = 0;
+  bool improved = false;
+  absl::Time step_start = absl::Now();  // steps are timed from the end of the last after_step
+  Trainer::Callbacks callbacks;
+  callbacks.on_step = [&](const StepEvent& e) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
+    const int64_t samples = std::min<int64_t>(
+        config.batch_size, data->train.size - int64_t{e.step_in_epoch - 1} * config.batch_size);
+    {
+      std::lock_guard<std::mutex> lock(*mu_);
+      slot_->job.set_global_step(e.global_step);
+      absl::Status s = events_->Step(slot_->job, e, samples, seconds, &slot_->next_seq);
+      if (!s.ok() && store_error.ok()) store_error = s;
+    }
+    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
+  };
+  callbacks.on_epoch = [&](const EpochEvent& e) {
+    std::lock_guard<std::mutex> lock(*mu_);
+    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
+    improved = slot_->job.best_test_accuracy() < score || e.epoch == 1;
+    if (improved) slot_->job.set_best_test_accuracy(score);
+    slot_->job.set_epochs_done(e.epoch);
+    *slot_->job.mutable_last_epoch() = EpochMetricsOf(e);
+    absl::Status s = events_->Epoch(slot_->job, e, epochs, &slot_->next_seq);
+    if (!s.ok() && store_error.ok()) store_error = s;
+    epoch_ended = e.epoch;
+  };
+  callbacks.after_step = [&](Trainer& t) -> absl::Status {
+    absl::Cleanup restart_step_clock = [&] { step_start = absl::Now(); };
+    KILN_RETURN_IF_ERROR(store_error);
+    if (epoch_ended > 0) {
+      const int epoch = std::exchange(epoch_ended, 0);
+      for (v1::CheckpointKind kind : policy.AfterEpoch(epoch, improved)) {
+        KILN_RETURN_IF_ERROR(SaveCheckpoint(t, kind).status());
+      }
+    }
+    if (slot_->checkpoint_wanted.exchange(false)) {
+      std::vector<CheckpointDone> waiters;
+      {
+        std::lock_guard<std::mutex> lock(*mu_);
+        waiters.swap(slot_->checkpoint_waiters);
+      }
+      absl::StatusOr<v1::Checkpoint> c = SaveCheckpoint(t, v1::CHECKPOINT_KIND_ON_DEMAND);
+      for (CheckpointDone& done : waiters) done(c);
+    }
+    if (slot_->stop) {
+      if (policy.OnShutdown()) SaveCheckpoint(t, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
+      return absl::AbortedError("kilnd is shutting down");
+    }
+    return absl::OkStatus();
+  };
+  KILN_RETURN_IF_ERROR(trainer->Run(callbacks, &slot_->cancel));
+
+  // Always leave a checkpoint of the finished model, for export and serving.
+  KILN_ASSIGN_OR_RETURN(checkpoints, store_->Checkpoints(job_id));
+  const bool have_final = std::any_of(
+      checkpoints.begin(), checkpoints.end(),
+      [&](const v1::Checkpoint& c) { return c.global_step() == trainer->position().global_step; });
+  if (!have_final) {
+    absl::Status s = SaveCheckpoint(*trainer, v1::CHECKPOINT_KIND_FINAL).status();
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("final checkpoint: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::server
