@@ -15,6 +15,7 @@
 #include "client/table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/status_matchers.h"
 
 #ifdef KILN_CLIENT_HAVE_PNG
 #include <png.h>
@@ -44,7 +45,7 @@ TEST(CheckpointRefTest, ParsesEveryForm) {
   EXPECT_EQ(ParseCheckpointRef("job-1@latest")->ToString(), "job-1@latest");
   EXPECT_EQ(ParseCheckpointRef("job-1@best")->which, CheckpointRef::Which::kBest);
   auto id = ParseCheckpointRef("job-1@7");
-  ASSERT_TRUE(id.ok());
+  ASSERT_OK(id);
   EXPECT_EQ(id->checkpoint_id, 7);
   EXPECT_EQ(id->job_id, "job-1");
   EXPECT_FALSE(ParseCheckpointRef("job-1@-3").ok());
@@ -54,10 +55,10 @@ TEST(CheckpointRefTest, ParsesEveryForm) {
 
 TEST(SpecFileTest, ParsesJsonAndTextAndNamesTheFileOnErrors) {
   auto json = ParseSpecJson(R"({"preset": "mnist-cnn", "epochs": 3})", "a.json");
-  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_OK(json) << json.status();
   EXPECT_EQ(json->epochs(), 3);
   auto text = ParseSpecText("preset: \"mnist-mlp\"\nbatch_size: 16\n", "a.textproto");
-  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_OK(text) << text.status();
   EXPECT_EQ(text->batch_size(), 16);
   auto bad = ParseSpecText("epochs: \"x\"", "b.textproto");
   ASSERT_FALSE(bad.ok());
@@ -71,7 +72,7 @@ TEST(SpecFileTest, OverridesFillDefaultsAndSpellOutThePresetOptimizerForLr) {
   SpecOverrides o;
   o.preset = "mnist-cnn";
   o.lr = 0.002;
-  ASSERT_TRUE(ApplyOverrides(o, &spec).ok());
+  ASSERT_OK(ApplyOverrides(o, &spec));
   EXPECT_EQ(spec.dataset(), "mnist");
   EXPECT_EQ(spec.epochs(), 1);
   EXPECT_EQ(spec.optimizer().kind(), v1::OptimizerSpec::KIND_ADAM);
@@ -86,13 +87,13 @@ TEST(SpecFileTest, OverridesFillDefaultsAndSpellOutThePresetOptimizerForLr) {
 TEST(ImageFileTest, DecodesBinaryAndAsciiPgm) {
   const std::string p5 = testing::ToyPgm(3, 2);
   auto image = DecodePgm(p5, "x.pgm");
-  ASSERT_TRUE(image.ok()) << image.status();
+  ASSERT_OK(image) << image.status();
   EXPECT_EQ(image->width, 28);
   EXPECT_EQ(image->height, 28);
   EXPECT_EQ(std::string(image->pixels.begin(), image->pixels.end()), p5.substr(p5.size() - 784));
 
   auto ascii = DecodePgm("P2\n# comment\n2 1\n15\n0 15\n", "y.pgm");
-  ASSERT_TRUE(ascii.ok()) << ascii.status();
+  ASSERT_OK(ascii) << ascii.status();
   EXPECT_EQ(ascii->pixels, (std::vector<uint8_t>{0, 255}));
   EXPECT_FALSE(DecodePgm("P5\n28 28\n255\nshort", "z.pgm").ok());
   EXPECT_EQ(DetectImageFile(testing::ToyImagesIdx(1, 1)), ImageFileKind::kIdxImages);
@@ -115,7 +116,7 @@ TEST(ImageFileTest, DecodesPngToGray) {
   const std::string path = dir + "/digit.png";
   ASSERT_TRUE(png_image_write_to_file(&image, path.c_str(), 0, rgb.data(), 0, nullptr));
   auto decoded = ReadImageFile(path);
-  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_OK(decoded) << decoded.status();
   ASSERT_EQ(decoded->pixels.size(), 784u);
   int far = 0;
   for (size_t i = 0; i < 784; ++i)
@@ -128,7 +129,7 @@ TEST(ImageFileTest, ReadsOneImageOutOfAnIdxFile) {
   const std::string dir = testing::MakeTempDir("kiln-idx");
   testing::WriteFile(dir + "/images", testing::ToyImagesIdx(4, 2));
   auto image = ReadIdxImage(dir + "/images", 3);
-  ASSERT_TRUE(image.ok()) << image.status();
+  ASSERT_OK(image) << image.status();
   const std::string pgm = testing::ToyPgm(3, 2);
   EXPECT_EQ(std::string(image->pixels.begin(), image->pixels.end()), pgm.substr(pgm.size() - 784));
   EXPECT_FALSE(ReadIdxImage(dir + "/images", 4).ok());

@@ -102,8 +102,8 @@ class CudaParity : public ::testing::Test {
     Both b;
     for (Side s : {kCpu, kCuda}) {
       auto t = backend(s).Allocate(DType::kF32, {static_cast<int64_t>(v.size())});
-      EXPECT_TRUE(t.ok()) << t.status();
-      EXPECT_TRUE(backend(s).CopyFromHost(v.data(), v.size() * sizeof(float), &*t).ok());
+      EXPECT_OK(t) << t.status();
+      EXPECT_OK(backend(s).CopyFromHost(v.data(), v.size() * sizeof(float), &*t));
       b.t[s] = *t;
     }
     return b;
@@ -112,8 +112,8 @@ class CudaParity : public ::testing::Test {
     Both b;
     for (Side s : {kCpu, kCuda}) {
       auto t = backend(s).Allocate(DType::kI32, {static_cast<int64_t>(v.size())});
-      EXPECT_TRUE(t.ok()) << t.status();
-      EXPECT_TRUE(backend(s).CopyFromHost(v.data(), v.size() * sizeof(int32_t), &*t).ok());
+      EXPECT_OK(t) << t.status();
+      EXPECT_OK(backend(s).CopyFromHost(v.data(), v.size() * sizeof(int32_t), &*t));
       b.t[s] = *t;
     }
     return b;
@@ -122,8 +122,8 @@ class CudaParity : public ::testing::Test {
     Both b;
     for (Side s : {kCpu, kCuda}) {
       auto t = backend(s).Allocate(DType::kU8, {static_cast<int64_t>(v.size())});
-      EXPECT_TRUE(t.ok()) << t.status();
-      EXPECT_TRUE(backend(s).CopyFromHost(v.data(), v.size(), &*t).ok());
+      EXPECT_OK(t) << t.status();
+      EXPECT_OK(backend(s).CopyFromHost(v.data(), v.size(), &*t));
       b.t[s] = *t;
     }
     return b;
@@ -134,13 +134,13 @@ class CudaParity : public ::testing::Test {
   std::vector<float> Get(Side s, const Tensor& t) {
     std::vector<float> out(t.numel());
     const absl::Status st = backend(s).CopyToHost(t, out.data(), out.size() * sizeof(float));
-    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_OK(st) << st;
     return out;
   }
   std::vector<int32_t> GetI32(Side s, const Tensor& t) {
     std::vector<int32_t> out(t.numel());
     const absl::Status st = backend(s).CopyToHost(t, out.data(), out.size() * sizeof(int32_t));
-    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_OK(st) << st;
     return out;
   }
 
@@ -213,10 +213,10 @@ TEST_F(CudaParity, RegistryMakesCudaBackendsAndAutoPrefersTheGpu) {
   EXPECT_EQ(cuda_->name(), "cuda:0");
   EXPECT_EQ(cuda_->kind(), DeviceKind::kCuda);
   auto explicit_backend = CreateBackend("cuda:0");
-  ASSERT_TRUE(explicit_backend.ok()) << explicit_backend.status();
+  ASSERT_OK(explicit_backend) << explicit_backend.status();
   EXPECT_EQ((*explicit_backend)->name(), "cuda:0");
   auto auto_backend = CreateBackend("auto");
-  ASSERT_TRUE(auto_backend.ok()) << auto_backend.status();
+  ASSERT_OK(auto_backend) << auto_backend.status();
   EXPECT_EQ((*auto_backend)->name(), "cuda:0");
   const std::string missing = "cuda:" + std::to_string(CudaDeviceCount());
   EXPECT_EQ(CreateBackend(missing).status().code(), absl::StatusCode::kNotFound);
@@ -227,19 +227,19 @@ TEST_F(CudaParity, AllocateZeroFillsAndCopiesRoundTripExactly) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{(1 << 20) + 3}}) {
     SCOPED_TRACE(n);
     auto t = cuda_->Allocate(DType::kF32, {n});
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t) << t.status();
     EXPECT_EQ(t->capacity_bytes(), static_cast<size_t>(n) * 4);
     EXPECT_EQ(Get(kCuda, *t), std::vector<float>(n, 0.0f));
     const std::vector<float> v = RandomValues(n, 5);
     ASSERT_OK(cuda_->CopyFromHost(v.data(), v.size() * 4, &*t));
     EXPECT_TRUE(SameBits(Get(kCuda, *t), v));  // small reads go through pinned staging
     auto u = cuda_->Allocate(DType::kF32, {n});
-    ASSERT_TRUE(u.ok());
+    ASSERT_OK(u);
     ASSERT_OK(cuda_->Copy(*t, &*u, v.size() * 4));
     EXPECT_TRUE(SameBits(Get(kCuda, *u), v));
   }
   auto small = cuda_->Allocate(DType::kI32, {4});
-  ASSERT_TRUE(small.ok());
+  ASSERT_OK(small);
   std::vector<int32_t> host(8);
   EXPECT_EQ(cuda_->CopyToHost(*small, host.data(), 32).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cuda_->CopyFromHost(host.data(), 32, &*small).code(),
@@ -292,7 +292,7 @@ TEST_F(CudaParity, FreedBlocksAreReusedWithoutNewDeviceAllocations) {
   void* first = nullptr;
   for (int i = 0; i < 100; ++i) {
     auto t = cuda_->Allocate(DType::kF32, {12345});
-    ASSERT_TRUE(t.ok());
+    ASSERT_OK(t);
     if (i == 0) first = t->raw();
     EXPECT_EQ(t->raw(), first);
   }
@@ -341,7 +341,7 @@ TEST_F(CudaParity, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
   CudaBackendOptions options;
   options.allow_tf32 = true;
   auto tf32 = CudaBackend::Create(0, options);
-  ASSERT_TRUE(tf32.ok()) << tf32.status();
+  ASSERT_OK(tf32) << tf32.status();
   const int m = 256, n = 256, k = 512;
   const std::vector<float> av = RandomValues(m * k, 11), bv = RandomValues(k * n, 12);
   Both a = Upload(av), b = Upload(bv), c = Garbage(m * n);
@@ -352,7 +352,7 @@ TEST_F(CudaParity, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
   Backend& t = **tf32;
   Tensor ta = testing::MakeTensor(t, {m * k}, av), tb = testing::MakeTensor(t, {k * n}, bv);
   auto tc = t.Allocate(DType::kF32, {m * n});
-  ASSERT_TRUE(tc.ok());
+  ASSERT_OK(tc);
   ASSERT_OK(
       t.Gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, ta.f32(), tb.f32(), 0.0f, tc->f32()));
   const double err = RelativeError(testing::ToHost(t, *tc), Get(kCpu, c.t[kCpu]));
@@ -841,14 +841,14 @@ TEST_F(CudaParity, OneTrainingStepOfEachReferenceModelMatches) {
     for (Side s : {kCpu, kCuda}) {
       Backend& be = backend(s);
       auto m = Model::Build(ref.model, &be, 7);
-      ASSERT_TRUE(m.ok()) << m.status();
+      ASSERT_OK(m) << m.status();
       model[s] = std::move(*m);
       auto o = Optimizer::Create(ref.optimizer, &be, model[s]->parameters());
-      ASSERT_TRUE(o.ok()) << o.status();
+      ASSERT_OK(o) << o.status();
       opt[s] = std::move(*o);
       Tensor x = testing::MakeTensor(be, input, xv);
       auto labels = be.Allocate(DType::kI32, {batch});
-      ASSERT_TRUE(labels.ok());
+      ASSERT_OK(labels);
       ASSERT_OK(be.CopyFromHost(yv.data(), yv.size() * 4, &*labels));
       auto loss = be.Allocate(DType::kF32, {1});
       auto correct = be.Allocate(DType::kI32, {1});
@@ -856,7 +856,7 @@ TEST_F(CudaParity, OneTrainingStepOfEachReferenceModelMatches) {
       ASSERT_TRUE(loss.ok() && correct.ok() && dout.ok());
       ASSERT_OK(model[s]->ZeroGrad());
       auto out = model[s]->Forward(x, Mode::kTrain);
-      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_OK(out) << out.status();
       logits[s] = **out;
       Loss loss_fn(LossKind::kCrossEntropy, &be);
       ASSERT_OK(loss_fn.Compute(**out, *labels, loss->f32(), correct->i32(), &*dout));
@@ -1097,7 +1097,7 @@ TEST_F(CudaParity, CheckpointsMoveBetweenCudaAndCpuBothWays) {
     const std::string path =
         dir.file(from == kCuda ? "from_cuda.safetensors" : "from_cpu.safetensors");
     auto writer = Trainer::Create(TrainConfigFor(ref, 1), &backend(from), &data, nullptr);
-    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_OK(writer) << writer.status();
     ASSERT_OK((*writer)->Run({}));
     ASSERT_OK((*writer)->SaveCheckpoint(path));
     // The checkpoint resumes on either backend: the weights arrive bit for bit, and one more
@@ -1105,7 +1105,7 @@ TEST_F(CudaParity, CheckpointsMoveBetweenCudaAndCpuBothWays) {
     std::unique_ptr<Trainer> resumed[2];
     for (Side s : {kCpu, kCuda}) {
       auto t = Trainer::Create(TrainConfigFor(ref, 2), &backend(s), &data, nullptr);
-      ASSERT_TRUE(t.ok()) << t.status();
+      ASSERT_OK(t) << t.status();
       ASSERT_OK((*t)->LoadCheckpoint(path));
       EXPECT_EQ((*t)->position().epochs_done, 1);
       resumed[s] = std::move(*t);

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
@@ -83,7 +84,7 @@ TEST_F(DatasetTest, LoadsImagesAndLabels) {
   std::string images = Write("imgs", MakeIdx({3, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
   std::string labels = Write("lbls", MakeIdx({3}, {0, 4, 1}));
   absl::StatusOr<Dataset> ds = LoadImagesAndLabels(images, labels);
-  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_OK(ds) << ds.status();
   EXPECT_EQ(ds->size, 3);
   EXPECT_THAT(ds->sample_shape, ElementsAre(2, 2));
   EXPECT_EQ(ds->sample_elems(), 4);
@@ -97,7 +98,7 @@ TEST_F(DatasetTest, Label255GivesTwoHundredFiftySixClasses) {
   std::string images = Write("imgs", MakeIdx({2, 1, 1}, {7, 8}));
   std::string labels = Write("lbls", MakeIdx({2}, {255, 3}));
   absl::StatusOr<Dataset> ds = LoadImagesAndLabels(images, labels);
-  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_OK(ds) << ds.status();
   EXPECT_THAT(ds->labels, ElementsAre(255, 3));
   EXPECT_EQ(ds->num_classes, 256);
 }
@@ -137,7 +138,7 @@ TEST_F(DatasetTest, LoadsRawFolder) {
   WriteSplit("train", {0, 1, 2, 1});
   WriteSplit("t10k", {2, 0});
   absl::StatusOr<DatasetSplits> splits = LoadImageFolder(dir_.string());
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits) << splits.status();
   EXPECT_EQ(splits->train.size, 4);
   EXPECT_THAT(splits->train.sample_shape, ElementsAre(2, 3));
   EXPECT_EQ(splits->train.pixels.size(), 24u);
@@ -153,7 +154,7 @@ TEST_F(DatasetTest, LoadsGzipFolder) {
   WriteSplit("t10k", {0}, Compression::kGzip);
   ASSERT_TRUE(fs::exists(dir_ / "train-images-idx3-ubyte.gz"));
   absl::StatusOr<DatasetSplits> splits = LoadImageFolder(dir_.string());
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits) << splits.status();
   EXPECT_EQ(splits->train.size, 3);
   EXPECT_THAT(splits->train.labels, ElementsAre(3, 1, 2));
   EXPECT_EQ(splits->train.num_classes, 4);
@@ -163,7 +164,7 @@ TEST_F(DatasetTest, LoadsGzipFolder) {
 TEST_F(DatasetTest, FolderWithoutTestFilesHasEmptyTestSplit) {
   WriteSplit("train", {0, 1});
   absl::StatusOr<DatasetSplits> splits = LoadImageFolder(dir_.string());
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits) << splits.status();
   EXPECT_EQ(splits->train.size, 2);
   EXPECT_EQ(splits->test.size, 0);
   EXPECT_TRUE(splits->test.pixels.empty());
@@ -220,7 +221,7 @@ TEST_F(DatasetTest, TestShapeDifferentFromTrainIsRejected) {
 // data/mnist, filled by scripts/fetch-mnist) and Debian's dataset-fashion-mnist.
 void ExpectMnistShaped(const std::string& dir) {
   absl::StatusOr<DatasetSplits> splits = LoadImageFolder(dir);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits) << splits.status();
   EXPECT_EQ(splits->train.size, 60000);
   EXPECT_EQ(splits->test.size, 10000);
   EXPECT_THAT(splits->train.sample_shape, ElementsAre(28, 28));
@@ -240,7 +241,7 @@ TEST(RealDatasetTest, LoadsRealMnist) {
   }
   ExpectMnistShaped(env);
   absl::StatusOr<DatasetSplits> splits = LoadImageFolder(env);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits) << splits.status();
   // The first labels of the original files: 5 0 4 1 9 (train) and 7 2 1 0 4 (test).
   EXPECT_THAT(std::vector<int32_t>(splits->train.labels.begin(), splits->train.labels.begin() + 5),
               ElementsAre(5, 0, 4, 1, 9));

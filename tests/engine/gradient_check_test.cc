@@ -17,6 +17,7 @@
 #include "engine/loss.h"
 #include "engine/model.h"
 #include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
@@ -37,7 +38,7 @@ class GradientCheck : public ::testing::Test {
  protected:
   void SetUp() override {
     auto b = CreateBackend("cpu", {2});
-    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_OK(b) << b.status();
     backend_ = std::move(*b);
   }
 
@@ -49,22 +50,22 @@ class GradientCheck : public ::testing::Test {
     ys.insert(ys.begin(), batch);
     Tensor x = MakeTensor(b, xs, x_values);
     auto y = b.Allocate(DType::kF32, ys);
-    ASSERT_TRUE(y.ok());
+    ASSERT_OK(y);
     const std::vector<float> r = RandomValues(y->numel(), 99);
     Tensor dy = MakeTensor(b, ys, r);
     auto dx = b.Allocate(DType::kF32, xs);
-    ASSERT_TRUE(dx.ok());
+    ASSERT_OK(dx);
 
     auto loss = [&]() {
-      EXPECT_TRUE(layer.Forward(x, &*y, Mode::kTrain).ok());
+      EXPECT_OK(layer.Forward(x, &*y, Mode::kTrain));
       const std::vector<float> yv = ToHost(b, *y);
       double l = 0;
       for (size_t i = 0; i < yv.size(); ++i) l += static_cast<double>(yv[i]) * r[i];
       return l;
     };
     loss();
-    for (Parameter* p : layer.parameters()) ASSERT_TRUE(b.Fill(&p->grad, 0).ok());
-    ASSERT_TRUE(layer.Backward(x, *y, dy, &*dx).ok());
+    for (Parameter* p : layer.parameters()) ASSERT_OK(b.Fill(&p->grad, 0));
+    ASSERT_OK(layer.Backward(x, *y, dy, &*dx));
     const std::vector<float> dx_analytic = ToHost(b, *dx);
 
     auto check = [&](Tensor& t, const std::vector<float>& analytic, const std::string& what) {
@@ -72,13 +73,13 @@ class GradientCheck : public ::testing::Test {
       for (size_t i = 0; i < v.size(); ++i) {
         const float keep = v[i];
         v[i] = keep + kEps;
-        ASSERT_TRUE(b.CopyFromHost(v.data(), v.size() * 4, &t).ok());
+        ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &t));
         const double up = loss();
         v[i] = keep - kEps;
-        ASSERT_TRUE(b.CopyFromHost(v.data(), v.size() * 4, &t).ok());
+        ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &t));
         const double down = loss();
         v[i] = keep;
-        ASSERT_TRUE(b.CopyFromHost(v.data(), v.size() * 4, &t).ok());
+        ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &t));
         const double numeric = (up - down) / (2 * kEps);
         ASSERT_LT(RelativeError(analytic[i], numeric), kTolerance)
             << layer.type() << " " << what << "[" << i << "]: backward " << analytic[i]
@@ -98,13 +99,13 @@ class GradientCheck : public ::testing::Test {
 
 TEST_F(GradientCheck, Linear) {
   auto layer = Linear::Create({5, 3, true}, backend_.get(), {5}, &rng_);
-  ASSERT_TRUE(layer.ok());
+  ASSERT_OK(layer);
   CheckLayer(**layer, 4, RandomValues(20, 1));
 }
 
 TEST_F(GradientCheck, LinearWithoutBias) {
   auto layer = Linear::Create({4, 2, false}, backend_.get(), {4}, &rng_);
-  ASSERT_TRUE(layer.ok());
+  ASSERT_OK(layer);
   EXPECT_EQ((*layer)->parameters().size(), 1u);
   CheckLayer(**layer, 3, RandomValues(12, 2));
 }
@@ -119,9 +120,9 @@ TEST_P(ConvGradient, MatchesFiniteDifferences) {
   const ConvCase p = GetParam();
   Conv2dConfig cfg{p.c, p.oc, p.k, p.stride, p.pad, true};
   auto shapes = InferShapes({{p.c, p.h, p.w}, {cfg}});
-  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_OK(shapes) << shapes.status();
   auto layer = Conv2d::Create(cfg, backend_.get(), (*shapes)[0], (*shapes)[1], &rng_);
-  ASSERT_TRUE(layer.ok());
+  ASSERT_OK(layer);
   CheckLayer(**layer, 2, RandomValues(2 * p.c * p.h * p.w, 3));
 }
 
@@ -138,9 +139,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvGradient,
 TEST_F(GradientCheck, ConvOfOneSample) {
   Conv2dConfig cfg{2, 3, 3, 1, 1, true};
   auto shapes = InferShapes({{2, 5, 4}, {cfg}});
-  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_OK(shapes) << shapes.status();
   auto layer = Conv2d::Create(cfg, backend_.get(), (*shapes)[0], (*shapes)[1], &rng_);
-  ASSERT_TRUE(layer.ok());
+  ASSERT_OK(layer);
   CheckLayer(**layer, 1, RandomValues(2 * 5 * 4, 5));
 }
 
@@ -192,7 +193,7 @@ TEST_F(GradientCheck, DropoutDropsAboutPAndScalesTheRest) {
   Dropout layer({0.25f}, backend_.get(), {1000}, 1);
   Tensor x = MakeTensor(*backend_, {4, 1000}, std::vector<float>(4000, 1.0f));
   auto y = backend_->Allocate(DType::kF32, {4, 1000});
-  ASSERT_TRUE(layer.Forward(x, &*y, Mode::kTrain).ok());
+  ASSERT_OK(layer.Forward(x, &*y, Mode::kTrain));
   int zeros = 0;
   for (float v : ToHost(*backend_, *y)) {
     if (v == 0) {
@@ -202,7 +203,7 @@ TEST_F(GradientCheck, DropoutDropsAboutPAndScalesTheRest) {
     }
   }
   EXPECT_NEAR(zeros / 4000.0, 0.25, 0.03);
-  ASSERT_TRUE(layer.Forward(x, &*y, Mode::kEval).ok());
+  ASSERT_OK(layer.Forward(x, &*y, Mode::kEval));
   for (float v : ToHost(*backend_, *y)) EXPECT_EQ(v, 1.0f);
 }
 
@@ -213,27 +214,27 @@ void CheckLoss(Backend& b, LossKind kind) {
   Tensor logits = MakeTensor(b, {rows, cols}, z);
   auto labels = b.Allocate(DType::kI32, {rows});
   const std::vector<int32_t> lab = {0, 3, 4, 1};
-  ASSERT_TRUE(b.CopyFromHost(lab.data(), 16, &*labels).ok());
+  ASSERT_OK(b.CopyFromHost(lab.data(), 16, &*labels));
   auto scalar = b.Allocate(DType::kF32, {1});
   auto correct = b.Allocate(DType::kI32, {1});
   auto dz = b.Allocate(DType::kF32, {rows, cols});
   Loss loss(kind, &b);
   auto value = [&]() {
-    EXPECT_TRUE(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr).ok());
+    EXPECT_OK(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr));
     return static_cast<double>(ToHost(b, *scalar)[0]);
   };
-  ASSERT_TRUE(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), &*dz).ok());
+  ASSERT_OK(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), &*dz));
   const std::vector<float> analytic = ToHost(b, *dz);
   for (int i = 0; i < rows * cols; ++i) {
     const float keep = z[i];
     z[i] = keep + kEps;
-    ASSERT_TRUE(b.CopyFromHost(z.data(), z.size() * 4, &logits).ok());
+    ASSERT_OK(b.CopyFromHost(z.data(), z.size() * 4, &logits));
     const double up = value();
     z[i] = keep - kEps;
-    ASSERT_TRUE(b.CopyFromHost(z.data(), z.size() * 4, &logits).ok());
+    ASSERT_OK(b.CopyFromHost(z.data(), z.size() * 4, &logits));
     const double down = value();
     z[i] = keep;
-    ASSERT_TRUE(b.CopyFromHost(z.data(), z.size() * 4, &logits).ok());
+    ASSERT_OK(b.CopyFromHost(z.data(), z.size() * 4, &logits));
     EXPECT_LT(RelativeError(analytic[i], (up - down) / (2 * kEps)), kTolerance)
         << LossName(kind) << " dlogits[" << i << "]";
   }
@@ -248,14 +249,14 @@ TEST_F(GradientCheck, CrossEntropyValueAndAccuracyAreExact) {
   Tensor logits = MakeTensor(b, {2, 2}, {0.0f, std::log(3.0f), 2.0f, 0.0f});
   auto labels = b.Allocate(DType::kI32, {2});
   const std::vector<int32_t> lab = {1, 1};
-  ASSERT_TRUE(b.CopyFromHost(lab.data(), 8, &*labels).ok());
+  ASSERT_OK(b.CopyFromHost(lab.data(), 8, &*labels));
   auto scalar = b.Allocate(DType::kF32, {1});
   auto correct = b.Allocate(DType::kI32, {1});
   Loss loss(LossKind::kCrossEntropy, &b);
-  ASSERT_TRUE(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr).ok());
+  ASSERT_OK(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr));
   EXPECT_NEAR(ToHost(b, *scalar)[0], (std::log(4.0 / 3.0) + std::log(1 + std::exp(2.0))) / 2, 1e-6);
   int32_t hits = -1;
-  ASSERT_TRUE(b.CopyToHost(*correct, &hits, 4).ok());
+  ASSERT_OK(b.CopyToHost(*correct, &hits, 4));
   EXPECT_EQ(hits, 1);
 }
 
@@ -264,7 +265,7 @@ TEST_F(GradientCheck, CrossEntropyRejectsOutOfRangeLabel) {
   Tensor logits = MakeTensor(b, {1, 3}, {0, 0, 0});
   auto labels = b.Allocate(DType::kI32, {1});
   const int32_t bad = 7;
-  ASSERT_TRUE(b.CopyFromHost(&bad, 4, &*labels).ok());
+  ASSERT_OK(b.CopyFromHost(&bad, 4, &*labels));
   auto scalar = b.Allocate(DType::kF32, {1});
   auto correct = b.Allocate(DType::kI32, {1});
   Loss loss(LossKind::kCrossEntropy, &b);

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
@@ -79,7 +80,7 @@ class IdxReaderTest : public ::testing::Test {
 TEST_F(IdxReaderTest, ReadsRawFile) {
   std::string path = WriteRaw("a-idx2-ubyte", MakeIdx({2, 3}, {1, 2, 3, 4, 5, 6}));
   absl::StatusOr<IdxArray> got = ReadIdxFile(path);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got) << got.status();
   EXPECT_THAT(got->dims, ElementsAre(2, 3));
   EXPECT_THAT(got->data, ElementsAre(1, 2, 3, 4, 5, 6));
 }
@@ -88,7 +89,7 @@ TEST_F(IdxReaderTest, ReadsGzipFileDetectedByMagicNotName) {
   for (const char* name : {"b-idx2-ubyte.gz", "b-idx2-ubyte-no-suffix"}) {
     std::string path = WriteGzip(name, MakeIdx({3, 2}, {9, 8, 7, 6, 5, 4}));
     absl::StatusOr<IdxArray> got = ReadIdxFile(path);
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got) << got.status();
     EXPECT_THAT(got->dims, ElementsAre(3, 2));
     EXPECT_THAT(got->data, ElementsAre(9, 8, 7, 6, 5, 4));
   }
@@ -97,18 +98,18 @@ TEST_F(IdxReaderTest, ReadsGzipFileDetectedByMagicNotName) {
 TEST_F(IdxReaderTest, RawFileNamedGzIsReadAsRaw) {
   std::string path = WriteRaw("c.gz", MakeIdx({2}, {42, 43}));
   absl::StatusOr<IdxArray> got = ReadIdxFile(path);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got) << got.status();
   EXPECT_THAT(got->data, ElementsAre(42, 43));
 }
 
 TEST_F(IdxReaderTest, ReadsRank1AndRank4) {
   absl::StatusOr<IdxArray> r1 = ReadIdxFile(WriteRaw("r1", MakeIdx({4}, {0, 1, 2, 255})));
-  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_OK(r1) << r1.status();
   EXPECT_THAT(r1->dims, ElementsAre(4));
   EXPECT_THAT(r1->data, ElementsAre(0, 1, 2, 255));
 
   absl::StatusOr<IdxArray> r4 = ReadIdxFile(WriteRaw("r4", MakeIdx({2, 1, 3, 2}, Iota(12))));
-  ASSERT_TRUE(r4.ok()) << r4.status();
+  ASSERT_OK(r4) << r4.status();
   EXPECT_THAT(r4->dims, ElementsAre(2, 1, 3, 2));
   EXPECT_EQ(r4->data, Iota(12));
 }
@@ -119,7 +120,7 @@ TEST_F(IdxReaderTest, ReadsMultiMegabyteFileRawAndGzip) {
   const std::string bytes = MakeIdx({3 * 1024 * 1024 + 17}, payload);
   for (const std::string& path : {WriteRaw("big", bytes), WriteGzip("big.gz", bytes)}) {
     absl::StatusOr<IdxArray> got = ReadIdxFile(path);
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got) << got.status();
     EXPECT_THAT(got->dims, ElementsAre(3 * 1024 * 1024 + 17));
     EXPECT_TRUE(got->data == payload) << path;
   }
@@ -270,7 +271,7 @@ TEST_F(IdxReaderTest, CutOffGzipStreamIsRejected) {
 
 TEST(ParseIdxTest, ParsesAndChecksBytesInMemory) {
   absl::StatusOr<IdxArray> got = ParseIdx(MakeIdx({2, 2}, {1, 2, 3, 4}), "upload");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got) << got.status();
   EXPECT_THAT(got->dims, ElementsAre(2, 2));
   EXPECT_THAT(got->data, ElementsAre(1, 2, 3, 4));
 

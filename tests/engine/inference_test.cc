@@ -1,12 +1,14 @@
 // Inference sessions: loaded from a training checkpoint, they answer what the trained model's
 // own forward pass gives, for raw uint8 and [0,1] float inputs alike, batched or one by one.
+#include "engine/inference.h"
+
 #include <gtest/gtest.h>
 
 #include "engine/backend_registry.h"
-#include "engine/inference.h"
 #include "engine/trainer.h"
 #include "tests/engine/synthetic_data.h"
 #include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
@@ -15,7 +17,7 @@ class InferenceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto b = CreateBackend("cpu", {2});
-    ASSERT_TRUE(b.ok());
+    ASSERT_OK(b);
     backend_ = std::move(*b);
     TrainConfig c;
     c.model.input_shape = {1, 8, 8};
@@ -25,10 +27,10 @@ class InferenceTest : public ::testing::Test {
     c.batch_size = 20;
     c.norm = {1.0f / 255, 0.5f, 0.25f};
     auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
-    ASSERT_TRUE(t.ok()) << t.status();
-    ASSERT_TRUE((*t)->Run({}).ok());
+    ASSERT_OK(t) << t.status();
+    ASSERT_OK((*t)->Run({}));
     accuracy_ = (*(*t)->Evaluate(test_)).accuracy;
-    ASSERT_TRUE((*t)->SaveCheckpoint(dir_.file("m.safetensors")).ok());
+    ASSERT_OK((*t)->SaveCheckpoint(dir_.file("m.safetensors")));
   }
 
   std::unique_ptr<Backend> backend_;
@@ -40,12 +42,12 @@ class InferenceTest : public ::testing::Test {
 
 TEST_F(InferenceTest, ClassesMatchTheTrainedModelsAccuracy) {
   auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 64);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s) << s.status();
   EXPECT_EQ((*s)->num_classes(), 4);
   EXPECT_EQ((*s)->input_shape(), Shape({1, 8, 8}));
   std::vector<float> probs(60 * 4);
   std::vector<int32_t> classes(60);
-  ASSERT_TRUE((*s)->PredictU8(test_.pixels.data(), 60, probs.data(), classes.data()).ok());
+  ASSERT_OK((*s)->PredictU8(test_.pixels.data(), 60, probs.data(), classes.data()));
   int hits = 0;
   for (int i = 0; i < 60; ++i) {
     hits += classes[i] == test_.labels[i];
@@ -58,16 +60,16 @@ TEST_F(InferenceTest, ClassesMatchTheTrainedModelsAccuracy) {
 
 TEST_F(InferenceTest, BatchedAndOneByOneAndFloatInputsAgree) {
   auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 16);
-  ASSERT_TRUE(s.ok());
+  ASSERT_OK(s);
   std::vector<float> batched(16 * 4), single(4), from_f32(16 * 4);
   std::vector<int32_t> cls(16), one(1), cls_f32(16);
-  ASSERT_TRUE((*s)->PredictU8(test_.pixels.data(), 16, batched.data(), cls.data()).ok());
+  ASSERT_OK((*s)->PredictU8(test_.pixels.data(), 16, batched.data(), cls.data()));
   std::vector<float> pixels01(16 * 64);
   for (int i = 0; i < 16 * 64; ++i) pixels01[i] = test_.pixels[i] / 255.0f;
-  ASSERT_TRUE((*s)->PredictF32(pixels01.data(), 16, from_f32.data(), cls_f32.data()).ok());
+  ASSERT_OK((*s)->PredictF32(pixels01.data(), 16, from_f32.data(), cls_f32.data()));
   EXPECT_EQ(cls, cls_f32);
   for (int i = 0; i < 16; ++i) {
-    ASSERT_TRUE((*s)->PredictU8(test_.pixels.data() + i * 64, 1, single.data(), one.data()).ok());
+    ASSERT_OK((*s)->PredictU8(test_.pixels.data() + i * 64, 1, single.data(), one.data()));
     EXPECT_EQ(one[0], cls[i]);
     for (int c = 0; c < 4; ++c) EXPECT_NEAR(single[c], batched[i * 4 + c], 1e-6);
     for (int c = 0; c < 4; ++c) EXPECT_NEAR(from_f32[i * 4 + c], batched[i * 4 + c], 1e-5);
@@ -76,7 +78,7 @@ TEST_F(InferenceTest, BatchedAndOneByOneAndFloatInputsAgree) {
 
 TEST_F(InferenceTest, BadRequestsAreErrors) {
   auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 8);
-  ASSERT_TRUE(s.ok());
+  ASSERT_OK(s);
   std::vector<float> probs(9 * 4);
   std::vector<int32_t> cls(9);
   EXPECT_NE((*s)->PredictU8(test_.pixels.data(), 9, probs.data(), cls.data()).message().find(

@@ -1,10 +1,12 @@
 // Model building: shape inference, the errors for wrong shapes, parameter names and counts.
+#include "engine/model.h"
+
 #include <gtest/gtest.h>
 
 #include "engine/backend_registry.h"
-#include "engine/model.h"
 #include "engine/model_config_json.h"
 #include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
@@ -17,10 +19,10 @@ std::string ShapeError(const ModelConfig& c) {
 
 TEST(InferShapes, ReferenceModels) {
   auto mlp = InferShapes(MnistMlpConfig());
-  ASSERT_TRUE(mlp.ok());
+  ASSERT_OK(mlp);
   EXPECT_EQ(mlp->back(), Shape({10}));
   auto cnn = InferShapes(MnistCnnConfig());
-  ASSERT_TRUE(cnn.ok());
+  ASSERT_OK(cnn);
   EXPECT_EQ((*cnn)[1], Shape({32, 26, 26}));
   EXPECT_EQ((*cnn)[3], Shape({32, 13, 13}));
   EXPECT_EQ((*cnn)[6], Shape({64, 5, 5}));
@@ -59,9 +61,9 @@ TEST(InferShapes, ErrorsNameTheProblem) {
 
 TEST(Model, ParameterNamesFollowTorchSequential) {
   auto backend = CreateBackend("cpu", {1});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   auto model = Model::Build(MnistCnnConfig(), backend->get(), 0);
-  ASSERT_TRUE(model.ok());
+  ASSERT_OK(model);
   std::vector<std::string> names;
   for (const auto& p : (*model)->parameters()) names.push_back(p.name);
   EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias",
@@ -70,7 +72,7 @@ TEST(Model, ParameterNamesFollowTorchSequential) {
 
 TEST(Model, InitialisationIsSeededAndBoundedAsPyTorch) {
   auto backend = CreateBackend("cpu", {1});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   auto a = Model::Build(MnistMlpConfig(), backend->get(), 5);
   auto b = Model::Build(MnistMlpConfig(), backend->get(), 5);
   auto c = Model::Build(MnistMlpConfig(), backend->get(), 6);
@@ -95,7 +97,7 @@ TEST(Model, InitialisationIsSeededAndBoundedAsPyTorch) {
 TEST(Model, ForwardRejectsWrongInputShape) {
   auto backend = CreateBackend("cpu", {1});
   auto model = Model::Build(MnistMlpConfig(), backend->get(), 0);
-  ASSERT_TRUE(model.ok());
+  ASSERT_OK(model);
   Tensor x = testing::MakeTensor(**backend, {2, 100}, std::vector<float>(200, 0));
   auto out = (*model)->Forward(x, Mode::kEval);
   EXPECT_FALSE(out.ok());
@@ -105,7 +107,7 @@ TEST(Model, ForwardRejectsWrongInputShape) {
 TEST(ModelConfigJson, RoundTripsAndRejectsUnknownLayers) {
   const ModelConfig cnn = MnistCnnConfig();
   auto back = ModelConfigFromJson(ModelConfigToJson(cnn));
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back) << back.status();
   EXPECT_EQ(ModelConfigToJson(*back), ModelConfigToJson(cnn));
   auto bad = ModelConfigFromJson(R"({"input_shape":[4],"layers":[{"type":"lstm"}]})");
   EXPECT_NE(bad.status().message().find("layer 0 lstm: unknown layer type"), std::string::npos);
@@ -117,12 +119,12 @@ TEST(ModelConfigJson, RoundTripsAndRejectsUnknownLayers) {
 }
 
 TEST(BackendRegistry, DeviceStrings) {
-  EXPECT_TRUE(ValidateDevice("cpu").ok());
-  EXPECT_TRUE(ValidateDevice("auto").ok());
+  EXPECT_OK(ValidateDevice("cpu"));
+  EXPECT_OK(ValidateDevice("auto"));
   EXPECT_EQ(ValidateDevice("gpu").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ValidateDevice("cuda:x").code(), absl::StatusCode::kInvalidArgument);
   auto auto_backend = CreateBackend("auto");
-  ASSERT_TRUE(auto_backend.ok());
+  ASSERT_OK(auto_backend);
   if (AvailableDevices().size() == 1) {
     EXPECT_EQ((*auto_backend)->name(), "cpu");
     auto missing = CreateBackend("cuda:0");
@@ -140,7 +142,7 @@ namespace {
 // A ReLU fused into the preceding conv2d gives exactly the unfused outputs and gradients.
 void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
   auto backend = CreateBackend("cpu", {2});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   auto fused = Model::Build(c, backend->get(), 1, Fusion::kFuse);
   auto plain = Model::Build(c, backend->get(), 1, Fusion::kNone);
   ASSERT_TRUE(fused.ok() && plain.ok());
@@ -155,10 +157,10 @@ void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
   int k = 0;
   for (auto* m : {fused->get(), plain->get()}) {
     auto y = m->Forward(x, Mode::kTrain);
-    ASSERT_TRUE(y.ok());
+    ASSERT_OK(y);
     outs[k] = testing::ToHost(**backend, **y);
-    ASSERT_TRUE(m->ZeroGrad().ok());
-    ASSERT_TRUE(m->Backward(dout).ok());
+    ASSERT_OK(m->ZeroGrad());
+    ASSERT_OK(m->Backward(dout));
     for (const auto& p : m->parameters()) grads[k].push_back(testing::ToHost(**backend, p.param->grad));
     ++k;
   }
@@ -191,15 +193,15 @@ namespace {
 // The one-row GEMM path (sgemv) gives what the general path gives, for both layouts of B.
 TEST(CpuGemm, SingleRowMatchesGeneralPath) {
   auto backend = CreateBackend("cpu", {1});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   const int k = 7, n = 5;
   const std::vector<float> a = testing::RandomValues(2 * k, 1), b = testing::RandomValues(n * k, 2);
   for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
     std::vector<float> two(2 * n, 0.5f), one(n, 0.5f);
-    ASSERT_TRUE((*backend)->Gemm(Transpose::kNo, tb, 2, n, k, 1.5f, a.data(), b.data(), 2.0f,
-                                 two.data()).ok());
-    ASSERT_TRUE((*backend)->Gemm(Transpose::kNo, tb, 1, n, k, 1.5f, a.data(), b.data(), 2.0f,
-                                 one.data()).ok());
+    ASSERT_OK(
+        (*backend)->Gemm(Transpose::kNo, tb, 2, n, k, 1.5f, a.data(), b.data(), 2.0f, two.data()));
+    ASSERT_OK(
+        (*backend)->Gemm(Transpose::kNo, tb, 1, n, k, 1.5f, a.data(), b.data(), 2.0f, one.data()));
     for (int j = 0; j < n; ++j) EXPECT_NEAR(one[j], two[j], 1e-5f) << j;
   }
 }
@@ -221,7 +223,7 @@ class ConvForward : public ::testing::TestWithParam<ConvForwardCase> {};
 TEST_P(ConvForward, MatchesTheDefinition) {
   const ConvForwardCase p = GetParam();
   auto backend = CreateBackend("cpu", {2});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   Conv2dGeometry g;
   g.batch = 3;
   g.in_channels = p.c;
@@ -236,9 +238,8 @@ TEST_P(ConvForward, MatchesTheDefinition) {
   const std::vector<float> w = testing::RandomValues(static_cast<size_t>(p.oc) * p.c * p.k * p.k, 12);
   const std::vector<float> bias = testing::RandomValues(static_cast<size_t>(p.oc), 13);
   std::vector<float> y(static_cast<size_t>(3 * p.oc * oh * ow));
-  ASSERT_TRUE((*backend)->Conv2dForward(g, x.data(), w.data(), bias.data(),
-                                        p.relu ? Activation::kRelu : Activation::kNone, y.data())
-                  .ok());
+  ASSERT_OK((*backend)->Conv2dForward(g, x.data(), w.data(), bias.data(),
+                                      p.relu ? Activation::kRelu : Activation::kNone, y.data()));
   for (int n = 0; n < 3; ++n) {
     for (int o = 0; o < p.oc; ++o) {
       for (int i = 0; i < oh; ++i) {

@@ -1,11 +1,13 @@
 // Optimizer steps against values computed by PyTorch 1.13 (torch.optim) for the same parameter,
 // gradients and hyperparameters: three steps from p = [1, -2, 0.5].
+#include "engine/optim/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include "engine/backend_registry.h"
 #include "engine/optim/lr_schedule.h"
-#include "engine/optim/optimizer.h"
 #include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
@@ -43,19 +45,19 @@ class OptimizerMatchesTorch : public ::testing::TestWithParam<OptimCase> {};
 
 TEST_P(OptimizerMatchesTorch, ThreeSteps) {
   auto backend = CreateBackend("cpu", {1});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   Backend& b = **backend;
   Parameter p;
   p.name = "weight";
   p.value = MakeTensor(b, {3}, {1.0f, -2.0f, 0.5f});
   p.grad = MakeTensor(b, {3}, {0, 0, 0});
   auto opt = Optimizer::Create(GetParam().config, &b, {{"0.weight", &p}});
-  ASSERT_TRUE(opt.ok()) << opt.status();
+  ASSERT_OK(opt) << opt.status();
   const std::vector<std::vector<float>> grads = {
       {0.1f, -0.2f, 0.3f}, {-0.05f, 0.4f, 0.0f}, {0.2f, 0.1f, -0.3f}};
   for (const auto& g : grads) {
-    ASSERT_TRUE(b.CopyFromHost(g.data(), 12, &p.grad).ok());
-    ASSERT_TRUE((*opt)->Step(GetParam().config.lr).ok());
+    ASSERT_OK(b.CopyFromHost(g.data(), 12, &p.grad));
+    ASSERT_OK((*opt)->Step(GetParam().config.lr));
   }
   const std::vector<float> got = ToHost(b, p.value);
   for (int i = 0; i < 3; ++i) {
@@ -90,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(OptimizerConfigCheck, RejectsBadHyperparameters) {
   auto backend = CreateBackend("cpu", {1});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   auto bad_nesterov = Optimizer::Create(Sgd(0.1f, 0, 0, 0, true), backend->get(), {});
   EXPECT_FALSE(bad_nesterov.ok());
   EXPECT_NE(bad_nesterov.status().message().find("nesterov"), std::string::npos);

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/status_matchers.h"
+
 namespace kiln {
 namespace {
 
@@ -117,22 +119,22 @@ const std::map<std::string, std::string> kSampleMetadata = {
 TEST_F(SafetensorsTest, RoundTripsTensorsAndMetadata) {
   const std::string path = Path("model.safetensors");
   const std::vector<HostTensor> tensors = SampleTensors();
-  ASSERT_TRUE(WriteSafetensors(path, tensors, kSampleMetadata).ok());
+  ASSERT_OK(WriteSafetensors(path, tensors, kSampleMetadata));
   absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read) << read.status();
   ExpectSameTensors(tensors, read->tensors);
   EXPECT_EQ(read->metadata, kSampleMetadata);
 
   const HostTensor* step = read->Find("optimizer.step");
   ASSERT_NE(step, nullptr);
   absl::StatusOr<std::vector<int64_t>> steps = ToI64Values(*step);
-  ASSERT_TRUE(steps.ok());
+  ASSERT_OK(steps);
   EXPECT_EQ(*steps, (std::vector<int64_t>{12345, -1}));
   absl::StatusOr<std::vector<uint64_t>> rng = ToU64Values(*read->Find("rng.state"));
-  ASSERT_TRUE(rng.ok());
+  ASSERT_OK(rng);
   EXPECT_EQ(*rng, (std::vector<uint64_t>{0xFFFFFFFFFFFFFFFFull, 0x0123456789ABCDEFull, 0}));
   float w[6];
-  ASSERT_TRUE(CopyF32(*read->Find("0.weight"), {2, 3}, w).ok());
+  ASSERT_OK(CopyF32(*read->Find("0.weight"), {2, 3}, w));
   EXPECT_EQ(w[1], -2.25f);
   EXPECT_EQ(w[4], -1.0e30f);
   EXPECT_EQ(read->Find("missing"), nullptr);
@@ -140,10 +142,10 @@ TEST_F(SafetensorsTest, RoundTripsTensorsAndMetadata) {
 
 TEST_F(SafetensorsTest, RoundTripsNoTensorsAndNoMetadata) {
   const std::string path = Path("empty.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, {}, {}).ok());
+  ASSERT_OK(WriteSafetensors(path, {}, {}));
   EXPECT_EQ(ReadBytes(path), std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
   absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read) << read.status();
   EXPECT_TRUE(read->tensors.empty());
   EXPECT_TRUE(read->metadata.empty());
 }
@@ -151,8 +153,7 @@ TEST_F(SafetensorsTest, RoundTripsNoTensorsAndNoMetadata) {
 TEST_F(SafetensorsTest, WritesTheStandardLayoutByteForByte) {
   const std::string path = Path("tiny.safetensors");
   const std::vector<float> values = {1.0f, -2.0f};
-  ASSERT_TRUE(
-      WriteSafetensors(path, {HostTensorFromF32("a", values.data(), {2})}, {{"k", "v"}}).ok());
+  ASSERT_OK(WriteSafetensors(path, {HostTensorFromF32("a", values.data(), {2})}, {{"k", "v"}}));
   // 79 bytes of JSON and one space of padding make 80 (0x50); 1.0f is 0x3F800000, -2.0f 0xC0000000.
   const std::string expected =
       std::string("\x50\0\0\0\0\0\0\0", 8) +
@@ -163,15 +164,14 @@ TEST_F(SafetensorsTest, WritesTheStandardLayoutByteForByte) {
 
 TEST_F(SafetensorsTest, OutputIsDeterministicAndHeaderIsPaddedToEightBytes) {
   const std::vector<HostTensor> tensors = SampleTensors();
-  ASSERT_TRUE(WriteSafetensors(Path("a"), tensors, kSampleMetadata).ok());
-  ASSERT_TRUE(WriteSafetensors(Path("b"), tensors, kSampleMetadata).ok());
+  ASSERT_OK(WriteSafetensors(Path("a"), tensors, kSampleMetadata));
+  ASSERT_OK(WriteSafetensors(Path("b"), tensors, kSampleMetadata));
   const std::string a = ReadBytes(Path("a"));
   EXPECT_EQ(a, ReadBytes(Path("b")));
   for (size_t name_length = 1; name_length <= 9; ++name_length) {
     const float x = 1.0f;
-    ASSERT_TRUE(
-        WriteSafetensors(Path("c"), {HostTensorFromF32(std::string(name_length, 'n'), &x, {})}, {})
-            .ok());
+    ASSERT_OK(WriteSafetensors(Path("c"),
+                               {HostTensorFromF32(std::string(name_length, 'n'), &x, {})}, {}));
     const std::string c = ReadBytes(Path("c"));
     uint64_t n = 0;
     std::memcpy(&n, c.data(), 8);
@@ -188,13 +188,13 @@ TEST_F(SafetensorsTest, ReadsTensorsInDataOrderWhateverTheHeaderOrder) {
                R"("a":{"dtype":"F32","shape":[],"data_offsets":[1,5]},"__metadata__":{"m":"1"}})",
                std::string("\x07\0\0\x80\x3f", 5));
   absl::StatusOr<SafetensorsContents> read = ParseSafetensors(bytes, "mem");
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read) << read.status();
   ASSERT_EQ(read->tensors.size(), 3u);
   EXPECT_EQ(read->tensors[0].name, "z");
   EXPECT_EQ(read->tensors[1].name, "a");
   EXPECT_EQ(read->tensors[2].name, "e");
   float a = 0;
-  ASSERT_TRUE(CopyF32(read->tensors[1], {}, &a).ok());
+  ASSERT_OK(CopyF32(read->tensors[1], {}, &a));
   EXPECT_EQ(a, 1.0f);
   EXPECT_EQ(read->metadata.at("m"), "1");
 }
@@ -314,7 +314,7 @@ TEST_F(SafetensorsTest, RejectsEachCorruptionNamingTheFile) {
 
 TEST_F(SafetensorsTest, CorruptionsOfAWrittenFileAreRejected) {
   const std::string path = Path("model.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, SampleTensors(), kSampleMetadata).ok());
+  ASSERT_OK(WriteSafetensors(path, SampleTensors(), kSampleMetadata));
   const std::string good = ReadBytes(path);
   uint64_t header_size = 0;
   std::memcpy(&header_size, good.data(), 8);
@@ -345,7 +345,7 @@ TEST_F(SafetensorsTest, CorruptionsOfAWrittenFileAreRejected) {
       bytes[i] = static_cast<char>(bytes[i] ^ (1 << bit));
       absl::StatusOr<SafetensorsContents> read = ParseSafetensors(bytes, "bits");
       if (i >= 8 + header_size) {
-        EXPECT_TRUE(read.ok()) << read.status();
+        EXPECT_OK(read) << read.status();
       }
     }
   }
@@ -425,12 +425,12 @@ TEST_F(SafetensorsTest, WriteUnderARegularFileFailsAndLeavesItIntact) {
 
 TEST_F(SafetensorsTest, OverwriteReplacesTheFileAndLeavesNoTempFiles) {
   const std::string path = Path("model.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, SampleTensors(), kSampleMetadata).ok());
+  ASSERT_OK(WriteSafetensors(path, SampleTensors(), kSampleMetadata));
   const float y = -1.0f;
   const std::vector<HostTensor> second = {HostTensorFromF32("only", &y, {1, 1})};
-  ASSERT_TRUE(WriteSafetensors(path, second, {{"v", "2"}}).ok());
+  ASSERT_OK(WriteSafetensors(path, second, {{"v", "2"}}));
   absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read) << read.status();
   ExpectSameTensors(second, read->tensors);
   EXPECT_EQ(read->metadata, (std::map<std::string, std::string>{{"v", "2"}}));
   EXPECT_EQ(ListDir(dir_), std::vector<std::string>{"model.safetensors"});
@@ -438,7 +438,7 @@ TEST_F(SafetensorsTest, OverwriteReplacesTheFileAndLeavesNoTempFiles) {
 
 TEST_F(SafetensorsTest, FailedWriteLeavesOldFileIntactAndNoTempFile) {
   const std::string path = Path("model.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, SampleTensors(), kSampleMetadata).ok());
+  ASSERT_OK(WriteSafetensors(path, SampleTensors(), kSampleMetadata));
   const std::string old_bytes = ReadBytes(path);
 
   // A file-size limit makes write() fail with EFBIG part way, even for root.
@@ -509,12 +509,11 @@ TEST(SafetensorsInteropTest, ExchangesFilesWithIndependentPythonCode) {
   if (dir == nullptr) GTEST_SKIP() << "KILN_SAFETENSORS_INTEROP_DIR not set";
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"kiln", "interop"}};
   const std::vector<HostTensor> expected = InteropTensors();
-  ASSERT_TRUE(
-      WriteSafetensors(std::string(dir) + "/from_cpp.safetensors", expected, metadata).ok());
+  ASSERT_OK(WriteSafetensors(std::string(dir) + "/from_cpp.safetensors", expected, metadata));
   const std::string python_file = std::string(dir) + "/from_python.safetensors";
   if (!std::filesystem::exists(python_file)) return;
   absl::StatusOr<SafetensorsContents> read = ReadSafetensors(python_file);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read) << read.status();
   EXPECT_EQ(read->metadata, metadata);
   ASSERT_EQ(read->tensors.size(), expected.size());
   for (const HostTensor& want : expected) {

@@ -10,20 +10,21 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::testing {
 
 inline Tensor MakeTensor(Backend& b, const Shape& shape, const std::vector<float>& values) {
   auto t = b.Allocate(DType::kF32, shape);
-  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_OK(t) << t.status();
   EXPECT_EQ(static_cast<int64_t>(values.size()), t->numel());
-  EXPECT_TRUE(b.CopyFromHost(values.data(), values.size() * sizeof(float), &*t).ok());
+  EXPECT_OK(b.CopyFromHost(values.data(), values.size() * sizeof(float), &*t));
   return *t;
 }
 
 inline std::vector<float> ToHost(Backend& b, const Tensor& t) {
   std::vector<float> out(t.numel());
-  EXPECT_TRUE(b.CopyToHost(t, out.data(), out.size() * sizeof(float)).ok());
+  EXPECT_OK(b.CopyToHost(t, out.data(), out.size() * sizeof(float)));
   return out;
 }
 

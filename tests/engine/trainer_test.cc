@@ -1,5 +1,7 @@
 // The training loop: learning on synthetic and real data, exact resume from checkpoints (between
 // and within epochs), cancellation, and failures that name their cause.
+#include "engine/trainer.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -9,9 +11,9 @@
 #include "engine/backend_registry.h"
 #include "engine/checkpoint.h"
 #include "engine/model.h"
-#include "engine/trainer.h"
 #include "tests/engine/synthetic_data.h"
 #include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
@@ -51,12 +53,12 @@ class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto b = CreateBackend("cpu", {2});
-    ASSERT_TRUE(b.ok());
+    ASSERT_OK(b);
     backend_ = std::move(*b);
   }
   std::unique_ptr<Trainer> Make(const TrainConfig& c) {
     auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
-    EXPECT_TRUE(t.ok()) << t.status();
+    EXPECT_OK(t) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
   std::vector<std::vector<float>> Weights(Trainer& t) {
@@ -83,7 +85,7 @@ TEST_F(TrainerTest, LearnsTheSyntheticTaskAndReportsEveryStep) {
     EXPECT_FLOAT_EQ(e.lr, 0.05f);
   };
   cb.on_epoch = [&](const EpochEvent& e) { epochs.push_back(e); };
-  ASSERT_TRUE(t->Run(cb).ok());
+  ASSERT_OK(t->Run(cb));
   EXPECT_EQ(steps, 27);
   ASSERT_EQ(epochs.size(), 3u);
   EXPECT_EQ(epochs[2].epoch, 3);
@@ -96,8 +98,8 @@ TEST_F(TrainerTest, LearnsTheSyntheticTaskAndReportsEveryStep) {
 TEST_F(TrainerTest, SameSeedSameResult) {
   auto a = Make(SmallCnn(1));
   auto b = Make(SmallCnn(1));
-  ASSERT_TRUE(a->Run({}).ok());
-  ASSERT_TRUE(b->Run({}).ok());
+  ASSERT_OK(a->Run({}));
+  ASSERT_OK(b->Run({}));
   EXPECT_EQ(Weights(*a), Weights(*b));
 }
 
@@ -108,7 +110,7 @@ TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
     record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
-    ASSERT_TRUE(straight->Run(record).ok());
+    ASSERT_OK(straight->Run(record));
 
     TempDir dir;
     TrainConfig one = config;
@@ -118,14 +120,14 @@ TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
     stop_after_one.on_epoch = [&](const EpochEvent&) { cancel = true; };
     EXPECT_EQ(first->Run(stop_after_one, &cancel).code(), absl::StatusCode::kCancelled);
     EXPECT_EQ(first->position().epochs_done, 1);
-    ASSERT_TRUE(first->SaveCheckpoint(dir.file("epoch1.safetensors")).ok());
+    ASSERT_OK(first->SaveCheckpoint(dir.file("epoch1.safetensors")));
 
     auto resumed = Make(config);
-    ASSERT_TRUE(resumed->LoadCheckpoint(dir.file("epoch1.safetensors")).ok());
+    ASSERT_OK(resumed->LoadCheckpoint(dir.file("epoch1.safetensors")));
     std::vector<EpochEvent> resumed_epochs;
     Trainer::Callbacks rec2;
     rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
-    ASSERT_TRUE(resumed->Run(rec2).ok());
+    ASSERT_OK(resumed->Run(rec2));
     EXPECT_EQ(Weights(*resumed), Weights(*straight));
     ASSERT_EQ(resumed_epochs.size(), 1u);
     EXPECT_EQ(resumed_epochs[0].epoch, 2);
@@ -140,7 +142,7 @@ TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
   std::vector<EpochEvent> straight_epochs;
   Trainer::Callbacks record;
   record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
-  ASSERT_TRUE(straight->Run(record).ok());
+  ASSERT_OK(straight->Run(record));
 
   TempDir dir;
   auto first = Make(config);
@@ -153,13 +155,13 @@ TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
   EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
 
   auto resumed = Make(config);
-  ASSERT_TRUE(resumed->LoadCheckpoint(dir.file("mid.safetensors")).ok());
+  ASSERT_OK(resumed->LoadCheckpoint(dir.file("mid.safetensors")));
   EXPECT_EQ(resumed->position().epochs_done, 1);
   EXPECT_EQ(resumed->position().step_in_epoch, 4);  // 13 steps per epoch
   std::vector<EpochEvent> resumed_epochs;
   Trainer::Callbacks rec2;
   rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
-  ASSERT_TRUE(resumed->Run(rec2).ok());
+  ASSERT_OK(resumed->Run(rec2));
   EXPECT_EQ(Weights(*resumed), Weights(*straight));
   ASSERT_EQ(resumed_epochs.size(), 1u);
   EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
@@ -208,7 +210,7 @@ TEST_F(TrainerTest, RejectsConfigsThatDoNotFitTheData) {
 TEST_F(TrainerTest, CheckpointOfAnotherModelIsRejectedAndChangesNothing) {
   TempDir dir;
   auto cnn = Make(SmallCnn(1));
-  ASSERT_TRUE(cnn->SaveCheckpoint(dir.file("cnn.safetensors")).ok());
+  ASSERT_OK(cnn->SaveCheckpoint(dir.file("cnn.safetensors")));
   TrainConfig wider = SmallCnn(1);
   std::get<Conv2dConfig>(wider.model.layers[0]).out_channels = 8;
   std::get<LinearConfig>(wider.model.layers[5]).in_features = 128;
@@ -226,7 +228,7 @@ TEST_F(TrainerTest, TruncatedCheckpointIsDataLoss) {
   TempDir dir;
   auto t = Make(SmallMlp(1));
   const std::string path = dir.file("ckpt.safetensors");
-  ASSERT_TRUE(t->SaveCheckpoint(path).ok());
+  ASSERT_OK(t->SaveCheckpoint(path));
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 10);
   auto s = Make(SmallMlp(1))->LoadCheckpoint(path);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
@@ -238,10 +240,10 @@ TEST_F(TrainerTest, TruncatedCheckpointIsDataLoss) {
 TEST_F(TrainerTest, CheckpointCarriesTheModelConfigAndPosition) {
   TempDir dir;
   auto t = Make(SmallMlp(1));
-  ASSERT_TRUE(t->Run({}).ok());
-  ASSERT_TRUE(t->SaveCheckpoint(dir.file("c.safetensors")).ok());
+  ASSERT_OK(t->Run({}));
+  ASSERT_OK(t->SaveCheckpoint(dir.file("c.safetensors")));
   auto meta = ReadCheckpointMetadata(dir.file("c.safetensors"));
-  ASSERT_TRUE(meta.ok());
+  ASSERT_OK(meta);
   EXPECT_EQ(meta->at("format"), kCheckpointFormat);
   EXPECT_EQ(meta->at("epochs_done"), "1");
   EXPECT_EQ(meta->at("global_step"), "9");
@@ -255,7 +257,7 @@ TEST(RealMnist, ShortMlpRunLearns) {
     GTEST_SKIP() << "real MNIST not found (set KILN_TEST_MNIST_DIR; scripts/fetch-mnist fetches it)";
   }
   auto splits = LoadImageFolder(dir);
-  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_OK(splits) << splits.status();
   // The first 2,000 training and 1,000 test images.
   auto head = [](const Dataset& d, int64_t n) {
     Dataset out = d;
@@ -273,13 +275,13 @@ TEST(RealMnist, ShortMlpRunLearns) {
   c.epochs = 2;
   c.norm = {1.0f / 255, 0.5f, 0.5f};
   auto backend = CreateBackend("cpu", {2});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   auto t = Trainer::Create(c, backend->get(), &train, &test);
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t) << t.status();
   double acc = 0;
   Trainer::Callbacks cb;
   cb.on_epoch = [&](const EpochEvent& e) { acc = e.test.accuracy; };
-  ASSERT_TRUE((*t)->Run(cb).ok());
+  ASSERT_OK((*t)->Run(cb));
   EXPECT_GT(acc, 0.8) << "10 classes: chance is 0.1";
 }
 

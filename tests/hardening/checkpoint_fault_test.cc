@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "hardening_test_support.h"
 #include "server_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -122,7 +123,7 @@ class CheckpointFaultTest : public ::testing::Test {
 
   // What must hold after the fault, whatever caused it. `error_text` is the errno's message.
   void ExpectFailedCleanlyAndServing(const Outcome& out, const std::string& error_text) {
-    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    ASSERT_OK(out.status) << out.status.error_message();
     ASSERT_FALSE(out.events.empty());
     EXPECT_EQ(out.events.back().state().state(), v1::JOB_STATE_FAILED);
     const v1::Job job = GetJob(*stub_, out.job_id);
@@ -143,7 +144,7 @@ class CheckpointFaultTest : public ::testing::Test {
         << out.previous.path() << " changed";
     absl::StatusOr<TrainingPosition> position = hardening::LoadCheckpointForSpec(
         BigCheckpointSpec(6), data_dir_ + "/toy", out.previous.path());
-    ASSERT_TRUE(position.ok()) << position.status();
+    ASSERT_OK(position) << position.status();
     EXPECT_EQ(position->global_step, out.previous.global_step());
     // The failed write left nothing behind beside it.
     int files = 0;
@@ -158,7 +159,7 @@ class CheckpointFaultTest : public ::testing::Test {
     grpc::ClientContext context;
     v1::ListJobsRequest request;
     v1::ListJobsResponse response;
-    ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+    ASSERT_OK(stub_->ListJobs(&context, request, &response));
     ASSERT_EQ(response.jobs_size(), 1);
     EXPECT_EQ(response.jobs(0).id(), out.job_id);
     EXPECT_EQ(response.jobs(0).state(), v1::JOB_STATE_FAILED);

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "hardening_test_support.h"
 #include "server_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -94,7 +95,7 @@ class CrashTest : public ::testing::Test {
         ++files;
         absl::StatusOr<TrainingPosition> position =
             hardening::LoadCheckpointForSpec(spec, data_dir_ + "/toy", path);
-        EXPECT_TRUE(position.ok()) << position.status();
+        EXPECT_OK(position) << position.status();
       } else {
         ++temps;  // a write the kill interrupted: never renamed into place, never indexed
       }
@@ -143,7 +144,7 @@ TEST_F(CrashTest, ThreeKillsMidEpochLoseAtMostOneIntervalEachAndEndWithTheSameAc
   EXPECT_EQ(job.epochs_done(), kEpochs);
 
   testing::WatchResult watch = testing::WatchToEnd(*stub, id, /*include_steps=*/true);
-  ASSERT_TRUE(watch.status.ok()) << watch.status.error_message();
+  ASSERT_OK(watch.status) << watch.status.error_message();
   const std::vector<Crash> crashes = CrashesInHistory(watch.events);
   ASSERT_EQ(crashes.size(), static_cast<size_t>(kCrashes));
   for (size_t i = 0; i < crashes.size(); ++i) {
@@ -189,7 +190,7 @@ TEST_F(CrashTest, ThreeKillsMidEpochLoseAtMostOneIntervalEachAndEndWithTheSameAc
   for (const v1::Checkpoint& c : testing::ListCheckpoints(*stub, id)) {
     absl::StatusOr<TrainingPosition> position =
         hardening::LoadCheckpointForSpec(spec, data_dir_ + "/toy", c.path());
-    ASSERT_TRUE(position.ok()) << position.status();
+    ASSERT_OK(position) << position.status();
     EXPECT_EQ(position->global_step, c.global_step()) << c.path();
   }
   stub.reset();

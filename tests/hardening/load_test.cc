@@ -32,6 +32,7 @@
 #include "server_test_support.h"
 #include "serving_test_support.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -119,7 +120,7 @@ std::unique_ptr<inference::GRPCInferenceService::Stub> InferenceStub(int port) {
 // and the job's end (cancelled, when the load ended) last.
 void ExpectCompleteStream(const testing::WatchResult& w, int epochs, int index) {
   SCOPED_TRACE(absl::StrCat("subscriber ", index));
-  ASSERT_TRUE(w.status.ok()) << w.status.error_message();
+  ASSERT_OK(w.status) << w.status.error_message();
   ASSERT_FALSE(w.events.empty());
   EXPECT_EQ(w.events.front().seq(), 1);
   int64_t dropped = 0, out_of_order = 0;
@@ -207,7 +208,7 @@ TEST_F(LoadTest, InferenceAndWatchersDoNotFailOrLeakWhileAJobTrains) {
     (*request.mutable_parameters())["checkpoint"].set_string_param(baseline_id + "@latest");
     inference::RepositoryModelLoadResponse response;
     grpc::Status status = admin->RepositoryModelLoad(&context, request, &response);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_OK(status) << status.error_message();
   }
 
   // The loaded job would run three times as long as the load without it; it is cancelled when
@@ -299,8 +300,8 @@ TEST_F(LoadTest, InferenceAndWatchersDoNotFailOrLeakWhileAJobTrains) {
     request.set_job_id(id);
     v1::Job cancelled;
     grpc::Status status = stub->CancelJob(&context, request, &cancelled);
-    EXPECT_TRUE(status.ok()) << "the job was no longer running when the load ended: "
-                             << status.error_message();
+    EXPECT_OK(status) << "the job was no longer running when the load ended: "
+                      << status.error_message();
   }
   for (Watcher& w : watchers) w.thread.join();
   ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_CANCELLED, absl::Seconds(60)));

@@ -16,6 +16,7 @@
 #include "server/daemon.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -175,18 +176,18 @@ TEST(MetricsTest, GrpcMethodsBeyondTheCapFoldIntoOther) {
 
 TEST(MetricsTest, ServesTheTextFormatOverHttp) {
   Metrics metrics;
-  ASSERT_TRUE(metrics.Serve("127.0.0.1:0").ok());
+  ASSERT_OK(metrics.Serve("127.0.0.1:0"));
   ASSERT_GT(metrics.port(), 0);
   absl::StatusOr<std::string> body =
       testing::HttpGet(absl::StrCat("http://127.0.0.1:", metrics.port(), "/metrics"));
-  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_OK(body) << body.status();
   EXPECT_THAT(*body, HasSubstr("kiln_build_info{"));
   EXPECT_THAT(*body, HasSubstr("kiln_device_memory_total_bytes{device=\"cpu\"}"));
 }
 
 TEST(MetricsTest, ABusyAddressIsUnavailable) {
   Metrics first;
-  ASSERT_TRUE(first.Serve("127.0.0.1:0").ok());
+  ASSERT_OK(first.Serve("127.0.0.1:0"));
   Metrics second;
   const absl::Status status = second.Serve(absl::StrCat("127.0.0.1:", first.port()));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -205,7 +206,7 @@ TEST(MetricsTest, ADaemonReportsItsJobsTrainingAndGrpcCalls) {
   options.log_stream = nullptr;
   testing::WriteToyDataset(options.data_dir + "/toy", 128, 32);
   auto daemon = Daemon::Start(options);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_OK(daemon) << daemon.status();
   ASSERT_GT((*daemon)->metrics_port(), 0);
   auto stub = v1::Training::NewStub(
       kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", (*daemon)->port())));
@@ -213,7 +214,7 @@ TEST(MetricsTest, ADaemonReportsItsJobsTrainingAndGrpcCalls) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = testing::SmallSpec("toy", 2);
   v1::Job job;
-  ASSERT_TRUE(stub->SubmitJob(&context, request, &job).ok());
+  ASSERT_OK(stub->SubmitJob(&context, request, &job));
   ASSERT_TRUE(testing::WaitForState(*stub, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
 
   const std::string text = (*daemon)->metrics().Scrape();

@@ -26,6 +26,7 @@
 #include "server/observability/metrics.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -250,7 +251,7 @@ class PrometheusIntegrationTest : public ::testing::Test {
 
   static double QueryOne(const std::string& expr) {
     absl::StatusOr<nlohmann::json> data = w_->prometheus->Query(expr);
-    EXPECT_TRUE(data.ok()) << data.status();
+    EXPECT_OK(data) << data.status();
     if (!data.ok()) return NAN;
     std::vector<double> values = Values(*data);
     EXPECT_EQ(values.size(), 1u) << expr << ": " << data->dump();
@@ -311,7 +312,7 @@ TEST_F(PrometheusIntegrationTest, TheScrapePassesPromtoolCheckMetrics) {
   if (promtool.empty()) GTEST_SKIP() << "promtool is not installed";
   absl::StatusOr<std::string> scrape =
       testing::HttpGet(absl::StrCat("http://127.0.0.1:", w_->kilnd->metrics_port(), "/metrics"));
-  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  ASSERT_OK(scrape) << scrape.status();
   EXPECT_THAT(*scrape, HasSubstr("kiln_training_loss{job=\"" + w_->job_id));
   const std::string path = w_->root + "/scrape.txt";
   std::ofstream(path) << *scrape;
@@ -332,7 +333,7 @@ TEST_F(PrometheusIntegrationTest, EveryDashboardQueryReturnsData) {
     SCOPED_TRACE(expr);
     EXPECT_FALSE(absl::StrContains(expr, "$")) << "an unexpanded Grafana variable";
     absl::StatusOr<nlohmann::json> data = w_->prometheus->Query(expr);
-    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_OK(data) << data.status();
     const std::vector<double> values = Values(*data);
     if (!serving_wired && absl::StrContains(expr, "kiln_inference_")) {
       ++empty_serving;
@@ -385,7 +386,7 @@ TEST(PrometheusServingPanelsTest, ServingPanelsReturnDataForRecordedInference) {
   SKIP_WITHOUT_PROMETHEUS();
   const std::string root = testing::MakeTempDir("kiln-prometheus-serving");
   Metrics metrics;
-  ASSERT_TRUE(metrics.Serve("127.0.0.1:0").ok());
+  ASSERT_OK(metrics.Serve("127.0.0.1:0"));
   testing::PrometheusProcess prometheus(
       PrometheusBinary(), root + "/prometheus",
       std::vector<std::string>{absl::StrCat("127.0.0.1:", metrics.port())});
@@ -417,7 +418,7 @@ TEST(PrometheusServingPanelsTest, ServingPanelsReturnDataForRecordedInference) {
     const std::string expr = ExpandGrafanaVariables(raw);
     SCOPED_TRACE(expr);
     absl::StatusOr<nlohmann::json> data = prometheus.Query(expr);
-    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_OK(data) << data.status();
     EXPECT_TRUE(AnyFinite(Values(*data))) << "no finite value in " << data->dump();
   }
   EXPECT_GE(serving, 4);

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/grpc/auth_interceptor.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -21,7 +22,7 @@ using ::testing::Not;
 
 TEST(ParseAuthTokensTest, SkipsBlankLinesAndCommentsAndTrimsEachLine) {
   auto tokens = ParseAuthTokens("# ops team\n\nalpha-1\n   beta_2  \r\n\t# old: gamma\n\ndelta.3");
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_OK(tokens) << tokens.status();
   EXPECT_THAT(*tokens, ElementsAre("alpha-1", "beta_2", "delta.3"));
 }
 
@@ -62,7 +63,7 @@ class AuthTokensFileTest : public ::testing::Test {
 TEST_F(AuthTokensFileTest, AcceptsExactlyTheListedTokens) {
   WriteFile(path_, "first-token\nsecond-token\n");
   auto tokens = AuthTokens::Load(path_);
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_OK(tokens) << tokens.status();
   EXPECT_EQ((*tokens)->size(), 2);
   EXPECT_TRUE((*tokens)->Accepts("first-token"));
   EXPECT_TRUE((*tokens)->Accepts("second-token"));
@@ -87,11 +88,11 @@ TEST_F(AuthTokensFileTest, LoadNamesTheFileWhenItIsMissingOrEmpty) {
 TEST_F(AuthTokensFileTest, ReloadSwapsTheSetAndABadFileKeepsTheOldOne) {
   WriteFile(path_, "old-token\n");
   auto tokens = AuthTokens::Load(path_);
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_OK(tokens) << tokens.status();
 
   WriteFile(path_, "new-token\nother-token\n");
   absl::StatusOr<int> reloaded = (*tokens)->Reload();
-  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  ASSERT_OK(reloaded) << reloaded.status();
   EXPECT_EQ(*reloaded, 2);
   EXPECT_TRUE((*tokens)->Accepts("new-token"));
   EXPECT_FALSE((*tokens)->Accepts("old-token"));
@@ -108,7 +109,7 @@ TEST_F(AuthTokensFileTest, ReloadSwapsTheSetAndABadFileKeepsTheOldOne) {
 TEST_F(AuthTokensFileTest, CheckAuthorizationReadsBearerMetadata) {
   WriteFile(path_, "right\n");
   auto tokens = AuthTokens::Load(path_);
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_OK(tokens) << tokens.status();
   const AuthTokens& t = **tokens;
   EXPECT_EQ(CheckAuthorization({}, t), AuthOutcome::kMissing);
   EXPECT_EQ(CheckAuthorization({"Bearer "}, t), AuthOutcome::kMissing);

@@ -17,6 +17,7 @@
 #include "kiln/v1/training.grpc.pb.h"
 #include "security_test_support.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::security::testing {
 namespace {
@@ -132,7 +133,7 @@ class BearerAuthTest : public ::testing::Test {
 
   double AuthFailures(const std::string& reason) {
     auto scrape = ScrapeMetrics(kilnd_->metrics_port());
-    EXPECT_TRUE(scrape.ok()) << scrape.status();
+    EXPECT_OK(scrape) << scrape.status();
     return scrape.ok() ? SampleValue(*scrape, "kiln_auth_failures_total{reason=\"" + reason + "\"}")
                        : -1;
   }
@@ -160,13 +161,11 @@ TEST_F(BearerAuthTest, EveryCallWithoutATokenIsUnauthenticatedAndDoesNothing) {
   }
   // Nothing was submitted or uploaded.
   int jobs = -1;
-  ASSERT_TRUE(ListJobs(channel_, kAlpha, &jobs).ok());
+  ASSERT_OK(ListJobs(channel_, kAlpha, &jobs));
   EXPECT_EQ(jobs, 0);
   v1::ListDatasetsResponse datasets;
-  ASSERT_TRUE(
-      v1::Training::NewStub(channel_)
-          ->ListDatasets(ContextWithToken(kAlpha).get(), v1::ListDatasetsRequest(), &datasets)
-          .ok());
+  ASSERT_OK(v1::Training::NewStub(channel_)->ListDatasets(ContextWithToken(kAlpha).get(),
+                                                          v1::ListDatasetsRequest(), &datasets));
   for (const v1::Dataset& d : datasets.datasets()) EXPECT_NE(d.name(), "sneaked-in");
 }
 
@@ -200,21 +199,21 @@ TEST_F(BearerAuthTest, AnAcceptedTokenReachesEveryService) {
   const auto statuses = CallEveryKind(channel_, kAlpha);
   for (const auto& [call, status] : statuses) {
     if (call == "SubmitJob" || call == "ListJobs" || call == "ServerLive" || call == "reflection") {
-      EXPECT_TRUE(status.ok()) << call << ": " << status.error_message();
+      EXPECT_OK(status) << call << ": " << status.error_message();
     }
     if (call == "WatchJob" || call == "ModelInfer") {  // past auth, to the unknown job or model
       EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << call;
     }
   }
   std::string services;
-  ASSERT_TRUE(ListServicesByReflection(channel_, kBravo, &services).ok());
+  ASSERT_OK(ListServicesByReflection(channel_, kBravo, &services));
   EXPECT_THAT(services, HasSubstr("kiln.v1.Training"));
   EXPECT_THAT(services, HasSubstr("inference.GRPCInferenceService"));
 }
 
 TEST_F(BearerAuthTest, HealthNeedsNoToken) {
   grpc::Status status = HealthCheck(channel_);
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_OK(status) << status.error_message();
   EXPECT_EQ(AuthFailures("missing"), 0);
   // kiln health asks the health service, so it passes without a token.
   RunResult r = Kiln({"health"});
@@ -237,7 +236,7 @@ TEST_F(BearerAuthTest, RefusalsAreCountedByReason) {
   EXPECT_EQ(AuthFailures("invalid"), static_cast<double>(2 * calls));
   // The gRPC request counter sees the refusals' code too.
   auto scrape = ScrapeMetrics(kilnd_->metrics_port());
-  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  ASSERT_OK(scrape) << scrape.status();
   EXPECT_EQ(SampleValue(*scrape,
                         "kiln_grpc_requests_total{code=\"UNAUTHENTICATED\",method=\"/kiln.v1."
                         "Training/ListJobs\"}"),
@@ -245,7 +244,7 @@ TEST_F(BearerAuthTest, RefusalsAreCountedByReason) {
 }
 
 TEST_F(BearerAuthTest, SighupReloadsTheTokenFile) {
-  ASSERT_TRUE(ListJobs(channel_, kAlpha).ok());
+  ASSERT_OK(ListJobs(channel_, kAlpha));
   WriteFile(tokens_file_, std::string(kBravo) + "\n" + kCharlie + "\n");
   Reload("auth_tokens_reloaded", 1);
   EXPECT_THAT(kilnd_->Stderr(),
@@ -253,8 +252,8 @@ TEST_F(BearerAuthTest, SighupReloadsTheTokenFile) {
   grpc::Status removed = ListJobs(channel_, kAlpha);
   EXPECT_EQ(removed.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(removed.error_message(), "invalid bearer token");
-  EXPECT_TRUE(ListJobs(channel_, kBravo).ok());
-  EXPECT_TRUE(ListJobs(channel_, kCharlie).ok());
+  EXPECT_OK(ListJobs(channel_, kBravo));
+  EXPECT_OK(ListJobs(channel_, kCharlie));
 }
 
 TEST_F(BearerAuthTest, ABadFileOnReloadKeepsTheOldTokens) {
@@ -262,20 +261,20 @@ TEST_F(BearerAuthTest, ABadFileOnReloadKeepsTheOldTokens) {
   Reload("auth_tokens_reload_failed", 1);
   EXPECT_THAT(kilnd_->Stderr(), HasSubstr("holds no token"));
   EXPECT_THAT(kilnd_->Stderr(), HasSubstr("kept_tokens=2"));
-  EXPECT_TRUE(ListJobs(channel_, kAlpha).ok());
-  EXPECT_TRUE(ListJobs(channel_, kBravo).ok());
+  EXPECT_OK(ListJobs(channel_, kAlpha));
+  EXPECT_OK(ListJobs(channel_, kBravo));
 
   std::filesystem::remove(tokens_file_);
   Reload("auth_tokens_reload_failed", 2);
   EXPECT_THAT(kilnd_->Stderr(), HasSubstr("cannot read"));
-  EXPECT_TRUE(ListJobs(channel_, kAlpha).ok());
+  EXPECT_OK(ListJobs(channel_, kAlpha));
 
   WriteFile(tokens_file_, std::string(kAlpha) + "\nbad token with spaces\n");
   Reload("auth_tokens_reload_failed", 3);
   EXPECT_THAT(kilnd_->Stderr(), HasSubstr("line 2: a token must be printable ASCII"));
-  EXPECT_TRUE(ListJobs(channel_, kBravo).ok());
+  EXPECT_OK(ListJobs(channel_, kBravo));
   // Still serving, and still stoppable.
-  EXPECT_TRUE(HealthCheck(channel_).ok());
+  EXPECT_OK(HealthCheck(channel_));
   EXPECT_EQ(kilnd_->Stop(), 0);
 }
 
@@ -333,7 +332,7 @@ TEST(BearerAuthOverTlsTest, TokensAreCheckedOnTlsConnectionsToo) {
   const std::string root = MakeTempDir("kiln-auth-tls");
   std::filesystem::create_directories(root + "/pki");
   auto pki = MakeTestPki(root + "/pki");
-  ASSERT_TRUE(pki.ok()) << pki.status();
+  ASSERT_OK(pki) << pki.status();
   WriteFile(root + "/tokens", std::string(kAlpha) + "\n");
   KilndUnderTest kilnd(root);
   ASSERT_TRUE(kilnd.Start({"--tls_cert=" + pki->server_cert, "--tls_key=" + pki->server_key,
@@ -342,8 +341,8 @@ TEST(BearerAuthOverTlsTest, TokensAreCheckedOnTlsConnectionsToo) {
   for (const auto& [call, status] : CallEveryKind(channel, "")) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << call;
   }
-  EXPECT_TRUE(ListJobs(channel, kAlpha).ok());
-  EXPECT_TRUE(HealthCheck(channel).ok());
+  EXPECT_OK(ListJobs(channel, kAlpha));
+  EXPECT_OK(HealthCheck(channel));
   RunResult r =
       RunCommand({KILN_PATH, "--server", kilnd.address(), "--tls-ca", pki->ca_cert, "jobs"}, {},
                  absl::Seconds(30));

@@ -6,7 +6,6 @@
 
 #include <cstdio>
 #include <ctime>
-
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -18,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "security_test_support.h"
 #include "server/grpc/tls_credentials.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::security::testing {
 namespace {
@@ -36,7 +36,7 @@ class TlsTest : public ::testing::Test {
   static void SetUpTestSuite() {
     pki_dir_ = new std::string(MakeTempDir("kiln-pki"));
     auto pki = MakeTestPki(*pki_dir_);
-    ASSERT_TRUE(pki.ok()) << pki.status();
+    ASSERT_OK(pki) << pki.status();
     pki_ = new TestPki(*pki);
   }
   static void TearDownTestSuite() {
@@ -83,14 +83,14 @@ TEST_F(TlsTest, TheModeIsPlaintextTlsOrMutualByTheFilesGiven) {
   files.key = pki_->server_key;
   EXPECT_EQ(server::TlsModeOf(files), server::TlsMode::kTls);
   auto tls = ReadTlsFiles(files);
-  ASSERT_TRUE(tls.ok()) << tls.status();
+  ASSERT_OK(tls) << tls.status();
   EXPECT_EQ(tls->cert_chain, ReadFile(pki_->server_cert));
   EXPECT_EQ(tls->key, ReadFile(pki_->server_key));
   EXPECT_EQ(tls->client_ca, "");
   files.client_ca = pki_->ca_cert;
   EXPECT_EQ(server::TlsModeOf(files), server::TlsMode::kMutualTls);
   auto mutual = ReadTlsFiles(files);
-  ASSERT_TRUE(mutual.ok()) << mutual.status();
+  ASSERT_OK(mutual) << mutual.status();
   EXPECT_EQ(mutual->client_ca, ReadFile(pki_->ca_cert));
 }
 
@@ -127,7 +127,7 @@ TEST_F(TlsTest, BadTlsFilesAreRefusedNamingTheFlag) {
 
 TEST_F(TlsTest, AnExpiredCertificateIsRefused) {
   const std::string cert = root_ + "/expired.pem", key = root_ + "/expired.key.pem";
-  ASSERT_TRUE(WriteExpiredCertificate(cert, key).ok());
+  ASSERT_OK(WriteExpiredCertificate(cert, key));
   auto credentials = ReadTlsFiles({cert, key, ""});
   ASSERT_FALSE(credentials.ok());
   EXPECT_THAT(credentials.status().message(),

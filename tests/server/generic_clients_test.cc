@@ -14,6 +14,7 @@
 #include "server/daemon.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -30,7 +31,7 @@ class GenericClientsTest : public ::testing::Test {
     options.device = "cpu";
     testing::WriteToyDataset(options.data_dir + "/toy", 64, 0);
     auto daemon = Daemon::Start(options);
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    ASSERT_OK(daemon) << daemon.status();
     daemon_ = *std::move(daemon);
     address_ = absl::StrCat("127.0.0.1:", daemon_->port());
   }
@@ -68,9 +69,9 @@ TEST_F(GenericClientsTest, HealthCheckReportsTheTrainingServiceServing) {
   stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
                  [&](grpc::Status s) { done.set_value(s); });
   grpc::Status status = done.get_future().get();
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_OK(status) << status.error_message();
   std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
+  ASSERT_OK(response.Dump(&slices));
   std::string bytes;
   for (const grpc::Slice& s : slices)
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
@@ -97,7 +98,7 @@ TEST_F(GenericClientsTest, BufCurlListsServicesAndCallsGetJob) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = testing::SmallSpec("toy", 1);
   v1::Job job;
-  ASSERT_TRUE(stub->SubmitJob(&context, request, &job).ok());
+  ASSERT_OK(stub->SubmitJob(&context, request, &job));
 
   const std::string got =
       RunShell(absl::StrCat(base, "-d '{\"job_id\":\"", job.id(), "\"}' http://", address_,

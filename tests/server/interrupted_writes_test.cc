@@ -17,6 +17,7 @@
 #include "server/jobs/job_store.h"
 #include "server/jobs/state_dir_lock.h"
 #include "server_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -81,22 +82,22 @@ TEST(InterruptedWritesTest, CheckpointFilesTheStoreDoesNotListGoAndTheRestStay) 
   const std::string root = testing::MakeTempDir("unrecorded-checkpoints");
   const std::string state = root + "/state";
   auto store = JobStore::Open(root + "/kiln.db");
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store) << store.status();
   v1::Job job;
   job.set_id("job-1");
   job.set_state(v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE((*store)->PutJob(job).ok());
+  ASSERT_OK((*store)->PutJob(job));
   const std::string ckpt = state + "/checkpoints/job-1/";
   // Recorded under another spelling of the same folder: matched by name, so it stays.
   v1::Checkpoint kept;
   kept.set_job_id("job-1");
   kept.set_path(state + "/./checkpoints/job-1/latest-step5-100.safetensors");
-  ASSERT_TRUE((*store)->InsertCheckpoint(&kept).ok());
+  ASSERT_OK((*store)->InsertCheckpoint(&kept));
   // Recorded, then deleted from the store: the unlink did not happen.
   v1::Checkpoint pruned = kept;
   pruned.set_path(ckpt + "latest-step3-90.safetensors");
-  ASSERT_TRUE((*store)->InsertCheckpoint(&pruned).ok());
-  ASSERT_TRUE((*store)->DeleteCheckpoint(pruned.id()).ok());
+  ASSERT_OK((*store)->InsertCheckpoint(&pruned));
+  ASSERT_OK((*store)->DeleteCheckpoint(pruned.id()));
   Touch(ckpt + "latest-step5-100.safetensors");
   Touch(ckpt + "latest-step3-90.safetensors");
   Touch(ckpt + "best-step6-101.safetensors");  // renamed into place, never inserted
@@ -117,7 +118,7 @@ TEST(StateDirLockTest, OneHolderAtATime) {
   const std::string dir = testing::MakeTempDir("state-lock");
   {
     auto first = StateDirLock::Acquire(dir);
-    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_OK(first) << first.status();
     auto second = StateDirLock::Acquire(dir);
     ASSERT_FALSE(second.ok());
     EXPECT_NE(second.status().message().find("in use by another kilnd (pid " +
@@ -125,7 +126,7 @@ TEST(StateDirLockTest, OneHolderAtATime) {
               std::string::npos)
         << second.status();
   }
-  EXPECT_TRUE(StateDirLock::Acquire(dir).ok()) << "released when the holder goes";
+  EXPECT_OK(StateDirLock::Acquire(dir)) << "released when the holder goes";
   fs::remove_all(dir);
 }
 

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "server/jobs/proto_time.h"
 #include "server_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -26,29 +27,29 @@ TEST(JobStoreTest, JobsAndEventsSurviveReopening) {
   const std::string dir = testing::MakeTempDir("store");
   {
     auto store = JobStore::Open(dir + "/kiln.db");
-    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_OK(store) << store.status();
     v1::JobEvent state;
     state.set_seq(1);
     state.mutable_state()->set_state(v1::JOB_STATE_QUEUED);
-    ASSERT_TRUE((*store)->PutJob(MakeJob("a", v1::JOB_STATE_QUEUED), &state).ok());
+    ASSERT_OK((*store)->PutJob(MakeJob("a", v1::JOB_STATE_QUEUED), &state));
     v1::JobEvent step;
     step.set_seq(2);
     step.mutable_step()->set_global_step(1);
     step.mutable_step()->set_loss(2.5f);
-    ASSERT_TRUE((*store)->AppendEvent("a", step).ok());
+    ASSERT_OK((*store)->AppendEvent("a", step));
     v1::Job running = MakeJob("a", v1::JOB_STATE_RUNNING);
     running.set_global_step(1);
-    ASSERT_TRUE((*store)->PutJob(running).ok());
+    ASSERT_OK((*store)->PutJob(running));
   }
   auto store = JobStore::Open(dir + "/kiln.db");
-  ASSERT_TRUE(store.ok());
+  ASSERT_OK(store);
   auto job = (*store)->GetJob("a");
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job->global_step(), 1);
   EXPECT_EQ(job->spec().dataset(), "toy");
   auto events = (*store)->Events("a", 100, true);
-  ASSERT_TRUE(events.ok());
+  ASSERT_OK(events);
   ASSERT_EQ(events->size(), 2u);
   EXPECT_TRUE((*events)[0].has_state());
   EXPECT_FLOAT_EQ((*events)[1].step().loss(), 2.5f);
@@ -61,19 +62,19 @@ TEST(JobStoreTest, JobsAndEventsSurviveReopening) {
 TEST(JobStoreTest, CheckpointIndexHidesDeletedOnes) {
   const std::string dir = testing::MakeTempDir("store");
   auto store = JobStore::Open(dir + "/kiln.db");
-  ASSERT_TRUE(store.ok());
-  ASSERT_TRUE((*store)->PutJob(MakeJob("a", v1::JOB_STATE_RUNNING)).ok());
+  ASSERT_OK(store);
+  ASSERT_OK((*store)->PutJob(MakeJob("a", v1::JOB_STATE_RUNNING)));
   v1::Checkpoint c1, c2;
   c1.set_job_id("a");
   c1.set_global_step(8);
   c2 = c1;
   c2.set_global_step(16);
-  ASSERT_TRUE((*store)->InsertCheckpoint(&c1).ok());
-  ASSERT_TRUE((*store)->InsertCheckpoint(&c2).ok());
+  ASSERT_OK((*store)->InsertCheckpoint(&c1));
+  ASSERT_OK((*store)->InsertCheckpoint(&c2));
   EXPECT_LT(c1.id(), c2.id());
-  ASSERT_TRUE((*store)->DeleteCheckpoint(c1.id()).ok());
+  ASSERT_OK((*store)->DeleteCheckpoint(c1.id()));
   auto list = (*store)->Checkpoints("a");
-  ASSERT_TRUE(list.ok());
+  ASSERT_OK(list);
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].global_step(), 16);
   std::filesystem::remove_all(dir);
@@ -81,7 +82,7 @@ TEST(JobStoreTest, CheckpointIndexHidesDeletedOnes) {
 
 TEST(JobStoreTest, NewerSchemaIsRefused) {
   const std::string dir = testing::MakeTempDir("store");
-  { ASSERT_TRUE(JobStore::Open(dir + "/kiln.db").ok()); }
+  { ASSERT_OK(JobStore::Open(dir + "/kiln.db")); }
   // A future kilnd wrote version 99.
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir + "/kiln.db").c_str(), &db), SQLITE_OK);

@@ -1,6 +1,7 @@
 #include "server/jobs/metric_broadcaster.h"
 
 #include "gtest/gtest.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -34,7 +35,7 @@ TEST(MetricBroadcasterTest, EverySubscriberGetsEveryEventInOrder) {
   EXPECT_EQ(e.seq(), 2);
   absl::Status status = absl::UnknownError("unset");
   EXPECT_TRUE(s1->Finished(&status));
-  EXPECT_TRUE(status.ok());
+  EXPECT_OK(status);
   ASSERT_TRUE(s2->Pop(&e)) << "steps are filtered, epochs are not";
   EXPECT_EQ(e.seq(), 2);
   EXPECT_FALSE(s2->Pop(&e));

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "server_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -43,7 +44,7 @@ class RestartTest : public ::testing::Test {
     *request.mutable_spec() = spec;
     v1::Job job;
     grpc::Status status = stub.SubmitJob(&context, request, &job);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_OK(status) << status.error_message();
     return job.id();
   }
 
@@ -52,7 +53,7 @@ class RestartTest : public ::testing::Test {
     v1::ListCheckpointsRequest request;
     request.set_job_id(id);
     v1::ListCheckpointsResponse response;
-    EXPECT_TRUE(stub.ListCheckpoints(&context, request, &response).ok());
+    EXPECT_OK(stub.ListCheckpoints(&context, request, &response));
     return {response.checkpoints().begin(), response.checkpoints().end()};
   }
 
@@ -82,7 +83,7 @@ TEST_F(RestartTest, GracefulStopCheckpointsTheRunningJobAndRestartResumesIt) {
 
   // The resumed run continued exactly where it stopped: every epoch once, in order.
   testing::WatchResult w = testing::WatchToEnd(*stub, id);
-  ASSERT_TRUE(w.status.ok());
+  ASSERT_OK(w.status);
   std::vector<int> epochs;
   for (const auto& e : w.events) {
     if (e.has_epoch()) epochs.push_back(e.epoch().epoch());
@@ -114,7 +115,7 @@ TEST_F(RestartTest, KilledDaemonResumesTheJobFromItsLastCheckpoint) {
   EXPECT_TRUE(WaitForState(*stub, queued, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
 
   testing::WatchResult w = testing::WatchToEnd(*stub, id);
-  ASSERT_TRUE(w.status.ok());
+  ASSERT_OK(w.status);
   std::set<int> epochs;
   std::vector<v1::JobState> states;
   for (const auto& e : w.events) {

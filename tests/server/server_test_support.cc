@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server::testing {
 namespace fs = std::filesystem;
@@ -137,7 +138,7 @@ v1::Job GetJob(v1::Training::Stub& stub, const std::string& job_id) {
   request.set_job_id(job_id);
   v1::Job job;
   grpc::Status status = stub.GetJob(&context, request, &job);
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_OK(status) << status.error_message();
   return job;
 }
 
@@ -152,7 +153,7 @@ std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec) {
   *request.mutable_spec() = spec;
   v1::Job job;
   grpc::Status status = stub.SubmitJob(&context, request, &job);
-  EXPECT_TRUE(status.ok()) << "SubmitJob: " << status.error_message();
+  EXPECT_OK(status) << "SubmitJob: " << status.error_message();
   return status.ok() ? job.id() : "";
 }
 
@@ -162,7 +163,7 @@ std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std:
   request.set_job_id(job_id);
   v1::ListCheckpointsResponse response;
   grpc::Status status = stub.ListCheckpoints(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << "ListCheckpoints " << job_id << ": " << status.error_message();
+  EXPECT_OK(status) << "ListCheckpoints " << job_id << ": " << status.error_message();
   return {response.checkpoints().begin(), response.checkpoints().end()};
 }
 

@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -15,7 +16,7 @@ TEST(SpecTranslationTest, MnistMlpPresetIsTheReferenceConfiguration) {
   spec.set_preset("mnist-mlp");
   spec.set_epochs(10);
   auto config = TranslateSpec(spec, SpecLimits());
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config) << config.status();
   EXPECT_EQ(config->model.input_shape, (Shape{784}));
   EXPECT_EQ(config->model.layers.size(), MnistMlpConfig().layers.size());
   EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kSgd);
@@ -33,7 +34,7 @@ TEST(SpecTranslationTest, MnistCnnPresetIsTheReferenceConfiguration) {
   spec.set_preset("mnist-cnn");
   spec.set_epochs(1);
   auto config = TranslateSpec(spec, SpecLimits());
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config) << config.status();
   EXPECT_EQ(config->model.input_shape, (Shape{1, 28, 28}));
   EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kAdam);
   EXPECT_FLOAT_EQ(config->optimizer.lr, 1e-3f);
@@ -50,7 +51,7 @@ TEST(SpecTranslationTest, SetFieldsOverrideThePreset) {
   spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_ADAMW);
   spec.mutable_optimizer()->set_lr(0.01f);
   auto config = TranslateSpec(spec, SpecLimits());
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config) << config.status();
   EXPECT_EQ(config->batch_size, 32);
   EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kAdamW);
   EXPECT_FLOAT_EQ(config->optimizer.lr, 0.01f);
@@ -75,7 +76,7 @@ TEST(SpecTranslationTest, ExplicitModelTranslatesEveryLayerKind) {
   fc->set_in_features(4 * 14 * 14);
   fc->set_out_features(10);
   auto config = TranslateSpec(spec, SpecLimits());
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config) << config.status();
   ASSERT_EQ(config->model.layers.size(), 6u);
   const auto& c = std::get<Conv2dConfig>(config->model.layers[0]);
   EXPECT_EQ(c.kernel_size, 3);
@@ -107,7 +108,7 @@ TEST(SpecTranslationTest, ActivationMemoryOverTheLimitIsRefusedNamingTheFlag) {
   EXPECT_THAT(std::string(config.status().message()),
               ::testing::HasSubstr("over the limit of 1048576 (--max_activation_bytes)"));
   limits.max_activation_bytes = int64_t{1} << 30;
-  EXPECT_TRUE(TranslateSpec(spec, limits).ok());
+  EXPECT_OK(TranslateSpec(spec, limits));
 }
 
 TEST(SpecTranslationTest, ActivationBytesCountsEveryShapeTwiceAndSaturates) {

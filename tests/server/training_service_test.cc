@@ -14,6 +14,7 @@
 #include "server/jobs/dataset_catalog.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::server {
 namespace {
@@ -44,7 +45,7 @@ class TrainingServiceTest : public ::testing::Test {
 
   void StartDaemon() {
     auto daemon = Daemon::Start(options_);
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    ASSERT_OK(daemon) << daemon.status();
     daemon_ = *std::move(daemon);
     stub_ = v1::Training::NewStub(
         kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", daemon_->port())));
@@ -59,7 +60,7 @@ class TrainingServiceTest : public ::testing::Test {
   std::string SubmitOrDie(const v1::JobSpec& spec) {
     v1::Job job;
     grpc::Status status = Submit(spec, &job);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_OK(status) << status.error_message();
     return job.id();
   }
   grpc::Status Cancel(const std::string& id, v1::Job* job) {
@@ -73,7 +74,7 @@ class TrainingServiceTest : public ::testing::Test {
     v1::ListCheckpointsRequest request;
     request.set_job_id(id);
     v1::ListCheckpointsResponse response;
-    EXPECT_TRUE(stub_->ListCheckpoints(&context, request, &response).ok());
+    EXPECT_OK(stub_->ListCheckpoints(&context, request, &response));
     return {response.checkpoints().begin(), response.checkpoints().end()};
   }
 
@@ -101,7 +102,7 @@ TEST_F(TrainingServiceTest, JobTrainsAndTwoWatchersSeeEveryEpochThenTheFinalStat
   ta.join();
   tb.join();
   for (const testing::WatchResult* w : {&a, &b}) {
-    ASSERT_TRUE(w->status.ok()) << w->status.error_message();
+    ASSERT_OK(w->status) << w->status.error_message();
     EXPECT_EQ(EpochsOf(w->events), (std::vector<int>{1, 2, 3, 4}));
     ASSERT_FALSE(w->events.empty());
     ASSERT_TRUE(w->events.back().has_state());
@@ -167,7 +168,7 @@ TEST_F(TrainingServiceTest, StreamsOverTheLimitAreRefusedUntilOneCloses) {
   contexts[1]->TryCancel();
   open[1]->Finish();
   v1::Job job;
-  ASSERT_TRUE(Cancel(id, &job).ok());
+  ASSERT_OK(Cancel(id, &job));
 }
 
 TEST_F(TrainingServiceTest, LimitsOfZeroAreRefusedAtStartNamingTheFlag) {
@@ -188,7 +189,7 @@ TEST_F(TrainingServiceTest, WatchingAFinishedJobReplaysItsHistory) {
   const std::string id = SubmitOrDie(SmallSpec("toy", 2));
   ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
   testing::WatchResult w = WatchToEnd(*stub_, id, /*include_steps=*/true);
-  ASSERT_TRUE(w.status.ok());
+  ASSERT_OK(w.status);
   std::vector<v1::JobState> states;
   int steps = 0;
   for (const auto& e : w.events) {
@@ -211,9 +212,9 @@ TEST_F(TrainingServiceTest, CancelStopsARunningJobAndAQueuedOne) {
   EXPECT_EQ(GetJob(*stub_, queued).state(), v1::JOB_STATE_QUEUED) << "one job per device";
 
   v1::Job job;
-  ASSERT_TRUE(Cancel(queued, &job).ok());
+  ASSERT_OK(Cancel(queued, &job));
   EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
-  ASSERT_TRUE(Cancel(running, &job).ok());
+  ASSERT_OK(Cancel(running, &job));
   ASSERT_TRUE(WaitForState(*stub_, running, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
   EXPECT_EQ(GetJob(*stub_, running).reason(), "cancelled by request");
 
@@ -243,7 +244,7 @@ TEST_F(TrainingServiceTest, ATrainingThreadIsNamedAfterItsJob) {
   EXPECT_TRUE(WaitFor([&] { return ThreadNames().count(name) > 0; }, absl::Seconds(10)))
       << "no thread named " << name;
   v1::Job job;
-  ASSERT_TRUE(Cancel(id, &job).ok());
+  ASSERT_OK(Cancel(id, &job));
   ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
 }
 
@@ -259,7 +260,7 @@ TEST_F(TrainingServiceTest, CheckpointOnDemandIsWrittenListedAndExported) {
     v1::CreateCheckpointRequest request;
     request.set_job_id(id);
     grpc::Status status = stub_->CreateCheckpoint(&context, request, &checkpoint);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_OK(status) << status.error_message();
   }
   EXPECT_EQ(checkpoint.kind(), v1::CHECKPOINT_KIND_ON_DEMAND);
   EXPECT_GE(checkpoint.global_step(), 3);
@@ -284,7 +285,7 @@ TEST_F(TrainingServiceTest, CheckpointOnDemandIsWrittenListedAndExported) {
     if (!chunk.sha256().empty()) sha = chunk.sha256();
     ++chunks;
   }
-  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_OK(reader->Finish());
   EXPECT_GT(chunks, 1);
   EXPECT_EQ(static_cast<int64_t>(bytes.size()), checkpoint.size_bytes());
   EXPECT_EQ(sha, *Sha256OfFile(checkpoint.path()));
@@ -293,7 +294,7 @@ TEST_F(TrainingServiceTest, CheckpointOnDemandIsWrittenListedAndExported) {
   EXPECT_EQ(bytes[8], '{');
 
   v1::Job job;
-  ASSERT_TRUE(Cancel(id, &job).ok());
+  ASSERT_OK(Cancel(id, &job));
   ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
 }
 
@@ -305,14 +306,14 @@ TEST_F(TrainingServiceTest, ResumedJobContinuesFromItsLatestCheckpoint) {
   const std::string id = SubmitOrDie(spec);
   ASSERT_TRUE(WaitFor([&] { return Checkpoints(id).size() >= 2; }, absl::Seconds(60)));
   v1::Job job;
-  ASSERT_TRUE(Cancel(id, &job).ok());
+  ASSERT_OK(Cancel(id, &job));
   ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
   const int64_t checkpointed = Checkpoints(id).back().global_step();
 
   grpc::ClientContext context;
   v1::ResumeJobRequest request;
   request.set_job_id(id);
-  ASSERT_TRUE(stub_->ResumeJob(&context, request, &job).ok());
+  ASSERT_OK(stub_->ResumeJob(&context, request, &job));
   EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
   ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
   job = GetJob(*stub_, id);
@@ -365,7 +366,7 @@ TEST_F(TrainingServiceTest, ListJobsFiltersByStateAndPages) {
     request.set_page_size(2);
     request.set_page_token(token);
     v1::ListJobsResponse response;
-    ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+    ASSERT_OK(stub_->ListJobs(&context, request, &response));
     for (const v1::Job& j : response.jobs()) seen.push_back(j.id());
     token = response.next_page_token();
     ++pages;
@@ -377,7 +378,7 @@ TEST_F(TrainingServiceTest, ListJobsFiltersByStateAndPages) {
   v1::ListJobsRequest request;
   request.add_states(v1::JOB_STATE_RUNNING);
   v1::ListJobsResponse response;
-  ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+  ASSERT_OK(stub_->ListJobs(&context, request, &response));
   EXPECT_EQ(response.jobs_size(), 0);
 }
 
@@ -426,8 +427,8 @@ TEST_F(TrainingServiceTest, QueueLimitIsResourceExhausted) {
   grpc::Status full = Submit(SmallSpec("toy", 1), &job);
   EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(full.error_message(), HasSubstr("queue is full"));
-  ASSERT_TRUE(Cancel(queued, &job).ok());
-  ASSERT_TRUE(Cancel(running, &job).ok());
+  ASSERT_OK(Cancel(queued, &job));
+  ASSERT_OK(Cancel(running, &job));
 }
 
 // Each bad request: its expected code and a fragment of the message that names the problem.
@@ -533,7 +534,7 @@ TEST_F(TrainingServiceTest, BadSubmissionsAreRefusedWithTheFieldNamed) {
   // Nothing was created by any of them.
   grpc::ClientContext context;
   v1::ListJobsResponse response;
-  ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &response).ok());
+  ASSERT_OK(stub_->ListJobs(&context, v1::ListJobsRequest(), &response));
   EXPECT_EQ(response.jobs_size(), 0);
 }
 
@@ -688,7 +689,7 @@ TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
                            {{"train-images-idx3-ubyte", images, images_sha},
                             {"train-labels-idx1-ubyte", labels, labels_sha}},
                            &dataset);
-  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  ASSERT_OK(ok) << ok.error_message();
   EXPECT_EQ(dataset.name(), "up");
   EXPECT_EQ(dataset.train_samples(), 300);
   EXPECT_EQ(dataset.test_samples(), 0);
@@ -699,7 +700,7 @@ TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
 
   grpc::ClientContext context;
   v1::ListDatasetsResponse list;
-  ASSERT_TRUE(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list).ok());
+  ASSERT_OK(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list));
   std::set<std::string> names;
   for (const v1::Dataset& d : list.datasets()) names.insert(d.name());
   EXPECT_EQ(names, (std::set<std::string>{"toy", "up"})) << "failed uploads leave nothing";

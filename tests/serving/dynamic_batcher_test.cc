@@ -13,6 +13,7 @@
 
 #include "engine/backend_registry.h"
 #include "tests/serving/serving_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::serving {
 namespace {
@@ -25,20 +26,18 @@ class DynamicBatcherTest : public ::testing::Test {
   void SetUp() override {
     images_ = testing::SampleImages(kImages, 7);
     auto backend = CreateBackend("cpu", {2});
-    ASSERT_TRUE(backend.ok());
+    ASSERT_OK(backend);
     reference_backend_ = std::move(*backend);
     auto session = InferenceSession::FromCheckpoint(testing::SharedCheckpoints().mlp_flat,
                                                     reference_backend_.get(), 1);
-    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_OK(session) << session.status();
     // Every image alone: what any batch must reproduce row by row.
     expected_probs_.resize(kImages * kClasses);
     expected_classes_.resize(kImages);
     for (int i = 0; i < kImages; ++i) {
-      ASSERT_TRUE((*session)
-                      ->PredictU8(images_.data() + i * kPixels, 1,
-                                  expected_probs_.data() + i * kClasses,
-                                  expected_classes_.data() + i)
-                      .ok());
+      ASSERT_OK((*session)->PredictU8(images_.data() + i * kPixels, 1,
+                                      expected_probs_.data() + i * kClasses,
+                                      expected_classes_.data() + i));
     }
   }
 
@@ -46,14 +45,14 @@ class DynamicBatcherTest : public ::testing::Test {
                                               std::function<void()> prepare_thread = nullptr,
                                               bool callers_run_when_idle = false) {
     auto backend = CreateBackend("cpu", {2});
-    EXPECT_TRUE(backend.ok());
+    EXPECT_OK(backend);
     backends_.push_back(std::move(*backend));
     auto session = InferenceSession::FromCheckpoint(testing::SharedCheckpoints().mlp_flat,
                                                     backends_.back().get(), options.max_batch_size);
-    EXPECT_TRUE(session.ok()) << session.status();
+    EXPECT_OK(session) << session.status();
     auto batcher = DynamicBatcher::Create(std::move(*session), options, "model \"m\"",
                                           std::move(prepare_thread), callers_run_when_idle);
-    EXPECT_TRUE(batcher.ok()) << batcher.status();
+    EXPECT_OK(batcher) << batcher.status();
     return std::move(*batcher);
   }
 
@@ -84,7 +83,7 @@ class DynamicBatcherTest : public ::testing::Test {
     OutputBuffers out{reinterpret_cast<char*>(probs.data()),
                       reinterpret_cast<char*>(classes.data())};
     absl::Status status = batcher.Run(input, out);
-    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_OK(status) << status;
     // FP32 inputs go through x * 255 before the normalisation: equal to float rounding.
     const float tolerance = encoding == PixelEncoding::kF32 ? 1e-5f : 1e-6f;
     for (int i = 0; i < n; ++i) {
@@ -222,11 +221,11 @@ TEST_F(DynamicBatcherTest, CallersAndTheWorkerShareTheSessionWithoutMixingAnswer
 
 TEST_F(DynamicBatcherTest, BadOptionsAreRefused) {
   auto backend = CreateBackend("cpu", {1});
-  ASSERT_TRUE(backend.ok());
+  ASSERT_OK(backend);
   auto make = [&](int session_batch, BatchingOptions options) {
     auto session = InferenceSession::FromCheckpoint(testing::SharedCheckpoints().mlp_flat,
                                                     backend->get(), session_batch);
-    EXPECT_TRUE(session.ok());
+    EXPECT_OK(session);
     return DynamicBatcher::Create(std::move(*session), options, "model \"m\"").status();
   };
   EXPECT_NE(make(4, {0, 10}).message().find("max_batch_size must be at least 1"),

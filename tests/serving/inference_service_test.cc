@@ -18,6 +18,7 @@
 #include "engine/backend_registry.h"
 #include "engine/inference.h"
 #include "tests/serving/serving_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::serving {
 namespace {
@@ -34,17 +35,17 @@ using testing::SharedCheckpoints;
 Answer EngineAnswer(const std::string& checkpoint, const uint8_t* pixels, int n,
                     const std::string& datatype) {
   auto backend = CreateBackend("cpu", {2});
-  EXPECT_TRUE(backend.ok());
+  EXPECT_OK(backend);
   auto session = InferenceSession::FromCheckpoint(checkpoint, backend->get(), n);
-  EXPECT_TRUE(session.ok()) << session.status();
+  EXPECT_OK(session) << session.status();
   std::vector<float> probs(n * kClasses);
   std::vector<int32_t> classes(n);
   if (datatype == "UINT8") {
-    EXPECT_TRUE((*session)->PredictU8(pixels, n, probs.data(), classes.data()).ok());
+    EXPECT_OK((*session)->PredictU8(pixels, n, probs.data(), classes.data()));
   } else {
     std::vector<float> scaled(n * kPixels);
     for (int i = 0; i < n * kPixels; ++i) scaled[i] = pixels[i] / 255.0f;
-    EXPECT_TRUE((*session)->PredictF32(scaled.data(), n, probs.data(), classes.data()).ok());
+    EXPECT_OK((*session)->PredictF32(scaled.data(), n, probs.data(), classes.data()));
   }
   return Answer{probs, std::vector<int64_t>(classes.begin(), classes.end())};
 }
@@ -82,7 +83,7 @@ class InferenceServiceTest : public ::testing::Test {
     load.options.device = "cpu";
     load.options.batching = batching;
     auto loaded = server_.repository().Load(load);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_OK(loaded) << loaded.status();
   }
 
   testing::ServingServer server_;
@@ -92,20 +93,20 @@ class InferenceServiceTest : public ::testing::Test {
 TEST_F(InferenceServiceTest, HealthAndServerMetadata) {
   grpc::ClientContext c1, c2, c3;
   inference::ServerLiveResponse live;
-  ASSERT_TRUE(stub_->ServerLive(&c1, {}, &live).ok());
+  ASSERT_OK(stub_->ServerLive(&c1, {}, &live));
   EXPECT_TRUE(live.live());
   inference::ServerReadyResponse ready;
-  ASSERT_TRUE(stub_->ServerReady(&c2, {}, &ready).ok());
+  ASSERT_OK(stub_->ServerReady(&c2, {}, &ready));
   EXPECT_TRUE(ready.ready());
   inference::ServerMetadataResponse meta;
-  ASSERT_TRUE(stub_->ServerMetadata(&c3, {}, &meta).ok());
+  ASSERT_OK(stub_->ServerMetadata(&c3, {}, &meta));
   EXPECT_EQ(meta.name(), "kiln");
   EXPECT_FALSE(meta.version().empty());
   ASSERT_EQ(meta.extensions_size(), 1);
   EXPECT_EQ(meta.extensions(0), "model_repository");
   server_.service().SetReady(false);
   grpc::ClientContext c4;
-  ASSERT_TRUE(stub_->ServerReady(&c4, {}, &ready).ok());
+  ASSERT_OK(stub_->ServerReady(&c4, {}, &ready));
   EXPECT_FALSE(ready.ready());
 }
 
@@ -119,7 +120,7 @@ TEST_F(InferenceServiceTest, ModelMetadataAndReadinessDescribeTheModel) {
     inference::ModelMetadataRequest request;
     request.set_name(c.model);
     inference::ModelMetadataResponse meta;
-    ASSERT_TRUE(stub_->ModelMetadata(&context, request, &meta).ok());
+    ASSERT_OK(stub_->ModelMetadata(&context, request, &meta));
     EXPECT_EQ(meta.name(), c.model);
     EXPECT_EQ(meta.platform(), "kiln");
     ASSERT_EQ(meta.versions_size(), 1);
@@ -144,7 +145,7 @@ TEST_F(InferenceServiceTest, ModelMetadataAndReadinessDescribeTheModel) {
     request.set_name(name);
     request.set_version(version);
     inference::ModelReadyResponse response;
-    EXPECT_TRUE(stub_->ModelReady(&context, request, &response).ok());
+    EXPECT_OK(stub_->ModelReady(&context, request, &response));
     return response.ready();
   };
   EXPECT_TRUE(ready("mlp", ""));
@@ -180,7 +181,7 @@ TEST_F(InferenceServiceTest, PredictionsEqualTheEnginesOwn) {
           request.set_id("req-42");
           inference::ModelInferResponse response;
           grpc::Status status = Infer(*stub_, request, &response);
-          ASSERT_TRUE(status.ok()) << status.error_message();
+          ASSERT_OK(status) << status.error_message();
           EXPECT_EQ(response.model_name(), model.name);
           EXPECT_EQ(response.model_version(), "1");
           EXPECT_EQ(response.id(), "req-42");
@@ -204,14 +205,14 @@ TEST_F(InferenceServiceTest, OnlyTheRequestedOutputsInTheirOrder) {
   auto request = MakeRequest("mlp", images.data(), 3, "UINT8", Form::kRaw);
   request.add_outputs()->set_name("class");
   inference::ModelInferResponse only_class;
-  ASSERT_TRUE(Infer(*stub_, request, &only_class).ok());
+  ASSERT_OK(Infer(*stub_, request, &only_class));
   ASSERT_EQ(only_class.outputs_size(), 1);
   EXPECT_EQ(only_class.outputs(0).name(), "class");
   ASSERT_EQ(only_class.raw_output_contents_size(), 1);
   EXPECT_EQ(only_class.raw_output_contents(0).size(), 3 * sizeof(int64_t));
   request.add_outputs()->set_name("probabilities");
   inference::ModelInferResponse both;
-  ASSERT_TRUE(Infer(*stub_, request, &both).ok());
+  ASSERT_OK(Infer(*stub_, request, &both));
   ASSERT_EQ(both.outputs_size(), 2);
   EXPECT_EQ(both.outputs(1).name(), "probabilities");
   EXPECT_EQ(ReadAnswer(both).classes, ReadAnswer(only_class).classes);
@@ -251,7 +252,7 @@ TEST_F(InferenceServiceTest, BatchedAndOneByOneAnswersAreIdentical) {
   for (int i = 0; i < kClients * kRounds; ++i) {
     auto request = MakeRequest("single", images.data() + i * kPixels, 1, "UINT8", Form::kRaw);
     inference::ModelInferResponse response;
-    ASSERT_TRUE(Infer(*stub_, request, &response).ok());
+    ASSERT_OK(Infer(*stub_, request, &response));
     single[i] = ReadAnswer(response);
   }
   for (int i = 0; i < kClients * kRounds; ++i) {
@@ -359,7 +360,7 @@ TEST_F(InferenceServiceTest, BadRequestsGetClearErrors) {
   }
   // The service is unharmed.
   inference::ModelInferResponse response;
-  EXPECT_TRUE(Infer(*stub_, valid(), &response).ok());
+  EXPECT_OK(Infer(*stub_, valid(), &response));
 }
 
 inference::ModelRepositoryParameter StringParam(const std::string& value) {
@@ -391,7 +392,7 @@ std::vector<std::string> IndexRpc(inference::GRPCInferenceService::Stub& stub, b
   inference::RepositoryIndexRequest request;
   request.set_ready(ready);
   inference::RepositoryIndexResponse response;
-  EXPECT_TRUE(stub.RepositoryIndex(&context, request, &response).ok());
+  EXPECT_OK(stub.RepositoryIndex(&context, request, &response));
   std::vector<std::string> rows;
   for (const auto& m : response.models()) {
     rows.push_back(m.name() + ":" + m.version() + ":" + m.state() + ":" + m.reason());
@@ -402,22 +403,21 @@ std::vector<std::string> IndexRpc(inference::GRPCInferenceService::Stub& stub, b
 TEST_F(InferenceServiceTest, RepositoryExtensionLoadsIndexesAndUnloads) {
   inference::ModelRepositoryParameter batch;
   batch.set_int64_param(8);
-  ASSERT_TRUE(LoadRpc(*stub_, "fresh",
-                      {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
-                       {"max_batch_size", batch},
-                       {"max_queue_delay_us", StringParam("100")},
-                       {"device", StringParam("cpu")},
-                       {"threads", StringParam("2")},
-                       {"version", StringParam("v7")}})
-                  .ok());
+  ASSERT_OK(LoadRpc(*stub_, "fresh",
+                    {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
+                     {"max_batch_size", batch},
+                     {"max_queue_delay_us", StringParam("100")},
+                     {"device", StringParam("cpu")},
+                     {"threads", StringParam("2")},
+                     {"version", StringParam("v7")}}));
   auto fresh = server_.repository().Find("fresh", "v7");
-  ASSERT_TRUE(fresh.ok());
+  ASSERT_OK(fresh);
   EXPECT_EQ((*fresh)->options().batching.max_batch_size, 8);
   EXPECT_EQ((*fresh)->options().batching.max_queue_delay_us, 100);
   EXPECT_EQ((*fresh)->options().threads, 2);
   EXPECT_EQ(IndexRpc(*stub_, true), std::vector<std::string>({"cnn:1:READY:", "fresh:v7:READY:",
                                                               "image:1:READY:", "mlp:1:READY:"}));
-  ASSERT_TRUE(UnloadRpc(*stub_, "fresh").ok());
+  ASSERT_OK(UnloadRpc(*stub_, "fresh"));
   EXPECT_EQ(IndexRpc(*stub_, false).size(), 4u);
   EXPECT_EQ(IndexRpc(*stub_, false)[1], "fresh::UNAVAILABLE:unloaded");
   EXPECT_EQ(IndexRpc(*stub_, true).size(), 3u);
@@ -473,7 +473,7 @@ TEST_F(InferenceServiceTest, LoadAndUnloadWhileClientsSend) {
   const Answer from_a = EngineAnswer(a, images.data(), 4, "UINT8");
   const Answer from_b = EngineAnswer(b, images.data(), 4, "UINT8");
   ASSERT_FALSE(Near(from_a.probabilities, from_b.probabilities));
-  ASSERT_TRUE(LoadRpc(*stub_, "hot", {{"checkpoint", StringParam(a)}}).ok());
+  ASSERT_OK(LoadRpc(*stub_, "hot", {{"checkpoint", StringParam(a)}}));
 
   std::atomic<bool> stop{false};
   std::atomic<int> ok{0}, unavailable{0}, wrong{0};
@@ -515,14 +515,13 @@ TEST_F(InferenceServiceTest, LoadAndUnloadWhileClientsSend) {
   // At least 1.5 s and four cycles, however slow the machine.
   while (std::chrono::steady_clock::now() < until || cycles < 4) {
     const std::string path = cycles % 2 ? b : a;
-    EXPECT_TRUE(LoadRpc(*admin, "hot", {{"checkpoint", StringParam(path)}}).ok());
+    EXPECT_OK(LoadRpc(*admin, "hot", {{"checkpoint", StringParam(path)}}));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    EXPECT_TRUE(LoadRpc(*admin, "hot",
-                        {{"checkpoint", StringParam(path)}, {"version", StringParam("fixed")}})
-                    .ok());
+    EXPECT_OK(LoadRpc(*admin, "hot",
+                      {{"checkpoint", StringParam(path)}, {"version", StringParam("fixed")}}));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (cycles % 3 == 2) {
-      EXPECT_TRUE(UnloadRpc(*admin, "hot").ok());
+      EXPECT_OK(UnloadRpc(*admin, "hot"));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     ++cycles;
@@ -535,10 +534,9 @@ TEST_F(InferenceServiceTest, LoadAndUnloadWhileClientsSend) {
   EXPECT_EQ(wrong.load(), 0) << first_wrong;
   EXPECT_GT(ok.load(), 0);
   // Afterwards the model loads and answers as ever.
-  ASSERT_TRUE(LoadRpc(*admin, "hot", {{"checkpoint", StringParam(a)}}).ok());
+  ASSERT_OK(LoadRpc(*admin, "hot", {{"checkpoint", StringParam(a)}}));
   inference::ModelInferResponse response;
-  ASSERT_TRUE(
-      Infer(*stub_, MakeRequest("hot", images.data(), 4, "UINT8", Form::kRaw), &response).ok());
+  ASSERT_OK(Infer(*stub_, MakeRequest("hot", images.data(), 4, "UINT8", Form::kRaw), &response));
   EXPECT_EQ(ReadAnswer(response).probabilities, from_a.probabilities);
 }
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/status_matchers.h"
+
 namespace kiln::serving {
 namespace {
 
@@ -32,17 +34,17 @@ TEST(JobCheckpointResolverTest, LatestBestAndIdsPickTheirCheckpoint) {
   const CheckpointResolver resolve = Resolver();
   for (const std::string source : {"job1", "job1@latest"}) {
     auto r = resolve(source);
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r) << r.status();
     EXPECT_EQ(r->path, "/state/job1/8.safetensors");
     EXPECT_EQ(r->version, "8");
     EXPECT_EQ(r->aliases, std::vector<std::string>({"latest"}));
   }
   auto best = resolve("job1@best");
-  ASSERT_TRUE(best.ok());
+  ASSERT_OK(best);
   EXPECT_EQ(best->version, "5");
   EXPECT_EQ(best->aliases, std::vector<std::string>({"best"}));
   auto by_id = resolve("job1@3");
-  ASSERT_TRUE(by_id.ok());
+  ASSERT_OK(by_id);
   EXPECT_EQ(by_id->path, "/state/job1/3.safetensors");
   EXPECT_TRUE(by_id->aliases.empty());
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "tests/serving/serving_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::serving {
 namespace {
@@ -28,12 +29,12 @@ bool Contains(const absl::Status& s, const std::string& fragment) {
 TEST(ModelRepositoryTest, LoadsFilesAsNumberedVersionsAndServesTheLatestByDefault) {
   ModelRepository repo;
   auto v1 = repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat));
-  ASSERT_TRUE(v1.ok()) << v1.status();
+  ASSERT_OK(v1) << v1.status();
   EXPECT_EQ((*v1)->version(), "1");
   EXPECT_EQ((*v1)->input_shape(), Shape({784}));
   EXPECT_EQ((*v1)->num_classes(), 10);
   auto v2 = repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat_other));
-  ASSERT_TRUE(v2.ok());
+  ASSERT_OK(v2);
   EXPECT_EQ((*v2)->version(), "2");
   EXPECT_EQ((*repo.Find("m", ""))->version(), "2");
   EXPECT_EQ((*repo.Find("m", "1"))->checkpoint_path(), SharedCheckpoints().mlp_flat);
@@ -54,15 +55,15 @@ TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
     return absl::NotFoundError("no checkpoint " + source);
   };
   ModelRepository repo(options);
-  ASSERT_TRUE(repo.Load(FileLoad("job", "job@best")).ok());
+  ASSERT_OK(repo.Load(FileLoad("job", "job@best")));
   EXPECT_EQ((*repo.Find("job", "best"))->version(), "7");
   EXPECT_EQ(repo.Find("job", "latest").status().code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(repo.Load(FileLoad("job", "job@latest")).ok());
+  ASSERT_OK(repo.Load(FileLoad("job", "job@latest")));
   EXPECT_EQ((*repo.Find("job", "best"))->version(), "9");
   EXPECT_EQ((*repo.Find("job", "latest"))->version(), "9");
   EXPECT_EQ((*repo.Find("job", "7"))->checkpoint_path(), a);
   // Unloading through an alias drops the version and every alias on it.
-  ASSERT_TRUE(repo.Unload("job", "latest").ok());
+  ASSERT_OK(repo.Unload("job", "latest"));
   EXPECT_EQ((*repo.Find("job", ""))->version(), "7");
   EXPECT_FALSE(repo.Find("job", "best").ok());
   auto bad = repo.Load(FileLoad("job", "job@nothing"));
@@ -74,12 +75,12 @@ TEST(ModelRepositoryTest, TheOldestVersionsArePushedOut) {
   ModelRepositoryOptions options;
   options.max_versions_per_model = 2;
   ModelRepository repo(options);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(repo.Load(FileLoad("m", SharedCheckpoints().cnn)).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_OK(repo.Load(FileLoad("m", SharedCheckpoints().cnn)));
   EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"2", "3"}));
   // Loading a label again replaces that version in place of adding one.
   LoadRequest again = FileLoad("m", SharedCheckpoints().mlp_image);
   again.version = "2";
-  ASSERT_TRUE(repo.Load(again).ok());
+  ASSERT_OK(repo.Load(again));
   EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"3", "2"}));
   EXPECT_EQ((*repo.Find("m", "2"))->checkpoint_path(), SharedCheckpoints().mlp_image);
 }
@@ -122,11 +123,11 @@ TEST(ModelRepositoryTest, FailedLoadsNameTheProblemAndChangeNothing) {
 
 TEST(ModelRepositoryTest, UnloadedModelsAreUnavailableButFinishWhatTheyHold) {
   ModelRepository repo;
-  ASSERT_TRUE(repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat)).ok());
+  ASSERT_OK(repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat)));
   auto held = repo.Find("m", "");
-  ASSERT_TRUE(held.ok());
-  ASSERT_TRUE(repo.Unload("m").ok());
-  EXPECT_TRUE(repo.Unload("m").ok());  // again: nothing changes
+  ASSERT_OK(held);
+  ASSERT_OK(repo.Unload("m"));
+  EXPECT_OK(repo.Unload("m"));  // again: nothing changes
   auto gone = repo.Find("m", "");
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(gone.status(), "model \"m\" is unloaded"));
@@ -139,17 +140,14 @@ TEST(ModelRepositoryTest, UnloadedModelsAreUnavailableButFinishWhatTheyHold) {
   std::vector<float> probs(10);
   std::vector<int64_t> classes(1);
   PixelInput input{PixelEncoding::kU8, image.data(), 1};
-  EXPECT_TRUE((*held)
-                  ->batcher()
-                  .Run(input, {reinterpret_cast<char*>(probs.data()),
-                               reinterpret_cast<char*>(classes.data())})
-                  .ok());
+  EXPECT_OK((*held)->batcher().Run(
+      input, {reinterpret_cast<char*>(probs.data()), reinterpret_cast<char*>(classes.data())}));
 
   auto index = repo.Index();
   ASSERT_EQ(index.size(), 1u);
   EXPECT_EQ(index[0].name, "m");
   EXPECT_EQ(index[0].state, "UNAVAILABLE");
-  ASSERT_TRUE(repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat)).ok());
+  ASSERT_OK(repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat)));
   EXPECT_EQ((*repo.Find("m", ""))->version(), "2");  // numbers are not reused
   EXPECT_EQ(repo.Index()[0].state, "READY");
 }

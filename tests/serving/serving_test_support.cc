@@ -11,6 +11,7 @@
 #include "engine/trainer.h"
 #include "tests/engine/synthetic_data.h"
 #include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::serving::testing {
 
@@ -38,12 +39,12 @@ void WriteCheckpoint(const std::string& path, TestModel model, uint64_t seed) {
   c.batch_size = 32;
   c.seed = seed;
   auto backend = CreateBackend("cpu", {2});
-  ASSERT_TRUE(backend.ok()) << backend.status();
+  ASSERT_OK(backend) << backend.status();
   Dataset train = kiln::testing::BandsDataset(256, kClasses, kSide, seed);
   auto trainer = Trainer::Create(c, backend->get(), &train, nullptr);
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
-  ASSERT_TRUE((*trainer)->Run({}).ok());
-  ASSERT_TRUE((*trainer)->SaveCheckpoint(path).ok());
+  ASSERT_OK(trainer) << trainer.status();
+  ASSERT_OK((*trainer)->Run({}));
+  ASSERT_OK((*trainer)->SaveCheckpoint(path));
 }
 
 const Checkpoints& SharedCheckpoints() {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/serving/serving_test_support.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::serving {
 namespace {
@@ -26,7 +27,7 @@ TEST(TensorCodecTest, InputsAreViewedInPlaceInTheirForm) {
     SCOPED_TRACE(c.datatype);
     auto request = MakeRequest("m", images.data(), 3, c.datatype, c.form, {3, 1, 28, 28});
     auto input = DecodeInput(request, 784);
-    ASSERT_TRUE(input.ok()) << input.status();
+    ASSERT_OK(input) << input.status();
     EXPECT_EQ(input->samples, 3);
     EXPECT_EQ(input->encoding, c.encoding);
     const void* expected =
@@ -43,21 +44,21 @@ TEST(TensorCodecTest, AnyShapeWithTheModelsPerSampleCountIsAccepted) {
   for (std::vector<int64_t> shape :
        {std::vector<int64_t>{2, 784}, {2, 28, 28}, {2, 1, 28, 28}, {2, 4, 196}}) {
     auto request = MakeRequest("m", images.data(), 2, "UINT8", Form::kRaw, shape);
-    EXPECT_TRUE(DecodeInput(request, 784).ok());
+    EXPECT_OK(DecodeInput(request, 784));
   }
 }
 
 TEST(TensorCodecTest, OutputsDefaultToBothAndKeepTheRequestedOrder) {
   inference::ModelInferRequest request;
   auto all = SelectOutputs(request);
-  ASSERT_TRUE(all.ok());
+  ASSERT_OK(all);
   ASSERT_EQ(all->count, 2);
   EXPECT_EQ(all->kinds[0], OutputKind::kProbabilities);
   EXPECT_EQ(all->kinds[1], OutputKind::kClass);
   request.add_outputs()->set_name("class");
   request.add_outputs()->set_name("probabilities");
   auto both = SelectOutputs(request);
-  ASSERT_TRUE(both.ok());
+  ASSERT_OK(both);
   EXPECT_EQ(both->kinds[0], OutputKind::kClass);
   EXPECT_EQ(both->kinds[1], OutputKind::kProbabilities);
 }
