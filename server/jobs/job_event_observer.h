@@ -40,23 +40,4 @@ class JobEventObserver {
   virtual void OnCheckpoint(const v1::Checkpoint& /*checkpoint*/, double /*seconds*/) {}
 };
 
-// "periodic", "best", "on-demand", "shutdown", "final": a checkpoint kind as its file names and
-// the `kind` label of kiln_checkpoints_total spell it.
-inline const char* CheckpointKindName(v1::CheckpointKind kind) {
-  switch (kind) {
-    case v1::CHECKPOINT_KIND_PERIODIC:
-      return "periodic";
-    case v1::CHECKPOINT_KIND_BEST:
-      return "best";
-    case v1::CHECKPOINT_KIND_ON_DEMAND:
-      return "on-demand";
-    case v1::CHECKPOINT_KIND_SHUTDOWN:
-      return "shutdown";
-    case v1::CHECKPOINT_KIND_FINAL:
-      return "final";
-    default:
-      return "checkpoint";
-  }
-}
-
 }  // namespace kiln::server

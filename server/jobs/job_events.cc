@@ -8,11 +8,6 @@
 
 namespace kiln::server {
 
-bool IsFinal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
-
 v1::EpochMetrics EpochMetricsOf(const EpochEvent& e) {
   v1::EpochMetrics m;
   m.set_epoch(e.epoch);

@@ -12,12 +12,10 @@
 #include "kiln/v1/training.pb.h"
 #include "server/jobs/job_event_observer.h"
 #include "server/jobs/job_store.h"
+#include "server/jobs/job_vocabulary.h"
 #include "server/jobs/metric_broadcaster.h"
 
 namespace kiln::server {
-
-// SUCCEEDED, FAILED or CANCELLED.
-bool IsFinal(v1::JobState state);
 
 // An epoch's metrics as job events and Job.last_epoch carry them.
 v1::EpochMetrics EpochMetricsOf(const EpochEvent& epoch);

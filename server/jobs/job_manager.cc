@@ -12,15 +12,11 @@
 #include "engine/model.h"
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
+#include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 
 namespace kiln::server {
 namespace {
-
-std::string StateName(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  return name.substr(std::string("JOB_STATE_").size());
-}
 
 std::string NewJobId() {
   std::random_device rd;
@@ -202,7 +198,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
       break;
     default:
       return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, " already ended (", StateName(slot->job.state()),
+          absl::StrCat("job ", job_id, " already ended (", JobStateName(slot->job.state()),
                        "); only queued or running jobs can be cancelled"));
   }
   return slot->job;
@@ -214,7 +210,7 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
   v1::Job& job = slot->job;
   if (!IsFinal(job.state())) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " is ", StateName(job.state()),
+        absl::StrCat("job ", job_id, " is ", JobStateName(job.state()),
                      "; only cancelled, failed or succeeded jobs can be resumed"));
   }
   if (epochs < 0 || epochs > options_.limits.max_epochs) {
@@ -283,7 +279,7 @@ void JobManager::RequestCheckpoint(const std::string& job_id, CheckpointDone don
       refusal = slot.status();
     } else if ((*slot)->job.state() != v1::JOB_STATE_RUNNING) {
       refusal = absl::FailedPreconditionError(
-          absl::StrCat("job ", job_id, " is ", StateName((*slot)->job.state()),
+          absl::StrCat("job ", job_id, " is ", JobStateName((*slot)->job.state()),
                        "; only a running job can be checkpointed (see ListCheckpoints)"));
     } else {
       (*slot)->checkpoint_waiters.push_back(std::move(done));
@@ -375,7 +371,7 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
   }
   for (CheckpointDone& done : waiters) {
     done(absl::FailedPreconditionError(absl::StrCat("job ", slot->job.id(), " stopped (",
-                                                    StateName(slot->job.state()),
+                                                    JobStateName(slot->job.state()),
                                                     ") before the checkpoint was written")));
   }
   --running_[slot->job.device()];

@@ -13,6 +13,7 @@
 #include "engine/status_macros.h"
 #include "engine/trainer.h"
 #include "server/jobs/checkpoint_policy.h"
+#include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 
 namespace kiln::server {

@@ -1,5 +1,7 @@
 #include "server/observability/job_observers.h"
 
+#include "server/jobs/job_vocabulary.h"
+
 namespace kiln::server {
 
 void JobMetricsObserver::OnRecovered(const v1::Job& job) {

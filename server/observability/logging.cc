@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/trainer.h"
+#include "server/jobs/job_vocabulary.h"
 
 namespace kiln::server {
 namespace {
@@ -24,18 +25,6 @@ const char* LevelName(LogLevel level) {
       return "error";
   }
   return "info";
-}
-
-std::string StateName(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  const std::string prefix = "JOB_STATE_";
-  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
-}
-
-std::string KindName(v1::CheckpointKind kind) {
-  std::string name = v1::CheckpointKind_Name(kind);
-  const std::string prefix = "CHECKPOINT_KIND_";
-  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
 }
 
 std::string ModelOf(const v1::Job& job) {
@@ -204,7 +193,7 @@ void EventLog::CheckpointWritten(const v1::Checkpoint& c, double seconds) {
   Log(LogLevel::kInfo, "checkpoint_written",
       {{"job", c.job_id()},
        {"checkpoint", c.id()},
-       {"kind", KindName(c.kind())},
+       {"kind", CheckpointKindEnumName(c.kind())},
        {"step", c.global_step()},
        {"bytes", c.size_bytes()},
        {"seconds", seconds},
@@ -215,7 +204,7 @@ void EventLog::JobFinished(const v1::Job& job) {
   const bool failed = job.state() == v1::JOB_STATE_FAILED;
   Log(failed ? LogLevel::kError : LogLevel::kInfo, failed ? "job_failed" : "job_finished",
       {{"job", job.id()},
-       {"state", StateName(job.state())},
+       {"state", JobStateName(job.state())},
        {"epochs_done", job.epochs_done()},
        {"step", job.global_step()},
        {"reason", job.reason()}});

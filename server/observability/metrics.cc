@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/trainer.h"
+#include "server/jobs/job_vocabulary.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -63,18 +64,6 @@ const Histogram::BucketBoundaries& BatchBuckets() {
   static const auto* b =
       new Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   return *b;
-}
-
-std::string StateLabel(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  name = name.substr(std::string("JOB_STATE_").size());
-  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
-  return name;
-}
-
-bool IsFinal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
 }
 
 std::string CodeLabel(absl::StatusCode code) { return absl::StatusCodeToString(code); }
@@ -239,8 +228,9 @@ Metrics::Metrics(MetricsOptions options)
       .Set(1);
   for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
                          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-    jobs_by_state_[s] = &jobs_->Add({{"state", StateLabel(s)}});
-    if (IsFinal(s)) completions_by_state_[s] = &job_completions_->Add({{"state", StateLabel(s)}});
+    jobs_by_state_[s] = &jobs_->Add({{"state", JobStateLabel(s)}});
+    if (IsFinal(s))
+      completions_by_state_[s] = &job_completions_->Add({{"state", JobStateLabel(s)}});
   }
   job_submissions_->Add({});
   // Both reasons exist from the start, so rate() sees the first failure.

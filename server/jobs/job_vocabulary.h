@@ -1,0 +1,65 @@
+// The jobs core's words, each defined once: how a job state and a checkpoint kind are spelled in
+// messages, the event log, metric labels and file names, and which states are final. Header-only:
+// the observers (metrics, log) use it without linking the jobs core.
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "kiln/v1/training.pb.h"
+
+namespace kiln::server {
+
+// SUCCEEDED, FAILED and CANCELLED: a job in one of them never changes again.
+inline bool IsFinal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+// "RUNNING": the enum's name without its prefix, as error messages and the event log say it
+// (and the CLI shows it).
+inline std::string JobStateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  constexpr char kPrefix[] = "JOB_STATE_";
+  if (absl::StartsWith(name, kPrefix)) name.erase(0, sizeof(kPrefix) - 1);
+  return name;
+}
+
+// "running": the `state` label of the job metrics.
+inline std::string JobStateLabel(v1::JobState state) {
+  std::string name = JobStateName(state);
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name;
+}
+
+// "periodic", "best", "on-demand", "shutdown", "final": a checkpoint kind as its file names and
+// the `kind` label of kiln_checkpoints_total spell it.
+inline const char* CheckpointKindName(v1::CheckpointKind kind) {
+  switch (kind) {
+    case v1::CHECKPOINT_KIND_PERIODIC:
+      return "periodic";
+    case v1::CHECKPOINT_KIND_BEST:
+      return "best";
+    case v1::CHECKPOINT_KIND_ON_DEMAND:
+      return "on-demand";
+    case v1::CHECKPOINT_KIND_SHUTDOWN:
+      return "shutdown";
+    case v1::CHECKPOINT_KIND_FINAL:
+      return "final";
+    default:
+      return "checkpoint";
+  }
+}
+
+// "ON_DEMAND": the enum's name without its prefix, as the event log (and the CLI) spell a kind.
+inline std::string CheckpointKindEnumName(v1::CheckpointKind kind) {
+  std::string name = v1::CheckpointKind_Name(kind);
+  constexpr char kPrefix[] = "CHECKPOINT_KIND_";
+  if (absl::StartsWith(name, kPrefix)) name.erase(0, sizeof(kPrefix) - 1);
+  return name;
+}
+
+}  // namespace kiln::server
