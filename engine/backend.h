@@ -99,6 +99,16 @@ class Backend {
   virtual DeviceKind kind() const = 0;
   virtual std::string name() const = 0;  // "cpu", "cuda:0"
 
+  // --- threads --------------------------------------------------------------------------------
+  // Makes the calling thread ready to issue this backend's ops at the backend's parallelism (the
+  // CPU backend sizes the thread's OpenMP team, which its loops and OpenBLAS take their thread
+  // count from; creating a CPU backend binds the creating thread). Call it on a thread before it
+  // issues ops; cheap.
+  virtual void BindCallingThread() {}
+  // Whether any thread may issue ops (after BindCallingThread), so a request can run on the
+  // thread that brought it; false where one thread feeding the device's stream does better.
+  virtual bool IssuesFromAnyThread() const { return false; }
+
   // --- memory -------------------------------------------------------------------------------
   // Zero-filled tensor of this shape.
   virtual absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) = 0;

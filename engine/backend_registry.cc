@@ -1,7 +1,11 @@
 #include "engine/backend_registry.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -68,7 +72,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device_v
 #endif
     std::fprintf(stderr, "kiln: device auto: using %s (%s)\n", device.c_str(), why.c_str());
   }
-  if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend(options.threads));
+  if (device == "cpu") {
+    int threads = options.threads;
+    if (threads <= 0 && options.shares > 1) {
+      threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / options.shares);
+    }
+    return std::unique_ptr<Backend>(new CpuBackend(threads));
+  }
 #if KILN_WITH_CUDA
   KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
   CudaBackendOptions cuda;
@@ -88,5 +98,9 @@ std::vector<std::string> AvailableDevices() {
   for (int i = 0, n = DeviceCount(nullptr); i < n; ++i) out.push_back(absl::StrCat("cuda:", i));
   return out;
 }
+
+ScopedThreadBinding::ScopedThreadBinding() : saved_threads_(omp_get_max_threads()) {}
+
+ScopedThreadBinding::~ScopedThreadBinding() { omp_set_num_threads(saved_threads_); }
 
 }  // namespace kiln

@@ -12,7 +12,23 @@
 namespace kiln {
 
 struct BackendOptions {
-  int threads = 0;  // CPU threads for GEMM and loops; 0 = all cores
+  int threads = 0;  // CPU threads for GEMM and loops; 0 = the backend's share of the cores
+  // How many backends share the device side by side (jobs on one CPU): with threads = 0 a CPU
+  // backend takes 1/shares of the cores, so their thread teams never oversubscribe them.
+  int shares = 1;
+};
+
+// Restores the calling thread's binding (BindCallingThread) when it goes out of scope: for code
+// that creates or runs a backend on a thread that must keep its own setting afterwards.
+class ScopedThreadBinding {
+ public:
+  ScopedThreadBinding();
+  ~ScopedThreadBinding();
+  ScopedThreadBinding(const ScopedThreadBinding&) = delete;
+  ScopedThreadBinding& operator=(const ScopedThreadBinding&) = delete;
+
+ private:
+  int saved_threads_;
 };
 
 // "auto" takes cuda:0 when a CUDA device is present and the CPU otherwise, and says which on

@@ -20,6 +20,8 @@ CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_n
   openblas_set_num_threads(threads_);
 }
 
+void CpuBackend::BindCallingThread() { omp_set_num_threads(threads_); }
+
 float* CpuBackend::Scratch(std::vector<float>* buf, size_t elems) {
   if (buf->size() < elems) buf->resize(elems);
   return buf->data();

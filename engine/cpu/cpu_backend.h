@@ -18,6 +18,8 @@ class CpuBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "cpu"; }
   int threads() const { return threads_; }
+  void BindCallingThread() override;
+  bool IssuesFromAnyThread() const override { return true; }
 
   absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override;
   absl::Status CopyFromHost(const void* host, size_t bytes, Tensor* dst) override;

@@ -82,11 +82,11 @@ absl::Status JobRunner::Run() {
     return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
                                                            "\": ", data.status().message()));
   }
-  // Jobs running side by side on the CPU split its cores, so their thread teams never
-  // oversubscribe them (spin-waiting OpenMP teams slow down many times over when they do).
+  // Jobs running side by side on a device share it: on the CPU each takes its share of the
+  // cores, so their thread teams never oversubscribe them (spin-waiting OpenMP teams slow down
+  // many times over when they do).
   BackendOptions backend_options;
-  backend_options.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                            std::max(1, options_.max_jobs_per_device));
+  backend_options.shares = std::max(1, options_.max_jobs_per_device);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                         Trainer::Create(config, backend.get(), &data->train,

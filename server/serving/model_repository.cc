@@ -1,9 +1,8 @@
 #include "server/serving/model_repository.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -11,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/backend_registry.h"
-#include "engine/cpu/cpu_backend.h"
 #include "engine/inference.h"
 #include "engine/status_macros.h"
 
@@ -105,14 +103,15 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   const std::string who = absl::StrCat("model \"", request.model, "\" version \"", label, "\"");
   BackendOptions backend_options;
   backend_options.threads = request.options.threads;
-  // A CPU backend sets the OpenMP thread count of the thread creating it, which suits the
-  // session's warm-up forward pass below; afterwards this thread gets its own count back.
-  const int caller_threads = omp_get_max_threads();
+  // Creating a backend binds this thread to it, which suits the session's warm-up forward pass
+  // below; afterwards this thread gets its own binding back.
+  std::optional<ScopedThreadBinding> caller_binding;
+  caller_binding.emplace();
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       options_.backend_factory ? options_.backend_factory(request.options.device, backend_options)
                                : CreateBackend(request.options.device, backend_options);
   if (!backend.ok()) {
-    omp_set_num_threads(caller_threads);
+    caller_binding.reset();
     return absl::Status(backend.status().code(),
                         absl::StrCat(who, ": device \"", request.options.device,
                                      "\": ", std::string(backend.status().message())));
@@ -120,7 +119,7 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   version->backend_ = std::move(*backend);
   absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
       resolved->path, version->backend_.get(), request.options.batching.max_batch_size);
-  omp_set_num_threads(caller_threads);
+  caller_binding.reset();
   if (!session.ok()) {
     return absl::Status(session.status().code(),
                         absl::StrCat(who, ": ", std::string(session.status().message())));
@@ -128,15 +127,11 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   version->input_shape_ = (*session)->input_shape();
   version->input_elems_ = (*session)->input_elems();
   version->num_classes_ = (*session)->num_classes();
-  // OpenBLAS (OpenMP build) takes its thread count from the calling thread's OpenMP setting, so
-  // a thread adopts the CPU backend's count before it runs a forward pass. Any thread may drive
-  // a CPU session, so idle requests run on their gRPC thread.
-  std::function<void()> prepare_thread;
-  bool callers_run_when_idle = false;
-  if (const auto* cpu = dynamic_cast<const CpuBackend*>(version->backend_.get())) {
-    prepare_thread = [threads = cpu->threads()] { omp_set_num_threads(threads); };
-    callers_run_when_idle = true;
-  }
+  // A thread binds itself to the backend before it runs a forward pass; where any thread may
+  // issue ops (the CPU), idle requests run on their gRPC thread. The backend outlives the batcher.
+  Backend* const served_backend = version->backend_.get();
+  std::function<void()> prepare_thread = [served_backend] { served_backend->BindCallingThread(); };
+  const bool callers_run_when_idle = served_backend->IssuesFromAnyThread();
   KILN_ASSIGN_OR_RETURN(
       version->batcher_,
       DynamicBatcher::Create(std::move(*session), request.options.batching, who,
