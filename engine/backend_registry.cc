@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -75,7 +74,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device_v
   if (device == "cpu") {
     int threads = options.threads;
     if (threads <= 0 && options.shares > 1) {
-      threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / options.shares);
+      // omp_get_num_procs: the count CpuBackend takes for "every core".
+      threads = std::max(1, omp_get_num_procs() / options.shares);
     }
     return std::unique_ptr<Backend>(new CpuBackend(threads));
   }

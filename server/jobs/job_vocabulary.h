@@ -12,6 +12,14 @@
 
 namespace kiln::server {
 
+namespace vocabulary_internal {
+// A proto enum value's name without the prefix every value of its enum carries.
+inline std::string WithoutPrefix(std::string name, const char* prefix) {
+  if (absl::StartsWith(name, prefix)) name.erase(0, std::char_traits<char>::length(prefix));
+  return name;
+}
+}  // namespace vocabulary_internal
+
 // SUCCEEDED, FAILED and CANCELLED: a job in one of them never changes again.
 inline bool IsFinal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
@@ -21,10 +29,7 @@ inline bool IsFinal(v1::JobState state) {
 // "RUNNING": the enum's name without its prefix, as error messages and the event log say it
 // (and the CLI shows it).
 inline std::string JobStateName(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  constexpr char kPrefix[] = "JOB_STATE_";
-  if (absl::StartsWith(name, kPrefix)) name.erase(0, sizeof(kPrefix) - 1);
-  return name;
+  return vocabulary_internal::WithoutPrefix(v1::JobState_Name(state), "JOB_STATE_");
 }
 
 // "running": the `state` label of the job metrics.
@@ -56,10 +61,7 @@ inline const char* CheckpointKindName(v1::CheckpointKind kind) {
 
 // "ON_DEMAND": the enum's name without its prefix, as the event log (and the CLI) spell a kind.
 inline std::string CheckpointKindEnumName(v1::CheckpointKind kind) {
-  std::string name = v1::CheckpointKind_Name(kind);
-  constexpr char kPrefix[] = "CHECKPOINT_KIND_";
-  if (absl::StartsWith(name, kPrefix)) name.erase(0, sizeof(kPrefix) - 1);
-  return name;
+  return vocabulary_internal::WithoutPrefix(v1::CheckpointKind_Name(kind), "CHECKPOINT_KIND_");
 }
 
 }  // namespace kiln::server

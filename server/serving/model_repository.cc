@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -104,14 +103,12 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   BackendOptions backend_options;
   backend_options.threads = request.options.threads;
   // Creating a backend binds this thread to it, which suits the session's warm-up forward pass
-  // below; afterwards this thread gets its own binding back.
-  std::optional<ScopedThreadBinding> caller_binding;
-  caller_binding.emplace();
+  // below; when this call returns, the thread gets its own binding back.
+  const ScopedThreadBinding caller_binding;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       options_.backend_factory ? options_.backend_factory(request.options.device, backend_options)
                                : CreateBackend(request.options.device, backend_options);
   if (!backend.ok()) {
-    caller_binding.reset();
     return absl::Status(backend.status().code(),
                         absl::StrCat(who, ": device \"", request.options.device,
                                      "\": ", std::string(backend.status().message())));
@@ -119,7 +116,6 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   version->backend_ = std::move(*backend);
   absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
       resolved->path, version->backend_.get(), request.options.batching.max_batch_size);
-  caller_binding.reset();
   if (!session.ok()) {
     return absl::Status(session.status().code(),
                         absl::StrCat(who, ": ", std::string(session.status().message())));
@@ -132,10 +128,9 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   Backend* const served_backend = version->backend_.get();
   std::function<void()> prepare_thread = [served_backend] { served_backend->BindCallingThread(); };
   const bool callers_run_when_idle = served_backend->IssuesFromAnyThread();
-  KILN_ASSIGN_OR_RETURN(
-      version->batcher_,
-      DynamicBatcher::Create(std::move(*session), request.options.batching, who,
-                             std::move(prepare_thread), callers_run_when_idle));
+  KILN_ASSIGN_OR_RETURN(version->batcher_,
+                        DynamicBatcher::Create(std::move(*session), request.options.batching, who,
+                                               std::move(prepare_thread), callers_run_when_idle));
 
   // Versions replaced or pushed out are released after the lock, where the last reference may
   // stop a batcher's worker thread.
