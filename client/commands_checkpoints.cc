@@ -1,7 +1,6 @@
 // kiln checkpoints, checkpoint and export: listing, taking and downloading a job's checkpoints.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "CLI/CLI.hpp"
@@ -12,9 +11,10 @@
 #include "client/command_env.h"
 #include "client/format.h"
 #include "client/job_ref.h"
-#include "client/sha256.h"
 #include "client/table.h"
-#include "engine/status_macros.h"
+#include "common/atomic_file.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
 #include "kiln/v1/training.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -114,8 +114,8 @@ absl::Status Export(CommandEnv& env, const ExportOptions& o) {
 
   v1::CheckpointChunk chunk;
   v1::Checkpoint ck;
-  std::string path, temp, server_sha;
-  std::ofstream file;
+  std::string path, server_sha;
+  std::unique_ptr<AtomicFileWriter> file;  // dropped uncommitted, it leaves nothing behind
   Sha256 sha;
   int64_t bytes = 0;
   absl::Status local;
@@ -123,13 +123,13 @@ absl::Status Export(CommandEnv& env, const ExportOptions& o) {
     if (chunk.has_checkpoint() && path.empty()) {
       ck = chunk.checkpoint();
       path = o.output.empty() ? absl::StrCat(ref.job_id, "-", ck.id(), ".safetensors") : o.output;
-      temp = path + ".part";
-      file.open(temp, std::ios::binary | std::ios::trunc);
-      if (!file) {
-        local = absl::PermissionDeniedError(absl::StrCat("cannot write ", temp));
+      absl::StatusOr<std::unique_ptr<AtomicFileWriter>> opened = AtomicFileWriter::Open(path);
+      if (!opened.ok()) {
+        local = opened.status();
         context->TryCancel();
         break;
       }
+      file = std::move(*opened);
     }
     if (path.empty()) {
       local = absl::DataLossError("the server sent data before naming the checkpoint");
@@ -142,46 +142,29 @@ absl::Status Export(CommandEnv& env, const ExportOptions& o) {
       context->TryCancel();
       break;
     }
-    file.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    local = file->Append(chunk.data());
+    if (!local.ok()) {
+      context->TryCancel();
+      break;
+    }
     sha.Update(chunk.data());
     bytes += static_cast<int64_t>(chunk.data().size());
     if (!chunk.sha256().empty()) server_sha = chunk.sha256();
   }
   grpc::Status status = reader->Finish();
-  file.close();
-  auto discard = [&] {
-    if (!temp.empty()) std::filesystem::remove(temp);
-  };
-  if (!local.ok()) {
-    discard();
-    return local;
-  }
-  if (!status.ok()) {
-    discard();
-    return ServerError(status);
-  }
-  if (!file) {
-    discard();
-    return absl::DataLossError(absl::StrCat("writing ", temp, " failed"));
-  }
+  if (!local.ok()) return local;
+  if (!status.ok()) return ServerError(status);
   if (server_sha.empty()) {
-    discard();
     return absl::DataLossError("the server sent no sha256 with the last chunk");
   }
   const std::string got = sha.HexDigest();
   if (absl::AsciiStrToLower(server_sha) != got) {
-    discard();
     return absl::DataLossError(absl::StrCat("sha256 mismatch: the server says ", server_sha,
                                             ", the received file has ", got,
                                             "; nothing was written"));
   }
-  std::error_code error;
-  std::filesystem::rename(temp, path, error);
-  if (error) {
-    discard();
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot move ", temp, " to ", path, ": ", error.message()));
-  }
+  if (file == nullptr) return absl::DataLossError("the server sent no checkpoint");
+  KILN_RETURN_IF_ERROR(file->Commit());
   if (env.json()) {
     nlohmann::json out = {{"file", path}, {"bytes", bytes}, {"sha256", got}};
     out["checkpoint"] = nlohmann::json::parse(MessageToJson(ck));

@@ -9,9 +9,9 @@
 #include "client/cli_status.h"
 #include "client/command_env.h"
 #include "client/format.h"
-#include "client/sha256.h"
 #include "client/table.h"
-#include "engine/status_macros.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
 #include "kiln/v1/training.grpc.pb.h"
 
 namespace kiln::client {

@@ -7,7 +7,7 @@
 #include "client/cli_status.h"
 #include "client/command_env.h"
 #include "client/table.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "nlohmann/json.hpp"

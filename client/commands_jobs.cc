@@ -18,7 +18,7 @@
 #include "client/progress_view.h"
 #include "client/spec_file.h"
 #include "client/table.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 #include "kiln/v1/training.grpc.pb.h"
 
 namespace kiln::client {

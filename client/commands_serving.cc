@@ -15,7 +15,7 @@
 #include "client/image_file.h"
 #include "client/job_ref.h"
 #include "client/table.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "nlohmann/json.hpp"
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli_status.h"
+#include "common/idx_header.h"
 
 #ifdef KILN_CLIENT_HAVE_PNG
 #include <png.h>
@@ -139,16 +140,18 @@ absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index) {
   if (!in.read(header.data(), 16) || DetectImageFile(header) != ImageFileKind::kIdxImages) {
     return UsageError(absl::StrCat(path, ": not an IDX ubyte image file (magic 0x00000803)"));
   }
-  const int64_t count = BigEndian32(header, 4);
-  GrayImage out;
-  out.height = static_cast<int>(BigEndian32(header, 8));
-  out.width = static_cast<int>(BigEndian32(header, 12));
+  absl::StatusOr<IdxHeader> parsed = ParseIdxHeader(header, path, "file");
+  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
+  const int64_t count = parsed->dims[0];
   if (index < 0 || index >= count) {
     return UsageError(absl::StrCat("--index ", index, ": ", path, " holds images 0..", count - 1));
   }
-  if (out.width <= 0 || out.height <= 0 || out.width > 16384 || out.height > 16384) {
+  GrayImage out;
+  if (parsed->dims[1] > 16384 || parsed->dims[2] > 16384) {
     return UsageError(absl::StrCat(path, ": bad image size in the IDX header"));
   }
+  out.height = static_cast<int>(parsed->dims[1]);
+  out.width = static_cast<int>(parsed->dims[2]);
   const size_t size = static_cast<size_t>(out.width) * static_cast<size_t>(out.height);
   out.pixels.resize(size);
   in.seekg(static_cast<std::streamoff>(16 + index * static_cast<int64_t>(size)));

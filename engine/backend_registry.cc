@@ -9,8 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/status_macros.h"
 #if KILN_WITH_CUDA
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_device.h"
@@ -59,13 +59,18 @@ absl::Status ValidateDevice(std::string_view device_view) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device_view,
+absl::StatusOr<std::string> ResolveDevice(std::string_view device) {
+  KILN_RETURN_IF_ERROR(ValidateDevice(device));
+  if (device != "auto") return std::string(device);
+  return DeviceCount(nullptr) > 0 ? "cuda:0" : "cpu";
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requested,
                                                        const BackendOptions& options) {
-  KILN_RETURN_IF_ERROR(ValidateDevice(device_view));
-  std::string device(device_view);
-  if (device == "auto") {
+  KILN_ASSIGN_OR_RETURN(const std::string device, ResolveDevice(requested));
+  if (requested == "auto") {
     std::string why;
-    device = DeviceCount(&why) > 0 ? "cuda:0" : "cpu";
+    if (device == "cpu") DeviceCount(&why);  // why there is no CUDA device
 #if KILN_WITH_CUDA
     if (device != "cpu") why = CudaDeviceDescription(0);
 #endif

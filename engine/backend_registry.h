@@ -39,6 +39,11 @@ class ScopedThreadBinding {
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device,
                                                        const BackendOptions& options = {});
 
+// The device "auto" stands for on this machine (cuda:0 when a CUDA device is present, else
+// "cpu"); any other device string is checked (ValidateDevice) and returned as it is. The one
+// place "auto" is decided: jobs record the result, CreateBackend builds on it.
+absl::StatusOr<std::string> ResolveDevice(std::string_view device);
+
 // Checks a device string without creating anything: InvalidArgument for a malformed one,
 // NotFound for a device this machine lacks.
 absl::Status ValidateDevice(std::string_view device);

@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "engine/model_config_json.h"
 #include "engine/safetensors.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 

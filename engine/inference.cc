@@ -10,7 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/checkpoint.h"
 #include "engine/model_config_json.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 

@@ -1,6 +1,6 @@
 #include "engine/loss.h"
 
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 

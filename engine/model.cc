@@ -4,8 +4,8 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/layers/layers.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 
@@ -47,6 +47,34 @@ int64_t CountParameters(const ModelConfig& config) {
     n += std::visit([](const auto& c) { return ParameterCount(c); }, layer);
   }
   return n;
+}
+
+absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_shape,
+                                int64_t num_classes, std::string_view which_view,
+                                ModelPart* culprit) {
+  const std::string which(which_view);  // Debian's Abseil: StrCat takes no std::string_view
+  auto at_odds = [&](ModelPart part, std::string message) {
+    if (culprit != nullptr) *culprit = part;
+    return absl::InvalidArgumentError(message);
+  };
+  const Shape& input = config.input_shape;
+  if (NumElements(sample_shape) != NumElements(input)) {
+    return at_odds(ModelPart::kInputShape,
+                   absl::StrCat("model input is ", ShapeString(input), " = ", NumElements(input),
+                                " values but ", which, " samples are ", ShapeString(sample_shape),
+                                " = ", NumElements(sample_shape)));
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(config));
+  const Shape& out = shapes.back();
+  if (out.size() != 1) {
+    return at_odds(ModelPart::kOutputs, absl::StrCat("the model's output is ", ShapeString(out),
+                                                     "; a classifier needs a flat output"));
+  }
+  if (num_classes > out[0]) {
+    return at_odds(ModelPart::kOutputs, absl::StrCat("model has ", out[0], " outputs but the ",
+                                                     which, " labels go up to ", num_classes - 1));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, Backend* backend,

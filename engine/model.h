@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,6 +23,18 @@ absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config);
 
 // Number of learnable scalars of a config (after InferShapes succeeded).
 int64_t CountParameters(const ModelConfig& config);
+
+// The part of a model that labelled data disagrees with (CheckModelFitsData).
+enum class ModelPart { kInputShape, kOutputs };
+
+// The one rule for whether labelled samples fit a classifier, used by SubmitJob and the trainer:
+// a sample holds as many values as the model's input, and the model's output is flat with an
+// output for every label. `which` names the data in messages ("training" gives "model input is
+// 100 = 100 values but training samples are 8x8 = 64"). InvalidArgument; `culprit`, when given,
+// receives the part of the model at odds. Errors of InferShapes pass through.
+absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_shape,
+                                int64_t num_classes, std::string_view which,
+                                ModelPart* culprit = nullptr);
 
 struct NamedParameter {
   std::string name;  // PyTorch state_dict key: "<layer index>.weight"

@@ -1,15 +1,12 @@
 #include "engine/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -20,7 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "engine/status_macros.h"
+#include "common/atomic_file.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln {
@@ -278,49 +276,6 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
   return header;
 }
 
-absl::Status WriteError(int err, const std::string& path, absl::string_view step,
-                        absl::string_view target) {
-  return absl::ErrnoToStatus(err, absl::StrCat("writing ", path, ": ", step, " ", target));
-}
-
-// Writes all of [data, data+size), retrying short writes and EINTR; false with errno set on error.
-bool WriteAll(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (n == 0) {
-      errno = EIO;
-      return false;
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// PATH.tmp.<pid>.<random>: unique across processes and threads writing the same PATH.
-// SafetensorsTempWriterPid (below) reads the pid back; the two change together.
-std::string TempPathFor(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  uint64_t random = 0;
-  if (getrandom(&random, sizeof(random), GRND_NONBLOCK) != sizeof(random)) {
-    random = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  }
-  random ^= counter.fetch_add(1) * 0x9E3779B97F4A7C15ull;
-  return absl::StrFormat("%s.tmp.%d.%016x", path, static_cast<int>(::getpid()), random);
-}
-
-std::string DirectoryOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 }  // namespace
 
 size_t SafetensorDTypeSize(SafetensorDType dtype) {
@@ -423,16 +378,7 @@ absl::StatusOr<std::vector<T>> ToValues(const HostTensor& tensor, SafetensorDTyp
 }  // namespace
 
 int SafetensorsTempWriterPid(std::string_view file_name) {
-  constexpr std::string_view kMarker = ".tmp.";
-  constexpr size_t kHexDigits = 16;
-  const size_t at = file_name.rfind(kMarker);
-  if (at == std::string_view::npos) return -1;
-  const std::string_view rest = file_name.substr(at + kMarker.size());  // "<pid>.<hex>"
-  const size_t dot = rest.find('.');
-  if (dot == std::string_view::npos || rest.size() - dot - 1 != kHexDigits) return -1;
-  int pid = 0;
-  if (!absl::SimpleAtoi(absl::string_view(rest.data(), dot), &pid) || pid <= 0) return -1;
-  return pid;
+  return AtomicFileTempWriterPid(absl::string_view(file_name.data(), file_name.size()));
 }
 
 absl::StatusOr<std::vector<uint64_t>> ToU64Values(const HostTensor& tensor) {
@@ -587,48 +533,17 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
 absl::Status WriteSafetensors(const std::string& path, const std::vector<HostTensor>& tensors,
                               const std::map<std::string, std::string>& metadata) {
   KILN_ASSIGN_OR_RETURN(const std::string header, BuildHeader(path, tensors, metadata));
-  const std::string temp = TempPathFor(path);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return WriteError(errno, path, "open", temp);
-
-  // Everything up to the rename happens on the temp file; on failure it goes, PATH stays as was.
-  absl::Status status = [&]() -> absl::Status {
-    uint8_t length[8];
-    const uint64_t header_size = header.size();
-    std::memcpy(length, &header_size, 8);
-    if (!WriteAll(fd, length, sizeof(length)) || !WriteAll(fd, header.data(), header.size())) {
-      return WriteError(errno, path, "write", temp);
-    }
-    for (const HostTensor& t : tensors) {
-      if (!WriteAll(fd, t.bytes.data(), t.bytes.size())) {
-        return WriteError(errno, path, "write", temp);
-      }
-    }
-    if (::fsync(fd) != 0) return WriteError(errno, path, "fsync", temp);
-    return absl::OkStatus();
-  }();
-  // close() can report deferred write errors (NFS), so its result counts.
-  if (::close(fd) != 0 && status.ok()) status = WriteError(errno, path, "close", temp);
-  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    status = WriteError(err, path, "rename", absl::StrCat(temp, " -> ", path));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file, AtomicFileWriter::Open(path));
+  uint8_t length[8];
+  const uint64_t header_size = header.size();
+  std::memcpy(length, &header_size, 8);
+  KILN_RETURN_IF_ERROR(file->Append(absl::string_view(reinterpret_cast<char*>(length), 8)));
+  KILN_RETURN_IF_ERROR(file->Append(header));
+  for (const HostTensor& t : tensors) {
+    KILN_RETURN_IF_ERROR(file->Append(
+        absl::string_view(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size())));
   }
-  if (!status.ok()) {
-    ::unlink(temp.c_str());
-    return status;
-  }
-
-  // Makes the rename itself durable. After this point PATH already holds the new file.
-  const std::string dir = DirectoryOf(path);
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return WriteError(errno, path, "open directory", dir);
-  if (::fsync(dir_fd) != 0) {
-    const int err = errno;
-    ::close(dir_fd);
-    return WriteError(err, path, "fsync directory", dir);
-  }
-  ::close(dir_fd);
-  return absl::OkStatus();
+  return file->Commit();
 }
 
 }  // namespace kiln

@@ -5,13 +5,13 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/inference.h"
 #include "engine/loss.h"
 #include "engine/model.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 
@@ -34,18 +34,10 @@ absl::Status ValidateConfig(const TrainConfig& c) {
   return ValidateSchedule(c.schedule);
 }
 
-absl::Status CheckData(const Dataset& d, const char* which, const Shape& input, int64_t classes) {
+// An empty split (no test set) fits every model.
+absl::Status CheckData(const Dataset& d, const char* which, const ModelConfig& model) {
   if (d.size == 0) return absl::OkStatus();
-  if (d.sample_elems() != NumElements(input)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model input is ", ShapeString(input), " = ", NumElements(input), " values but ", which,
-        " samples are ", ShapeString(d.sample_shape), " = ", d.sample_elems()));
-  }
-  if (d.num_classes > classes) {
-    return absl::InvalidArgumentError(absl::StrCat("model has ", classes, " outputs but the ",
-                                                   which, " labels go up to ", d.num_classes - 1));
-  }
-  return absl::OkStatus();
+  return CheckModelFitsData(model, d.sample_shape, d.num_classes, which);
 }
 
 Shape WithBatch(int64_t batch, const Shape& s) {
@@ -76,15 +68,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
 
 absl::Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(model_, Model::Build(config_.model, backend_, config_.seed));
-  const Shape& out = model_->output_shape();
-  if (out.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("the model's output is ", ShapeString(out),
-                                                   "; a classifier needs a flat output"));
-  }
-  KILN_RETURN_IF_ERROR(CheckData(*train_, "training", config_.model.input_shape, out[0]));
-  if (test_ != nullptr) {
-    KILN_RETURN_IF_ERROR(CheckData(*test_, "test", config_.model.input_shape, out[0]));
-  }
+  KILN_RETURN_IF_ERROR(CheckData(*train_, "training", config_.model));
+  if (test_ != nullptr) KILN_RETURN_IF_ERROR(CheckData(*test_, "test", config_.model));
   KILN_ASSIGN_OR_RETURN(optimizer_,
                         Optimizer::Create(config_.optimizer, backend_, model_->parameters()));
   loss_ = std::make_unique<Loss>(config_.loss, backend_);
@@ -99,7 +84,8 @@ absl::Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(batch_x_,
                         backend_->Allocate(DType::kF32, WithBatch(cap, config_.model.input_shape)));
   KILN_ASSIGN_OR_RETURN(batch_y_, backend_->Allocate(DType::kI32, {cap}));
-  KILN_ASSIGN_OR_RETURN(dlogits_, backend_->Allocate(DType::kF32, WithBatch(cap, out)));
+  KILN_ASSIGN_OR_RETURN(dlogits_,
+                        backend_->Allocate(DType::kF32, WithBatch(cap, model_->output_shape())));
   // The loss (f32) and the correct count (i32) side by side: one device-to-host copy a step.
   KILN_ASSIGN_OR_RETURN(step_scalars_, backend_->Allocate(DType::kF32, {2}));
 
@@ -226,8 +212,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
   Tensor pixels = test_pixels_, labels = test_labels_, index = eval_index_;
   if (&data != test_) {
     // Another dataset: upload it for this evaluation only.
-    KILN_RETURN_IF_ERROR(
-        CheckData(data, "evaluation", config_.model.input_shape, model_->output_shape()[0]));
+    KILN_RETURN_IF_ERROR(CheckData(data, "evaluation", config_.model));
     KILN_RETURN_IF_ERROR(Upload(data, &pixels, &labels, &index));
   }
   EvalResult r;

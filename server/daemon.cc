@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/backend_registry.h"
-#include "engine/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/grpc/auth_interceptor.h"
 #include "server/grpc/metrics_interceptor.h"

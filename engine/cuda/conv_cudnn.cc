@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cudnn_library.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 

@@ -3,8 +3,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/cuda/shared_library.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 

@@ -19,7 +19,7 @@
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/cudnn_library.h"
 #include "engine/cuda/device_guard.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 

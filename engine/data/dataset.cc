@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/data/idx_reader.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 namespace {

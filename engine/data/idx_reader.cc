@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -18,13 +19,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "engine/status_macros.h"
+#include "common/idx_header.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 namespace {
 
-constexpr uint8_t kTypeUnsignedByte = 0x08;
-constexpr int kMaxRank = 4;
 // Reads go in pieces of this size; it also bounds the first allocation, so a header that lies
 // about its size costs at most what the file really holds.
 constexpr size_t kChunkBytes = size_t{1} << 20;
@@ -114,94 +114,40 @@ absl::StatusOr<size_t> ReadFull(ByteSource& src, uint8_t* buf, size_t n) {
   return have;
 }
 
-const char* IdxTypeName(uint8_t type) {
-  switch (type) {
-    case 0x08:
-      return "unsigned byte";
-    case 0x09:
-      return "signed byte";
-    case 0x0B:
-      return "int16";
-    case 0x0C:
-      return "int32";
-    case 0x0D:
-      return "float32";
-    case 0x0E:
-      return "float64";
+// Reads and parses the header; leaves `src` at the first data byte.
+absl::StatusOr<IdxHeader> ReadIdxHeader(ByteSource& src, const std::string& name,
+                                        const std::string& content) {
+  uint8_t bytes[4 + 4 * kMaxIdxRank];
+  KILN_ASSIGN_OR_RETURN(size_t got, ReadFull(src, bytes, 4));
+  absl::string_view head(reinterpret_cast<const char*>(bytes), got);
+  // The dimensions are read only behind a header that can be accepted, so a bad magic, type or
+  // rank is reported as such rather than as whatever reading on would hit.
+  const size_t header_bytes = IdxHeaderBytes(head);
+  if (header_bytes > got) {
+    KILN_ASSIGN_OR_RETURN(size_t more, ReadFull(src, bytes + got, header_bytes - got));
+    head = absl::string_view(reinterpret_cast<const char*>(bytes), got + more);
   }
-  return nullptr;
+  return ParseIdxHeader(head, name, content);
 }
 
 // Parses a whole IDX stream. `name` prefixes every message; `content` says what the byte counts
 // refer to ("file" or "decompressed file").
 absl::StatusOr<IdxArray> ParseIdxStream(ByteSource& src, const std::string& name,
                                         const std::string& content) {
-  uint8_t magic[4];
-  KILN_ASSIGN_OR_RETURN(size_t got, ReadFull(src, magic, sizeof(magic)));
-  if (got == 0) {
-    return absl::DataLossError(
-        absl::StrCat(name, ": truncated header: ", content, " is empty, expected an IDX header"));
-  }
-  if (got < sizeof(magic)) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: truncated header: %s has only %d bytes, an IDX header is at least 8",
-                        name, content, got));
-  }
-  if (magic[0] != 0 || magic[1] != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: bad magic: starts with 0x%02x 0x%02x, an IDX file starts with 0x00 0x00", name,
-        magic[0], magic[1]));
-  }
-  const uint8_t type = magic[2];
-  if (type != kTypeUnsignedByte) {
-    const char* type_name = IdxTypeName(type);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: unsupported element type 0x%02x (%s); only 0x08 (unsigned byte) is supported", name,
-        type, type_name ? type_name : "not an IDX type"));
-  }
-  const int rank = magic[3];
-  if (rank < 1 || rank > kMaxRank) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: unsupported rank %d: only rank 1 to %d is supported", name, rank, kMaxRank));
-  }
-
-  const size_t header_bytes = sizeof(magic) + 4 * static_cast<size_t>(rank);
-  uint8_t dim_bytes[4 * kMaxRank];
-  KILN_ASSIGN_OR_RETURN(got, ReadFull(src, dim_bytes, 4 * static_cast<size_t>(rank)));
-  if (got < 4 * static_cast<size_t>(rank)) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: truncated header: rank %d needs a %d-byte header but %s has only %d bytes", name, rank,
-        header_bytes, content, sizeof(magic) + got));
-  }
+  KILN_ASSIGN_OR_RETURN(IdxHeader header, ReadIdxHeader(src, name, content));
   IdxArray out;
-  out.dims.resize(rank);
-  for (int i = 0; i < rank; ++i) {
-    const uint8_t* b = dim_bytes + ptrdiff_t{4} * i;  // big-endian uint32
-    out.dims[i] = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
-  }
+  out.dims = std::move(header.dims);
+  const size_t header_bytes = header.size_bytes;
+  const auto expected = static_cast<size_t>(header.elements);
   const std::string dims_str = absl::StrJoin(out.dims, "x");
-  int64_t elems = 1;
-  for (int i = 0; i < rank; ++i) {
-    if (out.dims[i] == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: zero dimension: dimension %d of %s is 0; every dimension must be > 0", name, i,
-          dims_str));
-    }
-    // Dividing first keeps the check itself from overflowing.
-    if (elems > kMaxIdxElements / out.dims[i]) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: too large: header dims %s exceed the limit of %d elements", name,
-                          dims_str, kMaxIdxElements));
-    }
-    elems *= out.dims[i];
-  }
-  const auto expected = static_cast<size_t>(elems);
   // "60000x28x28 = 47040000 bytes", or just "10000 bytes" for rank 1.
-  const std::string size_str = rank == 1 ? absl::StrCat(expected, " bytes")
-                                         : absl::StrCat(dims_str, " = ", expected, " bytes");
+  const std::string size_str = out.dims.size() == 1
+                                   ? absl::StrCat(expected, " bytes")
+                                   : absl::StrCat(dims_str, " = ", expected, " bytes");
 
   // Grows the buffer as data arrives rather than trusting the header's size up front.
   size_t have = 0;
+  size_t got = 0;
   try {
     while (have < expected) {
       out.data.resize(std::min(expected, std::max(kChunkBytes, 2 * have)));
@@ -236,9 +182,11 @@ absl::StatusOr<IdxArray> ParseIdxStream(ByteSource& src, const std::string& name
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+// Opens `path` as a byte stream, decompressing when it starts with the gzip magic (1f 8b; an IDX
+// header starts with 00 00, so the two cannot be confused). `content` receives what the stream's
+// byte counts refer to.
+absl::StatusOr<std::unique_ptr<ByteSource>> OpenIdxSource(const std::string& path,
+                                                          std::string* content) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   // Other status errors (a parent we may not search, say) are left for fopen to report.
@@ -256,7 +204,6 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
     if (err == ENOENT) return absl::NotFoundError(msg);
     return absl::UnavailableError(msg);
   }
-  // Sniff the gzip magic (1f 8b); an IDX header starts with 00 00, so the two cannot be confused.
   uint8_t head[2] = {0, 0};
   const size_t head_len = std::fread(head, 1, sizeof(head), file);
   const bool gzipped = head_len == 2 && head[0] == 0x1f && head[1] == 0x8b;
@@ -266,8 +213,8 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
       std::fclose(file);
       return absl::DataLossError(absl::StrCat(path, ": cannot seek: ", std::strerror(err)));
     }
-    PlainFileSource src(file, path);
-    return ParseIdxStream(src, path, "file");
+    *content = "file";
+    return std::make_unique<PlainFileSource>(file, path);
   }
   std::fclose(file);
   gzFile gz = gzopen(path.c_str(), "rb");
@@ -276,8 +223,23 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
         absl::StrCat(path, ": cannot open as gzip: ", errno ? std::strerror(errno) : "no memory"));
   }
   gzbuffer(gz, 128 * 1024);
-  GzipFileSource src(gz, path);
-  return ParseIdxStream(src, path, "decompressed file");
+  *content = "decompressed file";
+  return std::make_unique<GzipFileSource>(gz, path);
+}
+
+}  // namespace
+
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  std::string content;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> src, OpenIdxSource(path, &content));
+  return ParseIdxStream(*src, path, content);
+}
+
+absl::StatusOr<std::vector<int64_t>> ReadIdxFileDims(const std::string& path) {
+  std::string content;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> src, OpenIdxSource(path, &content));
+  KILN_ASSIGN_OR_RETURN(IdxHeader header, ReadIdxHeader(*src, path, content));
+  return std::move(header.dims);
 }
 
 absl::StatusOr<IdxArray> ParseIdx(std::string_view bytes, const std::string& name) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/idx_header.h"
 
 namespace kiln {
 
@@ -16,15 +17,16 @@ struct IdxArray {
   std::vector<uint8_t> data;  // exactly the product of dims bytes
 };
 
-// The largest element count ReadIdxFile accepts (2^31), bounding memory for a hostile header.
-inline constexpr int64_t kMaxIdxElements = int64_t{1} << 31;
-
 // Reads an IDX file of element type 0x08 (unsigned byte). gzip compression is detected by the
 // magic bytes 1f 8b, not by the file name. The data must fill the dimensions exactly: a short
 // file and trailing bytes are both errors. Errors (NotFound, PermissionDenied, InvalidArgument
 // for a malformed header, DataLoss for truncated, overlong or corrupt contents) name the path
 // and the problem. Thread-safe; never throws.
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
+
+// Reads only the header of such a file (raw or gzip) and returns its dimensions, with
+// ReadIdxFile's checks and errors for everything up to the data.
+absl::StatusOr<std::vector<int64_t>> ReadIdxFileDims(const std::string& path);
 
 // Parses IDX bytes already in memory (uncompressed), with the same checks as ReadIdxFile;
 // `name` is used in error messages in place of a path.

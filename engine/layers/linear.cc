@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/layers/layer_rules.h"
 #include "engine/layers/parameter_init.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 

@@ -1,8 +1,8 @@
 #include "engine/layers/maxpool2d.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/layers/layer_rules.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 

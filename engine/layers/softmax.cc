@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 

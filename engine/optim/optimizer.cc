@@ -1,9 +1,9 @@
 #include "engine/optim/optimizer.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/optim/adam.h"
 #include "engine/optim/sgd.h"
-#include "engine/status_macros.h"
 
 namespace kiln {
 

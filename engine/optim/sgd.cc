@@ -1,7 +1,7 @@
 #include "engine/optim/sgd.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 

@@ -1,7 +1,6 @@
 #include "server/grpc/auth_tokens.h"
 
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 
 #include <fstream>
 #include <sstream>
@@ -10,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/sha256.h"
 
 namespace kiln::server {
 namespace {
@@ -57,8 +57,7 @@ absl::StatusOr<std::shared_ptr<const AuthTokens::DigestSet>> AuthTokens::ReadDig
   }
   auto digests = std::make_shared<DigestSet>();
   for (const std::string& token : *tokens) {
-    Digest& d = digests->emplace_back();
-    SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), d.data());
+    digests->push_back(Sha256Digest(token));
   }
   return digests;
 }
@@ -87,8 +86,7 @@ bool AuthTokens::Accepts(std::string_view token) const {
     digests = digests_;
   }
   // Hashing first makes the comparison independent of the tokens' lengths.
-  Digest presented;
-  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), presented.data());
+  const Digest presented = Sha256Digest(absl::string_view(token.data(), token.size()));
   bool accepted = false;
   for (const Digest& d : *digests) {
     accepted |= CRYPTO_memcmp(d.data(), presented.data(), d.size()) == 0;

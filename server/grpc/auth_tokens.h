@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,7 +40,7 @@ class AuthTokens {
   int size() const;
 
  private:
-  using Digest = std::array<unsigned char, 32>;  // SHA-256
+  using Digest = std::array<uint8_t, 32>;  // SHA-256
   using DigestSet = std::vector<Digest>;
 
   explicit AuthTokens(std::string path) : path_(std::move(path)) {}

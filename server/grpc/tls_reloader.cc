@@ -15,7 +15,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/status_macros.h"
+#include "common/atomic_file.h"
+#include "common/status_macros.h"
 
 namespace kiln::server {
 namespace {
@@ -23,34 +24,13 @@ namespace {
 // How often gRPC looks at the copies; reading two small files a second costs nothing.
 constexpr unsigned int kWatchSeconds = 1;
 
-absl::Status WriteError(const std::string& path, const char* what) {
-  return absl::InternalError(absl::StrCat("cannot write the served TLS copy ", path, ": ", what,
-                                          ": ", std::strerror(errno)));
-}
-
-// Replaces `path` with `content` (mode 0600): a temporary file, fsync, rename, so that a reader
-// sees the old content or the new, never a part.
+// Replaces `path` with `content` (mode 0600) so that gRPC's reader sees the old copy or the new,
+// never a part.
 absl::Status WriteAtomically(const std::string& path, const std::string& content) {
-  const std::string temp = path + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return WriteError(temp, "open");
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      return WriteError(temp, "write");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    return WriteError(temp, "fsync");
-  }
-  if (::close(fd) != 0) return WriteError(temp, "close");
-  if (::rename(temp.c_str(), path.c_str()) != 0) return WriteError(path, "rename");
-  return absl::OkStatus();
+  absl::Status status = WriteFileAtomically(path, content, 0600);
+  if (status.ok()) return status;
+  return absl::InternalError(
+      absl::StrCat("cannot write the served TLS copy ", path, ": ", status.message()));
 }
 
 bool SamePems(const TlsPems& a, const TlsPems& b) {  // not_after follows from cert_chain

@@ -1,16 +1,10 @@
 #include "server/grpc/training_service.h"
 
-#include <fcntl.h>
-#include <openssl/evp.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/status_mapping.h"
@@ -141,32 +135,18 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   bool cancelled_ = false;
 };
 
-// Streams a checkpoint file in chunks, hashing as it goes; the last chunk carries the digest.
+// Writes the chunks of a checkpoint export; the core reads and hashes them.
 class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
  public:
-  ExportReactor(v1::Checkpoint checkpoint, int chunk_bytes, StreamSlots::Slot slot)
-      : checkpoint_(std::move(checkpoint)), buffer_(chunk_bytes), slot_(std::move(slot)) {
-    fd_ = open(checkpoint_.path().c_str(), O_RDONLY | O_CLOEXEC);
-    struct stat st {};
-    if (fd_ < 0 || fstat(fd_, &st) != 0) {
-      Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("checkpoint file ", checkpoint_.path(), " is missing")));
-      return;
-    }
-    size_ = st.st_size;
-    sha_ = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr);
+  ExportReactor(std::unique_ptr<CheckpointExport> source, StreamSlots::Slot slot)
+      : source_(std::move(source)), slot_(std::move(slot)) {
     WriteNext();
-  }
-  ~ExportReactor() override {
-    if (fd_ >= 0) close(fd_);
-    if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
-    } else if (sent_last_) {
+    } else if (source_->done()) {
       Finish(grpc::Status::OK);
     } else {
       WriteNext();
@@ -176,37 +156,16 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
 
  private:
   void WriteNext() {
-    chunk_.Clear();
-    if (offset_ == 0) *chunk_.mutable_checkpoint() = checkpoint_;
-    ssize_t n = pread(fd_, buffer_.data(), buffer_.size(), offset_);
-    if (n < 0) {
-      Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, "reading the checkpoint failed"));
+    if (absl::Status s = source_->Next(&chunk_); !s.ok()) {
+      Finish(ToGrpcStatus(s));
       return;
-    }
-    chunk_.set_offset(offset_);
-    chunk_.set_data(buffer_.data(), static_cast<size_t>(n));
-    EVP_DigestUpdate(sha_, buffer_.data(), static_cast<size_t>(n));
-    offset_ += n;
-    if (offset_ >= size_ || n == 0) {
-      unsigned char digest[EVP_MAX_MD_SIZE];
-      unsigned int len = 0;
-      EVP_DigestFinal_ex(sha_, digest, &len);
-      chunk_.set_sha256(absl::BytesToHexString(
-          absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(len))));
-      sent_last_ = true;
     }
     StartWrite(&chunk_);
   }
 
-  v1::Checkpoint checkpoint_;
-  std::vector<char> buffer_;
+  std::unique_ptr<CheckpointExport> source_;
   StreamSlots::Slot slot_;
   v1::CheckpointChunk chunk_;
-  int fd_ = -1;
-  int64_t size_ = 0;
-  int64_t offset_ = 0;
-  bool sent_last_ = false;
-  EVP_MD_CTX* sha_ = nullptr;
 };
 
 // Reads an upload: a header, then file chunks; commits when the client half-closes.
@@ -385,12 +344,12 @@ grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint
     return new RefusedWrite<v1::CheckpointChunk>(absl::InvalidArgumentError(absl::StrCat(
         "chunk_size: must be in [0, ", kMaxChunkBytes, "], got ", request->chunk_size())));
   }
-  absl::StatusOr<v1::Checkpoint> checkpoint =
-      manager_->FindCheckpoint(request->job_id(), request->checkpoint_id());
-  if (!checkpoint.ok()) return new RefusedWrite<v1::CheckpointChunk>(checkpoint.status());
+  absl::StatusOr<std::unique_ptr<CheckpointExport>> source =
+      manager_->ExportCheckpoint(request->job_id(), request->checkpoint_id(), chunk);
+  if (!source.ok()) return new RefusedWrite<v1::CheckpointChunk>(source.status());
   absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
   if (!slot.ok()) return new RefusedWrite<v1::CheckpointChunk>(slot.status());
-  return new ExportReactor(*std::move(checkpoint), chunk, *std::move(slot));
+  return new ExportReactor(*std::move(source), *std::move(slot));
 }
 
 grpc::ServerUnaryReactor* TrainingService::ListDatasets(grpc::CallbackServerContext* context,

@@ -1,9 +1,7 @@
 #include "server/jobs/dataset_catalog.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -11,13 +9,12 @@
 #include <random>
 #include <system_error>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/data/idx_reader.h"
-#include "engine/status_macros.h"
 #include "server/jobs/spec_translation.h"
 
 namespace kiln::server {
@@ -38,31 +35,6 @@ std::string FindFile(const std::string& dir, const std::string& base) {
   return "";
 }
 
-// Reads just the dimensions of an IDX file (gzread reads raw files unchanged).
-absl::StatusOr<std::vector<int64_t>> ReadIdxDims(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::array<unsigned char, 4> magic{};
-  std::vector<int64_t> dims;
-  absl::Status status;
-  if (gzread(f, magic.data(), 4) != 4 || magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 ||
-      magic[3] < 1 || magic[3] > 4) {
-    status = absl::InvalidArgumentError(absl::StrCat(path, ": not an unsigned-byte IDX file"));
-  } else {
-    for (int i = 0; i < magic[3] && status.ok(); ++i) {
-      std::array<unsigned char, 4> d{};
-      if (gzread(f, d.data(), 4) != 4) {
-        status = absl::InvalidArgumentError(absl::StrCat(path, ": truncated IDX header"));
-      } else {
-        dims.push_back((int64_t{d[0]} << 24) | (d[1] << 16) | (d[2] << 8) | d[3]);
-      }
-    }
-  }
-  gzclose(f);
-  KILN_RETURN_IF_ERROR(status);
-  return dims;
-}
-
 bool IsUploadFileName(const std::string& name) {
   for (const char* base : {kTrainImages, kTrainLabels, kTestImages, kTestLabels}) {
     if (name == base || name == absl::StrCat(base, ".gz")) return true;
@@ -78,24 +50,6 @@ std::string RandomSuffix() {
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  std::vector<char> buffer(1 << 20);
-  ssize_t n;
-  while ((n = read(fd, buffer.data(), buffer.size())) > 0) EVP_DigestUpdate(ctx, buffer.data(), n);
-  close(fd);
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, digest, &len);
-  EVP_MD_CTX_free(ctx);
-  if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(len)));
-}
 
 absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) const {
   if (!IsValidName(name)) {
@@ -113,7 +67,7 @@ absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) con
                                                       " or ", kTrainLabels, " (raw or .gz)"));
   }
   DatasetInfo info;
-  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ReadIdxDims(images));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ReadIdxFileDims(images));
   if (dims.size() < 2) {
     return absl::FailedPreconditionError(absl::StrCat(images, ": images need rank 3 (N x H x W)"));
   }
@@ -126,7 +80,7 @@ absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) con
   }
   const std::string test_images = FindFile(dir, kTestImages);
   if (!test_images.empty()) {
-    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> test_dims, ReadIdxDims(test_images));
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> test_dims, ReadIdxFileDims(test_images));
     info.test_samples = test_dims.empty() ? 0 : test_dims[0];
   }
   return info;
@@ -215,8 +169,7 @@ DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, st
     : catalog_(catalog), name_(std::move(name)), temp_dir_(std::move(temp_dir)) {}
 
 DatasetUpload::~DatasetUpload() {
-  if (fd_ >= 0) close(fd_);
-  if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
+  file_.reset();  // removes an unfinished file's temp before the folder goes
   if (!committed_) {
     std::error_code ec;
     fs::remove_all(temp_dir_, ec);
@@ -240,10 +193,8 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk.file_name: \"", file, "\" was already uploaded"));
     }
-    fd_ = open((temp_dir_ + "/" + file).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return absl::UnavailableError(absl::StrCat("cannot create ", file));
-    sha_ = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr);
+    KILN_ASSIGN_OR_RETURN(file_, AtomicFileWriter::Open(temp_dir_ + "/" + file));
+    sha_ = std::make_unique<Sha256>();
     current_file_ = file;
   }
   total_bytes_ += static_cast<int64_t>(chunk.data().size());
@@ -251,35 +202,21 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
     return absl::ResourceExhaustedError(
         absl::StrCat("upload exceeds the limit of ", catalog_->max_upload_bytes(), " bytes"));
   }
-  const std::string& data = chunk.data();
-  size_t written = 0;
-  while (written < data.size()) {
-    ssize_t n = write(fd_, data.data() + written, data.size() - written);
-    if (n <= 0) return absl::UnavailableError(absl::StrCat("writing ", file, " failed"));
-    written += static_cast<size_t>(n);
-  }
-  EVP_DigestUpdate(sha_, data.data(), data.size());
+  KILN_RETURN_IF_ERROR(file_->Append(chunk.data()));
+  sha_->Update(chunk.data());
   if (!chunk.sha256().empty()) return FinishFile(chunk.sha256());
   return absl::OkStatus();
 }
 
 absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(sha_, digest, &len);
-  EVP_MD_CTX_free(sha_);
-  sha_ = nullptr;
-  const bool synced = fsync(fd_) == 0;
-  close(fd_);
-  fd_ = -1;
-  const std::string actual = absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(len)));
+  const std::string actual = std::exchange(sha_, nullptr)->HexDigest();
   const std::string file = std::exchange(current_file_, "");
+  std::unique_ptr<AtomicFileWriter> writer = std::exchange(file_, nullptr);
   if (!absl::EqualsIgnoreCase(actual, expected_sha256)) {
     return absl::DataLossError(absl::StrCat("chunk.sha256: ", file, " has sha256 ", actual,
                                             " but the client sent ", expected_sha256));
   }
-  if (!synced) return absl::UnavailableError(absl::StrCat("fsync of ", file, " failed"));
+  KILN_RETURN_IF_ERROR(writer->Commit());
   finished_files_.insert(file);
   return absl::OkStatus();
 }
@@ -303,6 +240,8 @@ absl::StatusOr<v1::Dataset> DatasetUpload::Commit() {
   fs::rename(temp_dir_, final_dir, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot publish ", name_, ": ", ec.message()));
   committed_ = true;
+  // Makes the folder's new name durable, as the files in it already are.
+  KILN_RETURN_IF_ERROR(SyncDirectory(catalog_->data_dir()));
   return catalog_->Describe(name_);
 }
 

@@ -10,10 +10,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/atomic_file.h"
+#include "common/sha256.h"
 #include "engine/data/dataset.h"
 #include "kiln/v1/training.pb.h"
-
-typedef struct evp_md_ctx_st EVP_MD_CTX;
 
 namespace kiln::server {
 
@@ -82,11 +82,8 @@ class DatasetUpload {
   int64_t total_bytes_ = 0;
   std::set<std::string> finished_files_;
   std::string current_file_;  // empty between files
-  int fd_ = -1;
-  EVP_MD_CTX* sha_ = nullptr;
+  std::unique_ptr<AtomicFileWriter> file_;  // the file being received
+  std::unique_ptr<Sha256> sha_;
 };
-
-// Lowercase hex sha256 of a file's contents.
-absl::StatusOr<std::string> Sha256OfFile(const std::string& path);
 
 }  // namespace kiln::server

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 #include "engine/trainer.h"
 #include "server/jobs/proto_time.h"
 

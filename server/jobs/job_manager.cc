@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/model.h"
-#include "engine/status_macros.h"
 #include "engine/trainer.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
@@ -44,14 +44,7 @@ JobManager::~JobManager() {
 }
 
 absl::StatusOr<std::string> JobManager::ResolveDevice(const std::string& requested) const {
-  std::string device = requested.empty() ? options_.default_device : requested;
-  if (device == "auto") {
-    std::vector<std::string> devices = AvailableDevices();
-    device =
-        std::find(devices.begin(), devices.end(), "cuda:0") != devices.end() ? "cuda:0" : "cpu";
-  }
-  KILN_RETURN_IF_ERROR(ValidateDevice(device));
-  return device;
+  return kiln::ResolveDevice(requested.empty() ? options_.default_device : requested);
 }
 
 absl::StatusOr<std::shared_ptr<JobSlot>> JobManager::FindLocked(const std::string& job_id) {
@@ -73,6 +66,7 @@ absl::Status JobManager::Recover() {
   KILN_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->AllJobs());
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<JobSlot>> resumed, queued;
+  absl::Status recover_error;
   for (v1::Job& job : jobs) {
     auto slot = std::make_shared<JobSlot>();
     KILN_ASSIGN_OR_RETURN(int64_t max_seq, store_->MaxSeq(job.id()));
@@ -83,6 +77,22 @@ absl::Status JobManager::Recover() {
     if (slot->job.state() == v1::JOB_STATE_RUNNING) resumed.push_back(slot);
     if (slot->job.state() == v1::JOB_STATE_QUEUED) queued.push_back(slot);
   }
+  // The spec is translated once per job: here for the jobs that will run again. One that no
+  // longer passes (kilnd restarted with tighter limits) fails now, saying why.
+  for (auto* list : {&resumed, &queued}) {
+    std::erase_if(*list, [&](const std::shared_ptr<JobSlot>& slot) {
+      absl::StatusOr<TrainConfig> config = TranslateSpec(slot->job.spec(), options_.limits);
+      if (config.ok()) {
+        slot->config = *std::move(config);
+        return false;
+      }
+      recover_error.Update(
+          SetStateLocked(*slot, v1::JOB_STATE_FAILED,
+                         absl::StrCat("spec refused after restart: ", config.status().message())));
+      return true;
+    });
+  }
+  KILN_RETURN_IF_ERROR(recover_error);
   // Jobs that were running go first: they had their turn already.
   for (const auto& slot : resumed) {
     absl::Status device = ValidateDevice(slot->job.device());
@@ -118,18 +128,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                                       : absl::StatusCode::kInvalidArgument;
     return absl::Status(code, absl::StrCat("spec.dataset: ", info.status().message()));
   }
-  if (NumElements(config.model.input_shape) != NumElements(info->sample_shape)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.model.input_shape: ", ShapeString(config.model.input_shape), " has ",
-                     NumElements(config.model.input_shape), " elements but samples of dataset \"",
-                     spec.dataset(), "\" are ", ShapeString(info->sample_shape), " = ",
-                     NumElements(info->sample_shape)));
-  }
-  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(config.model));
-  if (shapes.back()[0] < info->num_classes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.model: the model outputs ", shapes.back()[0], " logits but dataset \"",
-                     spec.dataset(), "\" has ", info->num_classes, " classes"));
+  ModelPart culprit;
+  if (absl::Status fit =
+          CheckModelFitsData(config.model, info->sample_shape, info->num_classes,
+                             absl::StrCat("dataset \"", spec.dataset(), "\""), &culprit);
+      !fit.ok()) {
+    return absl::Status(fit.code(),
+                        absl::StrCat(culprit == ModelPart::kInputShape ? "spec.model.input_shape: "
+                                                                       : "spec.model: ",
+                                     fit.message()));
   }
   absl::StatusOr<std::string> device = ResolveDevice(spec.device());
   if (!device.ok()) {
@@ -153,6 +160,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   *job.mutable_create_time() = MillisToTimestamp(NowMillis());
   job.set_epochs(config.epochs);
   job.set_parameter_count(CountParameters(config.model));
+  slot->config = std::move(config);
   KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_QUEUED, ""));
   jobs_[job.id()] = slot;
   queues_[job.device()].push_back(job.id());
@@ -311,6 +319,12 @@ absl::StatusOr<v1::Checkpoint> JobManager::FindCheckpoint(const std::string& job
   }
   return absl::NotFoundError(
       absl::StrCat("checkpoint ", checkpoint_id, " of job ", job_id, " not found"));
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointExport>> JobManager::ExportCheckpoint(
+    const std::string& job_id, int64_t checkpoint_id, int chunk_bytes) {
+  KILN_ASSIGN_OR_RETURN(v1::Checkpoint checkpoint, FindCheckpoint(job_id, checkpoint_id));
+  return CheckpointExport::Open(std::move(checkpoint), chunk_bytes);
 }
 
 void JobManager::ReapThreadsLocked() {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
+#include "server/jobs/checkpoint_export.h"
 #include "server/jobs/dataset_catalog.h"
 #include "server/jobs/job_event_observer.h"
 #include "server/jobs/job_events.h"
@@ -71,6 +72,11 @@ class JobManager {
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id);
   // checkpoint_id 0: the latest.
   absl::StatusOr<v1::Checkpoint> FindCheckpoint(const std::string& job_id, int64_t checkpoint_id);
+  // The checkpoint's file, opened for export in chunks of `chunk_bytes` (checkpoint_id 0: the
+  // latest); NotFound for an unknown job or checkpoint or a file gone missing.
+  absl::StatusOr<std::unique_ptr<CheckpointExport>> ExportCheckpoint(const std::string& job_id,
+                                                                     int64_t checkpoint_id,
+                                                                     int chunk_bytes);
 
   // Refuses new work, asks running jobs to checkpoint (per policy) and stop, and waits for them
   // until `deadline`. Jobs stopped this way stay RUNNING in the store, to resume on restart.

@@ -9,8 +9,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "engine/backend_registry.h"
-#include "engine/status_macros.h"
 #include "engine/trainer.h"
 #include "server/jobs/checkpoint_policy.h"
 #include "server/jobs/job_vocabulary.h"
@@ -66,16 +66,17 @@ void JobRunner::PruneCheckpointsLocked(const v1::Checkpoint& added) {
 absl::Status JobRunner::Run() {
   v1::JobSpec spec;
   std::string job_id, device;
-  int epochs;
   {
     std::lock_guard<std::mutex> lock(*mu_);
     spec = slot_->job.spec();
     job_id = slot_->job.id();
     device = slot_->job.device();
-    epochs = slot_->job.epochs();
   }
-  KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
-  config.epochs = epochs;
+  if (!slot_->config.has_value()) {
+    return absl::InternalError(absl::StrCat("job ", job_id, " has no translated spec"));
+  }
+  const TrainConfig& config = *slot_->config;
+  const int epochs = config.epochs;
   const CheckpointPolicy policy(spec.checkpoint_policy());
   absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
   if (!data.ok()) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,9 @@ using CheckpointDone = std::function<void(absl::StatusOr<v1::Checkpoint>)>;
 // guarded by the manager's mutex, which the runner is handed for them.
 struct JobSlot {
   v1::Job job;           // guarded; the store holds the same, less live step progress
+  // The job's spec as the engine takes it, translated once (at Submit, or at Recover after a
+  // restart) and fixed from then on.
+  std::optional<TrainConfig> config;
   int64_t next_seq = 1;  // guarded
   std::atomic<bool> cancel{false};
   std::atomic<bool> stop{false};  // daemon shutdown: checkpoint and stop, stay RUNNING

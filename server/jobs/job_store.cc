@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 #include "server/jobs/proto_time.h"
 
 namespace kiln::server {

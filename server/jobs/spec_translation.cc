@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "engine/model.h"
 #include "engine/reference_configs.h"
-#include "engine/status_macros.h"
 
 namespace kiln::server {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "engine/status_macros.h"
+#include "common/status_macros.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/status_mapping.h"
 #include "server/serving/tensor_codec.h"

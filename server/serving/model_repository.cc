@@ -8,9 +8,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/inference.h"
-#include "engine/status_macros.h"
 
 namespace kiln::serving {
 namespace {

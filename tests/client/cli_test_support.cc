@@ -1,7 +1,5 @@
 #include "cli_test_support.h"
 
-#include <openssl/evp.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -91,13 +89,6 @@ bool HasControlCharacters(const std::string& text) {
     if ((c < 0x20 && c != '\n') || c == 0x7f) return true;
   }
   return false;
-}
-
-std::string Sha256Hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(digest), length));
 }
 
 std::string ReadFile(const std::string& path) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/sha256.h"
 #include "tests/support/kilnd_child.h"
 #include "tests/support/subprocess.h"
 
@@ -32,7 +33,6 @@ void WriteFile(const std::string& path, const std::string& bytes);
 
 // True when `text` holds a byte below 0x20 other than '\n', or DEL.
 bool HasControlCharacters(const std::string& text);
-std::string Sha256Hex(const std::string& bytes);
 std::string ReadFile(const std::string& path);
 
 }  // namespace kiln::client::testing

@@ -12,9 +12,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/data/dataset.h"
-#include "engine/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/jobs/spec_translation.h"
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
@@ -470,12 +471,13 @@ TEST_F(TrainingServiceTest, BadSubmissionsAreRefusedWithTheFieldNamed) {
          s.mutable_model()->set_input_shape(0, 780);
          s.mutable_model()->mutable_layers(0)->mutable_linear()->set_in_features(780);
        },
-       grpc::INVALID_ARGUMENT, "spec.model.input_shape: 780 has 780 elements"},
+       grpc::INVALID_ARGUMENT, "spec.model.input_shape: model input is 780 = 780 values"},
       {"too few logits",
        [](v1::JobSpec& s) {
          s.mutable_model()->mutable_layers(2)->mutable_linear()->set_out_features(5);
        },
-       grpc::INVALID_ARGUMENT, "has 10 classes"},
+       grpc::INVALID_ARGUMENT,
+       "spec.model: model has 5 outputs but the dataset \"toy\" labels go up to 9"},
       {"no optimizer", [](v1::JobSpec& s) { s.clear_optimizer(); }, grpc::INVALID_ARGUMENT,
        "spec.optimizer.kind: required"},
       {"negative lr", [](v1::JobSpec& s) { s.mutable_optimizer()->set_lr(-1); },
@@ -656,19 +658,13 @@ grpc::Status Upload(v1::Training::Stub& stub, const std::string& name,
   return writer->Finish();
 }
 
-std::string Sha256(const std::string& bytes, const std::string& dir) {
-  const std::string path = dir + "/blob";
-  std::ofstream(path, std::ios::binary) << bytes;
-  return *Sha256OfFile(path);
-}
-
 TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
   options_.max_upload_bytes = 400000;
   StartDaemon();
   const std::string images = testing::ToyImagesIdx(300, 3);
   const std::string labels = testing::ToyLabelsIdx(300, 3);
-  const std::string images_sha = Sha256(images, root_);
-  const std::string labels_sha = Sha256(labels, root_);
+  const std::string images_sha = Sha256Hex(images);
+  const std::string labels_sha = Sha256Hex(labels);
   v1::Dataset dataset;
 
   grpc::Status wrong =
@@ -682,7 +678,7 @@ TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
 
   const std::string big = testing::ToyImagesIdx(600, 3);
   grpc::Status too_big =
-      Upload(*stub_, "up", {{"train-images-idx3-ubyte", big, Sha256(big, root_)}}, &dataset);
+      Upload(*stub_, "up", {{"train-images-idx3-ubyte", big, Sha256Hex(big)}}, &dataset);
   EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 
   grpc::Status ok = Upload(*stub_, "up",
