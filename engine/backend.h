@@ -191,6 +191,10 @@ class Backend {
   virtual absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                        const uint8_t* pixels, const int32_t* labels,
                                        const PixelNorm& norm, float* out, int32_t* labels_out) = 0;
+  // out(n) = norm(x) for pixels already in float: GatherNormalize's formula and folding, so
+  // serving's FP32 inputs (x = u8 / 255, normalised with a 255 times larger scale) meet the
+  // model as the uint8 ones do. `out` may be `x`.
+  virtual absl::Status Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) = 0;
 };
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 #include "engine/inference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <variant>
@@ -8,9 +9,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/model_config_json.h"
-#include "common/status_macros.h"
 
 namespace kiln {
 
@@ -39,47 +40,60 @@ absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromCheckpoi
 absl::Status InferenceSession::Allocate() {
   Shape xs = input_shape();
   xs.insert(xs.begin(), max_batch_);
+  KILN_ASSIGN_OR_RETURN(u8_, backend_->Allocate(DType::kU8, xs));
+  KILN_ASSIGN_OR_RETURN(f32_, backend_->Allocate(DType::kF32, xs));
   KILN_ASSIGN_OR_RETURN(x_, backend_->Allocate(DType::kF32, xs));
   KILN_ASSIGN_OR_RETURN(probs_, backend_->Allocate(DType::kF32, {max_batch_, num_classes()}));
   KILN_ASSIGN_OR_RETURN(classes_, backend_->Allocate(DType::kI32, {max_batch_}));
-  host_x_.resize(static_cast<size_t>(max_batch_) * input_elems());
-  // One forward at full size now, so the model's activations exist before the first request.
-  return Run(max_batch_, nullptr, nullptr);
+  KILN_ASSIGN_OR_RETURN(index_, backend_->Allocate(DType::kI32, {max_batch_}));
+  std::vector<int32_t> identity(max_batch_);
+  for (int i = 0; i < max_batch_; ++i) identity[i] = i;
+  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(identity.data(), index_.bytes(), &index_));
+  // One forward at full size now (of zero pixels), so the model's activations exist before the
+  // first request.
+  std::vector<uint8_t> zeros(static_cast<size_t>(max_batch_) * input_elems());
+  return Predict({zeros.data(), max_batch_, nullptr, 0}, nullptr, nullptr);
 }
 
 absl::Status InferenceSession::PredictU8(const uint8_t* pixels, int batch, float* probs,
                                          int32_t* classes) {
-  if (batch < 1 || batch > max_batch_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
-  }
-  const float a = norm_.scale / norm_.std, b = -norm_.mean / norm_.std;
-  const int64_t n = batch * input_elems();
-  for (int64_t i = 0; i < n; ++i) host_x_[i] = static_cast<float>(pixels[i]) * a + b;
-  return Run(batch, probs, classes);
+  return Predict({pixels, batch, nullptr, 0}, probs, classes);
 }
 
 absl::Status InferenceSession::PredictF32(const float* pixels01, int batch, float* probs,
                                           int32_t* classes) {
-  if (batch < 1 || batch > max_batch_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
-  }
-  // [0, 1] is pixel / 255: undo that, then apply the training normalisation.
-  const float a = 255.0f * norm_.scale / norm_.std, b = -norm_.mean / norm_.std;
-  const int64_t n = batch * input_elems();
+  const int64_t n = static_cast<int64_t>(std::max(batch, 0)) * input_elems();
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(pixels01[i])) {
       return absl::InvalidArgumentError(absl::StrCat("input element ", i, " is not finite"));
     }
-    host_x_[i] = pixels01[i] * a + b;
   }
-  return Run(batch, probs, classes);
+  return Predict({nullptr, 0, pixels01, batch}, probs, classes);
 }
 
-absl::Status InferenceSession::Run(int batch, float* probs, int32_t* classes) {
+absl::Status InferenceSession::Predict(const Rows& rows, float* probs, int32_t* classes) {
+  const int batch = rows.u8_rows + rows.f32_rows;
+  if (rows.u8_rows < 0 || rows.f32_rows < 0 || batch < 1 || batch > max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
+  }
+  const int64_t elems = input_elems();
+  if (rows.u8_rows > 0) {
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(rows.u8, rows.u8_rows * elems, &u8_));
+    KILN_RETURN_IF_ERROR(backend_->GatherNormalize(rows.u8_rows, elems, index_.i32(), u8_.u8(),
+                                                   nullptr, norm_, x_.f32(), nullptr));
+  }
+  if (rows.f32_rows > 0) {
+    const int64_t n = rows.f32_rows * elems;
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(rows.f32, n * sizeof(float), &f32_));
+    // [0, 1] is pixel / 255: the same normalisation with a 255 times larger scale.
+    PixelNorm scaled = norm_;
+    scaled.scale *= 255.0f;
+    KILN_RETURN_IF_ERROR(
+        backend_->Normalize(n, f32_.f32(), scaled, x_.f32() + rows.u8_rows * elems));
+  }
   Shape xs = input_shape();
   xs.insert(xs.begin(), batch);
   x_.Reshape(xs);
-  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(host_x_.data(), x_.bytes(), &x_));
   KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(x_, Mode::kEval));
   const int cols = static_cast<int>(num_classes());
   const float* p = out->f32();

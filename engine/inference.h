@@ -28,25 +28,37 @@ class InferenceSession {
   int max_batch() const { return max_batch_; }
   const PixelNorm& norm() const { return norm_; }
 
-  // Raw pixels 0..255, batch x input_elems, sample-major. Writes softmax probabilities
-  // (batch x classes) and the argmax class per sample. Not thread-safe: one caller at a time.
+  // One batch of inputs, sample-major: `u8_rows` samples of raw pixels 0..255, then `f32_rows`
+  // samples already scaled to [0, 1] (x / 255, the FP32 convention of the serving API).
+  struct Rows {
+    const uint8_t* u8 = nullptr;
+    int u8_rows = 0;
+    const float* f32 = nullptr;
+    int f32_rows = 0;
+  };
+  // Runs `rows` as one batch: each form is normalised on the device with the training
+  // normalisation (GatherNormalize, Normalize), then one forward pass. Writes softmax
+  // probabilities (batch x classes) and the argmax class per sample, u8 rows first. Float inputs
+  // are not checked here: a non-finite one gives non-finite probabilities, so callers refuse
+  // them first (the serving codec does). Not thread-safe: one caller at a time.
+  absl::Status Predict(const Rows& rows, float* probs, int32_t* classes);
+  // All rows of one form. PredictF32 refuses a non-finite input (InvalidArgument).
   absl::Status PredictU8(const uint8_t* pixels, int batch, float* probs, int32_t* classes);
-  // Pixels already scaled to [0, 1] (x / 255, the FP32 convention of the serving API).
   absl::Status PredictF32(const float* pixels01, int batch, float* probs, int32_t* classes);
 
  private:
   InferenceSession(std::unique_ptr<Model> model, Backend* backend, PixelNorm norm, int max_batch)
       : model_(std::move(model)), backend_(backend), norm_(norm), max_batch_(max_batch) {}
   absl::Status Allocate();
-  absl::Status Run(int batch, float* probs, int32_t* classes);
 
   std::unique_ptr<Model> model_;
   Backend* backend_;
   PixelNorm norm_;
   int max_batch_;
   bool outputs_probabilities_ = false;  // the model ends in a softmax layer
-  std::vector<float> host_x_;           // normalised inputs, staged for the copy to the device
-  Tensor x_, probs_, classes_;
+  // Device buffers for max_batch samples: raw uint8 and float inputs as they arrive, the
+  // identity index GatherNormalize reads them through, the normalised model input, the outputs.
+  Tensor u8_, f32_, index_, x_, probs_, classes_;
 };
 
 }  // namespace kiln

@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
   absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                const uint8_t* pixels, const int32_t* labels, const PixelNorm& norm,
                                float* out, int32_t* labels_out) override;
+  absl::Status Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) override;
 
  private:
   // Scratch for im2col columns and the GEMM result, grown on demand and kept between steps.

@@ -26,4 +26,11 @@ absl::Status CpuBackend::GatherNormalize(int count, int64_t sample_elems, const 
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) {
+  const float a = norm.scale / norm.std, b = -norm.mean / norm.std;  // as GatherNormalize
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * a + b;
+  return absl::OkStatus();
+}
+
 }  // namespace kiln

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/cuda/conv_cudnn.h"
 #include "engine/cuda/cublas_library.h"
 #include "engine/cuda/cuda_allocator.h"
@@ -19,7 +20,6 @@
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/cudnn_library.h"
 #include "engine/cuda/device_guard.h"
-#include "common/status_macros.h"
 
 namespace kiln {
 
@@ -510,6 +510,13 @@ absl::Status CudaBackend::GatherNormalize(int count, int64_t sample_elems, const
   const float a = norm.scale / norm.std, b = -norm.mean / norm.std;
   KILN_CUDA_CHECK(ck::gather_normalize(stream_, count, sample_elems, index, pixels, labels, a, b,
                                        out, labels_out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  const float a = norm.scale / norm.std, b = -norm.mean / norm.std;  // as GatherNormalize
+  KILN_CUDA_CHECK(ck::normalize(stream_, n, x, a, b, out));
   return absl::OkStatus();
 }
 

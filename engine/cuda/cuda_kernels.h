@@ -92,6 +92,8 @@ cudaError_t adam_update(cudaStream_t stream, int64_t n, const AdamConstants& c, 
 cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
                              const int32_t* index, const uint8_t* pixels, const int32_t* labels,
                              float a, float b, float* out, int32_t* labels_out);
+// out(n) = x * a + b; out may be x.
+cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, float a, float b, float* out);
 
 // --- pool_kernels.cu -------------------------------------------------------------------------
 struct PoolShape {

@@ -34,7 +34,18 @@ __global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* ind
   }
 }
 
+__global__ void normalize_kernel(int64_t n, const float* x, float a, float b, float* out) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) out[i] = x[i] * a + b;
+}
+
 }  // namespace
+
+cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, float a, float b,
+                      float* out) {
+  if (n <= 0) return cudaSuccess;
+  normalize_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, x, a, b, out);
+  return cudaGetLastError();
+}
 
 cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
                              const int32_t* index, const uint8_t* pixels, const int32_t* labels,

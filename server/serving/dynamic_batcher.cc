@@ -186,8 +186,8 @@ void DynamicBatcher::Work() {
 }
 
 void DynamicBatcher::RunBatch() {
-  // UINT8 requests take the first rows and run through PredictU8, FP32 ones the rows after them
-  // through PredictF32: each input form gets exactly the arithmetic it gets when run alone.
+  // UINT8 requests take the first rows, FP32 ones the rows after them; the session normalises
+  // each form as it does when it runs alone, then makes one forward pass of them all.
   int64_t n_u8 = 0, n_f32 = 0;
   for (int i = 0; i < num_segments_; ++i) {
     Segment& s = segments_[i];
@@ -226,18 +226,10 @@ void DynamicBatcher::RunBatch() {
     info.batch_size = std::max(info.batch_size, batch);
   }
 
-  absl::Status status;
-  if (n_u8 > 0) {
-    status = session_->PredictU8(u8_pixels_.data(), static_cast<int>(n_u8), probabilities_.data(),
-                                 classes_out_.data());
-    batches_done_.fetch_add(1, std::memory_order_relaxed);
-  }
-  if (status.ok() && n_f32 > 0) {
-    status =
-        session_->PredictF32(f32_pixels_.data(), static_cast<int>(n_f32),
-                             probabilities_.data() + n_u8 * classes_, classes_out_.data() + n_u8);
-    batches_done_.fetch_add(1, std::memory_order_relaxed);
-  }
+  const absl::Status status = session_->Predict(
+      {u8_pixels_.data(), static_cast<int>(n_u8), f32_pixels_.data(), static_cast<int>(n_f32)},
+      probabilities_.data(), classes_out_.data());
+  batches_done_.fetch_add(1, std::memory_order_relaxed);
   if (!status.ok()) {
     const absl::Status failed(status.code(), absl::StrCat(label_, ": ", status.message()));
     {

@@ -156,11 +156,9 @@ absl::StatusOr<PixelInput> DecodeInput(const inference::ModelInferRequest& reque
                                                    " elements; contents.fp32_contents has ",
                                                    values.size()));
   }
-  for (int64_t i = 0; i < total; ++i) {
-    if (!std::isfinite(values[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": element ", i, " is not a finite number"));
-    }
+  if (int64_t bad = FirstNonFinite(reinterpret_cast<const char*>(values.data()), total); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": element ", bad, " is not a finite number"));
   }
   out.encoding = PixelEncoding::kF32;
   out.data = values.data();

@@ -76,6 +76,32 @@ TEST_F(InferenceTest, BatchedAndOneByOneAndFloatInputsAgree) {
   }
 }
 
+TEST_F(InferenceTest, AMixedBatchIsOnePassAnsweringEachFormAsWhenAlone) {
+  auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 16);
+  ASSERT_OK(s);
+  // Rows 0..5 as uint8, rows 6..15 as [0, 1] floats of other images.
+  const uint8_t* u8 = test_.pixels.data();
+  std::vector<float> f32(10 * 64);
+  for (int i = 0; i < 10 * 64; ++i) f32[i] = test_.pixels[6 * 64 + i] / 255.0f;
+  std::vector<float> mixed(16 * 4), alone_u8(6 * 4), alone_f32(10 * 4);
+  std::vector<int32_t> mixed_cls(16), cls_u8(6), cls_f32(10);
+  ASSERT_OK((*s)->Predict({u8, 6, f32.data(), 10}, mixed.data(), mixed_cls.data()));
+  ASSERT_OK((*s)->PredictU8(u8, 6, alone_u8.data(), cls_u8.data()));
+  ASSERT_OK((*s)->PredictF32(f32.data(), 10, alone_f32.data(), cls_f32.data()));
+  for (int i = 0; i < 16; ++i) {
+    const bool is_u8 = i < 6;
+    const float* alone = is_u8 ? &alone_u8[i * 4] : &alone_f32[(i - 6) * 4];
+    EXPECT_EQ(mixed_cls[i], is_u8 ? cls_u8[i] : cls_f32[i - 6]) << "row " << i;
+    for (int c = 0; c < 4; ++c) EXPECT_NEAR(mixed[i * 4 + c], alone[c], 1e-6) << "row " << i;
+  }
+  // The same images through the other form agree too (x / 255 is what FP32 means).
+  std::vector<float> via_u8(10 * 4);
+  std::vector<int32_t> via_u8_cls(10);
+  ASSERT_OK((*s)->PredictU8(u8 + 6 * 64, 10, via_u8.data(), via_u8_cls.data()));
+  EXPECT_EQ(via_u8_cls, cls_f32);
+  for (int i = 0; i < 10 * 4; ++i) EXPECT_NEAR(via_u8[i], alone_f32[i], 1e-5);
+}
+
 TEST_F(InferenceTest, BadRequestsAreErrors) {
   auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 8);
   ASSERT_OK(s);
@@ -88,6 +114,10 @@ TEST_F(InferenceTest, BadRequestsAreErrors) {
   bad[3] = std::nanf("");
   EXPECT_EQ((*s)->PredictF32(bad.data(), 1, probs.data(), cls.data()).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_NE((*s)->Predict({test_.pixels.data(), 5, bad.data(), 4}, probs.data(), cls.data())
+                .message()
+                .find("batch 9 is outside 1..8"),
+            std::string::npos);
   EXPECT_EQ(InferenceSession::FromCheckpoint(dir_.file("none"), backend_.get(), 8).status().code(),
             absl::StatusCode::kNotFound);
 }
