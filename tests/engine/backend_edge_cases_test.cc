@@ -19,10 +19,8 @@ namespace {
 class BackendEdgeCases : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::vector<std::string> present = AvailableDevices();
-    if (std::find(present.begin(), present.end(), GetParam()) == present.end()) {
-      GTEST_SKIP() << GetParam() << " is not present on this machine";
-    }
+    const std::string absent = testing::AbsentDeviceReason(GetParam());
+    if (!absent.empty()) GTEST_SKIP() << absent;
     auto b = CreateBackend(GetParam());
     ASSERT_OK(b);
     backend_ = std::move(*b);
@@ -101,9 +99,7 @@ TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendEdgeCases, ::testing::Values("cpu", "cuda:0"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param == "cpu" ? std::string("cpu") : std::string("cuda0");
-                         });
+                         testing::DeviceParamName);
 
 }  // namespace
 }  // namespace kiln

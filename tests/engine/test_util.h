@@ -1,8 +1,11 @@
-// Small helpers for engine tests: host<->tensor copies, random data, temp dirs.
+// Small helpers for engine tests: host<->tensor copies, random data, temp dirs, the devices a
+// test parameterised over backends runs on.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <filesystem>
 #include <random>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/backend_registry.h"
 #include "tests/support/status_matchers.h"
 
 namespace kiln::testing {
@@ -66,5 +70,26 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Why a test on `device` ("cpu", "cuda:0") cannot run here, for its skip message ("cuda:0 is not
+// present: device cuda:0 not found: ..."); "" when AvailableDevices() lists it.
+inline std::string AbsentDeviceReason(const std::string& device) {
+  const std::vector<std::string> present = AvailableDevices();
+  if (std::find(present.begin(), present.end(), device) != present.end()) return "";
+  return device + " is not present: " + std::string(ValidateDevice(device).message());
+}
+
+// A device name as the parameter part of a test's name: "cuda:0" -> "cuda_0".
+inline std::string DeviceTestName(const std::string& device) {
+  std::string out = device;
+  for (char& c : out) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return out;
+}
+// The name generator of a suite parameterised over device names.
+inline std::string DeviceParamName(const ::testing::TestParamInfo<std::string>& info) {
+  return DeviceTestName(info.param);
+}
 
 }  // namespace kiln::testing
