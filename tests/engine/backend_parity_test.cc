@@ -772,6 +772,25 @@ TEST_P(OpParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {
   }
 }
 
+TEST_P(OpParity, NormalizeMatchesInPlaceAndIntoAnotherBuffer) {
+  // Serving's FP32 inputs: pixels / 255 normalised with a 255 times larger scale.
+  PixelNorm norm;
+  norm.scale = 1.0f;
+  norm.mean = 0.1307f;
+  norm.std = 0.3081f;
+  for (int64_t n : {int64_t{1}, int64_t{783}, int64_t{64} * 784}) {
+    SCOPED_TRACE(::testing::Message() << n << " values");
+    const std::vector<float> x = RandomValues(n, 46, 0.0f, 1.0f);
+    Both in = Upload(x), out = Garbage(n), in_place = Upload(x);
+    ASSERT_OK(
+        RunBoth([&](Backend& be, Side s) { return be.Normalize(n, in.f(s), norm, out.f(s)); }));
+    ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.Normalize(n, in_place.f(s), norm, in_place.f(s)); }));
+    ExpectClose(out, "normalized");
+    ExpectClose(in_place, "normalized in place");
+  }
+}
+
 // --- whole models --------------------------------------------------------------------------------
 
 struct Reference {
