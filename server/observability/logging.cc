@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -92,7 +93,7 @@ absl::StatusOr<LogFormat> ParseLogFormat(std::string_view name) {
 }
 
 std::string EventLog::Format(LogLevel level, std::string_view event,
-                             std::initializer_list<LogField> fields) const {
+                             absl::Span<const LogField> fields) const {
   const std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
   if (format_ == LogFormat::kJson) {
     // ordered_json keeps the fields in the order given, which reads better.
@@ -110,7 +111,7 @@ std::string EventLog::Format(LogLevel level, std::string_view event,
   return line;
 }
 
-void EventLog::Log(LogLevel level, std::string_view event, std::initializer_list<LogField> fields) {
+void EventLog::Log(LogLevel level, std::string_view event, absl::Span<const LogField> fields) {
   if (out_ == nullptr) return;
   const std::string line = Format(level, event, fields) + "\n";
   std::lock_guard<std::mutex> lock(mu_);
@@ -166,27 +167,17 @@ void EventLog::JobStateChanged(const v1::Job& job, v1::JobState from) {
 }
 
 void EventLog::EpochDone(const std::string& job_id, const EpochEvent& e, int epochs) {
-  if (e.test.samples > 0) {
-    Log(LogLevel::kInfo, "epoch_done",
-        {{"job", job_id},
-         {"epoch", e.epoch},
-         {"epochs", epochs},
-         {"train_loss", e.train_loss},
-         {"train_accuracy", e.train_accuracy},
-         {"test_loss", e.test.loss},
-         {"test_accuracy", e.test.accuracy},
-         {"seconds", e.train_seconds},
-         {"samples_per_second", e.samples_per_sec}});
-  } else {
-    Log(LogLevel::kInfo, "epoch_done",
-        {{"job", job_id},
-         {"epoch", e.epoch},
-         {"epochs", epochs},
-         {"train_loss", e.train_loss},
-         {"train_accuracy", e.train_accuracy},
-         {"seconds", e.train_seconds},
-         {"samples_per_second", e.samples_per_sec}});
+  std::vector<LogField> fields = {{"job", job_id},
+                                  {"epoch", e.epoch},
+                                  {"epochs", epochs},
+                                  {"train_loss", e.train_loss},
+                                  {"train_accuracy", e.train_accuracy}};
+  if (e.test.samples > 0) {  // no test set: no test figures
+    fields.insert(fields.end(), {{"test_loss", e.test.loss}, {"test_accuracy", e.test.accuracy}});
   }
+  fields.insert(fields.end(),
+                {{"seconds", e.train_seconds}, {"samples_per_second", e.samples_per_sec}});
+  Log(LogLevel::kInfo, "epoch_done", fields);
 }
 
 void EventLog::CheckpointWritten(const v1::Checkpoint& c, double seconds) {

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kiln/v1/training.pb.h"
 
 namespace kiln {
@@ -53,8 +54,8 @@ class EventLog {
   //   2026-12-02T14:52:50.123Z info job_started job=job-1 device=cpu
   // JSON: {"ts":"...","level":"info","event":"job_started","job":"job-1","device":"cpu"}
   std::string Format(LogLevel level, std::string_view event,
-                     std::initializer_list<LogField> fields) const;
-  void Log(LogLevel level, std::string_view event, std::initializer_list<LogField> fields);
+                     absl::Span<const LogField> fields) const;
+  void Log(LogLevel level, std::string_view event, absl::Span<const LogField> fields);
 
   // The events kilnd emits; each carries the job id where there is one.
   // metrics_address empty: not served. devices: those found, comma-separated.

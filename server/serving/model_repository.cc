@@ -202,14 +202,8 @@ absl::Status ModelRepository::Unload(const std::string& model, const std::string
 absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Find(
     const std::string& model, const std::string& version) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = models_.find(model);
-  if (it == models_.end()) {
-    if (unloaded_.count(model) > 0) {
-      return absl::UnavailableError(absl::StrCat("model \"", model, "\" is unloaded"));
-    }
-    return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
-  }
-  const Model& m = it->second;
+  KILN_ASSIGN_OR_RETURN(const Model* found, FindModelLocked(model));
+  const Model& m = *found;
   if (version.empty()) return m.versions.at(m.load_order.back());
   if (auto v = m.versions.find(version); v != m.versions.end()) return v->second;
   if (auto a = m.aliases.find(version); a != m.aliases.end()) return m.versions.at(a->second);
@@ -220,14 +214,18 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Find(
 
 absl::StatusOr<std::vector<std::string>> ModelRepository::Versions(const std::string& model) const {
   std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(const Model* m, FindModelLocked(model));
+  return m->load_order;
+}
+
+absl::StatusOr<const ModelRepository::Model*> ModelRepository::FindModelLocked(
+    const std::string& model) const {
   auto it = models_.find(model);
-  if (it == models_.end()) {
-    if (unloaded_.count(model) > 0) {
-      return absl::UnavailableError(absl::StrCat("model \"", model, "\" is unloaded"));
-    }
-    return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
+  if (it != models_.end()) return &it->second;
+  if (unloaded_.count(model) > 0) {
+    return absl::UnavailableError(absl::StrCat("model \"", model, "\" is unloaded"));
   }
-  return it->second.load_order;
+  return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
 }
 
 std::vector<ModelIndexEntry> ModelRepository::Index() const {

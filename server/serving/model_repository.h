@@ -138,6 +138,9 @@ class ModelRepository {
 
   // Drops a version's label from a model (caller holds mu_).
   static void RemoveVersion(Model& model, const std::string& label);
+  // The loaded model; Unavailable when it was unloaded, NotFound when never loaded (caller
+  // holds mu_).
+  absl::StatusOr<const Model*> FindModelLocked(const std::string& model) const;
   absl::Status CheckOptions(const DeploymentOptions& options) const;
 
   const ModelRepositoryOptions options_;
