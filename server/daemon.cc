@@ -176,7 +176,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
   if (d->auth_tokens_ != nullptr) {  // first, so the metrics see the calls it refuses as refused
     creators.push_back(NewBearerAuthInterceptor(
-        d->auth_tokens_.get(), [metrics](std::string_view reason) { metrics->AuthFailed(reason); }));
+        d->auth_tokens_.get(),
+        [metrics](std::string_view reason) { metrics->AuthFailed(reason); }));
   }
   creators.push_back(NewGrpcMetricsInterceptor(d->metrics_.get()));
   builder.experimental().SetInterceptorCreators(std::move(creators));

@@ -9,7 +9,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Sgd::Create(const OptimizerConfig& co
                                                        Backend* backend,
                                                        std::vector<NamedParameter> params) {
   if (!(config.momentum >= 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("sgd momentum must be >= 0, got ", config.momentum));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sgd momentum must be >= 0, got ", config.momentum));
   }
   if (config.nesterov && (config.momentum <= 0.0f || config.dampening != 0.0f)) {
     return absl::InvalidArgumentError("sgd nesterov needs momentum > 0 and dampening 0");

@@ -17,8 +17,8 @@ absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir)
   const std::string path = state_dir + "/kilnd.lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--state_dir=", state_dir, ": cannot open ", path, ": ", std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("--state_dir=", state_dir, ": cannot open ",
+                                                      path, ": ", std::strerror(errno)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;

@@ -156,7 +156,8 @@ void DynamicBatcher::Work() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     // A batch running on a caller has the session; what queued meanwhile waits for it to end.
-    wake_.wait(lock, [this] { return (head_ != nullptr && !running_) || (stopping_ && !running_); });
+    wake_.wait(lock,
+               [this] { return (head_ != nullptr && !running_) || (stopping_ && !running_); });
     if (head_ == nullptr) return;  // stopping, and nothing is left
     if (cap > 1 && delay.count() > 0 && queued_samples_ < cap && !stopping_) {
       wake_.wait_until(lock, head_->enqueued + delay,

@@ -56,7 +56,8 @@ TEST(InferShapes, ErrorsNameTheProblem) {
   c = {{0, 3}, {ReluConfig{}}};
   EXPECT_EQ(ShapeError(c), "model input_shape 0x3 has a non-positive dimension");
   c = {{2, 3, 3}, {SoftmaxConfig{}}};
-  EXPECT_EQ(ShapeError(c), "layer 0 softmax: needs a flat input but input is 2x3x3 (add a flatten layer)");
+  EXPECT_EQ(ShapeError(c),
+            "layer 0 softmax: needs a flat input but input is 2x3x3 (add a flatten layer)");
 }
 
 TEST(Model, ParameterNamesFollowTorchSequential) {
@@ -161,7 +162,8 @@ void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
     outs[k] = testing::ToHost(**backend, **y);
     ASSERT_OK(m->ZeroGrad());
     ASSERT_OK(m->Backward(dout));
-    for (const auto& p : m->parameters()) grads[k].push_back(testing::ToHost(**backend, p.param->grad));
+    for (const auto& p : m->parameters())
+      grads[k].push_back(testing::ToHost(**backend, p.param->grad));
     ++k;
   }
   EXPECT_EQ(outs[0], outs[1]);
@@ -235,7 +237,8 @@ TEST_P(ConvForward, MatchesTheDefinition) {
   g.padding = p.pad;
   const int oh = g.out_h(), ow = g.out_w();
   const std::vector<float> x = testing::RandomValues(size_t{3} * p.c * p.h * p.w, 11);
-  const std::vector<float> w = testing::RandomValues(static_cast<size_t>(p.oc) * p.c * p.k * p.k, 12);
+  const std::vector<float> w =
+      testing::RandomValues(static_cast<size_t>(p.oc) * p.c * p.k * p.k, 12);
   const std::vector<float> bias = testing::RandomValues(static_cast<size_t>(p.oc), 13);
   std::vector<float> y(static_cast<size_t>(3 * p.oc * oh * ow));
   ASSERT_OK((*backend)->Conv2dForward(g, x.data(), w.data(), bias.data(),

@@ -254,7 +254,8 @@ TEST_F(TrainerTest, CheckpointCarriesTheModelConfigAndPosition) {
 TEST(RealMnist, ShortMlpRunLearns) {
   const char* dir = std::getenv("KILN_TEST_MNIST_DIR");
   if (dir == nullptr || !std::filesystem::exists(std::string(dir) + "/train-labels-idx1-ubyte")) {
-    GTEST_SKIP() << "real MNIST not found (set KILN_TEST_MNIST_DIR; scripts/fetch-mnist fetches it)";
+    GTEST_SKIP()
+        << "real MNIST not found (set KILN_TEST_MNIST_DIR; scripts/fetch-mnist fetches it)";
   }
   auto splits = LoadImageFolder(dir);
   ASSERT_OK(splits) << splits.status();

@@ -1,5 +1,6 @@
 // Leftovers of a kilnd killed mid-write (checkpoint temp files, upload folders, checkpoint files
-// the store does not list) go at the next start, and a second kilnd on a state dir in use is refused before it touches anything.
+// the store does not list) go at the next start, and a second kilnd on a state dir in use is
+// refused before it touches anything.
 #include "server/jobs/interrupted_writes.h"
 
 #include <sys/wait.h>
@@ -38,7 +39,8 @@ int DeadPid() {
 }
 
 TEST(InterruptedWritesTest, NamesYieldTheirWritersPid) {
-  EXPECT_EQ(SafetensorsTempWriterPid("latest-step40-1733.safetensors.tmp.4242.00ff00ff00ff00ff"), 4242);
+  EXPECT_EQ(SafetensorsTempWriterPid("latest-step40-1733.safetensors.tmp.4242.00ff00ff00ff00ff"),
+            4242);
   EXPECT_EQ(SafetensorsTempWriterPid("latest-step40-1733.safetensors"), -1);
   EXPECT_EQ(SafetensorsTempWriterPid("notes.tmp.12.ab"), -1);
   EXPECT_EQ(SafetensorsTempWriterPid("x.safetensors.tmp..ab"), -1);
