@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
 
@@ -121,7 +122,30 @@ void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx) {
   }
 }
 
+absl::Status WorkspaceError(const Conv2dGeometry& g, int64_t floats) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("out of memory for the conv2d workspace: ", floats * int64_t{sizeof(float)},
+                   " bytes of im2col scratch for a ", g.kernel_h, "x", g.kernel_w, " kernel over ",
+                   g.in_channels, "x", g.in_h, "x", g.in_w, " inputs"));
+}
+
 }  // namespace
+
+CpuBackend::ConvScratch CpuBackend::ConvScratchFloats(const Conv2dGeometry& g, int threads,
+                                                      bool backward) {
+  const int64_t ohw = int64_t{g.out_h()} * g.out_w();
+  const int64_t k = int64_t{g.in_channels} * g.kernel_h * g.kernel_w;
+  const int64_t team = SampleThreads(g.batch, threads);
+  ConvScratch s;
+  if (!backward) {
+    s.columns = team * k * ohw;
+    return s;
+  }
+  const int64_t out_elems = int64_t{g.out_channels} * ohw;
+  s.columns = team * (2 * k * ohw + out_elems);
+  s.partials = team * (int64_t{g.out_channels} * k + g.out_channels);
+  return s;
+}
 
 absl::Status CpuBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
                                        const float* bias, Activation act, float* y) {
@@ -130,7 +154,9 @@ absl::Status CpuBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, 
   const int64_t in_elems = int64_t{g.in_channels} * g.in_h * g.in_w;
   const int64_t out_elems = int64_t{g.out_channels} * ohw;
   const int team = SampleThreads(g.batch, threads_);
-  float* scratch = Scratch(&cols_, static_cast<size_t>(team) * k * ohw);
+  const ConvScratch need = ConvScratchFloats(g, threads_, /*backward=*/false);
+  float* scratch = Scratch(&cols_, static_cast<size_t>(need.columns));
+  if (scratch == nullptr) return WorkspaceError(g, need.columns);
   auto sample = [&](int n, float* cols) {
     float* yn = y + n * out_elems;
     Im2Col(g, x + n * in_elems, cols);
@@ -179,9 +205,12 @@ absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x,
   const int team = SampleThreads(g.batch, threads_);
   // Per thread: im2col columns, their gradient, and the sample's masked output gradient.
   const int64_t per_thread = 2 * int64_t{k} * ohw + out_elems;
-  float* scratch = Scratch(&cols_, static_cast<size_t>(team) * per_thread);
+  const ConvScratch need = ConvScratchFloats(g, threads_, /*backward=*/true);
+  float* scratch = Scratch(&cols_, static_cast<size_t>(need.columns));
+  if (scratch == nullptr) return WorkspaceError(g, need.columns);
   // Per-thread partial weight and bias gradients, summed in thread order at the end.
-  float* partial = Scratch(&gemm_out_, static_cast<size_t>(team) * (w_elems + g.out_channels));
+  float* partial = Scratch(&gemm_out_, static_cast<size_t>(need.partials));
+  if (partial == nullptr) return WorkspaceError(g, need.partials);
   std::fill_n(partial, team * (w_elems + g.out_channels), 0.0f);
   // Sample n's gradients, with thread t's scratch and partial sums.
   auto sample = [&](int n, int t) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_parallel.h"
@@ -23,7 +24,13 @@ CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_n
 void CpuBackend::BindCallingThread() { omp_set_num_threads(threads_); }
 
 float* CpuBackend::Scratch(std::vector<float>* buf, size_t elems) {
-  if (buf->size() < elems) buf->resize(elems);
+  if (buf->size() < elems) {
+    try {
+      buf->resize(elems);
+    } catch (const std::exception&) {  // bad_alloc or length_error: an error, never a crash
+      return nullptr;
+    }
+  }
   return buf->data();
 }
 

@@ -69,8 +69,19 @@ class CpuBackend final : public Backend {
                                float* out, int32_t* labels_out) override;
   absl::Status Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) override;
 
+  // The scratch (floats) a convolution of geometry `g` takes on `threads` threads: `columns` (the
+  // im2col columns; the backward's also hold their gradient and the masked output gradient) and
+  // `partials` (the backward's per-thread weight and bias gradients). Both buffers are kept and
+  // shared by every convolution of the backend, grown to the largest asked for. The memory plan
+  // counts a job's workspace with this; the ops size their scratch with it.
+  struct ConvScratch {
+    int64_t columns = 0, partials = 0;
+  };
+  static ConvScratch ConvScratchFloats(const Conv2dGeometry& g, int threads, bool backward);
+
  private:
-  // Scratch for im2col columns and the GEMM result, grown on demand and kept between steps.
+  // Scratch for im2col columns and the GEMM result, grown on demand and kept between steps;
+  // null when it cannot be allocated.
   float* Scratch(std::vector<float>* buf, size_t elems);
 
   int threads_;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -227,9 +229,17 @@ void DynamicBatcher::RunBatch() {
     info.batch_size = std::max(info.batch_size, batch);
   }
 
-  const absl::Status status = session_->Predict(
-      {u8_pixels_.data(), static_cast<int>(n_u8), f32_pixels_.data(), static_cast<int>(n_f32)},
-      probabilities_.data(), classes_out_.data());
+  // Nothing thrown may leave the batcher's thread: it fails this batch's requests instead.
+  absl::Status status;
+  try {
+    status = session_->Predict(
+        {u8_pixels_.data(), static_cast<int>(n_u8), f32_pixels_.data(), static_cast<int>(n_f32)},
+        probabilities_.data(), classes_out_.data());
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError("out of memory running the model (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("internal error running the model: ", e.what()));
+  }
   batches_done_.fetch_add(1, std::memory_order_relaxed);
   if (!status.ok()) {
     const absl::Status failed(status.code(), absl::StrCat(label_, ": ", status.message()));

@@ -1,5 +1,6 @@
 // The rules every backend shares at the edges of its ops' inputs (backend.h's Check* functions),
 // one test body run over every backend: the CPU here, CUDA where a device is found.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,6 +97,30 @@ TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
     EXPECT_NE(s.message().find("at least one class"), std::string::npos) << s;
   }
   EXPECT_OK(backend_->Synchronize());
+}
+
+// A convolution whose scratch cannot be had (here im2col columns of 4097^2 x 2^20 floats, 70 TB)
+// is an error naming the workspace, never an exception: a job fails, the daemon stays up.
+TEST_P(BackendEdgeCases, AConvolutionWhoseWorkspaceCannotBeAllocatedIsResourceExhausted) {
+  if (backend_->kind() != DeviceKind::kCpu) {
+    GTEST_SKIP() << "cuDNN keeps its workspace within a fixed limit, picking algorithms to fit";
+  }
+  Conv2dGeometry g;
+  g.batch = 1;
+  g.in_channels = 1;
+  g.in_h = 1;
+  g.in_w = 1 << 20;
+  g.out_channels = 1;
+  g.kernel_h = g.kernel_w = 4097;
+  g.padding = 2048;
+  Tensor x = Make(DType::kF32, {1, 1, g.in_h, g.in_w});
+  Tensor w = Make(DType::kF32, {1, 1, g.kernel_h, g.kernel_w});
+  Tensor y = Make(DType::kF32, {1, 1, g.out_h(), g.out_w()});
+  absl::Status status;
+  EXPECT_NO_THROW(
+      status = backend_->Conv2dForward(g, x.f32(), w.f32(), nullptr, Activation::kNone, y.f32()));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("conv2d workspace"));
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendEdgeCases, ::testing::Values("cpu", "cuda:0"),
