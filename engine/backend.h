@@ -53,6 +53,10 @@ struct AdamHyper {
   int64_t step = 1;  // 1-based step count, for bias correction.
 };
 
+// The most workspace a CUDA backend lets one cuDNN convolution use (CudaBackendOptions), here so
+// that the memory plan counts it without CUDA headers.
+inline constexpr size_t kCudaConvWorkspaceLimit = size_t{256} << 20;
+
 // Normalisation of raw uint8 pixels: x = (u8 * scale - mean) / std.
 struct PixelNorm {
   float scale = 1.0f / 255.0f, mean = 0.0f, std = 1.0f;

@@ -59,6 +59,12 @@ absl::Status ValidateDevice(std::string_view device_view) {
   return absl::OkStatus();
 }
 
+int CpuBackendThreads(const BackendOptions& options) {
+  if (options.threads > 0) return options.threads;
+  // omp_get_num_procs: the count CpuBackend takes for "every core".
+  return std::max(1, omp_get_num_procs() / std::max(1, options.shares));
+}
+
 absl::StatusOr<std::string> ResolveDevice(std::string_view device) {
   KILN_RETURN_IF_ERROR(ValidateDevice(device));
   if (device != "auto") return std::string(device);
@@ -76,14 +82,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requeste
 #endif
     std::fprintf(stderr, "kiln: device auto: using %s (%s)\n", device.c_str(), why.c_str());
   }
-  if (device == "cpu") {
-    int threads = options.threads;
-    if (threads <= 0 && options.shares > 1) {
-      // omp_get_num_procs: the count CpuBackend takes for "every core".
-      threads = std::max(1, omp_get_num_procs() / options.shares);
-    }
-    return std::unique_ptr<Backend>(new CpuBackend(threads));
-  }
+  if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend(CpuBackendThreads(options)));
 #if KILN_WITH_CUDA
   KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
   CudaBackendOptions cuda;

@@ -44,6 +44,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device,
 // place "auto" is decided: jobs record the result, CreateBackend builds on it.
 absl::StatusOr<std::string> ResolveDevice(std::string_view device);
 
+// The threads CreateBackend gives a CPU backend made with `options` (what the memory plan of a
+// job on the CPU counts its per-thread workspace for).
+int CpuBackendThreads(const BackendOptions& options);
+
 // Checks a device string without creating anything: InvalidArgument for a malformed one,
 // NotFound for a device this machine lacks.
 absl::Status ValidateDevice(std::string_view device);

@@ -18,7 +18,6 @@ namespace kiln {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kEvalBatch = 1000;
 // Keeps the shuffling stream apart from the initialisation stream of the same seed.
 constexpr uint64_t kShuffleStream = 0x5EED5A1E;
 
@@ -79,7 +78,7 @@ absl::Status Trainer::Init() {
   if (test_ != nullptr && test_->size > 0) {
     KILN_RETURN_IF_ERROR(Upload(*test_, &test_pixels_, &test_labels_, &eval_index_));
   }
-  const int64_t cap = std::max(config_.batch_size, kEvalBatch);
+  const int64_t cap = std::max(config_.batch_size, kEvalBatchSize);
   KILN_ASSIGN_OR_RETURN(perm_, backend_->Allocate(DType::kI32, {train_->size}));
   KILN_ASSIGN_OR_RETURN(batch_x_,
                         backend_->Allocate(DType::kF32, WithBatch(cap, config_.model.input_shape)));
@@ -218,8 +217,8 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t start = 0; start < data.size; start += kEvalBatch) {
-    const int count = static_cast<int>(std::min<int64_t>(kEvalBatch, data.size - start));
+  for (int64_t start = 0; start < data.size; start += kEvalBatchSize) {
+    const int count = static_cast<int>(std::min<int64_t>(kEvalBatchSize, data.size - start));
     KILN_RETURN_IF_ERROR(
         LoadBatch(pixels, labels, data.sample_elems(), index.i32() + start, count));
     KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));

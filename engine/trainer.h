@@ -24,6 +24,9 @@ class Model;
 class Optimizer;
 class Loss;
 
+// Evaluation runs over the test set in batches of this many samples (fewer for the last).
+inline constexpr int kEvalBatchSize = 1000;
+
 struct TrainConfig {
   ModelConfig model;
   OptimizerConfig optimizer;

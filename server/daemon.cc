@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {"max_layers", options.limits.max_layers},
       {"max_parameters", options.limits.max_parameters},
       {"max_activation_bytes", options.limits.max_activation_bytes},
+      {"max_job_memory_bytes", options.limits.max_job_memory_bytes},
       {"max_epochs", options.limits.max_epochs},
       {"max_batch_size", options.limits.max_batch_size},
   };
@@ -142,6 +143,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   models.resolver = serving::MakeJobCheckpointResolver(
       [m = d->manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
   models.max_batch_size_limit = options.max_deploy_batch_size;
+  models.max_memory_bytes = options.limits.max_job_memory_bytes;
   d->models_ = std::make_unique<serving::ModelRepository>(std::move(models));
   serving::InferenceServiceOptions inference;
   inference.max_request_samples = options.max_inference_batch;

@@ -2,6 +2,7 @@
 // SIGTERM or SIGINT, and reads its bearer tokens and TLS files again on SIGHUP.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,9 @@ ABSL_FLAG(int64_t, max_parameters, 50'000'000, "largest model accepted, in param
 ABSL_FLAG(int, max_layers, 64, "most layers a submitted model may have");
 ABSL_FLAG(int64_t, max_activation_bytes, int64_t{8} << 30,
           "largest activation memory of one training batch (activations and gradients, bytes)");
+ABSL_FLAG(int64_t, max_job_memory_bytes, 0,
+          "most memory one job may need, host and device together, as the engine's memory plan "
+          "counts it before the job starts (0: three quarters of this machine's memory)");
 ABSL_FLAG(int, max_epochs, 10'000, "most epochs a job may ask for");
 ABSL_FLAG(int, max_batch_size, 65'536, "largest training batch a job may ask for");
 ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest gRPC message kilnd accepts, in bytes");
@@ -95,6 +99,12 @@ int main(int argc, char** argv) {
   options.limits.max_parameters = absl::GetFlag(FLAGS_max_parameters);
   options.limits.max_layers = absl::GetFlag(FLAGS_max_layers);
   options.limits.max_activation_bytes = absl::GetFlag(FLAGS_max_activation_bytes);
+  options.limits.max_job_memory_bytes = absl::GetFlag(FLAGS_max_job_memory_bytes);
+  if (options.limits.max_job_memory_bytes == 0) {
+    const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    options.limits.max_job_memory_bytes =
+        pages > 0 && page > 0 ? pages / 4 * 3 * page : int64_t{16} << 30;
+  }
   options.limits.max_epochs = absl::GetFlag(FLAGS_max_epochs);
   options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

@@ -40,7 +40,7 @@ struct CudaBackendOptions {
   // and keeps the fastest.
   bool deterministic = true;
   // Most workspace a cuDNN convolution algorithm may take.
-  size_t conv_workspace_limit = size_t{256} << 20;
+  size_t conv_workspace_limit = kCudaConvWorkspaceLimit;
 };
 
 class CudaBackend final : public Backend {

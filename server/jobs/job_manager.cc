@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <exception>
+#include <new>
 #include <random>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
+#include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
 #include "server/jobs/job_vocabulary.h"
@@ -45,6 +48,23 @@ JobManager::~JobManager() {
 
 absl::StatusOr<std::string> JobManager::ResolveDevice(const std::string& requested) const {
   return kiln::ResolveDevice(requested.empty() ? options_.default_device : requested);
+}
+
+absl::Status JobManager::CheckJobMemory(const TrainConfig& config, const DatasetInfo& info,
+                                        const std::string& device) const {
+  MemoryTarget target;
+  target.device = device == "cpu" ? DeviceKind::kCpu : DeviceKind::kCuda;
+  // Jobs side by side on the CPU each take their share of the cores (JobRunner).
+  target.threads = CpuBackendThreads({0, std::max(1, options_.max_jobs_per_device)});
+  KILN_ASSIGN_OR_RETURN(MemoryPlan plan,
+                        PlanTrainingMemory(config, info.train_samples, info.test_samples, target));
+  const int64_t need = plan.total_bytes();
+  const int64_t limit = options_.limits.max_job_memory_bytes;
+  if (need <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("spec: the job needs ", FormatBytes(need),
+                   " of memory (the most: ", plan.largest().Describe(), "), over the limit of ",
+                   FormatBytes(limit), " (", limit, " bytes, --max_job_memory_bytes)"));
 }
 
 absl::StatusOr<std::shared_ptr<JobSlot>> JobManager::FindLocked(const std::string& job_id) {
@@ -142,6 +162,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   if (!device.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.device: ", device.status().message()));
   }
+  KILN_RETURN_IF_ERROR(CheckJobMemory(config, *info, *device));
 
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
@@ -367,8 +388,18 @@ void JobManager::StartLocked(const std::shared_ptr<JobSlot>& slot) {
 }
 
 void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
-  const absl::Status status =
-      JobRunner(slot.get(), &mu_, store_, &events_, datasets_, runner_options_).Run();
+  // Nothing thrown may leave the job's thread (it would abort kilnd, and a resumed job would
+  // abort it again): it becomes the job's FAILED reason.
+  absl::Status status;
+  try {
+    status = JobRunner(slot.get(), &mu_, store_, &events_, datasets_, runner_options_).Run();
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError("out of memory while training (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("internal error while training: ", e.what()));
+  } catch (...) {
+    status = absl::InternalError("internal error while training: an unknown exception");
+  }
   std::vector<CheckpointDone> waiters;
   std::lock_guard<std::mutex> lock(mu_);
   waiters.swap(slot->checkpoint_waiters);

@@ -86,6 +86,10 @@ class JobManager {
  private:
   // Resolves "auto" and "" and checks the device exists.
   absl::StatusOr<std::string> ResolveDevice(const std::string& device) const;
+  // RESOURCE_EXHAUSTED when the job's memory plan is over --max_job_memory_bytes, naming the
+  // need, its largest part (and the layer) and the limit.
+  absl::Status CheckJobMemory(const TrainConfig& config, const DatasetInfo& info,
+                              const std::string& device) const;
   absl::StatusOr<std::shared_ptr<JobSlot>> FindLocked(const std::string& job_id);
   absl::Status SetStateLocked(JobSlot& slot, v1::JobState state, const std::string& reason);
   void ScheduleLocked();

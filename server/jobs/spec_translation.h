@@ -22,6 +22,10 @@ struct SpecLimits {
   int64_t max_features = 1'000'000;  // per layer dimension, and the elements of one input sample
   // One batch's activations and their gradients (float32): what training allocates per step.
   int64_t max_activation_bytes = int64_t{8} << 30;
+  // Everything one job allocates, host and device together (the engine's memory plan: parameters,
+  // optimizer state, activations, workspaces, batches, the dataset). kilnd's default is 3/4 of
+  // the machine's memory.
+  int64_t max_job_memory_bytes = int64_t{16} << 30;
   int max_epochs = 10'000;
   int max_batch_size = 65'536;
 };

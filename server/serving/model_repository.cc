@@ -10,7 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
+#include "engine/checkpoint.h"
 #include "engine/inference.h"
+#include "engine/memory_plan.h"
 
 namespace kiln::serving {
 namespace {
@@ -102,6 +104,7 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   const std::string who = absl::StrCat("model \"", request.model, "\" version \"", label, "\"");
   BackendOptions backend_options;
   backend_options.threads = request.options.threads;
+
   // Creating a backend binds this thread to it, which suits the session's warm-up forward pass
   // below; when this call returns, the thread gets its own binding back.
   const ScopedThreadBinding caller_binding;
@@ -114,6 +117,11 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
                                      "\": ", std::string(backend.status().message())));
   }
   version->backend_ = std::move(*backend);
+  if (absl::Status fits =
+          CheckMemory(resolved->path, request.options, version->backend_->kind(), backend_options);
+      !fits.ok()) {
+    return absl::Status(fits.code(), absl::StrCat(who, ": ", fits.message()));
+  }
   absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
       resolved->path, version->backend_.get(), request.options.batching.max_batch_size);
   if (!session.ok()) {
@@ -216,6 +224,25 @@ absl::StatusOr<std::vector<std::string>> ModelRepository::Versions(const std::st
   std::lock_guard<std::mutex> lock(mu_);
   KILN_ASSIGN_OR_RETURN(const Model* m, FindModelLocked(model));
   return m->load_order;
+}
+
+absl::Status ModelRepository::CheckMemory(const std::string& checkpoint,
+                                          const DeploymentOptions& options, DeviceKind device,
+                                          const BackendOptions& backend_options) const {
+  // An unreadable checkpoint is for loading it to report, with its own message.
+  absl::StatusOr<CheckpointInfo> info = ReadCheckpointInfo(checkpoint);
+  if (!info.ok()) return absl::OkStatus();
+  MemoryTarget target;
+  target.device = device;
+  target.threads = CpuBackendThreads(backend_options);
+  KILN_ASSIGN_OR_RETURN(MemoryPlan plan,
+                        PlanInferenceMemory(info->model, options.batching.max_batch_size, target));
+  const int64_t need = plan.total_bytes(), limit = options_.max_memory_bytes;
+  if (need <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "serving it at max_batch_size ", options.batching.max_batch_size, " needs ",
+      FormatBytes(need), " of memory (the most: ", plan.largest().Describe(),
+      "), over the limit of ", FormatBytes(limit), " (", limit, " bytes, --max_job_memory_bytes)"));
 }
 
 absl::StatusOr<const ModelRepository::Model*> ModelRepository::FindModelLocked(

@@ -57,6 +57,10 @@ struct ModelRepositoryOptions {
   int max_versions_per_model = 3;
   int max_batch_size_limit = 1024;             // the largest max_batch_size a deployment may ask
   int64_t max_queue_delay_us_limit = 1000000;  // the longest delay it may ask
+  // The most memory one version may need (the engine's inference memory plan at its
+  // max_batch_size); more is RESOURCE_EXHAUSTED at load, naming the layer. kilnd passes
+  // --max_job_memory_bytes.
+  int64_t max_memory_bytes = int64_t{16} << 30;
 };
 
 // What to load: `source` goes to the resolver; a non-empty `version` overrides its label.
@@ -141,6 +145,10 @@ class ModelRepository {
   // The loaded model; Unavailable when it was unloaded, NotFound when never loaded (caller
   // holds mu_).
   absl::StatusOr<const Model*> FindModelLocked(const std::string& model) const;
+  // RESOURCE_EXHAUSTED when serving `checkpoint` with `options` needs more than
+  // max_memory_bytes.
+  absl::Status CheckMemory(const std::string& checkpoint, const DeploymentOptions& options,
+                           DeviceKind device, const BackendOptions& backend_options) const;
   absl::Status CheckOptions(const DeploymentOptions& options) const;
 
   const ModelRepositoryOptions options_;

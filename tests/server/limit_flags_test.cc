@@ -69,6 +69,49 @@ TEST(LimitFlagsTest, LimitsSetOnTheCommandLineRefuseWhatIsOverThem) {
   }
 }
 
+// A job is refused before it starts when its memory plan is over --max_job_memory_bytes, with the
+// need, its largest part and the layer named; a conv with a large kernel and padding once got
+// through every other limit and took kilnd down with std::bad_alloc.
+TEST(LimitFlagsTest, AJobWhoseMemoryPlanIsOverTheLimitIsRefusedNamingTheLayer) {
+  const std::string root = testing::MakeTempDir("kilnd-limits");
+  testing::WriteToyDataset(root + "/data/toy", 64, 16);
+  testing::KilndProcess kilnd(root + "/state", root + "/data",
+                              {"--metrics_listen=", "--max_job_memory_bytes=12000000"});
+  ASSERT_TRUE(kilnd.Start());
+  auto stub = kilnd.NewStub();
+  auto submit = [&](const v1::JobSpec& spec) {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::Job job;
+    return stub->SubmitJob(&context, request, &job);
+  };
+  // 28x28 input, a 28x28 kernel padded by 27: 784 x 3025 im2col columns, twice over in the
+  // backward, per thread.
+  v1::JobSpec wide = testing::SmallSpec("toy", 1);
+  v1::ModelSpec* model = wide.mutable_model();
+  model->clear_layers();
+  model->clear_input_shape();
+  for (int d : {1, 28, 28}) model->add_input_shape(d);
+  v1::Conv2dLayer* conv = model->add_layers()->mutable_conv2d();
+  conv->set_in_channels(1);
+  conv->set_out_channels(1);
+  conv->set_kernel_size(28);
+  conv->set_padding(27);
+  model->add_layers()->mutable_maxpool2d()->set_kernel_size(5);
+  model->add_layers()->mutable_flatten();
+  v1::LinearLayer* fc = model->add_layers()->mutable_linear();
+  fc->set_in_features(121);
+  fc->set_out_features(10);
+  grpc::Status status = submit(wide);
+  EXPECT_EQ(status.error_code(), grpc::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("(the most: layer 0 conv2d workspace: "));
+  EXPECT_THAT(status.error_message(), HasSubstr("over the limit of 12 MB (12000000 bytes, "
+                                                "--max_job_memory_bytes)"));
+  // What fits goes through.
+  EXPECT_TRUE(submit(testing::SmallSpec("toy", 1)).ok());
+}
+
 TEST(LimitFlagsTest, ANonPositiveLimitStopsKilndAtStart) {
   const std::string root = testing::MakeTempDir("kilnd-limits");
   testing::KilndProcess kilnd(root + "/state", root + "/data",

@@ -85,6 +85,26 @@ TEST(ModelRepositoryTest, TheOldestVersionsArePushedOut) {
   EXPECT_EQ((*repo.Find("m", "2"))->checkpoint_path(), SharedCheckpoints().mlp_image);
 }
 
+TEST(ModelRepositoryTest, AVersionOverTheMemoryLimitIsRefusedNamingTheLayerAndChangesNothing) {
+  ModelRepositoryOptions options;
+  options.max_memory_bytes = 2'000'000;  // the CNN at max_batch_size 64 needs more
+  ModelRepository repo(options);
+  LoadRequest big = FileLoad("m", SharedCheckpoints().cnn);
+  big.options.batching.max_batch_size = 64;
+  auto refused = repo.Load(big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(Contains(refused.status(),
+                       "model \"m\" version \"1\": serving it at "
+                       "max_batch_size 64 needs "))
+      << refused.status();
+  EXPECT_TRUE(Contains(refused.status(), "(the most: layer ")) << refused.status();
+  EXPECT_TRUE(Contains(refused.status(), "over the limit of 2 MB")) << refused.status();
+  EXPECT_FALSE(repo.Versions("m").ok());
+  // One sample at a time fits.
+  big.options.batching.max_batch_size = 1;
+  EXPECT_OK(repo.Load(big));
+}
+
 TEST(ModelRepositoryTest, FailedLoadsNameTheProblemAndChangeNothing) {
   testing::TempDir dir;
   std::ofstream(dir.file("junk")) << "not a checkpoint";

@@ -1,0 +1,173 @@
+#include "engine/memory_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/model.h"
+
+namespace kiln {
+namespace {
+
+constexpr int64_t kFloat = sizeof(float);
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+// a * b without wrapping: a hostile spec must not overflow into a small number.
+int64_t Mul(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  return a > kMax / b ? kMax : a * b;
+}
+int64_t Add(int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; }
+
+Conv2dGeometry ConvGeometry(const Conv2dConfig& c, const Shape& input, int64_t batch) {
+  Conv2dGeometry g;
+  g.batch = static_cast<int>(std::min<int64_t>(batch, std::numeric_limits<int>::max()));
+  g.in_channels = static_cast<int>(input[0]);
+  g.in_h = static_cast<int>(input[1]);
+  g.in_w = static_cast<int>(input[2]);
+  g.out_channels = static_cast<int>(c.out_channels);
+  g.kernel_h = g.kernel_w = static_cast<int>(c.kernel_size);
+  g.stride = static_cast<int>(c.stride);
+  g.padding = static_cast<int>(c.padding);
+  return g;
+}
+
+// The convolution workspace of layer `i` on `target`, for a training batch and an evaluation
+// (forward-only) batch.
+int64_t ConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64_t train_batch,
+                           int64_t eval_batch, const MemoryTarget& target) {
+  // cuDNN algorithms are picked to fit the backend's fixed limit.
+  if (target.device == DeviceKind::kCuda) return static_cast<int64_t>(kCudaConvWorkspaceLimit);
+  int64_t columns = 0, partials = 0;
+  if (train_batch > 0) {
+    const CpuBackend::ConvScratch s = CpuBackend::ConvScratchFloats(
+        ConvGeometry(c, input, train_batch), target.threads, /*backward=*/true);
+    columns = s.columns;
+    partials = s.partials;
+  }
+  const int64_t batch = std::max(train_batch, eval_batch);
+  columns = std::max(columns, CpuBackend::ConvScratchFloats(ConvGeometry(c, input, batch),
+                                                            target.threads, /*backward=*/false)
+                                  .columns);
+  return Mul(Add(columns, partials), kFloat);
+}
+
+// Per layer: activations and their gradients at `capacity` samples (the model keeps both at
+// the largest batch it has run; counted for every layer, fused or not), the layer's own
+// buffers, and its workspace. Adds the largest workspace once: the backend shares one.
+void AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& shapes, int64_t capacity,
+                   int64_t train_batch, int64_t eval_batch, const MemoryTarget& target,
+                   MemoryPlan* plan) {
+  MemoryNeed workspace{-1, "conv2d workspace", 0};
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const int layer = static_cast<int>(i);
+    const int64_t out = Mul(NumElements(shapes[i + 1]), capacity);
+    plan->needs.push_back({layer, absl::StrCat(LayerTypeName(model.layers[i]), " activations"),
+                           Mul(2 * out, kFloat)});
+    std::visit(
+        [&](const auto& c) {
+          using C = std::decay_t<decltype(c)>;
+          if constexpr (std::is_same_v<C, MaxPool2dConfig>) {
+            plan->needs.push_back({layer, "maxpool2d argmax", Mul(out, sizeof(int32_t))});
+          } else if constexpr (std::is_same_v<C, DropoutConfig>) {
+            plan->needs.push_back({layer, "dropout mask", Mul(out, kFloat)});
+          } else if constexpr (std::is_same_v<C, Conv2dConfig>) {
+            const int64_t bytes =
+                ConvWorkspaceBytes(c, shapes[i], train_batch, eval_batch, target);
+            if (bytes > workspace.bytes) workspace = {layer, "conv2d workspace", bytes};
+          }
+        },
+        model.layers[i]);
+  }
+  if (workspace.bytes > 0) plan->needs.push_back(workspace);
+}
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 1000) return absl::StrCat(bytes, " B");
+  const char* units[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (v >= 1000 && u < 5) {
+    v /= 1000;
+    ++u;
+  }
+  return absl::StrFormat("%.3g %s", v, units[u]);
+}
+
+std::string MemoryNeed::Describe() const {
+  return layer >= 0 ? absl::StrCat("layer ", layer, " ", what, ": ", FormatBytes(bytes))
+                    : absl::StrCat(what, ": ", FormatBytes(bytes));
+}
+
+int64_t MemoryPlan::total_bytes() const {
+  int64_t total = 0;
+  for (const MemoryNeed& n : needs) total = Add(total, n.bytes);
+  return total;
+}
+
+const MemoryNeed& MemoryPlan::largest() const {
+  return *std::max_element(needs.begin(), needs.end(), [](const auto& a, const auto& b) {
+    return a.bytes < b.bytes;
+  });
+}
+
+absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t train_samples,
+                                              int64_t test_samples, const MemoryTarget& target) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(config.model));
+  const int64_t params = CountParameters(config.model);
+  const int64_t batch = config.batch_size;
+  const int64_t eval_batch = test_samples > 0 ? std::min<int64_t>(kEvalBatchSize, test_samples)
+                                              : 0;
+  // The trainer sizes its batch buffers for the larger of a training and an evaluation batch.
+  const int64_t capacity = std::max<int64_t>(batch, kEvalBatchSize);
+  const int64_t input = NumElements(config.model.input_shape);
+  const int64_t classes = NumElements(shapes.back());
+
+  MemoryPlan plan;
+  plan.needs.push_back({-1, "parameters and gradients", Mul(2 * params, kFloat)});
+  int64_t slots = 0;  // optimizer state per parameter
+  if (config.optimizer.kind == OptimizerConfig::Kind::kSgd) {
+    slots = config.optimizer.momentum != 0 ? 1 : 0;
+  } else {
+    slots = 2;  // Adam's first and second moments
+  }
+  plan.needs.push_back({-1, "optimizer state", Mul(Mul(slots, params), kFloat)});
+  AddLayerNeeds(config.model, shapes, std::max(batch, eval_batch), batch, eval_batch, target,
+                &plan);
+  // Batch inputs, labels, logit gradients and the loss's one-hot targets.
+  plan.needs.push_back(
+      {-1, "batch buffers",
+       Mul(Add(Add(Mul(capacity, input), Mul(2 * capacity, classes)), capacity), kFloat)});
+  // The dataset on the host (pixels, int32 labels) and again on the device (plus the shuffle
+  // permutation and evaluation index); on the CPU both copies are in main memory.
+  const int64_t samples = Add(train_samples, test_samples);
+  const int64_t dataset = Add(Mul(samples, input), Mul(samples, sizeof(int32_t)));
+  plan.needs.push_back({-1, "dataset", Add(Mul(2, dataset), Mul(2 * samples, sizeof(int32_t)))});
+  return plan;
+}
+
+absl::StatusOr<MemoryPlan> PlanInferenceMemory(const ModelConfig& model, int max_batch,
+                                               const MemoryTarget& target) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(model));
+  const int64_t params = CountParameters(model);
+  const int64_t input = NumElements(model.input_shape);
+  const int64_t classes = NumElements(shapes.back());
+  MemoryPlan plan;
+  // Parameters are built with their gradients, as for training.
+  plan.needs.push_back({-1, "parameters and gradients", Mul(2 * params, kFloat)});
+  AddLayerNeeds(model, shapes, max_batch, /*train_batch=*/0, max_batch, target, &plan);
+  // The session's device buffers (uint8 and float inputs, the model input, probabilities,
+  // classes, index) and the batcher's host staging of the same.
+  const int64_t per_sample = Add(Mul(input, 1 + kFloat + kFloat), Mul(classes, kFloat) + 8);
+  plan.needs.push_back({-1, "request buffers", Mul(Mul(2, per_sample), max_batch)});
+  return plan;
+}
+
+}  // namespace kiln

@@ -1,0 +1,111 @@
+// The memory plan: what a job or a served model will allocate, counted from shapes alone.
+#include "engine/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/reference_configs.h"
+#include "tests/support/status_matchers.h"
+
+namespace kiln {
+namespace {
+
+const MemoryNeed* Find(const MemoryPlan& plan, int layer, const std::string& what) {
+  for (const MemoryNeed& n : plan.needs) {
+    if (n.layer == layer && n.what == what) return &n;
+  }
+  return nullptr;
+}
+
+TrainConfig Mlp() { return MnistMlpReference(); }  // batch 128, SGD with momentum 0.9
+
+// The case that took kilnd down: a wide input, a large kernel with padding, batch 1; 35k
+// parameters, within every other limit, but its im2col columns need gigabytes.
+TrainConfig WideConv() {
+  TrainConfig c;
+  c.model.input_shape = {1, 1000, 1000};
+  c.model.layers = {Conv2dConfig{1, 32, 33, 1, 16}, MaxPool2dConfig{100, 0}, FlattenConfig{},
+                    LinearConfig{3200, 10}};
+  c.batch_size = 1;
+  c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  return c;
+}
+
+TEST(MemoryPlan, TheReferenceMlpCountsItsParametersStateActivationsAndData) {
+  auto plan = PlanTrainingMemory(Mlp(), 60000, 10000, {DeviceKind::kCpu, 2});
+  ASSERT_OK(plan);
+  const int64_t params = 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10;
+  ASSERT_NE(Find(*plan, -1, "parameters and gradients"), nullptr);
+  EXPECT_EQ(Find(*plan, -1, "parameters and gradients")->bytes, 2 * params * 4);
+  EXPECT_EQ(Find(*plan, -1, "optimizer state")->bytes, params * 4);  // one momentum buffer
+  // Layer 0's output (512 floats) and its gradient at the evaluation batch of 1000.
+  ASSERT_NE(Find(*plan, 0, "linear activations"), nullptr);
+  EXPECT_EQ(Find(*plan, 0, "linear activations")->bytes, 2 * 512 * 1000 * 4);
+  EXPECT_EQ(Find(*plan, -1, "conv2d workspace"), nullptr);
+  // 70,000 images of 784 bytes, host and device, is the largest part; all under 1 GB.
+  EXPECT_EQ(plan->largest().what, "dataset");
+  EXPECT_LT(plan->total_bytes(), int64_t{1} << 30);
+}
+
+TEST(MemoryPlan, TheConvWorkspaceIsCountedPerThreadAndNamesItsLayer) {
+  auto plan = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCpu, 2});
+  ASSERT_OK(plan);
+  Conv2dGeometry g;
+  g.batch = 1;
+  g.in_channels = 1;
+  g.in_h = g.in_w = 1000;
+  g.out_channels = 32;
+  g.kernel_h = g.kernel_w = 33;
+  g.padding = 16;
+  const CpuBackend::ConvScratch backward = CpuBackend::ConvScratchFloats(g, 2, true);
+  EXPECT_EQ(plan->largest().layer, 0);
+  EXPECT_EQ(plan->largest().what, "conv2d workspace");
+  EXPECT_EQ(plan->largest().bytes, (backward.columns + backward.partials) * 4);
+  EXPECT_GT(plan->largest().bytes, int64_t{8} << 30);  // 2 x 1089 x 10^6 floats and more
+  EXPECT_EQ(plan->largest().Describe(), "layer 0 conv2d workspace: 8.84 GB");
+
+  // On a GPU cuDNN keeps within its fixed workspace limit instead.
+  auto cuda = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCuda, 1});
+  ASSERT_OK(cuda);
+  ASSERT_NE(Find(*cuda, 0, "conv2d workspace"), nullptr);
+  EXPECT_EQ(Find(*cuda, 0, "conv2d workspace")->bytes, int64_t{256} << 20);
+}
+
+TEST(MemoryPlan, ServingCountsTheForwardAtTheLargestBatchAndNoOptimizer) {
+  auto plan = PlanInferenceMemory(WideConv().model, 4, {DeviceKind::kCpu, 2});
+  ASSERT_OK(plan);
+  EXPECT_EQ(Find(*plan, -1, "optimizer state"), nullptr);
+  Conv2dGeometry g;
+  g.batch = 4;
+  g.in_channels = 1;
+  g.in_h = g.in_w = 1000;
+  g.out_channels = 32;
+  g.kernel_h = g.kernel_w = 33;
+  g.padding = 16;
+  ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
+  EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes,
+            CpuBackend::ConvScratchFloats(g, 2, false).columns * 4);
+  EXPECT_EQ(Find(*plan, 0, "conv2d activations")->bytes, int64_t{2} * 32 * 1000 * 1000 * 4 * 4);
+}
+
+TEST(MemoryPlan, HostileSizesSaturateInsteadOfWrappingAround) {
+  TrainConfig c = WideConv();
+  c.batch_size = 65536;
+  auto plan = PlanTrainingMemory(c, std::numeric_limits<int64_t>::max() / 2, 0,
+                                 {DeviceKind::kCpu, 64});
+  ASSERT_OK(plan);
+  EXPECT_EQ(plan->total_bytes(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(FormatBytes(999), "999 B");
+  EXPECT_EQ(FormatBytes(1536), "1.54 kB");
+}
+
+TEST(MemoryPlan, AModelWhoseShapesDoNotCheckOutIsAnError) {
+  TrainConfig c = Mlp();
+  c.model.input_shape = {100};
+  EXPECT_EQ(PlanTrainingMemory(c, 1, 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln
