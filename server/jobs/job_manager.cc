@@ -103,6 +103,7 @@ absl::Status JobManager::Recover() {
     std::erase_if(*list, [&](const std::shared_ptr<JobSlot>& slot) {
       absl::StatusOr<TrainConfig> config = TranslateSpec(slot->job.spec(), options_.limits);
       if (config.ok()) {
+        config->epochs = slot->job.epochs();  // more than the spec's when it was resumed
         slot->config = *std::move(config);
         return false;
       }
@@ -256,6 +257,17 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
   if (queued_count_ >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError("the queue is full");
   }
+  // The run trains to config->epochs. A job that had ended before a restart has no translated
+  // spec yet (Recover translates only the jobs that run again).
+  if (!slot->config.has_value()) {
+    absl::StatusOr<TrainConfig> config = TranslateSpec(job.spec(), options_.limits);
+    if (!config.ok()) {
+      return absl::Status(config.status().code(),
+                          absl::StrCat("spec refused: ", config.status().message()));
+    }
+    slot->config = *std::move(config);
+  }
+  slot->config->epochs = total;
   slot->cancel = false;
   job.set_epochs(total);
   KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_QUEUED, "resumed by request"));

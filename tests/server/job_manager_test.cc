@@ -1,0 +1,693 @@
+// The job manager driven directly, without gRPC or a daemon: a JobStore in a temporary state dir,
+// a catalog holding one tiny IDX dataset, and a recording JobEventObserver that checks the one
+// observer interface is told of what the core does.
+#include "server/jobs/job_manager.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/sha256.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_event_observer.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/job_vocabulary.h"
+#include "server/jobs/metric_broadcaster.h"
+#include "server_test_support.h"
+#include "tests/support/status_matchers.h"
+
+namespace kiln::server {
+namespace {
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::SmallSpec;
+using ::testing::StartsWith;
+using testing::WaitFor;
+
+// Long enough for a loaded 2-core machine; the tests poll and never rely on it otherwise.
+constexpr absl::Duration kWait = absl::Seconds(60);
+// The toy dataset: 256 training samples in batches of 32 (SmallSpec) make 8 steps an epoch.
+constexpr int kTrainSamples = 256;
+constexpr int kStepsPerEpoch = 8;
+// Epochs for a job meant to be cancelled or stopped long before it could finish.
+constexpr int kEndless = 5000;
+
+// What one job event was, as a line: "state QUEUED->RUNNING", "checkpoint FINAL step 16".
+class RecordingObserver : public JobEventObserver {
+ public:
+  void OnRecovered(const v1::Job& job) override {
+    Add(job.id(), absl::StrCat("recovered ", v1::JobState_Name(job.state())));
+  }
+  void OnSubmitted(const v1::Job& job) override { Add(job.id(), "submitted"); }
+  void OnStateChanged(const v1::Job& job, v1::JobState from) override {
+    Add(job.id(),
+        absl::StrCat("state ", v1::JobState_Name(from), "->", v1::JobState_Name(job.state())));
+  }
+  void OnCheckpoint(const v1::Checkpoint& checkpoint, double /*seconds*/) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    checkpoints_.push_back(checkpoint);
+    lines_.emplace_back(checkpoint.job_id(),
+                        absl::StrCat("checkpoint ", v1::CheckpointKind_Name(checkpoint.kind()),
+                                     " step ", checkpoint.global_step()));
+  }
+
+  // The job's lines, in the order they came.
+  std::vector<std::string> Lines(const std::string& job_id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const auto& [id, line] : lines_) {
+      if (id == job_id) out.push_back(line);
+    }
+    return out;
+  }
+  // Only its state changes.
+  std::vector<std::string> States(const std::string& job_id) const {
+    std::vector<std::string> out;
+    for (std::string& line : Lines(job_id)) {
+      if (line.starts_with("state ")) out.push_back(std::move(line));
+    }
+    return out;
+  }
+  std::vector<v1::Checkpoint> Checkpoints(const std::string& job_id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::Checkpoint> out;
+    for (const v1::Checkpoint& c : checkpoints_) {
+      if (c.job_id() == job_id) out.push_back(c);
+    }
+    return out;
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lines_.size();
+  }
+
+ private:
+  void Add(const std::string& job_id, std::string line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.emplace_back(job_id, std::move(line));
+  }
+
+  mutable std::mutex mu_;
+  std::vector<std::pair<std::string, std::string>> lines_;
+  std::vector<v1::Checkpoint> checkpoints_;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::MakeTempDir("job-manager-test");
+    state_dir_ = root_ + "/state";
+    fs::create_directories(state_dir_);
+    testing::WriteToyDataset(root_ + "/data/toy", kTrainSamples, 64);
+    auto store = JobStore::Open(state_dir_ + "/kiln.db");
+    ASSERT_OK(store);
+    store_ = *std::move(store);
+    catalog_ = std::make_unique<DatasetCatalog>(root_ + "/data", int64_t{1} << 30);
+  }
+  void TearDown() override {
+    manager_.reset();  // stops what still runs, before the store goes
+    store_.reset();
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  // Options as kilnd would set them, on this test's state dir, told to `observer_`.
+  JobManagerOptions Options() {
+    JobManagerOptions options;
+    options.state_dir = state_dir_;
+    options.max_jobs_per_device = 1;
+    options.observers = {&observer_};
+    return options;
+  }
+  // Replaces the manager (a restart when there was one) and recovers the store.
+  void StartManager(JobManagerOptions options) {
+    manager_.reset();
+    manager_ = std::make_unique<JobManager>(store_.get(), &broadcaster_, catalog_.get(),
+                                            std::move(options));
+    ASSERT_OK(manager_->Recover());
+  }
+
+  std::string SubmitOrDie(const v1::JobSpec& spec) {
+    absl::StatusOr<v1::Job> job = manager_->Submit(spec);
+    EXPECT_OK(job);
+    return job.ok() ? job->id() : "";
+  }
+  // Polls Get() until the job is in `state`, or in another final state it will not leave;
+  // `job`, if given, receives the job as last seen.
+  ::testing::AssertionResult WaitForState(const std::string& id, v1::JobState state,
+                                          v1::Job* job = nullptr) {
+    v1::Job seen;
+    absl::Status error;
+    WaitFor(
+        [&] {
+          absl::StatusOr<v1::Job> got = manager_->Get(id);
+          if (!got.ok()) {
+            error = got.status();
+            return false;
+          }
+          seen = *std::move(got);
+          return seen.state() == state || IsFinal(seen.state());
+        },
+        kWait);
+    if (job != nullptr) *job = seen;
+    if (seen.state() == state) return ::testing::AssertionSuccess();
+    ::testing::AssertionResult failure = ::testing::AssertionFailure();
+    failure << "job " << id << " did not reach " << v1::JobState_Name(state) << "; it is "
+            << v1::JobState_Name(seen.state()) << " (reason: \"" << seen.reason() << "\")";
+    if (!error.ok()) failure << "; Get: " << error;
+    return failure;
+  }
+  // Polls Get() until the job has taken at least `steps` steps (while it has not ended).
+  ::testing::AssertionResult WaitForSteps(const std::string& id, int64_t steps) {
+    v1::Job seen;
+    WaitFor(
+        [&] {
+          absl::StatusOr<v1::Job> got = manager_->Get(id);
+          if (got.ok()) seen = *std::move(got);
+          return seen.global_step() >= steps || IsFinal(seen.state());
+        },
+        kWait);
+    if (seen.global_step() >= steps) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "job " << id << " took " << seen.global_step() << " steps, not " << steps
+           << "; it is " << v1::JobState_Name(seen.state()) << " (reason: \"" << seen.reason()
+           << "\")";
+  }
+  std::vector<v1::Checkpoint> CheckpointsOf(const std::string& id) {
+    absl::StatusOr<std::vector<v1::Checkpoint>> all = manager_->ListCheckpoints(id);
+    EXPECT_OK(all);
+    return all.ok() ? *std::move(all) : std::vector<v1::Checkpoint>{};
+  }
+  size_t JobCount() {
+    absl::StatusOr<JobPage> page = manager_->List({}, 1000, "");
+    EXPECT_OK(page);
+    return page.ok() ? page->jobs.size() : 0;
+  }
+
+  std::string root_, state_dir_;
+  std::unique_ptr<JobStore> store_;
+  MetricBroadcaster broadcaster_;
+  std::unique_ptr<DatasetCatalog> catalog_;
+  RecordingObserver observer_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, SubmittedJobRunsToSucceededAndTheObserverSeesEveryStateInOrder) {
+  StartManager(Options());
+  absl::StatusOr<v1::Job> submitted = manager_->Submit(SmallSpec("toy", 2));
+  ASSERT_OK(submitted);
+  EXPECT_EQ(submitted->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(submitted->device(), "cpu");
+  const std::string id = submitted->id();
+
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.epochs(), 2);
+  EXPECT_EQ(job.epochs_done(), 2);
+  EXPECT_EQ(job.global_step(), 2 * kStepsPerEpoch);
+  EXPECT_EQ(job.parameter_count(), 784 * 32 + 32 + 32 * 10 + 10);
+  EXPECT_EQ(job.attempts(), 1);
+  EXPECT_EQ(job.resumed_from_step(), 0);
+  EXPECT_TRUE(job.has_end_time());
+
+  // No periodic policy: the one checkpoint is the final model's, announced before the end.
+  EXPECT_THAT(
+      observer_.Lines(id),
+      ElementsAre("state JOB_STATE_UNSPECIFIED->JOB_STATE_QUEUED", "submitted",
+                  "state JOB_STATE_QUEUED->JOB_STATE_RUNNING",
+                  absl::StrCat("checkpoint CHECKPOINT_KIND_FINAL step ", 2 * kStepsPerEpoch),
+                  "state JOB_STATE_RUNNING->JOB_STATE_SUCCEEDED"));
+  const std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
+  ASSERT_EQ(checkpoints.size(), 1u);
+  EXPECT_EQ(checkpoints[0].kind(), v1::CHECKPOINT_KIND_FINAL);
+  EXPECT_TRUE(fs::exists(checkpoints[0].path())) << checkpoints[0].path();
+  // The store holds what Get() says.
+  absl::StatusOr<v1::Job> stored = store_->GetJob(id);
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(stored->global_step(), 2 * kStepsPerEpoch);
+}
+
+TEST_F(JobManagerTest, CancelOfAQueuedJobEndsItCancelledWithoutRunningIt) {
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(20);
+  StartManager(options);
+  const std::string running = SubmitOrDie(SmallSpec("toy", kEndless));
+  const std::string queued = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_FALSE(running.empty());
+  ASSERT_FALSE(queued.empty());
+
+  absl::StatusOr<v1::Job> cancelled = manager_->Cancel(queued);
+  ASSERT_OK(cancelled);
+  // A queued job is cancelled at once.
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "cancelled by request");
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(queued, v1::JOB_STATE_CANCELLED, &job));
+  EXPECT_EQ(job.attempts(), 0);
+  EXPECT_THAT(observer_.States(queued), ElementsAre("state JOB_STATE_UNSPECIFIED->JOB_STATE_QUEUED",
+                                                    "state JOB_STATE_QUEUED->JOB_STATE_CANCELLED"));
+  EXPECT_OK(manager_->Cancel(running));
+  ASSERT_TRUE(WaitForState(running, v1::JOB_STATE_CANCELLED));
+}
+
+TEST_F(JobManagerTest, CancelOfARunningJobStopsItCancelled) {
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(20);
+  StartManager(options);
+  const std::string id = SubmitOrDie(SmallSpec("toy", kEndless));
+  ASSERT_TRUE(WaitForSteps(id, 1));
+
+  absl::StatusOr<v1::Job> answer = manager_->Cancel(id);
+  ASSERT_OK(answer);
+  // The trainer notices between steps; until then the job still runs.
+  EXPECT_THAT(answer->state(), ::testing::AnyOf(v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLED));
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_CANCELLED, &job));
+  EXPECT_EQ(job.reason(), "cancelled by request");
+  EXPECT_GE(job.global_step(), 1);
+  EXPECT_LT(job.epochs_done(), kEndless);
+  EXPECT_THAT(observer_.States(id), ElementsAre("state JOB_STATE_UNSPECIFIED->JOB_STATE_QUEUED",
+                                                "state JOB_STATE_QUEUED->JOB_STATE_RUNNING",
+                                                "state JOB_STATE_RUNNING->JOB_STATE_CANCELLED"));
+  absl::StatusOr<v1::Job> stored = store_->GetJob(id);
+  ASSERT_OK(stored);
+  EXPECT_EQ(stored->state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(JobManagerTest, CancelOfAFinishedJobIsFailedPreconditionAndChangesNothing) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+
+  absl::StatusOr<v1::Job> answer = manager_->Cancel(id);
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kFailedPrecondition) << answer.status();
+  EXPECT_THAT(std::string(answer.status().message()), HasSubstr("already ended"));
+  EXPECT_THAT(std::string(answer.status().message()), HasSubstr("only queued or running jobs"));
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.reason(), "");
+  EXPECT_EQ(manager_->Cancel("job-nosuchjob").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, QueueLimitRefusesOneWaitingJobTooManyUntilACancelMakesRoom) {
+  constexpr int kMaxQueued = 2;
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(20);
+  options.max_jobs_per_device = 1;
+  options.max_queued_jobs = kMaxQueued;
+  StartManager(options);
+  // The first runs (it leaves the queue as it starts); the next kMaxQueued wait.
+  const std::string running = SubmitOrDie(SmallSpec("toy", kEndless));
+  ASSERT_TRUE(WaitForState(running, v1::JOB_STATE_RUNNING));
+  std::vector<std::string> waiting;
+  for (int i = 0; i < kMaxQueued; ++i) {
+    waiting.push_back(SubmitOrDie(SmallSpec("toy", 1)));
+    ASSERT_TRUE(WaitForState(waiting.back(), v1::JOB_STATE_QUEUED));
+  }
+  const size_t jobs = JobCount();
+
+  absl::StatusOr<v1::Job> refused = manager_->Submit(SmallSpec("toy", 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(absl::StrCat("limit ", kMaxQueued)));
+  EXPECT_EQ(JobCount(), jobs) << "a refused job is not stored";
+
+  ASSERT_OK(manager_->Cancel(waiting.front()));
+  absl::StatusOr<v1::Job> admitted = manager_->Submit(SmallSpec("toy", 1));
+  ASSERT_OK(admitted);
+  EXPECT_EQ(admitted->state(), v1::JOB_STATE_QUEUED);
+  // Full again.
+  EXPECT_EQ(manager_->Submit(SmallSpec("toy", 1)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_OK(manager_->Cancel(running));
+  ASSERT_TRUE(WaitForState(running, v1::JOB_STATE_CANCELLED));
+}
+
+TEST_F(JobManagerTest, CancelledJobResumedWithMoreEpochsContinuesFromItsLatestCheckpoint) {
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(10);
+  StartManager(options);
+  v1::JobSpec spec = SmallSpec("toy", kEndless);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitFor([&] { return !CheckpointsOf(id).empty(); }, kWait));
+  ASSERT_OK(manager_->Cancel(id));
+  v1::Job cancelled;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_CANCELLED, &cancelled));
+  const v1::Checkpoint latest = CheckpointsOf(id).back();
+  ASSERT_GT(latest.global_step(), 0);
+
+  // Two epochs more than it had finished when it was cancelled.
+  const int epochs = cancelled.epochs_done() + 2;
+  absl::StatusOr<v1::Job> resumed = manager_->Resume(id, epochs);
+  ASSERT_OK(resumed);
+  EXPECT_EQ(resumed->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(resumed->reason(), "resumed by request");
+  EXPECT_EQ(resumed->epochs(), epochs);
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_EQ(job.resumed_from_step(), latest.global_step());
+  EXPECT_EQ(job.epochs(), epochs);
+  EXPECT_EQ(job.epochs_done(), epochs);
+  EXPECT_EQ(job.global_step(), int64_t{epochs} * kStepsPerEpoch);
+}
+
+TEST_F(JobManagerTest, SucceededJobResumedWithMoreEpochsTrainsThemFromItsFinalCheckpoint) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 2));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+
+  // Not more epochs than it has: nothing to resume.
+  EXPECT_EQ(manager_->Resume(id, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->Resume(id, 2).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK(manager_->Resume(id, 4));
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_EQ(job.resumed_from_step(), 2 * kStepsPerEpoch);
+  EXPECT_EQ(job.epochs(), 4);
+  EXPECT_EQ(job.epochs_done(), 4);
+  EXPECT_EQ(job.global_step(), 4 * kStepsPerEpoch);
+  EXPECT_EQ(CheckpointsOf(id).back().global_step(), 4 * kStepsPerEpoch);
+}
+
+TEST_F(JobManagerTest, ShutdownLeavesTheRunningJobRunningAndARestartResumesItFromItsCheckpoint) {
+  JobManagerOptions slow = Options();
+  slow.step_delay = absl::Milliseconds(100);  // 32 steps: over 3 s to stop it in the middle
+  StartManager(slow);
+  const std::string id = SubmitOrDie(SmallSpec("toy", 4));
+  ASSERT_TRUE(WaitForSteps(id, 1));
+  ASSERT_OK(manager_->Shutdown(kWait));
+  EXPECT_EQ(manager_->Submit(SmallSpec("toy", 1)).status().code(), absl::StatusCode::kUnavailable);
+
+  absl::StatusOr<v1::Job> stored = store_->GetJob(id);
+  ASSERT_OK(stored);
+  ASSERT_EQ(stored->state(), v1::JOB_STATE_RUNNING) << "to resume on restart";
+  // The policy's default: a checkpoint on shutdown.
+  std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
+  ASSERT_EQ(checkpoints.size(), 1u);
+  const v1::Checkpoint shutdown = checkpoints[0];
+  EXPECT_EQ(shutdown.kind(), v1::CHECKPOINT_KIND_SHUTDOWN);
+  EXPECT_GT(shutdown.global_step(), 0);
+  EXPECT_LT(shutdown.global_step(), 4 * kStepsPerEpoch) << "the job ended before the shutdown";
+  EXPECT_TRUE(fs::exists(shutdown.path())) << shutdown.path();
+
+  StartManager(Options());  // a new manager on the same store and state dir, at full speed
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_EQ(job.resumed_from_step(), shutdown.global_step());
+  EXPECT_EQ(job.epochs_done(), 4);
+  EXPECT_EQ(job.global_step(), 4 * kStepsPerEpoch);
+  EXPECT_THAT(observer_.Lines(id),
+              ::testing::IsSupersetOf(
+                  {"recovered JOB_STATE_RUNNING", "state JOB_STATE_RUNNING->JOB_STATE_QUEUED"}));
+  // Both managers told the one observer: the first run, then the restart and the second run.
+  EXPECT_THAT(observer_.States(id), ElementsAre("state JOB_STATE_UNSPECIFIED->JOB_STATE_QUEUED",
+                                                "state JOB_STATE_QUEUED->JOB_STATE_RUNNING",
+                                                "state JOB_STATE_RUNNING->JOB_STATE_QUEUED",
+                                                "state JOB_STATE_QUEUED->JOB_STATE_RUNNING",
+                                                "state JOB_STATE_RUNNING->JOB_STATE_SUCCEEDED"));
+}
+
+TEST_F(JobManagerTest, JobThatFinishedBeforeARestartCanBeResumedAfterIt) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+
+  StartManager(Options());
+  ASSERT_OK(manager_->Resume(id, 3));
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_EQ(job.resumed_from_step(), kStepsPerEpoch);
+  EXPECT_EQ(job.epochs_done(), 3);
+  EXPECT_EQ(job.global_step(), 3 * kStepsPerEpoch);
+}
+
+TEST_F(JobManagerTest, ResumedJobInterruptedByARestartKeepsItsNewEpochCount) {
+  JobManagerOptions slow = Options();
+  slow.step_delay = absl::Milliseconds(100);  // 24 more steps: over 2 s to stop it in the middle
+  StartManager(slow);
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  ASSERT_OK(manager_->Resume(id, 4));
+  ASSERT_TRUE(WaitForSteps(id, kStepsPerEpoch + 1));
+  ASSERT_OK(manager_->Shutdown(kWait));
+  const v1::Checkpoint shutdown = CheckpointsOf(id).back();
+  ASSERT_EQ(shutdown.kind(), v1::CHECKPOINT_KIND_SHUTDOWN);
+  ASSERT_LT(shutdown.global_step(), 4 * kStepsPerEpoch) << "the job ended before the shutdown";
+
+  StartManager(Options());
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.attempts(), 3);
+  EXPECT_EQ(job.resumed_from_step(), shutdown.global_step());
+  EXPECT_EQ(job.epochs(), 4);
+  EXPECT_EQ(job.epochs_done(), 4);
+  EXPECT_EQ(job.global_step(), 4 * kStepsPerEpoch);
+}
+
+TEST_F(JobManagerTest, RestartFailsAJobWhoseSpecNoLongerPassesTheLimits) {
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(20);
+  StartManager(options);
+  const std::string running = SubmitOrDie(SmallSpec("toy", kEndless));
+  const std::string queued = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForSteps(running, 1));
+  ASSERT_OK(manager_->Shutdown(kWait));
+
+  JobManagerOptions tighter = Options();
+  tighter.limits.max_parameters = 1000;  // SmallSpec's MLP has over 25,000
+  StartManager(tighter);
+  for (const std::string& id : {running, queued}) {
+    v1::Job job;
+    ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_FAILED, &job));
+    EXPECT_THAT(job.reason(), StartsWith("spec refused after restart"));
+    EXPECT_THAT(job.reason(), HasSubstr("max_parameters"));
+    absl::StatusOr<v1::Job> stored = store_->GetJob(id);
+    ASSERT_OK(stored);
+    EXPECT_EQ(stored->state(), v1::JOB_STATE_FAILED);
+  }
+  EXPECT_THAT(observer_.States(running),
+              ::testing::Contains("state JOB_STATE_RUNNING->JOB_STATE_FAILED"));
+  EXPECT_THAT(observer_.States(queued),
+              ::testing::Contains("state JOB_STATE_QUEUED->JOB_STATE_FAILED"));
+}
+
+TEST_F(JobManagerTest, CheckpointPolicyKeepsTheLastKPeriodicAndTheBestAndDeletesPrunedFiles) {
+  constexpr int kEpochs = 5;
+  StartManager(Options());
+  v1::JobSpec spec = SmallSpec("toy", kEpochs);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  spec.mutable_checkpoint_policy()->set_keep_last(2);
+  spec.mutable_checkpoint_policy()->set_keep_best(true);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+
+  std::vector<int> periodic;
+  int best = 0;
+  std::vector<std::string> kept;
+  for (const v1::Checkpoint& c : CheckpointsOf(id)) {
+    EXPECT_TRUE(fs::exists(c.path())) << c.path();
+    kept.push_back(c.path());
+    if (c.kind() == v1::CHECKPOINT_KIND_PERIODIC) periodic.push_back(c.epochs_done());
+    if (c.kind() == v1::CHECKPOINT_KIND_BEST) ++best;
+    // The last periodic checkpoint is of the final model: no FINAL one besides.
+    EXPECT_NE(c.kind(), v1::CHECKPOINT_KIND_FINAL);
+  }
+  EXPECT_EQ(periodic, (std::vector<int>{kEpochs - 1, kEpochs}));
+  EXPECT_EQ(best, 1);
+
+  // Every checkpoint written was announced; those no longer listed are gone from disk.
+  int periodic_written = 0;
+  for (const v1::Checkpoint& c : observer_.Checkpoints(id)) {
+    if (c.kind() == v1::CHECKPOINT_KIND_PERIODIC) ++periodic_written;
+    if (std::find(kept.begin(), kept.end(), c.path()) == kept.end()) {
+      EXPECT_FALSE(fs::exists(c.path())) << "pruned but still on disk: " << c.path();
+    }
+  }
+  EXPECT_EQ(periodic_written, kEpochs);
+  const fs::path dir = fs::path(state_dir_) / "checkpoints" / id;
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()),
+            static_cast<std::ptrdiff_t>(kept.size()));
+}
+
+TEST_F(JobManagerTest, RequestCheckpointOfARunningJobWritesAnOnDemandCheckpoint) {
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(20);
+  StartManager(options);
+  const std::string id = SubmitOrDie(SmallSpec("toy", kEndless));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_RUNNING));
+
+  std::mutex mu;
+  std::optional<absl::StatusOr<v1::Checkpoint>> result;
+  manager_->RequestCheckpoint(id, [&](absl::StatusOr<v1::Checkpoint> c) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = std::move(c);
+  });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return result.has_value();
+      },
+      kWait));
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_OK(*result);
+  const v1::Checkpoint& c = **result;
+  EXPECT_EQ(c.kind(), v1::CHECKPOINT_KIND_ON_DEMAND);
+  EXPECT_EQ(c.job_id(), id);
+  EXPECT_GT(c.id(), 0);
+  EXPECT_GT(c.global_step(), 0);
+  EXPECT_TRUE(fs::exists(c.path())) << c.path();
+  EXPECT_EQ(static_cast<int64_t>(fs::file_size(c.path())), c.size_bytes());
+  const std::vector<v1::Checkpoint> listed = CheckpointsOf(id);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id(), c.id());
+  ASSERT_OK(manager_->Cancel(id));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_CANCELLED));
+}
+
+TEST_F(JobManagerTest, RequestCheckpointOfAFinishedJobIsFailedPrecondition) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+
+  // On error the callback runs on the caller's thread, before RequestCheckpoint returns.
+  std::optional<absl::StatusOr<v1::Checkpoint>> result;
+  manager_->RequestCheckpoint(id, [&](absl::StatusOr<v1::Checkpoint> c) { result = std::move(c); });
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kFailedPrecondition) << result->status();
+  EXPECT_THAT(std::string(result->status().message()),
+              HasSubstr("only a running job can be checkpointed"));
+
+  result.reset();
+  manager_->RequestCheckpoint("job-nosuchjob",
+                              [&](absl::StatusOr<v1::Checkpoint> c) { result = std::move(c); });
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kNotFound) << result->status();
+  EXPECT_EQ(CheckpointsOf(id).size(), 1u) << "only the final one";
+}
+
+TEST_F(JobManagerTest, ExportedChunksReassembleTheCheckpointFileWithItsSha256) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  const v1::Checkpoint latest = CheckpointsOf(id).back();
+  const std::string file = ReadFile(latest.path());
+  constexpr int kChunkBytes = 4096;
+  ASSERT_GT(file.size(), 2u * kChunkBytes) << "the test wants several chunks";
+
+  absl::StatusOr<std::unique_ptr<CheckpointExport>> exported =
+      manager_->ExportCheckpoint(id, 0, kChunkBytes);
+  ASSERT_OK(exported);
+  std::vector<v1::CheckpointChunk> chunks;
+  while (!(*exported)->done()) {
+    ASSERT_OK((*exported)->Next(&chunks.emplace_back()));
+    ASSERT_LE(chunks.size(), file.size() / kChunkBytes + 2) << "it does not end";
+  }
+  ASSERT_FALSE(chunks.empty());
+  std::string joined;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].offset(), static_cast<int64_t>(joined.size())) << "chunk " << i;
+    EXPECT_LE(chunks[i].data().size(), static_cast<size_t>(kChunkBytes));
+    EXPECT_EQ(chunks[i].has_checkpoint(), i == 0) << "chunk " << i;
+    EXPECT_EQ(chunks[i].sha256().empty(), i + 1 < chunks.size()) << "chunk " << i;
+    joined += chunks[i].data();
+  }
+  EXPECT_TRUE(joined == file) << "the chunks' " << joined.size() << " bytes differ from the file's "
+                              << file.size();
+  EXPECT_EQ(chunks.front().checkpoint().id(), latest.id());
+  EXPECT_EQ(chunks.front().checkpoint().path(), latest.path());
+  absl::StatusOr<std::string> sha = Sha256OfFile(latest.path());
+  ASSERT_OK(sha);
+  EXPECT_EQ(chunks.back().sha256(), *sha);
+
+  // The same checkpoint by its id.
+  ASSERT_OK(manager_->ExportCheckpoint(id, latest.id(), kChunkBytes));
+}
+
+TEST_F(JobManagerTest, ExportOfAnUnknownCheckpointOrJobIsNotFound) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  const int64_t unknown = CheckpointsOf(id).back().id() + 1000;
+
+  absl::StatusOr<std::unique_ptr<CheckpointExport>> exported =
+      manager_->ExportCheckpoint(id, unknown, 4096);
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kNotFound) << exported.status();
+  EXPECT_THAT(std::string(exported.status().message()),
+              HasSubstr(absl::StrCat("checkpoint ", unknown)));
+  EXPECT_EQ(manager_->ExportCheckpoint("job-nosuchjob", 0, 4096).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, SubmissionWithoutADatasetIsInvalidArgumentAndStoresNothing) {
+  StartManager(Options());
+  absl::StatusOr<v1::Job> refused = manager_->Submit(SmallSpec("", 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), StartsWith("spec.dataset: required"));
+  EXPECT_EQ(JobCount(), 0u);
+  EXPECT_EQ(observer_.size(), 0u);
+}
+
+TEST_F(JobManagerTest, SubmissionOfAnUnknownDatasetIsNotFoundAndStoresNothing) {
+  StartManager(Options());
+  absl::StatusOr<v1::Job> refused = manager_->Submit(SmallSpec("no-such-dataset", 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), StartsWith("spec.dataset: "));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no-such-dataset"));
+  EXPECT_EQ(JobCount(), 0u);
+  EXPECT_EQ(observer_.size(), 0u);
+}
+
+TEST_F(JobManagerTest, SubmissionOfAModelThatDoesNotFitTheDatasetIsRefusedAndStoresNothing) {
+  StartManager(Options());
+  // A 10x10 input where the dataset's samples are 28x28.
+  v1::JobSpec spec = SmallSpec("toy", 1);
+  spec.mutable_model()->set_input_shape(0, 100);
+  spec.mutable_model()->mutable_layers(0)->mutable_linear()->set_in_features(100);
+  absl::StatusOr<v1::Job> refused = manager_->Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), StartsWith("spec.model.input_shape: "));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("\"toy\""));
+
+  // Fewer outputs than the dataset has classes.
+  spec = SmallSpec("toy", 1);
+  spec.mutable_model()->mutable_layers(2)->mutable_linear()->set_out_features(5);
+  refused = manager_->Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), StartsWith("spec.model: "));
+  EXPECT_EQ(JobCount(), 0u);
+  EXPECT_EQ(observer_.size(), 0u);
+  absl::StatusOr<std::vector<v1::Job>> stored = store_->AllJobs();
+  ASSERT_OK(stored);
+  EXPECT_TRUE(stored->empty());
+}
+
+}  // namespace
+}  // namespace kiln::server
