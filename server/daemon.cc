@@ -55,6 +55,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       return absl::InvalidArgumentError(absl::StrCat("--device: ", device.message()));
     }
   }
+  if (options.max_crash_resumes < 0) {
+    return absl::InvalidArgumentError("--max_crash_resumes: must be at least 0");
+  }
   if (options.max_jobs_per_device < 1) {
     return absl::InvalidArgumentError("--max_jobs_per_device: must be at least 1");
   }
@@ -125,6 +128,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   manager_options.state_dir = options.state_dir;
   manager_options.default_device = options.device;
   manager_options.max_jobs_per_device = options.max_jobs_per_device;
+  manager_options.max_crash_resumes = options.max_crash_resumes;
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.limits = options.limits;
   manager_options.step_delay = options.step_delay;

@@ -40,6 +40,7 @@ struct DaemonOptions {
   std::string data_dir;                   // the datasets, one folder each
   std::string device = "auto";            // for jobs that name none
   int max_jobs_per_device = 1;
+  int max_crash_resumes = 3;  // see JobManagerOptions
   int max_queued_jobs = 1000;
   int64_t max_upload_bytes = int64_t{512} << 20;
   int max_message_bytes = 16 << 20;

@@ -31,6 +31,8 @@ ABSL_FLAG(int64_t, max_activation_bytes, int64_t{8} << 30,
 ABSL_FLAG(int64_t, max_job_memory_bytes, 0,
           "most memory one job may need, host and device together, as the engine's memory plan "
           "counts it before the job starts (0: three quarters of this machine's memory)");
+ABSL_FLAG(int, max_crash_resumes, 3,
+          "times a job running when kilnd died is resumed on restart before it fails instead");
 ABSL_FLAG(int, max_epochs, 10'000, "most epochs a job may ask for");
 ABSL_FLAG(int, max_batch_size, 65'536, "largest training batch a job may ask for");
 ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest gRPC message kilnd accepts, in bytes");
@@ -94,6 +96,7 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.device = absl::GetFlag(FLAGS_device);
   options.max_jobs_per_device = absl::GetFlag(FLAGS_max_jobs_per_device);
+  options.max_crash_resumes = absl::GetFlag(FLAGS_max_crash_resumes);
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
   options.limits.max_parameters = absl::GetFlag(FLAGS_max_parameters);

@@ -114,6 +114,24 @@ absl::Status JobManager::Recover() {
     });
   }
   KILN_RETURN_IF_ERROR(recover_error);
+  // A job found running that no clean shutdown stopped was running when kilnd died, and may be
+  // why: it runs again at most max_crash_resumes times over its life.
+  std::erase_if(resumed, [&](const std::shared_ptr<JobSlot>& slot) {
+    v1::Job& job = slot->job;
+    if (job.interrupted_by_shutdown()) {
+      job.set_interrupted_by_shutdown(false);
+      return false;
+    }
+    job.set_crash_resumes(job.crash_resumes() + 1);
+    if (job.crash_resumes() <= options_.max_crash_resumes) return false;
+    recover_error.Update(SetStateLocked(
+        *slot, v1::JOB_STATE_FAILED,
+        absl::StrCat("kilnd stopped without a clean shutdown ", job.crash_resumes(),
+                     " times while this job ran (--max_crash_resumes=", options_.max_crash_resumes,
+                     "); it is not resumed again")));
+    return true;
+  });
+  KILN_RETURN_IF_ERROR(recover_error);
   // Jobs that were running go first: they had their turn already.
   for (const auto& slot : resumed) {
     absl::Status device = ValidateDevice(slot->job.device());
@@ -421,7 +439,8 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
   } else if (slot->cancel) {
     SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request").IgnoreError();
   } else if (slot->stop) {
-    // Left RUNNING in the store on purpose: the next start resumes it.
+    // Left RUNNING in the store on purpose: the next start resumes it, not as a crash.
+    slot->job.set_interrupted_by_shutdown(true);
     events_.Interrupted(slot->job);
   } else {
     SetStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message())).IgnoreError();

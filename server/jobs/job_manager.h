@@ -35,6 +35,9 @@ struct JobManagerOptions {
   std::string default_device = "cpu";  // for specs without a device; "auto" is resolved
   int max_jobs_per_device = 1;
   int max_queued_jobs = 1000;  // per daemon; more is RESOURCE_EXHAUSTED
+  // A job found running at start without a clean shutdown is resumed at most this many times
+  // over its life; the next time it fails (Job.crash_resumes).
+  int max_crash_resumes = 3;
   SpecLimits limits;
   // For tests only: a pause after every training step, to make jobs last predictably.
   absl::Duration step_delay = absl::ZeroDuration();

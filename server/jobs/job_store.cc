@@ -125,10 +125,17 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
 };
 
+// Version 2: what the restart after a crash needs to know (Job.crash_resumes,
+// Job.interrupted_by_shutdown).
+constexpr const char* kSchemaV2 = R"sql(
+ALTER TABLE jobs ADD COLUMN crash_resumes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN interrupted_by_shutdown INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 constexpr const char* kJobColumns =
     "j.rowid, j.id, j.state, j.reason, j.device, j.create_ms, j.start_ms, j.end_ms, j.epochs, "
     "j.epochs_done, j.global_step, j.best_test_accuracy, j.attempts, j.resumed_from_step, "
-    "j.parameter_count, j.last_epoch, s.spec";
+    "j.parameter_count, j.last_epoch, s.spec, j.crash_resumes, j.interrupted_by_shutdown";
 
 v1::Job JobFromRow(const Statement& s) {
   v1::Job job;
@@ -149,6 +156,8 @@ v1::Job JobFromRow(const Statement& s) {
   std::string last_epoch = s.Blob(15);
   if (!last_epoch.empty()) job.mutable_last_epoch()->ParseFromString(last_epoch);
   job.mutable_spec()->ParseFromString(s.Blob(16));
+  job.set_crash_resumes(static_cast<int32_t>(s.Int(17)));
+  job.set_interrupted_by_shutdown(s.Int(18) != 0);
   return job;
 }
 
@@ -225,9 +234,13 @@ absl::Status JobStore::Migrate() {
   if (version == kSchemaVersion) return absl::OkStatus();
   // Each later version adds one step here, applied in order inside the same transaction.
   KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  absl::Status status = Exec(kSchemaV1);
+  absl::Status status;
+  if (version < 1) status = Exec(kSchemaV1);
+  if (status.ok() && version < 2) status = Exec(kSchemaV2);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
-  if (status.ok()) status = Exec("INSERT INTO schema_version VALUES (1)");
+  if (status.ok()) {
+    status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
+  }
   if (!status.ok()) {
     Exec("ROLLBACK").IgnoreError();
     return status;
@@ -239,11 +252,13 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
   Statement s(db_,
               "INSERT INTO jobs (id, state, reason, device, create_ms, start_ms, end_ms, epochs, "
               "epochs_done, global_step, best_test_accuracy, attempts, resumed_from_step, "
-              "parameter_count, last_epoch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-              "?11, ?12, ?13, ?14, ?15) ON CONFLICT(id) DO UPDATE SET state = ?2, reason = ?3, "
-              "device = ?4, start_ms = ?6, end_ms = ?7, epochs = ?8, epochs_done = ?9, "
-              "global_step = ?10, best_test_accuracy = ?11, attempts = ?12, "
-              "resumed_from_step = ?13, parameter_count = ?14, last_epoch = ?15");
+              "parameter_count, last_epoch, crash_resumes, interrupted_by_shutdown) VALUES (?1, "
+              "?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) "
+              "ON CONFLICT(id) DO UPDATE SET state = ?2, reason = ?3, device = ?4, start_ms = ?6, "
+              "end_ms = ?7, epochs = ?8, epochs_done = ?9, global_step = ?10, "
+              "best_test_accuracy = ?11, attempts = ?12, resumed_from_step = ?13, "
+              "parameter_count = ?14, last_epoch = ?15, crash_resumes = ?16, "
+              "interrupted_by_shutdown = ?17");
   KILN_RETURN_IF_ERROR(s.status());
   s.Bind(1, job.id());
   s.Bind(2, static_cast<int>(job.state()));
@@ -260,6 +275,8 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
   s.Bind(13, job.resumed_from_step());
   s.Bind(14, job.parameter_count());
   s.BindBlob(15, job.has_last_epoch() ? job.last_epoch().SerializeAsString() : std::string());
+  s.Bind(16, job.crash_resumes());
+  s.Bind(17, job.interrupted_by_shutdown() ? 1 : 0);
   KILN_RETURN_IF_ERROR(s.Run());
   Statement spec(db_, "INSERT OR IGNORE INTO specs (job_id, spec) VALUES (?1, ?2)");
   KILN_RETURN_IF_ERROR(spec.status());

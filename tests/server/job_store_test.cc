@@ -80,6 +80,45 @@ TEST(JobStoreTest, CheckpointIndexHidesDeletedOnes) {
   std::filesystem::remove_all(dir);
 }
 
+// A store written by the kilnd before schema 2 opens with its jobs, and keeps the new fields.
+TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
+  const std::string dir = testing::MakeTempDir("store");
+  v1::Job job;
+  job.set_id("a");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_device("cpu");
+  job.set_epochs(3);
+  {
+    auto store = JobStore::Open(dir + "/kiln.db");
+    ASSERT_OK(store);
+    ASSERT_OK((*store)->PutJob(job));
+  }
+  // Back to what version 1 wrote.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/kiln.db").c_str(), &db), SQLITE_OK);
+  for (const char* sql : {"ALTER TABLE jobs DROP COLUMN crash_resumes",
+                          "ALTER TABLE jobs DROP COLUMN interrupted_by_shutdown",
+                          "UPDATE schema_version SET version = 1"}) {
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
+  }
+  sqlite3_close(db);
+  auto store = JobStore::Open(dir + "/kiln.db");
+  ASSERT_OK(store);
+  auto jobs = (*store)->AllJobs();
+  ASSERT_OK(jobs);
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].epochs(), 3);
+  EXPECT_EQ((*jobs)[0].crash_resumes(), 0);
+  job.set_crash_resumes(2);
+  job.set_interrupted_by_shutdown(true);
+  ASSERT_OK((*store)->PutJob(job));
+  jobs = (*store)->AllJobs();
+  ASSERT_OK(jobs);
+  EXPECT_EQ((*jobs)[0].crash_resumes(), 2);
+  EXPECT_TRUE((*jobs)[0].interrupted_by_shutdown());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(JobStoreTest, NewerSchemaIsRefused) {
   const std::string dir = testing::MakeTempDir("store");
   { ASSERT_OK(JobStore::Open(dir + "/kiln.db")); }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server_test_support.h"
 #include "tests/support/status_matchers.h"
@@ -31,9 +32,9 @@ class RestartTest : public ::testing::Test {
     fs::remove_all(root_, ec);
   }
 
-  std::unique_ptr<testing::KilndProcess> StartKilnd() {
-    auto kilnd = std::make_unique<testing::KilndProcess>(
-        state_dir_, data_dir_, std::vector<std::string>{"--step_delay=15ms"});
+  std::unique_ptr<testing::KilndProcess> StartKilnd(std::vector<std::string> flags = {}) {
+    flags.push_back("--step_delay=15ms");
+    auto kilnd = std::make_unique<testing::KilndProcess>(state_dir_, data_dir_, flags);
     EXPECT_TRUE(kilnd->Start()) << "kilnd did not start";
     return kilnd;
   }
@@ -126,6 +127,55 @@ TEST_F(RestartTest, KilledDaemonResumesTheJobFromItsLastCheckpoint) {
   EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING,
                                                v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING,
                                                v1::JOB_STATE_SUCCEEDED}));
+}
+
+// A job running whenever kilnd dies may be what kills it: it is resumed at most
+// --max_crash_resumes times, then fails with the reason instead of taking kilnd down again.
+TEST_F(RestartTest, AJobRunningThroughTooManyCrashesFailsInsteadOfResumingAgain) {
+  const std::vector<std::string> flags = {"--max_crash_resumes=1"};
+  auto kilnd = StartKilnd(flags);
+  auto stub = kilnd->NewStub();
+  v1::JobSpec spec = SmallSpec("toy", 50);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = Submit(*stub, spec);
+  ASSERT_TRUE(WaitFor([&] { return !Checkpoints(*stub, id).empty(); }, absl::Seconds(60)));
+  kilnd->Stop(SIGKILL, absl::Seconds(10));
+  stub.reset();
+
+  // The first crash: resumed, and counted.
+  kilnd = StartKilnd(flags);
+  stub = kilnd->NewStub();
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_RUNNING, absl::Seconds(60)));
+  v1::Job job = GetJob(*stub, id);
+  EXPECT_EQ(job.crash_resumes(), 1);
+  kilnd->Stop(SIGKILL, absl::Seconds(10));
+  stub.reset();
+
+  // The second: over the limit, the job fails and kilnd stays up.
+  kilnd = StartKilnd(flags);
+  stub = kilnd->NewStub();
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_FAILED, absl::Seconds(60)));
+  job = GetJob(*stub, id);
+  EXPECT_EQ(job.crash_resumes(), 2);
+  EXPECT_THAT(job.reason(), ::testing::HasSubstr("stopped without a clean shutdown 2 times"));
+  EXPECT_THAT(job.reason(), ::testing::HasSubstr("--max_crash_resumes=1"));
+}
+
+// A clean shutdown is not a crash: it does not count against --max_crash_resumes.
+TEST_F(RestartTest, CleanShutdownsDoNotCountAsCrashes) {
+  const std::vector<std::string> flags = {"--max_crash_resumes=0"};
+  auto kilnd = StartKilnd(flags);
+  auto stub = kilnd->NewStub();
+  const std::string id = Submit(*stub, SmallSpec("toy", 50));
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_RUNNING, absl::Seconds(60)));
+  for (int restart = 0; restart < 2; ++restart) {
+    kilnd->Stop(SIGTERM, absl::Seconds(30));
+    stub.reset();
+    kilnd = StartKilnd(flags);
+    stub = kilnd->NewStub();
+    ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_RUNNING, absl::Seconds(60)));
+    EXPECT_EQ(GetJob(*stub, id).crash_resumes(), 0);
+  }
 }
 
 }  // namespace
