@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli_status.h"
 #include "common/idx_header.h"
+#include "common/status_macros.h"
 
 #ifdef KILN_CLIENT_HAVE_PNG
 #include <png.h>
@@ -14,6 +15,19 @@
 
 namespace kiln::client {
 namespace {
+
+// Larger than any model input kilnd accepts (1,000,000 values a sample).
+constexpr int64_t kMaxImageSide = 16384;
+constexpr int64_t kMaxImagePixels = int64_t{1} << 24;
+
+absl::Status CheckImageSize(const std::string& source, int64_t width, int64_t height) {
+  if (width > 0 && height > 0 && width <= kMaxImageSide && height <= kMaxImageSide &&
+      width * height <= kMaxImagePixels) {
+    return absl::OkStatus();
+  }
+  return UsageError(absl::StrCat(source, ": ", width, "x", height, " pixels is larger than ",
+                                 kMaxImageSide, " a side or ", kMaxImagePixels, " in all"));
+}
 
 absl::StatusOr<std::string> Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -35,6 +49,11 @@ absl::StatusOr<GrayImage> DecodePng(const std::string& path) {
   image.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_file(&image, path.c_str())) {
     return UsageError(absl::StrCat(path, ": not a readable PNG: ", image.message));
+  }
+  // The header alone gives the size: refuse before the decoder allocates for it.
+  if (absl::Status size = CheckImageSize(path, image.width, image.height); !size.ok()) {
+    png_image_free(&image);
+    return size;
   }
   image.format = PNG_FORMAT_GRAY;  // libpng converts colour and 16-bit images to 8-bit gray
   GrayImage out;
@@ -83,8 +102,11 @@ absl::StatusOr<GrayImage> DecodePgm(const std::string& bytes, const std::string&
   long width = 0, height = 0, maxval = 0;
   if (bytes.size() < 2 || bytes[0] != 'P' || (bytes[1] != '5' && bytes[1] != '2') ||
       !next_number(&width) || !next_number(&height) || !next_number(&maxval) || width <= 0 ||
-      height <= 0 || width > 16384 || height > 16384 || maxval <= 0 || maxval > 65535) {
+      height <= 0 || maxval <= 0 || maxval > 65535) {
     return UsageError(absl::StrCat(source, ": not a valid PGM header"));
+  }
+  if (absl::Status size = CheckImageSize(source, width, height); !size.ok()) {
+    return size;
   }
   GrayImage out;
   out.width = static_cast<int>(width);
@@ -147,9 +169,7 @@ absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index) {
     return UsageError(absl::StrCat("--index ", index, ": ", path, " holds images 0..", count - 1));
   }
   GrayImage out;
-  if (parsed->dims[1] > 16384 || parsed->dims[2] > 16384) {
-    return UsageError(absl::StrCat(path, ": bad image size in the IDX header"));
-  }
+  KILN_RETURN_IF_ERROR(CheckImageSize(path, parsed->dims[2], parsed->dims[1]));
   out.height = static_cast<int>(parsed->dims[1]);
   out.width = static_cast<int>(parsed->dims[2]);
   const size_t size = static_cast<size_t>(out.width) * static_cast<size_t>(out.height);

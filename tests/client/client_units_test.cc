@@ -19,6 +19,7 @@
 
 #ifdef KILN_CLIENT_HAVE_PNG
 #include <png.h>
+#include <zlib.h>
 #endif
 
 namespace kiln::client {
@@ -122,6 +123,34 @@ TEST(ImageFileTest, DecodesPngToGray) {
   for (size_t i = 0; i < 784; ++i)
     far += std::abs(decoded->pixels[i] - static_cast<uint8_t>(gray[i])) > 2;
   EXPECT_EQ(far, 0);
+}
+
+// A PNG whose header claims 100000 x 100000 pixels is refused from the header, before the
+// decoder allocates 10 GB for it.
+TEST(ImageFileTest, APngClaimingHugeDimensionsIsRefusedBeforeDecoding) {
+  const std::string dir = testing::MakeTempDir("kiln-png");
+  std::string gray(28 * 28, '\x7f');
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  image.width = 28;
+  image.height = 28;
+  image.format = PNG_FORMAT_GRAY;
+  const std::string path = dir + "/huge.png";
+  ASSERT_TRUE(png_image_write_to_file(&image, path.c_str(), 0, gray.data(), 0, nullptr));
+  std::string bytes = testing::ReadFile(path);
+  // IHDR: length at 8, "IHDR" at 12, width at 16, height at 20, CRC of type and data at 29.
+  for (int at : {16, 20}) {
+    const uint32_t side = 100000;
+    for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<char>(side >> (24 - 8 * i));
+  }
+  const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(bytes.data() + 12), 4 + 13);
+  for (int i = 0; i < 4; ++i) bytes[29 + i] = static_cast<char>(crc >> (24 - 8 * i));
+  testing::WriteFile(path, bytes);
+  auto decoded = ReadImageFile(path);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_THAT(std::string(decoded.status().message()),
+              HasSubstr("100000x100000 pixels is larger than"));
 }
 #endif
 
