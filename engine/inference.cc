@@ -105,6 +105,15 @@ absl::Status InferenceSession::Predict(const Rows& rows, float* probs, int32_t* 
   if (probs != nullptr) {
     Tensor view = outputs_probabilities_ ? *out : probs_;
     KILN_RETURN_IF_ERROR(backend_->CopyToHost(view, probs, sizeof(float) * batch * cols));
+    // Finite inputs and a sound model give finite probabilities; anything else is never an
+    // answer (damaged or diverged weights).
+    for (int64_t i = 0; i < int64_t{batch} * cols; ++i) {
+      if (!std::isfinite(probs[i])) {
+        return absl::DataLossError(
+            absl::StrCat("the model answered a non-finite probability for sample ", i / cols,
+                         ": its weights are not finite (a diverged or damaged checkpoint)"));
+      }
+    }
   }
   if (classes != nullptr) {
     KILN_RETURN_IF_ERROR(backend_->CopyToHost(classes_, classes, sizeof(int32_t) * batch));

@@ -39,8 +39,9 @@ class InferenceSession {
   // Runs `rows` as one batch: each form is normalised on the device with the training
   // normalisation (GatherNormalize, Normalize), then one forward pass. Writes softmax
   // probabilities (batch x classes) and the argmax class per sample, u8 rows first. Float inputs
-  // are not checked here: a non-finite one gives non-finite probabilities, so callers refuse
-  // them first (the serving codec does). Not thread-safe: one caller at a time.
+  // are not checked here (callers refuse non-finite ones first, as the serving codec does); a
+  // non-finite output, whatever its cause, is DATA_LOSS, never an answer. Not thread-safe: one
+  // caller at a time.
   absl::Status Predict(const Rows& rows, float* probs, int32_t* classes);
   // All rows of one form. PredictF32 refuses a non-finite input (InvalidArgument).
   absl::Status PredictU8(const uint8_t* pixels, int batch, float* probs, int32_t* classes);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/jobs/checkpoint_integrity.h"
 
 namespace kiln::server {
 
@@ -46,7 +47,13 @@ absl::Status CheckpointExport::Next(v1::CheckpointChunk* chunk) {
   sha_.Update(data);
   offset_ += n;
   if (offset_ >= size_ || n == 0) {
-    chunk->set_sha256(sha_.HexDigest());
+    const std::string digest = sha_.HexDigest();
+    // The client checks what it got against this digest; it must be the checkpoint's as written,
+    // not that of whatever the file holds now.
+    if (!checkpoint_.sha256().empty() && digest != checkpoint_.sha256()) {
+      return CheckpointDigestMismatch(checkpoint_, digest);
+    }
+    chunk->set_sha256(digest);
     done_ = true;
   }
   return absl::OkStatus();

@@ -9,9 +9,11 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/trainer.h"
+#include "server/jobs/checkpoint_integrity.h"
 #include "server/jobs/checkpoint_policy.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
@@ -44,6 +46,8 @@ absl::StatusOr<v1::Checkpoint> JobRunner::SaveCheckpoint(Trainer& trainer,
   c.set_epochs_done(position.epochs_done);
   c.set_global_step(position.global_step);
   c.set_size_bytes(static_cast<int64_t>(fs::file_size(path, ec)));
+  KILN_ASSIGN_OR_RETURN(const std::string sha256, Sha256OfFile(path));
+  c.set_sha256(sha256);
   *c.mutable_create_time() = MillisToTimestamp(NowMillis());
   c.set_path(path);
   std::lock_guard<std::mutex> lock(*mu_);
@@ -93,21 +97,36 @@ absl::Status JobRunner::Run() {
                         Trainer::Create(config, backend.get(), &data->train,
                                         data->test.size > 0 ? &data->test : nullptr));
 
-  // Continue from the most advanced checkpoint, if any.
+  // Continue from the most advanced checkpoint that verifies and loads; a damaged one (its
+  // digest differs, the file is truncated) is passed over for the next, and the job says so.
   KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, store_->Checkpoints(job_id));
-  const v1::Checkpoint* latest = nullptr;
+  std::stable_sort(checkpoints.begin(), checkpoints.end(),
+                   [](const auto& a, const auto& b) { return a.global_step() > b.global_step(); });
+  std::string passed_over;  // why newer checkpoints were not used
+  absl::Status first_error;
+  bool resumed = checkpoints.empty();
   for (const v1::Checkpoint& c : checkpoints) {
-    if (latest == nullptr || c.global_step() >= latest->global_step()) latest = &c;
-  }
-  if (latest != nullptr) {
-    absl::Status loaded = trainer->LoadCheckpoint(latest->path());
-    if (!loaded.ok()) {
-      return absl::Status(loaded.code(), absl::StrCat("resuming from checkpoint ", latest->id(),
-                                                      ": ", loaded.message()));
+    absl::Status loaded = VerifyCheckpointFile(c);
+    if (loaded.ok()) loaded = trainer->LoadCheckpoint(c.path());
+    if (loaded.ok()) {
+      resumed = true;
+      if (!passed_over.empty()) {
+        passed_over = absl::StrCat("resumed from checkpoint ", c.id(), " (step ", c.global_step(),
+                                   "), passing over ", passed_over);
+      }
+      break;
     }
+    if (first_error.ok()) {
+      first_error = absl::Status(
+          loaded.code(), absl::StrCat("resuming from checkpoint ", c.id(), ": ", loaded.message()));
+    }
+    absl::StrAppend(&passed_over, passed_over.empty() ? "" : "; ", "checkpoint ", c.id(), ": ",
+                    loaded.message());
   }
+  if (!resumed) return first_error;
   {
     std::lock_guard<std::mutex> lock(*mu_);
+    if (!passed_over.empty()) slot_->job.set_reason(passed_over);
     slot_->job.set_resumed_from_step(trainer->position().global_step);
     slot_->job.set_global_step(trainer->position().global_step);
     slot_->job.set_epochs_done(trainer->position().epochs_done);

@@ -132,6 +132,11 @@ ALTER TABLE jobs ADD COLUMN crash_resumes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN interrupted_by_shutdown INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 3: each checkpoint's SHA-256 as written (Checkpoint.sha256).
+constexpr const char* kSchemaV3 = R"sql(
+ALTER TABLE checkpoints ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
+)sql";
+
 constexpr const char* kJobColumns =
     "j.rowid, j.id, j.state, j.reason, j.device, j.create_ms, j.start_ms, j.end_ms, j.epochs, "
     "j.epochs_done, j.global_step, j.best_test_accuracy, j.attempts, j.resumed_from_step, "
@@ -172,11 +177,13 @@ v1::Checkpoint CheckpointFromRow(const Statement& s) {
   c.set_size_bytes(s.Int(7));
   *c.mutable_create_time() = MillisToTimestamp(s.Int(8));
   c.set_path(s.Text(9));
+  c.set_sha256(s.Text(10));
   return c;
 }
 
 constexpr const char* kCheckpointColumns =
-    "id, job_id, seq, kind, epochs_done, global_step, test_accuracy, size_bytes, create_ms, path";
+    "id, job_id, seq, kind, epochs_done, global_step, test_accuracy, size_bytes, create_ms, path, "
+    "sha256";
 
 }  // namespace
 
@@ -237,6 +244,7 @@ absl::Status JobStore::Migrate() {
   absl::Status status;
   if (version < 1) status = Exec(kSchemaV1);
   if (status.ok() && version < 2) status = Exec(kSchemaV2);
+  if (status.ok() && version < 3) status = Exec(kSchemaV3);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
   if (status.ok()) {
     status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
@@ -538,7 +546,8 @@ absl::Status JobStore::InsertCheckpoint(v1::Checkpoint* c) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement s(db_,
               "INSERT INTO checkpoints (job_id, seq, kind, epochs_done, global_step, "
-              "test_accuracy, size_bytes, create_ms, path) VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?)");
+              "test_accuracy, size_bytes, create_ms, path, sha256) "
+              "VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?, ?)");
   KILN_RETURN_IF_ERROR(s.status());
   s.Bind(1, c->job_id());
   s.Bind(2, static_cast<int>(c->kind()));
@@ -548,6 +557,7 @@ absl::Status JobStore::InsertCheckpoint(v1::Checkpoint* c) {
   s.Bind(6, c->size_bytes());
   s.Bind(7, TimestampToMillis(c->create_time()));
   s.Bind(8, c->path());
+  s.Bind(9, c->sha256());
   KILN_RETURN_IF_ERROR(s.Run());
   c->set_id(sqlite3_last_insert_rowid(db_));
   return absl::OkStatus();

@@ -26,7 +26,7 @@ struct JobPage {
 class JobStore {
  public:
   // The schema version this code reads and writes; older databases are migrated on open.
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Opens (creating if needed) the database at `path`.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);

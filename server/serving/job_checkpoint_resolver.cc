@@ -43,6 +43,7 @@ CheckpointResolver MakeJobCheckpointResolver(CheckpointLister list_checkpoints) 
     ResolvedCheckpoint resolved;
     resolved.path = chosen->path();
     resolved.version = std::to_string(chosen->id());
+    resolved.sha256 = chosen->sha256();
     if (chosen == latest) resolved.aliases.push_back("latest");
     if (chosen == best) resolved.aliases.push_back("best");
     return resolved;

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/checkpoint.h"
@@ -96,6 +97,17 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
     } while (it != models_.end() && it->second.versions.count(label) > 0);
   }
 
+  if (!resolved->sha256.empty()) {
+    // A checkpoint damaged on disk must not be served (it may answer NaN, or worse, plausibly).
+    absl::StatusOr<std::string> actual = Sha256OfFile(resolved->path);
+    if (!actual.ok()) return Prefixed(request.model, actual.status());
+    if (*actual != resolved->sha256) {
+      return Prefixed(request.model,
+                      absl::DataLossError(absl::StrCat(
+                          "checkpoint file ", resolved->path, " has sha256 ", *actual, " but ",
+                          resolved->sha256, " when it was written: the file was damaged on disk")));
+    }
+  }
   auto version = std::shared_ptr<ServedVersion>(new ServedVersion());
   version->model_ = request.model;
   version->version_ = label;

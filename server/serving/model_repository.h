@@ -27,6 +27,9 @@ struct ResolvedCheckpoint {
   std::string version;
   // Names that should point at this version from now on, e.g. {"latest", "best"}.
   std::vector<std::string> aliases;
+  // The file's SHA-256 when it was written, checked before loading (DATA_LOSS when it differs);
+  // empty: not known, not checked.
+  std::string sha256;
 };
 
 // Maps a model source to a checkpoint; errors pass to the caller of Load as they are.

@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "engine/backend_registry.h"
+#include "engine/safetensors.h"
 #include "engine/trainer.h"
 #include "tests/engine/synthetic_data.h"
 #include "tests/engine/test_util.h"
@@ -100,6 +104,27 @@ TEST_F(InferenceTest, AMixedBatchIsOnePassAnsweringEachFormAsWhenAlone) {
   ASSERT_OK((*s)->PredictU8(u8 + 6 * 64, 10, via_u8.data(), via_u8_cls.data()));
   EXPECT_EQ(via_u8_cls, cls_f32);
   for (int i = 0; i < 10 * 4; ++i) EXPECT_NEAR(via_u8[i], alone_f32[i], 1e-5);
+}
+
+// Weights that are not finite (a diverged or damaged checkpoint) never give an OK answer.
+TEST_F(InferenceTest, NonFiniteWeightsAreDataLossNeverAnAnswer) {
+  auto contents = ReadSafetensors(dir_.file("m.safetensors"));
+  ASSERT_OK(contents);
+  HostTensor* weight = nullptr;
+  for (HostTensor& t : contents->tensors) {
+    if (t.name == "3.weight") weight = &t;
+  }
+  ASSERT_NE(weight, nullptr);
+  const float nan = std::nanf("");
+  std::memcpy(weight->bytes.data(), &nan, sizeof(nan));
+  ASSERT_OK(WriteSafetensors(dir_.file("nan.safetensors"), contents->tensors, contents->metadata));
+  auto s = InferenceSession::FromCheckpoint(dir_.file("nan.safetensors"), backend_.get(), 4);
+  ASSERT_OK(s);
+  std::vector<float> probs(4 * 4);
+  std::vector<int32_t> cls(4);
+  const absl::Status status = (*s)->PredictU8(test_.pixels.data(), 4, probs.data(), cls.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("non-finite probability"), absl::string_view::npos) << status;
 }
 
 TEST_F(InferenceTest, BadRequestsAreErrors) {

@@ -593,6 +593,70 @@ TEST_F(JobManagerTest, RequestCheckpointOfAFinishedJobIsFailedPrecondition) {
   EXPECT_EQ(CheckpointsOf(id).size(), 1u) << "only the final one";
 }
 
+// Flips one byte in the middle of a file, as a failing disk would.
+void DamageFile(const std::string& path) {
+  std::string bytes = ReadFile(path);
+  ASSERT_FALSE(bytes.empty());
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST_F(JobManagerTest, CheckpointsRecordTheirSha256AndADamagedOneIsNotExported) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  const v1::Checkpoint latest = CheckpointsOf(id).back();
+  EXPECT_EQ(latest.sha256(), *Sha256OfFile(latest.path()));
+  DamageFile(latest.path());
+
+  absl::StatusOr<std::unique_ptr<CheckpointExport>> exported =
+      manager_->ExportCheckpoint(id, 0, 1 << 20);
+  ASSERT_OK(exported);
+  v1::CheckpointChunk chunk;
+  absl::Status status;
+  while (status.ok() && !(*exported)->done()) status = (*exported)->Next(&chunk);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("the file was damaged on disk"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr(latest.path()));
+  EXPECT_TRUE(chunk.sha256().empty()) << "no digest of the damaged bytes is sent";
+}
+
+TEST_F(JobManagerTest, ResumePassesOverADamagedLatestCheckpointForTheNewestThatVerifies) {
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(10);
+  StartManager(options);
+  v1::JobSpec spec = SmallSpec("toy", kEndless);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitFor([&] { return CheckpointsOf(id).size() >= 2; }, kWait));
+  ASSERT_OK(manager_->Cancel(id));
+  v1::Job cancelled;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_CANCELLED, &cancelled));
+  std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
+  std::sort(checkpoints.begin(), checkpoints.end(),
+            [](const auto& a, const auto& b) { return a.global_step() > b.global_step(); });
+  ASSERT_GE(checkpoints.size(), 2u);
+  ASSERT_GT(checkpoints[0].global_step(), checkpoints[1].global_step());
+  DamageFile(checkpoints[0].path());
+
+  ASSERT_OK(manager_->Resume(id, cancelled.epochs_done() + 2));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> job = manager_->Get(id);
+        return job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->attempts() == 2 &&
+               !job->reason().empty();
+      },
+      kWait));
+  v1::Job running = *manager_->Get(id);
+  EXPECT_EQ(running.resumed_from_step(), checkpoints[1].global_step());
+  EXPECT_THAT(running.reason(),
+              HasSubstr(absl::StrCat("resumed from checkpoint ", checkpoints[1].id(), " (step ")));
+  EXPECT_THAT(running.reason(),
+              HasSubstr(absl::StrCat("passing over checkpoint ", checkpoints[0].id(), ": ")));
+  EXPECT_THAT(running.reason(), HasSubstr("damaged on disk"));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+}
+
 TEST_F(JobManagerTest, ExportedChunksReassembleTheCheckpointFileWithItsSha256) {
   StartManager(Options());
   const std::string id = SubmitOrDie(SmallSpec("toy", 1));

@@ -80,7 +80,7 @@ TEST(JobStoreTest, CheckpointIndexHidesDeletedOnes) {
   std::filesystem::remove_all(dir);
 }
 
-// A store written by the kilnd before schema 2 opens with its jobs, and keeps the new fields.
+// A store written by the kilnd of schema 1 opens with its jobs, and keeps the new fields.
 TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   const std::string dir = testing::MakeTempDir("store");
   v1::Job job;
@@ -96,9 +96,10 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   // Back to what version 1 wrote.
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir + "/kiln.db").c_str(), &db), SQLITE_OK);
-  for (const char* sql : {"ALTER TABLE jobs DROP COLUMN crash_resumes",
-                          "ALTER TABLE jobs DROP COLUMN interrupted_by_shutdown",
-                          "UPDATE schema_version SET version = 1"}) {
+  for (const char* sql :
+       {"ALTER TABLE jobs DROP COLUMN crash_resumes",
+        "ALTER TABLE jobs DROP COLUMN interrupted_by_shutdown",
+        "ALTER TABLE checkpoints DROP COLUMN sha256", "UPDATE schema_version SET version = 1"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
   }
   sqlite3_close(db);

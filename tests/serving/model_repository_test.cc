@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "common/sha256.h"
 #include "tests/serving/serving_test_support.h"
 #include "tests/support/status_matchers.h"
 
@@ -50,8 +51,8 @@ TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
   ModelRepositoryOptions options;
   // As the daemon would: "job@best" and "job@latest" name checkpoints by id.
   options.resolver = [&](const std::string& source) -> absl::StatusOr<ResolvedCheckpoint> {
-    if (source == "job@best") return ResolvedCheckpoint{a, "7", {"best"}};
-    if (source == "job@latest") return ResolvedCheckpoint{b, "9", {"latest", "best"}};
+    if (source == "job@best") return ResolvedCheckpoint{a, "7", {"best"}, ""};
+    if (source == "job@latest") return ResolvedCheckpoint{b, "9", {"latest", "best"}, ""};
     return absl::NotFoundError("no checkpoint " + source);
   };
   ModelRepository repo(options);
@@ -69,6 +70,23 @@ TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
   auto bad = repo.Load(FileLoad("job", "job@nothing"));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Contains(bad.status(), "model \"job\": no checkpoint job@nothing"));
+}
+
+// A checkpoint whose file no longer has the digest recorded when it was written is not served.
+TEST(ModelRepositoryTest, ACheckpointThatDiffersFromItsRecordedSha256IsDataLoss) {
+  const std::string path = SharedCheckpoints().mlp_flat;
+  ModelRepositoryOptions options;
+  options.resolver = [&](const std::string& source) -> absl::StatusOr<ResolvedCheckpoint> {
+    ResolvedCheckpoint r{path, "1", {}, *Sha256OfFile(path)};
+    if (source == "damaged") r.sha256[0] = r.sha256[0] == '0' ? '1' : '0';
+    return r;
+  };
+  ModelRepository repo(options);
+  auto bad = repo.Load(FileLoad("m", "damaged"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_TRUE(Contains(bad.status(), "the file was damaged on disk")) << bad.status();
+  EXPECT_FALSE(repo.Versions("m").ok());
+  EXPECT_OK(repo.Load(FileLoad("m", "intact")));
 }
 
 TEST(ModelRepositoryTest, TheOldestVersionsArePushedOut) {
