@@ -73,15 +73,21 @@ absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) con
   }
   info.train_samples = dims[0];
   info.sample_shape.assign(dims.begin() + 1, dims.end());
-  // The labels are small (one byte a sample); reading them gives the class count.
-  KILN_ASSIGN_OR_RETURN(IdxArray label_array, ReadIdxFile(labels));
-  for (uint8_t label : label_array.data) {
-    info.num_classes = std::max<int32_t>(info.num_classes, label + 1);
-  }
+  // The labels are small (one byte a sample); reading both splits' gives the class count the
+  // model must cover.
+  std::vector<std::string> label_files = {labels};
   const std::string test_images = FindFile(dir, kTestImages);
   if (!test_images.empty()) {
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> test_dims, ReadIdxFileDims(test_images));
     info.test_samples = test_dims.empty() ? 0 : test_dims[0];
+    const std::string test_labels = FindFile(dir, kTestLabels);
+    if (!test_labels.empty()) label_files.push_back(test_labels);
+  }
+  for (const std::string& file : label_files) {
+    KILN_ASSIGN_OR_RETURN(IdxArray label_array, ReadIdxFile(file));
+    for (uint8_t label : label_array.data) {
+      info.num_classes = std::max<int32_t>(info.num_classes, label + 1);
+    }
   }
   return info;
 }

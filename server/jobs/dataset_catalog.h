@@ -22,7 +22,7 @@ struct DatasetInfo {
   Shape sample_shape;
   int64_t train_samples = 0;
   int64_t test_samples = 0;
-  int32_t num_classes = 0;
+  int32_t num_classes = 0;  // 1 + the largest label of either split
 };
 
 class DatasetUpload;

@@ -729,6 +729,28 @@ TEST_F(JobManagerTest, SubmissionOfAnUnknownDatasetIsNotFoundAndStoresNothing) {
   EXPECT_EQ(observer_.size(), 0u);
 }
 
+// Classes that only the test split has count too: a model without outputs for them is refused at
+// submission, not found out at the end of the first epoch.
+TEST_F(JobManagerTest, TestSplitLabelsBeyondTheModelsOutputsAreRefusedAtSubmission) {
+  // Train labels 0..4, test labels 0..9.
+  testing::WriteToyDataset(root_ + "/data/split", 64, 64);
+  std::string labels(8, '\0');
+  labels[2] = 0x08;  // 00 00 08 01, then 64 big-endian
+  labels[3] = 0x01;
+  labels[7] = 64;
+  for (int i = 0; i < 64; ++i) labels.push_back(static_cast<char>(i % 5));
+  std::ofstream(root_ + "/data/split/train-labels-idx1-ubyte", std::ios::binary | std::ios::trunc)
+      << labels;
+  StartManager(Options());
+  v1::JobSpec spec = SmallSpec("split", 1);
+  spec.mutable_model()->mutable_layers(2)->mutable_linear()->set_out_features(5);
+  absl::StatusOr<v1::Job> refused = manager_->Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("model has 5 outputs but the dataset \"split\" labels go up to 9"));
+  EXPECT_EQ(JobCount(), 0u);
+}
+
 TEST_F(JobManagerTest, SubmissionOfAModelThatDoesNotFitTheDatasetIsRefusedAndStoresNothing) {
   StartManager(Options());
   // A 10x10 input where the dataset's samples are 28x28.
