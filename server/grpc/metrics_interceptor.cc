@@ -1,5 +1,6 @@
 #include "server/grpc/metrics_interceptor.h"
 
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/support/server_interceptor.h>
 
 #include <chrono>
@@ -39,10 +40,26 @@ class GrpcMetricsInterceptorFactory : public grpc::experimental::ServerIntercept
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
     const char* method = info->method();
-    return new GrpcMetricsInterceptor(metrics_, method != nullptr ? method : "unknown");
+    return new GrpcMetricsInterceptor(metrics_, MethodLabel(method != nullptr ? method : ""));
   }
 
  private:
+  // A method a client names is a label only when it is one of the compiled-in services' (the
+  // generated descriptor pool knows it): random names would each make a series of their own.
+  static std::string MethodLabel(const std::string& method) {
+    // "/pkg.Service/Method" -> "pkg.Service.Method"
+    if (method.size() < 4 || method[0] != '/') return "unknown";
+    std::string full = method.substr(1);
+    const size_t slash = full.find('/');
+    if (slash == std::string::npos || full.find('/', slash + 1) != std::string::npos) {
+      return "unknown";
+    }
+    full[slash] = '.';
+    const bool known =
+        google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(full) != nullptr;
+    return known ? method : "unknown";
+  }
+
   Metrics* metrics_;
 };
 

@@ -217,9 +217,19 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
   DynamicBatcher::RunInfo info;
   absl::Status status = Infer(*request, response, &info);
   if (options_.on_infer) {
-    const std::string version = status.ok() ? response->model_version() : request->model_version();
+    // Labels name only what is loaded: a client's random model and version names would each
+    // make series of their own.
+    std::string model = "unknown", version = "unknown";
+    if (status.ok()) {
+      model = request->model_name();
+      version = response->model_version();
+    } else if (auto served = repository_->Find(request->model_name(), request->model_version());
+               served.ok()) {
+      model = request->model_name();
+      version = (*served)->version();
+    }
     options_.on_infer(
-        request->model_name(), version, status.code(),
+        model, version, status.code(),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
         info.queue_seconds, info.batch_size);
   }

@@ -2,9 +2,11 @@
 // inference API, gRPC call counting, and the /metrics endpoint, in process.
 #include "server/observability/metrics.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <filesystem>
+#include <future>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -12,6 +14,7 @@
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "prometheus_harness.h"
 #include "server/daemon.h"
 #include "server_test_support.h"
@@ -232,6 +235,52 @@ TEST(MetricsTest, ADaemonReportsItsJobsTrainingAndGrpcCalls) {
                               "method=\"/kiln.v1.Training/SubmitJob\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("kiln_grpc_requests_total{code=\"OK\","
                               "method=\"/kiln.v1.Training/GetJob\"}"));
+  daemon->reset();
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+// Names a client makes up never become labels: methods no service has and models that are not
+// loaded are counted under "unknown" (5,000 random versions once took /metrics to 85 MB).
+TEST(MetricsTest, ClientChosenNamesOfUnknownMethodsAndModelsFoldIntoUnknown) {
+  const std::string root = testing::MakeTempDir("kilnd-metrics");
+  DaemonOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "";
+  options.state_dir = root + "/state";
+  options.data_dir = root + "/data";
+  options.device = "cpu";
+  options.log_stream = nullptr;
+  auto daemon = Daemon::Start(options);
+  ASSERT_OK(daemon) << daemon.status();
+  auto channel = kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", (*daemon)->port()));
+  grpc::GenericStub generic(channel);
+  for (const char* method : {"/kiln.v1.Training/NoSuchMethod", "/made.Up/Random123"}) {
+    grpc::Slice slice(std::string(""));
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext context;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) { done.set_value(s); });
+    EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNIMPLEMENTED) << method;
+  }
+  auto inference = inference::GRPCInferenceService::NewStub(channel);
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    inference::ModelInferRequest request;
+    request.set_model_name(absl::StrCat("nope-", i));
+    request.set_model_version(absl::StrCat("v-random-", i));
+    inference::ModelInferResponse response;
+    EXPECT_FALSE(inference->ModelInfer(&context, request, &response).ok());
+  }
+  const std::string text = (*daemon)->metrics().Scrape();
+  EXPECT_THAT(text, HasSubstr("kiln_grpc_requests_total{code=\"UNIMPLEMENTED\","
+                              "method=\"unknown\"} 2\n"));
+  EXPECT_THAT(text, Not(HasSubstr("NoSuchMethod")));
+  EXPECT_THAT(text, Not(HasSubstr("Random123")));
+  EXPECT_THAT(text, HasSubstr("model=\"unknown\",version=\"unknown\"} 3\n"));
+  EXPECT_THAT(text, Not(HasSubstr("v-random")));
+  EXPECT_THAT(text, Not(HasSubstr("nope-")));
   daemon->reset();
   std::error_code ec;
   fs::remove_all(root, ec);
