@@ -256,6 +256,14 @@ absl::Status JobStore::Migrate() {
   return Exec("COMMIT");
 }
 
+JobStore::SyncedCommits::SyncedCommits(JobStore* store) : store_(store) {
+  store_->Exec("PRAGMA synchronous=FULL").IgnoreError();
+}
+
+JobStore::SyncedCommits::~SyncedCommits() {
+  store_->Exec("PRAGMA synchronous=NORMAL").IgnoreError();
+}
+
 absl::Status JobStore::PutJobLocked(const v1::Job& job) {
   Statement s(db_,
               "INSERT INTO jobs (id, state, reason, device, create_ms, start_ms, end_ms, epochs, "
@@ -364,6 +372,7 @@ absl::Status JobStore::AppendEventLocked(const std::string& job_id, const v1::Jo
 
 absl::Status JobStore::PutJob(const v1::Job& job, const v1::JobEvent* event) {
   std::lock_guard<std::mutex> lock(mu_);
+  const SyncedCommits synced(this);
   KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   absl::Status status = PutJobLocked(job);
   if (status.ok() && event != nullptr) status = AppendEventLocked(job.id(), *event);
@@ -544,6 +553,7 @@ absl::StatusOr<int64_t> JobStore::MaxSeq(const std::string& job_id) {
 
 absl::Status JobStore::InsertCheckpoint(v1::Checkpoint* c) {
   std::lock_guard<std::mutex> lock(mu_);
+  const SyncedCommits synced(this);
   Statement s(db_,
               "INSERT INTO checkpoints (job_id, seq, kind, epochs_done, global_step, "
               "test_accuracy, size_bytes, create_ms, path, sha256) "
@@ -565,6 +575,7 @@ absl::Status JobStore::InsertCheckpoint(v1::Checkpoint* c) {
 
 absl::Status JobStore::DeleteCheckpoint(int64_t checkpoint_id) {
   std::lock_guard<std::mutex> lock(mu_);
+  const SyncedCommits synced(this);
   // The row stays, marked, so the job's history still shows that the checkpoint was written.
   Statement s(db_, "UPDATE checkpoints SET deleted = 1 WHERE id = ?");
   KILN_RETURN_IF_ERROR(s.status());

@@ -64,6 +64,20 @@ class JobStore {
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Migrate();
   absl::Status Exec(const char* sql);
+  // While alive (mu_ held), commits sync the write-ahead log (synchronous=FULL): for what is
+  // announced to clients once committed (job states, checkpoint records), which a power failure
+  // must not take back. Step metrics stay at NORMAL: one fsync a step would slow training, and
+  // losing the last steps' metrics on power loss loses nothing announced as final.
+  class SyncedCommits {
+   public:
+    explicit SyncedCommits(JobStore* store);
+    ~SyncedCommits();
+    SyncedCommits(const SyncedCommits&) = delete;
+    SyncedCommits& operator=(const SyncedCommits&) = delete;
+
+   private:
+    JobStore* store_;
+  };
   absl::Status AppendEventLocked(const std::string& job_id, const v1::JobEvent& event);
   absl::Status PutJobLocked(const v1::Job& job);
 

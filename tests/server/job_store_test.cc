@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <atomic>
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -131,6 +132,119 @@ TEST(JobStoreTest, NewerSchemaIsRefused) {
   sqlite3_close(db);
   auto store = JobStore::Open(dir + "/kiln.db");
   EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  std::filesystem::remove_all(dir);
+}
+
+// A VFS over the default one that counts fsyncs of write-ahead-log files: what makes a commit
+// survive a power failure in WAL mode.
+struct CountingVfs {
+  static inline sqlite3_vfs* base = nullptr;
+  static inline sqlite3_vfs vfs{};
+  static inline sqlite3_io_methods methods{};
+  static inline const sqlite3_io_methods* base_methods = nullptr;
+  static inline std::atomic<int> wal_syncs{0};
+
+  struct File {
+    sqlite3_file base_file;  // must come first: SQLite sees this
+    bool is_wal;
+    sqlite3_file* real;  // the default VFS's file, allocated right after this struct
+  };
+
+  static int Sync(sqlite3_file* f, int flags) {
+    File* file = reinterpret_cast<File*>(f);
+    if (file->is_wal) ++wal_syncs;
+    return file->real->pMethods->xSync(file->real, flags);
+  }
+  static int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
+    File* file = reinterpret_cast<File*>(f);
+    file->real = reinterpret_cast<sqlite3_file*>(file + 1);
+    file->is_wal = (flags & SQLITE_OPEN_WAL) != 0;
+    const int rc = base->xOpen(base, name, file->real, flags, out_flags);
+    if (rc != SQLITE_OK || file->real->pMethods == nullptr) {
+      f->pMethods = nullptr;
+      return rc;
+    }
+    if (base_methods == nullptr) base_methods = file->real->pMethods;
+    // Every other method forwards to the real file.
+    methods = *file->real->pMethods;
+    methods.xClose = [](sqlite3_file* f) {
+      sqlite3_file* real = reinterpret_cast<File*>(f)->real;
+      return real->pMethods->xClose(real);
+    };
+#define KILN_FORWARD(name, ...)                            \
+  [](sqlite3_file* f, auto... args) {                      \
+    sqlite3_file* real = reinterpret_cast<File*>(f)->real; \
+    return real->pMethods->name(real, args...);            \
+  }
+    methods.xRead = KILN_FORWARD(xRead);
+    methods.xWrite = KILN_FORWARD(xWrite);
+    methods.xTruncate = KILN_FORWARD(xTruncate);
+    methods.xSync = Sync;
+    methods.xFileSize = KILN_FORWARD(xFileSize);
+    methods.xLock = KILN_FORWARD(xLock);
+    methods.xUnlock = KILN_FORWARD(xUnlock);
+    methods.xCheckReservedLock = KILN_FORWARD(xCheckReservedLock);
+    methods.xFileControl = KILN_FORWARD(xFileControl);
+    methods.xSectorSize = KILN_FORWARD(xSectorSize);
+    methods.xDeviceCharacteristics = KILN_FORWARD(xDeviceCharacteristics);
+    methods.xShmMap = KILN_FORWARD(xShmMap);
+    methods.xShmLock = KILN_FORWARD(xShmLock);
+    methods.xShmBarrier = KILN_FORWARD(xShmBarrier);
+    methods.xShmUnmap = KILN_FORWARD(xShmUnmap);
+    methods.xFetch = KILN_FORWARD(xFetch);
+    methods.xUnfetch = KILN_FORWARD(xUnfetch);
+#undef KILN_FORWARD
+    f->pMethods = &methods;
+    return SQLITE_OK;
+  }
+  // Makes it the default VFS, so JobStore::Open uses it.
+  static void Install() {
+    if (base != nullptr) return;
+    base = sqlite3_vfs_find(nullptr);
+    vfs = *base;
+    vfs.zName = "kiln-counting";
+    vfs.szOsFile = static_cast<int>(sizeof(File)) + base->szOsFile;
+    vfs.xOpen = Open;
+    sqlite3_vfs_register(&vfs, /*makeDflt=*/1);
+  }
+  static void Uninstall() {
+    if (base == nullptr) return;
+    sqlite3_vfs_unregister(&vfs);
+    sqlite3_vfs_register(base, 1);
+    base = nullptr;
+  }
+};
+
+// A state change is announced to clients once it is committed, so its commit must survive a
+// power failure (the write-ahead log synced); a step's metrics need not (synchronous=NORMAL).
+TEST(JobStoreTest, AnnouncedChangesAreSyncedToDiskButStepMetricsAreNot) {
+  CountingVfs::Install();
+  const std::string dir = testing::MakeTempDir("store");
+  {
+    auto store = JobStore::Open(dir + "/kiln.db");
+    ASSERT_OK(store);
+    v1::Job job = MakeJob("a", v1::JOB_STATE_QUEUED);
+    v1::JobEvent step;
+    step.set_seq(1);
+    step.mutable_step()->set_global_step(1);
+    int before = CountingVfs::wal_syncs;
+    ASSERT_OK((*store)->AppendEvent("a", step));
+    EXPECT_EQ(CountingVfs::wal_syncs, before) << "a step's metrics are not synced";
+    before = CountingVfs::wal_syncs;
+    ASSERT_OK((*store)->PutJob(job));
+    EXPECT_GT(CountingVfs::wal_syncs, before) << "a state change is synced before it is announced";
+    v1::Checkpoint c;
+    c.set_job_id("a");
+    c.set_path("/x");
+    before = CountingVfs::wal_syncs;
+    ASSERT_OK((*store)->InsertCheckpoint(&c));
+    EXPECT_GT(CountingVfs::wal_syncs, before) << "a checkpoint's record is synced";
+    step.set_seq(2);
+    before = CountingVfs::wal_syncs;
+    ASSERT_OK((*store)->AppendEvent("a", step));
+    EXPECT_EQ(CountingVfs::wal_syncs, before) << "and steps are back to NORMAL after";
+  }
+  CountingVfs::Uninstall();
   std::filesystem::remove_all(dir);
 }
 
