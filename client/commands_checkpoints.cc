@@ -13,6 +13,7 @@
 #include "client/job_ref.h"
 #include "client/table.h"
 #include "common/atomic_file.h"
+#include "common/byte_size.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "kiln/v1/training.grpc.pb.h"

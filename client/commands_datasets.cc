@@ -10,6 +10,7 @@
 #include "client/command_env.h"
 #include "client/format.h"
 #include "client/table.h"
+#include "common/byte_size.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "kiln/v1/training.grpc.pb.h"

@@ -33,18 +33,6 @@ std::string DurationText(absl::Duration d) {
 
 std::string FormatPercent(double fraction) { return absl::StrFormat("%.2f%%", 100.0 * fraction); }
 
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int unit = -1;
-  while (v >= 1024 && unit < 3) {
-    v /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%.1f %s", v, units[unit]);
-}
-
 absl::Time ToAbslTime(const google::protobuf::Timestamp& t) {
   return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
 }

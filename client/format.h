@@ -20,8 +20,6 @@ std::string FormatClock(absl::Duration d);
 std::string DurationText(absl::Duration d);
 // "98.12%" for 0.9812.
 std::string FormatPercent(double fraction);
-// "512 B", "1.4 KiB", "3.2 MiB".
-std::string FormatBytes(int64_t bytes);
 // "2026-12-02 14:55:01" in UTC, or "-" when unset.
 std::string FormatTime(const google::protobuf::Timestamp& t);
 // How long ago: "45s", "3m", "2h", "5d"; "-" when unset.

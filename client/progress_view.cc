@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/format.h"
+#include "common/byte_size.h"
 
 namespace kiln::client {
 namespace {

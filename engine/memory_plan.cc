@@ -7,8 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/byte_size.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/layers/conv2d.h"
 #include "engine/model.h"
 
 namespace kiln {
@@ -24,19 +26,6 @@ int64_t Mul(int64_t a, int64_t b) {
 }
 int64_t Add(int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; }
 
-Conv2dGeometry ConvGeometry(const Conv2dConfig& c, const Shape& input, int64_t batch) {
-  Conv2dGeometry g;
-  g.batch = static_cast<int>(std::min<int64_t>(batch, std::numeric_limits<int>::max()));
-  g.in_channels = static_cast<int>(input[0]);
-  g.in_h = static_cast<int>(input[1]);
-  g.in_w = static_cast<int>(input[2]);
-  g.out_channels = static_cast<int>(c.out_channels);
-  g.kernel_h = g.kernel_w = static_cast<int>(c.kernel_size);
-  g.stride = static_cast<int>(c.stride);
-  g.padding = static_cast<int>(c.padding);
-  return g;
-}
-
 // The convolution workspace of layer `i` on `target`, for a training batch and an evaluation
 // (forward-only) batch.
 int64_t ConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64_t train_batch,
@@ -46,12 +35,12 @@ int64_t ConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64_t tr
   int64_t columns = 0, partials = 0;
   if (train_batch > 0) {
     const CpuBackend::ConvScratch s = CpuBackend::ConvScratchFloats(
-        ConvGeometry(c, input, train_batch), target.threads, /*backward=*/true);
+        MakeConv2dGeometry(c, input, train_batch), target.threads, /*backward=*/true);
     columns = s.columns;
     partials = s.partials;
   }
   const int64_t batch = std::max(train_batch, eval_batch);
-  columns = std::max(columns, CpuBackend::ConvScratchFloats(ConvGeometry(c, input, batch),
+  columns = std::max(columns, CpuBackend::ConvScratchFloats(MakeConv2dGeometry(c, input, batch),
                                                             target.threads, /*backward=*/false)
                                   .columns);
   return Mul(Add(columns, partials), kFloat);
@@ -88,18 +77,6 @@ void AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& shapes, i
 }
 
 }  // namespace
-
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 1000) return absl::StrCat(bytes, " B");
-  const char* units[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
-  double v = static_cast<double>(bytes);
-  int u = -1;
-  while (v >= 1000 && u < 5) {
-    v /= 1000;
-    ++u;
-  }
-  return absl::StrFormat("%.3g %s", v, units[u]);
-}
 
 std::string MemoryNeed::Describe() const {
   return layer >= 0 ? absl::StrCat("layer ", layer, " ", what, ": ", FormatBytes(bytes))

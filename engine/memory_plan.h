@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/byte_size.h"
 #include "engine/backend.h"
 #include "engine/model_config.h"
 #include "engine/trainer.h"
@@ -20,7 +21,7 @@ struct MemoryNeed {
   int layer = -1;    // the model layer that needs it; -1 for the model or the job as a whole
   std::string what;  // "conv2d workspace", "parameters and gradients", ...
   int64_t bytes = 0;
-  // "layer 0 conv2d workspace: 8.71 GB" or "optimizer state: 2.14 MB".
+  // "layer 0 conv2d workspace: 8.2 GiB" or "optimizer state: 2.0 MiB".
   std::string Describe() const;
 };
 
@@ -45,8 +46,5 @@ absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t
 // A served model answering batches of up to `max_batch` samples.
 absl::StatusOr<MemoryPlan> PlanInferenceMemory(const ModelConfig& model, int max_batch,
                                                const MemoryTarget& target);
-
-// "8.71 GB", "512 B": for messages.
-std::string FormatBytes(int64_t bytes);
 
 }  // namespace kiln

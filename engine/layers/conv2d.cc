@@ -1,6 +1,8 @@
 #include "engine/layers/conv2d.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -61,17 +63,21 @@ std::vector<Parameter*> Conv2d::parameters() {
   return {&weight_};
 }
 
-Conv2dGeometry Conv2d::Geometry(int64_t batch) const {
+Conv2dGeometry MakeConv2dGeometry(const Conv2dConfig& c, const Shape& input, int64_t batch) {
   Conv2dGeometry g;
-  g.batch = static_cast<int>(batch);
-  g.in_channels = static_cast<int>(input_shape_[0]);
-  g.in_h = static_cast<int>(input_shape_[1]);
-  g.in_w = static_cast<int>(input_shape_[2]);
-  g.out_channels = static_cast<int>(config_.out_channels);
-  g.kernel_h = g.kernel_w = static_cast<int>(config_.kernel_size);
-  g.stride = static_cast<int>(config_.stride);
-  g.padding = static_cast<int>(config_.padding);
+  g.batch = static_cast<int>(std::min<int64_t>(batch, std::numeric_limits<int>::max()));
+  g.in_channels = static_cast<int>(input[0]);
+  g.in_h = static_cast<int>(input[1]);
+  g.in_w = static_cast<int>(input[2]);
+  g.out_channels = static_cast<int>(c.out_channels);
+  g.kernel_h = g.kernel_w = static_cast<int>(c.kernel_size);
+  g.stride = static_cast<int>(c.stride);
+  g.padding = static_cast<int>(c.padding);
   return g;
+}
+
+Conv2dGeometry Conv2d::Geometry(int64_t batch) const {
+  return MakeConv2dGeometry(config_, input_shape_, batch);
 }
 
 absl::Status Conv2d::Forward(const Tensor& x, Tensor* y, Mode) {

@@ -13,6 +13,9 @@ namespace kiln {
 // Output (out_channels, H', W') for a (in_channels, H, W) input, floor((H + 2p - k) / s) + 1.
 absl::StatusOr<Shape> OutputShape(const Conv2dConfig& c, const Shape& input);
 int64_t ParameterCount(const Conv2dConfig& c);
+// The backend's view of a conv2d layer over `batch` samples of `input` (in_channels, H, W): what
+// the layer runs and what the memory plan sizes its workspace by.
+Conv2dGeometry MakeConv2dGeometry(const Conv2dConfig& c, const Shape& input, int64_t batch);
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const Conv2dConfig& c, const LayerContext& ctx);
 
 class Conv2d final : public Layer {

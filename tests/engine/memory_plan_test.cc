@@ -64,7 +64,7 @@ TEST(MemoryPlan, TheConvWorkspaceIsCountedPerThreadAndNamesItsLayer) {
   EXPECT_EQ(plan->largest().what, "conv2d workspace");
   EXPECT_EQ(plan->largest().bytes, (backward.columns + backward.partials) * 4);
   EXPECT_GT(plan->largest().bytes, int64_t{8} << 30);  // 2 x 1089 x 10^6 floats and more
-  EXPECT_EQ(plan->largest().Describe(), "layer 0 conv2d workspace: 8.84 GB");
+  EXPECT_EQ(plan->largest().Describe(), "layer 0 conv2d workspace: 8.2 GiB");
 
   // On a GPU cuDNN keeps within its fixed workspace limit instead.
   auto cuda = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCuda, 1});
@@ -98,7 +98,7 @@ TEST(MemoryPlan, HostileSizesSaturateInsteadOfWrappingAround) {
   ASSERT_OK(plan);
   EXPECT_EQ(plan->total_bytes(), std::numeric_limits<int64_t>::max());
   EXPECT_EQ(FormatBytes(999), "999 B");
-  EXPECT_EQ(FormatBytes(1536), "1.54 kB");
+  EXPECT_EQ(FormatBytes(1536), "1.5 KiB");
 }
 
 TEST(MemoryPlan, AModelWhoseShapesDoNotCheckOutIsAnError) {

@@ -106,7 +106,7 @@ TEST(LimitFlagsTest, AJobWhoseMemoryPlanIsOverTheLimitIsRefusedNamingTheLayer) {
   grpc::Status status = submit(wide);
   EXPECT_EQ(status.error_code(), grpc::RESOURCE_EXHAUSTED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("(the most: layer 0 conv2d workspace: "));
-  EXPECT_THAT(status.error_message(), HasSubstr("over the limit of 12 MB (12000000 bytes, "
+  EXPECT_THAT(status.error_message(), HasSubstr("over the limit of 11.4 MiB (12000000 bytes, "
                                                 "--max_job_memory_bytes)"));
   // What fits goes through.
   EXPECT_TRUE(submit(testing::SmallSpec("toy", 1)).ok());

@@ -116,7 +116,7 @@ TEST(ModelRepositoryTest, AVersionOverTheMemoryLimitIsRefusedNamingTheLayerAndCh
                        "max_batch_size 64 needs "))
       << refused.status();
   EXPECT_TRUE(Contains(refused.status(), "(the most: layer ")) << refused.status();
-  EXPECT_TRUE(Contains(refused.status(), "over the limit of 2 MB")) << refused.status();
+  EXPECT_TRUE(Contains(refused.status(), "over the limit of 1.9 MiB")) << refused.status();
   EXPECT_FALSE(repo.Versions("m").ok());
   // One sample at a time fits.
   big.options.batching.max_batch_size = 1;
