@@ -440,6 +440,23 @@ struct BadSubmit {
   const char* fragment;
 };
 
+// An error echoing what a client sent stays the error it is, however long the echo: a 100 KB
+// dataset name once came back as gRPC's "metadata size exceeds limit" instead.
+TEST_F(TrainingServiceTest, ErrorsEchoingHugeInputAreTheRealErrorCutShort) {
+  StartDaemon();
+  v1::JobSpec spec = SmallSpec("toy", 1);
+  spec.set_dataset(std::string(100 * 1024, 'x'));
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  const grpc::Status status = stub_->SubmitJob(&context, request, &job);
+  EXPECT_EQ(status.error_code(), grpc::INVALID_ARGUMENT) << status.error_message().substr(0, 200);
+  EXPECT_THAT(status.error_message(), ::testing::StartsWith("spec.dataset: "));
+  EXPECT_LE(status.error_message().size(), 1100u);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("bytes in all)"));
+}
+
 TEST_F(TrainingServiceTest, BadSubmissionsAreRefusedWithTheFieldNamed) {
   StartDaemon();
   const std::vector<BadSubmit> cases = {
