@@ -5,7 +5,9 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <string>
 
 #include "engine/safetensors.h"
 #include "server/jobs/dataset_catalog.h"
@@ -17,9 +19,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A zombie (killed, not yet reaped by its parent) still answers kill(pid, 0): a kilnd restarted
+// before the old one was reaped would keep its temp files until the start after.
+bool IsZombie(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // "<pid> (<comm>) <state> ...": comm may hold spaces and parentheses, the last ')' ends it.
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
 bool WriterGone(int pid) {
   if (pid == static_cast<int>(::getpid())) return true;
-  return ::kill(pid, 0) != 0 && errno == ESRCH;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  return IsZombie(pid);
 }
 
 }  // namespace

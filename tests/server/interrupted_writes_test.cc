@@ -161,5 +161,35 @@ TEST(StateDirLockTest, SecondKilndOnAStateDirIsRefusedAndTheFirstSweptLeftovers)
   fs::remove_all(root);
 }
 
+// A kilnd killed with SIGKILL stays a zombie until its parent reaps it; if the next kilnd starts
+// before that, the dead writer's pid still answers kill(pid, 0). Its temp files must go anyway,
+// not one restart later.
+TEST(InterruptedWritesTest, AZombieWriterCountsAsGone) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  // Not reaped yet: a zombie, until waitpid below.
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+        std::string pid, comm, state;
+        stat >> pid >> comm >> state;
+        return state == "Z";
+      },
+      absl::Seconds(10)));
+  const std::string root = testing::MakeTempDir("interrupted-writes");
+  const std::string ckpt = root + "/state/checkpoints/job-1/";
+  const std::string temp =
+      ckpt + "latest-step6-101.safetensors.tmp." + std::to_string(child) + ".0000000000000001";
+  Touch(temp);
+  Touch(root + "/data/.upload-" + std::to_string(child) + "-00000001-x/train-labels-idx1-ubyte");
+  const InterruptedWrites removed = RemoveInterruptedWrites(root + "/state", root + "/data");
+  EXPECT_EQ(removed.checkpoint_temps, 1);
+  EXPECT_EQ(removed.upload_dirs, 1);
+  EXPECT_FALSE(fs::exists(temp));
+  waitpid(child, nullptr, 0);
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace kiln::server
