@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -18,6 +19,9 @@
 namespace kiln::server {
 
 namespace {
+
+constexpr int kMaxConnections = 8;
+constexpr std::chrono::milliseconds kRequestTimeout{5000};
 
 absl::Status Unavailable(const std::string& listen, const std::string& what) {
   return absl::UnavailableError(absl::StrCat("--metrics_listen=", listen, ": ", what));
@@ -98,6 +102,11 @@ void MetricsHttpServer::Stop() {
   const char byte = 0;
   (void)!write(wake_fd_[1], &byte, 1);
   thread_.join();
+  {
+    // Connections still being answered end within kRequestTimeout.
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return answering_ == 0; });
+  }
   close(listen_fd_);
   close(wake_fd_[0]);
   close(wake_fd_[1]);
@@ -115,18 +124,39 @@ void MetricsHttpServer::Serve() {
     if ((fds[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    Answer(fd);
-    close(fd);
+    // Each connection on its own thread, so one slow client holds up no scrape; a few at once
+    // at most (Prometheus scrapes one at a time), the rest closed at once.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (answering_ >= kMaxConnections) {
+        close(fd);
+        continue;
+      }
+      ++answering_;
+    }
+    std::thread([this, fd] {
+      Answer(fd);
+      close(fd);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--answering_ == 0) idle_.notify_all();
+    }).detach();
   }
 }
 
 void MetricsHttpServer::Answer(int fd) {
-  // Read the request head (bounded, with a timeout so a silent client cannot hold the thread).
+  // The request head must arrive whole within kRequestTimeout: a client trickling bytes cannot
+  // keep the connection for longer. The answer's writes have the same limit.
+  const timeval send_limit{kRequestTimeout.count() / 1000, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof(send_limit));
+  const auto deadline = std::chrono::steady_clock::now() + kRequestTimeout;
   std::string head;
   char buf[2048];
   while (head.find("\r\n\r\n") == std::string::npos && head.size() < 16384) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 2000) <= 0) return;
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return;
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return;
     head.append(buf, static_cast<size_t>(n));

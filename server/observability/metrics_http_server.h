@@ -1,4 +1,5 @@
-// A minimal HTTP/1.1 endpoint for Prometheus scrapes (GET /metrics) on a thread of its own.
+// A minimal HTTP/1.1 endpoint for Prometheus scrapes (GET /metrics): a thread accepts, and each
+// connection is answered on a thread of its own (8 at once at most), its request due within 5 s.
 //
 // Why not prometheus-cpp's civetweb Exposer: civetweb's threads get a fixed 100 KiB stack, of
 // which OpenBLAS's static TLS alone takes 60 KiB; the rest is too little to serialise a scrape,
@@ -6,7 +7,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -36,6 +39,10 @@ class MetricsHttpServer {
   int listen_fd_ = -1;
   int wake_fd_[2] = {-1, -1};  // a pipe: a byte on it ends Serve()
   std::thread thread_;
+  // Connections being answered, each on a thread of its own (Stop waits for them).
+  std::mutex mu_;
+  std::condition_variable idle_;
+  int answering_ = 0;  // guarded by mu_
 };
 
 }  // namespace kiln::server

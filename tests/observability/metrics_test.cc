@@ -2,12 +2,19 @@
 // inference API, gRPC call counting, and the /metrics endpoint, in process.
 #include "server/observability/metrics.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <future>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -186,6 +193,43 @@ TEST(MetricsTest, ServesTheTextFormatOverHttp) {
   ASSERT_OK(body) << body.status();
   EXPECT_THAT(*body, HasSubstr("kiln_build_info{"));
   EXPECT_THAT(*body, HasSubstr("kiln_device_memory_total_bytes{device=\"cpu\"}"));
+}
+
+// One client trickling its request (a byte every half second) holds no one else up, and is
+// dropped once its time for the request is up.
+TEST(MetricsTest, ASlowClientDoesNotBlockScrapesAndIsDropped) {
+  Metrics metrics;
+  ASSERT_OK(metrics.Serve("127.0.0.1:0"));
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(metrics.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::atomic<bool> dropped{false};
+  std::thread slow([&] {
+    const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ";
+    for (int i = 0; i < 40 && !dropped; ++i) {  // 20 s of trickle, unless dropped first
+      if (send(fd, &request[i % request.size()], 1, MSG_NOSIGNAL) != 1) dropped = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  });
+  // A scrape while the slow client trickles: answered (HttpGet gives up after 10 s).
+  absl::StatusOr<std::string> body =
+      testing::HttpGet(absl::StrCat("http://127.0.0.1:", metrics.port(), "/metrics"));
+  EXPECT_OK(body) << body.status();
+  if (body.ok()) {
+    EXPECT_THAT(*body, HasSubstr("kiln_build_info{"));
+  }
+  // The slow client is closed on: a read sees the end of the stream.
+  char c;
+  timeval wait{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+  EXPECT_EQ(recv(fd, &c, 1, 0), 0) << "the slow client was not dropped";
+  dropped = true;
+  slow.join();
+  close(fd);
 }
 
 TEST(MetricsTest, ABusyAddressIsUnavailable) {
