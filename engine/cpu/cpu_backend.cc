@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -17,6 +18,16 @@ namespace kiln {
 
 using cpu_internal::kParallelMin;
 
+namespace {
+
+double PhysicalMemoryBytes() {
+  static const double bytes =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  return bytes > 0 ? bytes : 1e300;
+}
+
+}  // namespace
+
 CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_num_procs()) {
   openblas_set_num_threads(threads_);
 }
@@ -25,6 +36,11 @@ void CpuBackend::BindCallingThread() { omp_set_num_threads(threads_); }
 
 float* CpuBackend::Scratch(std::vector<float>* buf, size_t elems) {
   if (buf->size() < elems) {
+    // More than the machine's memory can never be used: refuse it rather than trust the
+    // allocator, which under overcommit (vm.overcommit_memory=1) hands out terabytes that the
+    // zero-fill below then faults in until the OOM killer ends the process.
+    const double bytes = static_cast<double>(elems) * sizeof(float);
+    if (bytes > PhysicalMemoryBytes()) return nullptr;
     try {
       buf->resize(elems);
     } catch (const std::exception&) {  // bad_alloc or length_error: an error, never a crash

@@ -1040,10 +1040,12 @@ TEST_P(OpParity, TrainingRepeatsBitForBitOnAnotherBackend) {
   // Every reduction (loss, bias and convolution gradients) runs in a fixed order, and cuDNN's
   // algorithms (on CUDA) come from its heuristics (shape and device only), so a second backend
   // of the same device (another job, process or resumed checkpoint) trains the same bits from
-  // the same seed.
-  auto other = CreateFloat32Backend(GetParam());
-  ASSERT_OK(other);
-  Backend* runs[2] = {tested_, other->get()};
+  // the same seed. Two fresh backends, so each has chosen algorithms for these models alone.
+  auto first = CreateFloat32Backend(GetParam());
+  auto second = CreateFloat32Backend(GetParam());
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  Backend* runs[2] = {first->get(), second->get()};
   for (const Reference& ref : ReferenceModels()) {
     SCOPED_TRACE(ref.name);
     const Dataset data = RandomImages(20 * ref.batch, 80);
