@@ -5,6 +5,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/support/server_interceptor.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -44,6 +46,10 @@ std::string WithPort(const std::string& listen, int port) {
   return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
 }
 
+int ClampedMillis(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
@@ -67,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {"max_upload_bytes", options.max_upload_bytes},
       {"max_message_bytes", options.max_message_bytes},
       {"max_streams", options.max_streams},
+      {"max_connections", options.max_connections},
       {"max_inference_batch", options.max_inference_batch},
       {"max_deploy_batch_size", options.max_deploy_batch_size},
       {"max_layers", options.limits.max_layers},
@@ -82,6 +89,25 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
           absl::StrCat("--", flag, ": must be at least 1, got ", value));
     }
   }
+  if (options.reserved_descriptors < 0) {
+    return absl::InvalidArgumentError("--reserved_descriptors: must be at least 0");
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, absl::Duration>{"connection_handshake_timeout",
+                                               options.connection_handshake_timeout},
+        {"connection_idle_timeout", options.connection_idle_timeout}}) {
+    if (value < absl::Milliseconds(1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": must be at least 1ms, got ", absl::FormatDuration(value)));
+    }
+  }
+  // Descriptors: as many as the hard limit allows, some always kept for files.
+  const int open_file_limit = RaiseOpenFileLimit();
+  if (options.reserved_descriptors >= open_file_limit / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reserved_descriptors: ", options.reserved_descriptors,
+        " leaves too few of the open-file limit (", open_file_limit, ") for connections"));
+  }
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;
   d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
@@ -89,9 +115,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // A kilnd killed mid-write left these; with the lock held, no other daemon is writing here.
   const InterruptedWrites swept = RemoveInterruptedWrites(options.state_dir, options.data_dir);
   if (swept.checkpoint_temps > 0 || swept.upload_dirs > 0) {
-    d->log_->Log(LogLevel::kInfo, "interrupted_writes_removed",
-                 {{"checkpoint_temp_files", swept.checkpoint_temps},
-                  {"upload_dirs", swept.upload_dirs}});
+    d->log_->Log(
+        LogLevel::kInfo, "interrupted_writes_removed",
+        {{"checkpoint_temp_files", swept.checkpoint_temps}, {"upload_dirs", swept.upload_dirs}});
   }
   d->metrics_ = std::make_unique<Metrics>(MetricsOptions{options.metrics_job_retention, {}});
   // Security settings are checked before anything is opened or bound.
@@ -104,9 +130,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     // kilnd's own copies of the files, which only ever hold a sound set
     // (server/grpc/tls_reloader.h).
-    KILN_ASSIGN_OR_RETURN(d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
-                                                      options.tls_reload_interval, d->log_.get(),
-                                                      d->metrics_.get()));
+    KILN_ASSIGN_OR_RETURN(
+        d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
+                                    options.tls_reload_interval, d->log_.get(), d->metrics_.get()));
     credentials = d->tls_->credentials();
   }
   if (!options.auth_tokens_file.empty()) {
@@ -179,6 +205,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.RegisterService(d->service_.get());
   builder.RegisterService(d->inference_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  // A connection that never completes its handshake (or its HTTP/2 settings), or that makes no
+  // call for a while, gives its descriptor back; gRPC clients reconnect when they call again.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             ClampedMillis(options.connection_handshake_timeout));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             ClampedMillis(options.connection_idle_timeout));
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
   if (d->auth_tokens_ != nullptr) {  // first, so the metrics see the calls it refuses as refused
     creators.push_back(NewBearerAuthInterceptor(
@@ -191,6 +223,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (d->server_ == nullptr || d->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen=", options.listen, ": cannot listen"));
   }
+  d->connection_guard_ = ConnectionGuard::Install(
+      d->port_, {options.max_connections, options.reserved_descriptors},
+      [metrics](const char* reason) { metrics->ConnectionRefused(reason); });
   d->server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   d->server_->GetHealthCheckService()->SetServingStatus(kInferenceServiceName, true);
   d->server_->GetHealthCheckService()->SetServingStatus("", true);

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/grpc/auth_tokens.h"
+#include "server/grpc/connection_guard.h"
 #include "server/grpc/tls_credentials.h"
 #include "server/grpc/tls_reloader.h"
 #include "server/jobs/dataset_catalog.h"
@@ -44,6 +45,13 @@ struct DaemonOptions {
   int max_queued_jobs = 1000;
   int64_t max_upload_bytes = int64_t{512} << 20;
   int max_message_bytes = 16 << 20;
+  // Connections (server/grpc/connection_guard.h): at most max_connections open, none taking the
+  // last reserved_descriptors below the open-file limit; closed when they have not finished the
+  // HTTP/2 (and TLS) handshake within handshake_timeout, or made no call for idle_timeout.
+  int max_connections = 1000;
+  int reserved_descriptors = 64;
+  absl::Duration connection_handshake_timeout = absl::Seconds(10);
+  absl::Duration connection_idle_timeout = absl::Minutes(5);
   int max_streams = 256;                // WatchJob/ExportCheckpoint/UploadDataset open at once
   int64_t max_inference_batch = 16384;  // samples in one ModelInfer
   int max_deploy_batch_size = 1024;     // the largest max_batch_size a deployment may ask
@@ -116,6 +124,7 @@ class Daemon {
   std::unique_ptr<serving::ModelRepository> models_;
   std::unique_ptr<serving::InferenceService> inference_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ConnectionGuard> connection_guard_;  // on the server's port
   int port_ = 0;
   bool shut_down_ = false;
 };

@@ -38,6 +38,15 @@ ABSL_FLAG(int, max_batch_size, 65'536, "largest training batch a job may ask for
 ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest gRPC message kilnd accepts, in bytes");
 ABSL_FLAG(int, max_streams, 256,
           "streaming calls (WatchJob, ExportCheckpoint, UploadDataset) open at once");
+ABSL_FLAG(int, max_connections, 1000,
+          "gRPC connections open at once; more are closed on accept (clients retry)");
+ABSL_FLAG(int, reserved_descriptors, 64,
+          "descriptors below the open-file limit kept for job and store files, never for "
+          "connections");
+ABSL_FLAG(absl::Duration, connection_handshake_timeout, absl::Seconds(10),
+          "a connection that has not completed its TLS and HTTP/2 handshake by then is closed");
+ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Minutes(5),
+          "a connection with no call for this long is closed (clients reconnect on their next)");
 ABSL_FLAG(int64_t, max_inference_batch, 16384, "most samples one ModelInfer request may carry");
 ABSL_FLAG(int, max_deploy_batch_size, 1024,
           "largest dynamic-batching max_batch_size a deployment may ask for");
@@ -112,6 +121,10 @@ int main(int argc, char** argv) {
   options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.max_connections = absl::GetFlag(FLAGS_max_connections);
+  options.reserved_descriptors = absl::GetFlag(FLAGS_reserved_descriptors);
+  options.connection_handshake_timeout = absl::GetFlag(FLAGS_connection_handshake_timeout);
+  options.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
   options.max_inference_batch = absl::GetFlag(FLAGS_max_inference_batch);
   options.max_deploy_batch_size = absl::GetFlag(FLAGS_max_deploy_batch_size);
   options.step_delay = absl::GetFlag(FLAGS_step_delay);

@@ -179,6 +179,10 @@ Metrics::Metrics(MetricsOptions options)
   auth_failures_ = Declare(BuildCounter(), r, "kiln_auth_failures_total",
                            "gRPC calls refused for their bearer token, by reason (missing, "
                            "invalid).");
+  connections_refused_ =
+      Declare(BuildCounter(), r, "kiln_grpc_connections_refused_total",
+              "gRPC connections closed on accept, by reason (max_connections: --max_connections "
+              "are open; descriptors: only --reserved_descriptors are left).");
   tls_expiry_ = Declare(BuildGauge(), r, "kiln_tls_certificate_expiry_timestamp_seconds",
                         "When the TLS certificate kilnd serves expires (Unix time); absent "
                         "without TLS.");
@@ -235,6 +239,9 @@ Metrics::Metrics(MetricsOptions options)
   job_submissions_->Add({});
   // Both reasons exist from the start, so rate() sees the first failure.
   for (const char* reason : {"missing", "invalid"}) auth_failures_->Add({{"reason", reason}});
+  for (const char* reason : {"max_connections", "descriptors"}) {
+    connections_refused_->Add({{"reason", reason}});
+  }
   reaper_ = std::thread(&Metrics::ReaperLoop, this);
   pthread_setname_np(reaper_.native_handle(), "kiln-reaper");
 }
@@ -409,6 +416,10 @@ void Metrics::RecordGrpc(const std::string& method, int code, double seconds) {
 
 void Metrics::AuthFailed(std::string_view reason) {
   auth_failures_->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::ConnectionRefused(std::string_view reason) {
+  connections_refused_->Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void Metrics::TlsCertificateServed(absl::Time not_after) {

@@ -105,6 +105,8 @@ class Metrics {
   // --- auth ---------------------------------------------------------------------------------
   // A call refused for its bearer token; reason: "missing" or "invalid".
   void AuthFailed(std::string_view reason);
+  // A connection kilnd closed on accept: "max_connections" or "descriptors".
+  void ConnectionRefused(std::string_view reason);
 
   // --- TLS ----------------------------------------------------------------------------------
   // The certificate now served expires at `not_after` (at start and after each renewal).
@@ -137,6 +139,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* grpc_requests_;
   prometheus::Family<prometheus::Histogram>* grpc_duration_;
   prometheus::Family<prometheus::Counter>* auth_failures_;
+  prometheus::Family<prometheus::Counter>* connections_refused_;
   prometheus::Family<prometheus::Gauge>* tls_expiry_;
   prometheus::Family<prometheus::Counter>* tls_reloads_;
   // Per job.

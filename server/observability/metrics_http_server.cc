@@ -22,6 +22,7 @@ namespace {
 
 constexpr int kMaxConnections = 8;
 constexpr std::chrono::milliseconds kRequestTimeout{5000};
+constexpr std::chrono::milliseconds kOutOfDescriptorsWait{100};
 
 absl::Status Unavailable(const std::string& listen, const std::string& what) {
   return absl::UnavailableError(absl::StrCat("--metrics_listen=", listen, ": ", what));
@@ -123,7 +124,12 @@ void MetricsHttpServer::Serve() {
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors: the connection stays queued and poll() would wake at once again;
+      // wait for descriptors to free instead of spinning a core.
+      if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(kOutOfDescriptorsWait);
+      continue;
+    }
     // Each connection on its own thread, so one slow client holds up no scrape; a few at once
     // at most (Prometheus scrapes one at a time), the rest closed at once.
     {
@@ -178,9 +184,9 @@ void MetricsHttpServer::Answer(int fd) {
       body = "kilnd serves metrics at /metrics\n";
     }
   }
-  std::string response = absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
-                                      "\r\nContent-Length: ", body.size(),
-                                      "\r\nConnection: close\r\n\r\n");
+  std::string response =
+      absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
+                   "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
   if (line.rfind("HEAD ", 0) != 0) response += body;
   WriteAll(fd, response);
 }

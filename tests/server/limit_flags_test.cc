@@ -119,5 +119,15 @@ TEST(LimitFlagsTest, ANonPositiveLimitStopsKilndAtStart) {
   EXPECT_FALSE(kilnd.Start()) << "kilnd started with --max_streams=0";
 }
 
+TEST(LimitFlagsTest, ConnectionLimitsOutOfRangeStopKilndAtStart) {
+  const std::string root = testing::MakeTempDir("kilnd-limits");
+  for (const char* flag :
+       {"--max_connections=0", "--reserved_descriptors=-1", "--reserved_descriptors=100000000",
+        "--connection_handshake_timeout=0s", "--connection_idle_timeout=0s"}) {
+    testing::KilndProcess kilnd(root + "/state", root + "/data", {"--metrics_listen=", flag});
+    EXPECT_FALSE(kilnd.Start()) << "kilnd started with " << flag;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::server

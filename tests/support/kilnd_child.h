@@ -25,6 +25,9 @@ class KilndChild {
   // report its ports within 30 s.
   bool Start(const std::string& state_dir, const std::string& data_dir,
              const std::vector<std::string>& extra_args = {}, bool metrics = false);
+  // Runs kilnd through `prefix` (e.g. {"/usr/bin/prlimit", "--nofile=256:256", "--"}), which
+  // must exec it in place, so pid() stays kilnd's. Applies to later Starts.
+  void set_launcher(std::vector<std::string> prefix) { launcher_ = std::move(prefix); }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }  // 0 without /metrics
   std::string address() const;                        // 127.0.0.1:PORT
@@ -40,6 +43,7 @@ class KilndChild {
 
  private:
   Subprocess process_;
+  std::vector<std::string> launcher_;
   int port_ = 0;
   int metrics_port_ = 0;
 };
