@@ -1,4 +1,5 @@
-// kiln checkpoints, checkpoint and export: listing, taking and downloading a job's checkpoints.
+// kiln checkpoints, checkpoint, export and delete-checkpoint: listing, taking, downloading and
+// deleting a job's checkpoints.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -91,6 +92,33 @@ absl::StatusOr<int64_t> ResolveCheckpoint(Connection& c, const CheckpointRef& re
     return absl::NotFoundError(absl::StrCat(ref.job_id, " has no checkpoints"));
   }
   return best->id();
+}
+
+absl::Status DeleteCheckpoint(CommandEnv& env, const std::string& text) {
+  KILN_ASSIGN_OR_RETURN(CheckpointRef ref, ParseCheckpointRef(text));
+  if (ref.which != CheckpointRef::Which::kId) {
+    return UsageError(
+        absl::StrCat("name the checkpoint to delete by its id, JOB@ID (see: kiln "
+                     "checkpoints ",
+                     ref.job_id, "), not \"", text, "\""));
+  }
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = v1::Training::NewStub(c->channel());
+  v1::DeleteCheckpointRequest request;
+  request.set_job_id(ref.job_id);
+  request.set_checkpoint_id(ref.checkpoint_id);
+  v1::Checkpoint ck;
+  auto context = c->NewContext();
+  grpc::Status status = stub->DeleteCheckpoint(context.get(), request, &ck);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    PrintJson(env, ck);
+  } else {
+    std::fprintf(env.out, "deleted checkpoint %lld of %s (epoch %d, step %lld, %s)\n",
+                 static_cast<long long>(ck.id()), ref.job_id.c_str(), ck.epochs_done(),
+                 static_cast<long long>(ck.global_step()), FormatBytes(ck.size_bytes()).c_str());
+  }
+  return absl::OkStatus();
 }
 
 struct ExportOptions {
@@ -215,6 +243,17 @@ void AddCheckpointCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "  kiln export job-3f9c2a1b7d04@3");
   e->callback(
       [&env, action, e_opts] { *action = [&env, e_opts] { return Export(env, *e_opts); }; });
+
+  auto delete_ref = std::make_shared<std::string>();
+  CLI::App* d = app.add_subcommand("delete-checkpoint", "Delete one checkpoint of a job");
+  d->add_option("checkpoint", *delete_ref, "JOB@ID (ids from: kiln checkpoints JOB)")->required();
+  d->footer(
+      "Refused for the checkpoint a queued or running job is to resume from. A model deployed\n"
+      "from it keeps serving (its weights are in memory).\n\n"
+      "Example:\n  kiln delete-checkpoint job-3f9c2a1b7d04@3");
+  d->callback([&env, action, delete_ref] {
+    *action = [&env, delete_ref] { return DeleteCheckpoint(env, *delete_ref); };
+  });
 }
 
 }  // namespace kiln::client

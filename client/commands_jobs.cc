@@ -253,12 +253,14 @@ absl::Status Cancel(CommandEnv& env, const std::string& job_id) {
   return absl::OkStatus();
 }
 
-absl::Status Resume(CommandEnv& env, const std::string& job_id, int epochs, bool watch) {
+absl::Status Resume(CommandEnv& env, const std::string& job_id, int epochs, int64_t checkpoint_id,
+                    bool watch) {
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
   auto stub = v1::Training::NewStub(c->channel());
   v1::ResumeJobRequest request;
   request.set_job_id(job_id);
   request.set_epochs(epochs);
+  request.set_checkpoint_id(checkpoint_id);
   v1::Job job;
   auto context = c->NewContext();
   grpc::Status status = stub->ResumeJob(context.get(), request, &job);
@@ -354,19 +356,24 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
   auto resume_id = std::make_shared<std::string>();
   auto resume_epochs = std::make_shared<int>(0);
   auto resume_watch = std::make_shared<bool>(false);
+  auto resume_from = std::make_shared<int64_t>(0);
   CLI::App* r = app.add_subcommand("resume", "Resume a cancelled, failed or finished job");
   r->add_option("job", *resume_id, "Job id")->required();
   r->add_option("--epochs", *resume_epochs, "New total epoch count (default: unchanged)")
       ->check(CLI::Range(1, 10000));
+  r->add_option("--checkpoint", *resume_from,
+                "Continue from this checkpoint id (default: the newest that verifies)")
+      ->check(CLI::NonNegativeNumber);
   r->add_flag("--watch,-w", *resume_watch, "Follow the job's progress until it ends");
   r->footer(
       "Continues from the job's latest checkpoint.\n\n"
       "Examples:\n"
       "  kiln resume job-3f9c2a1b7d04 --watch\n"
-      "  kiln resume job-3f9c2a1b7d04 --epochs 10");
-  r->callback([&env, action, resume_id, resume_epochs, resume_watch] {
-    *action = [&env, resume_id, resume_epochs, resume_watch] {
-      return Resume(env, *resume_id, *resume_epochs, *resume_watch);
+      "  kiln resume job-3f9c2a1b7d04 --epochs 10\n"
+      "  kiln resume job-3f9c2a1b7d04 --checkpoint 3 --epochs 10");
+  r->callback([&env, action, resume_id, resume_epochs, resume_from, resume_watch] {
+    *action = [&env, resume_id, resume_epochs, resume_from, resume_watch] {
+      return Resume(env, *resume_id, *resume_epochs, *resume_from, *resume_watch);
     };
   });
 }

@@ -158,6 +158,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.limits = options.limits;
   manager_options.step_delay = options.step_delay;
+  manager_options.on_store_writable = [raw = d.get()](bool writable) {
+    raw->StoreWritable(writable);
+  };
   // Job events reach the metric families and the event log through these, and only these.
   d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
   d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());
@@ -226,9 +229,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->connection_guard_ = ConnectionGuard::Install(
       d->port_, {options.max_connections, options.reserved_descriptors},
       [metrics](const char* reason) { metrics->ConnectionRefused(reason); });
-  d->server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
-  d->server_->GetHealthCheckService()->SetServingStatus(kInferenceServiceName, true);
-  d->server_->GetHealthCheckService()->SetServingStatus("", true);
+  {
+    std::lock_guard<std::mutex> lock(d->health_mu_);
+    d->health_ = d->server_->GetHealthCheckService();
+    // Read-only (a full disk) training is NOT_SERVING until the store takes writes again;
+    // serving and the server as a whole are unaffected.
+    d->health_->SetServingStatus(kServiceName, d->store_writable_);
+    d->health_->SetServingStatus(kInferenceServiceName, true);
+    d->health_->SetServingStatus("", true);
+  }
   d->log_->ServerStarted(WithPort(options.listen, d->port_),
                          options.metrics_listen.empty() || d->metrics_->port() == 0
                              ? ""
@@ -279,9 +288,13 @@ void Daemon::Reload() {
 absl::Status Daemon::Shutdown(absl::Duration deadline) {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
-  server_->GetHealthCheckService()->SetServingStatus(kServiceName, false);
-  server_->GetHealthCheckService()->SetServingStatus(kInferenceServiceName, false);
-  server_->GetHealthCheckService()->SetServingStatus("", false);
+  {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    health_->SetServingStatus(kServiceName, false);
+    health_->SetServingStatus(kInferenceServiceName, false);
+    health_->SetServingStatus("", false);
+    health_ = nullptr;
+  }
   inference_->SetReady(false);
   absl::Status jobs = manager_->Shutdown(deadline);
   broadcaster_->CloseAll(absl::UnavailableError("kilnd is shutting down"));
@@ -289,6 +302,15 @@ absl::Status Daemon::Shutdown(absl::Duration deadline) {
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
   return jobs;
+}
+
+void Daemon::StoreWritable(bool writable) {
+  metrics_->StoreWritable(writable);
+  log_->Log(writable ? LogLevel::kInfo : LogLevel::kError, "store_writable",
+            {{"writable", writable}});
+  std::lock_guard<std::mutex> lock(health_mu_);
+  store_writable_ = writable;
+  if (health_ != nullptr) health_->SetServingStatus(kServiceName, writable);
 }
 
 Daemon::~Daemon() {

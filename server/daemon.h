@@ -2,9 +2,13 @@
 // server with health checking and reflection. main.cc wraps it; tests run it in-process.
 #pragma once
 
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -127,6 +131,13 @@ class Daemon {
   std::unique_ptr<ConnectionGuard> connection_guard_;  // on the server's port
   int port_ = 0;
   bool shut_down_ = false;
+
+  // The store took (true) or refused (false) its last write: the training service's health
+  // follows it. Called by the job manager, from Recover on, also before the server exists.
+  void StoreWritable(bool writable);
+  std::mutex health_mu_;
+  bool store_writable_ = true;                           // guarded by health_mu_
+  grpc::HealthCheckServiceInterface* health_ = nullptr;  // guarded; null before start, after stop
 };
 
 }  // namespace kiln::server

@@ -284,7 +284,15 @@ grpc::ServerUnaryReactor* TrainingService::ResumeJob(grpc::CallbackServerContext
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
-  return FinishWith(context, manager_->Resume(request->job_id(), request->epochs()), response);
+  if (request->checkpoint_id() < 0) {
+    return FinishWithError(context, absl::InvalidArgumentError(absl::StrCat(
+                                        "checkpoint_id: must be 0 (the newest) or an id from "
+                                        "ListCheckpoints, got ",
+                                        request->checkpoint_id())));
+  }
+  return FinishWith(
+      context, manager_->Resume(request->job_id(), request->epochs(), request->checkpoint_id()),
+      response);
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* TrainingService::WatchJob(
@@ -330,6 +338,23 @@ grpc::ServerUnaryReactor* TrainingService::ListCheckpoints(
     for (v1::Checkpoint& c : *list) *response->add_checkpoints() = std::move(c);
   }
   return FinishWithError(context, list.status());
+}
+
+grpc::ServerUnaryReactor* TrainingService::DeleteCheckpoint(
+    grpc::CallbackServerContext* context, const v1::DeleteCheckpointRequest* request,
+    v1::Checkpoint* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return FinishWithError(context, s);
+  }
+  if (request->checkpoint_id() <= 0) {
+    return FinishWithError(context, absl::InvalidArgumentError(absl::StrCat(
+                                        "checkpoint_id: name the checkpoint to delete (an id "
+                                        "from ListCheckpoints), got ",
+                                        request->checkpoint_id())));
+  }
+  return FinishWith(
+      context, manager_->DeleteCheckpoint(request->job_id(), request->checkpoint_id()), response);
 }
 
 grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint(

@@ -39,6 +39,9 @@ class TrainingService final : public v1::Training::CallbackService {
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
                                             const v1::ListCheckpointsRequest* request,
                                             v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteCheckpoint(grpc::CallbackServerContext* context,
+                                             const v1::DeleteCheckpointRequest* request,
+                                             v1::Checkpoint* response) override;
   grpc::ServerWriteReactor<v1::CheckpointChunk>* ExportCheckpoint(
       grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) override;
   grpc::ServerUnaryReactor* ListDatasets(grpc::CallbackServerContext* context,

@@ -8,10 +8,10 @@
 namespace kiln::server {
 
 absl::Status CheckpointDigestMismatch(const v1::Checkpoint& checkpoint, const std::string& actual) {
-  return absl::DataLossError(absl::StrCat(
-      "checkpoint ", checkpoint.id(), " of job ", checkpoint.job_id(), " (", checkpoint.path(),
-      ") has sha256 ", actual, " but ", checkpoint.sha256(),
-      " when it was written: the file was damaged on disk"));
+  return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint.id(), " of job ",
+                                          checkpoint.job_id(), " (", checkpoint.path(),
+                                          ") has sha256 ", actual, " but ", checkpoint.sha256(),
+                                          " when it was written: the file was damaged on disk"));
 }
 
 absl::Status VerifyCheckpointFile(const v1::Checkpoint& checkpoint) {

@@ -150,8 +150,8 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
   }
   // The pid lets the next kilnd start tell an abandoned upload from a live one
   // (UploadWriterPid, server/jobs/interrupted_writes.h).
-  const std::string temp = absl::StrCat(data_dir_, "/", kUploadPrefix, ::getpid(), "-",
-                                        RandomSuffix(), "-", name);
+  const std::string temp =
+      absl::StrCat(data_dir_, "/", kUploadPrefix, ::getpid(), "-", RandomSuffix(), "-", name);
   if (!fs::create_directories(temp, ec)) {
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
   }

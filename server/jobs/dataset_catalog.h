@@ -81,7 +81,7 @@ class DatasetUpload {
   bool committed_ = false;
   int64_t total_bytes_ = 0;
   std::set<std::string> finished_files_;
-  std::string current_file_;  // empty between files
+  std::string current_file_;                // empty between files
   std::unique_ptr<AtomicFileWriter> file_;  // the file being received
   std::unique_ptr<Sha256> sha_;
 };

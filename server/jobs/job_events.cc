@@ -48,10 +48,11 @@ void JobEvents::TrainingStarted(const std::string& job_id, const v1::JobSpec& sp
 
 absl::Status JobEvents::Emit(const v1::Job& job, v1::JobEvent event, Persist persist,
                              int64_t* next_seq) {
-  event.set_seq((*next_seq)++);
+  event.set_seq(*next_seq);
   *event.mutable_time() = MillisToTimestamp(NowMillis());
   KILN_RETURN_IF_ERROR(persist == Persist::kJobAndEvent ? store_->PutJob(job, &event)
                                                         : store_->AppendEvent(job.id(), event));
+  ++*next_seq;
   broadcaster_->Publish(job.id(), event);
   return absl::OkStatus();
 }
@@ -60,10 +61,11 @@ absl::Status JobEvents::StateChanged(const v1::Job& job, v1::JobState from, int6
   v1::JobEvent event;
   event.mutable_state()->set_state(job.state());
   event.mutable_state()->set_reason(job.reason());
-  absl::Status status = Emit(job, std::move(event), Persist::kJobAndEvent, next_seq);
+  // Not recorded, not announced: the job is still in its recorded state.
+  KILN_RETURN_IF_ERROR(Emit(job, std::move(event), Persist::kJobAndEvent, next_seq));
   for (JobEventObserver* observer : observers_) observer->OnStateChanged(job, from);
   if (IsFinal(job.state())) broadcaster_->Close(job.id(), absl::OkStatus());
-  return status;
+  return absl::OkStatus();
 }
 
 absl::Status JobEvents::Step(const v1::Job& job, const StepEvent& e, int64_t samples,

@@ -37,12 +37,12 @@ class JobEvents {
   void Submitted(const v1::Job& job);
   void TrainingStarted(const std::string& job_id, const v1::JobSpec& spec, int epochs);
 
-  // Each takes the next of the job's event numbers from `next_seq`. A store error is returned
-  // and the event is not published; the observers hear of the change anyway (it happened),
-  // except of a checkpoint that was not recorded.
+  // Each takes the next of the job's event numbers from `next_seq` once recorded. A store error
+  // is returned and the event is not published; the observers hear of a step or an epoch anyway
+  // (it happened), but not of a state change or a checkpoint that was not recorded.
   //
-  // `job` is already in its new state; persisted with a state event. A final state ends the
-  // job's live streams.
+  // `job` is in its new state; persisted with a state event. A final state ends the job's live
+  // streams. Not recorded, the change did not happen: the caller keeps the job as it was.
   absl::Status StateChanged(const v1::Job& job, v1::JobState from, int64_t* next_seq);
   // A step event alone: the job's step count lives in memory until its next write.
   absl::Status Step(const v1::Job& job, const StepEvent& step, int64_t samples, double seconds,

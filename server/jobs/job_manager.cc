@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <exception>
+#include <filesystem>
 #include <new>
+#include <optional>
 #include <random>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +18,7 @@
 #include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
+#include "server/jobs/checkpoint_integrity.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 
@@ -36,10 +40,17 @@ JobManager::JobManager(JobStore* store, MetricBroadcaster* broadcaster,
       datasets_(datasets),
       options_(std::move(options)),
       runner_options_{options_.state_dir, options_.limits, options_.max_jobs_per_device,
-                      options_.step_delay} {}
+                      options_.step_delay},
+      store_retry_([this] { StoreRetryLoop(); }) {}
 
 JobManager::~JobManager() {
   Shutdown(absl::InfiniteDuration()).IgnoreError();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_store_retry_ = true;
+    store_retry_cv_.notify_all();
+  }
+  store_retry_.join();
   std::lock_guard<std::mutex> lock(mu_);
   for (std::thread& t : finished_threads_) {
     if (t.joinable()) t.join();
@@ -75,18 +86,77 @@ absl::StatusOr<std::shared_ptr<JobSlot>> JobManager::FindLocked(const std::strin
 
 absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
                                         const std::string& reason) {
-  const v1::JobState from = slot.job.state();
-  slot.job.set_state(state);
-  slot.job.set_reason(reason);
-  if (IsFinal(state)) *slot.job.mutable_end_time() = MillisToTimestamp(NowMillis());
-  return events_.StateChanged(slot.job, from, &slot.next_seq);
+  v1::Job next = slot.job;
+  const v1::JobState from = next.state();
+  next.set_state(state);
+  next.set_reason(reason);
+  if (IsFinal(state)) *next.mutable_end_time() = MillisToTimestamp(NowMillis());
+  // One source of truth: what the store refused was neither announced nor applied.
+  if (absl::Status recorded = events_.StateChanged(next, from, &slot.next_seq); !recorded.ok()) {
+    StoreFailedLocked(recorded);
+    return recorded;
+  }
+  slot.job = std::move(next);
+  slot.unrecorded_state.reset();
+  return absl::OkStatus();
+}
+
+void JobManager::SetOrQueueStateLocked(JobSlot& slot, v1::JobState state,
+                                       const std::string& reason) {
+  if (!SetStateLocked(slot, state, reason).ok()) slot.unrecorded_state = {state, reason};
+}
+
+void JobManager::StoreFailedLocked(const absl::Status& error) {
+  store_error_ = std::string(error.message());
+  if (!store_writable_) return;
+  store_writable_ = false;
+  if (options_.on_store_writable) options_.on_store_writable(false);
+  store_retry_cv_.notify_all();
+}
+
+absl::Status JobManager::RequireWritableStoreLocked() const {
+  if (store_writable_) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("kilnd is read-only: its store refuses writes (", store_error_,
+                   "); it takes new work again once they succeed, tried every ",
+                   absl::FormatDuration(options_.store_retry_interval)));
+}
+
+bool JobManager::store_writable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return store_writable_;
+}
+
+void JobManager::StoreRetryLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_store_retry_) {
+    store_retry_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.store_retry_interval));
+    if (stop_store_retry_ || store_writable_) continue;
+    bool recorded_all = true;
+    for (auto& [id, slot] : jobs_) {  // in id order; each job's own changes stay in order
+      if (!slot->unrecorded_state.has_value()) continue;
+      const auto [state, reason] = *slot->unrecorded_state;
+      if (!SetStateLocked(*slot, state, reason).ok()) {
+        recorded_all = false;
+        break;
+      }
+    }
+    if (!recorded_all) continue;
+    if (absl::Status probe = store_->ProbeWrite(); !probe.ok()) {
+      store_error_ = std::string(probe.message());
+      continue;
+    }
+    store_writable_ = true;
+    store_error_.clear();
+    if (options_.on_store_writable) options_.on_store_writable(true);
+    ScheduleLocked();
+  }
 }
 
 absl::Status JobManager::Recover() {
   KILN_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->AllJobs());
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<JobSlot>> resumed, queued;
-  absl::Status recover_error;
   for (v1::Job& job : jobs) {
     auto slot = std::make_shared<JobSlot>();
     KILN_ASSIGN_OR_RETURN(int64_t max_seq, store_->MaxSeq(job.id()));
@@ -107,13 +177,12 @@ absl::Status JobManager::Recover() {
         slot->config = *std::move(config);
         return false;
       }
-      recover_error.Update(
-          SetStateLocked(*slot, v1::JOB_STATE_FAILED,
-                         absl::StrCat("spec refused after restart: ", config.status().message())));
+      SetOrQueueStateLocked(
+          *slot, v1::JOB_STATE_FAILED,
+          absl::StrCat("spec refused after restart: ", config.status().message()));
       return true;
     });
   }
-  KILN_RETURN_IF_ERROR(recover_error);
   // A job found running that no clean shutdown stopped was running when kilnd died, and may be
   // why: it runs again at most max_crash_resumes times over its life.
   std::erase_if(resumed, [&](const std::shared_ptr<JobSlot>& slot) {
@@ -124,26 +193,26 @@ absl::Status JobManager::Recover() {
     }
     job.set_crash_resumes(job.crash_resumes() + 1);
     if (job.crash_resumes() <= options_.max_crash_resumes) return false;
-    recover_error.Update(SetStateLocked(
+    SetOrQueueStateLocked(
         *slot, v1::JOB_STATE_FAILED,
         absl::StrCat("kilnd stopped without a clean shutdown ", job.crash_resumes(),
                      " times while this job ran (--max_crash_resumes=", options_.max_crash_resumes,
-                     "); it is not resumed again")));
+                     "); it is not resumed again"));
     return true;
   });
-  KILN_RETURN_IF_ERROR(recover_error);
   // Jobs that were running go first: they had their turn already.
   for (const auto& slot : resumed) {
     absl::Status device = ValidateDevice(slot->job.device());
     if (!device.ok()) {
-      KILN_RETURN_IF_ERROR(
-          SetStateLocked(*slot, v1::JOB_STATE_FAILED,
-                         absl::StrCat("device ", slot->job.device(),
-                                      " unavailable after restart: ", device.message())));
+      SetOrQueueStateLocked(*slot, v1::JOB_STATE_FAILED,
+                            absl::StrCat("device ", slot->job.device(),
+                                         " unavailable after restart: ", device.message()));
       continue;
     }
-    KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_QUEUED,
-                                        "kilnd restarted; resuming from the latest checkpoint"));
+    // On a full disk kilnd still starts, read-only: the job waits in the queue, its change to
+    // QUEUED retried with the others until the store takes writes again.
+    SetOrQueueStateLocked(*slot, v1::JOB_STATE_QUEUED,
+                          "kilnd restarted; resuming from the latest checkpoint");
     queues_[slot->job.device()].push_back(slot->job.id());
     ++queued_count_;
   }
@@ -185,6 +254,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
 
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
+  KILN_RETURN_IF_ERROR(RequireWritableStoreLocked());
   if (queued_count_ >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat("the queue is full: ", queued_count_,
                                                      " jobs are waiting (limit ",
@@ -235,9 +305,9 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   switch (slot->job.state()) {
     case v1::JOB_STATE_QUEUED: {
       std::deque<std::string>& queue = queues_[slot->job.device()];
+      KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request"));
       queue.erase(std::remove(queue.begin(), queue.end(), job_id), queue.end());
       --queued_count_;
-      KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request"));
       break;
     }
     case v1::JOB_STATE_RUNNING:
@@ -252,7 +322,15 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   return slot->job;
 }
 
-absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs) {
+absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs,
+                                           int64_t checkpoint_id) {
+  // A named checkpoint is verified now (reading it whole, so outside the lock), so a damaged one
+  // is refused to the caller instead of failing the run later.
+  std::optional<v1::Checkpoint> from;
+  if (checkpoint_id != 0) {
+    KILN_ASSIGN_OR_RETURN(from, FindCheckpoint(job_id, checkpoint_id));
+    KILN_RETURN_IF_ERROR(VerifyCheckpointFile(*from));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
   v1::Job& job = slot->job;
@@ -266,12 +344,18 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
         absl::StrCat("epochs: must be in [0, ", options_.limits.max_epochs, "], got ", epochs));
   }
   const int total = epochs == 0 ? job.epochs() : epochs;
-  if (total <= job.epochs_done()) {
+  if (from.has_value() && total <= from->epochs_done()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", checkpoint_id, " of job ", job_id, " has ", from->epochs_done(),
+                     " of ", total, " epochs done; ask for more epochs to resume from it"));
+  }
+  if (!from.has_value() && total <= job.epochs_done()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has trained ",
                                                       job.epochs_done(), " of ", total,
                                                       " epochs; ask for more epochs to resume it"));
   }
   if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
+  KILN_RETURN_IF_ERROR(RequireWritableStoreLocked());
   if (queued_count_ >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError("the queue is full");
   }
@@ -285,10 +369,26 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
     }
     slot->config = *std::move(config);
   }
+  if (from.has_value()) {  // still indexed: a DeleteCheckpoint may have come in between
+    KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> indexed, store_->Checkpoints(job_id));
+    if (std::none_of(indexed.begin(), indexed.end(),
+                     [&](const v1::Checkpoint& c) { return c.id() == checkpoint_id; })) {
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint ", checkpoint_id, " of job ", job_id, " was just deleted"));
+    }
+  }
+  const v1::Job before = job;
+  const int config_epochs = slot->config->epochs;
   slot->config->epochs = total;
   slot->cancel = false;
   job.set_epochs(total);
-  KILN_RETURN_IF_ERROR(SetStateLocked(*slot, v1::JOB_STATE_QUEUED, "resumed by request"));
+  job.set_resume_checkpoint_id(checkpoint_id);
+  if (absl::Status queued = SetStateLocked(*slot, v1::JOB_STATE_QUEUED, "resumed by request");
+      !queued.ok()) {
+    job = before;
+    slot->config->epochs = config_epochs;
+    return queued;
+  }
   queues_[job.device()].push_back(job_id);
   ++queued_count_;
   v1::Job result = job;
@@ -357,6 +457,27 @@ absl::StatusOr<std::vector<v1::Checkpoint>> JobManager::ListCheckpoints(const st
   return store_->Checkpoints(job_id);
 }
 
+absl::StatusOr<v1::Checkpoint> JobManager::DeleteCheckpoint(const std::string& job_id,
+                                                            int64_t checkpoint_id) {
+  KILN_ASSIGN_OR_RETURN(v1::Checkpoint checkpoint, FindCheckpoint(job_id, checkpoint_id));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
+    const v1::Job& job = slot->job;
+    if (!IsFinal(job.state()) && job.resume_checkpoint_id() == checkpoint_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", checkpoint_id, " is the one job ", job_id, " (",
+                       JobStateName(job.state()), ") resumes from; cancel the job first"));
+    }
+    // Out of the index first: a crash between the two steps leaves a file nothing names, never
+    // an index entry without its file.
+    KILN_RETURN_IF_ERROR(store_->DeleteCheckpoint(checkpoint_id));
+  }
+  std::error_code ec;
+  std::filesystem::remove(checkpoint.path(), ec);
+  return checkpoint;
+}
+
 absl::StatusOr<v1::Checkpoint> JobManager::FindCheckpoint(const std::string& job_id,
                                                           int64_t checkpoint_id) {
   KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> all, ListCheckpoints(job_id));
@@ -390,31 +511,35 @@ void JobManager::ReapThreadsLocked() {
 
 void JobManager::ScheduleLocked() {
   ReapThreadsLocked();
-  if (shutting_down_) return;
+  if (shutting_down_ || !store_writable_) return;  // read-only: the retry loop calls again
   for (auto& [device, queue] : queues_) {
     while (!queue.empty() && running_[device] < options_.max_jobs_per_device) {
-      std::shared_ptr<JobSlot> slot = jobs_[queue.front()];
+      if (!StartLocked(jobs_[queue.front()])) return;
       queue.pop_front();
-      StartLocked(slot);
     }
   }
 }
 
-void JobManager::StartLocked(const std::shared_ptr<JobSlot>& slot) {
+bool JobManager::StartLocked(const std::shared_ptr<JobSlot>& slot) {
+  const v1::Job before = slot->job;
+  slot->job.set_attempts(slot->job.attempts() + 1);
+  *slot->job.mutable_start_time() = MillisToTimestamp(NowMillis());
+  slot->job.clear_end_time();
+  if (!SetStateLocked(*slot, v1::JOB_STATE_RUNNING, "").ok()) {
+    slot->job = before;  // stays first in its queue, started once the store takes writes
+    return false;
+  }
   --queued_count_;
   ++running_[slot->job.device()];
   ++active_threads_;
   slot->stop = false;
-  slot->job.set_attempts(slot->job.attempts() + 1);
-  *slot->job.mutable_start_time() = MillisToTimestamp(NowMillis());
-  slot->job.clear_end_time();
-  SetStateLocked(*slot, v1::JOB_STATE_RUNNING, "").IgnoreError();  // retried at the next change
   // Named after the job (Linux keeps 15 characters), so that top -H and perf tell jobs apart;
   // the OpenMP team it starts inherits the name.
   slot->thread = std::thread([this, slot, name = slot->job.id().substr(0, 15)] {
     pthread_setname_np(pthread_self(), name.c_str());
     RunJob(slot);
   });
+  return true;
 }
 
 void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
@@ -434,16 +559,18 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
   std::lock_guard<std::mutex> lock(mu_);
   waiters.swap(slot->checkpoint_waiters);
   slot->checkpoint_wanted = false;
+  // A final state the store refuses is retried until recorded; until then the job is RUNNING,
+  // as the store says, and a restart resumes it.
   if (status.ok()) {
-    SetStateLocked(*slot, v1::JOB_STATE_SUCCEEDED, "").IgnoreError();
+    SetOrQueueStateLocked(*slot, v1::JOB_STATE_SUCCEEDED, "");
   } else if (slot->cancel) {
-    SetStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request").IgnoreError();
+    SetOrQueueStateLocked(*slot, v1::JOB_STATE_CANCELLED, "cancelled by request");
   } else if (slot->stop) {
     // Left RUNNING in the store on purpose: the next start resumes it, not as a crash.
     slot->job.set_interrupted_by_shutdown(true);
     events_.Interrupted(slot->job);
   } else {
-    SetStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message())).IgnoreError();
+    SetOrQueueStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message()));
   }
   for (CheckpointDone& done : waiters) {
     done(absl::FailedPreconditionError(absl::StrCat("job ", slot->job.id(), " stopped (",

@@ -43,6 +43,11 @@ struct JobManagerOptions {
   absl::Duration step_delay = absl::ZeroDuration();
   // Told of every job event, in this order (metrics, the event log); not owned.
   std::vector<JobEventObserver*> observers;
+  // Called (under the manager's lock: it must not call back) when the store stops taking writes
+  // (false: a full or failing disk) and when it takes them again (true).
+  std::function<void(bool writable)> on_store_writable;
+  // While the store refuses writes: how often the unrecorded state changes are tried again.
+  absl::Duration store_retry_interval = absl::Seconds(2);
 };
 
 // History plus live events of one job, as WatchJob streams them.
@@ -67,12 +72,17 @@ class JobManager {
   absl::StatusOr<JobPage> List(const std::vector<v1::JobState>& states, int page_size,
                                const std::string& page_token);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
-  absl::StatusOr<v1::Job> Resume(const std::string& job_id, int epochs);
+  // checkpoint_id 0: from the newest checkpoint that verifies; else from that one (which must
+  // verify: DATA_LOSS otherwise), pinned in the job until the run writes its own.
+  absl::StatusOr<v1::Job> Resume(const std::string& job_id, int epochs, int64_t checkpoint_id = 0);
   absl::StatusOr<JobWatch> Watch(const std::string& job_id, bool include_steps, bool live_only);
   // Asks the running job for a checkpoint after its current step; `done` runs once, on the
   // training thread or (on error) on this one.
   void RequestCheckpoint(const std::string& job_id, CheckpointDone done);
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(const std::string& job_id);
+  // Drops the checkpoint from the index, then deletes its file; FAILED_PRECONDITION when it is
+  // the one a queued or running job is to start from. Models served from it keep their weights.
+  absl::StatusOr<v1::Checkpoint> DeleteCheckpoint(const std::string& job_id, int64_t checkpoint_id);
   // checkpoint_id 0: the latest.
   absl::StatusOr<v1::Checkpoint> FindCheckpoint(const std::string& job_id, int64_t checkpoint_id);
   // The checkpoint's file, opened for export in chunks of `chunk_bytes` (checkpoint_id 0: the
@@ -80,6 +90,9 @@ class JobManager {
   absl::StatusOr<std::unique_ptr<CheckpointExport>> ExportCheckpoint(const std::string& job_id,
                                                                      int64_t checkpoint_id,
                                                                      int chunk_bytes);
+
+  // Whether the store took the last write tried (false: read-only until it does again).
+  bool store_writable();
 
   // Refuses new work, asks running jobs to checkpoint (per policy) and stop, and waits for them
   // until `deadline`. Jobs stopped this way stay RUNNING in the store, to resume on restart.
@@ -94,9 +107,20 @@ class JobManager {
   absl::Status CheckJobMemory(const TrainConfig& config, const DatasetInfo& info,
                               const std::string& device) const;
   absl::StatusOr<std::shared_ptr<JobSlot>> FindLocked(const std::string& job_id);
+  // Records the change, then announces it and applies it to the slot; on a store error nothing
+  // changes and the store is marked unwritable.
   absl::Status SetStateLocked(JobSlot& slot, v1::JobState state, const std::string& reason);
+  // As SetStateLocked, but a change the store refuses is kept to retry (JobSlot::unrecorded_state).
+  void SetOrQueueStateLocked(JobSlot& slot, v1::JobState state, const std::string& reason);
+  void StoreFailedLocked(const absl::Status& error);
+  // UNAVAILABLE naming the store's last error while it refuses writes.
+  absl::Status RequireWritableStoreLocked() const;
+  // While the store refuses writes: retries the unrecorded changes, then a probe write; once
+  // all pass, the store is writable again and queued jobs start.
+  void StoreRetryLoop();
   void ScheduleLocked();
-  void StartLocked(const std::shared_ptr<JobSlot>& slot);
+  // False (nothing changed) when the store refused the job's RUNNING state.
+  bool StartLocked(const std::shared_ptr<JobSlot>& slot);
   // Runs one attempt (JobRunner) on the slot's thread, then records how it ended.
   void RunJob(std::shared_ptr<JobSlot> slot);
   void ReapThreadsLocked();
@@ -116,6 +140,11 @@ class JobManager {
   int active_threads_ = 0;
   bool shutting_down_ = false;
   std::vector<std::thread> finished_threads_;
+  bool store_writable_ = true;
+  std::string store_error_;  // the last write error while !store_writable_
+  bool stop_store_retry_ = false;
+  std::condition_variable store_retry_cv_;
+  std::thread store_retry_;  // last: started once everything above exists
 };
 
 }  // namespace kiln::server

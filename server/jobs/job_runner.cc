@@ -53,6 +53,10 @@ absl::StatusOr<v1::Checkpoint> JobRunner::SaveCheckpoint(Trainer& trainer,
   std::lock_guard<std::mutex> lock(*mu_);
   c.set_test_accuracy(slot_->job.last_epoch().test_accuracy());
   KILN_RETURN_IF_ERROR(store_->InsertCheckpoint(&c));
+  if (slot_->job.resume_checkpoint_id() != 0) {  // this run's own checkpoint is now the newest
+    slot_->job.set_resume_checkpoint_id(0);
+    KILN_RETURN_IF_ERROR(store_->PutJob(slot_->job));
+  }
   KILN_RETURN_IF_ERROR(events_->CheckpointWritten(slot_->job, c, write_seconds, &slot_->next_seq));
   PruneCheckpointsLocked(c);
   return c;
@@ -70,11 +74,13 @@ void JobRunner::PruneCheckpointsLocked(const v1::Checkpoint& added) {
 absl::Status JobRunner::Run() {
   v1::JobSpec spec;
   std::string job_id, device;
+  int64_t pinned_checkpoint = 0;  // ResumeJob named it
   {
     std::lock_guard<std::mutex> lock(*mu_);
     spec = slot_->job.spec();
     job_id = slot_->job.id();
     device = slot_->job.device();
+    pinned_checkpoint = slot_->job.resume_checkpoint_id();
   }
   if (!slot_->config.has_value()) {
     return absl::InternalError(absl::StrCat("job ", job_id, " has no translated spec"));
@@ -97,11 +103,20 @@ absl::Status JobRunner::Run() {
                         Trainer::Create(config, backend.get(), &data->train,
                                         data->test.size > 0 ? &data->test : nullptr));
 
-  // Continue from the most advanced checkpoint that verifies and loads; a damaged one (its
+  // Continue from the newest checkpoint written that verifies and loads; a damaged one (its
   // digest differs, the file is truncated) is passed over for the next, and the job says so.
+  // Newest written, not most advanced: after a resume from an older checkpoint, the run's own
+  // checkpoints are the line it follows. A checkpoint ResumeJob named is the only candidate.
   KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, store_->Checkpoints(job_id));
-  std::stable_sort(checkpoints.begin(), checkpoints.end(),
-                   [](const auto& a, const auto& b) { return a.global_step() > b.global_step(); });
+  std::reverse(checkpoints.begin(), checkpoints.end());  // the store lists them by id, oldest first
+  if (pinned_checkpoint != 0) {
+    std::erase_if(checkpoints,
+                  [&](const v1::Checkpoint& c) { return c.id() != pinned_checkpoint; });
+    if (checkpoints.empty()) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", pinned_checkpoint,
+                                              ", which the job was resumed from, was deleted"));
+    }
+  }
   std::string passed_over;  // why newer checkpoints were not used
   absl::Status first_error;
   bool resumed = checkpoints.empty();

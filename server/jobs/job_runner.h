@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,7 +34,7 @@ using CheckpointDone = std::function<void(absl::StatusOr<v1::Checkpoint>)>;
 // One job as the job manager and the attempt running it share it. The fields marked guarded are
 // guarded by the manager's mutex, which the runner is handed for them.
 struct JobSlot {
-  v1::Job job;           // guarded; the store holds the same, less live step progress
+  v1::Job job;  // guarded; the store holds the same, less live step progress
   // The job's spec as the engine takes it, translated once (at Submit, or at Recover after a
   // restart) and fixed from then on.
   std::optional<TrainConfig> config;
@@ -42,7 +43,10 @@ struct JobSlot {
   std::atomic<bool> stop{false};  // daemon shutdown: checkpoint and stop, stay RUNNING
   std::atomic<bool> checkpoint_wanted{false};
   std::vector<CheckpointDone> checkpoint_waiters;  // guarded
-  std::thread thread;                              // the running attempt, if any
+  // A state change the store refused (a full disk): the job keeps its recorded state, in memory
+  // as in the store, until the change is recorded (JobManager retries it). Guarded.
+  std::optional<std::pair<v1::JobState, std::string>> unrecorded_state;
+  std::thread thread;  // the running attempt, if any
 };
 
 struct JobRunnerOptions {

@@ -70,8 +70,25 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE INDEX IF NOT EXISTS checkpoints_by_job ON checkpoints(job_id, id);
 )sql";
 
+// A full disk or a failing one is UNAVAILABLE (kilnd degrades and retries; the client may retry
+// later); anything else is a bug or a damaged database.
+absl::StatusCode CodeOf(int sqlite_code) {
+  switch (sqlite_code & 0xff) {
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+      return absl::StatusCode::kUnavailable;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
 absl::Status SqliteError(sqlite3* db, absl::string_view what) {
-  return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
+  const int code = sqlite3_extended_errcode(db);
+  const char* hint = (code & 0xff) == SQLITE_FULL ? " (the disk holding --state_dir is full)" : "";
+  return absl::Status(CodeOf(code),
+                      absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db), hint));
 }
 
 // A prepared statement with typed binds by position (1-based) and columns (0-based).
@@ -137,10 +154,16 @@ constexpr const char* kSchemaV3 = R"sql(
 ALTER TABLE checkpoints ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 4: the checkpoint a resumed job is to start from (Job.resume_checkpoint_id).
+constexpr const char* kSchemaV4 = R"sql(
+ALTER TABLE jobs ADD COLUMN resume_checkpoint_id INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 constexpr const char* kJobColumns =
     "j.rowid, j.id, j.state, j.reason, j.device, j.create_ms, j.start_ms, j.end_ms, j.epochs, "
     "j.epochs_done, j.global_step, j.best_test_accuracy, j.attempts, j.resumed_from_step, "
-    "j.parameter_count, j.last_epoch, s.spec, j.crash_resumes, j.interrupted_by_shutdown";
+    "j.parameter_count, j.last_epoch, s.spec, j.crash_resumes, j.interrupted_by_shutdown, "
+    "j.resume_checkpoint_id";
 
 v1::Job JobFromRow(const Statement& s) {
   v1::Job job;
@@ -163,6 +186,7 @@ v1::Job JobFromRow(const Statement& s) {
   job.mutable_spec()->ParseFromString(s.Blob(16));
   job.set_crash_resumes(static_cast<int32_t>(s.Int(17)));
   job.set_interrupted_by_shutdown(s.Int(18) != 0);
+  job.set_resume_checkpoint_id(s.Int(19));
   return job;
 }
 
@@ -213,9 +237,11 @@ JobStore::~JobStore() { sqlite3_close(db_); }
 
 absl::Status JobStore::Exec(const char* sql) {
   char* error = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
-    absl::Status status = absl::InternalError(
-        absl::StrCat("job store: ", error ? error : "unknown error", " in: ", sql));
+  if (const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &error); rc != SQLITE_OK) {
+    const char* hint = (rc & 0xff) == SQLITE_FULL ? " (the disk holding --state_dir is full)" : "";
+    absl::Status status = absl::Status(
+        CodeOf(rc),
+        absl::StrCat("job store: ", error ? error : "unknown error", hint, " in: ", sql));
     sqlite3_free(error);
     return status;
   }
@@ -245,6 +271,7 @@ absl::Status JobStore::Migrate() {
   if (version < 1) status = Exec(kSchemaV1);
   if (status.ok() && version < 2) status = Exec(kSchemaV2);
   if (status.ok() && version < 3) status = Exec(kSchemaV3);
+  if (status.ok() && version < 4) status = Exec(kSchemaV4);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
   if (status.ok()) {
     status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
@@ -268,13 +295,14 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
   Statement s(db_,
               "INSERT INTO jobs (id, state, reason, device, create_ms, start_ms, end_ms, epochs, "
               "epochs_done, global_step, best_test_accuracy, attempts, resumed_from_step, "
-              "parameter_count, last_epoch, crash_resumes, interrupted_by_shutdown) VALUES (?1, "
-              "?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) "
+              "parameter_count, last_epoch, crash_resumes, interrupted_by_shutdown, "
+              "resume_checkpoint_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+              "?13, ?14, ?15, ?16, ?17, ?18) "
               "ON CONFLICT(id) DO UPDATE SET state = ?2, reason = ?3, device = ?4, start_ms = ?6, "
               "end_ms = ?7, epochs = ?8, epochs_done = ?9, global_step = ?10, "
               "best_test_accuracy = ?11, attempts = ?12, resumed_from_step = ?13, "
               "parameter_count = ?14, last_epoch = ?15, crash_resumes = ?16, "
-              "interrupted_by_shutdown = ?17");
+              "interrupted_by_shutdown = ?17, resume_checkpoint_id = ?18");
   KILN_RETURN_IF_ERROR(s.status());
   s.Bind(1, job.id());
   s.Bind(2, static_cast<int>(job.state()));
@@ -293,6 +321,7 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
   s.BindBlob(15, job.has_last_epoch() ? job.last_epoch().SerializeAsString() : std::string());
   s.Bind(16, job.crash_resumes());
   s.Bind(17, job.interrupted_by_shutdown() ? 1 : 0);
+  s.Bind(18, job.resume_checkpoint_id());
   KILN_RETURN_IF_ERROR(s.Run());
   Statement spec(db_, "INSERT OR IGNORE INTO specs (job_id, spec) VALUES (?1, ?2)");
   KILN_RETURN_IF_ERROR(spec.status());
@@ -571,6 +600,16 @@ absl::Status JobStore::InsertCheckpoint(v1::Checkpoint* c) {
   KILN_RETURN_IF_ERROR(s.Run());
   c->set_id(sqlite3_last_insert_rowid(db_));
   return absl::OkStatus();
+}
+
+absl::Status JobStore::ProbeWrite() {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_RETURN_IF_ERROR(
+      Exec("CREATE TABLE IF NOT EXISTS write_probe (id INTEGER PRIMARY KEY, time_ms INTEGER)"));
+  Statement s(db_, "INSERT OR REPLACE INTO write_probe (id, time_ms) VALUES (1, ?)");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, NowMillis());
+  return s.Run();
 }
 
 absl::Status JobStore::DeleteCheckpoint(int64_t checkpoint_id) {

@@ -26,7 +26,7 @@ struct JobPage {
 class JobStore {
  public:
   // The schema version this code reads and writes; older databases are migrated on open.
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens (creating if needed) the database at `path`.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
@@ -50,6 +50,8 @@ class JobStore {
   // The job's events with seq <= max_seq, in seq order; step events only if include_steps.
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t max_seq,
                                                    bool include_steps);
+  // A one-row write that commits like any other: OK when the store takes writes again.
+  absl::Status ProbeWrite();
   // The largest seq recorded for the job, 0 if none.
   absl::StatusOr<int64_t> MaxSeq(const std::string& job_id);
 

@@ -183,6 +183,10 @@ Metrics::Metrics(MetricsOptions options)
       Declare(BuildCounter(), r, "kiln_grpc_connections_refused_total",
               "gRPC connections closed on accept, by reason (max_connections: --max_connections "
               "are open; descriptors: only --reserved_descriptors are left).");
+  store_writable_ = Declare(BuildGauge(), r, "kiln_store_writable",
+                            "1 while the job store takes writes; 0 while it refuses them (a full "
+                            "or failing disk under --state_dir): kilnd is read-only, training "
+                            "health NOT_SERVING, until a retried write succeeds.");
   tls_expiry_ = Declare(BuildGauge(), r, "kiln_tls_certificate_expiry_timestamp_seconds",
                         "When the TLS certificate kilnd serves expires (Unix time); absent "
                         "without TLS.");
@@ -242,6 +246,7 @@ Metrics::Metrics(MetricsOptions options)
   for (const char* reason : {"max_connections", "descriptors"}) {
     connections_refused_->Add({{"reason", reason}});
   }
+  store_writable_->Add({}).Set(1);
   reaper_ = std::thread(&Metrics::ReaperLoop, this);
   pthread_setname_np(reaper_.native_handle(), "kiln-reaper");
 }
@@ -421,6 +426,8 @@ void Metrics::AuthFailed(std::string_view reason) {
 void Metrics::ConnectionRefused(std::string_view reason) {
   connections_refused_->Add({{"reason", std::string(reason)}}).Increment();
 }
+
+void Metrics::StoreWritable(bool writable) { store_writable_->Add({}).Set(writable ? 1 : 0); }
 
 void Metrics::TlsCertificateServed(absl::Time not_after) {
   tls_expiry_->Add({}).Set(static_cast<double>(absl::ToUnixSeconds(not_after)));

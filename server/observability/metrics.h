@@ -108,6 +108,10 @@ class Metrics {
   // A connection kilnd closed on accept: "max_connections" or "descriptors".
   void ConnectionRefused(std::string_view reason);
 
+  // --- store ----------------------------------------------------------------------------------
+  // The job store took (1) or refused (0, read-only: a full or failing disk) its last write.
+  void StoreWritable(bool writable);
+
   // --- TLS ----------------------------------------------------------------------------------
   // The certificate now served expires at `not_after` (at start and after each renewal).
   void TlsCertificateServed(absl::Time not_after);
@@ -140,6 +144,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* grpc_duration_;
   prometheus::Family<prometheus::Counter>* auth_failures_;
   prometheus::Family<prometheus::Counter>* connections_refused_;
+  prometheus::Family<prometheus::Gauge>* store_writable_;
   prometheus::Family<prometheus::Gauge>* tls_expiry_;
   prometheus::Family<prometheus::Counter>* tls_reloads_;
   // Per job.

@@ -247,6 +247,35 @@ TEST_F(KilnCliTest, CheckpointsAndExportCheckTheServersSha256) {
   EXPECT_FALSE(fs::exists(*root_ + "/none.safetensors"));
 }
 
+TEST_F(KilnCliTest, ResumeFromANamedCheckpointAndDeleteCheckpoint) {
+  const std::string id = Submit(*root_ + "/small.json", {"--epochs", "1"});
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Kiln({"watch", id}).exit_code, 0);
+  RunResult list = Kiln({"checkpoints", id, "--output", "json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  const std::string first =
+      nlohmann::json::parse(list.out).at("checkpoints").front().at("id").get<std::string>();
+
+  RunResult resumed = Kiln({"resume", id, "--checkpoint", first, "--epochs", "2", "--watch"});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  RunResult get = Kiln({"get", id, "--output", "json"});
+  EXPECT_EQ(nlohmann::json::parse(get.out).at("epochs_done"), 2);
+
+  RunResult unnamed = Kiln({"delete-checkpoint", id});
+  EXPECT_EQ(unnamed.exit_code, 2) << "a checkpoint must be named by id";
+  EXPECT_THAT(unnamed.err, HasSubstr("JOB@ID"));
+  RunResult deleted = Kiln({"delete-checkpoint", id + "@" + first});
+  EXPECT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_THAT(deleted.out, HasSubstr("deleted checkpoint " + first + " of " + id));
+  list = Kiln({"checkpoints", id, "--output", "json"});
+  for (const auto& c : nlohmann::json::parse(list.out).at("checkpoints")) {
+    EXPECT_NE(c.at("id").get<std::string>(), first);
+  }
+  RunResult again = Kiln({"delete-checkpoint", id + "@" + first});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("NOT_FOUND: "));
+}
+
 TEST_F(KilnCliTest, AFailedJobMakesWatchExitOneWithTheReason) {
   // Pixels scaled to ~1e30 overflow the loss at once.
   nlohmann::json spec = nlohmann::json::parse(kSmallSpecJson);

@@ -31,7 +31,8 @@ int64_t ResidentBytes(pid_t pid);
 // -1 when unreadable.
 double CpuSeconds(pid_t pid);
 
-// grpc.health.v1 Check of the overall server ("") at 127.0.0.1:`port`: true when SERVING.
-bool HealthServing(int port);
+// grpc.health.v1 Check of `service` ("": the server as a whole) at 127.0.0.1:`port`: true when
+// SERVING.
+bool HealthServing(int port, const std::string& service = "");
 
 }  // namespace kiln::server::hardening

@@ -657,6 +657,97 @@ TEST_F(JobManagerTest, ResumePassesOverADamagedLatestCheckpointForTheNewestThatV
   ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
 }
 
+TEST_F(JobManagerTest, ResumeFromANamedOlderCheckpointRetrainsFromItAndFollowsItsOwnLine) {
+  StartManager(Options());
+  v1::JobSpec spec = SmallSpec("toy", 3);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  std::vector<v1::Checkpoint> before = CheckpointsOf(id);
+  ASSERT_GE(before.size(), 3u);
+  const v1::Checkpoint first = before.front();  // epoch 1
+  ASSERT_EQ(first.epochs_done(), 1);
+
+  // Its epochs count against the checkpoint's, not the job's: 2 epochs from epoch 1 is work.
+  ASSERT_OK(manager_->Resume(id, 2, first.id()));
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.resumed_from_step(), first.global_step());
+  EXPECT_EQ(job.epochs_done(), 2);
+  EXPECT_EQ(job.global_step(), 2 * kStepsPerEpoch);
+  EXPECT_EQ(job.resume_checkpoint_id(), 0) << "the pin outlived the run's own checkpoints";
+
+  // The line it followed is the newest written, though the abandoned one went further: a plain
+  // resume continues from the end of the new line.
+  const v1::Checkpoint newest = CheckpointsOf(id).back();
+  EXPECT_GT(newest.id(), before.back().id());
+  EXPECT_LT(newest.global_step(), before.back().global_step());
+  ASSERT_OK(manager_->Resume(id, 4));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.resumed_from_step(), newest.global_step());
+}
+
+TEST_F(JobManagerTest, ResumeFromAnUnknownOrDamagedCheckpointIsRefusedAndChangesNothing) {
+  StartManager(Options());
+  v1::JobSpec spec = SmallSpec("toy", 2);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  const std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
+  ASSERT_GE(checkpoints.size(), 2u);
+
+  absl::Status unknown = manager_->Resume(id, 4, 987654).status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
+  EXPECT_THAT(unknown.message(), HasSubstr("checkpoint 987654"));
+  DamageFile(checkpoints.front().path());
+  absl::Status damaged = manager_->Resume(id, 4, checkpoints.front().id()).status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
+  // From the checkpoint at epoch 2 of 2: no epochs left to train.
+  absl::Status done = manager_->Resume(id, 2, checkpoints.back().id()).status();
+  EXPECT_EQ(done.code(), absl::StatusCode::kFailedPrecondition) << done;
+  v1::Job job = *manager_->Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.attempts(), 1);
+  EXPECT_EQ(job.resume_checkpoint_id(), 0);
+}
+
+TEST_F(JobManagerTest, DeleteCheckpointRemovesItsFileAndEntryButNotThePinOfAQueuedJob) {
+  StartManager(Options());
+  v1::JobSpec spec = SmallSpec("toy", 2);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  const std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
+  ASSERT_GE(checkpoints.size(), 2u);
+
+  absl::StatusOr<v1::Checkpoint> deleted = manager_->DeleteCheckpoint(id, checkpoints.front().id());
+  ASSERT_OK(deleted);
+  EXPECT_EQ(deleted->id(), checkpoints.front().id());
+  EXPECT_FALSE(fs::exists(checkpoints.front().path()));
+  EXPECT_EQ(CheckpointsOf(id).size(), checkpoints.size() - 1);
+  EXPECT_EQ(manager_->DeleteCheckpoint(id, checkpoints.front().id()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->DeleteCheckpoint("job-nope", 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Resume(id, 4, checkpoints.front().id()).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // A job waiting to resume from a checkpoint keeps it: a second job holds the one device.
+  const v1::Checkpoint pinned = checkpoints.back();
+  const std::string blocker = SubmitOrDie(SmallSpec("toy", kEndless));
+  ASSERT_TRUE(WaitForState(blocker, v1::JOB_STATE_RUNNING));
+  ASSERT_OK(manager_->Resume(id, 3, pinned.id()));
+  StartManager(Options());  // a restart keeps the pin: it is in the store
+  EXPECT_EQ(manager_->Get(id)->resume_checkpoint_id(), pinned.id());
+  absl::Status refused = manager_->DeleteCheckpoint(id, pinned.id()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("resumes from"));
+  EXPECT_TRUE(fs::exists(pinned.path()));
+  ASSERT_OK(manager_->Cancel(blocker));
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.resumed_from_step(), pinned.global_step());
+}
+
 TEST_F(JobManagerTest, ExportedChunksReassembleTheCheckpointFileWithItsSha256) {
   StartManager(Options());
   const std::string id = SubmitOrDie(SmallSpec("toy", 1));

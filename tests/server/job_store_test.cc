@@ -100,6 +100,7 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   for (const char* sql :
        {"ALTER TABLE jobs DROP COLUMN crash_resumes",
         "ALTER TABLE jobs DROP COLUMN interrupted_by_shutdown",
+        "ALTER TABLE jobs DROP COLUMN resume_checkpoint_id",
         "ALTER TABLE checkpoints DROP COLUMN sha256", "UPDATE schema_version SET version = 1"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
   }
@@ -113,11 +114,13 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   EXPECT_EQ((*jobs)[0].crash_resumes(), 0);
   job.set_crash_resumes(2);
   job.set_interrupted_by_shutdown(true);
+  job.set_resume_checkpoint_id(7);
   ASSERT_OK((*store)->PutJob(job));
   jobs = (*store)->AllJobs();
   ASSERT_OK(jobs);
   EXPECT_EQ((*jobs)[0].crash_resumes(), 2);
   EXPECT_TRUE((*jobs)[0].interrupted_by_shutdown());
+  EXPECT_EQ((*jobs)[0].resume_checkpoint_id(), 7);
   std::filesystem::remove_all(dir);
 }
 

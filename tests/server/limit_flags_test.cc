@@ -16,10 +16,10 @@ using ::testing::HasSubstr;
 TEST(LimitFlagsTest, LimitsSetOnTheCommandLineRefuseWhatIsOverThem) {
   const std::string root = testing::MakeTempDir("kilnd-limits");
   testing::WriteToyDataset(root + "/data/toy", 64, 16);
-  testing::KilndProcess kilnd(root + "/state", root + "/data",
-                              {"--metrics_listen=", "--max_layers=2", "--max_epochs=3",
-                               "--max_batch_size=16", "--max_parameters=1000",
-                               "--max_message_bytes=4096"});
+  testing::KilndProcess kilnd(
+      root + "/state", root + "/data",
+      {"--metrics_listen=", "--max_layers=2", "--max_epochs=3", "--max_batch_size=16",
+       "--max_parameters=1000", "--max_message_bytes=4096"});
   ASSERT_TRUE(kilnd.Start());
   auto stub = kilnd.NewStub();
   auto submit = [&](const v1::JobSpec& spec) {

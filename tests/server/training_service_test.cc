@@ -596,6 +596,32 @@ TEST_F(TrainingServiceTest, BadRequestsToOtherRpcsGetTheirCodes) {
          return stub_->ResumeJob(c, r, &job);
        },
        grpc::FAILED_PRECONDITION, "ask for more epochs"},
+      {"resume from a negative checkpoint id",
+       [&](grpc::ClientContext* c) {
+         v1::ResumeJobRequest r;
+         r.set_job_id(done);
+         r.set_epochs(5);
+         r.set_checkpoint_id(-3);
+         return stub_->ResumeJob(c, r, &job);
+       },
+       grpc::INVALID_ARGUMENT, "checkpoint_id: must be 0"},
+      {"delete no checkpoint",
+       [&](grpc::ClientContext* c) {
+         v1::DeleteCheckpointRequest r;
+         r.set_job_id(done);
+         v1::Checkpoint out;
+         return stub_->DeleteCheckpoint(c, r, &out);
+       },
+       grpc::INVALID_ARGUMENT, "checkpoint_id: name the checkpoint to delete"},
+      {"delete unknown checkpoint",
+       [&](grpc::ClientContext* c) {
+         v1::DeleteCheckpointRequest r;
+         r.set_job_id(done);
+         r.set_checkpoint_id(999);
+         v1::Checkpoint out;
+         return stub_->DeleteCheckpoint(c, r, &out);
+       },
+       grpc::NOT_FOUND, "checkpoint 999 of job"},
       {"checkpoint a finished job",
        [&](grpc::ClientContext* c) {
          v1::CreateCheckpointRequest r;
