@@ -82,6 +82,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
           absl::StrCat("--", flag, ": must be at least 1, got ", value));
     }
   }
+  if (options.max_step_events_per_job < JobStore::kMinStepEventsPerJob) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_step_events_per_job: must be at least ",
+                                                   JobStore::kMinStepEventsPerJob, ", got ",
+                                                   options.max_step_events_per_job));
+  }
+  if (options.watch_replay_page_events < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "watch_replay_page_events: must be at least 1, got ", options.watch_replay_page_events));
+  }
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;
   d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
@@ -89,9 +98,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // A kilnd killed mid-write left these; with the lock held, no other daemon is writing here.
   const InterruptedWrites swept = RemoveInterruptedWrites(options.state_dir, options.data_dir);
   if (swept.checkpoint_temps > 0 || swept.upload_dirs > 0) {
-    d->log_->Log(LogLevel::kInfo, "interrupted_writes_removed",
-                 {{"checkpoint_temp_files", swept.checkpoint_temps},
-                  {"upload_dirs", swept.upload_dirs}});
+    d->log_->Log(
+        LogLevel::kInfo, "interrupted_writes_removed",
+        {{"checkpoint_temp_files", swept.checkpoint_temps}, {"upload_dirs", swept.upload_dirs}});
   }
   d->metrics_ = std::make_unique<Metrics>(MetricsOptions{options.metrics_job_retention, {}});
   // Security settings are checked before anything is opened or bound.
@@ -104,9 +113,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     // kilnd's own copies of the files, which only ever hold a sound set
     // (server/grpc/tls_reloader.h).
-    KILN_ASSIGN_OR_RETURN(d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
-                                                      options.tls_reload_interval, d->log_.get(),
-                                                      d->metrics_.get()));
+    KILN_ASSIGN_OR_RETURN(
+        d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
+                                    options.tls_reload_interval, d->log_.get(), d->metrics_.get()));
     credentials = d->tls_->credentials();
   }
   if (!options.auth_tokens_file.empty()) {
@@ -116,7 +125,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (!options.metrics_optional) return served;
     d->log_->Log(LogLevel::kWarning, "metrics_off", {{"reason", std::string(served.message())}});
   }
-  KILN_ASSIGN_OR_RETURN(d->store_, JobStore::Open(options.state_dir + "/kiln.db"));
+  KILN_ASSIGN_OR_RETURN(
+      d->store_, JobStore::Open(options.state_dir + "/kiln.db", {options.max_step_events_per_job}));
   // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
   if (const int unrecorded = RemoveUnrecordedCheckpoints(options.state_dir, *d->store_);
       unrecorded > 0) {
@@ -132,6 +142,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   manager_options.max_queued_jobs = options.max_queued_jobs;
   manager_options.limits = options.limits;
   manager_options.step_delay = options.step_delay;
+  manager_options.replay_page_events = options.watch_replay_page_events;
   // Job events reach the metric families and the event log through these, and only these.
   d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
   d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());
