@@ -24,7 +24,7 @@ KilndChild::~KilndChild() {
 
 bool KilndChild::Start(const std::string& state_dir, const std::string& data_dir,
                        const std::vector<std::string>& extra_args, bool metrics) {
-  std::vector<std::string> args = {KILND_PATH,
+  std::vector<std::string> args = {binary_.empty() ? std::string(KILND_PATH) : binary_,
                                    "--listen=127.0.0.1:0",
                                    metrics ? "--metrics_listen=127.0.0.1:0" : "--metrics_listen=",
                                    "--state_dir=" + state_dir,
