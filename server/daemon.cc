@@ -108,6 +108,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         "--reserved_descriptors: ", options.reserved_descriptors,
         " leaves too few of the open-file limit (", open_file_limit, ") for connections"));
   }
+  if (options.max_step_events_per_job < JobStore::kMinStepEventsPerJob) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_step_events_per_job: must be at least ",
+                                                   JobStore::kMinStepEventsPerJob, ", got ",
+                                                   options.max_step_events_per_job));
+  }
+  if (options.watch_replay_page_events < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "watch_replay_page_events: must be at least 1, got ", options.watch_replay_page_events));
+  }
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;
   d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
@@ -142,7 +151,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (!options.metrics_optional) return served;
     d->log_->Log(LogLevel::kWarning, "metrics_off", {{"reason", std::string(served.message())}});
   }
-  KILN_ASSIGN_OR_RETURN(d->store_, JobStore::Open(options.state_dir + "/kiln.db"));
+  KILN_ASSIGN_OR_RETURN(
+      d->store_, JobStore::Open(options.state_dir + "/kiln.db", {options.max_step_events_per_job}));
   // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
   if (const int unrecorded = RemoveUnrecordedCheckpoints(options.state_dir, *d->store_);
       unrecorded > 0) {
@@ -161,6 +171,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   manager_options.on_store_writable = [raw = d.get()](bool writable) {
     raw->StoreWritable(writable);
   };
+  manager_options.replay_page_events = options.watch_replay_page_events;
   // Job events reach the metric families and the event log through these, and only these.
   d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
   d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());

@@ -60,6 +60,9 @@ struct DaemonOptions {
   int64_t max_inference_batch = 16384;  // samples in one ModelInfer
   int max_deploy_batch_size = 1024;     // the largest max_batch_size a deployment may ask
   size_t watch_buffer_events = 1024;
+  // Step events kept per job (JobStoreOptions); older steps are thinned past it.
+  int64_t max_step_events_per_job = 10'000;
+  int watch_replay_page_events = 256;  // see JobManagerOptions; tests make it small
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only
   // Prometheus /metrics on HOST:PORT (port 0 picks one); empty: not served.

@@ -50,6 +50,10 @@ ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Minutes(5),
 ABSL_FLAG(int64_t, max_inference_batch, 16384, "most samples one ModelInfer request may carry");
 ABSL_FLAG(int, max_deploy_batch_size, 1024,
           "largest dynamic-batching max_batch_size a deployment may ask for");
+ABSL_FLAG(int64_t, max_step_events_per_job, 10'000,
+          "step events kept per job (at least 100): the newest half whole, older ones thinned "
+          "to a power-of-two stride of the step number; states, epochs and checkpoints are "
+          "always kept");
 ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
           "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -127,6 +131,7 @@ int main(int argc, char** argv) {
   options.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
   options.max_inference_batch = absl::GetFlag(FLAGS_max_inference_batch);
   options.max_deploy_batch_size = absl::GetFlag(FLAGS_max_deploy_batch_size);
+  options.max_step_events_per_job = absl::GetFlag(FLAGS_max_step_events_per_job);
   options.step_delay = absl::GetFlag(FLAGS_step_delay);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   // The default address may be taken by another kilnd (a warning, then no metrics); one asked

@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -56,11 +57,13 @@ class RefusedRead : public grpc::ServerReadReactor<T> {
 };
 
 // Streams a job's history, then its live events until the job ends, the client cancels, or the
-// daemon shuts down. Writes are one at a time; new events wake it from the publishing thread.
+// daemon shuts down. Writes are one at a time; the history is pulled a page at a time as writes
+// complete, and new events wake it from the publishing thread.
 class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(JobWatch watch, MetricBroadcaster* broadcaster, StreamSlots::Slot slot)
-      : history_(std::move(watch.history)),
+      : current_state_(std::move(watch.current_state)),
+        history_(std::move(watch.history)),
         live_(std::move(watch.live)),
         broadcaster_(broadcaster),
         slot_(std::move(slot)) {
@@ -103,18 +106,33 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
       return;
     }
-    if (next_history_ < history_.size()) {
-      current_ = std::move(history_[next_history_++]);
-    } else if (!live_) {
-      FinishLocked(grpc::Status::OK);
-      return;
-    } else if (!live_->Pop(&current_)) {
-      absl::Status closed;
-      if (live_->Finished(&closed)) FinishLocked(ToGrpcStatus(closed));
-      return;  // woken again by the next event
+    if (current_state_) {
+      current_ = *std::move(current_state_);
+      current_state_.reset();
+    } else if (!history_ || !NextFromHistoryLocked()) {
+      if (finished_) return;  // the history could not be read
+      if (!live_) {
+        FinishLocked(grpc::Status::OK);
+        return;
+      }
+      if (!live_->Pop(&current_)) {
+        absl::Status closed;
+        if (live_->Finished(&closed)) FinishLocked(ToGrpcStatus(closed));
+        return;  // woken again by the next event
+      }
     }
     writing_ = true;
     StartWrite(&current_);
+  }
+
+  // True with the next recorded event in current_; false once the history is done (dropped) or
+  // could not be read (the stream then finishes with the error).
+  bool NextFromHistoryLocked() {
+    absl::StatusOr<bool> next = history_->Next(&current_);
+    if (next.ok() && *next) return true;
+    history_.reset();
+    if (!next.ok()) FinishLocked(ToGrpcStatus(next.status()));
+    return false;
   }
 
   void FinishLocked(const grpc::Status& status) {
@@ -124,8 +142,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   }
 
   std::mutex mu_;
-  std::vector<v1::JobEvent> history_;
-  size_t next_history_ = 0;
+  std::optional<v1::JobEvent> current_state_;
+  std::unique_ptr<EventReplay> history_;  // null once replayed
   std::shared_ptr<Subscription> live_;
   MetricBroadcaster* broadcaster_;
   StreamSlots::Slot slot_;

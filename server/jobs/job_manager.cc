@@ -411,7 +411,7 @@ absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool inclu
     if (!IsFinal(job.state())) watch.live = events_.Subscribe(job_id, include_steps);
   }
   if (live_only) {
-    v1::JobEvent& e = watch.history.emplace_back();
+    v1::JobEvent& e = watch.current_state.emplace();
     e.set_seq(max_seq);
     *e.mutable_time() = MillisToTimestamp(NowMillis());
     e.set_replayed(true);
@@ -419,13 +419,8 @@ absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool inclu
     e.mutable_state()->set_reason(job.reason());
     return watch;
   }
-  absl::StatusOr<std::vector<v1::JobEvent>> history =
-      store_->Events(job_id, max_seq, include_steps);
-  if (!history.ok()) {
-    if (watch.live) events_.Unsubscribe(watch.live);
-    return history.status();
-  }
-  watch.history = *std::move(history);
+  watch.history = std::make_unique<EventReplay>(store_, job_id, max_seq, include_steps,
+                                                options_.replay_page_events);
   return watch;
 }
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "kiln/v1/training.pb.h"
 #include "server/jobs/checkpoint_export.h"
 #include "server/jobs/dataset_catalog.h"
+#include "server/jobs/event_replay.h"
 #include "server/jobs/job_event_observer.h"
 #include "server/jobs/job_events.h"
 #include "server/jobs/job_runner.h"
@@ -39,6 +41,8 @@ struct JobManagerOptions {
   // over its life; the next time it fails (Job.crash_resumes).
   int max_crash_resumes = 3;
   SpecLimits limits;
+  // Events a WatchJob replay reads from the store at a time (and so holds at most).
+  int replay_page_events = 256;
   // For tests only: a pause after every training step, to make jobs last predictably.
   absl::Duration step_delay = absl::ZeroDuration();
   // Told of every job event, in this order (metrics, the event log); not owned.
@@ -50,10 +54,13 @@ struct JobManagerOptions {
   absl::Duration store_retry_interval = absl::Seconds(2);
 };
 
-// History plus live events of one job, as WatchJob streams them.
+// What WatchJob streams of one job, in this order: its current state (live_only), its recorded
+// history (read from the store in pages), then its live events. Live events start right after
+// the history's last seq: none is missed, none comes twice.
 struct JobWatch {
-  std::vector<v1::JobEvent> history;
-  std::shared_ptr<Subscription> live;  // null when the job had already ended
+  std::optional<v1::JobEvent> current_state;  // live_only: the one event before live ones
+  std::unique_ptr<EventReplay> history;       // null with live_only
+  std::shared_ptr<Subscription> live;         // null when the job had already ended
 };
 
 // Thread-safe.

@@ -154,8 +154,14 @@ constexpr const char* kSchemaV3 = R"sql(
 ALTER TABLE checkpoints ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
 )sql";
 
-// Version 4: the checkpoint a resumed job is to start from (Job.resume_checkpoint_id).
+// Version 4: checkpoint events are read by seq, a page at a time (EventsPage). The event tables
+// are keyed by (job_id, seq) already.
 constexpr const char* kSchemaV4 = R"sql(
+CREATE INDEX IF NOT EXISTS checkpoints_by_job_seq ON checkpoints(job_id, seq);
+)sql";
+
+// Version 5: the checkpoint a resumed job is to start from (Job.resume_checkpoint_id).
+constexpr const char* kSchemaV5 = R"sql(
 ALTER TABLE jobs ADD COLUMN resume_checkpoint_id INTEGER NOT NULL DEFAULT 0;
 )sql";
 
@@ -211,7 +217,13 @@ constexpr const char* kCheckpointColumns =
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
+                                                         JobStoreOptions options) {
+  if (options.max_step_events_per_job < kMinStepEventsPerJob) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job store: max_step_events_per_job must be at least ", kMinStepEventsPerJob,
+                     ", got ", options.max_step_events_per_job));
+  }
   sqlite3* db = nullptr;
   int rc =
       sqlite3_open_v2(path.c_str(), &db,
@@ -222,7 +234,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     sqlite3_close(db);
     return status;
   }
-  std::unique_ptr<JobStore> store(new JobStore(db));
+  std::unique_ptr<JobStore> store(new JobStore(db, options));
   sqlite3_busy_timeout(db, 5000);
   // WAL lets readers proceed during writes; NORMAL sync is durable across process crashes
   // (only a power loss can drop the last transactions), which is what a daemon's SIGKILL needs.
@@ -230,6 +242,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA foreign_keys=ON"));
   KILN_RETURN_IF_ERROR(store->Migrate());
+  KILN_RETURN_IF_ERROR(store->ThinAllJobs());
   return store;
 }
 
@@ -272,6 +285,7 @@ absl::Status JobStore::Migrate() {
   if (status.ok() && version < 2) status = Exec(kSchemaV2);
   if (status.ok() && version < 3) status = Exec(kSchemaV3);
   if (status.ok() && version < 4) status = Exec(kSchemaV4);
+  if (status.ok() && version < 5) status = Exec(kSchemaV5);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
   if (status.ok()) {
     status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
@@ -362,7 +376,8 @@ absl::Status JobStore::AppendEventLocked(const std::string& job_id, const v1::Jo
       s.Bind(8, static_cast<double>(m.loss()));
       s.Bind(9, static_cast<double>(m.lr()));
       s.Bind(10, m.samples_per_sec());
-      return s.Run();
+      KILN_RETURN_IF_ERROR(s.Run());
+      return StepAppendedLocked(job_id);
     }
     case v1::JobEvent::kEpoch: {
       const v1::EpochMetrics& m = e.epoch();
@@ -405,16 +420,134 @@ absl::Status JobStore::PutJob(const v1::Job& job, const v1::JobEvent* event) {
   KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   absl::Status status = PutJobLocked(job);
   if (status.ok() && event != nullptr) status = AppendEventLocked(job.id(), *event);
+  if (status.ok()) status = Exec("COMMIT");
   if (!status.ok()) {
     Exec("ROLLBACK").IgnoreError();
-    return status;
+    step_counts_.erase(job.id());  // a step may have been counted; count again next time
   }
-  return Exec("COMMIT");
+  return status;
 }
 
 absl::Status JobStore::AppendEvent(const std::string& job_id, const v1::JobEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
-  return AppendEventLocked(job_id, event);
+  absl::Status status = AppendEventLocked(job_id, event);
+  if (!status.ok()) step_counts_.erase(job_id);
+  return status;
+}
+
+absl::Status JobStore::StepAppendedLocked(const std::string& job_id) {
+  auto it = step_counts_.find(job_id);
+  if (it != step_counts_.end()) {
+    ++it->second;
+  } else {
+    Statement s(db_, "SELECT COUNT(*) FROM step_metrics WHERE job_id = ?");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    absl::Status status;
+    const int64_t count = s.Step(&status) ? s.Int(0) : 0;
+    KILN_RETURN_IF_ERROR(status);
+    it = step_counts_.emplace(job_id, count).first;
+  }
+  if (it->second <= options_.max_step_events_per_job) return absl::OkStatus();
+  // Its own transaction unless the step came inside one (PutJob).
+  const bool own_transaction = sqlite3_get_autocommit(db_) != 0;
+  if (own_transaction) KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::StatusOr<int64_t> kept = ThinStepsLocked(job_id, it->second);
+  absl::Status status = kept.status();
+  if (status.ok() && own_transaction) status = Exec("COMMIT");
+  if (!status.ok()) {
+    if (own_transaction) Exec("ROLLBACK").IgnoreError();
+    return status;
+  }
+  it->second = *kept;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> JobStore::ThinStepsLocked(const std::string& job_id, int64_t count) {
+  const int64_t keep_whole = options_.max_step_events_per_job / 2;
+  const int64_t older_budget = options_.max_step_events_per_job / 4;
+  // The oldest of the steps kept whole; everything before it is thinned.
+  int64_t boundary = 0;
+  {
+    Statement s(db_,
+                "SELECT seq FROM step_metrics WHERE job_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, keep_whole - 1);
+    absl::Status status;
+    const bool found = s.Step(&status);
+    KILN_RETURN_IF_ERROR(status);
+    if (!found) return count;
+    boundary = s.Int(0);
+  }
+  auto older = [&](const char* what, int64_t stride) -> absl::StatusOr<int64_t> {
+    Statement s(db_, absl::StrCat("SELECT ", what,
+                                  " FROM step_metrics WHERE job_id = ? AND seq < ? AND "
+                                  "global_step % ? = 0")
+                         .c_str());
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, boundary);
+    s.Bind(3, stride);
+    absl::Status status;
+    const int64_t value = s.Step(&status) ? s.Int(0) : 0;
+    KILN_RETURN_IF_ERROR(status);
+    return value;
+  };
+  // Past the largest step number no stride keeps fewer: only step 0 is a multiple of it.
+  KILN_ASSIGN_OR_RETURN(const int64_t largest, older("COALESCE(MAX(ABS(global_step)), 0)", 1));
+  int64_t stride = 1;
+  KILN_ASSIGN_OR_RETURN(int64_t kept, older("COUNT(*)", stride));
+  while (kept > older_budget && stride <= largest && stride < (int64_t{1} << 62)) {
+    stride *= 2;
+    KILN_ASSIGN_OR_RETURN(kept, older("COUNT(*)", stride));
+  }
+  if (stride > 1) {
+    Statement s(db_,
+                "DELETE FROM step_metrics WHERE job_id = ? AND seq < ? AND global_step % ? != 0");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, boundary);
+    s.Bind(3, stride);
+    KILN_RETURN_IF_ERROR(s.Run());
+  }
+  if (kept > older_budget) {
+    // Step numbers repeated (resumes) or all 0: the oldest go.
+    Statement s(db_,
+                "DELETE FROM step_metrics WHERE job_id = ?1 AND seq IN (SELECT seq FROM "
+                "step_metrics WHERE job_id = ?1 AND seq < ?2 ORDER BY seq LIMIT ?3)");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, boundary);
+    s.Bind(3, kept - older_budget);
+    KILN_RETURN_IF_ERROR(s.Run());
+    kept = older_budget;
+  }
+  return keep_whole + kept;
+}
+
+absl::Status JobStore::ThinAllJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  {
+    Statement s(db_, "SELECT job_id, COUNT(*) FROM step_metrics GROUP BY job_id");
+    KILN_RETURN_IF_ERROR(s.status());
+    absl::Status status;
+    while (s.Step(&status)) step_counts_[s.Text(0)] = s.Int(1);
+    KILN_RETURN_IF_ERROR(status);
+  }
+  for (auto& [job_id, count] : step_counts_) {
+    if (count <= options_.max_step_events_per_job) continue;
+    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    absl::StatusOr<int64_t> kept = ThinStepsLocked(job_id, count);
+    absl::Status status = kept.status();
+    if (status.ok()) status = Exec("COMMIT");
+    if (!status.ok()) {
+      Exec("ROLLBACK").IgnoreError();
+      return status;
+    }
+    count = *kept;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Job> JobStore::GetJob(const std::string& job_id) {
@@ -478,8 +611,14 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const std::vector<v1::JobState>& stat
   return page;
 }
 
-absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
-                                                           int64_t max_seq, bool include_steps) {
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::EventsPage(const std::string& job_id,
+                                                               int64_t after_seq, int64_t max_seq,
+                                                               bool include_steps, int limit) {
+  if (limit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job store: a page of events holds at least 1, got ", limit));
+  }
+  after_seq = std::max<int64_t>(after_seq, 0);  // seq 0: a checkpoint not yet announced
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<v1::JobEvent> events;
   absl::Status status;
@@ -490,13 +629,33 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
     e.set_replayed(true);
     return e;
   };
+  // The page ends at its limit-th event's seq (max_seq when fewer are left); each table is then
+  // read over (after_seq, last_seq], which holds no more than `limit` events in all.
+  int64_t last_seq = max_seq;
+  {
+    const char* kRange = " WHERE job_id = ?1 AND seq > ?2 AND seq <= ?3";
+    std::string sql = absl::StrCat("SELECT seq FROM state_changes", kRange);
+    if (include_steps) absl::StrAppend(&sql, " UNION ALL SELECT seq FROM step_metrics", kRange);
+    absl::StrAppend(&sql, " UNION ALL SELECT seq FROM epoch_metrics", kRange,
+                    " UNION ALL SELECT seq FROM checkpoints", kRange,
+                    " ORDER BY seq LIMIT 1 OFFSET ?4");
+    Statement s(db_, sql.c_str());
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    s.Bind(2, after_seq);
+    s.Bind(3, max_seq);
+    s.Bind(4, limit - 1);
+    if (s.Step(&status)) last_seq = s.Int(0);
+    KILN_RETURN_IF_ERROR(status);
+  }
   {
     Statement s(db_,
                 "SELECT seq, time_ms, state, reason FROM state_changes "
-                "WHERE job_id = ? AND seq <= ?");
+                "WHERE job_id = ? AND seq > ? AND seq <= ?");
     KILN_RETURN_IF_ERROR(s.status());
     s.Bind(1, job_id);
-    s.Bind(2, max_seq);
+    s.Bind(2, after_seq);
+    s.Bind(3, last_seq);
     while (s.Step(&status)) {
       v1::StateChange* c = add(s.Int(0), s.Int(1)).mutable_state();
       c->set_state(static_cast<v1::JobState>(s.Int(2)));
@@ -507,10 +666,11 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
   if (include_steps) {
     Statement s(db_,
                 "SELECT seq, time_ms, epoch, step_in_epoch, steps_per_epoch, global_step, loss, "
-                "lr, samples_per_sec FROM step_metrics WHERE job_id = ? AND seq <= ?");
+                "lr, samples_per_sec FROM step_metrics WHERE job_id = ? AND seq > ? AND seq <= ?");
     KILN_RETURN_IF_ERROR(s.status());
     s.Bind(1, job_id);
-    s.Bind(2, max_seq);
+    s.Bind(2, after_seq);
+    s.Bind(3, last_seq);
     while (s.Step(&status)) {
       v1::StepMetrics* m = add(s.Int(0), s.Int(1)).mutable_step();
       m->set_epoch(static_cast<int32_t>(s.Int(2)));
@@ -527,10 +687,11 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
     Statement s(db_,
                 "SELECT seq, time_ms, epoch, train_loss, train_accuracy, test_loss, "
                 "test_accuracy, test_samples, train_seconds, samples_per_sec, lr "
-                "FROM epoch_metrics WHERE job_id = ? AND seq <= ?");
+                "FROM epoch_metrics WHERE job_id = ? AND seq > ? AND seq <= ?");
     KILN_RETURN_IF_ERROR(s.status());
     s.Bind(1, job_id);
-    s.Bind(2, max_seq);
+    s.Bind(2, after_seq);
+    s.Bind(3, last_seq);
     while (s.Step(&status)) {
       v1::EpochMetrics* m = add(s.Int(0), s.Int(1)).mutable_epoch();
       m->set_epoch(static_cast<int32_t>(s.Int(2)));
@@ -547,11 +708,12 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
   }
   {
     Statement s(db_, absl::StrCat("SELECT ", kCheckpointColumns,
-                                  " FROM checkpoints WHERE job_id = ? AND seq > 0 AND seq <= ?")
+                                  " FROM checkpoints WHERE job_id = ? AND seq > ? AND seq <= ?")
                          .c_str());
     KILN_RETURN_IF_ERROR(s.status());
     s.Bind(1, job_id);
-    s.Bind(2, max_seq);
+    s.Bind(2, after_seq);
+    s.Bind(3, last_seq);
     while (s.Step(&status)) {
       v1::Checkpoint c = CheckpointFromRow(s);
       *add(s.Int(2), TimestampToMillis(c.create_time())).mutable_checkpoint() = std::move(c);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,14 +23,24 @@ struct JobPage {
   std::string next_page_token;  // empty on the last page
 };
 
+struct JobStoreOptions {
+  // The most step events kept per job. Past it, the newest half stay and older steps are thinned
+  // to a power-of-two stride of global_step (see ThinStepsLocked); state, epoch and checkpoint
+  // events are always kept. At least kMinStepEventsPerJob.
+  int64_t max_step_events_per_job = 10'000;
+};
+
 // All methods are thread-safe; each write is one transaction.
 class JobStore {
  public:
   // The schema version this code reads and writes; older databases are migrated on open.
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
+  static constexpr int64_t kMinStepEventsPerJob = 100;
 
-  // Opens (creating if needed) the database at `path`.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  // Opens (creating if needed) the database at `path`, and thins the step history of every job
+  // over options.max_step_events_per_job (a store from an older kilnd, or a lowered bound).
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        JobStoreOptions options = {});
   ~JobStore();
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
@@ -37,7 +48,8 @@ class JobStore {
   // Inserts or updates the job row (everything but events). With `event`, the event is appended
   // in the same transaction, so a state and its announcement are never apart.
   absl::Status PutJob(const v1::Job& job, const v1::JobEvent* event = nullptr);
-  // Appends one event (seq must be new for the job).
+  // Appends one event (seq must be new for the job). A step past the job's bound thins its older
+  // steps, one pass per quarter of the bound, so the cost per step stays constant.
   absl::Status AppendEvent(const std::string& job_id, const v1::JobEvent& event);
 
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
@@ -47,9 +59,12 @@ class JobStore {
   absl::StatusOr<JobPage> ListJobs(const std::vector<v1::JobState>& states, int page_size,
                                    const std::string& page_token);
 
-  // The job's events with seq <= max_seq, in seq order; step events only if include_steps.
-  absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t max_seq,
-                                                   bool include_steps);
+  // One page of the job's events: the first `limit` (at least 1) with after_seq < seq <= max_seq,
+  // in seq order, marked replayed; step events only if include_steps. Fewer than `limit`: the
+  // last page.
+  absl::StatusOr<std::vector<v1::JobEvent>> EventsPage(const std::string& job_id, int64_t after_seq,
+                                                       int64_t max_seq, bool include_steps,
+                                                       int limit);
   // A one-row write that commits like any other: OK when the store takes writes again.
   absl::Status ProbeWrite();
   // The largest seq recorded for the job, 0 if none.
@@ -63,8 +78,10 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(const std::string& job_id);
 
  private:
-  explicit JobStore(sqlite3* db) : db_(db) {}
+  JobStore(sqlite3* db, JobStoreOptions options) : db_(db), options_(options) {}
   absl::Status Migrate();
+  // Thins every job's steps that are over the bound (at open).
+  absl::Status ThinAllJobs();
   absl::Status Exec(const char* sql);
   // While alive (mu_ held), commits sync the write-ahead log (synchronous=FULL): for what is
   // announced to clients once committed (job states, checkpoint records), which a power failure
@@ -82,9 +99,18 @@ class JobStore {
   };
   absl::Status AppendEventLocked(const std::string& job_id, const v1::JobEvent& event);
   absl::Status PutJobLocked(const v1::Job& job);
+  // Counts the step just appended and thins the job's steps when over the bound.
+  absl::Status StepAppendedLocked(const std::string& job_id);
+  // Keeps the newest max/2 steps; of the older ones, those whose global_step is a multiple of the
+  // smallest power of two that fits them into max/4 (then, if still over, the newest max/4).
+  // Returns how many steps the job keeps.
+  absl::StatusOr<int64_t> ThinStepsLocked(const std::string& job_id, int64_t count);
 
   std::mutex mu_;
   sqlite3* db_;
+  const JobStoreOptions options_;
+  // Step events stored per job, counted once per job and then kept up to date (under mu_).
+  std::map<std::string, int64_t> step_counts_;
 };
 
 }  // namespace kiln::server

@@ -99,7 +99,8 @@ TEST_F(DiskFullTest, ReadOnlyWhileFullTheSameJobStateEverywhereAndBackByItself) 
   v1::JobSpec spec = SmallSpec("toy", 5000);
   spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
   const std::string id = testing::SubmitJob(*stub_, spec);
-  ASSERT_TRUE(WaitFor([&] { return GetJob(*stub_, id).epochs_done() >= 1; }, absl::Seconds(60)));
+  ASSERT_TRUE(
+      WaitFor([&] { return !testing::ListCheckpoints(*stub_, id).empty(); }, absl::Seconds(60)));
 
   const std::string filler = state_dir_ + "/filler";
   const int64_t filled = FillWith(filler);
@@ -132,11 +133,13 @@ TEST_F(DiskFullTest, ReadOnlyWhileFullTheSameJobStateEverywhereAndBackByItself) 
   ASSERT_TRUE(WaitFor(
       [&] {
         job = GetJob(*stub_, id);
-        return job.state() == v1::JOB_STATE_RUNNING && job.attempts() >= 2;
+        // resumed_from_step is set once the checkpoint has loaded, after the state is RUNNING.
+        return job.state() == v1::JOB_STATE_RUNNING && job.attempts() >= 2 &&
+               job.resumed_from_step() > 0;
       },
       absl::Seconds(60)))
-      << v1::JobState_Name(job.state()) << ": " << job.reason();
-  EXPECT_GT(job.resumed_from_step(), 0) << "it resumes from its checkpoint";
+      << "it did not resume from its checkpoint: " << v1::JobState_Name(job.state()) << ", "
+      << job.resumed_from_step() << ": " << job.reason();
   EXPECT_TRUE(Submit().ok());
   {
     grpc::ClientContext context;

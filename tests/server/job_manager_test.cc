@@ -250,6 +250,68 @@ TEST_F(JobManagerTest, SubmittedJobRunsToSucceededAndTheObserverSeesEveryStateIn
   EXPECT_EQ(stored->global_step(), 2 * kStepsPerEpoch);
 }
 
+// A watcher that joins a running job replays what was recorded, read in pages of 4 (never more
+// held), then takes live events from the next seq on: every seq once, in order, to the end.
+TEST_F(JobManagerTest, WatchReplaysTheHistoryInPagesThenLiveEventsWithoutAGapOrARepeat) {
+  JobManagerOptions options = Options();
+  options.replay_page_events = 4;
+  options.step_delay = absl::Milliseconds(5);
+  StartManager(std::move(options));
+  const std::string id = SubmitOrDie(SmallSpec("toy", 6));
+  ASSERT_TRUE(WaitForSteps(id, 20));
+  absl::StatusOr<JobWatch> watch = manager_->Watch(id, /*include_steps=*/true, false);
+  ASSERT_OK(watch);
+  ASSERT_NE(watch->history, nullptr);
+  ASSERT_NE(watch->live, nullptr) << "the job was still running";
+  EXPECT_FALSE(watch->current_state.has_value());
+
+  std::vector<v1::JobEvent> events;
+  v1::JobEvent e;
+  for (;;) {
+    absl::StatusOr<bool> next = watch->history->Next(&e);
+    ASSERT_OK(next);
+    if (!*next) break;
+    EXPECT_LT(watch->history->buffered(), 4u) << "more than one page held";
+    EXPECT_TRUE(e.replayed());
+    events.push_back(e);
+    absl::SleepFor(absl::Milliseconds(2));  // slower than training: live events pile up
+  }
+  const size_t replayed = events.size();
+  EXPECT_GE(replayed, 22u) << "2 states and 20 steps were recorded before the watch";
+  absl::Status closed;
+  while (!watch->live->Finished(&closed)) {
+    if (!watch->live->WaitPop(&e, absl::Seconds(1))) continue;
+    EXPECT_FALSE(e.replayed());
+    EXPECT_EQ(e.dropped_before(), 0);
+    events.push_back(e);
+  }
+  broadcaster_.Unsubscribe(watch->live);
+  EXPECT_OK(closed);
+  EXPECT_GT(events.size(), replayed) << "no live events after the replay";
+  for (size_t i = 0; i < events.size(); ++i) {
+    ASSERT_EQ(events[i].seq(), static_cast<int64_t>(i + 1)) << "a gap or a repeat at event " << i;
+  }
+  int steps = 0;
+  for (const v1::JobEvent& event : events) steps += event.has_step();
+  EXPECT_EQ(steps, 6 * kStepsPerEpoch);
+  EXPECT_EQ(events.back().state().state(), v1::JOB_STATE_SUCCEEDED);
+
+  // Watching the finished job: its whole history, paged the same way, and nothing live.
+  watch = manager_->Watch(id, /*include_steps=*/true, false);
+  ASSERT_OK(watch);
+  EXPECT_EQ(watch->live, nullptr);
+  size_t again = 0;
+  for (;;) {
+    absl::StatusOr<bool> next = watch->history->Next(&e);
+    ASSERT_OK(next);
+    if (!*next) break;
+    EXPECT_EQ(e.seq(), events[again].seq());
+    EXPECT_EQ(e.event_case(), events[again].event_case());
+    ++again;
+  }
+  EXPECT_EQ(again, events.size());
+}
+
 TEST_F(JobManagerTest, CancelOfAQueuedJobEndsItCancelledWithoutRunningIt) {
   JobManagerOptions options = Options();
   options.step_delay = absl::Milliseconds(20);

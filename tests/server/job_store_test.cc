@@ -3,8 +3,12 @@
 #include <sqlite3.h>
 
 #include <atomic>
+#include <cstdint>
 #include <filesystem>
+#include <string>
+#include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/jobs/proto_time.h"
 #include "server_test_support.h"
@@ -12,6 +16,54 @@
 
 namespace kiln::server {
 namespace {
+
+using ::testing::HasSubstr;
+
+v1::JobEvent StepEvent(int64_t seq, int64_t global_step) {
+  v1::JobEvent e;
+  e.set_seq(seq);
+  e.mutable_step()->set_global_step(global_step);
+  return e;
+}
+v1::JobEvent EpochEvent(int64_t seq, int epoch) {
+  v1::JobEvent e;
+  e.set_seq(seq);
+  e.mutable_epoch()->set_epoch(epoch);
+  return e;
+}
+v1::JobEvent StateEvent(int64_t seq, v1::JobState state) {
+  v1::JobEvent e;
+  e.set_seq(seq);
+  e.mutable_state()->set_state(state);
+  return e;
+}
+
+// Every event of the job up to max_seq, read in pages of `page`.
+std::vector<v1::JobEvent> AllEvents(JobStore& store, const std::string& job_id, bool steps,
+                                    int page = 1000, int64_t max_seq = INT64_MAX) {
+  std::vector<v1::JobEvent> all;
+  for (int64_t after = 0;;) {
+    absl::StatusOr<std::vector<v1::JobEvent>> got =
+        store.EventsPage(job_id, after, max_seq, steps, page);
+    EXPECT_OK(got);
+    if (!got.ok()) return all;
+    EXPECT_LE(got->size(), static_cast<size_t>(page));
+    for (v1::JobEvent& e : *got) {
+      EXPECT_GT(e.seq(), after) << "pages in seq order, none twice";
+      after = e.seq();
+      all.push_back(std::move(e));
+    }
+    if (got->size() < static_cast<size_t>(page)) return all;
+  }
+}
+
+std::vector<int64_t> StepNumbers(const std::vector<v1::JobEvent>& events) {
+  std::vector<int64_t> steps;
+  for (const v1::JobEvent& e : events) {
+    if (e.has_step()) steps.push_back(e.step().global_step());
+  }
+  return steps;
+}
 
 v1::Job MakeJob(const std::string& id, v1::JobState state) {
   v1::Job job;
@@ -49,12 +101,12 @@ TEST(JobStoreTest, JobsAndEventsSurviveReopening) {
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job->global_step(), 1);
   EXPECT_EQ(job->spec().dataset(), "toy");
-  auto events = (*store)->Events("a", 100, true);
+  auto events = (*store)->EventsPage("a", 0, 100, true, 10);
   ASSERT_OK(events);
   ASSERT_EQ(events->size(), 2u);
   EXPECT_TRUE((*events)[0].has_state());
   EXPECT_FLOAT_EQ((*events)[1].step().loss(), 2.5f);
-  EXPECT_EQ((*store)->Events("a", 100, false)->size(), 1u);
+  EXPECT_EQ((*store)->EventsPage("a", 0, 100, false, 10)->size(), 1u);
   EXPECT_EQ(*(*store)->MaxSeq("a"), 2);
   EXPECT_TRUE(absl::IsNotFound((*store)->GetJob("b").status()));
   std::filesystem::remove_all(dir);
@@ -78,6 +130,180 @@ TEST(JobStoreTest, CheckpointIndexHidesDeletedOnes) {
   ASSERT_OK(list);
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].global_step(), 16);
+  std::filesystem::remove_all(dir);
+}
+
+// Pages cover (after_seq, max_seq] in seq order across the four kinds of event, never more than
+// the limit, with steps only when asked for.
+TEST(JobStoreTest, EventsPageReadsEveryKindInSeqOrderAPageAtATime) {
+  const std::string dir = testing::MakeTempDir("store");
+  auto store = JobStore::Open(dir + "/kiln.db");
+  ASSERT_OK(store);
+  JobStore& s = **store;
+  const v1::JobEvent queued = StateEvent(1, v1::JOB_STATE_QUEUED);
+  ASSERT_OK(s.PutJob(MakeJob("a", v1::JOB_STATE_QUEUED), &queued));
+  ASSERT_OK(s.PutJob(MakeJob("b", v1::JOB_STATE_QUEUED), &queued));  // another job's events
+  ASSERT_OK(s.AppendEvent("b", StepEvent(2, 1)));
+  ASSERT_OK(s.AppendEvent("a", StateEvent(2, v1::JOB_STATE_RUNNING)));
+  int64_t seq = 3;
+  for (int epoch = 1; epoch <= 3; ++epoch) {
+    for (int step = 1; step <= 4; ++step) {
+      ASSERT_OK(s.AppendEvent("a", StepEvent(seq++, (epoch - 1) * 4 + step)));
+    }
+    ASSERT_OK(s.AppendEvent("a", EpochEvent(seq++, epoch)));
+    v1::Checkpoint c;
+    c.set_job_id("a");
+    c.set_global_step(epoch * 4);
+    ASSERT_OK(s.InsertCheckpoint(&c));
+    v1::JobEvent written;
+    written.set_seq(seq++);
+    *written.mutable_checkpoint() = c;
+    ASSERT_OK(s.AppendEvent("a", written));
+  }
+  v1::Checkpoint unannounced;  // in the index, its event not yet written (seq 0)
+  unannounced.set_job_id("a");
+  ASSERT_OK(s.InsertCheckpoint(&unannounced));
+  ASSERT_OK(s.AppendEvent("a", StateEvent(seq, v1::JOB_STATE_SUCCEEDED)));
+  const int64_t last = seq;  // 2 states, 12 steps, 3 epochs, 3 checkpoints, 1 state: 21
+
+  for (int page : {1, 2, 5, 21, 100}) {
+    SCOPED_TRACE(::testing::Message() << "pages of " << page);
+    std::vector<v1::JobEvent> all = AllEvents(s, "a", /*steps=*/true, page);
+    ASSERT_EQ(all.size(), 21u);
+    for (size_t i = 0; i < all.size(); ++i) {
+      EXPECT_EQ(all[i].seq(), static_cast<int64_t>(i + 1));
+      EXPECT_TRUE(all[i].replayed());
+    }
+    EXPECT_TRUE(all[5].has_step() && all[6].has_epoch() && all[7].has_checkpoint());
+    EXPECT_EQ(all[7].checkpoint().global_step(), 4);
+    EXPECT_EQ(all.back().state().state(), v1::JOB_STATE_SUCCEEDED);
+    std::vector<v1::JobEvent> no_steps = AllEvents(s, "a", /*steps=*/false, page);
+    EXPECT_EQ(no_steps.size(), 9u);
+    EXPECT_TRUE(StepNumbers(no_steps).empty());
+  }
+  // A page starts after after_seq and stops at max_seq.
+  auto middle = s.EventsPage("a", 7, 9, true, 10);
+  ASSERT_OK(middle);
+  ASSERT_EQ(middle->size(), 2u);
+  EXPECT_EQ((*middle)[0].seq(), 8);
+  EXPECT_EQ((*middle)[1].seq(), 9);
+  auto past = s.EventsPage("a", last, INT64_MAX, true, 10);
+  ASSERT_OK(past);
+  EXPECT_TRUE(past->empty());
+  EXPECT_EQ(AllEvents(s, "b", true).size(), 2u);
+  auto bad = s.EventsPage("a", 0, last, true, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  std::filesystem::remove_all(dir);
+}
+
+// The shape of a job's steps right after a thinning pass with a bound of 100: the newest 50 whole
+// (up to `newest`), each older one a multiple of a power of two (>1).
+void ExpectThinnedShape(const std::vector<int64_t>& steps, int64_t newest) {
+  ASSERT_GE(steps.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(steps[steps.size() - 50 + i], newest - 49 + i);
+  for (size_t i = 0; i + 50 < steps.size(); ++i) {
+    int64_t stride = 1;
+    while (steps[i] % (stride * 2) == 0) stride *= 2;
+    EXPECT_GT(stride, 1) << "step " << steps[i] << " is not on a thinned stride";
+  }
+}
+
+// 1,000 steps against a bound of 100: the count never passes 100, the newest 50 stay whole, the
+// older ones sit at a power-of-two stride, and no epoch or state goes. Thinning passes are
+// amortised: one per quarter of the bound.
+TEST(JobStoreTest, StepHistoryStaysWithinTheBoundKeepingTheNewestHalfWhole) {
+  const std::string dir = testing::MakeTempDir("store");
+  auto store = JobStore::Open(dir + "/kiln.db", {.max_step_events_per_job = 100});
+  ASSERT_OK(store);
+  JobStore& s = **store;
+  const v1::JobEvent queued = StateEvent(1, v1::JOB_STATE_QUEUED);
+  ASSERT_OK(s.PutJob(MakeJob("a", v1::JOB_STATE_QUEUED), &queued));
+  int64_t seq = 2;
+  int passes = 0;
+  size_t previous = 0;
+  std::vector<int64_t> steps;
+  for (int step = 1; step <= 1000; ++step) {
+    ASSERT_OK(s.AppendEvent("a", StepEvent(seq++, step)));
+    if (step % 100 == 0) {
+      ASSERT_OK(s.AppendEvent("a", EpochEvent(seq++, step / 100)));
+    }
+    steps = StepNumbers(AllEvents(s, "a", true));
+    ASSERT_LE(steps.size(), 100u) << "after step " << step;
+    if (steps.size() < previous) {
+      ++passes;
+      SCOPED_TRACE(::testing::Message() << "thinned after step " << step);
+      ExpectThinnedShape(steps, step);
+      EXPECT_GE(steps.size(), 51u) << "thinned more than needed";
+      EXPECT_LE(steps.size(), 75u) << "the next pass is not a quarter of the bound away";
+    }
+    previous = steps.size();
+  }
+  ASSERT_OK(s.AppendEvent("a", StateEvent(seq, v1::JOB_STATE_SUCCEEDED)));
+  EXPECT_GE(passes, 900 / 50) << "a pass at least every half bound after the first";
+  EXPECT_LE(passes, 1000 / 25) << "a thinning pass more often than every quarter of the bound";
+  // 950 older steps in 25 places or fewer: the oldest are at a stride of 64 at least.
+  int64_t oldest_stride = 1;
+  while (steps[0] % (oldest_stride * 2) == 0) oldest_stride *= 2;
+  EXPECT_GE(oldest_stride, 64) << "oldest step kept: " << steps[0];
+  EXPECT_EQ(steps.back(), 1000);
+
+  int epochs = 0, states = 0;
+  for (const v1::JobEvent& e : AllEvents(s, "a", true)) {
+    epochs += e.has_epoch();
+    states += e.has_state();
+  }
+  EXPECT_EQ(epochs, 10);
+  EXPECT_EQ(states, 2);
+  std::filesystem::remove_all(dir);
+}
+
+// A store written with a larger bound (or by a kilnd before the bound) is thinned when opened.
+TEST(JobStoreTest, AStoreOverTheBoundIsThinnedWhenOpened) {
+  const std::string dir = testing::MakeTempDir("store");
+  {
+    auto store = JobStore::Open(dir + "/kiln.db", {.max_step_events_per_job = 100'000});
+    ASSERT_OK(store);
+    const v1::JobEvent queued = StateEvent(1, v1::JOB_STATE_QUEUED);
+    ASSERT_OK((*store)->PutJob(MakeJob("a", v1::JOB_STATE_QUEUED), &queued));
+    for (int step = 1; step <= 3000; ++step) {
+      ASSERT_OK((*store)->AppendEvent("a", StepEvent(1 + step, step)));
+    }
+    ASSERT_OK((*store)->AppendEvent("a", EpochEvent(3002, 1)));
+    ASSERT_EQ(StepNumbers(AllEvents(**store, "a", true)).size(), 3000u);
+  }
+  auto store = JobStore::Open(dir + "/kiln.db", {.max_step_events_per_job = 200});
+  ASSERT_OK(store);
+  const std::vector<v1::JobEvent> all = AllEvents(**store, "a", true);
+  const std::vector<int64_t> steps = StepNumbers(all);
+  EXPECT_LE(steps.size(), 200u);
+  ASSERT_GE(steps.size(), 100u);
+  EXPECT_EQ(steps.back(), 3000);
+  EXPECT_EQ(steps[steps.size() - 100], 2901);
+  EXPECT_TRUE(all.back().has_epoch());
+  EXPECT_TRUE(all.front().has_state());
+  std::filesystem::remove_all(dir);
+}
+
+// Repeated step numbers (a job resumed after a crash repeats a few) or none at all cannot be
+// thinned by stride; the bound holds anyway, dropping the oldest.
+TEST(JobStoreTest, StepsWithoutDistinctNumbersStillStayWithinTheBound) {
+  const std::string dir = testing::MakeTempDir("store");
+  auto store = JobStore::Open(dir + "/kiln.db", {.max_step_events_per_job = 100});
+  ASSERT_OK(store);
+  for (int64_t seq = 1; seq <= 500; ++seq) ASSERT_OK((*store)->AppendEvent("a", StepEvent(seq, 0)));
+  const std::vector<v1::JobEvent> all = AllEvents(**store, "a", true);
+  EXPECT_LE(all.size(), 100u);
+  EXPECT_GE(all.size(), 75u);
+  EXPECT_EQ(all.back().seq(), 500);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobStoreTest, ABoundBelowTheMinimumIsRefusedNamingIt) {
+  const std::string dir = testing::MakeTempDir("store");
+  auto store = JobStore::Open(dir + "/kiln.db", {.max_step_events_per_job = 99});
+  ASSERT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr("max_step_events_per_job must be at least 100, got 99"));
   std::filesystem::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -202,6 +203,53 @@ TEST_F(TrainingServiceTest, WatchingAFinishedJobReplaysItsHistory) {
                                                v1::JOB_STATE_SUCCEEDED}));
   EXPECT_EQ(steps, 16);
   EXPECT_EQ(EpochsOf(w.events), (std::vector<int>{1, 2}));
+}
+
+// A job longer than the step bound, watched after it finished, replayed in pages of 7: every
+// state, epoch and checkpoint, and no more steps than the bound, the newest half of them whole.
+TEST_F(TrainingServiceTest, WatchReplaysALongJobInPagesWithItsStepHistoryBounded) {
+  options_.max_step_events_per_job = 100;
+  options_.watch_replay_page_events = 7;
+  StartDaemon();
+  v1::JobSpec spec = SmallSpec("toy", 40);  // 8 steps an epoch: 320 steps
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(10);
+  const std::string id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(120)));
+  testing::WatchResult w = WatchToEnd(*stub_, id, /*include_steps=*/true);
+  ASSERT_OK(w.status);
+  std::vector<v1::JobState> states;
+  std::vector<int64_t> steps;
+  int checkpoints = 0;
+  int64_t last_seq = 0;
+  for (const auto& e : w.events) {
+    EXPECT_TRUE(e.replayed());
+    EXPECT_GT(e.seq(), last_seq) << "out of order or repeated";
+    last_seq = e.seq();
+    if (e.has_state()) states.push_back(e.state().state());
+    if (e.has_step()) steps.push_back(e.step().global_step());
+    checkpoints += e.has_checkpoint();
+  }
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING,
+                                               v1::JOB_STATE_SUCCEEDED}));
+  std::vector<int> all_epochs(40);
+  std::iota(all_epochs.begin(), all_epochs.end(), 1);
+  EXPECT_EQ(EpochsOf(w.events), all_epochs);
+  EXPECT_GE(checkpoints, 4);
+  EXPECT_LE(steps.size(), 100u);
+  ASSERT_GE(steps.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(steps[steps.size() - 50 + i], 271 + i);
+  // Without steps: the same states, epochs and checkpoints.
+  testing::WatchResult quiet = WatchToEnd(*stub_, id);
+  ASSERT_OK(quiet.status);
+  EXPECT_EQ(quiet.events.size(), w.events.size() - steps.size());
+}
+
+TEST_F(TrainingServiceTest, AStepBoundBelowTheMinimumIsRefusedAtStartNamingTheFlag) {
+  options_.max_step_events_per_job = 99;
+  auto daemon = Daemon::Start(options_);
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_THAT(std::string(daemon.status().message()),
+              HasSubstr("--max_step_events_per_job: must be at least 100, got 99"));
 }
 
 TEST_F(TrainingServiceTest, CancelStopsARunningJobAndAQueuedOne) {

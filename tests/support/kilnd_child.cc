@@ -25,9 +25,10 @@ KilndChild::~KilndChild() {
 bool KilndChild::Start(const std::string& state_dir, const std::string& data_dir,
                        const std::vector<std::string>& extra_args, bool metrics) {
   std::vector<std::string> args = launcher_;
-  args.insert(args.end(), {KILND_PATH, "--listen=127.0.0.1:0",
-                           metrics ? "--metrics_listen=127.0.0.1:0" : "--metrics_listen=",
-                           "--state_dir=" + state_dir, "--data_dir=" + data_dir, "--device=cpu"});
+  args.insert(args.end(),
+              {binary_.empty() ? std::string(KILND_PATH) : binary_, "--listen=127.0.0.1:0",
+               metrics ? "--metrics_listen=127.0.0.1:0" : "--metrics_listen=",
+               "--state_dir=" + state_dir, "--data_dir=" + data_dir, "--device=cpu"});
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   port_ = metrics_port_ = 0;
   if (!process_.Start(args)) return false;

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -20,6 +21,8 @@ class KilndChild {
   KilndChild(const KilndChild&) = delete;
   KilndChild& operator=(const KilndChild&) = delete;
 
+  // Runs `path` instead of the kilnd of this build (e.g. an older one, to compare).
+  void set_binary(std::string path) { binary_ = std::move(path); }
   // Starts kilnd with --listen=127.0.0.1:0, the two folders, --device=cpu and /metrics on a port
   // of its own (`metrics`) or off, then `extra_args` (later flags win). False when it does not
   // report its ports within 30 s.
@@ -44,6 +47,7 @@ class KilndChild {
  private:
   Subprocess process_;
   std::vector<std::string> launcher_;
+  std::string binary_;  // empty: this build's kilnd
   int port_ = 0;
   int metrics_port_ = 0;
 };
