@@ -2,7 +2,6 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/support/server_interceptor.h>
 
 #include <algorithm>
@@ -73,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {"max_upload_bytes", options.max_upload_bytes},
       {"max_message_bytes", options.max_message_bytes},
       {"max_streams", options.max_streams},
+      {"max_health_watches", options.max_health_watches},
       {"max_connections", options.max_connections},
       {"max_inference_batch", options.max_inference_batch},
       {"max_deploy_batch_size", options.max_deploy_batch_size},
@@ -210,11 +210,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   };
   d->inference_ = std::make_unique<serving::InferenceService>(d->models_.get(), inference);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  // Touching the health descriptors links them in, so reflection can describe that service.
-  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+  // Our own grpc.health.v1 (server/grpc/health_service.h): Watch streams are capped.
+  grpc::EnableDefaultHealthCheckService(false);
+  d->health_service_ = std::make_unique<HealthService>(options.max_health_watches);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  builder.RegisterService(d->health_service_.get());
   builder.AddListeningPort(options.listen, credentials, &d->port_);
   builder.RegisterService(d->service_.get());
   builder.RegisterService(d->inference_.get());
@@ -242,7 +243,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       [metrics](const char* reason) { metrics->ConnectionRefused(reason); });
   {
     std::lock_guard<std::mutex> lock(d->health_mu_);
-    d->health_ = d->server_->GetHealthCheckService();
+    d->health_ = d->health_service_.get();
     // Read-only (a full disk) training is NOT_SERVING until the store takes writes again;
     // serving and the server as a whole are unaffected.
     d->health_->SetServingStatus(kServiceName, d->store_writable_);

@@ -2,7 +2,6 @@
 // server with health checking and reflection. main.cc wraps it; tests run it in-process.
 #pragma once
 
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
 
 #include <cstdint>
@@ -17,6 +16,7 @@
 #include "absl/time/time.h"
 #include "server/grpc/auth_tokens.h"
 #include "server/grpc/connection_guard.h"
+#include "server/grpc/health_service.h"
 #include "server/grpc/tls_credentials.h"
 #include "server/grpc/tls_reloader.h"
 #include "server/jobs/dataset_catalog.h"
@@ -57,6 +57,7 @@ struct DaemonOptions {
   absl::Duration connection_handshake_timeout = absl::Seconds(10);
   absl::Duration connection_idle_timeout = absl::Minutes(5);
   int max_streams = 256;                // WatchJob/ExportCheckpoint/UploadDataset open at once
+  int max_health_watches = 256;         // grpc.health.v1 Watch streams open at once (no token)
   int64_t max_inference_batch = 16384;  // samples in one ModelInfer
   int max_deploy_batch_size = 1024;     // the largest max_batch_size a deployment may ask
   size_t watch_buffer_events = 1024;
@@ -127,6 +128,7 @@ class Daemon {
   std::unique_ptr<DatasetCatalog> datasets_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<TrainingService> service_;
+  std::unique_ptr<HealthService> health_service_;  // above server_: outlives its calls
   // Serving: above server_, so in-flight inference calls end before these go.
   std::unique_ptr<serving::ModelRepository> models_;
   std::unique_ptr<serving::InferenceService> inference_;
@@ -139,8 +141,8 @@ class Daemon {
   // follows it. Called by the job manager, from Recover on, also before the server exists.
   void StoreWritable(bool writable);
   std::mutex health_mu_;
-  bool store_writable_ = true;                           // guarded by health_mu_
-  grpc::HealthCheckServiceInterface* health_ = nullptr;  // guarded; null before start, after stop
+  bool store_writable_ = true;       // guarded by health_mu_
+  HealthService* health_ = nullptr;  // guarded; null before start and after stop
 };
 
 }  // namespace kiln::server

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -33,16 +34,17 @@ class StreamSlots {
     StreamSlots* owner_ = nullptr;
   };
 
-  explicit StreamSlots(int limit) : limit_(limit) {}
+  // `flag`: the kilnd flag that sets `limit`, named when a stream is refused.
+  explicit StreamSlots(int limit, std::string flag = "--max_streams")
+      : limit_(limit), flag_(std::move(flag)) {}
 
   // A slot, or RESOURCE_EXHAUSTED naming the limit when `limit` streams are open.
   absl::StatusOr<Slot> Acquire() {
     if (open_.fetch_add(1, std::memory_order_relaxed) >= limit_) {
       open_.fetch_sub(1, std::memory_order_relaxed);
-      return absl::ResourceExhaustedError(
-          absl::StrCat(limit_,
-                       " streaming calls are open, the limit (--max_streams); close one "
-                       "or try again later"));
+      return absl::ResourceExhaustedError(absl::StrCat(limit_,
+                                                       " streaming calls are open, the limit (",
+                                                       flag_, "); close one or try again later"));
     }
     return Slot(this);
   }
@@ -51,6 +53,7 @@ class StreamSlots {
 
  private:
   const int limit_;
+  const std::string flag_;
   std::atomic<int> open_{0};
 };
 
