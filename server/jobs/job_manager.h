@@ -54,7 +54,7 @@ struct JobWatch {
 // Thread-safe.
 class JobManager {
  public:
-  JobManager(JobStore* store, MetricBroadcaster* broadcaster, const DatasetCatalog* datasets,
+  JobManager(JobStore* store, MetricBroadcaster* broadcaster, DatasetCatalog* datasets,
              JobManagerOptions options);
   ~JobManager();  // Shutdown() with a long deadline if not done yet
 
@@ -67,7 +67,12 @@ class JobManager {
   absl::StatusOr<JobPage> List(const std::vector<v1::JobState>& states, int page_size,
                                const std::string& page_token);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // FailedPrecondition also when the job's dataset has been deleted since.
   absl::StatusOr<v1::Job> Resume(const std::string& job_id, int epochs);
+  // Deletes a dataset no queued or running job uses (FailedPrecondition naming those that do).
+  // Submit checks under the same lock that its dataset is still there, so a submission and a
+  // deletion cannot both succeed.
+  absl::Status DeleteDataset(const std::string& name);
   absl::StatusOr<JobWatch> Watch(const std::string& job_id, bool include_steps, bool live_only);
   // Asks the running job for a checkpoint after its current step; `done` runs once, on the
   // training thread or (on error) on this one.
@@ -103,7 +108,7 @@ class JobManager {
 
   JobStore* store_;
   JobEvents events_;
-  const DatasetCatalog* datasets_;
+  DatasetCatalog* datasets_;
   const JobManagerOptions options_;
   const JobRunnerOptions runner_options_;
 
