@@ -1,4 +1,4 @@
-// kiln datasets and upload: the IDX datasets kilnd trains on.
+// kiln datasets, datasets delete and upload: the IDX datasets kilnd trains on.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -37,12 +37,32 @@ absl::Status ListDatasets(CommandEnv& env) {
                  "--train-labels F\n");
     return absl::OkStatus();
   }
-  Table table({"NAME", "TRAIN", "TEST", "SHAPE", "SIZE"});
+  Table table({"NAME", "TRAIN", "TEST", "SHAPE", "CLASSES", "SIZE"});
   for (const v1::Dataset& d : response.datasets()) {
     table.AddRow({d.name(), absl::StrCat(d.train_samples()), absl::StrCat(d.test_samples()),
-                  absl::StrJoin(d.sample_shape(), "x"), FormatBytes(d.size_bytes())});
+                  absl::StrJoin(d.sample_shape(), "x"), absl::StrCat(d.num_classes()),
+                  FormatBytes(d.size_bytes())});
   }
   table.Print(env.out);
+  return absl::OkStatus();
+}
+
+absl::Status DeleteDataset(CommandEnv& env, const std::string& name) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = v1::Training::NewStub(c->channel());
+  v1::DeleteDatasetRequest request;
+  request.set_name(name);
+  v1::DeleteDatasetResponse response;
+  auto context = c->NewContext();
+  grpc::Status status = stub->DeleteDataset(context.get(), request, &response);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    v1::DeleteDatasetRequest deleted;
+    deleted.set_name(name);
+    PrintJson(env, deleted);
+  } else {
+    std::fprintf(env.out, "dataset %s deleted\n", name.c_str());
+  }
   return absl::OkStatus();
 }
 
@@ -85,6 +105,8 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   auto writer = stub->UploadDataset(context.get(), &dataset);
   v1::UploadDatasetRequest header;
   header.mutable_header()->set_name(o.name);
+  // Declared up front, so that kilnd publishes the dataset only if all of them arrive.
+  for (const auto& file : files) header.mutable_header()->add_files(file.first);
   bool open = writer->Write(header);
   for (size_t f = 0; f < files.size() && open; ++f) {
     const std::string& bytes = contents[f];
@@ -125,8 +147,16 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
 
 void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
   CLI::App* l = app.add_subcommand("datasets", "List the datasets on the server");
-  l->footer("Example:\n  kiln datasets --output json");
-  l->callback([&env, action] { *action = [&env] { return ListDatasets(env); }; });
+  l->footer("Examples:\n  kiln datasets --output json\n  kiln datasets delete fashion");
+  auto name = std::make_shared<std::string>();
+  CLI::App* d = l->add_subcommand("delete", "Delete a dataset no queued or running job uses");
+  d->add_option("name", *name, "Name of the dataset")->required();
+  d->callback(
+      [&env, action, name] { *action = [&env, name] { return DeleteDataset(env, *name); }; });
+  l->callback([&env, action, l, d] {
+    if (l->got_subcommand(d)) return;  // the delete's own callback set the action
+    *action = [&env] { return ListDatasets(env); };
+  });
 
   auto o = std::make_shared<UploadOptions>();
   CLI::App* u = app.add_subcommand("upload", "Upload a dataset of MNIST-style IDX files");

@@ -23,7 +23,8 @@ ABSL_FLAG(std::string, data_dir, "", "folder of named datasets, one subfolder ea
 ABSL_FLAG(std::string, device, "auto", "default device for jobs: auto, cpu or cuda:N");
 ABSL_FLAG(int, max_jobs_per_device, 1, "jobs running at once on each device");
 ABSL_FLAG(int, max_queued_jobs, 1000, "jobs waiting at once; more are refused");
-ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20, "size limit of one dataset upload");
+ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20,
+          "size limit of one dataset upload, counted after decompression");
 ABSL_FLAG(int64_t, max_parameters, 50'000'000, "largest model accepted, in parameters");
 ABSL_FLAG(int, max_layers, 64, "most layers a submitted model may have");
 ABSL_FLAG(int64_t, max_activation_bytes, int64_t{8} << 30,

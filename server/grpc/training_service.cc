@@ -186,21 +186,33 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
   v1::CheckpointChunk chunk_;
 };
 
-// Reads an upload: a header, then file chunks; commits when the client half-closes.
+// Reads an upload: a header, then file chunks; commits only when the client half-closes. A read
+// that fails because the call was cancelled (the client cancelled, died or lost its connection)
+// ends the upload without publishing anything: the DatasetUpload's folder goes with it.
 class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
  public:
-  UploadReactor(const DatasetCatalog* datasets, v1::Dataset* response, StreamSlots::Slot slot)
-      : datasets_(datasets), response_(response), slot_(std::move(slot)) {
+  UploadReactor(grpc::CallbackServerContext* context, const DatasetCatalog* datasets,
+                v1::Dataset* response, StreamSlots::Slot slot)
+      : context_(context), datasets_(datasets), response_(response), slot_(std::move(slot)) {
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client finished sending
+    if (!ok) {
+      // gRPC marks the call cancelled before a read fails for that reason, so a failed read of
+      // a live call is the client's half-close: the only end of the stream that commits.
+      if (context_->IsCancelled()) {
+        upload_.reset();
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                            "the upload was cancelled; nothing was published"));
+        return;
+      }
       if (!upload_) {
         Finish(ToGrpcStatus(absl::InvalidArgumentError("header: the upload sent no header")));
         return;
       }
       absl::StatusOr<v1::Dataset> dataset = upload_->Commit();
+      upload_.reset();
       if (dataset.ok()) *response_ = *dataset;
       Finish(ToGrpcStatus(dataset.status()));
       return;
@@ -210,8 +222,9 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       if (upload_) {
         status = absl::InvalidArgumentError("header: sent twice");
       } else {
-        absl::StatusOr<std::unique_ptr<DatasetUpload>> upload =
-            datasets_->BeginUpload(request_.header().name());
+        const auto& files = request_.header().files();
+        absl::StatusOr<std::unique_ptr<DatasetUpload>> upload = datasets_->BeginUpload(
+            request_.header().name(), std::vector<std::string>(files.begin(), files.end()));
         if (upload.ok()) upload_ = *std::move(upload);
         status = upload.status();
       }
@@ -222,6 +235,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       status = absl::InvalidArgumentError("part: a message must carry a header or a chunk");
     }
     if (!status.ok()) {
+      upload_.reset();  // stops at the first error; what was received goes now
       Finish(ToGrpcStatus(status));
       return;
     }
@@ -230,6 +244,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
   void OnDone() override { delete this; }
 
  private:
+  grpc::CallbackServerContext* context_;
   const DatasetCatalog* datasets_;
   v1::Dataset* response_;
   StreamSlots::Slot slot_;
@@ -406,13 +421,23 @@ grpc::ServerUnaryReactor* TrainingService::ListDatasets(grpc::CallbackServerCont
   return FinishWithError(context, list.status());
 }
 
+grpc::ServerUnaryReactor* TrainingService::DeleteDataset(grpc::CallbackServerContext* context,
+                                                         const v1::DeleteDatasetRequest* request,
+                                                         v1::DeleteDatasetResponse* /*response*/) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  if (request->name().empty()) {
+    return FinishWithError(context, absl::InvalidArgumentError("name: required"));
+  }
+  return FinishWithError(context, manager_->DeleteDataset(request->name()));
+}
+
 grpc::ServerReadReactor<v1::UploadDatasetRequest>* TrainingService::UploadDataset(
     grpc::CallbackServerContext* context, v1::Dataset* response) {
   if (absl::Status s = CallAuthStatus(*context); !s.ok())
     return new RefusedRead<v1::UploadDatasetRequest>(s);
   absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
   if (!slot.ok()) return new RefusedRead<v1::UploadDatasetRequest>(slot.status());
-  return new UploadReactor(datasets_, response, *std::move(slot));
+  return new UploadReactor(context, datasets_, response, *std::move(slot));
 }
 
 }  // namespace kiln::server

@@ -49,6 +49,9 @@ class TrainingService final : public v1::Training::CallbackService {
                                          v1::ListDatasetsResponse* response) override;
   grpc::ServerReadReactor<v1::UploadDatasetRequest>* UploadDataset(
       grpc::CallbackServerContext* context, v1::Dataset* response) override;
+  grpc::ServerUnaryReactor* DeleteDataset(grpc::CallbackServerContext* context,
+                                          const v1::DeleteDatasetRequest* request,
+                                          v1::DeleteDatasetResponse* response) override;
 
  private:
   JobManager* manager_;

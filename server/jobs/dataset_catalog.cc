@@ -1,10 +1,12 @@
 #include "server/jobs/dataset_catalog.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <system_error>
@@ -13,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "engine/data/idx_reader.h"
 #include "server/jobs/spec_translation.h"
@@ -25,6 +28,9 @@ constexpr const char* kTrainImages = "train-images-idx3-ubyte";
 constexpr const char* kTrainLabels = "train-labels-idx1-ubyte";
 constexpr const char* kTestImages = "t10k-images-idx3-ubyte";
 constexpr const char* kTestLabels = "t10k-labels-idx1-ubyte";
+
+constexpr char kUploadPrefix[] = ".upload-";
+constexpr char kDeletingPrefix[] = ".deleting-";
 
 // The file of `base` in `dir`, raw or gzipped; empty when neither exists.
 std::string FindFile(const std::string& dir, const std::string& base) {
@@ -42,24 +48,58 @@ bool IsUploadFileName(const std::string& name) {
   return false;
 }
 
-constexpr char kUploadPrefix[] = ".upload-";
+std::string BaseName(const std::string& file_name) {
+  return std::string(absl::StripSuffix(file_name, ".gz"));
+}
+
+std::string InvalidFileNameMessage(const std::string& field, const std::string& file) {
+  return absl::StrCat(field, ": \"", file, "\" is not one of ", kTrainImages, ", ", kTrainLabels,
+                      ", ", kTestImages, ", ", kTestLabels, " (optionally .gz)");
+}
 
 std::string RandomSuffix() {
   std::random_device rd;
   return absl::StrCat(absl::Hex(rd(), absl::kZeroPad8));
 }
 
-}  // namespace
+// A hidden sibling name for `name` that the next kilnd start can tell is ours and whose (pid).
+std::string TempFolderName(const char* prefix, const std::string& name) {
+  return absl::StrCat(prefix, ::getpid(), "-", RandomSuffix(), "-", name);
+}
 
-absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) const {
-  if (!IsValidName(name)) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset name \"", name, "\" is not valid"));
-  }
-  const std::string dir = PathOf(name);
+// rename(2) that fails with EEXIST rather than replace `to` (an empty folder included).
+int RenameNoReplace(const std::string& from, const std::string& to) {
+  return ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
+}
+
+// The data files of a dataset folder (hidden ones, like the manifest, are not), by name.
+std::vector<DatasetFileStat> StatFiles(const std::string& dir) {
+  std::vector<DatasetFileStat> files;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat("dataset \"", name, "\" not found in ", data_dir_));
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, ".") || !entry.is_regular_file(ec)) continue;
+    DatasetFileStat f;
+    f.name = name;
+    f.size_bytes = static_cast<int64_t>(entry.file_size(ec));
+    f.mtime_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     entry.last_write_time(ec).time_since_epoch())
+                     .count();
+    files.push_back(std::move(f));
   }
+  std::sort(files.begin(), files.end(),
+            [](const DatasetFileStat& a, const DatasetFileStat& b) { return a.name < b.name; });
+  return files;
+}
+
+DatasetFileSizes SizesOf(const std::vector<DatasetFileStat>& files) {
+  DatasetFileSizes sizes;
+  for (const DatasetFileStat& f : files) sizes[f.name] = f.size_bytes;
+  return sizes;
+}
+
+// Reads a dataset folder's facts from its files: the headers, and every label.
+absl::StatusOr<DatasetInfo> ReadFacts(const std::string& dir, const std::string& name) {
   const std::string images = FindFile(dir, kTrainImages);
   const std::string labels = FindFile(dir, kTrainLabels);
   if (images.empty() || labels.empty()) {
@@ -73,8 +113,7 @@ absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) con
   }
   info.train_samples = dims[0];
   info.sample_shape.assign(dims.begin() + 1, dims.end());
-  // The labels are small (one byte a sample); reading both splits' gives the class count the
-  // model must cover.
+  // The labels of both splits give the class count the model must cover.
   std::vector<std::string> label_files = {labels};
   const std::string test_images = FindFile(dir, kTestImages);
   if (!test_images.empty()) {
@@ -92,23 +131,66 @@ absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) con
   return info;
 }
 
+}  // namespace
+
+absl::Status DatasetCatalog::CheckFolder(const std::string& name) const {
+  if (!IsValidName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset name \"", name, "\" is not valid"));
+  }
+  std::error_code ec;
+  if (!fs::is_directory(PathOf(name), ec)) {
+    return absl::NotFoundError(absl::StrCat("dataset \"", name, "\" not found in ", data_dir_));
+  }
+  return absl::OkStatus();
+}
+
+bool DatasetCatalog::Exists(const std::string& name) const {
+  std::error_code ec;
+  return IsValidName(name) && fs::is_directory(PathOf(name), ec);
+}
+
+absl::StatusOr<DatasetInfo> DatasetCatalog::Facts(const std::string& name,
+                                                  const std::vector<DatasetFileStat>& files) const {
+  const std::string dir = PathOf(name);
+  if (std::optional<DatasetInfo> recorded = ReadDatasetManifest(dir, SizesOf(files))) {
+    return *recorded;
+  }
+  std::string signature;
+  for (const DatasetFileStat& f : files) {
+    absl::StrAppend(&signature, f.name, ":", f.size_bytes, ":", f.mtime_ns, ";");
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto it = cache_.find(name);
+    if (it != cache_.end() && it->second.signature == signature) return it->second.info;
+  }
+  // Read outside the lock: inflating labels takes a while and other datasets need not wait.
+  KILN_ASSIGN_OR_RETURN(DatasetInfo info, ReadFacts(dir, name));
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  cache_[name] = CachedFacts{std::move(signature), info};
+  return info;
+}
+
+absl::StatusOr<DatasetInfo> DatasetCatalog::Inspect(const std::string& name) const {
+  KILN_RETURN_IF_ERROR(CheckFolder(name));
+  return Facts(name, StatFiles(PathOf(name)));
+}
+
 absl::StatusOr<v1::Dataset> DatasetCatalog::Describe(const std::string& name) const {
-  KILN_ASSIGN_OR_RETURN(DatasetInfo info, Inspect(name));
+  KILN_RETURN_IF_ERROR(CheckFolder(name));
+  const std::vector<DatasetFileStat> files = StatFiles(PathOf(name));
+  KILN_ASSIGN_OR_RETURN(DatasetInfo info, Facts(name, files));
   v1::Dataset d;
   d.set_name(name);
   d.set_train_samples(info.train_samples);
   d.set_test_samples(info.test_samples);
   for (int64_t dim : info.sample_shape) d.add_sample_shape(dim);
-  std::vector<std::string> files;
+  d.set_num_classes(info.num_classes);
   int64_t bytes = 0;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(PathOf(name), ec)) {
-    if (!entry.is_regular_file(ec)) continue;
-    files.push_back(entry.path().filename().string());
-    bytes += static_cast<int64_t>(entry.file_size(ec));
+  for (const DatasetFileStat& f : files) {
+    d.add_files(f.name);
+    bytes += f.size_bytes;
   }
-  std::sort(files.begin(), files.end());
-  for (const std::string& f : files) d.add_files(f);
   d.set_size_bytes(bytes);
   return d;
 }
@@ -138,29 +220,80 @@ absl::StatusOr<DatasetSplits> DatasetCatalog::Load(const std::string& name) cons
 }
 
 absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
-    const std::string& name) const {
+    const std::string& name, const std::vector<std::string>& declared_files) const {
   if (!IsValidName(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("header.name: \"", name,
                      "\" is not valid (1-64 of A-Z a-z 0-9 . _ -, not starting with .)"));
+  }
+  std::set<std::string> declared;
+  std::set<std::string> bases;
+  for (const std::string& file : declared_files) {
+    if (!IsUploadFileName(file)) {
+      return absl::InvalidArgumentError(InvalidFileNameMessage("header.files", file));
+    }
+    if (!bases.insert(BaseName(file)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.files: ", BaseName(file), " is listed twice"));
+    }
+    declared.insert(file);
+  }
+  if (!declared.empty()) {
+    std::vector<std::string> missing;
+    for (const char* base : {kTrainImages, kTrainLabels}) {
+      if (bases.count(base) == 0) missing.emplace_back(base);
+    }
+    if (bases.count(kTestImages) != bases.count(kTestLabels)) {
+      missing.emplace_back(bases.count(kTestImages) > 0 ? kTestLabels : kTestImages);
+    }
+    if (!missing.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.files: a dataset needs ", absl::StrJoin(missing, " and "),
+                       " too (the train images and labels, and the test ones together)"));
+    }
   }
   std::error_code ec;
   if (fs::exists(PathOf(name), ec)) {
     return absl::AlreadyExistsError(absl::StrCat("dataset \"", name, "\" already exists"));
   }
   // The pid lets the next kilnd start tell an abandoned upload from a live one
-  // (UploadWriterPid, server/jobs/interrupted_writes.h).
-  const std::string temp =
-      absl::StrCat(data_dir_, "/", kUploadPrefix, ::getpid(), "-", RandomSuffix(), "-", name);
+  // (TempFolderWriterPid, server/jobs/interrupted_writes.h).
+  const std::string temp = absl::StrCat(data_dir_, "/", TempFolderName(kUploadPrefix, name));
   if (!fs::create_directories(temp, ec)) {
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
   }
-  return std::unique_ptr<DatasetUpload>(new DatasetUpload(this, name, temp));
+  return std::unique_ptr<DatasetUpload>(new DatasetUpload(this, name, temp, std::move(declared)));
 }
 
-int DatasetCatalog::UploadWriterPid(const std::string& dir_name) {
-  if (!absl::StartsWith(dir_name, kUploadPrefix)) return -1;
-  const size_t begin = std::string_view(kUploadPrefix).size();
+absl::Status DatasetCatalog::Delete(const std::string& name) {
+  KILN_RETURN_IF_ERROR(CheckFolder(name));
+  // Readers see the whole dataset or none of it: the rename is the deletion, the rest cleanup.
+  const std::string aside = absl::StrCat(data_dir_, "/", TempFolderName(kDeletingPrefix, name));
+  if (RenameNoReplace(PathOf(name), aside) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("dataset \"", name, "\" not found in ", data_dir_));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("cannot delete dataset \"", name, "\": rename: ", std::strerror(err)));
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    cache_.erase(name);
+  }
+  KILN_RETURN_IF_ERROR(SyncDirectory(data_dir_));
+  // Files that cannot be removed now go at the next start (RemoveInterruptedWrites).
+  std::error_code ec;
+  fs::remove_all(aside, ec);
+  return absl::OkStatus();
+}
+
+int DatasetCatalog::TempFolderWriterPid(const std::string& dir_name) {
+  size_t begin = 0;
+  for (absl::string_view prefix : {kUploadPrefix, kDeletingPrefix}) {
+    if (absl::StartsWith(dir_name, prefix)) begin = prefix.size();
+  }
+  if (begin == 0) return -1;
   const size_t dash = dir_name.find('-', begin);
   if (dash == std::string::npos) return -1;
   int pid = 0;
@@ -171,11 +304,15 @@ int DatasetCatalog::UploadWriterPid(const std::string& dir_name) {
   return pid;
 }
 
-DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir)
-    : catalog_(catalog), name_(std::move(name)), temp_dir_(std::move(temp_dir)) {}
+DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
+                             std::set<std::string> declared_files)
+    : catalog_(catalog),
+      name_(std::move(name)),
+      temp_dir_(std::move(temp_dir)),
+      declared_files_(std::move(declared_files)) {}
 
 DatasetUpload::~DatasetUpload() {
-  file_.reset();  // removes an unfinished file's temp before the folder goes
+  current_.reset();  // removes an unfinished file's temp before the folder goes
   if (!committed_) {
     std::error_code ec;
     fs::remove_all(temp_dir_, ec);
@@ -185,66 +322,185 @@ DatasetUpload::~DatasetUpload() {
 absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
   const std::string& file = chunk.file_name();
   if (!IsUploadFileName(file)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk.file_name: \"", file, "\" is not one of ", kTrainImages, ", ",
-                     kTrainLabels, ", ", kTestImages, ", ", kTestLabels, " (optionally .gz)"));
+    return absl::InvalidArgumentError(InvalidFileNameMessage("chunk.file_name", file));
   }
-  if (file != current_file_) {
-    if (!current_file_.empty()) {
+  if (!current_ || current_->file_name != file) {
+    if (current_) {
       return absl::InvalidArgumentError(absl::StrCat("chunk.file_name: \"", file,
-                                                     "\" started before \"", current_file_,
+                                                     "\" started before \"", current_->file_name,
                                                      "\" ended (its last chunk carries sha256)"));
     }
-    if (finished_files_.count(file) > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk.file_name: \"", file, "\" was already uploaded"));
+    if (auto done = finished_.find(BaseName(file)); done != finished_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.file_name: \"", file,
+                                                     "\" was already uploaded (as \"",
+                                                     done->second.file_name, "\")"));
     }
-    KILN_ASSIGN_OR_RETURN(file_, AtomicFileWriter::Open(temp_dir_ + "/" + file));
-    sha_ = std::make_unique<Sha256>();
-    current_file_ = file;
+    if (!declared_files_.empty() && declared_files_.count(file) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.file_name: \"", file,
+                                                     "\" is not in header.files (",
+                                                     absl::StrJoin(declared_files_, ", "), ")"));
+    }
+    auto next = std::make_unique<FileInProgress>();
+    next->file_name = file;
+    KILN_ASSIGN_OR_RETURN(next->writer, AtomicFileWriter::Open(temp_dir_ + "/" + file));
+    current_ = std::move(next);
   }
-  total_bytes_ += static_cast<int64_t>(chunk.data().size());
-  if (total_bytes_ > catalog_->max_upload_bytes()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("upload exceeds the limit of ", catalog_->max_upload_bytes(), " bytes"));
+  stored_bytes_ += static_cast<int64_t>(chunk.data().size());
+  current_->stored_bytes += static_cast<int64_t>(chunk.data().size());
+  if (stored_bytes_ > catalog_->max_upload_bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat("upload exceeds the limit of ",
+                                                     catalog_->max_upload_bytes(),
+                                                     " bytes (--max_upload_bytes) at ", file));
   }
-  KILN_RETURN_IF_ERROR(file_->Append(chunk.data()));
-  sha_->Update(chunk.data());
+  KILN_RETURN_IF_ERROR(Scan(chunk.data()));
+  KILN_RETURN_IF_ERROR(current_->writer->Append(chunk.data()));
+  current_->sha.Update(chunk.data());
   if (!chunk.sha256().empty()) return FinishFile(chunk.sha256());
   return absl::OkStatus();
 }
 
+absl::Status DatasetUpload::Scan(absl::string_view stored) {
+  FileInProgress& f = *current_;
+  if (!f.facts) {
+    // gzip is told by its magic (1f 8b), as the engine's reader tells it, not by the name.
+    const size_t take = std::min<size_t>(2 - f.first_bytes.size(), stored.size());
+    f.first_bytes.append(stored.data(), take);
+    stored.remove_prefix(take);
+    if (f.first_bytes.size() < 2) return absl::OkStatus();
+    const bool gzip = static_cast<uint8_t>(f.first_bytes[0]) == 0x1f &&
+                      static_cast<uint8_t>(f.first_bytes[1]) == 0x8b;
+    if (gzip) f.gunzip = std::make_unique<GunzipStream>(f.file_name);
+    f.facts = std::make_unique<IdxStreamFacts>(f.file_name, gzip ? "decompressed file" : "file");
+    KILN_RETURN_IF_ERROR(Scan(std::exchange(f.first_bytes, "")));
+  }
+  if (stored.empty()) return absl::OkStatus();
+  if (f.gunzip) {
+    return f.gunzip->Feed(stored, [this](absl::string_view piece) { return CountAndCheck(piece); });
+  }
+  return CountAndCheck(stored);
+}
+
+absl::Status DatasetUpload::CountAndCheck(absl::string_view decompressed) {
+  decompressed_bytes_ += static_cast<int64_t>(decompressed.size());
+  if (decompressed_bytes_ > catalog_->max_upload_bytes()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("upload exceeds the limit of ", catalog_->max_upload_bytes(),
+                     " bytes (--max_upload_bytes), counted decompressed: ", current_->file_name,
+                     " inflates past it"));
+  }
+  return current_->facts->Consume(decompressed);
+}
+
 absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
-  const std::string actual = std::exchange(sha_, nullptr)->HexDigest();
-  const std::string file = std::exchange(current_file_, "");
-  std::unique_ptr<AtomicFileWriter> writer = std::exchange(file_, nullptr);
+  std::unique_ptr<FileInProgress> f = std::move(current_);
+  const std::string actual = f->sha.HexDigest();
   if (!absl::EqualsIgnoreCase(actual, expected_sha256)) {
-    return absl::DataLossError(absl::StrCat("chunk.sha256: ", file, " has sha256 ", actual,
+    return absl::DataLossError(absl::StrCat("chunk.sha256: ", f->file_name, " has sha256 ", actual,
                                             " but the client sent ", expected_sha256));
   }
-  KILN_RETURN_IF_ERROR(writer->Commit());
-  finished_files_.insert(file);
+  if (!f->facts) {
+    // Under two bytes: too short for either format; the IDX check says how.
+    f->facts = std::make_unique<IdxStreamFacts>(f->file_name, "file");
+    KILN_RETURN_IF_ERROR(f->facts->Consume(std::exchange(f->first_bytes, "")));
+  }
+  if (f->gunzip) KILN_RETURN_IF_ERROR(f->gunzip->Finish());
+  if (absl::Status s = f->facts->Finish(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("uploaded dataset is not valid: ", s.message()));
+  }
+  KILN_RETURN_IF_ERROR(f->writer->Commit());
+  FileFacts facts;
+  facts.file_name = f->file_name;
+  facts.dims = f->facts->dims();
+  facts.max_element = f->facts->max_element();
+  facts.stored_bytes = f->stored_bytes;
+  finished_[BaseName(f->file_name)] = std::move(facts);
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Dataset> DatasetUpload::Commit() {
-  if (!current_file_.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk.sha256: the last chunk of ",
-                                                   current_file_, " must carry the file's sha256"));
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckComplete() const {
+  std::vector<std::string> missing;
+  for (const std::string& file : declared_files_) {
+    if (finished_.count(BaseName(file)) == 0) missing.push_back(file);
   }
-  // Loading it once proves the files parse and agree, before the name becomes visible.
-  absl::StatusOr<DatasetSplits> splits = LoadImageFolder(temp_dir_);
-  if (!splits.ok()) {
+  if (!missing.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("uploaded dataset is not valid: ", splits.status().message()));
+        absl::StrCat("upload incomplete: the stream ended without ", absl::StrJoin(missing, ", "),
+                     " (listed in header.files); nothing was published"));
   }
+  for (const char* base : {kTrainImages, kTrainLabels}) {
+    if (finished_.count(base) == 0) missing.emplace_back(base);
+  }
+  const bool test_images = finished_.count(kTestImages) > 0;
+  if (test_images != (finished_.count(kTestLabels) > 0)) {
+    missing.emplace_back(test_images ? kTestLabels : kTestImages);
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "uploaded dataset is not valid: missing ", absl::StrJoin(missing, ", "),
+        " (a dataset has train images and labels, and optionally test images and labels)"));
+  }
+  DatasetInfo info;
+  // Checks one split's pair as LoadImagesAndLabels would; returns its sample count.
+  auto check_split = [&](const char* images_base, const char* labels_base) -> absl::Status {
+    const FileFacts& images = finished_.at(images_base);
+    const FileFacts& labels = finished_.at(labels_base);
+    if (images.dims.size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "uploaded dataset is not valid: ", images.file_name,
+          ": wrong rank for images: expected rank 3 (N x H x W) but the file has rank ",
+          images.dims.size(), " (", absl::StrJoin(images.dims, "x"), ")"));
+    }
+    if (labels.dims.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", labels.file_name,
+                       ": wrong rank for labels: expected rank 1 (N) but the file has rank ",
+                       labels.dims.size(), " (", absl::StrJoin(labels.dims, "x"), ")"));
+    }
+    if (images.dims[0] != labels.dims[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "uploaded dataset is not valid: count mismatch: ", images.file_name, " has ",
+          images.dims[0], " images but ", labels.file_name, " has ", labels.dims[0], " labels"));
+    }
+    info.num_classes = std::max(info.num_classes, labels.max_element + 1);
+    return absl::OkStatus();
+  };
+  KILN_RETURN_IF_ERROR(check_split(kTrainImages, kTrainLabels));
+  const FileFacts& train = finished_.at(kTrainImages);
+  info.train_samples = train.dims[0];
+  info.sample_shape.assign(train.dims.begin() + 1, train.dims.end());
+  if (test_images) {
+    KILN_RETURN_IF_ERROR(check_split(kTestImages, kTestLabels));
+    const FileFacts& test = finished_.at(kTestImages);
+    if (!std::equal(test.dims.begin() + 1, test.dims.end(), train.dims.begin() + 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: sample shape mismatch: ", train.file_name,
+                       " has ", absl::StrJoin(info.sample_shape, "x"), " images but ",
+                       test.file_name, " has ", test.dims[1], "x", test.dims[2]));
+    }
+    info.test_samples = test.dims[0];
+  }
+  return info;
+}
+
+absl::StatusOr<v1::Dataset> DatasetUpload::Commit() {
+  if (current_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk.sha256: the last chunk of ", current_->file_name, " must carry the file's sha256"));
+  }
+  KILN_ASSIGN_OR_RETURN(DatasetInfo info, CheckComplete());
+  DatasetFileSizes files;
+  for (const auto& [base, f] : finished_) files[f.file_name] = f.stored_bytes;
+  // The facts are gathered once, here, for every later listing and submission to read.
+  KILN_RETURN_IF_ERROR(WriteDatasetManifest(temp_dir_, info, files));
   const std::string final_dir = catalog_->data_dir() + "/" + name_;
-  std::error_code ec;
-  if (fs::exists(final_dir, ec)) {
-    return absl::AlreadyExistsError(absl::StrCat("dataset \"", name_, "\" already exists"));
+  if (RenameNoReplace(temp_dir_, final_dir) != 0) {
+    const int err = errno;
+    if (err == EEXIST || err == ENOTEMPTY) {
+      return absl::AlreadyExistsError(absl::StrCat("dataset \"", name_, "\" already exists"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("cannot publish ", name_, ": rename: ", std::strerror(err)));
   }
-  fs::rename(temp_dir_, final_dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot publish ", name_, ": ", ec.message()));
   committed_ = true;
   // Makes the folder's new name durable, as the files in it already are.
   KILN_RETURN_IF_ERROR(SyncDirectory(catalog_->data_dir()));

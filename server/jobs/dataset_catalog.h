@@ -1,9 +1,11 @@
 // The named datasets under --data_dir: folders of MNIST-style IDX files, listed, inspected,
-// loaded for training, and created by verified uploads.
+// loaded for training, created by verified uploads that publish only when complete, and deleted.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,22 +16,26 @@
 #include "common/sha256.h"
 #include "engine/data/dataset.h"
 #include "kiln/v1/training.pb.h"
+#include "server/jobs/dataset_manifest.h"
+#include "server/jobs/gunzip_stream.h"
+#include "server/jobs/idx_stream_facts.h"
 
 namespace kiln::server {
 
-// What a submission needs to know about a dataset, read from file headers and the labels.
-struct DatasetInfo {
-  Shape sample_shape;
-  int64_t train_samples = 0;
-  int64_t test_samples = 0;
-  int32_t num_classes = 0;  // 1 + the largest label of either split
-};
-
 class DatasetUpload;
 
-// Thread-safe: it keeps no state but the folder.
+// One data file of a dataset folder as the file system describes it.
+struct DatasetFileStat {
+  std::string name;
+  int64_t size_bytes = 0;
+  int64_t mtime_ns = 0;
+};
+
+// Thread-safe. Dataset facts come from each folder's manifest, or for folders placed by hand,
+// from reading their files once (cached by file names, sizes and modification times).
 class DatasetCatalog {
  public:
+  // `max_upload_bytes` bounds an upload's bytes after decompression.
   DatasetCatalog(std::string data_dir, int64_t max_upload_bytes)
       : data_dir_(std::move(data_dir)), max_upload_bytes_(max_upload_bytes) {}
 
@@ -38,26 +44,47 @@ class DatasetCatalog {
   // NotFound when there is no such dataset; the reason when it is unreadable.
   absl::StatusOr<v1::Dataset> Describe(const std::string& name) const;
   absl::StatusOr<DatasetInfo> Inspect(const std::string& name) const;
+  // Whether a dataset folder of that name is there (its files are not read).
+  bool Exists(const std::string& name) const;
   // Loads both splits into memory.
   absl::StatusOr<DatasetSplits> Load(const std::string& name) const;
-  // Starts an upload of a new dataset; AlreadyExists when the name is taken. The upload is
-  // written into a folder .upload-<pid>-<hex>-<name> and renamed into place when it is complete.
-  absl::StatusOr<std::unique_ptr<DatasetUpload>> BeginUpload(const std::string& name) const;
-  // The pid in the name of such an upload folder, or -1 when `dir_name` is not one.
-  static int UploadWriterPid(const std::string& dir_name);
+  // Starts an upload of a new dataset; AlreadyExists when the name is taken. `declared_files`
+  // (may be empty) are the files the client says it will send: the upload is then published
+  // only if each of them arrived. The upload is written into a folder
+  // .upload-<pid>-<hex>-<name> and renamed into place when it is complete.
+  absl::StatusOr<std::unique_ptr<DatasetUpload>> BeginUpload(
+      const std::string& name, const std::vector<std::string>& declared_files) const;
+  // Removes a dataset: one rename takes it out of sight (to .deleting-<pid>-<hex>-<name>), then
+  // its files go. NotFound when there is none. Whether jobs still need it is the caller's check.
+  absl::Status Delete(const std::string& name);
+  // The pid in the name of an upload or deletion folder, or -1 when `dir_name` is not one.
+  static int TempFolderWriterPid(const std::string& dir_name);
 
   const std::string& data_dir() const { return data_dir_; }
   int64_t max_upload_bytes() const { return max_upload_bytes_; }
 
  private:
+  struct CachedFacts {
+    std::string signature;  // names, sizes and mtimes of the files the facts were read from
+    DatasetInfo info;
+  };
+
   std::string PathOf(const std::string& name) const { return data_dir_ + "/" + name; }
+  absl::Status CheckFolder(const std::string& name) const;
+  // The facts of a dataset whose data files are `files` (its manifest, the cache, or the files).
+  absl::StatusOr<DatasetInfo> Facts(const std::string& name,
+                                    const std::vector<DatasetFileStat>& files) const;
 
   std::string data_dir_;
   int64_t max_upload_bytes_;
+  mutable std::mutex cache_mu_;
+  mutable std::map<std::string, CachedFacts> cache_;  // by dataset name; guarded by cache_mu_
 };
 
 // One upload in progress, written to a hidden temporary folder and moved into place by Commit.
-// Abandoned uploads leave nothing behind. Not thread-safe (one stream feeds it).
+// Each file is checked as it streams in: inflated (when gzip) in bounded pieces, its
+// decompressed bytes counted against the limit and checked as IDX. Abandoned uploads leave
+// nothing behind. Not thread-safe (one stream feeds it).
 class DatasetUpload {
  public:
   ~DatasetUpload();
@@ -65,25 +92,53 @@ class DatasetUpload {
   DatasetUpload& operator=(const DatasetUpload&) = delete;
 
   // Appends a chunk: checks the file name, that files do not interleave or repeat, the size
-  // limit (ResourceExhausted), and on a file's last chunk (sha256 set) its digest (DataLoss).
+  // limit after decompression (ResourceExhausted, as soon as it is passed), the IDX format, and
+  // on a file's last chunk (sha256 set) its digest (DataLoss).
   absl::Status Append(const v1::DatasetFileChunk& chunk);
-  // Checks every file was finished, loads the dataset to validate it, and publishes it.
+  // Checks every expected file was finished and the files agree, writes the dataset's manifest,
+  // and publishes the folder under its name with one rename that never replaces anything.
   absl::StatusOr<v1::Dataset> Commit();
 
  private:
   friend class DatasetCatalog;
-  DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir);
+  // What one finished file turned out to hold.
+  struct FileFacts {
+    std::string file_name;  // as uploaded, e.g. "train-images-idx3-ubyte.gz"
+    std::vector<int64_t> dims;
+    int max_element = -1;
+    int64_t stored_bytes = 0;
+  };
+  // The file being received.
+  struct FileInProgress {
+    std::string file_name;
+    std::unique_ptr<AtomicFileWriter> writer;
+    Sha256 sha;
+    std::string first_bytes;                // until two decide raw or gzip
+    std::unique_ptr<GunzipStream> gunzip;   // set once gzip is detected
+    std::unique_ptr<IdxStreamFacts> facts;  // set once the format is decided
+    int64_t stored_bytes = 0;
+  };
+
+  DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
+                std::set<std::string> declared_files);
+  // Passes stored bytes on to the IDX check, inflating them when the file is gzip.
+  absl::Status Scan(absl::string_view stored);
+  // Counts decompressed bytes against the limit, then checks them as IDX.
+  absl::Status CountAndCheck(absl::string_view decompressed);
   absl::Status FinishFile(const std::string& expected_sha256);
+  // The dataset's facts from its finished files; InvalidArgument naming what is missing or
+  // does not agree.
+  absl::StatusOr<DatasetInfo> CheckComplete() const;
 
   const DatasetCatalog* catalog_;
   std::string name_;
   std::string temp_dir_;
+  std::set<std::string> declared_files_;  // empty: the client declared none
   bool committed_ = false;
-  int64_t total_bytes_ = 0;
-  std::set<std::string> finished_files_;
-  std::string current_file_;                // empty between files
-  std::unique_ptr<AtomicFileWriter> file_;  // the file being received
-  std::unique_ptr<Sha256> sha_;
+  int64_t stored_bytes_ = 0;
+  int64_t decompressed_bytes_ = 0;
+  std::map<std::string, FileFacts> finished_;  // by base name (without ".gz")
+  std::unique_ptr<FileInProgress> current_;    // null between files
 };
 
 }  // namespace kiln::server

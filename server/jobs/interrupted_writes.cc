@@ -55,7 +55,7 @@ InterruptedWrites RemoveInterruptedWrites(const std::string& state_dir,
     }
   }
   for (const fs::directory_entry& d : fs::directory_iterator(data_dir, ec)) {
-    const int pid = DatasetCatalog::UploadWriterPid(d.path().filename().string());
+    const int pid = DatasetCatalog::TempFolderWriterPid(d.path().filename().string());
     std::error_code rm_ec;
     if (pid > 0 && WriterGone(pid) && d.is_directory(rm_ec) &&
         fs::remove_all(d.path(), rm_ec) > 0 && !rm_ec) {

@@ -1,6 +1,6 @@
 // What a kilnd killed mid-write leaves behind, and its removal at the next start: checkpoint
-// temp files (SafetensorsTempWriterPid) under the state dir, and dataset upload folders
-// (DatasetCatalog::UploadWriterPid) in the data dir. Neither is ever read; both only
+// temp files (SafetensorsTempWriterPid) under the state dir, and dataset upload and deletion
+// folders (DatasetCatalog::TempFolderWriterPid) in the data dir. Neither is ever read; both only
 // take disk. An entry whose writer is still alive (another process) is left alone. And finished
 // checkpoint files that the store does not list: killed between the rename and the insert, or
 // between the delete and the unlink.

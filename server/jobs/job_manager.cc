@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/memory_plan.h"
@@ -33,8 +34,8 @@ std::string NewJobId() {
 
 }  // namespace
 
-JobManager::JobManager(JobStore* store, MetricBroadcaster* broadcaster,
-                       const DatasetCatalog* datasets, JobManagerOptions options)
+JobManager::JobManager(JobStore* store, MetricBroadcaster* broadcaster, DatasetCatalog* datasets,
+                       JobManagerOptions options)
     : store_(store),
       events_(store, broadcaster, options.observers),
       datasets_(datasets),
@@ -255,6 +256,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
   KILN_RETURN_IF_ERROR(RequireWritableStoreLocked());
+  // DeleteDataset holds this lock too: the dataset checked above may have gone since.
+  if (!datasets_->Exists(spec.dataset())) {
+    return absl::NotFoundError(absl::StrCat("spec.dataset: dataset \"", spec.dataset(),
+                                            "\" was deleted while the job was being submitted"));
+  }
   if (queued_count_ >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat("the queue is full: ", queued_count_,
                                                      " jobs are waiting (limit ",
@@ -354,6 +360,11 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
                                                       job.epochs_done(), " of ", total,
                                                       " epochs; ask for more epochs to resume it"));
   }
+  if (!datasets_->Exists(job.spec().dataset())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " trains on dataset \"", job.spec().dataset(),
+        "\", which no longer exists (deleted); upload it again under that name to resume"));
+  }
   if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
   KILN_RETURN_IF_ERROR(RequireWritableStoreLocked());
   if (queued_count_ >= options_.max_queued_jobs) {
@@ -394,6 +405,25 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
   v1::Job result = job;
   ScheduleLocked();
   return result;
+}
+
+absl::Status JobManager::DeleteDataset(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> users;
+  for (const auto& [id, slot] : jobs_) {
+    const v1::JobState state = slot->job.state();
+    if (slot->job.spec().dataset() == name &&
+        (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_RUNNING)) {
+      users.push_back(absl::StrCat(id, " (", JobStateName(state), ")"));
+    }
+  }
+  if (!users.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("dataset \"", name, "\" is in use by ",
+                                                      absl::StrJoin(users, ", "),
+                                                      "; cancel them or wait for them to end"));
+  }
+  // Under the lock, so no submission of a job on it can slip in between check and removal.
+  return datasets_->Delete(name);
 }
 
 absl::StatusOr<JobWatch> JobManager::Watch(const std::string& job_id, bool include_steps,

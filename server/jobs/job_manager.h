@@ -66,7 +66,7 @@ struct JobWatch {
 // Thread-safe.
 class JobManager {
  public:
-  JobManager(JobStore* store, MetricBroadcaster* broadcaster, const DatasetCatalog* datasets,
+  JobManager(JobStore* store, MetricBroadcaster* broadcaster, DatasetCatalog* datasets,
              JobManagerOptions options);
   ~JobManager();  // Shutdown() with a long deadline if not done yet
 
@@ -81,7 +81,12 @@ class JobManager {
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // checkpoint_id 0: from the newest checkpoint that verifies; else from that one (which must
   // verify: DATA_LOSS otherwise), pinned in the job until the run writes its own.
+  // FailedPrecondition also when the job's dataset has been deleted since.
   absl::StatusOr<v1::Job> Resume(const std::string& job_id, int epochs, int64_t checkpoint_id = 0);
+  // Deletes a dataset no queued or running job uses (FailedPrecondition naming those that do).
+  // Submit checks under the same lock that its dataset is still there, so a submission and a
+  // deletion cannot both succeed.
+  absl::Status DeleteDataset(const std::string& name);
   absl::StatusOr<JobWatch> Watch(const std::string& job_id, bool include_steps, bool live_only);
   // Asks the running job for a checkpoint after its current step; `done` runs once, on the
   // training thread or (on error) on this one.
@@ -134,7 +139,7 @@ class JobManager {
 
   JobStore* store_;
   JobEvents events_;
-  const DatasetCatalog* datasets_;
+  DatasetCatalog* datasets_;
   const JobManagerOptions options_;
   const JobRunnerOptions runner_options_;
 

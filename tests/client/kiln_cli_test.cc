@@ -13,10 +13,10 @@
 #include "absl/time/clock.h"
 #include "cli_test_support.h"
 #include "flaky_port.h"
-#include "tests/support/loopback_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/loopback_port.h"
 
 namespace kiln::client::testing {
 namespace {
@@ -373,6 +373,19 @@ TEST_F(KilnCliTest, UploadAddsADatasetThatDatasetsLists) {
   RunResult again = Kiln({"upload", "uploaded", "--train-images", dir + "/train-images-idx3-ubyte",
                           "--train-labels", dir + "/train-labels-idx1-ubyte"});
   EXPECT_EQ(again.exit_code, 1) << "the name is taken";
+
+  RunResult table = Kiln({"datasets"});
+  EXPECT_THAT(table.out, HasSubstr("CLASSES"));
+  RunResult deleted = Kiln({"datasets", "delete", "uploaded"});
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_THAT(deleted.out, HasSubstr("dataset uploaded deleted"));
+  EXPECT_THAT(Kiln({"datasets"}).out, ::testing::Not(HasSubstr("uploaded")));
+  RunResult gone = Kiln({"datasets", "delete", "uploaded"});
+  EXPECT_EQ(gone.exit_code, 1);
+  EXPECT_THAT(gone.err, HasSubstr("not found"));
+  RunResult reuse = Kiln({"upload", "uploaded", "--train-images", dir + "/train-images-idx3-ubyte",
+                          "--train-labels", dir + "/train-labels-idx1-ubyte"});
+  EXPECT_EQ(reuse.exit_code, 0) << reuse.err;
 }
 
 TEST_F(KilnCliTest, HealthSaysTheTrainingServiceIsServing) {

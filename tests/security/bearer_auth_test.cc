@@ -79,6 +79,13 @@ std::vector<std::pair<std::string, grpc::Status>> CallEveryKind(
     writer->WritesDone();
     statuses.emplace_back("UploadDataset", writer->Finish());
   }
+  {
+    v1::DeleteDatasetRequest request;
+    request.set_name("no-such-dataset");
+    v1::DeleteDatasetResponse response;
+    statuses.emplace_back("DeleteDataset", training->DeleteDataset(ContextWithToken(token).get(),
+                                                                   request, &response));
+  }
   auto inference = inference::GRPCInferenceService::NewStub(channel);
   {
     inference::ModelInferRequest request;
@@ -201,7 +208,8 @@ TEST_F(BearerAuthTest, AnAcceptedTokenReachesEveryService) {
     if (call == "SubmitJob" || call == "ListJobs" || call == "ServerLive" || call == "reflection") {
       EXPECT_OK(status) << call << ": " << status.error_message();
     }
-    if (call == "WatchJob" || call == "ModelInfer") {  // past auth, to the unknown job or model
+    // Past auth, to the unknown job, model or dataset.
+    if (call == "WatchJob" || call == "ModelInfer" || call == "DeleteDataset") {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << call;
     }
   }

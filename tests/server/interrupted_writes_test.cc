@@ -44,9 +44,11 @@ TEST(InterruptedWritesTest, NamesYieldTheirWritersPid) {
   EXPECT_EQ(SafetensorsTempWriterPid("latest-step40-1733.safetensors"), -1);
   EXPECT_EQ(SafetensorsTempWriterPid("notes.tmp.12.ab"), -1);
   EXPECT_EQ(SafetensorsTempWriterPid("x.safetensors.tmp..ab"), -1);
-  EXPECT_EQ(DatasetCatalog::UploadWriterPid(".upload-977-0a0b0c0d-my-data.v2"), 977);
-  EXPECT_EQ(DatasetCatalog::UploadWriterPid("mnist"), -1);
-  EXPECT_EQ(DatasetCatalog::UploadWriterPid(".upload-x-0a0b0c0d-mnist"), -1);
+  EXPECT_EQ(DatasetCatalog::TempFolderWriterPid(".upload-977-0a0b0c0d-my-data.v2"), 977);
+  EXPECT_EQ(DatasetCatalog::TempFolderWriterPid("mnist"), -1);
+  EXPECT_EQ(DatasetCatalog::TempFolderWriterPid(".upload-x-0a0b0c0d-mnist"), -1);
+  EXPECT_EQ(DatasetCatalog::TempFolderWriterPid(".deleting-978-0a0b0c0d-mnist"), 978);
+  EXPECT_EQ(DatasetCatalog::TempFolderWriterPid(".deleted-978-0a0b0c0d-mnist"), -1);
 }
 
 TEST(InterruptedWritesTest, RemovesWhatDeadWritersLeftAndKeepsEverythingElse) {

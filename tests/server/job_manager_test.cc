@@ -457,6 +457,21 @@ TEST_F(JobManagerTest, SucceededJobResumedWithMoreEpochsTrainsThemFromItsFinalCh
   EXPECT_EQ(CheckpointsOf(id).back().global_step(), 4 * kStepsPerEpoch);
 }
 
+TEST_F(JobManagerTest, ResumeOfAJobWhoseDatasetWasDeletedIsRefusedNamingTheDataset) {
+  StartManager(Options());
+  const std::string id = SubmitOrDie(SmallSpec("toy", 1));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
+  fs::remove_all(root_ + "/data/toy");
+
+  absl::StatusOr<v1::Job> refused = manager_->Resume(id, 2);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("dataset \"toy\""));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no longer exists"));
+  absl::StatusOr<v1::Job> job = manager_->Get(id);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << "a refused resume changes nothing";
+}
+
 TEST_F(JobManagerTest, ShutdownLeavesTheRunningJobRunningAndARestartResumesItFromItsCheckpoint) {
   JobManagerOptions slow = Options();
   slow.step_delay = absl::Milliseconds(100);  // 32 steps: over 3 s to stop it in the middle

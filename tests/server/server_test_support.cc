@@ -2,10 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -66,6 +69,78 @@ std::string ToyLabelsIdx(int samples, uint32_t seed) {
   PutBigEndian32(&out, samples);
   for (int i = 0; i < samples; ++i) out.push_back(static_cast<char>(LabelOf(i, seed)));
   return out;
+}
+
+namespace {
+
+// Deflates `pieces` (called until it returns false, each time filling `in`) into one gzip member.
+std::string GzipPieces(const std::function<bool(std::string* in)>& pieces) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 9, Z_DEFLATED, 15 + 16, 9, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out, in;
+  char buf[1 << 16];
+  bool more = true;
+  while (more) {
+    in.clear();
+    more = pieces(&in);
+    z.next_in = reinterpret_cast<Bytef*>(in.data());
+    z.avail_in = static_cast<uInt>(in.size());
+    int rc;
+    do {
+      z.next_out = reinterpret_cast<Bytef*>(buf);
+      z.avail_out = sizeof(buf);
+      rc = deflate(&z, more ? Z_NO_FLUSH : Z_FINISH);
+      out.append(buf, sizeof(buf) - z.avail_out);
+    } while (z.avail_out == 0 || (!more && rc != Z_STREAM_END));
+  }
+  deflateEnd(&z);
+  return out;
+}
+
+}  // namespace
+
+std::string Gzip(const std::string& bytes) {
+  return GzipPieces([&](std::string* in) {
+    *in = bytes;
+    return false;
+  });
+}
+
+std::string GzippedZeroIdx(const std::vector<uint32_t>& dims) {
+  std::string header;
+  PutBigEndian32(&header, 0x00000800 | static_cast<uint32_t>(dims.size()));
+  uint64_t left = 1;
+  for (uint32_t d : dims) {
+    PutBigEndian32(&header, d);
+    left *= d;
+  }
+  bool header_sent = false;
+  return GzipPieces([&](std::string* in) {
+    if (!header_sent) {
+      header_sent = true;
+      *in = header;
+      return true;
+    }
+    const uint64_t n = std::min<uint64_t>(left, 1 << 20);
+    in->assign(n, '\0');
+    left -= n;
+    return left > 0;
+  });
+}
+
+int64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // in kB
+  }
+  ADD_FAILURE() << "no VmHWM in /proc/self/status";
+  return 0;
+}
+
+void ResetPeakRss() {
+  // "5" resets the peak RSS to the current RSS (Linux 4.0 and later).
+  std::ofstream("/proc/self/clear_refs") << "5";
 }
 
 void WriteToyDataset(const std::string& dir, int train_samples, int test_samples, uint32_t seed) {

@@ -26,6 +26,15 @@ void WriteToyDataset(const std::string& dir, int train_samples, int test_samples
 // The bytes of one IDX file as WriteToyDataset writes it (for uploads).
 std::string ToyImagesIdx(int samples, uint32_t seed);
 std::string ToyLabelsIdx(int samples, uint32_t seed);
+// `bytes` as one gzip member.
+std::string Gzip(const std::string& bytes);
+// A gzip file of an unsigned-byte IDX array of `dims`, all zeros: a few hundred KB that inflate
+// to the product of dims bytes (a gzip bomb). Built in pieces, so making it costs little memory.
+std::string GzippedZeroIdx(const std::vector<uint32_t>& dims);
+
+// The process's peak resident memory (VmHWM) in bytes since the last ResetPeakRss().
+int64_t PeakRssBytes();
+void ResetPeakRss();
 
 // A 784-32-10 MLP with SGD on `dataset`, batch 32.
 v1::JobSpec SmallSpec(const std::string& dataset, int epochs);

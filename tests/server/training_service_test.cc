@@ -796,5 +796,242 @@ TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
   EXPECT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
 }
 
+// Whether an upload folder of kilnd's in `data_dir` holds the finished file `file`.
+bool UploadFolderHolds(const std::string& data_dir, const std::string& file) {
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(data_dir, ec)) {
+    if (d.path().filename().string().rfind(".upload-", 0) == 0 && fs::exists(d.path() / file, ec)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool AnyUploadFolder(const std::string& data_dir) {
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(data_dir, ec)) {
+    if (d.path().filename().string().rfind(".upload-", 0) == 0) return true;
+  }
+  return false;
+}
+
+std::set<std::string> DatasetNames(v1::Training::Stub& stub) {
+  grpc::ClientContext context;
+  v1::ListDatasetsResponse list;
+  EXPECT_OK(stub.ListDatasets(&context, v1::ListDatasetsRequest(), &list));
+  std::set<std::string> names;
+  for (const v1::Dataset& d : list.datasets()) names.insert(d.name());
+  return names;
+}
+
+TEST_F(TrainingServiceTest, UploadCancelledAfterItsTrainFilesPublishesNothingAndARetrySucceeds) {
+  StartDaemon();
+  const std::string images = testing::ToyImagesIdx(300, 3);
+  const std::string labels = testing::ToyLabelsIdx(300, 3);
+  {
+    grpc::ClientContext context;
+    v1::Dataset out;
+    auto writer = stub_->UploadDataset(&context, &out);
+    v1::UploadDatasetRequest header;
+    header.mutable_header()->set_name("cut");
+    ASSERT_TRUE(writer->Write(header));
+    for (const auto& [file, bytes] : {std::pair{"train-images-idx3-ubyte", images},
+                                      std::pair{"train-labels-idx1-ubyte", labels}}) {
+      v1::UploadDatasetRequest r;
+      r.mutable_chunk()->set_file_name(file);
+      r.mutable_chunk()->set_data(bytes);
+      r.mutable_chunk()->set_sha256(Sha256Hex(bytes));
+      ASSERT_TRUE(writer->Write(r));
+    }
+    // The client goes away only once kilnd holds both train files, as a killed client would.
+    ASSERT_TRUE(
+        WaitFor([&] { return UploadFolderHolds(options_.data_dir, "train-labels-idx1-ubyte"); },
+                absl::Seconds(30)));
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  ASSERT_TRUE(WaitFor([&] { return !AnyUploadFolder(options_.data_dir); }, absl::Seconds(30)))
+      << "the cancelled upload's folder stays";
+  EXPECT_FALSE(fs::exists(options_.data_dir + "/cut")) << "a cancelled upload was published";
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"}));
+
+  v1::Dataset dataset;
+  const std::string test_images = testing::ToyImagesIdx(50, 4);
+  const std::string test_labels = testing::ToyLabelsIdx(50, 4);
+  grpc::Status retry = Upload(*stub_, "cut",
+                              {{"train-images-idx3-ubyte", images, Sha256Hex(images)},
+                               {"train-labels-idx1-ubyte", labels, Sha256Hex(labels)},
+                               {"t10k-images-idx3-ubyte", test_images, Sha256Hex(test_images)},
+                               {"t10k-labels-idx1-ubyte", test_labels, Sha256Hex(test_labels)}},
+                              &dataset);
+  ASSERT_OK(retry) << retry.error_message();
+  EXPECT_EQ(dataset.train_samples(), 300);
+  EXPECT_EQ(dataset.test_samples(), 50);
+}
+
+TEST_F(TrainingServiceTest, GzipBombIsRefusedAtTheDecompressedLimitWithoutRaisingMemory) {
+  options_.max_upload_bytes = int64_t{64} << 20;
+  StartDaemon();
+  // 400000 28x28 images: 313 MB of zeros in a few hundred KB of gzip, and labels to match.
+  const std::string bomb = testing::GzippedZeroIdx({400000, 28, 28});
+  const std::string labels = testing::GzippedZeroIdx({400000});
+  ASSERT_LT(bomb.size(), 1u << 20);
+  testing::ResetPeakRss();
+  const int64_t before = testing::PeakRssBytes();
+  v1::Dataset dataset;
+  grpc::Status status = Upload(*stub_, "bomb",
+                               {{"train-images-idx3-ubyte.gz", bomb, Sha256Hex(bomb)},
+                                {"train-labels-idx1-ubyte.gz", labels, Sha256Hex(labels)}},
+                               &dataset);
+  const int64_t rise = testing::PeakRssBytes() - before;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("67108864"));
+  EXPECT_THAT(status.error_message(), HasSubstr("decompressed"));
+  EXPECT_LT(rise, int64_t{16} << 20) << "peak RSS rose by " << rise << " bytes";
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"}));
+}
+
+// Overwrites `path` with as many 0xff bytes, keeping its size and modification time: a change
+// that only re-reading the file would notice.
+void ScrambleKeepingSizeAndTime(const std::string& path) {
+  const auto mtime = fs::last_write_time(path);
+  const auto size = fs::file_size(path);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << std::string(size, '\xff');
+  fs::last_write_time(path, mtime);
+}
+
+TEST_F(TrainingServiceTest, ListDatasetsAnswersFromFactsGatheredOnceWithoutReinflatingLabels) {
+  StartDaemon();
+  const std::string images = testing::Gzip(testing::ToyImagesIdx(300, 3));
+  const std::string labels = testing::Gzip(testing::ToyLabelsIdx(300, 3));
+  v1::Dataset dataset;
+  grpc::Status ok = Upload(*stub_, "zipped",
+                           {{"train-images-idx3-ubyte.gz", images, Sha256Hex(images)},
+                            {"train-labels-idx1-ubyte.gz", labels, Sha256Hex(labels)}},
+                           &dataset);
+  ASSERT_OK(ok) << ok.error_message();
+  // The hand-placed "toy" is inspected by this first listing.
+  ASSERT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy", "zipped"}));
+
+  // Listing again reads neither label file: garbage behind the same size and time goes unseen.
+  ScrambleKeepingSizeAndTime(options_.data_dir + "/zipped/train-labels-idx1-ubyte.gz");
+  ScrambleKeepingSizeAndTime(options_.data_dir + "/toy/train-labels-idx1-ubyte");
+  grpc::ClientContext context;
+  v1::ListDatasetsResponse list;
+  ASSERT_OK(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list));
+  ASSERT_EQ(list.datasets_size(), 2);
+  EXPECT_EQ(list.datasets(0).name(), "toy");
+  EXPECT_EQ(list.datasets(0).train_samples(), 256);
+  EXPECT_EQ(list.datasets(1).name(), "zipped");
+  EXPECT_EQ(list.datasets(1).train_samples(), 300);
+}
+
+TEST_F(TrainingServiceTest, UploadEndingWithoutADeclaredFileIsRefusedNamingItAndPublishesNothing) {
+  StartDaemon();
+  const std::string images = testing::ToyImagesIdx(300, 3);
+  const std::string labels = testing::ToyLabelsIdx(300, 3);
+  grpc::ClientContext context;
+  v1::Dataset out;
+  auto writer = stub_->UploadDataset(&context, &out);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_name("half");
+  for (const char* file : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                           "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte.gz"}) {
+    header.mutable_header()->add_files(file);
+  }
+  ASSERT_TRUE(writer->Write(header));
+  for (const auto& [file, bytes] : {std::pair{"train-images-idx3-ubyte", images},
+                                    std::pair{"train-labels-idx1-ubyte", labels}}) {
+    v1::UploadDatasetRequest r;
+    r.mutable_chunk()->set_file_name(file);
+    r.mutable_chunk()->set_data(bytes);
+    r.mutable_chunk()->set_sha256(Sha256Hex(bytes));
+    ASSERT_TRUE(writer->Write(r));
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("ended without t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte.gz"));
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"}));
+  EXPECT_FALSE(AnyUploadFolder(options_.data_dir));
+
+  // A header that leaves out the train labels, or half the test pair, is refused at once.
+  for (const std::vector<std::string>& files :
+       {std::vector<std::string>{"train-images-idx3-ubyte"},
+        std::vector<std::string>{"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                 "t10k-images-idx3-ubyte"}}) {
+    grpc::ClientContext c;
+    auto w = stub_->UploadDataset(&c, &out);
+    v1::UploadDatasetRequest h;
+    h.mutable_header()->set_name("half");
+    for (const std::string& f : files) h.mutable_header()->add_files(f);
+    w->Write(h);
+    w->WritesDone();
+    grpc::Status refused = w->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(refused.error_message(), HasSubstr("header.files: a dataset needs"));
+  }
+}
+
+TEST_F(TrainingServiceTest, DeleteDatasetIsRefusedWhileJobsUseItThenRemovesItAndFreesTheName) {
+  options_.step_delay = absl::Milliseconds(10);
+  StartDaemon();
+  auto delete_dataset = [&](const std::string& name) {
+    grpc::ClientContext context;
+    v1::DeleteDatasetRequest request;
+    request.set_name(name);
+    v1::DeleteDatasetResponse response;
+    return stub_->DeleteDataset(&context, request, &response);
+  };
+  const std::string running = SubmitOrDie(SmallSpec("toy", 1000));
+  const std::string queued = SubmitOrDie(SmallSpec("toy", 1000));
+  ASSERT_TRUE(WaitForState(*stub_, running, v1::JOB_STATE_RUNNING, absl::Seconds(30)));
+
+  grpc::Status in_use = delete_dataset("toy");
+  EXPECT_EQ(in_use.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(in_use.error_message(), HasSubstr(running));
+  EXPECT_THAT(in_use.error_message(), HasSubstr(queued));
+  EXPECT_TRUE(fs::exists(options_.data_dir + "/toy/train-images-idx3-ubyte"));
+
+  v1::Job job;
+  ASSERT_OK(Cancel(queued, &job));
+  in_use = delete_dataset("toy");
+  EXPECT_EQ(in_use.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(in_use.error_message(), HasSubstr(running));
+  EXPECT_THAT(in_use.error_message(), ::testing::Not(HasSubstr(queued)));
+  ASSERT_OK(Cancel(running, &job));
+  ASSERT_TRUE(WaitForState(*stub_, running, v1::JOB_STATE_CANCELLED, absl::Seconds(30)));
+
+  grpc::Status deleted = delete_dataset("toy");
+  ASSERT_OK(deleted) << deleted.error_message();
+  EXPECT_TRUE(DatasetNames(*stub_).empty());
+  EXPECT_FALSE(fs::exists(options_.data_dir + "/toy"));
+  EXPECT_TRUE(fs::is_empty(options_.data_dir)) << "the renamed-aside folder stays";
+  EXPECT_EQ(delete_dataset("toy").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(delete_dataset("../state").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Its jobs can neither start nor resume on it now.
+  EXPECT_EQ(Submit(SmallSpec("toy", 1), &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext resume_context;
+  v1::ResumeJobRequest resume;
+  resume.set_job_id(running);
+  grpc::Status refused = stub_->ResumeJob(&resume_context, resume, &job);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("no longer exists"));
+
+  // The name is free for a new upload.
+  const std::string images = testing::ToyImagesIdx(300, 3);
+  const std::string labels = testing::ToyLabelsIdx(300, 3);
+  v1::Dataset dataset;
+  grpc::Status again = Upload(*stub_, "toy",
+                              {{"train-images-idx3-ubyte", images, Sha256Hex(images)},
+                               {"train-labels-idx1-ubyte", labels, Sha256Hex(labels)}},
+                              &dataset);
+  ASSERT_OK(again) << again.error_message();
+  EXPECT_EQ(dataset.train_samples(), 300);
+  EXPECT_EQ(dataset.num_classes(), 10);
+}
+
 }  // namespace
 }  // namespace kiln::server

@@ -1,0 +1,56 @@
+#include "server/jobs/dataset_manifest.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "nlohmann/json.hpp"
+
+namespace kiln::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kFormat = 1;
+// A manifest is a few hundred bytes; anything much larger is not ours.
+constexpr std::streamsize kMaxManifestBytes = 64 << 10;
+
+}  // namespace
+
+absl::Status WriteDatasetManifest(const std::string& dir, const DatasetInfo& info,
+                                  const DatasetFileSizes& files) {
+  json j = {{"format", kFormat},
+            {"train_samples", info.train_samples},
+            {"test_samples", info.test_samples},
+            {"sample_shape", info.sample_shape},
+            {"num_classes", info.num_classes},
+            {"files", files}};
+  return WriteFileAtomically(dir + "/" + kDatasetManifestName, j.dump(2) + "\n");
+}
+
+std::optional<DatasetInfo> ReadDatasetManifest(const std::string& dir,
+                                               const DatasetFileSizes& files) {
+  std::ifstream in(dir + "/" + kDatasetManifestName, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string text(kMaxManifestBytes + 1, '\0');
+  in.read(text.data(), kMaxManifestBytes + 1);
+  if (in.gcount() > kMaxManifestBytes) return std::nullopt;
+  text.resize(static_cast<size_t>(in.gcount()));
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  // Any field of the wrong type makes the manifest unusable; the facts are then read afresh.
+  try {
+    if (j.at("format").get<int>() != kFormat) return std::nullopt;
+    if (j.at("files").get<DatasetFileSizes>() != files) return std::nullopt;
+    DatasetInfo info;
+    info.train_samples = j.at("train_samples").get<int64_t>();
+    info.test_samples = j.at("test_samples").get<int64_t>();
+    info.sample_shape = j.at("sample_shape").get<Shape>();
+    info.num_classes = j.at("num_classes").get<int32_t>();
+    return info;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace kiln::server
