@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {"max_message_bytes", options.max_message_bytes},
       {"max_streams", options.max_streams},
       {"max_health_watches", options.max_health_watches},
+      {"metrics_max_ended_jobs", options.metrics_max_ended_jobs},
       {"max_connections", options.max_connections},
       {"max_inference_batch", options.max_inference_batch},
       {"max_deploy_batch_size", options.max_deploy_batch_size},
@@ -128,7 +129,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         LogLevel::kInfo, "interrupted_writes_removed",
         {{"checkpoint_temp_files", swept.checkpoint_temps}, {"upload_dirs", swept.upload_dirs}});
   }
-  d->metrics_ = std::make_unique<Metrics>(MetricsOptions{options.metrics_job_retention, {}});
+  d->metrics_ = std::make_unique<Metrics>(
+      MetricsOptions{options.metrics_job_retention, options.metrics_max_ended_jobs, {}});
   // Security settings are checked before anything is opened or bound.
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (TlsModeOf(options.tls) != TlsMode::kOff) {

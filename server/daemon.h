@@ -70,6 +70,7 @@ struct DaemonOptions {
   std::string metrics_listen;
   bool metrics_optional = false;  // true: an address that cannot be bound only warns
   absl::Duration metrics_job_retention = absl::Minutes(10);
+  int metrics_max_ended_jobs = 500;  // ended jobs whose series are kept at most
   // Security: TLS from these PEM files (none: plaintext); bearer tokens, one per line, required
   // on every call but health when set.
   TlsFiles tls;

@@ -62,6 +62,9 @@ ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
           "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)");
+ABSL_FLAG(int, metrics_max_ended_jobs, 500,
+          "ended jobs whose per-job series are kept at most; past it the first ended go first, "
+          "before --metrics_job_retention");
 ABSL_FLAG(absl::Duration, metrics_job_retention, absl::Minutes(10),
           "how long a finished job's labelled series stay in /metrics");
 ABSL_FLAG(std::string, log_format, "text", "event log lines on stderr: text or json");
@@ -144,6 +147,7 @@ int main(int argc, char** argv) {
   const absl::CommandLineFlag* metrics_flag = absl::FindCommandLineFlag("metrics_listen");
   options.metrics_optional = metrics_flag->CurrentValue() == metrics_flag->DefaultValue();
   options.metrics_job_retention = absl::GetFlag(FLAGS_metrics_job_retention);
+  options.metrics_max_ended_jobs = absl::GetFlag(FLAGS_metrics_max_ended_jobs);
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);

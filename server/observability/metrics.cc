@@ -447,13 +447,22 @@ void Metrics::RemoveJobLocked(JobSeries& series) {
 void Metrics::ReapExpiredJobs() {
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = absl::Now();
+  std::vector<std::pair<absl::Time, std::string>> ended;  // (expiry, job) of those kept
   for (auto it = jobs_series_.begin(); it != jobs_series_.end();) {
     if (it->second->expires.has_value() && *it->second->expires <= now) {
       RemoveJobLocked(*it->second);
       it = jobs_series_.erase(it);
     } else {
+      if (it->second->expires.has_value()) ended.emplace_back(*it->second->expires, it->first);
       ++it;
     }
+  }
+  if (static_cast<int>(ended.size()) <= options_.max_ended_jobs) return;
+  std::sort(ended.begin(), ended.end());
+  for (size_t i = 0; i < ended.size() - options_.max_ended_jobs; ++i) {
+    auto it = jobs_series_.find(ended[i].second);
+    RemoveJobLocked(*it->second);
+    jobs_series_.erase(it);
   }
 }
 

@@ -50,8 +50,12 @@ DeviceMemory CpuMemory();
 std::string ModelLabel(const v1::JobSpec& spec);
 
 struct MetricsOptions {
-  // Job-labelled series are removed this long after their job ends.
+  // Job-labelled series are removed this long after their job ends,
   absl::Duration job_retention = absl::Minutes(10);
+  // or sooner, the first to end first, when more ended jobs than this still have them: so a
+  // stream of short jobs cannot grow kilnd by its rate times job_retention (each job's series
+  // take about 20 KB).
+  int max_ended_jobs = 500;
   // Queried at every scrape for kiln_device_memory_*; the default reports CpuMemory() only.
   std::function<std::vector<DeviceMemory>()> device_memory;
 };

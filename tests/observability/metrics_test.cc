@@ -143,6 +143,28 @@ TEST(MetricsTest, FinishedJobSeriesAreRemovedAfterTheRetention) {
   EXPECT_THAT(metrics.Scrape(), HasSubstr("kiln_training_loss{job=\"live\""));
 }
 
+TEST(MetricsTest, EndedJobsBeyondTheCapLoseTheirSeriesFirstEndedFirst) {
+  MetricsOptions options;
+  options.job_retention = absl::Hours(1);  // only the cap reaps here
+  options.max_ended_jobs = 3;
+  Metrics metrics(options);
+  for (int i = 0; i < 6; ++i) {
+    const std::string job = absl::StrCat("j", i);
+    metrics.TrainingStarted(job, "custom", 1);
+    metrics.JobStateChanged(job, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED);
+    absl::SleepFor(absl::Milliseconds(2));  // distinct end times
+  }
+  metrics.TrainingStarted("running", "custom", 1);
+  metrics.ReapExpiredJobs();
+  const std::string text = metrics.Scrape();
+  for (const char* gone : {"j0", "j1", "j2"}) {
+    EXPECT_THAT(text, Not(HasSubstr(absl::StrCat("job=\"", gone, "\"")))) << gone;
+  }
+  for (const char* kept : {"j3", "j4", "j5", "running"}) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("job=\"", kept, "\""))) << kept;
+  }
+}
+
 TEST(MetricsTest, AResumedJobKeepsItsSeries) {
   MetricsOptions options;
   options.job_retention = absl::Milliseconds(100);
