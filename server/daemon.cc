@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "grpc/health/v1/health.pb.h"
@@ -117,6 +118,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.watch_replay_page_events < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "watch_replay_page_events: must be at least 1, got ", options.watch_replay_page_events));
+  }
+  // Clients see paths under these folders by the folders' names, not the server's layout.
+  {
+    std::vector<std::pair<std::string, std::string>> roots;
+    for (const auto& [dir, name] :
+         {std::pair<std::string, const char*>{options.state_dir, "$state_dir"},
+          {options.data_dir, "$data_dir"}}) {
+      roots.emplace_back(dir, name);
+      std::error_code ec;
+      const std::string absolute = std::filesystem::absolute(dir, ec).lexically_normal().string();
+      if (!ec && absolute != dir) roots.emplace_back(absolute, name);
+    }
+    SetShownPathRoots(std::move(roots));
   }
   std::unique_ptr<Daemon> d(new Daemon());
   d->options_ = options;

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/shown_paths.h"
 
 namespace kiln::server {
 namespace {
@@ -25,8 +26,9 @@ std::string Bounded(std::string_view message) {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      Bounded(std::string_view(status.message().data(), status.message().size())));
+  return grpc::Status(
+      static_cast<grpc::StatusCode>(status.code()),
+      Bounded(WithShownPaths(std::string_view(status.message().data(), status.message().size()))));
 }
 
 }  // namespace kiln::server

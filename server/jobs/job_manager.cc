@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/memory_plan.h"
@@ -90,7 +91,7 @@ absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
   v1::Job next = slot.job;
   const v1::JobState from = next.state();
   next.set_state(state);
-  next.set_reason(reason);
+  next.set_reason(WithShownPaths(reason));  // reasons are read by clients
   if (IsFinal(state)) *next.mutable_end_time() = MillisToTimestamp(NowMillis());
   // One source of truth: what the store refused was neither announced nor applied.
   if (absl::Status recorded = events_.StateChanged(next, from, &slot.next_seq); !recorded.ok()) {

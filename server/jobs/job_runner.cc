@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/sha256.h"
+#include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/trainer.h"
@@ -141,7 +142,7 @@ absl::Status JobRunner::Run() {
   if (!resumed) return first_error;
   {
     std::lock_guard<std::mutex> lock(*mu_);
-    if (!passed_over.empty()) slot_->job.set_reason(passed_over);
+    if (!passed_over.empty()) slot_->job.set_reason(WithShownPaths(passed_over));
     slot_->job.set_resumed_from_step(trainer->position().global_step);
     slot_->job.set_global_step(trainer->position().global_step);
     slot_->job.set_epochs_done(trainer->position().epochs_done);

@@ -14,6 +14,7 @@
 #include "common/atomic_file.h"
 #include "common/idx_header.h"
 #include "common/sha256.h"
+#include "common/shown_paths.h"
 #include "tests/support/status_matchers.h"
 
 namespace kiln {
@@ -168,6 +169,23 @@ TEST(IdxHeader, EveryMalformedHeaderIsRefusedWithItsReason) {
   EXPECT_TRUE(has(HeaderError(Header(0x08, {65536, 65536})), "exceed the limit"));
   EXPECT_EQ(HeaderError(Header(0x08, {10, 0})).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(HeaderError("").code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(ShownPathsTest, PathsUnderTheRootsAreShownByTheirNamesAndNothingElseChanges) {
+  SetShownPathRoots({{"/srv/kiln/state/", "$state_dir"},
+                     {"/srv/kiln/data", "$data_dir"},
+                     {"/srv/kiln/data/mnist", "$mnist"},
+                     {"/", "$root"}});
+  EXPECT_EQ(WithShownPaths("writing /srv/kiln/state/checkpoints/job-1/final.safetensors: full"),
+            "writing $state_dir/checkpoints/job-1/final.safetensors: full");
+  EXPECT_EQ(WithShownPaths("open /srv/kiln/data/fashion/x and /srv/kiln/data"),
+            "open $data_dir/fashion/x and $data_dir");
+  // The longer root wins; a sibling whose name merely starts like a root is left alone.
+  EXPECT_EQ(WithShownPaths("/srv/kiln/data/mnist/t10k"), "$mnist/t10k");
+  EXPECT_EQ(WithShownPaths("/srv/kiln/data2/x"), "/srv/kiln/data2/x");
+  EXPECT_EQ(WithShownPaths("no path here"), "no path here");
+  SetShownPathRoots({});
+  EXPECT_EQ(WithShownPaths("/srv/kiln/state/x"), "/srv/kiln/state/x");
 }
 
 }  // namespace
