@@ -43,17 +43,6 @@ int SilentConnection(int port) {
   return fd;
 }
 
-// Descriptors kilnd holds open, from /proc/PID/fd; -1 when unreadable.
-int OpenDescriptors(pid_t pid) {
-  std::error_code ec;
-  int n = 0;
-  for (fs::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end; !ec && it != end;
-       it.increment(ec)) {
-    ++n;
-  }
-  return ec ? -1 : n;
-}
-
 // Floods a kilnd started with `limit_flags` (and a 256-descriptor limit) while a job runs.
 void FloodWhileAJobRuns(const std::string& limit_flag) {
   const std::string root = testing::MakeTempDir("kilnd-descriptors");
@@ -70,7 +59,7 @@ void FloodWhileAJobRuns(const std::string& limit_flag) {
   const std::string id = testing::SubmitJob(*stub, spec);
   ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_RUNNING, absl::Seconds(30)));
 
-  const int before = OpenDescriptors(kilnd.pid());
+  const int before = hardening::OpenDescriptors(kilnd.pid());
   std::vector<int> flood;
   for (int i = 0; i < kFloodConnections; ++i) {
     const int fd = SilentConnection(kilnd.port());
@@ -78,7 +67,7 @@ void FloodWhileAJobRuns(const std::string& limit_flag) {
     flood.push_back(fd);
   }
   absl::SleepFor(absl::Milliseconds(300));  // let kilnd's accept loop meet the flood
-  const int during = OpenDescriptors(kilnd.pid());
+  const int during = hardening::OpenDescriptors(kilnd.pid());
 
   v1::Job job;
   WaitFor(
@@ -104,7 +93,7 @@ void FloodWhileAJobRuns(const std::string& limit_flag) {
     served = fresh->GetJob(&context, request, &answer).ok();
   }
   EXPECT_TRUE(served) << "no new connection was served within 20 s of the flood";
-  const int after = OpenDescriptors(kilnd.pid());
+  const int after = hardening::OpenDescriptors(kilnd.pid());
   std::printf("[ fds      ] kilnd descriptors: %d before the flood of %d, %d during, %d after\n",
               before, kFloodConnections, during, after);
   EXPECT_LE(during, 256);

@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -90,6 +91,16 @@ double CpuSeconds(pid_t pid) {
     ticks += v;
   }
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+int OpenDescriptors(pid_t pid) {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    ++n;
+  }
+  return ec ? -1 : n;
 }
 
 bool HealthServing(int port, const std::string& service) {

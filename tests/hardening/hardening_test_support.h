@@ -24,6 +24,9 @@ absl::StatusOr<TrainingPosition> LoadCheckpointForSpec(const v1::JobSpec& spec,
                                                        const std::string& dataset_dir,
                                                        const std::string& path);
 
+// Descriptors process `pid` holds open, from /proc/PID/fd; -1 when unreadable.
+int OpenDescriptors(pid_t pid);
+
 // VmRSS of process `pid` in bytes, from /proc/PID/status; -1 when unreadable.
 int64_t ResidentBytes(pid_t pid);
 

@@ -71,16 +71,6 @@ bool LoadOn(const char* load) {
   return absl::StrContains(absl::StrCat(",", env, ","), absl::StrCat(",", load, ","));
 }
 
-int OpenDescriptors(pid_t pid) {
-  std::error_code ec;
-  int n = 0;
-  for (fs::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec), end; !ec && it != end;
-       it.increment(ec)) {
-    ++n;
-  }
-  return ec ? -1 : n;
-}
-
 int64_t Median(std::vector<int64_t> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -175,7 +165,7 @@ TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
   const std::string base = testing::SubmitJob(*stub, base_spec);
   ASSERT_TRUE(testing::WaitForState(*stub, base, v1::JOB_STATE_SUCCEEDED, absl::Seconds(120)));
   ASSERT_OK(LoadModel(*admin, "digits", base + "@latest"));
-  const int descriptors_start = OpenDescriptors(kilnd.pid());
+  const int descriptors_start = hardening::OpenDescriptors(kilnd.pid());
 
   Tally tally;
   std::atomic<bool> stop{false};
@@ -291,7 +281,7 @@ TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
   int descriptors_end = -1;
   testing::WaitFor(
       [&] {
-        descriptors_end = OpenDescriptors(kilnd.pid());
+        descriptors_end = hardening::OpenDescriptors(kilnd.pid());
         return descriptors_end <= descriptors_start + kDescriptorSlack;
       },
       absl::Seconds(10));
