@@ -33,12 +33,15 @@ class ConvForwardPlan {
   static absl::StatusOr<std::unique_ptr<ConvForwardPlan>> Create(const Conv2dGeometry& g, bool bias,
                                                                  Activation act);
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // Whether oneDNN has only its reference kernel for this geometry (hours for a huge kernel).
+  bool reference_kernel() const { return reference_kernel_; }
   // `workspace` is 64-byte aligned and of workspace_bytes().
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* bias,
                    float* y, char* workspace) const;
 
  private:
   ConvForwardPlan() = default;
+  bool reference_kernel_ = false;
   dnnl::memory::desc bias_md_;
   dnnl::convolution_forward conv_;
   Staging src_, weights_, dst_;
@@ -53,13 +56,19 @@ class ConvBackwardPlan {
   static absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> Create(const Conv2dGeometry& g,
                                                                   bool bias, Activation act);
   size_t workspace_bytes() const { return workspace_bytes_; }
+  bool reference_kernel() const { return reference_kernel_; }
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* y,
                    const float* dy, float* dw, float* dbias, float* dx, char* workspace) const;
 
  private:
   ConvBackwardPlan() = default;
+  // The ReLU's backward straight into dy's nChw16c copy: blocked = (y > 0 ? dy : 0), reordered.
+  void MaskIntoBlocks(const float* y, const float* dy, float* blocked) const;
+
   Activation act_ = Activation::kNone;
-  int64_t out_elems_ = 0;
+  bool reference_kernel_ = false;
+  bool mask_into_blocks_ = false;
+  int64_t out_elems_ = 0, out_hw_ = 0;
   int out_channels_ = 0;
   dnnl::memory::desc bias_md_;
   dnnl::convolution_backward_weights backward_weights_;

@@ -65,11 +65,11 @@ TEST(MemoryPlan, TheConvWorkspaceIsTheLargerOfTheBackwardAndTheForwardPlanAndNam
   ASSERT_OK(plan);
   const int64_t backward = CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, true);
   const int64_t forward = CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, false);
-  // The backward stages more than the forward: the masked gradient, dw, dy for two primitives.
+  // The backward stages more than the forward: the masked gradient, dw, x for another primitive.
   EXPECT_GT(backward, forward);
   ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
   EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes, backward);
-  // At least the masked output gradient (32 x 1000 x 1000 floats) the backward keeps in it.
+  // At least one copy of the output gradient (32 x 1000 x 1000 floats: masked, blocked or both).
   EXPECT_GE(backward, int64_t{32} * 1000 * 1000 * 4);
 
   // On a GPU cuDNN keeps within its fixed workspace limit instead.
