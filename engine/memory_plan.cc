@@ -32,18 +32,16 @@ int64_t ConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64_t tr
                            int64_t eval_batch, const MemoryTarget& target) {
   // cuDNN algorithms are picked to fit the backend's fixed limit.
   if (target.device == DeviceKind::kCuda) return static_cast<int64_t>(kCudaConvWorkspaceLimit);
-  int64_t columns = 0, partials = 0;
+  // The backend keeps one workspace grown to the largest plan: the training batch's backward or
+  // the forward at the larger batch.
+  int64_t bytes = 0;
   if (train_batch > 0) {
-    const CpuBackend::ConvScratch s = CpuBackend::ConvScratchFloats(
-        MakeConv2dGeometry(c, input, train_batch), target.threads, /*backward=*/true);
-    columns = s.columns;
-    partials = s.partials;
+    bytes = CpuBackend::ConvWorkspaceBytes(MakeConv2dGeometry(c, input, train_batch),
+                                           target.threads, /*backward=*/true);
   }
   const int64_t batch = std::max(train_batch, eval_batch);
-  columns = std::max(columns, CpuBackend::ConvScratchFloats(MakeConv2dGeometry(c, input, batch),
-                                                            target.threads, /*backward=*/false)
-                                  .columns);
-  return Mul(Add(columns, partials), kFloat);
+  return std::max(bytes, CpuBackend::ConvWorkspaceBytes(MakeConv2dGeometry(c, input, batch),
+                                                        target.threads, /*backward=*/false));
 }
 
 // Per layer: activations and their gradients at `capacity` samples (the model keeps both at
@@ -66,8 +64,7 @@ void AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& shapes, i
           } else if constexpr (std::is_same_v<C, DropoutConfig>) {
             plan->needs.push_back({layer, "dropout mask", Mul(out, kFloat)});
           } else if constexpr (std::is_same_v<C, Conv2dConfig>) {
-            const int64_t bytes =
-                ConvWorkspaceBytes(c, shapes[i], train_batch, eval_batch, target);
+            const int64_t bytes = ConvWorkspaceBytes(c, shapes[i], train_batch, eval_batch, target);
             if (bytes > workspace.bytes) workspace = {layer, "conv2d workspace", bytes};
           }
         },
@@ -90,9 +87,8 @@ int64_t MemoryPlan::total_bytes() const {
 }
 
 const MemoryNeed& MemoryPlan::largest() const {
-  return *std::max_element(needs.begin(), needs.end(), [](const auto& a, const auto& b) {
-    return a.bytes < b.bytes;
-  });
+  return *std::max_element(needs.begin(), needs.end(),
+                           [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
 }
 
 absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t train_samples,
@@ -100,8 +96,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t
   KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(config.model));
   const int64_t params = CountParameters(config.model);
   const int64_t batch = config.batch_size;
-  const int64_t eval_batch = test_samples > 0 ? std::min<int64_t>(kEvalBatchSize, test_samples)
-                                              : 0;
+  const int64_t eval_batch = test_samples > 0 ? std::min<int64_t>(kEvalBatchSize, test_samples) : 0;
   // The trainer sizes its batch buffers for the larger of a training and an evaluation batch.
   const int64_t capacity = std::max<int64_t>(batch, kEvalBatchSize);
   const int64_t input = NumElements(config.model.input_shape);

@@ -1,5 +1,6 @@
-// The CPU backend: OpenBLAS GEMM, im2col convolution batched over the minibatch, and OpenMP loops
-// that share OpenBLAS's thread pool (both use libgomp), so the two never oversubscribe the cores.
+// The CPU backend: oneDNN matmul and convolution primitives (OpenBLAS's sgemv for one-row
+// products), and OpenMP loops that share their thread pool (all three use libgomp), so they never
+// oversubscribe the cores.
 #pragma once
 
 #include <memory>
@@ -9,6 +10,10 @@
 #include "engine/backend.h"
 
 namespace kiln {
+
+namespace cpu_internal {
+class DnnlPrimitives;
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -69,23 +74,29 @@ class CpuBackend final : public Backend {
                                float* out, int32_t* labels_out) override;
   absl::Status Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) override;
 
-  // The scratch (floats) a convolution of geometry `g` takes on `threads` threads: `columns` (the
-  // im2col columns; the backward's also hold their gradient and the masked output gradient) and
-  // `partials` (the backward's per-thread weight and bias gradients). Both buffers are kept and
-  // shared by every convolution of the backend, grown to the largest asked for. The memory plan
-  // counts a job's workspace with this; the ops size their scratch with it.
-  struct ConvScratch {
-    int64_t columns = 0, partials = 0;
-  };
-  static ConvScratch ConvScratchFloats(const Conv2dGeometry& g, int threads, bool backward);
+  // The workspace (bytes) a convolution of geometry `g` takes on `threads` threads: the blocked
+  // copies of its operands and oneDNN's scratchpad, from the very plan the op makes. One
+  // workspace is kept and shared by every convolution of the backend, grown to the largest asked
+  // for; the memory plan counts a job's with this. The largest int64 for a geometry oneDNN cannot
+  // run.
+  static int64_t ConvWorkspaceBytes(const Conv2dGeometry& g, int threads, bool backward);
+  // What the backend holds now for its convolutions' workspace, in bytes.
+  int64_t conv_workspace_held_bytes() const {
+    return static_cast<int64_t>(workspace_.size() * sizeof(float));
+  }
+
+  ~CpuBackend() override;
 
  private:
-  // Scratch for im2col columns and the GEMM result, grown on demand and kept between steps;
-  // null when it cannot be allocated.
+  // Scratch grown on demand and kept between steps; null when it cannot be allocated.
   float* Scratch(std::vector<float>* buf, size_t elems);
+  // The convolution workspace of a plan of `plan_bytes`, 64-byte aligned; null when it cannot be
+  // allocated.
+  char* ConvWorkspace(size_t plan_bytes);
 
   int threads_;
-  std::vector<float> cols_, gemm_out_;
+  std::vector<float> workspace_;
+  std::unique_ptr<cpu_internal::DnnlPrimitives> dnnl_;
 };
 
 }  // namespace kiln

@@ -22,7 +22,7 @@ const MemoryNeed* Find(const MemoryPlan& plan, int layer, const std::string& wha
 TrainConfig Mlp() { return MnistMlpReference(); }  // batch 128, SGD with momentum 0.9
 
 // The case that took kilnd down: a wide input, a large kernel with padding, batch 1; 35k
-// parameters, within every other limit, but its im2col columns need gigabytes.
+// parameters, within every other limit, but its (then im2col) workspace needed gigabytes.
 TrainConfig WideConv() {
   TrainConfig c;
   c.model.input_shape = {1, 1000, 1000};
@@ -49,22 +49,28 @@ TEST(MemoryPlan, TheReferenceMlpCountsItsParametersStateActivationsAndData) {
   EXPECT_LT(plan->total_bytes(), int64_t{1} << 30);
 }
 
-TEST(MemoryPlan, TheConvWorkspaceIsCountedPerThreadAndNamesItsLayer) {
-  auto plan = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCpu, 2});
-  ASSERT_OK(plan);
+Conv2dGeometry WideConvGeometry(int batch) {
   Conv2dGeometry g;
-  g.batch = 1;
+  g.batch = batch;
   g.in_channels = 1;
   g.in_h = g.in_w = 1000;
   g.out_channels = 32;
   g.kernel_h = g.kernel_w = 33;
   g.padding = 16;
-  const CpuBackend::ConvScratch backward = CpuBackend::ConvScratchFloats(g, 2, true);
-  EXPECT_EQ(plan->largest().layer, 0);
-  EXPECT_EQ(plan->largest().what, "conv2d workspace");
-  EXPECT_EQ(plan->largest().bytes, (backward.columns + backward.partials) * 4);
-  EXPECT_GT(plan->largest().bytes, int64_t{8} << 30);  // 2 x 1089 x 10^6 floats and more
-  EXPECT_EQ(plan->largest().Describe(), "layer 0 conv2d workspace: 8.2 GiB");
+  return g;
+}
+
+TEST(MemoryPlan, TheConvWorkspaceIsTheLargerOfTheBackwardAndTheForwardPlanAndNamesItsLayer) {
+  auto plan = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCpu, 2});
+  ASSERT_OK(plan);
+  const int64_t backward = CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, true);
+  const int64_t forward = CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, false);
+  // The backward stages more than the forward: the masked gradient, dw, x for another primitive.
+  EXPECT_GT(backward, forward);
+  ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
+  EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes, backward);
+  // At least one copy of the output gradient (32 x 1000 x 1000 floats: masked, blocked or both).
+  EXPECT_GE(backward, int64_t{32} * 1000 * 1000 * 4);
 
   // On a GPU cuDNN keeps within its fixed workspace limit instead.
   auto cuda = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCuda, 1});
@@ -73,28 +79,46 @@ TEST(MemoryPlan, TheConvWorkspaceIsCountedPerThreadAndNamesItsLayer) {
   EXPECT_EQ(Find(*cuda, 0, "conv2d workspace")->bytes, int64_t{256} << 20);
 }
 
+// The count is what the backend then holds: the same plans, made on the same number of threads.
+TEST(MemoryPlan, TheCountedConvWorkspaceIsWhatTheBackendAllocates) {
+  Conv2dGeometry g;  // the reference CNN's second convolution
+  g.batch = 64;
+  g.in_channels = 32;
+  g.in_h = g.in_w = 13;
+  g.out_channels = 64;
+  g.kernel_h = g.kernel_w = 3;
+  CpuBackend backend(2);
+  auto x = backend.Allocate(DType::kF32, {64, 32, 13, 13});
+  auto w = backend.Allocate(DType::kF32, {64, 32, 3, 3});
+  auto b = backend.Allocate(DType::kF32, {64});
+  auto y = backend.Allocate(DType::kF32, {64, 64, 11, 11});
+  auto dy = backend.Allocate(DType::kF32, {64, 64, 11, 11});
+  auto dw = backend.Allocate(DType::kF32, {64, 32, 3, 3});
+  auto db = backend.Allocate(DType::kF32, {64});
+  auto dx = backend.Allocate(DType::kF32, {64, 32, 13, 13});
+  for (auto* t : {&x, &w, &b, &y, &dy, &dw, &db, &dx}) ASSERT_OK(*t);
+  ASSERT_OK(backend.Conv2dForward(g, x->f32(), w->f32(), b->f32(), Activation::kRelu, y->f32()));
+  EXPECT_EQ(backend.conv_workspace_held_bytes(), CpuBackend::ConvWorkspaceBytes(g, 2, false));
+  ASSERT_OK(backend.Conv2dBackward(g, x->f32(), w->f32(), y->f32(), dy->f32(), Activation::kRelu,
+                                   dw->f32(), db->f32(), dx->f32()));
+  EXPECT_EQ(backend.conv_workspace_held_bytes(), CpuBackend::ConvWorkspaceBytes(g, 2, true));
+}
+
 TEST(MemoryPlan, ServingCountsTheForwardAtTheLargestBatchAndNoOptimizer) {
   auto plan = PlanInferenceMemory(WideConv().model, 4, {DeviceKind::kCpu, 2});
   ASSERT_OK(plan);
   EXPECT_EQ(Find(*plan, -1, "optimizer state"), nullptr);
-  Conv2dGeometry g;
-  g.batch = 4;
-  g.in_channels = 1;
-  g.in_h = g.in_w = 1000;
-  g.out_channels = 32;
-  g.kernel_h = g.kernel_w = 33;
-  g.padding = 16;
   ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
   EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes,
-            CpuBackend::ConvScratchFloats(g, 2, false).columns * 4);
+            CpuBackend::ConvWorkspaceBytes(WideConvGeometry(4), 2, false));
   EXPECT_EQ(Find(*plan, 0, "conv2d activations")->bytes, int64_t{2} * 32 * 1000 * 1000 * 4 * 4);
 }
 
 TEST(MemoryPlan, HostileSizesSaturateInsteadOfWrappingAround) {
   TrainConfig c = WideConv();
   c.batch_size = 65536;
-  auto plan = PlanTrainingMemory(c, std::numeric_limits<int64_t>::max() / 2, 0,
-                                 {DeviceKind::kCpu, 64});
+  auto plan =
+      PlanTrainingMemory(c, std::numeric_limits<int64_t>::max() / 2, 0, {DeviceKind::kCpu, 64});
   ASSERT_OK(plan);
   EXPECT_EQ(plan->total_bytes(), std::numeric_limits<int64_t>::max());
   EXPECT_EQ(FormatBytes(999), "999 B");

@@ -1,0 +1,310 @@
+#include "engine/cpu/dnnl_conv_plan.h"
+
+#include <algorithm>
+#include <new>
+#include <string>
+#include <unordered_map>
+
+#include "engine/cpu/cpu_parallel.h"
+#include "engine/cpu/dnnl_engine.h"
+
+namespace kiln::cpu_internal {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::memory;
+using Tag = dnnl::memory::format_tag;
+
+constexpr auto kF32 = memory::data_type::f32;
+
+// Lays out a workspace: slots 64-byte aligned, one after another, and one scratchpad that every
+// primitive of the plan shares (they run one after another).
+class WorkspaceLayout {
+ public:
+  size_t Add(size_t bytes) {
+    const size_t at = end_;
+    end_ += (bytes + 63) / 64 * 64;
+    return at;
+  }
+  void NeedScratchpad(const memory::desc& md) {
+    if (md.get_size() > scratchpad_.get_size()) scratchpad_ = md;
+  }
+  // Places the scratchpad; returns the workspace's size.
+  size_t Finish(size_t* scratchpad_offset, memory::desc* scratchpad_md) {
+    *scratchpad_offset = Add(scratchpad_.get_size());
+    *scratchpad_md = scratchpad_;
+    return end_;
+  }
+
+ private:
+  size_t end_ = 0;
+  memory::desc scratchpad_;  // zero bytes until a primitive asks for one
+};
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// Stages `plain` into (or, for an output, out of) `staged`. `accumulate`: the output reorder adds
+// into the plain tensor (a sum post-op) instead of overwriting it, and always runs.
+Staging Stage(const memory::desc& plain, const memory::desc& staged, bool input, bool accumulate,
+              WorkspaceLayout* layout) {
+  Staging s;
+  s.plain = plain;
+  s.staged = staged;
+  s.needed = accumulate || plain != staged;
+  if (!s.needed) return s;
+  dnnl::primitive_attr attr = UserScratchpad();
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::engine& engine = DnnlEngine();
+  const dnnl::reorder::primitive_desc pd =
+      input ? dnnl::reorder::primitive_desc(engine, plain, engine, staged, attr)
+            : dnnl::reorder::primitive_desc(engine, staged, engine, plain, attr);
+  layout->NeedScratchpad(pd.scratchpad_desc());
+  s.reorder = dnnl::reorder(pd);
+  s.offset = layout->Add(staged.get_size());
+  return s;
+}
+
+memory Wrap(const memory::desc& md, const void* p) {
+  return memory(md, DnnlEngine(), const_cast<void*>(p));
+}
+
+// The staged copy of a plain input: reordered into the workspace, or the input itself.
+memory StageIn(const dnnl::stream& stream, const Staging& s, const void* plain, char* workspace,
+               const memory& scratchpad) {
+  if (!s.needed) return Wrap(s.plain, plain);
+  memory staged = Wrap(s.staged, workspace + s.offset);
+  s.reorder.execute(stream, {{DNNL_ARG_FROM, Wrap(s.plain, plain)},
+                             {DNNL_ARG_TO, staged},
+                             {DNNL_ARG_SCRATCHPAD, scratchpad}});
+  return staged;
+}
+
+// Where a primitive writes an output: the workspace slot when it is staged, else `plain`.
+memory OutputOf(const Staging& s, void* plain, char* workspace) {
+  return s.needed ? Wrap(s.staged, workspace + s.offset) : Wrap(s.plain, plain);
+}
+
+void StageOut(const dnnl::stream& stream, const Staging& s, void* plain, char* workspace,
+              const memory& scratchpad) {
+  if (!s.needed) return;
+  s.reorder.execute(stream, {{DNNL_ARG_FROM, Wrap(s.staged, workspace + s.offset)},
+                             {DNNL_ARG_TO, Wrap(s.plain, plain)},
+                             {DNNL_ARG_SCRATCHPAD, scratchpad}});
+}
+
+struct ConvDescs {
+  memory::desc src, weights, dst, bias, src_any, weights_any, dst_any;
+  memory::dims strides, padding;
+};
+
+ConvDescs DescsOf(const Conv2dGeometry& g, bool bias) {
+  ConvDescs d;
+  const memory::dims src = {g.batch, g.in_channels, g.in_h, g.in_w};
+  const memory::dims weights = {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
+  const memory::dims dst = {g.batch, g.out_channels, g.out_h(), g.out_w()};
+  d.src = memory::desc(src, kF32, Tag::nchw);
+  d.weights = memory::desc(weights, kF32, Tag::oihw);
+  d.dst = memory::desc(dst, kF32, Tag::nchw);
+  if (bias) d.bias = memory::desc({g.out_channels}, kF32, Tag::x);
+  d.src_any = memory::desc(src, kF32, Tag::any);
+  d.weights_any = memory::desc(weights, kF32, Tag::any);
+  d.dst_any = memory::desc(dst, kF32, Tag::any);
+  d.strides = {g.stride, g.stride};
+  d.padding = {g.padding, g.padding};
+  return d;
+}
+
+dnnl::convolution_forward::primitive_desc ForwardPd(const ConvDescs& d, Activation act) {
+  dnnl::primitive_attr attr = UserScratchpad();
+  if (act == Activation::kRelu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  // forward_training: the backward primitives take its descriptor as their hint.
+  return dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                      algorithm::convolution_direct, d.src_any, d.weights_any,
+                                      d.bias, d.dst_any, d.strides, d.padding, d.padding),
+      attr, DnnlEngine());
+}
+
+// Whether a primitive is oneDNN's reference implementation ("ref:any"): plain loops, no JIT.
+bool IsReference(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ConvForwardPlan>> ConvForwardPlan::Create(const Conv2dGeometry& g,
+                                                                         bool bias,
+                                                                         Activation act) {
+  try {
+    const ConvDescs d = DescsOf(g, bias);
+    const auto pd = ForwardPd(d, act);
+    auto plan = std::unique_ptr<ConvForwardPlan>(new ConvForwardPlan());
+    plan->reference_kernel_ = IsReference(pd);
+    WorkspaceLayout layout;
+    layout.NeedScratchpad(pd.scratchpad_desc());
+    plan->bias_md_ = d.bias;
+    plan->src_ = Stage(d.src, pd.src_desc(), /*input=*/true, false, &layout);
+    plan->weights_ = Stage(d.weights, pd.weights_desc(), /*input=*/true, false, &layout);
+    plan->dst_ = Stage(d.dst, pd.dst_desc(), /*input=*/false, false, &layout);
+    plan->workspace_bytes_ = layout.Finish(&plan->scratchpad_offset_, &plan->scratchpad_md_);
+    plan->conv_ = dnnl::convolution_forward(pd);
+    return plan;
+  } catch (const dnnl::error& e) {
+    return DnnlError("conv2d forward", e);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("conv2d forward: out of memory creating the primitive");
+  }
+}
+
+absl::Status ConvForwardPlan::Run(const dnnl::stream& stream, const float* x, const float* w,
+                                  const float* bias, float* y, char* workspace) const {
+  try {
+    const memory scratchpad = Wrap(scratchpad_md_, workspace + scratchpad_offset_);
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, StageIn(stream, src_, x, workspace, scratchpad)},
+        {DNNL_ARG_WEIGHTS, StageIn(stream, weights_, w, workspace, scratchpad)},
+        {DNNL_ARG_DST, OutputOf(dst_, y, workspace)},
+        {DNNL_ARG_SCRATCHPAD, scratchpad}};
+    if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, Wrap(bias_md_, bias));
+    conv_.execute(stream, args);
+    StageOut(stream, dst_, y, workspace, scratchpad);
+  } catch (const dnnl::error& e) {
+    return DnnlError("conv2d forward", e);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Create(const Conv2dGeometry& g,
+                                                                           bool bias,
+                                                                           Activation act) {
+  try {
+    const ConvDescs d = DescsOf(g, bias);
+    const auto hint = ForwardPd(d, act);
+    const dnnl::primitive_attr attr = UserScratchpad();
+    const dnnl::engine& engine = DnnlEngine();
+    const dnnl::convolution_backward_weights::primitive_desc weights_pd(
+        dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, d.src_any,
+                                                 d.weights_any, d.bias, d.dst_any, d.strides,
+                                                 d.padding, d.padding),
+        attr, engine, hint);
+    const dnnl::convolution_backward_data::primitive_desc data_pd(
+        dnnl::convolution_backward_data::desc(algorithm::convolution_direct, d.src_any,
+                                              d.weights_any, d.dst_any, d.strides, d.padding,
+                                              d.padding),
+        attr, engine, hint);
+    auto plan = std::unique_ptr<ConvBackwardPlan>(new ConvBackwardPlan());
+    plan->reference_kernel_ = IsReference(weights_pd) || IsReference(data_pd);
+    plan->act_ = act;
+    plan->out_elems_ = static_cast<int64_t>(d.dst.get_size() / sizeof(float));
+    plan->out_channels_ = g.out_channels;
+    plan->bias_md_ = d.bias;
+    WorkspaceLayout layout;
+    layout.NeedScratchpad(weights_pd.scratchpad_desc());
+    layout.NeedScratchpad(data_pd.scratchpad_desc());
+    plan->diff_dst_shared_ = data_pd.diff_dst_desc() == weights_pd.diff_dst_desc();
+    // Where both primitives take dy in channel blocks of 16, the ReLU's mask is applied while
+    // blocking it, in one pass instead of a masking pass and a reorder.
+    plan->mask_into_blocks_ =
+        act == Activation::kRelu && plan->diff_dst_shared_ && g.out_channels % 16 == 0 &&
+        weights_pd.diff_dst_desc() == memory::desc(d.dst.dims(), kF32, Tag::nChw16c);
+    if (act == Activation::kRelu && !plan->mask_into_blocks_) {
+      plan->masked_offset_ = layout.Add(d.dst.get_size());
+    }
+    if (bias) plan->dbias_offset_ = layout.Add(d.bias.get_size());
+    plan->src_w_ = Stage(d.src, weights_pd.src_desc(), /*input=*/true, false, &layout);
+    plan->diff_dst_w_ = Stage(d.dst, weights_pd.diff_dst_desc(), /*input=*/true, false, &layout);
+    plan->out_hw_ = int64_t{g.out_h()} * g.out_w();
+    // Always through the workspace: oneDNN overwrites, the contract accumulates.
+    plan->diff_weights_ =
+        Stage(d.weights, weights_pd.diff_weights_desc(), /*input=*/false, true, &layout);
+    if (!plan->diff_dst_shared_) {
+      plan->diff_dst_d_ = Stage(d.dst, data_pd.diff_dst_desc(), /*input=*/true, false, &layout);
+    }
+    plan->weights_d_ = Stage(d.weights, data_pd.weights_desc(), /*input=*/true, false, &layout);
+    plan->diff_src_ = Stage(d.src, data_pd.diff_src_desc(), /*input=*/false, false, &layout);
+    plan->workspace_bytes_ = layout.Finish(&plan->scratchpad_offset_, &plan->scratchpad_md_);
+    plan->backward_weights_ = dnnl::convolution_backward_weights(weights_pd);
+    plan->backward_data_ = dnnl::convolution_backward_data(data_pd);
+    return plan;
+  } catch (const dnnl::error& e) {
+    return DnnlError("conv2d backward", e);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("conv2d backward: out of memory creating the primitive");
+  }
+}
+
+void ConvBackwardPlan::MaskIntoBlocks(const float* y, const float* dy, float* blocked) const {
+  const int64_t hw = out_hw_, blocks = out_elems_ / (16 * hw);
+#pragma omp parallel for schedule(static) if (out_elems_ > kParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) {
+    // Block b is 16 consecutive NCHW planes, interleaved: blocked[p * 16 + c] = plane c at p.
+    const float* yb = y + b * 16 * hw;
+    const float* db = dy + b * 16 * hw;
+    float* out = blocked + b * 16 * hw;
+    for (int c = 0; c < 16; ++c) {
+      const float* yc = yb + c * hw;
+      const float* dc = db + c * hw;
+      for (int64_t p = 0; p < hw; ++p) out[p * 16 + c] = yc[p] > 0.0f ? dc[p] : 0.0f;
+    }
+  }
+}
+
+absl::Status ConvBackwardPlan::Run(const dnnl::stream& stream, const float* x, const float* w,
+                                   const float* y, const float* dy, float* dw, float* dbias,
+                                   float* dx, char* workspace) const {
+  if (mask_into_blocks_) {
+    MaskIntoBlocks(y, dy, reinterpret_cast<float*>(workspace + diff_dst_w_.offset));
+  } else if (act_ == Activation::kRelu) {
+    // The fused ReLU's backward: pass the gradient where the output was positive.
+    float* masked = reinterpret_cast<float*>(workspace + masked_offset_);
+    const int64_t n = out_elems_;
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) masked[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    dy = masked;
+  }
+  try {
+    const memory scratchpad = Wrap(scratchpad_md_, workspace + scratchpad_offset_);
+    const memory diff_dst_w = mask_into_blocks_
+                                  ? Wrap(diff_dst_w_.staged, workspace + diff_dst_w_.offset)
+                                  : StageIn(stream, diff_dst_w_, dy, workspace, scratchpad);
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, StageIn(stream, src_w_, x, workspace, scratchpad)},
+        {DNNL_ARG_DIFF_DST, diff_dst_w},
+        {DNNL_ARG_DIFF_WEIGHTS, OutputOf(diff_weights_, dw, workspace)},
+        {DNNL_ARG_SCRATCHPAD, scratchpad}};
+    float* dbias_tmp = reinterpret_cast<float*>(workspace + dbias_offset_);
+    if (bias_md_.get_size() > 0) args.emplace(DNNL_ARG_DIFF_BIAS, Wrap(bias_md_, dbias_tmp));
+    backward_weights_.execute(stream, args);
+    StageOut(stream, diff_weights_, dw, workspace, scratchpad);
+    if (dbias != nullptr && bias_md_.get_size() > 0) {
+      for (int oc = 0; oc < out_channels_; ++oc) dbias[oc] += dbias_tmp[oc];
+    }
+    if (dx != nullptr) {
+      const memory diff_dst_d =
+          diff_dst_shared_ ? diff_dst_w : StageIn(stream, diff_dst_d_, dy, workspace, scratchpad);
+      backward_data_.execute(
+          stream, {{DNNL_ARG_DIFF_DST, diff_dst_d},
+                   {DNNL_ARG_WEIGHTS, StageIn(stream, weights_d_, w, workspace, scratchpad)},
+                   {DNNL_ARG_DIFF_SRC, OutputOf(diff_src_, dx, workspace)},
+                   {DNNL_ARG_SCRATCHPAD, scratchpad}});
+      StageOut(stream, diff_src_, dx, workspace, scratchpad);
+    }
+  } catch (const dnnl::error& e) {
+    return DnnlError("conv2d backward", e);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::cpu_internal

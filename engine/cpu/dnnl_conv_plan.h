@@ -1,0 +1,87 @@
+// A convolution of one geometry as oneDNN primitives: the convolution in the layouts oneDNN
+// prefers for it (channels in blocks of 16 on AVX-512) and the reorders between those and the
+// backend's plain NCHW/OIHW tensors. Built once per geometry and kept by the backend. Internal to
+// engine/cpu/.
+//
+// Every buffer a plan needs beside its operands (the blocked copies and the primitives' shared
+// scratchpad) lies in one workspace the caller passes in, of workspace_bytes(): the backend keeps
+// one, grown to the largest plan, and the memory planner counts it from the same plans.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace kiln::cpu_internal {
+
+// A plain tensor brought into (or out of) a primitive's layout, through a slot of the workspace;
+// a no-op where the primitive takes the plain layout as it is.
+struct Staging {
+  bool needed = false;
+  dnnl::memory::desc plain, staged;
+  dnnl::reorder reorder;  // plain -> staged for inputs, staged -> plain for outputs
+  size_t offset = 0;      // of the staged copy in the workspace
+};
+
+// y = act(conv(x, w) + bias): Backend::Conv2dForward's contract, ReLU fused as a post-op.
+class ConvForwardPlan {
+ public:
+  static absl::StatusOr<std::unique_ptr<ConvForwardPlan>> Create(const Conv2dGeometry& g, bool bias,
+                                                                 Activation act);
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // Whether oneDNN has only its reference kernel for this geometry (hours for a huge kernel).
+  bool reference_kernel() const { return reference_kernel_; }
+  // `workspace` is 64-byte aligned and of workspace_bytes().
+  absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* bias,
+                   float* y, char* workspace) const;
+
+ private:
+  ConvForwardPlan() = default;
+  bool reference_kernel_ = false;
+  dnnl::memory::desc bias_md_;
+  dnnl::convolution_forward conv_;
+  Staging src_, weights_, dst_;
+  size_t scratchpad_offset_ = 0, workspace_bytes_ = 0;
+  dnnl::memory::desc scratchpad_md_;
+};
+
+// dw += d/dw, dbias += d/dbias, dx = d/dx from the gradient of the activated output:
+// Backend::Conv2dBackward's contract. The ReLU's mask is applied in the plain layout first.
+class ConvBackwardPlan {
+ public:
+  static absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> Create(const Conv2dGeometry& g,
+                                                                  bool bias, Activation act);
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  bool reference_kernel() const { return reference_kernel_; }
+  absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* y,
+                   const float* dy, float* dw, float* dbias, float* dx, char* workspace) const;
+
+ private:
+  ConvBackwardPlan() = default;
+  // The ReLU's backward straight into dy's nChw16c copy: blocked = (y > 0 ? dy : 0), reordered.
+  void MaskIntoBlocks(const float* y, const float* dy, float* blocked) const;
+
+  Activation act_ = Activation::kNone;
+  bool reference_kernel_ = false;
+  bool mask_into_blocks_ = false;
+  int64_t out_elems_ = 0, out_hw_ = 0;
+  int out_channels_ = 0;
+  dnnl::memory::desc bias_md_;
+  dnnl::convolution_backward_weights backward_weights_;
+  dnnl::convolution_backward_data backward_data_;
+  // The masked output gradient (plain, when act is ReLU) and the bias gradient (plain).
+  size_t masked_offset_ = 0, dbias_offset_ = 0;
+  // For the weight gradient: x and dy in its layouts, its dw added into the plain dw.
+  Staging src_w_, diff_dst_w_, diff_weights_;
+  // For the input gradient: dy (shared with diff_dst_w_ where the layouts agree), w, dx.
+  Staging diff_dst_d_, weights_d_, diff_src_;
+  bool diff_dst_shared_ = false;
+  size_t scratchpad_offset_ = 0, workspace_bytes_ = 0;
+  dnnl::memory::desc scratchpad_md_;
+};
+
+}  // namespace kiln::cpu_internal
