@@ -1,5 +1,6 @@
 // kilnd: the kiln training daemon. Parses flags, starts the Daemon, stops it gracefully on
 // SIGTERM or SIGINT, and reads its bearer tokens and TLS files again on SIGHUP.
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -84,6 +85,13 @@ ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
           "testing only: pause after every training step");
 
 int main(int argc, char** argv) {
+  // Memory a job frees goes back to the system. glibc raises its mmap threshold to the largest
+  // block freed so far (up to 32 MiB); from then on a job's tensors and dataset come from
+  // per-thread arenas of 64 MiB that keep their pages when freed, so every arena ends up
+  // resident: 200 short jobs left kilnd at 449 MB RSS (1,137 jobs: 922 MB) while its heap never
+  // held more than 24 MB (heaptrack). A fixed threshold keeps blocks of 128 KiB and more in
+  // mappings of their own, unmapped on free: 44 MB after the same 200 jobs.
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   // Our flags live in this file, which absl's --help would not list by default.
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view path) {

@@ -38,14 +38,11 @@ using Clock = std::chrono::steady_clock;
 constexpr int kInferenceClients = 8;
 constexpr int kWatchers = 4;
 // Growth allowed from the second fifth of the run to the last (medians of 200 ms samples; the
-// first fifth warms up), and kilnd's resident memory at the end. Generous: under this churn
-// kilnd's RSS still settles for minutes (90 s measured: 103, 148, 159, 169, 173 MiB by fifth,
-// the steps shrinking), which glibc's per-thread arenas and cache of thread stacks account for
-// in part, not yet all (bench/RESULTS.md, "Hardening II: soak"). What these catch is the class
-// of the faults: a watcher replay holding whole histories (+3.3 GiB), an upload
-// inflating in memory (+1 GiB), a per-request leak.
-constexpr int64_t kRssGrowthBytes = int64_t{64} << 20;
-constexpr int64_t kRssEndBytes = int64_t{320} << 20;
+// first fifth warms up), and kilnd's resident memory at the end. 30 s here: 42.8, 44.8, 47.6,
+// 50.1, 50.7 MiB by fifth. Before kilnd fixed glibc's mmap threshold (server/main.cc), every
+// per-thread arena filled: 66, 80, 84, 94, 96 MiB, and 922 MB after 1,137 short jobs.
+constexpr int64_t kRssGrowthBytes = int64_t{24} << 20;
+constexpr int64_t kRssEndBytes = int64_t{160} << 20;
 // Descriptors kilnd may hold at the end beyond those at the start (a connection or two still
 // closing, the store's WAL).
 constexpr int kDescriptorSlack = 8;
