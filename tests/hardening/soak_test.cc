@@ -124,27 +124,6 @@ grpc::Status UnloadModel(inference::GRPCInferenceService::Stub& stub, const std:
   return stub.RepositoryModelUnload(&context, request, &response);
 }
 
-grpc::Status Upload(v1::Training::Stub& stub, const std::string& name, const std::string& images,
-                    const std::string& labels) {
-  grpc::ClientContext context;
-  v1::Dataset out;
-  auto writer = stub.UploadDataset(&context, &out);
-  v1::UploadDatasetRequest header;
-  header.mutable_header()->set_name(name);
-  writer->Write(header);
-  for (const auto& [file, bytes] :
-       {std::pair<const char*, const std::string&>{"train-images-idx3-ubyte", images},
-        {"train-labels-idx1-ubyte", labels}}) {
-    v1::UploadDatasetRequest r;
-    r.mutable_chunk()->set_file_name(file);
-    r.mutable_chunk()->set_data(bytes);
-    r.mutable_chunk()->set_sha256(Sha256Hex(bytes));
-    if (!writer->Write(r)) break;
-  }
-  writer->WritesDone();
-  return writer->Finish();
-}
-
 TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
   const int seconds = SoakSeconds();
   const std::string root = testing::MakeTempDir("kilnd-soak");
@@ -200,7 +179,12 @@ TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
       const std::string labels_idx = testing::ToyLabelsIdx(200, 9);
       for (int i = 0; !stop.load(); ++i) {
         const std::string name = absl::StrCat("soak-", i);
-        tally.Done("upload", Upload(*own, name, images_idx, labels_idx));
+        v1::Dataset uploaded;
+        tally.Done("upload",
+                   testing::Upload(*own, name,
+                                   {{"train-images-idx3-ubyte", images_idx, Sha256Hex(images_idx)},
+                                    {"train-labels-idx1-ubyte", labels_idx, Sha256Hex(labels_idx)}},
+                                   &uploaded));
         grpc::ClientContext list_context;
         v1::ListDatasetsResponse list;
         tally.Done("list", own->ListDatasets(&list_context, v1::ListDatasetsRequest(), &list));

@@ -200,6 +200,17 @@ class JobManagerTest : public ::testing::Test {
     EXPECT_OK(all);
     return all.ok() ? *std::move(all) : std::vector<v1::Checkpoint>{};
   }
+  // Runs a job of `epochs` with a checkpoint every epoch to success; its id and checkpoints (at
+  // least one an epoch).
+  void TrainWithACheckpointAnEpoch(int epochs, std::string* id,
+                                   std::vector<v1::Checkpoint>* checkpoints) {
+    v1::JobSpec spec = SmallSpec("toy", epochs);
+    spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+    *id = SubmitOrDie(spec);
+    ASSERT_TRUE(WaitForState(*id, v1::JOB_STATE_SUCCEEDED));
+    *checkpoints = CheckpointsOf(*id);
+    ASSERT_GE(checkpoints->size(), static_cast<size_t>(epochs));
+  }
   size_t JobCount() {
     absl::StatusOr<JobPage> page = manager_->List({}, 1000, "");
     EXPECT_OK(page);
@@ -736,12 +747,9 @@ TEST_F(JobManagerTest, ResumePassesOverADamagedLatestCheckpointForTheNewestThatV
 
 TEST_F(JobManagerTest, ResumeFromANamedOlderCheckpointRetrainsFromItAndFollowsItsOwnLine) {
   StartManager(Options());
-  v1::JobSpec spec = SmallSpec("toy", 3);
-  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
-  const std::string id = SubmitOrDie(spec);
-  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
-  std::vector<v1::Checkpoint> before = CheckpointsOf(id);
-  ASSERT_GE(before.size(), 3u);
+  std::string id;
+  std::vector<v1::Checkpoint> before;
+  ASSERT_NO_FATAL_FAILURE(TrainWithACheckpointAnEpoch(3, &id, &before));
   const v1::Checkpoint first = before.front();  // epoch 1
   ASSERT_EQ(first.epochs_done(), 1);
 
@@ -766,12 +774,9 @@ TEST_F(JobManagerTest, ResumeFromANamedOlderCheckpointRetrainsFromItAndFollowsIt
 
 TEST_F(JobManagerTest, ResumeFromAnUnknownOrDamagedCheckpointIsRefusedAndChangesNothing) {
   StartManager(Options());
-  v1::JobSpec spec = SmallSpec("toy", 2);
-  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
-  const std::string id = SubmitOrDie(spec);
-  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
-  const std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
-  ASSERT_GE(checkpoints.size(), 2u);
+  std::string id;
+  std::vector<v1::Checkpoint> checkpoints;
+  ASSERT_NO_FATAL_FAILURE(TrainWithACheckpointAnEpoch(2, &id, &checkpoints));
 
   absl::Status unknown = manager_->Resume(id, 4, 987654).status();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
@@ -790,12 +795,9 @@ TEST_F(JobManagerTest, ResumeFromAnUnknownOrDamagedCheckpointIsRefusedAndChanges
 
 TEST_F(JobManagerTest, DeleteCheckpointRemovesItsFileAndEntryButNotThePinOfAQueuedJob) {
   StartManager(Options());
-  v1::JobSpec spec = SmallSpec("toy", 2);
-  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
-  const std::string id = SubmitOrDie(spec);
-  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED));
-  const std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
-  ASSERT_GE(checkpoints.size(), 2u);
+  std::string id;
+  std::vector<v1::Checkpoint> checkpoints;
+  ASSERT_NO_FATAL_FAILURE(TrainWithACheckpointAnEpoch(2, &id, &checkpoints));
 
   absl::StatusOr<v1::Checkpoint> deleted = manager_->DeleteCheckpoint(id, checkpoints.front().id());
   ASSERT_OK(deleted);

@@ -232,6 +232,27 @@ std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec) {
   return status.ok() ? job.id() : "";
 }
 
+grpc::Status Upload(v1::Training::Stub& stub, const std::string& name,
+                    const std::vector<std::tuple<std::string, std::string, std::string>>& files,
+                    v1::Dataset* out) {
+  grpc::ClientContext context;
+  auto writer = stub.UploadDataset(&context, out);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_name(name);
+  writer->Write(header);
+  for (const auto& [file, bytes, sha] : files) {
+    for (size_t offset = 0; offset < bytes.size(); offset += 50000) {
+      v1::UploadDatasetRequest r;
+      r.mutable_chunk()->set_file_name(file);
+      r.mutable_chunk()->set_data(bytes.substr(offset, 50000));
+      if (offset + 50000 >= bytes.size()) r.mutable_chunk()->set_sha256(sha);
+      if (!writer->Write(r)) break;
+    }
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std::string& job_id) {
   grpc::ClientContext context;
   v1::ListCheckpointsRequest request;

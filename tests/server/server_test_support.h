@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -60,6 +61,11 @@ v1::Job GetJob(v1::Training::Stub& stub, const std::string& job_id);
 
 // SubmitJob; the new job's id, or "" (and a test failure naming the error) when refused.
 std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec);
+// Sends one UploadDataset: a header naming `name`, then each file's chunks of 50,000 bytes with
+// the sha256 to claim on the last; `files` are (file name, bytes, sha256) in order.
+grpc::Status Upload(v1::Training::Stub& stub, const std::string& name,
+                    const std::vector<std::tuple<std::string, std::string, std::string>>& files,
+                    v1::Dataset* out);
 // ListCheckpoints of a job, oldest first (a test failure when the call fails).
 std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std::string& job_id);
 

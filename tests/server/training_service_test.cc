@@ -727,28 +727,6 @@ TEST_F(TrainingServiceTest, BadRequestsToOtherRpcsGetTheirCodes) {
   }
 }
 
-// Sends one upload; `files` maps file names to (bytes, sha256 to claim).
-grpc::Status Upload(v1::Training::Stub& stub, const std::string& name,
-                    const std::vector<std::tuple<std::string, std::string, std::string>>& files,
-                    v1::Dataset* out) {
-  grpc::ClientContext context;
-  auto writer = stub.UploadDataset(&context, out);
-  v1::UploadDatasetRequest header;
-  header.mutable_header()->set_name(name);
-  writer->Write(header);
-  for (const auto& [file, bytes, sha] : files) {
-    for (size_t offset = 0; offset < bytes.size(); offset += 50000) {
-      v1::UploadDatasetRequest r;
-      r.mutable_chunk()->set_file_name(file);
-      r.mutable_chunk()->set_data(bytes.substr(offset, 50000));
-      if (offset + 50000 >= bytes.size()) r.mutable_chunk()->set_sha256(sha);
-      if (!writer->Write(r)) break;
-    }
-  }
-  writer->WritesDone();
-  return writer->Finish();
-}
-
 TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
   options_.max_upload_bytes = 400000;
   StartDaemon();
@@ -759,30 +737,30 @@ TEST_F(TrainingServiceTest, UploadedDatasetIsCheckedListedAndTrainable) {
   v1::Dataset dataset;
 
   grpc::Status wrong =
-      Upload(*stub_, "up", {{"train-images-idx3-ubyte", images, labels_sha}}, &dataset);
+      testing::Upload(*stub_, "up", {{"train-images-idx3-ubyte", images, labels_sha}}, &dataset);
   EXPECT_EQ(wrong.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(wrong.error_message(), HasSubstr("sha256"));
 
-  grpc::Status bad_name = Upload(*stub_, "up", {{"passwd", images, images_sha}}, &dataset);
+  grpc::Status bad_name = testing::Upload(*stub_, "up", {{"passwd", images, images_sha}}, &dataset);
   EXPECT_EQ(bad_name.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(bad_name.error_message(), HasSubstr("chunk.file_name"));
 
   const std::string big = testing::ToyImagesIdx(600, 3);
   grpc::Status too_big =
-      Upload(*stub_, "up", {{"train-images-idx3-ubyte", big, Sha256Hex(big)}}, &dataset);
+      testing::Upload(*stub_, "up", {{"train-images-idx3-ubyte", big, Sha256Hex(big)}}, &dataset);
   EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 
-  grpc::Status ok = Upload(*stub_, "up",
-                           {{"train-images-idx3-ubyte", images, images_sha},
-                            {"train-labels-idx1-ubyte", labels, labels_sha}},
-                           &dataset);
+  grpc::Status ok = testing::Upload(*stub_, "up",
+                                    {{"train-images-idx3-ubyte", images, images_sha},
+                                     {"train-labels-idx1-ubyte", labels, labels_sha}},
+                                    &dataset);
   ASSERT_OK(ok) << ok.error_message();
   EXPECT_EQ(dataset.name(), "up");
   EXPECT_EQ(dataset.train_samples(), 300);
   EXPECT_EQ(dataset.test_samples(), 0);
 
   grpc::Status exists =
-      Upload(*stub_, "up", {{"train-labels-idx1-ubyte", labels, labels_sha}}, &dataset);
+      testing::Upload(*stub_, "up", {{"train-labels-idx1-ubyte", labels, labels_sha}}, &dataset);
   EXPECT_EQ(exists.error_code(), grpc::StatusCode::ALREADY_EXISTS);
 
   grpc::ClientContext context;
@@ -858,12 +836,13 @@ TEST_F(TrainingServiceTest, UploadCancelledAfterItsTrainFilesPublishesNothingAnd
   v1::Dataset dataset;
   const std::string test_images = testing::ToyImagesIdx(50, 4);
   const std::string test_labels = testing::ToyLabelsIdx(50, 4);
-  grpc::Status retry = Upload(*stub_, "cut",
-                              {{"train-images-idx3-ubyte", images, Sha256Hex(images)},
-                               {"train-labels-idx1-ubyte", labels, Sha256Hex(labels)},
-                               {"t10k-images-idx3-ubyte", test_images, Sha256Hex(test_images)},
-                               {"t10k-labels-idx1-ubyte", test_labels, Sha256Hex(test_labels)}},
-                              &dataset);
+  grpc::Status retry =
+      testing::Upload(*stub_, "cut",
+                      {{"train-images-idx3-ubyte", images, Sha256Hex(images)},
+                       {"train-labels-idx1-ubyte", labels, Sha256Hex(labels)},
+                       {"t10k-images-idx3-ubyte", test_images, Sha256Hex(test_images)},
+                       {"t10k-labels-idx1-ubyte", test_labels, Sha256Hex(test_labels)}},
+                      &dataset);
   ASSERT_OK(retry) << retry.error_message();
   EXPECT_EQ(dataset.train_samples(), 300);
   EXPECT_EQ(dataset.test_samples(), 50);
@@ -879,10 +858,10 @@ TEST_F(TrainingServiceTest, GzipBombIsRefusedAtTheDecompressedLimitWithoutRaisin
   testing::ResetPeakRss();
   const int64_t before = testing::PeakRssBytes();
   v1::Dataset dataset;
-  grpc::Status status = Upload(*stub_, "bomb",
-                               {{"train-images-idx3-ubyte.gz", bomb, Sha256Hex(bomb)},
-                                {"train-labels-idx1-ubyte.gz", labels, Sha256Hex(labels)}},
-                               &dataset);
+  grpc::Status status = testing::Upload(*stub_, "bomb",
+                                        {{"train-images-idx3-ubyte.gz", bomb, Sha256Hex(bomb)},
+                                         {"train-labels-idx1-ubyte.gz", labels, Sha256Hex(labels)}},
+                                        &dataset);
   const int64_t rise = testing::PeakRssBytes() - before;
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("67108864"));
@@ -905,10 +884,10 @@ TEST_F(TrainingServiceTest, ListDatasetsAnswersFromFactsGatheredOnceWithoutReinf
   const std::string images = testing::Gzip(testing::ToyImagesIdx(300, 3));
   const std::string labels = testing::Gzip(testing::ToyLabelsIdx(300, 3));
   v1::Dataset dataset;
-  grpc::Status ok = Upload(*stub_, "zipped",
-                           {{"train-images-idx3-ubyte.gz", images, Sha256Hex(images)},
-                            {"train-labels-idx1-ubyte.gz", labels, Sha256Hex(labels)}},
-                           &dataset);
+  grpc::Status ok = testing::Upload(*stub_, "zipped",
+                                    {{"train-images-idx3-ubyte.gz", images, Sha256Hex(images)},
+                                     {"train-labels-idx1-ubyte.gz", labels, Sha256Hex(labels)}},
+                                    &dataset);
   ASSERT_OK(ok) << ok.error_message();
   // The hand-placed "toy" is inspected by this first listing.
   ASSERT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy", "zipped"}));
@@ -1024,10 +1003,10 @@ TEST_F(TrainingServiceTest, DeleteDatasetIsRefusedWhileJobsUseItThenRemovesItAnd
   const std::string images = testing::ToyImagesIdx(300, 3);
   const std::string labels = testing::ToyLabelsIdx(300, 3);
   v1::Dataset dataset;
-  grpc::Status again = Upload(*stub_, "toy",
-                              {{"train-images-idx3-ubyte", images, Sha256Hex(images)},
-                               {"train-labels-idx1-ubyte", labels, Sha256Hex(labels)}},
-                              &dataset);
+  grpc::Status again = testing::Upload(*stub_, "toy",
+                                       {{"train-images-idx3-ubyte", images, Sha256Hex(images)},
+                                        {"train-labels-idx1-ubyte", labels, Sha256Hex(labels)}},
+                                       &dataset);
   ASSERT_OK(again) << again.error_message();
   EXPECT_EQ(dataset.train_samples(), 300);
   EXPECT_EQ(dataset.num_classes(), 10);
