@@ -87,11 +87,15 @@ inline absl::Status CheckPool2d(const Pool2dGeometry& g) {
 }
 
 // What every backend checks before a softmax cross-entropy: at least one class, no negative row
-// count. Zero rows is allowed: the loss is NaN (a mean over nothing) and correct is 0.
-inline absl::Status CheckSoftmaxCrossEntropy(int rows, int cols) {
+// count, a label smoothing in [0, 1]. Zero rows is allowed: the loss is NaN (a mean over nothing) and correct is 0.
+inline absl::Status CheckSoftmaxCrossEntropy(int rows, int cols, float label_smoothing = 0) {
   if (rows < 0 || cols < 1) {
     return absl::InvalidArgumentError(absl::StrCat("softmax cross-entropy over ", rows, " rows of ",
                                                    cols, " classes: needs at least one class"));
+  }
+  if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label smoothing must be in [0, 1], got ", label_smoothing));
   }
   return absl::OkStatus();
 }
@@ -164,13 +168,15 @@ class Backend {
                                          const int32_t* argmax, float* dx) = 0;
 
   // --- losses -------------------------------------------------------------------------------
-  // Mean cross-entropy of log-softmax(logits(rows, cols)) against int32 labels. Writes the mean
-  // loss to loss[0] and the number of rows whose argmax equals the label to correct[0] (both
-  // device scalars). dlogits (softmax - onehot) / rows when not null. CheckSoftmaxCrossEntropy's
-  // rules; zero rows write NaN and 0.
+  // Mean cross-entropy of log-softmax(logits(rows, cols)) against int32 labels smoothed as
+  // PyTorch's CrossEntropyLoss(label_smoothing=e) does: the target puts 1-e on the label and e
+  // spread evenly over all cols. Writes the mean loss to loss[0] and the number of rows whose
+  // argmax equals the label to correct[0] (both device scalars). dlogits (softmax - target) / rows
+  // when not null. CheckSoftmaxCrossEntropy's rules; zero rows write NaN and 0. e = 0 gives the
+  // plain loss bit for bit.
   virtual absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits,
-                                           const int32_t* labels, float* loss, int32_t* correct,
-                                           float* dlogits) = 0;
+                                           const int32_t* labels, float label_smoothing,
+                                           float* loss, int32_t* correct, float* dlogits) = 0;
   // Mean squared error over all elements; dy = 2 (y - target) / n when not null.
   virtual absl::Status MeanSquaredError(int64_t n, const float* y, const float* target, float* loss,
                                         float* dy) = 0;

@@ -13,8 +13,8 @@ absl::Status Loss::Compute(const Tensor& out, const Tensor& labels, float* loss,
   const int rows = static_cast<int>(out.dim(0));
   const int cols = static_cast<int>(out.numel() / rows);
   if (kind_ == LossKind::kCrossEntropy) {
-    return backend_->SoftmaxCrossEntropy(rows, cols, out.f32(), labels.i32(), loss, correct,
-                                         dout ? dout->f32() : nullptr);
+    return backend_->SoftmaxCrossEntropy(rows, cols, out.f32(), labels.i32(), label_smoothing_,
+                                         loss, correct, dout ? dout->f32() : nullptr);
   }
   if (!onehot_.Reshape(out.shape())) {
     KILN_ASSIGN_OR_RETURN(onehot_, backend_->Allocate(DType::kF32, out.shape()));

@@ -16,7 +16,9 @@ const char* LossName(LossKind kind);
 
 class Loss {
  public:
-  Loss(LossKind kind, Backend* backend) : kind_(kind), backend_(backend) {}
+  // label_smoothing (cross-entropy only, in [0, 1]) as PyTorch's CrossEntropyLoss takes it.
+  Loss(LossKind kind, Backend* backend, float label_smoothing = 0)
+      : kind_(kind), backend_(backend), label_smoothing_(label_smoothing) {}
 
   // out is (rows, classes). Writes the mean loss to the device scalar *loss and the number of
   // rows whose argmax is the label to *correct; dout (shaped like out) when not null.
@@ -26,6 +28,7 @@ class Loss {
  private:
   LossKind kind_;
   Backend* backend_;
+  float label_smoothing_;
   Tensor onehot_;  // MSE targets, grown to the largest batch
 };
 

@@ -30,6 +30,18 @@ absl::Status ValidateConfig(const TrainConfig& c) {
   if (!(c.norm.std > 0.0f) || !std::isfinite(c.norm.scale) || !std::isfinite(c.norm.mean)) {
     return absl::InvalidArgumentError("normalisation needs a finite scale and mean and std > 0");
   }
+  if (!(c.label_smoothing >= 0.0f && c.label_smoothing <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label_smoothing must be in [0, 1], got ", c.label_smoothing));
+  }
+  if (c.label_smoothing > 0.0f && c.loss != LossKind::kCrossEntropy) {
+    return absl::InvalidArgumentError("label_smoothing applies to the cross-entropy loss only");
+  }
+  if (c.schedule.kind == LrScheduleConfig::Kind::kOneCycle && c.schedule.cycle_momentum &&
+      c.optimizer.kind == OptimizerConfig::Kind::kSgd && c.optimizer.momentum <= 0.0f) {
+    return absl::InvalidArgumentError(
+        "one-cycle's cycle_momentum needs SGD momentum > 0 (or cycle_momentum false)");
+  }
   return ValidateSchedule(c.schedule);
 }
 
@@ -71,7 +83,7 @@ absl::Status Trainer::Init() {
   if (test_ != nullptr) KILN_RETURN_IF_ERROR(CheckData(*test_, "test", config_.model));
   KILN_ASSIGN_OR_RETURN(optimizer_,
                         Optimizer::Create(config_.optimizer, backend_, model_->parameters()));
-  loss_ = std::make_unique<Loss>(config_.loss, backend_);
+  loss_ = std::make_unique<Loss>(config_.loss, backend_, config_.label_smoothing);
 
   // The datasets go to the device once, as uint8; batches are gathered and normalised there.
   KILN_RETURN_IF_ERROR(Upload(*train_, &train_pixels_, &train_labels_, nullptr));
@@ -95,7 +107,21 @@ absl::Status Trainer::Init() {
 
 float Trainer::current_lr() const {
   const int epoch = std::min(position_.epochs_done, config_.epochs - 1);
-  return ScheduledLearningRate(config_.optimizer.lr, config_.schedule, epoch, config_.epochs);
+  const int64_t steps = StepsPerEpoch();
+  return RatesForStep(epoch, int64_t{epoch} * steps + position_.step_in_epoch).lr;
+}
+
+int64_t Trainer::StepsPerEpoch() const {
+  return (train_->size + config_.batch_size - 1) / config_.batch_size;
+}
+
+ScheduledRates Trainer::RatesForStep(int epoch, int64_t step) const {
+  SchedulePoint point;
+  point.epoch = epoch;
+  point.total_epochs = config_.epochs;
+  point.step = step;
+  point.steps_per_epoch = StepsPerEpoch();
+  return ScheduledRatesAt(config_.optimizer.lr, config_.schedule, point);
 }
 
 absl::Status Trainer::Upload(const Dataset& d, Tensor* pixels, Tensor* labels,
@@ -131,8 +157,8 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
   const int epoch = position_.epochs_done + 1;
   const int64_t n = train_->size;
   const int bs = config_.batch_size;
-  const int steps = static_cast<int>((n + bs - 1) / bs);
-  const float lr = current_lr();
+  const int steps = static_cast<int>(StepsPerEpoch());
+  float lr = current_lr();
 
   // The epoch's order comes from the RNG state saved at its start, so a resumed epoch replays it.
   shuffle_rng_.set_state(position_.epoch_rng);
@@ -156,6 +182,11 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
     KILN_RETURN_IF_ERROR(
         loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), &dlogits_));
     KILN_RETURN_IF_ERROR(model_->Backward(dlogits_));
+    // The step's place in the run, not global_step: a resumed job with more epochs keeps the
+    // epochs it has done where they were.
+    const ScheduledRates rates = RatesForStep(epoch - 1, int64_t{epoch - 1} * steps + s);
+    lr = rates.lr;
+    if (rates.momentum.has_value()) optimizer_->set_momentum(*rates.momentum);
     KILN_RETURN_IF_ERROR(optimizer_->Step(lr));
 
     KILN_ASSIGN_OR_RETURN(const StepScalars scalars, ReadStepScalars());

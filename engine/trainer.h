@@ -14,6 +14,7 @@
 #include "engine/data/dataset.h"
 #include "engine/loss.h"
 #include "engine/model_config.h"
+#include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer_config.h"
 #include "engine/rng.h"
 #include "engine/training_position.h"
@@ -32,6 +33,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   LrScheduleConfig schedule;
   LossKind loss = LossKind::kCrossEntropy;
+  float label_smoothing = 0;  // cross-entropy's, as PyTorch's; in [0, 1]
   int epochs = 1;
   int batch_size = 64;
   uint64_t seed = 0;
@@ -98,12 +100,16 @@ class Trainer {
   const TrainingPosition& position() const { return position_; }
   Model& model() { return *model_; }
   Backend* backend() const { return backend_; }
+  // The learning rate of the next step.
   float current_lr() const;
 
  private:
   Trainer(const TrainConfig& config, Backend* backend, const Dataset* train, const Dataset* test);
   absl::Status Init();
   absl::Status RunEpoch(const Callbacks& callbacks, const std::atomic<bool>* cancel);
+  int64_t StepsPerEpoch() const;
+  // The schedule's rates for 0-based `step` of the run, in 0-based `epoch`.
+  ScheduledRates RatesForStep(int epoch, int64_t step) const;
   // Copies a dataset's pixels and labels to the device, and when `identity_index` is given, the
   // indices 0..size-1 for evaluating it in order.
   absl::Status Upload(const Dataset& d, Tensor* pixels, Tensor* labels, Tensor* identity_index);

@@ -9,12 +9,15 @@
 namespace kiln {
 
 absl::Status CpuBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
-                                             const int32_t* labels, float* loss, int32_t* correct,
-                                             float* dlogits) {
-  if (absl::Status s = CheckSoftmaxCrossEntropy(rows, cols); !s.ok()) return s;
+                                             const int32_t* labels, float label_smoothing,
+                                             float* loss, int32_t* correct, float* dlogits) {
+  if (absl::Status s = CheckSoftmaxCrossEntropy(rows, cols, label_smoothing); !s.ok()) return s;
   double total = 0;
   int32_t hits = 0;
   const float inv_rows = 1.0f / static_cast<float>(rows);
+  // The target is (1 - e) on the label plus e / cols everywhere; e = 0 leaves every term exact.
+  const float on_label = 1.0f - label_smoothing;
+  const float spread = label_smoothing / static_cast<float>(cols);
   for (int r = 0; r < rows; ++r) {
     const float* z = logits + static_cast<int64_t>(r) * cols;
     const int label = labels[r];
@@ -30,13 +33,23 @@ absl::Status CpuBackend::SoftmaxCrossEntropy(int rows, int cols, const float* lo
     float sum = 0;
     for (int c = 0; c < cols; ++c) sum += std::exp(z[c] - mx);
     const float log_sum = std::log(sum);
-    total += static_cast<double>(log_sum - (z[label] - mx));
+    float smoothed = 0;  // sum over classes of -log p_c, times e / cols
+    if (label_smoothing > 0.0f) {
+      for (int c = 0; c < cols; ++c) smoothed += log_sum - (z[c] - mx);
+      smoothed *= spread;
+    }
+    const float nll = log_sum - (z[label] - mx);
+    total += static_cast<double>(on_label * nll + smoothed);
     hits += best == label;
     if (dlogits != nullptr) {
       float* d = dlogits + static_cast<int64_t>(r) * cols;
       const float inv_sum = 1.0f / sum;
       for (int c = 0; c < cols; ++c) d[c] = std::exp(z[c] - mx) * inv_sum * inv_rows;
-      d[label] -= inv_rows;
+      if (label_smoothing > 0.0f) {
+        const float spread_grad = spread * inv_rows;
+        for (int c = 0; c < cols; ++c) d[c] -= spread_grad;
+      }
+      d[label] -= on_label * inv_rows;
     }
   }
   *loss = static_cast<float>(total / rows);

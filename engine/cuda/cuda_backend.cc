@@ -416,9 +416,9 @@ absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float
 // --- losses ---------------------------------------------------------------------------------
 
 absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
-                                              const int32_t* labels, float* loss, int32_t* correct,
-                                              float* dlogits) {
-  KILN_RETURN_IF_ERROR(CheckSoftmaxCrossEntropy(rows, cols));
+                                              const int32_t* labels, float label_smoothing,
+                                              float* loss, int32_t* correct, float* dlogits) {
+  KILN_RETURN_IF_ERROR(CheckSoftmaxCrossEntropy(rows, cols, label_smoothing));
   KILN_RETURN_IF_ERROR(Activate());
   if (rows == 0) {
     // As on the CPU: the mean over no rows is NaN, and no row is correct.
@@ -429,8 +429,9 @@ absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int cols, const float* l
   KILN_ASSIGN_OR_RETURN(void* scratch,
                         GetScratch(Scratch::kTemp, static_cast<size_t>(std::max(rows, 1)) * 8));
   kernel_error_pending_ = true;
-  KILN_CUDA_CHECK(ck::softmax_xent(stream_, rows, cols, logits, labels, loss, correct, dlogits,
-                                   scratch, static_cast<ck::KernelErrorRecord*>(kernel_error_)));
+  KILN_CUDA_CHECK(ck::softmax_xent(stream_, rows, cols, logits, labels, label_smoothing, loss,
+                                   correct, dlogits, scratch,
+                                   static_cast<ck::KernelErrorRecord*>(kernel_error_)));
   return absl::OkStatus();
 }
 

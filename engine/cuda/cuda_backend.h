@@ -99,7 +99,8 @@ class CudaBackend final : public Backend {
                                  float* dx) override;
 
   absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits, const int32_t* labels,
-                                   float* loss, int32_t* correct, float* dlogits) override;
+                                   float label_smoothing, float* loss, int32_t* correct,
+                                   float* dlogits) override;
   absl::Status MeanSquaredError(int64_t n, const float* y, const float* target, float* loss,
                                 float* dy) override;
   absl::Status OneHot(int rows, int cols, const int32_t* labels, float* onehot) override;

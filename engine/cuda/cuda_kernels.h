@@ -54,10 +54,11 @@ cudaError_t conv_bias_act_backward(cudaStream_t stream, int batch, int channels,
 // --- loss_kernels.cu -------------------------------------------------------------------------
 // Fused log-softmax cross-entropy over logits(rows, cols): loss[0] = mean row loss (summed in
 // double, in a fixed order), correct[0] = rows whose first maximum is the label, dlogits =
-// (softmax - onehot) / rows when not null. scratch holds 8 * rows bytes.
+// (softmax - target) / rows when not null, the target smoothed as Backend::SoftmaxCrossEntropy
+// says. scratch holds 8 * rows bytes.
 cudaError_t softmax_xent(cudaStream_t stream, int rows, int cols, const float* logits,
-                         const int32_t* labels, float* loss, int32_t* correct, float* dlogits,
-                         void* scratch, KernelErrorRecord* error);
+                         const int32_t* labels, float label_smoothing, float* loss,
+                         int32_t* correct, float* dlogits, void* scratch, KernelErrorRecord* error);
 // Bytes of scratch mean_squared_error needs.
 int64_t mean_squared_error_scratch_bytes(int64_t n);
 // loss[0] = mean of (y - target)^2 (summed in double, fixed order); dy = 2 (y - target) / n

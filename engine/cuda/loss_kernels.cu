@@ -22,9 +22,9 @@ __device__ void ReportBadLabel(KernelErrorRecord* error, KernelOp op, int label,
 
 // logits(rows, cols) -> per-row loss and hit, and dlogits; the mean is taken by xent_mean_kernel.
 __global__ void softmax_xent_rows_kernel(int rows, int cols, const float* logits,
-                                         const int32_t* labels, float inv_rows, float* dlogits,
-                                         float* row_loss, int32_t* row_hit,
-                                         KernelErrorRecord* error) {
+                                         const int32_t* labels, float label_smoothing,
+                                         float inv_rows, float* dlogits, float* row_loss,
+                                         int32_t* row_hit, KernelErrorRecord* error) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (row >= rows) return;
   const float* z = logits + static_cast<int64_t>(row) * cols;
@@ -46,15 +46,26 @@ __global__ void softmax_xent_rows_kernel(int rows, int cols, const float* logits
   float sum = 0.0f;
   for (int c = lane; c < cols; c += kWarp) sum += expf(z[c] - mx);
   sum = WarpSum(sum);
+  const float log_sum = logf(sum);
+  // The target is (1 - e) on the label plus e / cols everywhere; e = 0 leaves every term exact.
+  const float on_label = 1.0f - label_smoothing;
+  const float spread = label_smoothing / static_cast<float>(cols);
+  float smoothed = 0.0f;  // sum over classes of -log p_c, times e / cols
+  if (label_smoothing > 0.0f) {
+    for (int c = lane; c < cols; c += kWarp) smoothed += log_sum - (z[c] - mx);
+    smoothed = WarpSum(smoothed) * spread;
+  }
   if (lane == 0) {
-    row_loss[row] = logf(sum) - (z[label] - mx);
+    row_loss[row] = on_label * (log_sum - (z[label] - mx)) + smoothed;
     row_hit[row] = best == label ? 1 : 0;
   }
   if (d != nullptr) {
     const float inv_sum = 1.0f / sum;
+    const float spread_grad = spread * inv_rows;
     for (int c = lane; c < cols; c += kWarp) {
       float v = expf(z[c] - mx) * inv_sum * inv_rows;
-      if (c == label) v -= inv_rows;
+      if (label_smoothing > 0.0f) v -= spread_grad;
+      if (c == label) v -= on_label * inv_rows;
       d[c] = v;
     }
   }
@@ -130,14 +141,15 @@ unsigned RowBlocks(int rows) {
 }  // namespace
 
 cudaError_t softmax_xent(cudaStream_t stream, int rows, int cols, const float* logits,
-                         const int32_t* labels, float* loss, int32_t* correct, float* dlogits,
-                         void* scratch, KernelErrorRecord* error) {
+                         const int32_t* labels, float label_smoothing, float* loss,
+                         int32_t* correct, float* dlogits, void* scratch,
+                         KernelErrorRecord* error) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   float* row_loss = static_cast<float*>(scratch);
   int32_t* row_hit = reinterpret_cast<int32_t*>(row_loss + rows);
   softmax_xent_rows_kernel<<<RowBlocks(rows), kThreads, 0, stream>>>(
-      rows, cols, logits, labels, 1.0f / static_cast<float>(rows), dlogits, row_loss, row_hit,
-      error);
+      rows, cols, logits, labels, label_smoothing, 1.0f / static_cast<float>(rows), dlogits,
+      row_loss, row_hit, error);
   const cudaError_t rc = cudaGetLastError();
   if (rc != cudaSuccess) return rc;
   xent_mean_kernel<<<1, kThreads, 0, stream>>>(rows, row_loss, row_hit, loss, correct);

@@ -10,8 +10,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Adam::Create(const OptimizerConfig& c
                                                         std::vector<NamedParameter> params) {
   auto in_unit = [](float b) { return b >= 0.0f && b < 1.0f; };
   if (!in_unit(config.beta1) || !in_unit(config.beta2)) {
-    return absl::InvalidArgumentError(absl::StrCat("adam betas must be in [0, 1), got ",
-                                                   config.beta1, ", ", config.beta2));
+    return absl::InvalidArgumentError(
+        absl::StrCat("adam betas must be in [0, 1), got ", config.beta1, ", ", config.beta2));
   }
   if (!(config.eps > 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("adam eps must be > 0, got ", config.eps));
@@ -26,7 +26,7 @@ absl::Status Adam::Step(float lr) {
   ++steps_;
   AdamHyper h;
   h.lr = lr;
-  h.beta1 = config_.beta1;
+  h.beta1 = momentum_override_.value_or(config_.beta1);
   h.beta2 = config_.beta2;
   h.eps = config_.eps;
   h.weight_decay = config_.weight_decay;

@@ -1,5 +1,6 @@
 #include "engine/optim/lr_schedule.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -7,9 +8,54 @@
 
 namespace kiln {
 
-float ScheduledLearningRate(float base_lr, const LrScheduleConfig& s, int epoch,
-                            int total_epochs) {
+namespace {
+
+// PyTorch's OneCycleLR._annealing_cos and _annealing_linear, pct in [0, 1].
+double Anneal(LrScheduleConfig::Anneal how, double start, double end, double pct) {
+  if (how == LrScheduleConfig::Anneal::kLinear) return (end - start) * pct + start;
+  return end + (start - end) / 2.0 * (std::cos(std::numbers::pi * pct) + 1.0);
+}
+
+// OneCycleLR.get_lr: two phases ending at steps pct_start * total - 1 and total - 1; a step past
+// the end stays in the last phase, extrapolated as PyTorch would not allow (it raises).
+ScheduledRates OneCycle(float max_lr, const LrScheduleConfig& s, const SchedulePoint& p) {
+  const double total = static_cast<double>(p.steps_per_epoch) * p.total_epochs;
+  const double initial_lr = max_lr / s.div_factor;
+  const double min_lr = initial_lr / s.final_div_factor;
+  const double step = std::min<double>(static_cast<double>(p.step), total - 1);
+  const double phase1_end = s.pct_start * total - 1;
+  double lr, momentum;
+  if (step <= phase1_end) {
+    const double pct = phase1_end > 0 ? step / phase1_end : 1.0;
+    lr = Anneal(s.anneal, initial_lr, max_lr, pct);
+    momentum = Anneal(s.anneal, s.max_momentum, s.base_momentum, pct);
+  } else {
+    const double span = (total - 1) - phase1_end;
+    const double pct = span > 0 ? (step - phase1_end) / span : 1.0;
+    lr = Anneal(s.anneal, max_lr, min_lr, pct);
+    momentum = Anneal(s.anneal, s.base_momentum, s.max_momentum, pct);
+  }
+  ScheduledRates r;
+  r.lr = static_cast<float>(lr);
+  if (s.cycle_momentum) r.momentum = static_cast<float>(momentum);
+  return r;
+}
+
+}  // namespace
+
+ScheduledRates ScheduledRatesAt(float base_lr, const LrScheduleConfig& s,
+                                const SchedulePoint& point) {
+  if (s.kind == LrScheduleConfig::Kind::kOneCycle) return OneCycle(base_lr, s, point);
+  ScheduledRates r;
+  r.lr = ScheduledLearningRate(base_lr, s, point.epoch, point.total_epochs);
+  return r;
+}
+
+float ScheduledLearningRate(float base_lr, const LrScheduleConfig& s, int epoch, int total_epochs) {
   switch (s.kind) {
+    case LrScheduleConfig::Kind::kOneCycle:
+      // Per step only (ScheduledRatesAt); per epoch, the rate at the epoch's first step of one.
+      return OneCycle(base_lr, s, {epoch, total_epochs, epoch, 1}).lr;
     case LrScheduleConfig::Kind::kConstant:
       return base_lr;
     case LrScheduleConfig::Kind::kStep:
@@ -33,6 +79,24 @@ absl::Status ValidateSchedule(const LrScheduleConfig& s) {
   }
   if (s.kind == LrScheduleConfig::Kind::kCosine && (s.t_max < 0 || !(s.eta_min >= 0.0f))) {
     return absl::InvalidArgumentError("schedule t_max and eta_min must be >= 0");
+  }
+  if (s.kind == LrScheduleConfig::Kind::kOneCycle) {
+    if (!(s.pct_start > 0.0f && s.pct_start < 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule pct_start must be in (0, 1), got ", s.pct_start));
+    }
+    if (!(s.div_factor >= 1.0f) || !(s.final_div_factor >= 1.0f) || !std::isfinite(s.div_factor) ||
+        !std::isfinite(s.final_div_factor)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule div_factor and final_div_factor must be finite and >= 1, got ",
+                       s.div_factor, " and ", s.final_div_factor));
+    }
+    if (s.cycle_momentum &&
+        !(s.base_momentum >= 0.0f && s.base_momentum <= s.max_momentum && s.max_momentum < 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule momentum needs 0 <= base_momentum <= max_momentum < 1, got ",
+                       s.base_momentum, " and ", s.max_momentum));
+    }
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ class Optimizer {
 
   // Applies one update with learning rate lr to every parameter from its gradient.
   virtual absl::Status Step(float lr) = 0;
+  // The momentum (SGD) or beta1 (Adam) of the steps that follow, in place of the configured one,
+  // for schedules that cycle it (OneCycle) as PyTorch's do by rewriting the param group.
+  void set_momentum(float momentum) { momentum_override_ = momentum; }
   virtual std::vector<NamedState> state() = 0;
 
   // Updates applied so far (PyTorch's "step" in the optimizer state).
@@ -45,6 +49,7 @@ class Optimizer {
   Backend* backend_;
   std::vector<NamedParameter> params_;
   int64_t steps_ = 0;
+  std::optional<float> momentum_override_;
 };
 
 }  // namespace kiln

@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Sgd::Create(const OptimizerConfig& co
 absl::Status Sgd::Step(float lr) {
   SgdHyper h;
   h.lr = lr;
-  h.momentum = config_.momentum;
+  h.momentum = momentum_override_.value_or(config_.momentum);
   h.dampening = config_.dampening;
   h.weight_decay = config_.weight_decay;
   h.nesterov = config_.nesterov;

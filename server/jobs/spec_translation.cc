@@ -191,6 +191,9 @@ absl::StatusOr<LrScheduleConfig> TranslateSchedule(const v1::ScheduleSpec& spec)
     case v1::ScheduleSpec::KIND_COSINE:
       c.kind = LrScheduleConfig::Kind::kCosine;
       break;
+    case v1::ScheduleSpec::KIND_ONE_CYCLE:
+      c.kind = LrScheduleConfig::Kind::kOneCycle;
+      break;
     default:
       return Invalid("spec.schedule.kind", absl::StrCat("unknown kind ", spec.kind()));
   }
@@ -205,6 +208,30 @@ absl::StatusOr<LrScheduleConfig> TranslateSchedule(const v1::ScheduleSpec& spec)
   KILN_RETURN_IF_ERROR(InRange("spec.schedule.t_max", c.t_max, int64_t{0}, int64_t{1'000'000}));
   c.eta_min = spec.eta_min();
   KILN_RETURN_IF_ERROR(InRange("spec.schedule.eta_min", c.eta_min, 0.0f, 10.0f));
+  if (spec.has_pct_start()) c.pct_start = spec.pct_start();
+  if (!(c.pct_start > 0 && c.pct_start < 1)) {
+    return Invalid("spec.schedule.pct_start", absl::StrCat("must be in (0, 1), got ", c.pct_start));
+  }
+  switch (spec.anneal()) {
+    case v1::ScheduleSpec::ANNEAL_COS:
+      c.anneal = LrScheduleConfig::Anneal::kCos;
+      break;
+    case v1::ScheduleSpec::ANNEAL_LINEAR:
+      c.anneal = LrScheduleConfig::Anneal::kLinear;
+      break;
+    default:
+      return Invalid("spec.schedule.anneal", absl::StrCat("unknown anneal ", spec.anneal()));
+  }
+  if (spec.has_div_factor()) c.div_factor = spec.div_factor();
+  KILN_RETURN_IF_ERROR(InRange("spec.schedule.div_factor", c.div_factor, 1.0f, 1e6f));
+  if (spec.has_final_div_factor()) c.final_div_factor = spec.final_div_factor();
+  KILN_RETURN_IF_ERROR(InRange("spec.schedule.final_div_factor", c.final_div_factor, 1.0f, 1e9f));
+  if (spec.has_cycle_momentum()) c.cycle_momentum = spec.cycle_momentum();
+  if (spec.has_base_momentum()) c.base_momentum = spec.base_momentum();
+  if (spec.has_max_momentum()) c.max_momentum = spec.max_momentum();
+  KILN_RETURN_IF_ERROR(Fraction("spec.schedule.max_momentum", c.max_momentum));
+  KILN_RETURN_IF_ERROR(
+      InRange("spec.schedule.base_momentum", c.base_momentum, 0.0f, c.max_momentum));
   return c;
 }
 
@@ -255,6 +282,17 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
       break;
     default:
       return Invalid("spec.loss", absl::StrCat("unknown loss ", spec.loss()));
+  }
+  config.label_smoothing = spec.label_smoothing();
+  KILN_RETURN_IF_ERROR(InRange("spec.label_smoothing", config.label_smoothing, 0.0f, 1.0f));
+  if (config.label_smoothing > 0 && config.loss != LossKind::kCrossEntropy) {
+    return Invalid("spec.label_smoothing", "applies to LOSS_KIND_CROSS_ENTROPY only");
+  }
+  if (config.schedule.kind == LrScheduleConfig::Kind::kOneCycle && config.schedule.cycle_momentum &&
+      config.optimizer.kind == OptimizerConfig::Kind::kSgd && config.optimizer.momentum <= 0) {
+    return Invalid("spec.schedule.cycle_momentum",
+                   "cycles SGD's momentum, which needs spec.optimizer.momentum > 0 (or set "
+                   "cycle_momentum false)");
   }
   KILN_RETURN_IF_ERROR(InRange("spec.epochs", spec.epochs(), 1, limits.max_epochs));
   config.epochs = spec.epochs();

@@ -77,7 +77,7 @@ TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoRowsIsNanLossAndNoneCorrect) {
   ASSERT_OK(backend_->CopyFromHost(&garbage, sizeof(garbage), &loss));
   ASSERT_OK(backend_->Fill(&correct, 5.0f));
   Tensor logits = Make(DType::kF32, {1, 10}), labels = Make(DType::kI32, {1});
-  ASSERT_OK(backend_->SoftmaxCrossEntropy(0, 10, logits.f32(), labels.i32(), loss.f32(),
+  ASSERT_OK(backend_->SoftmaxCrossEntropy(0, 10, logits.f32(), labels.i32(), 0.0f, loss.f32(),
                                           correct.i32(), nullptr));
   float loss_host = 0;
   int32_t correct_host = -1;
@@ -91,7 +91,7 @@ TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
   Tensor loss = Make(DType::kF32, {1}), correct = Make(DType::kI32, {1});
   Tensor logits = Make(DType::kF32, {4}), labels = Make(DType::kI32, {4});
   for (int rows : {0, 3}) {
-    const absl::Status s = backend_->SoftmaxCrossEntropy(rows, 0, logits.f32(), labels.i32(),
+    const absl::Status s = backend_->SoftmaxCrossEntropy(rows, 0, logits.f32(), labels.i32(), 0.0f,
                                                          loss.f32(), correct.i32(), nullptr);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << rows << " rows: " << s;
     EXPECT_NE(s.message().find("at least one class"), std::string::npos) << s;

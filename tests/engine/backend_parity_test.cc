@@ -594,19 +594,21 @@ TEST_P(OpParity, MaxPoolPicksTheSameWinnersForEveryWindowShape) {
 TEST_P(OpParity, SoftmaxCrossEntropyMatchesLossCountAndGradient) {
   struct Case {
     int rows, cols;
+    float smoothing = 0;
   };
-  for (Case c :
-       {Case{1, 1}, Case{7, 10}, Case{64, 10}, Case{1000, 10}, Case{5, 1000}, Case{33, 37}}) {
+  for (Case c : {Case{1, 1}, Case{7, 10}, Case{64, 10}, Case{1000, 10}, Case{5, 1000}, Case{33, 37},
+                 Case{64, 10, 0.1f}, Case{5, 1000, 0.3f}, Case{3, 4, 1.0f}}) {
     for (bool with_grad : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols << (with_grad ? " grad" : ""));
+      SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols << " smoothing " << c.smoothing
+                                        << (with_grad ? " grad" : ""));
       const int64_t n = int64_t{c.rows} * c.cols;
       Both logits = Upload(RandomValues(n, 25, -4, 4));
       Both labels = UploadI32(RandomLabels(c.rows, c.cols, 26));
       Both loss = Garbage(1), dlogits = Garbage(n);
       Both correct = UploadI32({-5});
       ASSERT_OK(RunBoth([&](Backend& be, Side s) {
-        return be.SoftmaxCrossEntropy(c.rows, c.cols, logits.f(s), labels.i(s), loss.f(s),
-                                      correct.i(s), with_grad ? dlogits.f(s) : nullptr);
+        return be.SoftmaxCrossEntropy(c.rows, c.cols, logits.f(s), labels.i(s), c.smoothing,
+                                      loss.f(s), correct.i(s), with_grad ? dlogits.f(s) : nullptr);
       }));
       ExpectClose(loss, "loss");
       ExpectSameI32(correct, "correct");
@@ -1240,13 +1242,13 @@ TEST_F(CudaBackendTest, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
 TEST_F(CudaBackendTest, LabelsOutOfRangeAreInvalidArgumentByTheNextSync) {
   Both logits = Upload(RandomValues(40, 33)), loss = Garbage(1), dlogits = Garbage(40);
   Both correct = UploadI32({0}), labels = UploadI32({1, 2, 12, 3});
-  ASSERT_OK(cuda_->SoftmaxCrossEntropy(4, 10, logits.f(kTested), labels.i(kTested),
+  ASSERT_OK(cuda_->SoftmaxCrossEntropy(4, 10, logits.f(kTested), labels.i(kTested), 0.0f,
                                        loss.f(kTested), correct.i(kTested), dlogits.f(kTested)));
   float host_loss = 0;
   const absl::Status st = cuda_->CopyToHost(loss.t[kTested], &host_loss, sizeof(host_loss));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("label 12 out of range for 10 classes"), std::string::npos) << st;
-  EXPECT_EQ(cpu_->SoftmaxCrossEntropy(4, 10, logits.f(kCpu), labels.i(kCpu), loss.f(kCpu),
+  EXPECT_EQ(cpu_->SoftmaxCrossEntropy(4, 10, logits.f(kCpu), labels.i(kCpu), 0.0f, loss.f(kCpu),
                                       correct.i(kCpu), nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);

@@ -210,8 +210,7 @@ TEST_P(GradientCheck, DropoutWithItsMaskFixed) {
       inner_.set_offset(0);
       return inner_.Forward(x, y, m);
     }
-    absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy,
-                          Tensor* dx) override {
+    absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
       return inner_.Backward(x, y, dy, dx);
     }
     Dropout inner_;
@@ -238,7 +237,7 @@ TEST_P(GradientCheck, DropoutDropsAboutPAndScalesTheRest) {
 }
 
 // Losses: d(mean loss)/d(logits) against central differences.
-void CheckLoss(Backend& b, LossKind kind) {
+void CheckLoss(Backend& b, LossKind kind, float label_smoothing = 0) {
   const int rows = 4, cols = 5;
   std::vector<float> z = RandomValues(rows * cols, 11, -2, 2);
   Tensor logits = MakeTensor(b, {rows, cols}, z);
@@ -248,7 +247,7 @@ void CheckLoss(Backend& b, LossKind kind) {
   auto scalar = b.Allocate(DType::kF32, {1});
   auto correct = b.Allocate(DType::kI32, {1});
   auto dz = b.Allocate(DType::kF32, {rows, cols});
-  Loss loss(kind, &b);
+  Loss loss(kind, &b, label_smoothing);
   auto value = [&]() {
     EXPECT_OK(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), nullptr));
     return static_cast<double>(ToHost(b, *scalar)[0]);
@@ -272,6 +271,46 @@ void CheckLoss(Backend& b, LossKind kind) {
 
 TEST_P(GradientCheck, CrossEntropy) { CheckLoss(*backend_, LossKind::kCrossEntropy); }
 TEST_P(GradientCheck, MeanSquaredError) { CheckLoss(*backend_, LossKind::kMeanSquaredError); }
+TEST_P(GradientCheck, CrossEntropyWithLabelSmoothing) {
+  CheckLoss(*backend_, LossKind::kCrossEntropy, 0.1f);
+  CheckLoss(*backend_, LossKind::kCrossEntropy, 1.0f);
+}
+
+TEST_P(GradientCheck, CrossEntropyWithLabelSmoothingIsPyTorchsFormula) {
+  // Row [0, ln 3], label 1, e = 0.2: p = [1/4, 3/4]; PyTorch gives
+  // (1 - e) * -ln(3/4) + e * (-ln(1/4) - ln(3/4)) / 2.
+  Backend& b = *backend_;
+  Tensor logits = MakeTensor(b, {1, 2}, {0.0f, std::log(3.0f)});
+  auto labels = b.Allocate(DType::kI32, {1});
+  const int32_t one = 1;
+  ASSERT_OK(b.CopyFromHost(&one, 4, &*labels));
+  auto scalar = b.Allocate(DType::kF32, {1});
+  auto correct = b.Allocate(DType::kI32, {1});
+  auto dz = b.Allocate(DType::kF32, {1, 2});
+  Loss loss(LossKind::kCrossEntropy, &b, 0.2f);
+  ASSERT_OK(loss.Compute(logits, *labels, scalar->f32(), correct->i32(), &*dz));
+  const double e = 0.2;
+  EXPECT_NEAR(ToHost(b, *scalar)[0],
+              (1 - e) * -std::log(0.75) + e * (-std::log(0.25) - std::log(0.75)) / 2, 1e-6);
+  // dz = p - target, target = [e/2, 1 - e + e/2].
+  const std::vector<float> grad = ToHost(b, *dz);
+  EXPECT_NEAR(grad[0], 0.25 - e / 2, 1e-6);
+  EXPECT_NEAR(grad[1], 0.75 - (1 - e + e / 2), 1e-6);
+}
+
+TEST_P(GradientCheck, CrossEntropyRejectsLabelSmoothingOutsideZeroToOne) {
+  Backend& b = *backend_;
+  Tensor logits = MakeTensor(b, {1, 3}, {0, 0, 0});
+  auto labels = b.Allocate(DType::kI32, {1});
+  auto scalar = b.Allocate(DType::kF32, {1});
+  auto correct = b.Allocate(DType::kI32, {1});
+  for (float bad : {-0.1f, 1.5f, std::nanf("")}) {
+    const absl::Status s = b.SoftmaxCrossEntropy(1, 3, logits.f32(), labels->i32(), bad,
+                                                 scalar->f32(), correct->i32(), nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("label smoothing"), std::string::npos) << s;
+  }
+}
 
 TEST_P(GradientCheck, CrossEntropyValueAndAccuracyAreExact) {
   // logits row 0 = [0, ln 3] label 1 -> loss ln(4/3); row 1 = [2, 0] label 1 -> ln(1 + e^2).

@@ -104,6 +104,38 @@ TEST(OptimizerConfigCheck, RejectsBadHyperparameters) {
             std::string::npos);
 }
 
+// OneCycle rewrites SGD's momentum and Adam's beta1 before each step: set_momentum(m) on an
+// optimizer configured otherwise steps exactly as one configured with m.
+TEST(OptimizerMomentum, SetMomentumStepsAsIfConfiguredSo) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_OK(backend);
+  Backend& b = **backend;
+  for (OptimizerConfig::Kind kind : {OptimizerConfig::Kind::kSgd, OptimizerConfig::Kind::kAdam}) {
+    const bool sgd = kind == OptimizerConfig::Kind::kSgd;
+    OptimizerConfig configured = sgd ? Sgd(0.1f, 0.5f) : Adam(kind, 0.1f);
+    OptimizerConfig overridden = configured;
+    if (sgd) {
+      overridden.momentum = 0.9f;
+    } else {
+      configured.beta1 = 0.7f;
+    }
+    Parameter p[2];
+    std::unique_ptr<Optimizer> opt[2];
+    for (int i = 0; i < 2; ++i) {
+      p[i].value = MakeTensor(b, {3}, {1.0f, -2.0f, 0.5f});
+      p[i].grad = MakeTensor(b, {3}, {0.1f, -0.2f, 0.3f});
+      auto o = Optimizer::Create(i == 0 ? configured : overridden, &b, {{"0.weight", &p[i]}});
+      ASSERT_OK(o);
+      opt[i] = std::move(*o);
+    }
+    for (int step = 0; step < 3; ++step) {
+      opt[1]->set_momentum(sgd ? 0.5f : 0.7f);
+      for (int i = 0; i < 2; ++i) ASSERT_OK(opt[i]->Step(0.1f));
+    }
+    EXPECT_EQ(ToHost(b, p[0].value), ToHost(b, p[1].value)) << (sgd ? "sgd" : "adam");
+  }
+}
+
 TEST(LrSchedule, StepAndCosineFollowPyTorch) {
   LrScheduleConfig step;
   step.kind = LrScheduleConfig::Kind::kStep;
@@ -123,6 +155,53 @@ TEST(LrSchedule, StepAndCosineFollowPyTorch) {
   EXPECT_FLOAT_EQ(ScheduledLearningRate(0.1f, constant, 7, 10), 0.1f);
   step.step_size = 0;
   EXPECT_FALSE(ValidateSchedule(step).ok());
+}
+
+// torch.optim.lr_scheduler.OneCycleLR, the rates each of the run's steps ran with (the param
+// group's lr and momentum or betas[0] before opt.step()), printed by torch 1.13.
+TEST(LrSchedule, OneCycleFollowsPyTorch) {
+  LrScheduleConfig cos;
+  cos.kind = LrScheduleConfig::Kind::kOneCycle;  // defaults: pct 0.3, cos, 25, 1e4, 0.85-0.95
+  const float cos_lr[] = {0.004f,        0.052f,        0.1f,          0.0950484632f, 0.0811745654f,
+                          0.0611262022f, 0.0388741978f, 0.0188258346f, 0.0049519368f, 4e-07f};
+  const float cos_momentum[] = {0.95f,        0.9f,         0.85f,       0.854951557f, 0.86882551f,
+                                0.888873953f, 0.911126047f, 0.93117449f, 0.945048443f, 0.95f};
+  for (int step = 0; step < 10; ++step) {
+    // Two epochs of five steps.
+    const ScheduledRates r = ScheduledRatesAt(0.1f, cos, {step / 5, 2, step, 5});
+    EXPECT_NEAR(r.lr, cos_lr[step], 1e-7) << step;
+    ASSERT_TRUE(r.momentum.has_value());
+    EXPECT_NEAR(*r.momentum, cos_momentum[step], 1e-6) << step;
+  }
+  LrScheduleConfig linear = cos;
+  linear.pct_start = 0.25f;
+  linear.anneal = LrScheduleConfig::Anneal::kLinear;
+  linear.div_factor = 10;
+  linear.final_div_factor = 100;
+  const float linear_lr[] = {0.001f,         0.00952428571f, 0.00762142857f, 0.00571857143f,
+                             0.00381571429f, 0.00191285714f, 1e-05f};
+  const float linear_beta1[] = {0.95f,        0.854761905f, 0.873809524f, 0.892857143f,
+                                0.911904762f, 0.930952381f, 0.95f};
+  for (int step = 0; step < 7; ++step) {
+    const ScheduledRates r = ScheduledRatesAt(0.01f, linear, {0, 1, step, 7});
+    EXPECT_NEAR(r.lr, linear_lr[step], 1e-8) << step;
+    EXPECT_NEAR(*r.momentum, linear_beta1[step], 1e-6) << step;
+  }
+  linear.cycle_momentum = false;
+  EXPECT_FALSE(ScheduledRatesAt(0.01f, linear, {0, 1, 3, 7}).momentum.has_value());
+  // Per-epoch schedules leave momentum alone.
+  EXPECT_FALSE(ScheduledRatesAt(0.01f, LrScheduleConfig{}, {0, 1, 3, 7}).momentum.has_value());
+
+  LrScheduleConfig bad = cos;
+  bad.pct_start = 1.0f;
+  EXPECT_FALSE(ValidateSchedule(bad).ok());
+  bad = cos;
+  bad.div_factor = 0.5f;
+  EXPECT_FALSE(ValidateSchedule(bad).ok());
+  bad = cos;
+  bad.base_momentum = 0.99f;
+  EXPECT_FALSE(ValidateSchedule(bad).ok());
+  EXPECT_OK(ValidateSchedule(cos));
 }
 
 }  // namespace

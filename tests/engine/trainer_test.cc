@@ -25,8 +25,9 @@ using testing::ToHost;
 TrainConfig SmallCnn(int epochs) {
   TrainConfig c;
   c.model.input_shape = {1, 8, 8};
-  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},    MaxPool2dConfig{2},
-                    FlattenConfig{},             DropoutConfig{0.2f}, LinearConfig{64, 4}};
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},
+                    MaxPool2dConfig{2},          FlattenConfig{},
+                    DropoutConfig{0.2f},         LinearConfig{64, 4}};
   c.optimizer.kind = OptimizerConfig::Kind::kAdam;
   c.optimizer.lr = 0.01f;
   c.epochs = epochs;
@@ -136,35 +137,75 @@ TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
   }
 }
 
+// SmallMlp with the CIFAR recipe's per-step pieces: OneCycle (cycling momentum), Nesterov and
+// label smoothing.
+TrainConfig SmallMlpOneCycle(int epochs) {
+  TrainConfig c = SmallMlp(epochs);
+  c.optimizer.nesterov = true;
+  c.schedule.kind = LrScheduleConfig::Kind::kOneCycle;
+  c.label_smoothing = 0.1f;
+  return c;
+}
+
+TEST_F(TrainerTest, OneCycleSetsEveryStepsRateAsPyTorchDoes) {
+  auto t = Make(SmallMlpOneCycle(2));
+  std::vector<float> lrs;
+  Trainer::Callbacks cb;
+  cb.on_step = [&](const StepEvent& e) { lrs.push_back(e.lr); };
+  ASSERT_OK(t->Run(cb));
+  ASSERT_EQ(lrs.size(), 18u);  // 9 steps an epoch
+  // torch.optim.lr_scheduler.OneCycleLR(max_lr=0.05, total_steps=18): 0.05 / 25 first, the peak
+  // at step 0.3 * 18 - 1 = 4.4 (between steps 4 and 5), 0.05 / 25 / 1e4 last.
+  EXPECT_FLOAT_EQ(lrs[0], 0.002f);
+  EXPECT_LT(lrs[3], lrs[4]);
+  EXPECT_GT(lrs[5], lrs[6]);
+  EXPECT_NEAR(lrs[17], 2e-7f, 1e-12);
+  EXPECT_GT(std::max(lrs[4], lrs[5]), 0.049f);
+}
+
+TEST_F(TrainerTest, OneCycleCyclingSgdMomentumNeedsMomentum) {
+  TrainConfig c = SmallMlpOneCycle(1);
+  c.optimizer.momentum = 0;
+  c.optimizer.nesterov = false;
+  auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("cycle_momentum"), std::string::npos) << t.status();
+  c.schedule.cycle_momentum = false;
+  EXPECT_OK(Trainer::Create(c, backend_.get(), &train_, &test_));
+}
+
 TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
-  const TrainConfig config = SmallCnn(2);
-  auto straight = Make(config);
-  std::vector<EpochEvent> straight_epochs;
-  Trainer::Callbacks record;
-  record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
-  ASSERT_OK(straight->Run(record));
+  for (const TrainConfig& config : {SmallCnn(2), SmallMlpOneCycle(3)}) {
+    auto straight = Make(config);
+    std::vector<EpochEvent> straight_epochs;
+    Trainer::Callbacks record;
+    record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
+    ASSERT_OK(straight->Run(record));
 
-  TempDir dir;
-  auto first = Make(config);
-  Trainer::Callbacks save_at_step_17;
-  save_at_step_17.after_step = [&](Trainer& t) -> absl::Status {
-    if (t.position().global_step != 17) return absl::OkStatus();
-    if (auto s = t.SaveCheckpoint(dir.file("mid.safetensors")); !s.ok()) return s;
-    return absl::AbortedError("stop here");
-  };
-  EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
+    TempDir dir;
+    auto first = Make(config);
+    Trainer::Callbacks save_at_step_17;
+    save_at_step_17.after_step = [&](Trainer& t) -> absl::Status {
+      if (t.position().global_step != 17) return absl::OkStatus();
+      if (auto s = t.SaveCheckpoint(dir.file("mid.safetensors")); !s.ok()) return s;
+      return absl::AbortedError("stop here");
+    };
+    EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
 
-  auto resumed = Make(config);
-  ASSERT_OK(resumed->LoadCheckpoint(dir.file("mid.safetensors")));
-  EXPECT_EQ(resumed->position().epochs_done, 1);
-  EXPECT_EQ(resumed->position().step_in_epoch, 4);  // 13 steps per epoch
-  std::vector<EpochEvent> resumed_epochs;
-  Trainer::Callbacks rec2;
-  rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
-  ASSERT_OK(resumed->Run(rec2));
-  EXPECT_EQ(Weights(*resumed), Weights(*straight));
-  ASSERT_EQ(resumed_epochs.size(), 1u);
-  EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+    auto resumed = Make(config);
+    ASSERT_OK(resumed->LoadCheckpoint(dir.file("mid.safetensors")));
+    EXPECT_EQ(resumed->position().epochs_done, 1);
+    // 13 steps an epoch for the CNN, 9 for the MLP.
+    EXPECT_EQ(resumed->position().step_in_epoch, config.batch_size == 16 ? 4 : 8);
+    std::vector<EpochEvent> resumed_epochs;
+    Trainer::Callbacks rec2;
+    rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
+    ASSERT_OK(resumed->Run(rec2));
+    EXPECT_EQ(Weights(*resumed), Weights(*straight));
+    ASSERT_EQ(resumed_epochs.size(), static_cast<size_t>(config.epochs - 1));
+    EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+    EXPECT_EQ(resumed_epochs.back().test.loss, straight_epochs.back().test.loss);
+  }
 }
 
 TEST_F(TrainerTest, DivergingLossFailsNamingEpochAndStep) {

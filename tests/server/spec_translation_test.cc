@@ -1,5 +1,6 @@
 #include "server/jobs/spec_translation.h"
 
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -56,6 +57,70 @@ TEST(SpecTranslationTest, SetFieldsOverrideThePreset) {
   EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kAdamW);
   EXPECT_FLOAT_EQ(config->optimizer.lr, 0.01f);
   EXPECT_FLOAT_EQ(config->optimizer.beta1, 0.9f);
+}
+
+TEST(SpecTranslationTest, OneCycleAndLabelSmoothingTranslateWithPyTorchsDefaults) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-mlp");  // SGD momentum 0.9
+  spec.set_epochs(2);
+  spec.set_label_smoothing(0.1f);
+  spec.mutable_schedule()->set_kind(v1::ScheduleSpec::KIND_ONE_CYCLE);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_FLOAT_EQ(config->label_smoothing, 0.1f);
+  const LrScheduleConfig& s = config->schedule;
+  EXPECT_EQ(s.kind, LrScheduleConfig::Kind::kOneCycle);
+  EXPECT_FLOAT_EQ(s.pct_start, 0.3f);
+  EXPECT_EQ(s.anneal, LrScheduleConfig::Anneal::kCos);
+  EXPECT_FLOAT_EQ(s.div_factor, 25.0f);
+  EXPECT_FLOAT_EQ(s.final_div_factor, 1e4f);
+  EXPECT_TRUE(s.cycle_momentum);
+  EXPECT_FLOAT_EQ(s.base_momentum, 0.85f);
+  EXPECT_FLOAT_EQ(s.max_momentum, 0.95f);
+
+  spec.mutable_schedule()->set_anneal(v1::ScheduleSpec::ANNEAL_LINEAR);
+  spec.mutable_schedule()->set_pct_start(0.25f);
+  spec.mutable_schedule()->set_cycle_momentum(false);
+  config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_EQ(config->schedule.anneal, LrScheduleConfig::Anneal::kLinear);
+  EXPECT_FLOAT_EQ(config->schedule.pct_start, 0.25f);
+  EXPECT_FALSE(config->schedule.cycle_momentum);
+}
+
+TEST(SpecTranslationTest, OneCycleAndLabelSmoothingRejectWhatPyTorchWouldNotRun) {
+  struct Case {
+    const char* field;
+    std::function<void(v1::JobSpec*)> set;
+  };
+  const Case cases[] = {
+      {"spec.label_smoothing", [](v1::JobSpec* s) { s->set_label_smoothing(1.5f); }},
+      {"spec.label_smoothing",
+       [](v1::JobSpec* s) {
+         s->set_label_smoothing(0.1f);
+         s->set_loss(v1::LOSS_KIND_MEAN_SQUARED_ERROR);
+       }},
+      {"spec.schedule.pct_start", [](v1::JobSpec* s) { s->mutable_schedule()->set_pct_start(1); }},
+      {"spec.schedule.div_factor",
+       [](v1::JobSpec* s) { s->mutable_schedule()->set_div_factor(0.5f); }},
+      {"spec.schedule.base_momentum",
+       [](v1::JobSpec* s) { s->mutable_schedule()->set_base_momentum(0.99f); }},
+      {"spec.schedule.cycle_momentum",
+       [](v1::JobSpec* s) { s->mutable_optimizer()->set_momentum(0); }},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec;
+    spec.set_preset("mnist-mlp");
+    spec.set_epochs(1);
+    spec.mutable_schedule()->set_kind(v1::ScheduleSpec::KIND_ONE_CYCLE);
+    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_SGD);
+    spec.mutable_optimizer()->set_lr(0.1f);
+    spec.mutable_optimizer()->set_momentum(0.9f);
+    c.set(&spec);
+    auto config = TranslateSpec(spec, SpecLimits());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(config.status().message().find(c.field), std::string::npos) << config.status();
+  }
 }
 
 TEST(SpecTranslationTest, ExplicitModelTranslatesEveryLayerKind) {
