@@ -23,20 +23,28 @@ enum class Transpose { kNo, kYes };
 // An activation fused into the op that produces its input (cuDNN's conv-bias-activation).
 enum class Activation { kNone, kRelu };
 
-// Geometry of a 2-D convolution or pooling window over a batch of NCHW images.
+// The element-wise activation layers besides ReLU (which keeps its own ops and conv fusion), with
+// PyTorch's formulas: tanh; sigmoid 1/(1+exp(-x)); GELU exact, x/2 (1 + erf(x/sqrt 2)); leaky
+// ReLU x > 0 ? x : slope x; SiLU x sigmoid(x).
+enum class ActivationKind { kTanh, kSigmoid, kGelu, kLeakyRelu, kSilu };
+
+// Geometry of a 2-D convolution over a batch of NCHW images; stride and zero padding per axis.
 struct Conv2dGeometry {
   int batch = 0, in_channels = 0, in_h = 0, in_w = 0;
   int out_channels = 0, kernel_h = 0, kernel_w = 0;
-  int stride = 1, padding = 0;
-  int out_h() const { return (in_h + 2 * padding - kernel_h) / stride + 1; }
-  int out_w() const { return (in_w + 2 * padding - kernel_w) / stride + 1; }
+  int stride_h = 1, stride_w = 1, padding_h = 0, padding_w = 0;
+  int out_h() const { return (in_h + 2 * padding_h - kernel_h) / stride_h + 1; }
+  int out_w() const { return (in_w + 2 * padding_w - kernel_w) / stride_w + 1; }
 };
 
+// Geometry of a pooling window over a batch of NCHW images (floor mode). Padding is implicit:
+// max pooling never picks a padded position, average pooling counts it as a zero
+// (PyTorch's count_include_pad=True), so every window divides by kernel_h * kernel_w.
 struct Pool2dGeometry {
   int batch = 0, channels = 0, in_h = 0, in_w = 0;
-  int kernel = 2, stride = 2;
-  int out_h() const { return (in_h - kernel) / stride + 1; }
-  int out_w() const { return (in_w - kernel) / stride + 1; }
+  int kernel_h = 2, kernel_w = 2, stride_h = 2, stride_w = 2, padding_h = 0, padding_w = 0;
+  int out_h() const { return (in_h + 2 * padding_h - kernel_h) / stride_h + 1; }
+  int out_w() const { return (in_w + 2 * padding_w - kernel_w) / stride_w + 1; }
 };
 
 struct SgdHyper {
@@ -70,18 +78,26 @@ inline absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity)
       absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
 }
 
-// What every backend checks before pooling: a window of at least 1 that fits the input (a
-// smaller input would make the window read past it). InvalidArgument naming the geometry.
-inline absl::Status CheckPool2d(const Pool2dGeometry& g) {
-  if (g.kernel < 1 || g.stride < 1 || g.batch < 0 || g.channels < 0 || g.in_h < 0 || g.in_w < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("maxpool2d: invalid geometry kernel ", g.kernel,
-                                                   " stride ", g.stride, " over ", g.batch, "x",
-                                                   g.channels, "x", g.in_h, "x", g.in_w));
+// What every backend checks before pooling (`op` names it: "maxpool2d", "avgpool2d"): a window
+// of at least 1 that fits the padded input, and padding at most half the window (PyTorch's rule;
+// it also keeps a real pixel in every window). InvalidArgument naming the geometry.
+inline absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g) {
+  if (g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.padding_h < 0 ||
+      g.padding_w < 0 || g.batch < 0 || g.channels < 0 || g.in_h < 0 || g.in_w < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": invalid geometry kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
+                     g.stride_h, "x", g.stride_w, " padding ", g.padding_h, "x", g.padding_w,
+                     " over ", g.batch, "x", g.channels, "x", g.in_h, "x", g.in_w));
   }
-  if (g.in_h < g.kernel || g.in_w < g.kernel) {
-    return absl::InvalidArgumentError(absl::StrCat("maxpool2d: input ", g.in_h, "x", g.in_w,
-                                                   " is smaller than the ", g.kernel, "x", g.kernel,
-                                                   " window"));
+  if (2 * g.padding_h > g.kernel_h || 2 * g.padding_w > g.kernel_w) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": padding ", g.padding_h, "x", g.padding_w,
+                                                   " is more than half the ", g.kernel_h, "x",
+                                                   g.kernel_w, " window"));
+  }
+  if (g.in_h + 2 * g.padding_h < g.kernel_h || g.in_w + 2 * g.padding_w < g.kernel_w) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": padded input ", g.in_h + 2 * g.padding_h, "x", g.in_w + 2 * g.padding_w,
+                     " is smaller than the ", g.kernel_h, "x", g.kernel_w, " window"));
   }
   return absl::OkStatus();
 }
@@ -149,6 +165,15 @@ class Backend {
                                        float* dx) = 0;
   // Row-wise softmax of x(rows, cols).
   virtual absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) = 0;
+  // y = f(x) for the activation `kind`; `param` is leaky ReLU's negative slope (unused by the
+  // others). y may be x.
+  virtual absl::Status ActivationForward(ActivationKind kind, float param, int64_t n,
+                                         const float* x, float* y) = 0;
+  // dx = dy * f'(x), from the forward's input x and output y (each kind reads what it needs:
+  // tanh and sigmoid y, the others x). dx may be dy.
+  virtual absl::Status ActivationBackward(ActivationKind kind, float param, int64_t n,
+                                          const float* x, const float* y, const float* dy,
+                                          float* dx) = 0;
 
   // --- convolution and pooling --------------------------------------------------------------
   // y(N,OC,OH,OW) = act(conv(x(N,C,H,W), w(OC,C,KH,KW)) + bias(OC)) (bias may be null).
@@ -159,13 +184,19 @@ class Backend {
   virtual absl::Status Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
                                       const float* y, const float* dy, Activation act, float* dw,
                                       float* dbias, float* dx) = 0;
-  // y = max over each window; argmax(int32, same shape as y) records the winner for backward.
-  // CheckPool2d's rules for both passes.
+  // y = max over each window; argmax(int32, same shape as y) records the winner for backward
+  // (its flat index in the unpadded input plane). CheckPool2d's rules for both passes.
   virtual absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                         int32_t* argmax) = 0;
   // dx = scatter of dy to the recorded winners (dx fully overwritten).
   virtual absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                          const int32_t* argmax, float* dx) = 0;
+  // y = mean over each window, padded positions counted as zeros (the divisor is always
+  // kernel_h * kernel_w). CheckPool2d's rules for both passes.
+  virtual absl::Status AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) = 0;
+  // dx = for each input pixel, the sum of dy / (kernel_h * kernel_w) over the windows holding it,
+  // in a fixed order (dx fully overwritten).
+  virtual absl::Status AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) = 0;
 
   // --- losses -------------------------------------------------------------------------------
   // Mean cross-entropy of log-softmax(logits(rows, cols)) against int32 labels smoothed as

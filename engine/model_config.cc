@@ -11,6 +11,13 @@ struct TypeName {
   const char* operator()(const FlattenConfig&) const { return "flatten"; }
   const char* operator()(const DropoutConfig&) const { return "dropout"; }
   const char* operator()(const SoftmaxConfig&) const { return "softmax"; }
+  const char* operator()(const AvgPool2dConfig&) const { return "avgpool2d"; }
+  const char* operator()(const AdaptiveAvgPool2dConfig&) const { return "adaptive_avgpool2d"; }
+  const char* operator()(const TanhConfig&) const { return "tanh"; }
+  const char* operator()(const SigmoidConfig&) const { return "sigmoid"; }
+  const char* operator()(const GeluConfig&) const { return "gelu"; }
+  const char* operator()(const LeakyReluConfig&) const { return "leaky_relu"; }
+  const char* operator()(const SiluConfig&) const { return "silu"; }
 };
 }  // namespace
 
@@ -27,9 +34,11 @@ ModelConfig MnistMlpConfig() {
 ModelConfig MnistCnnConfig() {
   ModelConfig c;
   c.input_shape = {1, 28, 28};
-  c.layers = {Conv2dConfig{1, 32, 3},  ReluConfig{},  MaxPool2dConfig{2}, Conv2dConfig{32, 64, 3},
-              ReluConfig{},            MaxPool2dConfig{2}, FlattenConfig{},
-              LinearConfig{64 * 5 * 5, 128}, ReluConfig{}, LinearConfig{128, 10}};
+  c.layers = {Conv2dConfig{1, 32, 3}, ReluConfig{},
+              MaxPool2dConfig{2},     Conv2dConfig{32, 64, 3},
+              ReluConfig{},           MaxPool2dConfig{2},
+              FlattenConfig{},        LinearConfig{64 * 5 * 5, 128},
+              ReluConfig{},           LinearConfig{128, 10}};
   return c;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -17,11 +18,41 @@ struct LinearConfig {
 struct Conv2dConfig {
   int64_t in_channels = 0, out_channels = 0, kernel_size = 3, stride = 1, padding = 0;
   bool bias = true;
+  // Per-axis forms (PyTorch's (h, w) tuples); each one unset takes the square form above.
+  std::optional<int64_t> kernel_h = std::nullopt, kernel_w = std::nullopt;
+  std::optional<int64_t> stride_h = std::nullopt, stride_w = std::nullopt;
+  std::optional<int64_t> padding_h = std::nullopt, padding_w = std::nullopt;
+  int64_t KernelH() const { return kernel_h.value_or(kernel_size); }
+  int64_t KernelW() const { return kernel_w.value_or(kernel_size); }
+  int64_t StrideH() const { return stride_h.value_or(stride); }
+  int64_t StrideW() const { return stride_w.value_or(stride); }
+  int64_t PaddingH() const { return padding_h.value_or(padding); }
+  int64_t PaddingW() const { return padding_w.value_or(padding); }
 };
 struct ReluConfig {};
+// Square windows; padded positions never win; padding at most kernel_size / 2 (PyTorch's rule).
 struct MaxPool2dConfig {
   int64_t kernel_size = 2, stride = 0;  // stride 0 means stride = kernel_size, as in PyTorch.
+  int64_t padding = 0;
 };
+// Mean over square windows, padding counted as zeros (PyTorch's count_include_pad=True).
+struct AvgPool2dConfig {
+  int64_t kernel_size = 2, stride = 0;  // stride 0 means stride = kernel_size, as in PyTorch.
+  int64_t padding = 0;
+};
+// PyTorch's AdaptiveAvgPool2d((output_h, output_w)) where each input side is a multiple of the
+// output side (1x1, global average pooling, always is): even windows of input / output.
+struct AdaptiveAvgPool2dConfig {
+  int64_t output_h = 1, output_w = 1;
+};
+// The element-wise activations besides ReLU (engine/backend.h's ActivationKind).
+struct TanhConfig {};
+struct SigmoidConfig {};
+struct GeluConfig {};  // exact (erf) form, PyTorch's approximate='none'
+struct LeakyReluConfig {
+  float negative_slope = 0.01f;
+};
+struct SiluConfig {};
 struct FlattenConfig {};
 struct DropoutConfig {
   float p = 0.5f;
@@ -30,7 +61,10 @@ struct DropoutConfig {
 struct SoftmaxConfig {};
 
 using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool2dConfig,
-                                 FlattenConfig, DropoutConfig, SoftmaxConfig>;
+                                 FlattenConfig, DropoutConfig, SoftmaxConfig,
+                                 // pooling and activations (issue 19)
+                                 AvgPool2dConfig, AdaptiveAvgPool2dConfig, TanhConfig,
+                                 SigmoidConfig, GeluConfig, LeakyReluConfig, SiluConfig>;
 
 // "linear", "conv2d", ...: the name used in messages, specs and the CLI.
 const char* LayerTypeName(const LayerConfig& layer);

@@ -1,8 +1,11 @@
 #include "engine/model_config_json.h"
 
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 
@@ -12,19 +15,53 @@ using nlohmann::json;
 
 struct ToJson {
   json operator()(const LinearConfig& c) const {
-    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
+    return {{"type", "linear"},
+            {"in_features", c.in_features},
+            {"out_features", c.out_features},
             {"bias", c.bias}};
   }
   json operator()(const Conv2dConfig& c) const {
-    return {{"type", "conv2d"},         {"in_channels", c.in_channels},
-            {"out_channels", c.out_channels}, {"kernel_size", c.kernel_size},
-            {"stride", c.stride},       {"padding", c.padding},
-            {"bias", c.bias}};
+    json j = {{"type", "conv2d"},
+              {"in_channels", c.in_channels},
+              {"out_channels", c.out_channels},
+              {"kernel_size", c.kernel_size},
+              {"stride", c.stride},
+              {"padding", c.padding},
+              {"bias", c.bias}};
+    // The per-axis forms only where set, so square configs read as they always have.
+    for (const auto& [name, v] : {std::pair{"kernel_h", c.kernel_h},
+                                  {"kernel_w", c.kernel_w},
+                                  {"stride_h", c.stride_h},
+                                  {"stride_w", c.stride_w},
+                                  {"padding_h", c.padding_h},
+                                  {"padding_w", c.padding_w}}) {
+      if (v) j[name] = *v;
+    }
+    return j;
   }
   json operator()(const ReluConfig&) const { return {{"type", "relu"}}; }
   json operator()(const MaxPool2dConfig& c) const {
-    return {{"type", "maxpool2d"}, {"kernel_size", c.kernel_size}, {"stride", c.stride}};
+    return {{"type", "maxpool2d"},
+            {"kernel_size", c.kernel_size},
+            {"stride", c.stride},
+            {"padding", c.padding}};
   }
+  json operator()(const AvgPool2dConfig& c) const {
+    return {{"type", "avgpool2d"},
+            {"kernel_size", c.kernel_size},
+            {"stride", c.stride},
+            {"padding", c.padding}};
+  }
+  json operator()(const AdaptiveAvgPool2dConfig& c) const {
+    return {{"type", "adaptive_avgpool2d"}, {"output_h", c.output_h}, {"output_w", c.output_w}};
+  }
+  json operator()(const TanhConfig&) const { return {{"type", "tanh"}}; }
+  json operator()(const SigmoidConfig&) const { return {{"type", "sigmoid"}}; }
+  json operator()(const GeluConfig&) const { return {{"type", "gelu"}}; }
+  json operator()(const LeakyReluConfig& c) const {
+    return {{"type", "leaky_relu"}, {"negative_slope", c.negative_slope}};
+  }
+  json operator()(const SiluConfig&) const { return {{"type", "silu"}}; }
   json operator()(const FlattenConfig&) const { return {{"type", "flatten"}}; }
   json operator()(const DropoutConfig& c) const { return {{"type", "dropout"}, {"p", c.p}}; }
   json operator()(const SoftmaxConfig&) const { return {{"type", "softmax"}}; }
@@ -38,6 +75,25 @@ absl::Status GetInt(const json& j, const char* field, const std::string& where, 
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be an integer"));
   }
   *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status GetOptionalInt(const json& j, const char* field, const std::string& where,
+                            std::optional<int64_t>* out) {
+  if (!j.contains(field)) return absl::OkStatus();
+  int64_t v = 0;
+  KILN_RETURN_IF_ERROR(GetInt(j, field, where, &v));
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status GetFloat(const json& j, const char* field, const std::string& where, float* out) {
+  auto it = j.find(field);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be a number"));
+  }
+  *out = it->get<float>();
   return absl::OkStatus();
 }
 
@@ -102,6 +158,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       s.Update(GetInt(l, "stride", where, &c.stride));
       s.Update(GetInt(l, "padding", where, &c.padding));
       s.Update(GetBool(l, "bias", where, &c.bias));
+      s.Update(GetOptionalInt(l, "kernel_h", where, &c.kernel_h));
+      s.Update(GetOptionalInt(l, "kernel_w", where, &c.kernel_w));
+      s.Update(GetOptionalInt(l, "stride_h", where, &c.stride_h));
+      s.Update(GetOptionalInt(l, "stride_w", where, &c.stride_w));
+      s.Update(GetOptionalInt(l, "padding_h", where, &c.padding_h));
+      s.Update(GetOptionalInt(l, "padding_w", where, &c.padding_w));
       config.layers.push_back(c);
     } else if (type == "relu") {
       config.layers.push_back(ReluConfig{});
@@ -109,7 +171,31 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       MaxPool2dConfig c;
       s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
       s.Update(GetInt(l, "stride", where, &c.stride));
+      s.Update(GetInt(l, "padding", where, &c.padding));
       config.layers.push_back(c);
+    } else if (type == "avgpool2d") {
+      AvgPool2dConfig c;
+      s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
+      s.Update(GetInt(l, "stride", where, &c.stride));
+      s.Update(GetInt(l, "padding", where, &c.padding));
+      config.layers.push_back(c);
+    } else if (type == "adaptive_avgpool2d") {
+      AdaptiveAvgPool2dConfig c;
+      s.Update(GetInt(l, "output_h", where, &c.output_h));
+      s.Update(GetInt(l, "output_w", where, &c.output_w));
+      config.layers.push_back(c);
+    } else if (type == "tanh") {
+      config.layers.push_back(TanhConfig{});
+    } else if (type == "sigmoid") {
+      config.layers.push_back(SigmoidConfig{});
+    } else if (type == "gelu") {
+      config.layers.push_back(GeluConfig{});
+    } else if (type == "leaky_relu") {
+      LeakyReluConfig c;
+      s.Update(GetFloat(l, "negative_slope", where, &c.negative_slope));
+      config.layers.push_back(c);
+    } else if (type == "silu") {
+      config.layers.push_back(SiluConfig{});
     } else if (type == "flatten") {
       config.layers.push_back(FlattenConfig{});
     } else if (type == "dropout") {
@@ -123,8 +209,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       config.layers.push_back(SoftmaxConfig{});
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
-                 "softmax)"));
+          where,
+          ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
+          "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, silu)"));
     }
     if (!s.ok()) return s;
   }

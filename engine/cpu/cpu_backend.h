@@ -44,6 +44,10 @@ class CpuBackend final : public Backend {
                               float* mask, float* y) override;
   absl::Status DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) override;
   absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) override;
+  absl::Status ActivationForward(ActivationKind kind, float param, int64_t n, const float* x,
+                                 float* y) override;
+  absl::Status ActivationBackward(ActivationKind kind, float param, int64_t n, const float* x,
+                                  const float* y, const float* dy, float* dx) override;
 
   absl::Status Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
                              const float* bias, Activation act, float* y) override;
@@ -54,6 +58,8 @@ class CpuBackend final : public Backend {
                                 int32_t* argmax) override;
   absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
                                  float* dx) override;
+  absl::Status AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) override;
+  absl::Status AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) override;
 
   absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits, const int32_t* labels,
                                    float label_smoothing, float* loss, int32_t* correct,

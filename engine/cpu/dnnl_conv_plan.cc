@@ -117,8 +117,8 @@ ConvDescs DescsOf(const Conv2dGeometry& g, bool bias) {
   d.src_any = memory::desc(src, kF32, Tag::any);
   d.weights_any = memory::desc(weights, kF32, Tag::any);
   d.dst_any = memory::desc(dst, kF32, Tag::any);
-  d.strides = {g.stride, g.stride};
-  d.padding = {g.padding, g.padding};
+  d.strides = {g.stride_h, g.stride_w};
+  d.padding = {g.padding_h, g.padding_w};
   return d;
 }
 

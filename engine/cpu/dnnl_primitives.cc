@@ -10,15 +10,17 @@ namespace kiln::cpu_internal {
 bool ConvKey::operator==(const ConvKey& o) const {
   return g.batch == o.g.batch && g.in_channels == o.g.in_channels && g.in_h == o.g.in_h &&
          g.in_w == o.g.in_w && g.out_channels == o.g.out_channels && g.kernel_h == o.g.kernel_h &&
-         g.kernel_w == o.g.kernel_w && g.stride == o.g.stride && g.padding == o.g.padding &&
-         bias == o.bias && act == o.act;
+         g.kernel_w == o.g.kernel_w && g.stride_h == o.g.stride_h && g.stride_w == o.g.stride_w &&
+         g.padding_h == o.g.padding_h && g.padding_w == o.g.padding_w && bias == o.bias &&
+         act == o.act;
 }
 
 size_t ConvKeyHash::operator()(const ConvKey& key) const {
   size_t h = 0;
-  for (const int v : {key.g.batch, key.g.in_channels, key.g.in_h, key.g.in_w, key.g.out_channels,
-                      key.g.kernel_h, key.g.kernel_w, key.g.stride, key.g.padding,
-                      static_cast<int>(key.bias), static_cast<int>(key.act)}) {
+  for (const int v :
+       {key.g.batch, key.g.in_channels, key.g.in_h, key.g.in_w, key.g.out_channels, key.g.kernel_h,
+        key.g.kernel_w, key.g.stride_h, key.g.stride_w, key.g.padding_h, key.g.padding_w,
+        static_cast<int>(key.bias), static_cast<int>(key.act)}) {
     h = h * 1000003u ^ std::hash<int>()(v);
   }
   return h;

@@ -47,17 +47,18 @@ void ValidRange(int n, int offset, int size, int* lo, int* hi) {
 // convolves it straight into the sample's (OC, OH*OW) output plane, already in NCHW order.
 void Im2Col(const Conv2dGeometry& g, const float* x, float* cols) {
   const int oh = g.out_h(), ow = g.out_w(), ohw = oh * ow;
-  const int in_h = g.in_h, in_w = g.in_w, stride = g.stride, pad = g.padding;
+  const int in_h = g.in_h, in_w = g.in_w, stride_h = g.stride_h, stride_w = g.stride_w;
+  const int pad_h = g.padding_h, pad_w = g.padding_w;
   const int kernel_h = g.kernel_h, kernel_w = g.kernel_w;
   const int rows = g.in_channels * kernel_h * kernel_w;
   for (int r = 0; r < rows; ++r) {
     const int kw = r % kernel_w, kh = (r / kernel_w) % kernel_h, c = r / (kernel_w * kernel_h);
     const float* plane = x + static_cast<int64_t>(c) * in_h * in_w;
     float* out = cols + static_cast<int64_t>(r) * ohw;
-    if (stride == 1) {
-      // Row r is the input plane shifted by (kh - pad, kw - pad): the rows and columns that fall
-      // outside it are zeros, the rest contiguous runs. Bounds once per r, not per output row.
-      const int y0 = kh - pad, x0 = kw - pad;
+    if (stride_h == 1 && stride_w == 1) {
+      // Row r is the input plane shifted by (kh - pad_h, kw - pad_w): the rows and columns that
+      // fall outside it are zeros, the rest contiguous runs. Bounds once per r, not per output row.
+      const int y0 = kh - pad_h, x0 = kw - pad_w;
       int i0, i1, j0, j1;
       ValidRange(oh, y0, in_h, &i0, &i1);
       ValidRange(ow, x0, in_w, &j0, &j1);
@@ -73,7 +74,7 @@ void Im2Col(const Conv2dGeometry& g, const float* x, float* cols) {
       continue;
     }
     for (int i = 0; i < oh; ++i) {
-      const int y = i * stride - pad + kh;
+      const int y = i * stride_h - pad_h + kh;
       float* o = out + i * ow;
       if (y < 0 || y >= in_h) {
         std::memset(o, 0, sizeof(float) * ow);
@@ -81,7 +82,7 @@ void Im2Col(const Conv2dGeometry& g, const float* x, float* cols) {
       }
       const float* row = plane + y * in_w;
       for (int j = 0; j < ow; ++j) {
-        const int xx = j * stride - pad + kw;
+        const int xx = j * stride_w - pad_w + kw;
         o[j] = (xx >= 0 && xx < in_w) ? row[xx] : 0.0f;
       }
     }
@@ -99,12 +100,12 @@ void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx) {
     float* plane = dx + static_cast<int64_t>(c) * g.in_h * g.in_w;
     const float* in = cols + static_cast<int64_t>(r) * ohw;
     for (int i = 0; i < oh; ++i) {
-      const int y = i * g.stride - g.padding + kh;
+      const int y = i * g.stride_h - g.padding_h + kh;
       if (y < 0 || y >= g.in_h) continue;
       float* row = plane + y * g.in_w;
       const float* src = in + i * ow;
-      if (g.stride == 1) {
-        const int x0 = kw - g.padding;
+      if (g.stride_w == 1) {
+        const int x0 = kw - g.padding_w;
         int j0, j1;
         ValidRange(ow, x0, g.in_w, &j0, &j1);
         float* dst = row + x0 + j0;
@@ -113,7 +114,7 @@ void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx) {
         for (int j = 0; j < j1 - j0; ++j) dst[j] += from[j];
       } else {
         for (int j = 0; j < ow; ++j) {
-          const int xx = j * g.stride - g.padding + kw;
+          const int xx = j * g.stride_w - g.padding_w + kw;
           if (xx >= 0 && xx < g.in_w) row[xx] += src[j];
         }
       }

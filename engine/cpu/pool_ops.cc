@@ -1,6 +1,8 @@
-// CpuBackend's max pooling, with PyTorch's scan order and NaN rule.
+// CpuBackend's pooling: max pooling with PyTorch's scan order and NaN rule, average pooling with
+// its count_include_pad=True divisor; both with implicit padding.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/cpu/cpu_backend.h"
@@ -12,12 +14,14 @@ using cpu_internal::kParallelMin;
 
 absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                           int32_t* argmax) {
-  if (absl::Status s = CheckPool2d(g); !s.ok()) return s;
+  if (absl::Status s = CheckPool2d("maxpool2d", g); !s.ok()) return s;
   // The geometry in locals: stores through `argmax` (int32) could alias g's ints, which made
   // GCC reload them for every output.
   const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
-  const int in_h = g.in_h, in_w = g.in_w, kernel = g.kernel, stride = g.stride;
-  const bool two_by_two = kernel == 2 && stride == 2;
+  const int in_h = g.in_h, in_w = g.in_w, kernel_h = g.kernel_h, kernel_w = g.kernel_w;
+  const int stride_h = g.stride_h, stride_w = g.stride_w, pad_h = g.padding_h, pad_w = g.padding_w;
+  const bool two_by_two =
+      kernel_h == 2 && kernel_w == 2 && stride_h == 2 && stride_w == 2 && pad_h == 0 && pad_w == 0;
 #pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_h * in_w > kParallelMin)
   for (int p = 0; p < planes; ++p) {
     const float* __restrict in = x + static_cast<int64_t>(p) * in_h * in_w;
@@ -51,13 +55,18 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
         }
         continue;
       }
+      // The window clipped to the input: padded positions never win. CheckPool2d's padding
+      // rule leaves at least one real pixel in every window.
+      const int r0 = std::max(0, i * stride_h - pad_h);
+      const int r1 = std::min(in_h, i * stride_h - pad_h + kernel_h);
       for (int j = 0; j < ow; ++j) {
-        const int top = (i * stride) * in_w + j * stride;
-        int best = top;
+        const int c0 = std::max(0, j * stride_w - pad_w);
+        const int c1 = std::min(in_w, j * stride_w - pad_w + kernel_w);
+        int best = r0 * in_w + c0;
         float best_v = in[best];
-        for (int a = 0; a < kernel; ++a) {
-          for (int b = 0; b < kernel; ++b) {
-            const int q = top + a * in_w + b;
+        for (int a = r0; a < r1; ++a) {
+          for (int b = c0; b < c1; ++b) {
+            const int q = a * in_w + b;
             if (!(in[q] <= best_v)) best_v = in[best = q];
           }
         }
@@ -71,7 +80,7 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
 
 absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                            const int32_t* argmax, float* dx) {
-  if (absl::Status s = CheckPool2d(g); !s.ok()) return s;
+  if (absl::Status s = CheckPool2d("maxpool2d", g); !s.ok()) return s;
   const int ohw = g.out_h() * g.out_w(), planes = g.batch * g.channels;
   const int in_hw = g.in_h * g.in_w;
 #pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_hw > kParallelMin)
@@ -81,6 +90,63 @@ absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float*
     const float* src = dy + static_cast<int64_t>(p) * ohw;
     const int32_t* am = argmax + static_cast<int64_t>(p) * ohw;
     for (int i = 0; i < ohw; ++i) d[am[i]] += src[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
+  if (absl::Status s = CheckPool2d("avgpool2d", g); !s.ok()) return s;
+  const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
+  const int in_h = g.in_h, in_w = g.in_w, kernel_h = g.kernel_h, kernel_w = g.kernel_w;
+  const int stride_h = g.stride_h, stride_w = g.stride_w, pad_h = g.padding_h, pad_w = g.padding_w;
+  // Floor mode keeps every window inside the padded input: the divisor is the whole window.
+  const float divisor = static_cast<float>(kernel_h * kernel_w);
+#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_h * in_w > kParallelMin)
+  for (int p = 0; p < planes; ++p) {
+    const float* in = x + static_cast<int64_t>(p) * in_h * in_w;
+    float* out = y + static_cast<int64_t>(p) * oh * ow;
+    for (int i = 0; i < oh; ++i) {
+      const int r0 = std::max(0, i * stride_h - pad_h);
+      const int r1 = std::min(in_h, i * stride_h - pad_h + kernel_h);
+      for (int j = 0; j < ow; ++j) {
+        const int c0 = std::max(0, j * stride_w - pad_w);
+        const int c1 = std::min(in_w, j * stride_w - pad_w + kernel_w);
+        float sum = 0.0f;
+        for (int a = r0; a < r1; ++a) {
+          for (int b = c0; b < c1; ++b) sum += in[a * in_w + b];
+        }
+        out[i * ow + j] = sum / divisor;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
+  if (absl::Status s = CheckPool2d("avgpool2d", g); !s.ok()) return s;
+  const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
+  const int in_h = g.in_h, in_w = g.in_w, kernel_h = g.kernel_h, kernel_w = g.kernel_w;
+  const int stride_h = g.stride_h, stride_w = g.stride_w, pad_h = g.padding_h, pad_w = g.padding_w;
+  const float divisor = static_cast<float>(kernel_h * kernel_w);
+#pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_h * in_w > kParallelMin)
+  for (int p = 0; p < planes; ++p) {
+    float* d = dx + static_cast<int64_t>(p) * in_h * in_w;
+    std::memset(d, 0, sizeof(float) * in_h * in_w);
+    const float* src = dy + static_cast<int64_t>(p) * oh * ow;
+    // Windows in output order, so each pixel sums its windows' shares in the order the CUDA
+    // kernel (which gathers per pixel) does.
+    for (int i = 0; i < oh; ++i) {
+      const int r0 = std::max(0, i * stride_h - pad_h);
+      const int r1 = std::min(in_h, i * stride_h - pad_h + kernel_h);
+      for (int j = 0; j < ow; ++j) {
+        const int c0 = std::max(0, j * stride_w - pad_w);
+        const int c1 = std::min(in_w, j * stride_w - pad_w + kernel_w);
+        const float share = src[i * ow + j] / divisor;
+        for (int a = r0; a < r1; ++a) {
+          for (int b = c0; b < c1; ++b) d[a * in_w + b] += share;
+        }
+      }
+    }
   }
   return absl::OkStatus();
 }

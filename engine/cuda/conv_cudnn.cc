@@ -139,12 +139,12 @@ struct CudnnConvolutions::Plan {
 
 bool CudnnConvolutions::Key::operator==(const Key& o) const {
   return n == o.n && c == o.c && h == o.h && w == o.w && oc == o.oc && kh == o.kh && kw == o.kw &&
-         stride == o.stride && pad == o.pad;
+         stride_h == o.stride_h && stride_w == o.stride_w && pad_h == o.pad_h && pad_w == o.pad_w;
 }
 
 size_t CudnnConvolutions::KeyHash::operator()(const Key& k) const {
   size_t h = 0;
-  for (int v : {k.n, k.c, k.h, k.w, k.oc, k.kh, k.kw, k.stride, k.pad}) {
+  for (int v : {k.n, k.c, k.h, k.w, k.oc, k.kh, k.kw, k.stride_h, k.stride_w, k.pad_h, k.pad_w}) {
     h = h * 1000003u ^ static_cast<size_t>(static_cast<unsigned>(v));
   }
   return h;
@@ -155,8 +155,8 @@ CudnnConvolutions::CudnnConvolutions(const CudnnLibrary* dnn, cudnnHandle_t hand
     : dnn_(dnn), handle_(handle), options_(options) {}
 
 CudnnConvolutions::Key CudnnConvolutions::KeyOf(const Conv2dGeometry& g) {
-  return {g.batch,    g.in_channels, g.in_h,   g.in_w,   g.out_channels,
-          g.kernel_h, g.kernel_w,    g.stride, g.padding};
+  return {g.batch,    g.in_channels, g.in_h,     g.in_w,      g.out_channels, g.kernel_h,
+          g.kernel_w, g.stride_h,    g.stride_w, g.padding_h, g.padding_w};
 }
 
 CudnnConvolutions::~CudnnConvolutions() = default;
@@ -165,11 +165,12 @@ absl::StatusOr<CudnnConvolutions::Plan*> CudnnConvolutions::GetPlan(const Conv2d
   const Key key = KeyOf(g);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   if (g.batch < 1 || g.in_channels < 1 || g.out_channels < 1 || g.kernel_h < 1 || g.kernel_w < 1 ||
-      g.stride < 1 || g.padding < 0 || g.out_h() < 1 || g.out_w() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("conv2d: invalid geometry batch ", g.batch, " in ", g.in_channels, "x", g.in_h,
-                     "x", g.in_w, " out_channels ", g.out_channels, " kernel ", g.kernel_h, "x",
-                     g.kernel_w, " stride ", g.stride, " padding ", g.padding));
+      g.stride_h < 1 || g.stride_w < 1 || g.padding_h < 0 || g.padding_w < 0 || g.out_h() < 1 ||
+      g.out_w() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "conv2d: invalid geometry batch ", g.batch, " in ", g.in_channels, "x", g.in_h, "x", g.in_w,
+        " out_channels ", g.out_channels, " kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
+        g.stride_h, "x", g.stride_w, " padding ", g.padding_h, "x", g.padding_w));
   }
   auto plan = std::make_unique<Plan>();
   plan->dnn = dnn_;
@@ -182,8 +183,8 @@ absl::StatusOr<CudnnConvolutions::Plan*> CudnnConvolutions::GetPlan(const Conv2d
                                               g.out_channels, g.in_channels, g.kernel_h,
                                               g.kernel_w));
   KILN_CUDA_CHECK(dnn_->CreateConvolutionDescriptor(&plan->conv));
-  KILN_CUDA_CHECK(dnn_->SetConvolution2dDescriptor(plan->conv, g.padding, g.padding, g.stride,
-                                                   g.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+  KILN_CUDA_CHECK(dnn_->SetConvolution2dDescriptor(plan->conv, g.padding_h, g.padding_w, g.stride_h,
+                                                   g.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
                                                    CUDNN_DATA_FLOAT));
   // FMA_MATH keeps float32 convolutions off TF32 tensor cores (DEFAULT_MATH allows them on
   // Ampere and later); the math type set here is what the algorithm searches consider.
@@ -339,9 +340,9 @@ absl::Status CudnnConvolutions::BackwardData(const Conv2dGeometry& g, const floa
 
 std::string CudnnConvolutions::DescribePlan(const Plan& plan) {
   const Key& k = plan.key;
-  return absl::StrCat(k.n, "x", k.c, "x", k.h, "x", k.w, " k", k.kh, "x", k.kw, " s", k.stride,
-                      " p", k.pad, " -> ", k.oc, ":", DescribeChoice("fwd", plan.fwd),
-                      DescribeChoice("bwd_data", plan.bwd_data),
+  return absl::StrCat(k.n, "x", k.c, "x", k.h, "x", k.w, " k", k.kh, "x", k.kw, " s", k.stride_h,
+                      "x", k.stride_w, " p", k.pad_h, "x", k.pad_w, " -> ", k.oc, ":",
+                      DescribeChoice("fwd", plan.fwd), DescribeChoice("bwd_data", plan.bwd_data),
                       DescribeChoice("bwd_filter", plan.bwd_filter));
 }
 

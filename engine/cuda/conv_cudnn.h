@@ -52,7 +52,8 @@ class CudnnConvolutions {
   absl::Status BackwardData(const Conv2dGeometry& g, const float* w, const float* dy, float* dx,
                             const WorkspaceFn& workspace);
 
-  // "2x3x9x11 k3x3 s1 p0 -> 5: fwd=IMPLICIT_PRECOMP_GEMM(0 B) ..." for every shape seen, for logs.
+  // "2x3x9x11 k3x3 s1x1 p0x0 -> 5: fwd=IMPLICIT_PRECOMP_GEMM(0 B) ..." for every shape seen, for
+  // logs.
   std::string Describe() const;
   // The same for the shape of `g` alone ("" before its first use), for a failing test's message.
   std::string Describe(const Conv2dGeometry& g) const;
@@ -60,7 +61,7 @@ class CudnnConvolutions {
  private:
   struct Plan;
   struct Key {
-    int n, c, h, w, oc, kh, kw, stride, pad;
+    int n, c, h, w, oc, kh, kw, stride_h, stride_w, pad_h, pad_w;
     bool operator==(const Key& o) const;
   };
   struct KeyHash {

@@ -40,11 +40,19 @@ absl::Status Annotate(absl::Status s, const std::string& context) {
 std::string ConvContext(const Conv2dGeometry& g, const char* pass) {
   return absl::StrCat("conv2d ", pass, " ", g.batch, "x", g.in_channels, "x", g.in_h, "x", g.in_w,
                       " -> ", g.out_channels, " kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
-                      g.stride, " padding ", g.padding);
+                      g.stride_h, "x", g.stride_w, " padding ", g.padding_h, "x", g.padding_w);
 }
 
+static_assert(static_cast<int>(ActivationKind::kTanh) == ck::kTanh &&
+                  static_cast<int>(ActivationKind::kSigmoid) == ck::kSigmoid &&
+                  static_cast<int>(ActivationKind::kGelu) == ck::kGelu &&
+                  static_cast<int>(ActivationKind::kLeakyRelu) == ck::kLeakyRelu &&
+                  static_cast<int>(ActivationKind::kSilu) == ck::kSilu,
+              "cuda_kernels' activation codes follow ActivationKind");
+
 ck::PoolShape ToPoolShape(const Pool2dGeometry& g) {
-  return {g.batch * g.channels, g.in_h, g.in_w, g.kernel, g.stride, g.out_h(), g.out_w()};
+  return {g.batch * g.channels, g.in_h,      g.in_w,      g.kernel_h, g.kernel_w, g.stride_h,
+          g.stride_w,           g.padding_h, g.padding_w, g.out_h(),  g.out_w()};
 }
 
 }  // namespace
@@ -339,6 +347,21 @@ absl::Status CudaBackend::SoftmaxForward(int rows, int cols, const float* x, flo
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::ActivationForward(ActivationKind kind, float param, int64_t n,
+                                            const float* x, float* y) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::activation_forward(stream_, static_cast<int>(kind), param, n, x, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ActivationBackward(ActivationKind kind, float param, int64_t n,
+                                             const float* x, const float* y, const float* dy,
+                                             float* dx) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::activation_backward(stream_, static_cast<int>(kind), param, n, x, y, dy, dx));
+  return absl::OkStatus();
+}
+
 // --- convolution and pooling ----------------------------------------------------------------
 
 absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
@@ -399,7 +422,7 @@ absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x
 
 absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                            int32_t* argmax) {
-  KILN_RETURN_IF_ERROR(CheckPool2d(g));
+  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::maxpool_forward(stream_, ToPoolShape(g), x, y, argmax));
   return absl::OkStatus();
@@ -407,9 +430,23 @@ absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float*
 
 absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                             const int32_t* argmax, float* dx) {
-  KILN_RETURN_IF_ERROR(CheckPool2d(g));
+  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::maxpool_backward(stream_, ToPoolShape(g), dy, argmax, dx));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
+  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::avgpool_forward(stream_, ToPoolShape(g), x, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
+  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::avgpool_backward(stream_, ToPoolShape(g), dy, dx));
   return absl::OkStatus();
 }
 

@@ -83,6 +83,10 @@ class CudaBackend final : public Backend {
 
   absl::Status ReluForward(int64_t n, const float* x, float* y) override;
   absl::Status ReluBackward(int64_t n, const float* y, const float* dy, float* dx) override;
+  absl::Status ActivationForward(ActivationKind kind, float param, int64_t n, const float* x,
+                                 float* y) override;
+  absl::Status ActivationBackward(ActivationKind kind, float param, int64_t n, const float* x,
+                                  const float* y, const float* dy, float* dx) override;
   absl::Status DropoutForward(int64_t n, float p, uint64_t seed, uint64_t offset, const float* x,
                               float* mask, float* y) override;
   absl::Status DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) override;
@@ -95,6 +99,8 @@ class CudaBackend final : public Backend {
                               float* dbias, float* dx) override;
   absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                 int32_t* argmax) override;
+  absl::Status AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) override;
+  absl::Status AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) override;
   absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
                                  float* dx) override;
 

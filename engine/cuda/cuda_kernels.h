@@ -39,6 +39,13 @@ cudaError_t bias_forward(cudaStream_t stream, int rows, int cols, const float* b
 cudaError_t bias_backward(cudaStream_t stream, int rows, int cols, const float* dy, float* dbias);
 // y(rows, cols) = softmax of each row of x.
 cudaError_t softmax_forward(cudaStream_t stream, int rows, int cols, const float* x, float* y);
+// y = f(x) and dx = dy * f'(x) for the activation `kind` (an ActivationCode: engine/backend.h's
+// ActivationKind as int, this header staying free of the engine's); activation_math.h's formulas.
+enum ActivationCode : int { kTanh = 0, kSigmoid = 1, kGelu = 2, kLeakyRelu = 3, kSilu = 4 };
+cudaError_t activation_forward(cudaStream_t stream, int kind, float param, int64_t n,
+                               const float* x, float* y);
+cudaError_t activation_backward(cudaStream_t stream, int kind, float param, int64_t n,
+                                const float* x, const float* y, const float* dy, float* dx);
 
 enum class ConvActivation { kNone, kRelu };
 // y(batch, channels, plane) = act(y + bias[channel]); bias may be null.
@@ -98,14 +105,20 @@ cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, float a, f
 
 // --- pool_kernels.cu -------------------------------------------------------------------------
 struct PoolShape {
-  int planes, in_h, in_w, kernel, stride, out_h, out_w;  // planes = batch * channels
+  int planes, in_h, in_w;  // planes = batch * channels
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+  int out_h, out_w;
 };
 // y = window maxima, argmax = the winner's flat index within its input plane (the CPU backend's
-// order and NaN rule).
+// order and NaN rule; padded positions never win).
 cudaError_t maxpool_forward(cudaStream_t stream, const PoolShape& s, const float* x, float* y,
                             int32_t* argmax);
 // dx = sum of dy over the windows whose argmax is that pixel (overwrites dx, fixed order).
 cudaError_t maxpool_backward(cudaStream_t stream, const PoolShape& s, const float* dy,
                              const int32_t* argmax, float* dx);
+// y = window sums / (kernel_h * kernel_w), padding counted as zeros (the CPU backend's order).
+cudaError_t avgpool_forward(cudaStream_t stream, const PoolShape& s, const float* x, float* y);
+// dx = sum of dy / (kernel_h * kernel_w) over the windows holding each pixel, in output order.
+cudaError_t avgpool_backward(cudaStream_t stream, const PoolShape& s, const float* dy, float* dx);
 
 }  // namespace kiln::cuda_kernels

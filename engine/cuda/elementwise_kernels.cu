@@ -1,5 +1,7 @@
-// Element-wise and row-wise kernels: fill, ReLU, dropout, bias, softmax, and the bias and ReLU
+// Element-wise and row-wise kernels: fill, ReLU and the other activations, dropout, bias, softmax,
+// and the bias and ReLU
 // that ride along with cuDNN's convolutions. Each matches the CPU backend's formula exactly.
+#include "engine/activation_math.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/device_math.cuh"
 
@@ -22,6 +24,34 @@ __global__ void relu_backward_kernel(int64_t n, const float* y, const float* dy,
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const float d = dy[i];
     dx[i] = y[i] > 0.0f ? d : 0.0f;
+  }
+}
+
+// The activations, one kernel instantiation per kind (ActivationCode, cuda_kernels.h).
+namespace am = activation_math;
+
+template <int kKind>
+__global__ void activation_forward_kernel(int64_t n, float param, const float* x, float* y) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const float v = x[i];
+    if (kKind == kTanh) y[i] = am::TanhForward(v);
+    if (kKind == kSigmoid) y[i] = am::SigmoidForward(v);
+    if (kKind == kGelu) y[i] = am::GeluForward(v);
+    if (kKind == kLeakyRelu) y[i] = am::LeakyReluForward(v, param);
+    if (kKind == kSilu) y[i] = am::SiluForward(v);
+  }
+}
+
+template <int kKind>
+__global__ void activation_backward_kernel(int64_t n, float param, const float* x, const float* y,
+                                           const float* dy, float* dx) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const float d = dy[i];
+    if (kKind == kTanh) dx[i] = am::TanhBackward(y[i], d);
+    if (kKind == kSigmoid) dx[i] = am::SigmoidBackward(y[i], d);
+    if (kKind == kGelu) dx[i] = am::GeluBackward(x[i], d);
+    if (kKind == kLeakyRelu) dx[i] = am::LeakyReluBackward(x[i], param, d);
+    if (kKind == kSilu) dx[i] = am::SiluBackward(x[i], d);
   }
 }
 
@@ -124,6 +154,58 @@ cudaError_t relu_backward(cudaStream_t stream, int64_t n, const float* y, const 
                           float* dx) {
   if (n <= 0) return cudaSuccess;
   relu_backward_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, y, dy, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t activation_forward(cudaStream_t stream, int kind, float param, int64_t n,
+                               const float* x, float* y) {
+  if (n <= 0) return cudaSuccess;
+  const unsigned grid = GridFor(n);
+  switch (kind) {
+    case kTanh:
+      activation_forward_kernel<kTanh><<<grid, kThreads, 0, stream>>>(n, param, x, y);
+      break;
+    case kSigmoid:
+      activation_forward_kernel<kSigmoid><<<grid, kThreads, 0, stream>>>(n, param, x, y);
+      break;
+    case kGelu:
+      activation_forward_kernel<kGelu><<<grid, kThreads, 0, stream>>>(n, param, x, y);
+      break;
+    case kLeakyRelu:
+      activation_forward_kernel<kLeakyRelu><<<grid, kThreads, 0, stream>>>(n, param, x, y);
+      break;
+    case kSilu:
+      activation_forward_kernel<kSilu><<<grid, kThreads, 0, stream>>>(n, param, x, y);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t activation_backward(cudaStream_t stream, int kind, float param, int64_t n,
+                                const float* x, const float* y, const float* dy, float* dx) {
+  if (n <= 0) return cudaSuccess;
+  const unsigned grid = GridFor(n);
+  switch (kind) {
+    case kTanh:
+      activation_backward_kernel<kTanh><<<grid, kThreads, 0, stream>>>(n, param, x, y, dy, dx);
+      break;
+    case kSigmoid:
+      activation_backward_kernel<kSigmoid><<<grid, kThreads, 0, stream>>>(n, param, x, y, dy, dx);
+      break;
+    case kGelu:
+      activation_backward_kernel<kGelu><<<grid, kThreads, 0, stream>>>(n, param, x, y, dy, dx);
+      break;
+    case kLeakyRelu:
+      activation_backward_kernel<kLeakyRelu><<<grid, kThreads, 0, stream>>>(n, param, x, y, dy, dx);
+      break;
+    case kSilu:
+      activation_backward_kernel<kSilu><<<grid, kThreads, 0, stream>>>(n, param, x, y, dy, dx);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

@@ -1,12 +1,31 @@
-// Max pooling with recorded winners: forward keeps each window's argmax (flat index within the
-// input plane, the CPU backend's order and NaN rule); backward gathers, for each input pixel, the
-// gradients of the windows it won, in output order, so it needs no atomics and sums as the CPU.
+// Pooling. Max pooling records winners: forward keeps each window's argmax (flat index within
+// the input plane, the CPU backend's order and NaN rule); backward gathers, for each input pixel,
+// the gradients of the windows it won, in output order, so it needs no atomics and sums as the
+// CPU. Average pooling counts padding as zeros (PyTorch's count_include_pad=True) and its
+// backward gathers likewise. Windows are clipped to the input: padding is never read.
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/device_math.cuh"
 
 namespace kiln::cuda_kernels {
 
 namespace {
+
+// The input rows [*lo, *hi) of output row o along one axis, clipped to [0, size).
+__device__ __forceinline__ void WindowRange(int o, int stride, int pad, int kernel, int size,
+                                            int* lo, int* hi) {
+  const int start = o * stride - pad;
+  *lo = max(start, 0);
+  *hi = min(start + kernel, size);
+}
+
+// The output rows [*lo, *hi] whose windows hold input row i along one axis: those with
+// o * stride - pad <= i < o * stride - pad + kernel.
+__device__ __forceinline__ void OutputRange(int i, int stride, int pad, int kernel, int out,
+                                            int* lo, int* hi) {
+  const int shifted = i + pad;  // >= 0
+  *lo = shifted >= kernel ? (shifted - kernel) / stride + 1 : 0;
+  *hi = min(shifted / stride, out - 1);
+}
 
 // One thread per output element; x and y are (planes, in_h, in_w) and (planes, out_h, out_w).
 __global__ void maxpool_forward_kernel(PoolShape s, const float* x, float* y, int32_t* argmax) {
@@ -17,12 +36,14 @@ __global__ void maxpool_forward_kernel(PoolShape s, const float* x, float* y, in
     const int o = static_cast<int>(i - p * out_plane);
     const int oi = o / s.out_w, oj = o % s.out_w;
     const float* in = x + p * s.in_h * s.in_w;
-    const int top = oi * s.stride * s.in_w + oj * s.stride;
-    int best = top;
-    float best_v = in[top];
-    for (int a = 0; a < s.kernel; ++a) {
-      for (int b = 0; b < s.kernel; ++b) {
-        const int q = top + a * s.in_w + b;
+    int r0, r1, c0, c1;
+    WindowRange(oi, s.stride_h, s.pad_h, s.kernel_h, s.in_h, &r0, &r1);
+    WindowRange(oj, s.stride_w, s.pad_w, s.kernel_w, s.in_w, &c0, &c1);
+    int best = r0 * s.in_w + c0;
+    float best_v = in[best];
+    for (int a = r0; a < r1; ++a) {
+      for (int b = c0; b < c1; ++b) {
+        const int q = a * s.in_w + b;
         const float v = in[q];
         // `!(v <= best_v)` also takes a NaN, exactly as the CPU backend does.
         if (!(v <= best_v)) {
@@ -36,8 +57,7 @@ __global__ void maxpool_forward_kernel(PoolShape s, const float* x, float* y, in
   }
 }
 
-// One thread per input pixel: the windows (oi, oj) holding row ih satisfy
-// oi * stride <= ih < oi * stride + kernel; likewise for columns.
+// One thread per input pixel, over the windows that can hold it.
 __global__ void maxpool_backward_kernel(PoolShape s, const float* dy, const int32_t* argmax,
                                         float* dx) {
   const int64_t in_plane = static_cast<int64_t>(s.in_h) * s.in_w;
@@ -47,9 +67,9 @@ __global__ void maxpool_backward_kernel(PoolShape s, const float* dy, const int3
     const int64_t p = i / in_plane;
     const int pixel = static_cast<int>(i - p * in_plane);
     const int ih = pixel / s.in_w, iw = pixel % s.in_w;
-    const int oi_lo = ih >= s.kernel ? (ih - s.kernel) / s.stride + 1 : 0;
-    const int oj_lo = iw >= s.kernel ? (iw - s.kernel) / s.stride + 1 : 0;
-    const int oi_hi = min(ih / s.stride, s.out_h - 1), oj_hi = min(iw / s.stride, s.out_w - 1);
+    int oi_lo, oi_hi, oj_lo, oj_hi;
+    OutputRange(ih, s.stride_h, s.pad_h, s.kernel_h, s.out_h, &oi_lo, &oi_hi);
+    OutputRange(iw, s.stride_w, s.pad_w, s.kernel_w, s.out_w, &oj_lo, &oj_hi);
     const float* g = dy + p * out_plane;
     const int32_t* am = argmax + p * out_plane;
     float sum = 0.0f;
@@ -58,6 +78,47 @@ __global__ void maxpool_backward_kernel(PoolShape s, const float* dy, const int3
         const int o = oi * s.out_w + oj;
         if (am[o] == pixel) sum += g[o];
       }
+    }
+    dx[i] = sum;
+  }
+}
+
+__global__ void avgpool_forward_kernel(PoolShape s, const float* x, float* y) {
+  const int64_t out_plane = static_cast<int64_t>(s.out_h) * s.out_w;
+  const int64_t n = out_plane * s.planes;
+  const float divisor = static_cast<float>(s.kernel_h * s.kernel_w);
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int64_t p = i / out_plane;
+    const int o = static_cast<int>(i - p * out_plane);
+    const int oi = o / s.out_w, oj = o % s.out_w;
+    const float* in = x + p * s.in_h * s.in_w;
+    int r0, r1, c0, c1;
+    WindowRange(oi, s.stride_h, s.pad_h, s.kernel_h, s.in_h, &r0, &r1);
+    WindowRange(oj, s.stride_w, s.pad_w, s.kernel_w, s.in_w, &c0, &c1);
+    float sum = 0.0f;
+    for (int a = r0; a < r1; ++a) {
+      for (int b = c0; b < c1; ++b) sum += in[a * s.in_w + b];
+    }
+    y[i] = sum / divisor;
+  }
+}
+
+__global__ void avgpool_backward_kernel(PoolShape s, const float* dy, float* dx) {
+  const int64_t in_plane = static_cast<int64_t>(s.in_h) * s.in_w;
+  const int64_t out_plane = static_cast<int64_t>(s.out_h) * s.out_w;
+  const int64_t n = in_plane * s.planes;
+  const float divisor = static_cast<float>(s.kernel_h * s.kernel_w);
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int64_t p = i / in_plane;
+    const int pixel = static_cast<int>(i - p * in_plane);
+    const int ih = pixel / s.in_w, iw = pixel % s.in_w;
+    int oi_lo, oi_hi, oj_lo, oj_hi;
+    OutputRange(ih, s.stride_h, s.pad_h, s.kernel_h, s.out_h, &oi_lo, &oi_hi);
+    OutputRange(iw, s.stride_w, s.pad_w, s.kernel_w, s.out_w, &oj_lo, &oj_hi);
+    const float* g = dy + p * out_plane;
+    float sum = 0.0f;
+    for (int oi = oi_lo; oi <= oi_hi; ++oi) {
+      for (int oj = oj_lo; oj <= oj_hi; ++oj) sum += g[oi * s.out_w + oj] / divisor;
     }
     dx[i] = sum;
   }
@@ -78,6 +139,20 @@ cudaError_t maxpool_backward(cudaStream_t stream, const PoolShape& s, const floa
   const int64_t n = static_cast<int64_t>(s.planes) * s.in_h * s.in_w;
   if (n <= 0) return cudaSuccess;
   maxpool_backward_kernel<<<GridFor(n), kThreads, 0, stream>>>(s, dy, argmax, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t avgpool_forward(cudaStream_t stream, const PoolShape& s, const float* x, float* y) {
+  const int64_t n = static_cast<int64_t>(s.planes) * s.out_h * s.out_w;
+  if (n <= 0 || s.out_h <= 0 || s.out_w <= 0) return cudaSuccess;
+  avgpool_forward_kernel<<<GridFor(n), kThreads, 0, stream>>>(s, x, y);
+  return cudaGetLastError();
+}
+
+cudaError_t avgpool_backward(cudaStream_t stream, const PoolShape& s, const float* dy, float* dx) {
+  const int64_t n = static_cast<int64_t>(s.planes) * s.in_h * s.in_w;
+  if (n <= 0) return cudaSuccess;
+  avgpool_backward_kernel<<<GridFor(n), kThreads, 0, stream>>>(s, dy, dx);
   return cudaGetLastError();
 }
 

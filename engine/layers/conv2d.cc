@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -11,31 +12,47 @@
 
 namespace kiln {
 
+namespace {
+
+// "kernel_size 3" for a square kernel, "kernel 3x5" otherwise.
+std::string DescribeKernel(const Conv2dConfig& c) {
+  if (c.KernelH() == c.KernelW()) return absl::StrCat("kernel_size ", c.KernelH());
+  return absl::StrCat("kernel ", c.KernelH(), "x", c.KernelW());
+}
+
+absl::Status CheckNonNegative(const char* field, int64_t v) {
+  if (v >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be >= 0, got ", v));
+}
+
+}  // namespace
+
 absl::StatusOr<Shape> OutputShape(const Conv2dConfig& c, const Shape& in) {
   KILN_RETURN_IF_ERROR(CheckPositive("in_channels", c.in_channels));
   KILN_RETURN_IF_ERROR(CheckPositive("out_channels", c.out_channels));
-  KILN_RETURN_IF_ERROR(CheckPositive("kernel_size", c.kernel_size));
-  KILN_RETURN_IF_ERROR(CheckPositive("stride", c.stride));
-  if (c.padding < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("padding must be >= 0, got ", c.padding));
-  }
+  // Each field named as the spec wrote it: the per-axis form where given.
+  KILN_RETURN_IF_ERROR(CheckPositive(c.kernel_h ? "kernel_h" : "kernel_size", c.KernelH()));
+  KILN_RETURN_IF_ERROR(CheckPositive(c.kernel_w ? "kernel_w" : "kernel_size", c.KernelW()));
+  KILN_RETURN_IF_ERROR(CheckPositive(c.stride_h ? "stride_h" : "stride", c.StrideH()));
+  KILN_RETURN_IF_ERROR(CheckPositive(c.stride_w ? "stride_w" : "stride", c.StrideW()));
+  KILN_RETURN_IF_ERROR(CheckNonNegative(c.padding_h ? "padding_h" : "padding", c.PaddingH()));
+  KILN_RETURN_IF_ERROR(CheckNonNegative(c.padding_w ? "padding_w" : "padding", c.PaddingW()));
   KILN_RETURN_IF_ERROR(CheckImageInput("conv2d", in));
   if (in[0] != c.in_channels) {
     return absl::InvalidArgumentError(absl::StrCat("in_channels ", c.in_channels, " but input is ",
                                                    ShapeString(in), " (", in[0], " channels)"));
   }
-  const int64_t h = in[1] + 2 * c.padding, w = in[2] + 2 * c.padding;
-  if (c.kernel_size > h || c.kernel_size > w) {
-    return absl::InvalidArgumentError(absl::StrCat("kernel_size ", c.kernel_size,
-                                                   " is larger than the padded input ", h, "x", w));
+  const int64_t h = in[1] + 2 * c.PaddingH(), w = in[2] + 2 * c.PaddingW();
+  if (c.KernelH() > h || c.KernelW() > w) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(DescribeKernel(c), " is larger than the padded input ", h, "x", w));
   }
-  return Shape{c.out_channels, (h - c.kernel_size) / c.stride + 1,
-               (w - c.kernel_size) / c.stride + 1};
+  return Shape{c.out_channels, (h - c.KernelH()) / c.StrideH() + 1,
+               (w - c.KernelW()) / c.StrideW() + 1};
 }
 
 int64_t ParameterCount(const Conv2dConfig& c) {
-  return c.out_channels * c.in_channels * c.kernel_size * c.kernel_size +
-         (c.bias ? c.out_channels : 0);
+  return c.out_channels * c.in_channels * c.KernelH() * c.KernelW() + (c.bias ? c.out_channels : 0);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const Conv2dConfig& c, const LayerContext& ctx) {
@@ -46,11 +63,11 @@ absl::StatusOr<std::unique_ptr<Layer>> Conv2d::Create(const Conv2dConfig& config
                                                       const Shape& input, const Shape& output,
                                                       Rng* rng, Activation act) {
   auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output, act));
-  const int64_t k = config.kernel_size;
-  const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_channels * k * k));
+  const int64_t kh = config.KernelH(), kw = config.KernelW();
+  const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_channels * kh * kw));
   KILN_RETURN_IF_ERROR(InitUniformParameter(backend, "weight",
-                                            {config.out_channels, config.in_channels, k, k}, bound,
-                                            rng, &layer->weight_));
+                                            {config.out_channels, config.in_channels, kh, kw},
+                                            bound, rng, &layer->weight_));
   if (config.bias) {
     KILN_RETURN_IF_ERROR(
         InitUniformParameter(backend, "bias", {config.out_channels}, bound, rng, &layer->bias_));
@@ -70,9 +87,12 @@ Conv2dGeometry MakeConv2dGeometry(const Conv2dConfig& c, const Shape& input, int
   g.in_h = static_cast<int>(input[1]);
   g.in_w = static_cast<int>(input[2]);
   g.out_channels = static_cast<int>(c.out_channels);
-  g.kernel_h = g.kernel_w = static_cast<int>(c.kernel_size);
-  g.stride = static_cast<int>(c.stride);
-  g.padding = static_cast<int>(c.padding);
+  g.kernel_h = static_cast<int>(c.KernelH());
+  g.kernel_w = static_cast<int>(c.KernelW());
+  g.stride_h = static_cast<int>(c.StrideH());
+  g.stride_w = static_cast<int>(c.StrideW());
+  g.padding_h = static_cast<int>(c.PaddingH());
+  g.padding_w = static_cast<int>(c.PaddingW());
   return g;
 }
 

@@ -1,4 +1,5 @@
-// Conv2d: square kernel, stride and zero padding, weight (out, in, k, k) as in torch.nn.Conv2d.
+// Conv2d: kernel, stride and zero padding per axis (square by default), weight (out, in, kh, kw)
+// as in torch.nn.Conv2d.
 #pragma once
 
 #include <memory>
@@ -10,7 +11,8 @@
 
 namespace kiln {
 
-// Output (out_channels, H', W') for a (in_channels, H, W) input, floor((H + 2p - k) / s) + 1.
+// Output (out_channels, H', W') for a (in_channels, H, W) input, floor((H + 2ph - kh) / sh) + 1
+// and likewise for W.
 absl::StatusOr<Shape> OutputShape(const Conv2dConfig& c, const Shape& input);
 int64_t ParameterCount(const Conv2dConfig& c);
 // The backend's view of a conv2d layer over `batch` samples of `input` (in_channels, H, W): what

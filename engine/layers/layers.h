@@ -3,6 +3,8 @@
 // config to model_config.h's LayerConfig, its own files, and one line here.
 #pragma once
 
+#include "engine/layers/activation.h"
+#include "engine/layers/avgpool2d.h"
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
 #include "engine/layers/flatten.h"

@@ -1,4 +1,4 @@
-// MaxPool2d: the maximum over each kernel x kernel window (floor mode, no padding).
+// MaxPool2d: the maximum over each kernel x kernel window (floor mode); padded positions never win.
 #pragma once
 
 #include <memory>
@@ -9,7 +9,8 @@
 
 namespace kiln {
 
-// Output (C, H', W') for a (C, H, W) input, floor((H - k) / stride) + 1; no parameters.
+// Output (C, H', W') for a (C, H, W) input, floor((H + 2p - k) / stride) + 1 (Pool2dOutputShape);
+// no parameters.
 absl::StatusOr<Shape> OutputShape(const MaxPool2dConfig& c, const Shape& input);
 inline int64_t ParameterCount(const MaxPool2dConfig&) { return 0; }
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const MaxPool2dConfig& c, const LayerContext& ctx);

@@ -75,6 +75,25 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
       KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.stride", c.stride, int64_t{1}, int64_t{64}));
       KILN_RETURN_IF_ERROR(
           InRange(field + ".conv2d.padding", c.padding, int64_t{0}, c.kernel_size - 1));
+      // The per-axis forms: the square fields' bounds, per axis.
+      if (l.has_kernel_h()) c.kernel_h = l.kernel_h();
+      if (l.has_kernel_w()) c.kernel_w = l.kernel_w();
+      if (l.has_stride_h()) c.stride_h = l.stride_h();
+      if (l.has_stride_w()) c.stride_w = l.stride_w();
+      if (l.has_padding_h()) c.padding_h = l.padding_h();
+      if (l.has_padding_w()) c.padding_w = l.padding_w();
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.kernel_h", c.KernelH(), int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.kernel_w", c.KernelW(), int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.stride_h", c.StrideH(), int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.stride_w", c.StrideW(), int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.padding_h", c.PaddingH(), int64_t{0}, c.KernelH() - 1));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".conv2d.padding_w", c.PaddingW(), int64_t{0}, c.KernelW() - 1));
       return c;
     }
     case v1::Layer::kRelu:
@@ -87,8 +106,53 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
       KILN_RETURN_IF_ERROR(
           InRange(field + ".maxpool2d.kernel_size", c.kernel_size, int64_t{1}, int64_t{64}));
       KILN_RETURN_IF_ERROR(InRange(field + ".maxpool2d.stride", c.stride, int64_t{0}, int64_t{64}));
+      c.padding = l.padding();
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".maxpool2d.padding", c.padding, int64_t{0}, c.kernel_size / 2));
       return c;
     }
+    case v1::Layer::kAvgpool2D: {
+      const v1::AvgPool2dLayer& l = layer.avgpool2d();
+      AvgPool2dConfig c;
+      c.kernel_size = l.kernel_size() == 0 ? 2 : l.kernel_size();
+      c.stride = l.stride();
+      c.padding = l.padding();
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".avgpool2d.kernel_size", c.kernel_size, int64_t{1}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(InRange(field + ".avgpool2d.stride", c.stride, int64_t{0}, int64_t{64}));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".avgpool2d.padding", c.padding, int64_t{0}, c.kernel_size / 2));
+      return c;
+    }
+    case v1::Layer::kAdaptiveAvgpool2D: {
+      const v1::AdaptiveAvgPool2dLayer& l = layer.adaptive_avgpool2d();
+      AdaptiveAvgPool2dConfig c;
+      c.output_h = l.output_h() == 0 ? 1 : l.output_h();
+      c.output_w = l.output_w() == 0 ? 1 : l.output_w();
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".adaptive_avgpool2d.output_h", c.output_h, int64_t{1}, max));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".adaptive_avgpool2d.output_w", c.output_w, int64_t{1}, max));
+      return c;
+    }
+    case v1::Layer::kTanh:
+      return TanhConfig{};
+    case v1::Layer::kSigmoid:
+      return SigmoidConfig{};
+    case v1::Layer::kGelu:
+      return GeluConfig{};
+    case v1::Layer::kLeakyRelu: {
+      LeakyReluConfig c;
+      if (layer.leaky_relu().has_negative_slope())
+        c.negative_slope = layer.leaky_relu().negative_slope();
+      if (!std::isfinite(c.negative_slope)) {
+        return Invalid(field + ".leaky_relu.negative_slope",
+                       absl::StrCat("must be finite, got ", c.negative_slope));
+      }
+      return c;
+    }
+    case v1::Layer::kSilu:
+      return SiluConfig{};
     case v1::Layer::kFlatten:
       return FlattenConfig{};
     case v1::Layer::kDropout: {
@@ -102,7 +166,8 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
     case v1::Layer::KIND_NOT_SET:
       break;
   }
-  return Invalid(field, "no layer type set (linear, conv2d, relu, maxpool2d, flatten, ...)");
+  return Invalid(field,
+                 "no layer type set (linear, conv2d, relu, maxpool2d, avgpool2d, tanh, gelu, ...)");
 }
 
 absl::StatusOr<ModelConfig> TranslateModel(const v1::ModelSpec& spec, const SpecLimits& limits) {

@@ -42,15 +42,15 @@ Pool2dGeometry Pool(int h, int w, int kernel, int stride) {
   g.channels = 3;
   g.in_h = h;
   g.in_w = w;
-  g.kernel = kernel;
-  g.stride = stride;
+  g.kernel_h = g.kernel_w = kernel;
+  g.stride_h = g.stride_w = stride;
   return g;
 }
 
 TEST_P(BackendEdgeCases, PoolingAnInputSmallerThanTheWindowIsInvalidArgument) {
   // (1 - 2) / 2 + 1 truncates to 1 output row: without the check the window reads past the input.
   for (const Pool2dGeometry& g : {Pool(1, 4, 2, 2), Pool(4, 1, 2, 2), Pool(2, 2, 3, 1)}) {
-    SCOPED_TRACE(::testing::Message() << g.in_h << "x" << g.in_w << " k" << g.kernel);
+    SCOPED_TRACE(::testing::Message() << g.in_h << "x" << g.in_w << " k" << g.kernel_h);
     Tensor x = Make(DType::kF32, {g.batch, g.channels, g.in_h, g.in_w});
     Tensor y = Make(DType::kF32, {g.batch, g.channels, 4, 4});
     Tensor argmax = Make(DType::kI32, {g.batch, g.channels, 4, 4});
@@ -118,7 +118,7 @@ TEST(CpuBackendEdgeCases, AConvolutionWhoseWorkspaceCannotBeAllocatedIsResourceE
   g.in_w = 1 << 20;
   g.out_channels = 1;
   g.kernel_h = g.kernel_w = 4097;
-  g.padding = 2048;
+  g.padding_h = g.padding_w = 2048;
   auto x = (*backend)->Allocate(DType::kF32, {1, 1, g.in_h, g.in_w});
   auto w = (*backend)->Allocate(DType::kF32, {1, 1, g.kernel_h, g.kernel_w});
   auto y = (*backend)->Allocate(DType::kF32, {1, 1, g.out_h(), g.out_w()});

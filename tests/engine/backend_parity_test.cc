@@ -411,6 +411,33 @@ TEST_P(OpParity, ReluForwardAndBackwardMatchBitForBit) {
   ExpectSameBits(out, "relu of NaN, inf and signed zeros");
 }
 
+TEST_P(OpParity, ActivationsMatchForEveryKind) {
+  for (ActivationKind kind :
+       {ActivationKind::kTanh, ActivationKind::kSigmoid, ActivationKind::kGelu,
+        ActivationKind::kLeakyRelu, ActivationKind::kSilu}) {
+    for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{100003}}) {
+      SCOPED_TRACE(::testing::Message() << "kind " << static_cast<int>(kind) << " n " << n);
+      std::vector<float> xv = RandomValues(n, 27, -6, 6);
+      if (n > 8) {
+        // Saturation: exp overflows, tanh and sigmoid flatten.
+        xv[0] = 0.0f;
+        xv[1] = -0.0f;
+        xv[2] = 90.0f;
+        xv[3] = -90.0f;
+      }
+      Both x = Upload(xv), y = Garbage(n), dy = Upload(RandomValues(n, 28)), dx = Garbage(n, 29);
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.ActivationForward(kind, 0.1f, n, x.f(s), y.f(s));
+      }));
+      ExpectClose(y, "activation forward");
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.ActivationBackward(kind, 0.1f, n, x.f(s), y.f(s), dy.f(s), dx.f(s));
+      }));
+      ExpectClose(dx, "activation backward");
+    }
+  }
+}
+
 TEST_P(OpParity, DropoutMasksAreIdenticalOnBothBackends) {
   struct Case {
     int64_t n;
@@ -450,7 +477,9 @@ TEST_P(OpParity, SoftmaxForwardMatchesForNarrowAndWideRows) {
 // --- convolution and pooling ---------------------------------------------------------------------
 
 std::vector<Conv2dGeometry> ConvGeometries() {
-  auto g = [](int n, int c, int h, int w, int oc, int kh, int kw, int stride, int pad) {
+  // stride_w and pad_w default to the square stride and pad.
+  auto g = [](int n, int c, int h, int w, int oc, int kh, int kw, int stride, int pad,
+              int stride_w = -1, int pad_w = -1) {
     Conv2dGeometry out;
     out.batch = n;
     out.in_channels = c;
@@ -459,20 +488,24 @@ std::vector<Conv2dGeometry> ConvGeometries() {
     out.out_channels = oc;
     out.kernel_h = kh;
     out.kernel_w = kw;
-    out.stride = stride;
-    out.padding = pad;
+    out.stride_h = stride;
+    out.stride_w = stride_w >= 0 ? stride_w : stride;
+    out.padding_h = pad;
+    out.padding_w = pad_w >= 0 ? pad_w : pad;
     return out;
   };
-  return {g(2, 3, 9, 11, 5, 3, 3, 1, 0),    g(2, 3, 9, 11, 5, 3, 3, 2, 1),
-          g(3, 2, 8, 8, 4, 5, 5, 1, 2),     g(1, 4, 7, 7, 6, 1, 1, 1, 0),
-          g(2, 3, 10, 9, 2, 3, 2, 3, 1),    g(64, 1, 28, 28, 32, 3, 3, 1, 0),
-          g(64, 32, 13, 13, 64, 3, 3, 1, 0)};
+  return {g(2, 3, 9, 11, 5, 3, 3, 1, 0), g(2, 3, 9, 11, 5, 3, 3, 2, 1),
+          g(3, 2, 8, 8, 4, 5, 5, 1, 2), g(1, 4, 7, 7, 6, 1, 1, 1, 0), g(2, 3, 10, 9, 2, 3, 2, 3, 1),
+          g(64, 1, 28, 28, 32, 3, 3, 1, 0), g(64, 32, 13, 13, 64, 3, 3, 1, 0),
+          // Per-axis stride and padding, rectangular kernels (1x7 and 7x1 as in Inception).
+          g(2, 3, 9, 11, 4, 1, 7, 1, 0, 1, 3), g(2, 3, 11, 9, 4, 7, 1, 1, 3, 1, 0),
+          g(2, 3, 10, 12, 5, 3, 5, 2, 1, 1, 2), g(1, 1, 9, 8, 3, 2, 3, 1, 0, 2, 1)};
 }
 
 std::string Describe(const Conv2dGeometry& g) {
-  return ::testing::PrintToString(std::vector<int>{g.batch, g.in_channels, g.in_h, g.in_w,
-                                                   g.out_channels, g.kernel_h, g.kernel_w, g.stride,
-                                                   g.padding});
+  return ::testing::PrintToString(
+      std::vector<int>{g.batch, g.in_channels, g.in_h, g.in_w, g.out_channels, g.kernel_h,
+                       g.kernel_w, g.stride_h, g.stride_w, g.padding_h, g.padding_w});
 }
 
 // How far a correct (cuDNN) result may be from the CPU's, by relative L2 error. Each output is a
@@ -555,20 +588,22 @@ TEST_P(OpParity, ConvBackwardAccumulatesWeightsAndOverwritesInputGradient) {
 
 TEST_P(OpParity, MaxPoolPicksTheSameWinnersForEveryWindowShape) {
   struct Case {
-    int n, c, h, w, kernel, stride;
+    int n, c, h, w, kernel, stride, pad = 0;
   };
   for (Case k : {Case{2, 3, 8, 8, 2, 2}, Case{1, 2, 7, 9, 2, 2}, Case{2, 2, 9, 9, 3, 2},
                  Case{1, 3, 9, 7, 3, 3}, Case{1, 1, 6, 6, 2, 1}, Case{2, 1, 5, 5, 1, 1},
-                 Case{64, 32, 26, 26, 2, 2}}) {
+                 Case{64, 32, 26, 26, 2, 2}, Case{2, 3, 8, 8, 2, 2, 1}, Case{2, 2, 9, 7, 3, 2, 1},
+                 Case{1, 3, 7, 9, 5, 1, 2}, Case{8, 16, 32, 32, 3, 2, 1}}) {
     Pool2dGeometry g;
     g.batch = k.n;
     g.channels = k.c;
     g.in_h = k.h;
     g.in_w = k.w;
-    g.kernel = k.kernel;
-    g.stride = k.stride;
+    g.kernel_h = g.kernel_w = k.kernel;
+    g.stride_h = g.stride_w = k.stride;
+    g.padding_h = g.padding_w = k.pad;
     SCOPED_TRACE(::testing::Message() << k.n << "x" << k.c << "x" << k.h << "x" << k.w << " k"
-                                      << k.kernel << " s" << k.stride);
+                                      << k.kernel << " s" << k.stride << " p" << k.pad);
     const int64_t x_n = int64_t{k.n} * k.c * k.h * k.w;
     const int64_t y_n = int64_t{k.n} * k.c * g.out_h() * g.out_w();
     std::vector<float> xv = RandomValues(x_n, 23);
@@ -586,6 +621,41 @@ TEST_P(OpParity, MaxPoolPicksTheSameWinnersForEveryWindowShape) {
     ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.MaxPool2dBackward(g, dy.f(s), am.i(s), dx.f(s)); }));
     ExpectClose(dx, "pool backward", 1e-6);
+  }
+}
+
+TEST_P(OpParity, AvgPoolMatchesForEveryWindowShape) {
+  struct Case {
+    int n, c, h, w, kh, kw, sh, sw, ph, pw;
+  };
+  for (Case k : {Case{2, 3, 8, 8, 2, 2, 2, 2, 0, 0}, Case{1, 2, 7, 9, 3, 3, 2, 2, 1, 1},
+                 Case{2, 2, 9, 7, 3, 3, 1, 1, 1, 1}, Case{1, 3, 5, 6, 5, 6, 5, 6, 0, 0},
+                 Case{2, 4, 6, 9, 2, 3, 2, 3, 1, 1}, Case{64, 32, 8, 8, 8, 8, 1, 1, 0, 0},
+                 Case{8, 16, 32, 32, 3, 3, 2, 2, 1, 1}}) {
+    Pool2dGeometry g;
+    g.batch = k.n;
+    g.channels = k.c;
+    g.in_h = k.h;
+    g.in_w = k.w;
+    g.kernel_h = k.kh;
+    g.kernel_w = k.kw;
+    g.stride_h = k.sh;
+    g.stride_w = k.sw;
+    g.padding_h = k.ph;
+    g.padding_w = k.pw;
+    SCOPED_TRACE(::testing::Message()
+                 << k.n << "x" << k.c << "x" << k.h << "x" << k.w << " k" << k.kh << "x" << k.kw
+                 << " s" << k.sh << "x" << k.sw << " p" << k.ph << "x" << k.pw);
+    const int64_t x_n = int64_t{k.n} * k.c * k.h * k.w;
+    const int64_t y_n = int64_t{k.n} * k.c * g.out_h() * g.out_w();
+    Both x = Upload(RandomValues(x_n, 25)), y = Garbage(y_n);
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.AvgPool2dForward(g, x.f(s), y.f(s)); }));
+    // The same sums in the same order on both sides.
+    ExpectSameBits(y, "avgpool forward");
+    Both dy = Upload(RandomValues(y_n, 26)), dx = Garbage(x_n);
+    ASSERT_OK(
+        RunBoth([&](Backend& be, Side s) { return be.AvgPool2dBackward(g, dy.f(s), dx.f(s)); }));
+    ExpectSameBits(dx, "avgpool backward");
   }
 }
 

@@ -4,12 +4,14 @@
 // a job needs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/im2col_conv.h"
 #include "tests/engine/test_util.h"
 
 namespace kiln {
@@ -31,8 +33,8 @@ Conv2dGeometry Geometry(int batch, int c, int hw, int oc, int k, int stride, int
   g.in_h = g.in_w = hw;
   g.out_channels = oc;
   g.kernel_h = g.kernel_w = k;
-  g.stride = stride;
-  g.padding = pad;
+  g.stride_h = g.stride_w = stride;
+  g.padding_h = g.padding_w = pad;
   return g;
 }
 
@@ -67,10 +69,10 @@ Direct DirectConv(const Conv2dGeometry& g, const std::vector<float>& x, const st
             if (pass == 1) d.db[o] += grad;
             for (int c = 0; c < g.in_channels; ++c) {
               for (int a = 0; a < g.kernel_h; ++a) {
-                const int r = i * g.stride - g.padding + a;
+                const int r = i * g.stride_h - g.padding_h + a;
                 if (r < 0 || r >= g.in_h) continue;
                 for (int e = 0; e < g.kernel_w; ++e) {
-                  const int s = j * g.stride - g.padding + e;
+                  const int s = j * g.stride_w - g.padding_w + e;
                   if (s < 0 || s >= g.in_w) continue;
                   if (pass == 0) {
                     sum += double{x[xi(n, c, r, s)]} * w[wi(o, c, a, e)];
@@ -150,6 +152,82 @@ TEST_P(CpuConvReference, MatchesADirectConvolutionAndRepeatsBitForBit) {
     }
   }
 }
+
+// Per-axis stride and padding with a rectangular kernel, without a bias, through the backend
+// (oneDNN, or im2col for one input channel's backward) ...
+Conv2dGeometry PerAxis(int batch, int c, int h, int w, int oc, int kh, int kw, int sh, int sw,
+                       int ph, int pw) {
+  Conv2dGeometry g;
+  g.batch = batch;
+  g.in_channels = c;
+  g.in_h = h;
+  g.in_w = w;
+  g.out_channels = oc;
+  g.kernel_h = kh;
+  g.kernel_w = kw;
+  g.stride_h = sh;
+  g.stride_w = sw;
+  g.padding_h = ph;
+  g.padding_w = pw;
+  return g;
+}
+
+class CpuConvPerAxis : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(CpuConvPerAxis, WithoutABiasMatchesADirectConvolutionOnOneDnnAndOnIm2col) {
+  const Conv2dGeometry g = GetParam().g;
+  const std::vector<float> x =
+      RandomValues(size_t{1} * g.batch * g.in_channels * g.in_h * g.in_w, 5);
+  const std::vector<float> w = RandomValues(
+      size_t{1} * g.out_channels * g.in_channels * g.kernel_h * g.kernel_w, 6, -0.3f, 0.3f);
+  const std::vector<float> zero_bias(g.out_channels, 0.0f);
+  const std::vector<float> dy =
+      RandomValues(size_t{1} * g.batch * g.out_channels * g.out_h() * g.out_w(), 7);
+  const Direct want = DirectConv(g, x, w, zero_bias, dy);
+
+  // The backend's own path.
+  CpuBackend backend(2);
+  const Tensor xt = MakeTensor(backend, {g.batch, g.in_channels, g.in_h, g.in_w}, x);
+  const Tensor wt = MakeTensor(backend, {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, w);
+  const Tensor dyt = MakeTensor(backend, {g.batch, g.out_channels, g.out_h(), g.out_w()}, dy);
+  auto y = backend.Allocate(DType::kF32, dyt.shape());
+  auto dw = backend.Allocate(DType::kF32, wt.shape());
+  auto dx = backend.Allocate(DType::kF32, xt.shape());
+  for (auto* t : {&y, &dw, &dx}) ASSERT_OK(*t);
+  ASSERT_OK(backend.Conv2dForward(g, xt.f32(), wt.f32(), nullptr, Activation::kRelu, y->f32()));
+  ASSERT_OK(backend.Conv2dBackward(g, xt.f32(), wt.f32(), y->f32(), dyt.f32(), Activation::kRelu,
+                                   dw->f32(), nullptr, dx->f32()));
+  ExpectClose(ToHost(backend, *y), want.y, 1e-4, "backend y");
+  ExpectClose(ToHost(backend, *dw), want.dw, 1e-4, "backend dw");
+  ExpectClose(ToHost(backend, *dx), want.dx, 1e-4, "backend dx");
+
+  // ... and the im2col fallback itself (what oneDNN's reference-kernel geometries run), on one
+  // and on two threads.
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    const auto fwd = cpu_internal::Im2colScratchFloats(g, threads, /*backward=*/false);
+    const auto bwd = cpu_internal::Im2colScratchFloats(g, threads, /*backward=*/true);
+    std::vector<float> scratch(std::max(fwd.columns + fwd.partials, bwd.columns + bwd.partials));
+    std::vector<float> yi(dy.size(), -7.0f), dwi(w.size(), 0.0f), dxi(x.size(), -7.0f);
+    cpu_internal::Im2colConv2dForward(g, x.data(), w.data(), nullptr, Activation::kRelu, yi.data(),
+                                      threads, scratch.data());
+    cpu_internal::Im2colConv2dBackward(g, x.data(), w.data(), yi.data(), dy.data(),
+                                       Activation::kRelu, dwi.data(), nullptr, dxi.data(), threads,
+                                       scratch.data());
+    ExpectClose(yi, want.y, 1e-4, "im2col y");
+    ExpectClose(dwi, want.dw, 1e-4, "im2col dw");
+    ExpectClose(dxi, want.dx, 1e-4, "im2col dx");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CpuConvPerAxis,
+    ::testing::Values(ConvCase{"Kernel1x7", PerAxis(2, 3, 9, 11, 4, 1, 7, 1, 1, 0, 3)},
+                      ConvCase{"Kernel7x1OneChannel", PerAxis(2, 1, 11, 9, 4, 7, 1, 1, 1, 3, 0)},
+                      ConvCase{"Stride2x1", PerAxis(3, 4, 10, 12, 5, 3, 5, 2, 1, 1, 2)},
+                      ConvCase{"Stride1x2OneChannel", PerAxis(2, 1, 9, 8, 3, 2, 3, 1, 2, 0, 1)},
+                      ConvCase{"Stride3x2", PerAxis(2, 17, 13, 11, 16, 4, 3, 3, 2, 2, 1)}),
+    [](const ::testing::TestParamInfo<ConvCase>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     ReferenceShapes, CpuConvReference,

@@ -8,10 +8,14 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "engine/backend_registry.h"
+#include "engine/layers/activation.h"
+#include "engine/layers/avgpool2d.h"
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
 #include "engine/layers/flatten.h"
@@ -104,6 +108,21 @@ class GradientCheckBase : public ::testing::Test {
     }
   }
 
+  // The layer of `config` over a per-sample `input`, built as the model builds it.
+  std::unique_ptr<Layer> Build(const LayerConfig& config, const Shape& input) {
+    auto shapes = InferShapes({input, {config}});
+    EXPECT_OK(shapes) << shapes.status();
+    if (!shapes.ok()) return nullptr;
+    LayerContext ctx;
+    ctx.backend = backend_.get();
+    ctx.input = (*shapes)[0];
+    ctx.output = (*shapes)[1];
+    ctx.rng = &rng_;
+    auto layer = std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, config);
+    EXPECT_OK(layer) << layer.status();
+    return layer.ok() ? *std::move(layer) : nullptr;
+  }
+
   std::unique_ptr<Backend> backend_;
   Rng rng_{7};
 };
@@ -127,9 +146,14 @@ TEST_P(GradientCheck, LinearWithoutBias) {
   CheckLayer(**layer, 3, RandomValues(12, 2));
 }
 
-// Every branch of im2col/col2im: plain, padded, strided, non-square, several channels.
+// Every branch of im2col/col2im: plain, padded, strided, non-square, several channels; and the
+// per-axis forms (kernel kh x kw, stride sh x sw, padding ph x pw where those are given, >= 0),
+// on oneDNN (several channels) and on im2col (one input channel's backward), with and without a
+// bias.
 struct ConvCase {
   int c, h, w, oc, k, stride, pad;
+  int kh = -1, kw = -1, sh = -1, sw = -1, ph = -1, pw = -1;
+  bool bias = true;
 };
 class ConvGradient : public GradientCheckBase,
                      public ::testing::WithParamInterface<std::tuple<std::string, ConvCase>> {
@@ -139,7 +163,13 @@ class ConvGradient : public GradientCheckBase,
 
 TEST_P(ConvGradient, MatchesFiniteDifferences) {
   const ConvCase p = std::get<1>(GetParam());
-  Conv2dConfig cfg{p.c, p.oc, p.k, p.stride, p.pad, true};
+  Conv2dConfig cfg{p.c, p.oc, p.k, p.stride, p.pad, p.bias};
+  if (p.kh >= 0) cfg.kernel_h = p.kh;
+  if (p.kw >= 0) cfg.kernel_w = p.kw;
+  if (p.sh >= 0) cfg.stride_h = p.sh;
+  if (p.sw >= 0) cfg.stride_w = p.sw;
+  if (p.ph >= 0) cfg.padding_h = p.ph;
+  if (p.pw >= 0) cfg.padding_w = p.pw;
   auto shapes = InferShapes({{p.c, p.h, p.w}, {cfg}});
   ASSERT_OK(shapes) << shapes.status();
   auto layer = Conv2d::Create(cfg, backend_.get(), (*shapes)[0], (*shapes)[1], &rng_);
@@ -150,20 +180,32 @@ TEST_P(ConvGradient, MatchesFiniteDifferences) {
 // Named by shape and device: "c2_5x4_oc3_k3_s1_p1_cuda_0".
 std::string ConvCaseName(const ::testing::TestParamInfo<std::tuple<std::string, ConvCase>>& info) {
   const ConvCase& p = std::get<1>(info.param);
-  return absl::StrCat("c", p.c, "_", p.h, "x", p.w, "_oc", p.oc, "_k", p.k, "_s", p.stride, "_p",
-                      p.pad, "_", testing::DeviceTestName(std::get<0>(info.param)));
+  std::string name = absl::StrCat("c", p.c, "_", p.h, "x", p.w, "_oc", p.oc, "_k", p.k, "_s",
+                                  p.stride, "_p", p.pad);
+  if (p.kh >= 0 || p.kw >= 0 || p.sh >= 0 || p.sw >= 0 || p.ph >= 0 || p.pw >= 0) {
+    absl::StrAppend(&name, "_axes", p.kh, "_", p.kw, "_", p.sh, "_", p.sw, "_", p.ph, "_", p.pw);
+  }
+  absl::StrReplaceAll({{"-1", "u"}}, &name);
+  if (!p.bias) absl::StrAppend(&name, "_nobias");
+  return absl::StrCat(name, "_", testing::DeviceTestName(std::get<0>(info.param)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ConvGradient,
-                         ::testing::Combine(::testing::ValuesIn(Devices()),
-                                            ::testing::Values(ConvCase{1, 5, 5, 2, 3, 1, 0},
-                                                              ConvCase{2, 5, 4, 3, 3, 1, 1},
-                                                              ConvCase{2, 7, 6, 2, 3, 2, 0},
-                                                              ConvCase{3, 6, 6, 2, 2, 2, 1},
-                                                              ConvCase{1, 4, 4, 1, 1, 1, 0},
-                                                              ConvCase{1, 6, 5, 2, 3, 1, 1},
-                                                              ConvCase{1, 6, 6, 2, 5, 1, 2})),
-                         ConvCaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ConvGradient,
+    ::testing::Combine(
+        ::testing::ValuesIn(Devices()),
+        ::testing::Values(ConvCase{1, 5, 5, 2, 3, 1, 0}, ConvCase{2, 5, 4, 3, 3, 1, 1},
+                          ConvCase{2, 7, 6, 2, 3, 2, 0}, ConvCase{3, 6, 6, 2, 2, 2, 1},
+                          ConvCase{1, 4, 4, 1, 1, 1, 0}, ConvCase{1, 6, 5, 2, 3, 1, 1},
+                          ConvCase{1, 6, 6, 2, 5, 1, 2},
+                          ConvCase{2, 5, 4, 3, 3, 1, 1, -1, -1, -1, -1, -1, -1, false},
+                          ConvCase{1, 6, 5, 2, 3, 1, 1, -1, -1, -1, -1, -1, -1, false},
+                          ConvCase{2, 5, 7, 3, 3, 1, 0, 1, 3, -1, -1, 0, 1},
+                          ConvCase{1, 7, 5, 2, 3, 1, 0, 3, 1, -1, -1, 1, 0},
+                          ConvCase{2, 7, 8, 2, 3, 1, 1, 3, 2, 2, 1, 1, 0, false},
+                          ConvCase{1, 8, 7, 2, 3, 1, 1, 2, 3, 1, 2, 0, 2},
+                          ConvCase{3, 6, 9, 2, 3, 1, 0, 2, 4, 2, 3, 1, 2})),
+    ConvCaseName);
 
 // One sample takes the backend's other path (no per-sample team; OpenBLAS threads the GEMMs).
 TEST_P(GradientCheck, ConvOfOneSample) {
@@ -188,6 +230,77 @@ TEST_P(GradientCheck, MaxPool) {
 TEST_P(GradientCheck, MaxPoolOverlappingWindows) {
   MaxPool2d layer({3, 1}, backend_.get(), {1, 5, 5}, {1, 3, 3});
   CheckLayer(layer, 2, DistinctValues(50, 6));
+}
+
+TEST_P(GradientCheck, MaxPoolWithPadding) {
+  // Padding 1 of a 3x3 window at stride 2: the border windows are clipped, padding never wins
+  // (all the values are negative, so a padded zero would).
+  std::vector<float> x = DistinctValues(2 * 2 * 5 * 6, 12);
+  for (float& v : x) v -= 4.0f;
+  auto layer = Build(MaxPool2dConfig{3, 2, 1}, {2, 5, 6});
+  ASSERT_NE(layer, nullptr);
+  EXPECT_EQ(layer->output_shape(), (Shape{2, 3, 3}));
+  CheckLayer(*layer, 2, x);
+}
+
+TEST_P(GradientCheck, AvgPool) {
+  auto layer = Build(AvgPool2dConfig{2, 0, 0}, {2, 5, 4});
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(80, 13));
+}
+
+TEST_P(GradientCheck, AvgPoolOverlappingWindowsWithPadding) {
+  auto layer = Build(AvgPool2dConfig{3, 2, 1}, {2, 6, 5});
+  ASSERT_NE(layer, nullptr);
+  EXPECT_EQ(layer->output_shape(), (Shape{2, 3, 3}));
+  CheckLayer(*layer, 2, RandomValues(120, 14));
+}
+
+TEST_P(GradientCheck, AdaptiveAvgPoolGlobal) {
+  auto layer = Build(AdaptiveAvgPool2dConfig{}, {3, 4, 5});
+  ASSERT_NE(layer, nullptr);
+  EXPECT_EQ(layer->output_shape(), (Shape{3, 1, 1}));
+  CheckLayer(*layer, 2, RandomValues(120, 15));
+}
+
+TEST_P(GradientCheck, AdaptiveAvgPoolToTwoByThree) {
+  auto layer = Build(AdaptiveAvgPool2dConfig{2, 3}, {2, 4, 6});
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(96, 16));
+}
+
+TEST_P(GradientCheck, Tanh) {
+  auto layer = Build(TanhConfig{}, {3, 4});
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(24, 17, -3, 3));
+}
+
+TEST_P(GradientCheck, Sigmoid) {
+  auto layer = Build(SigmoidConfig{}, {3, 4});
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(24, 18, -4, 4));
+}
+
+TEST_P(GradientCheck, Gelu) {
+  auto layer = Build(GeluConfig{}, {3, 4});
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(24, 19, -3, 3));
+}
+
+TEST_P(GradientCheck, LeakyRelu) {
+  // Away from the kink at 0, with PyTorch's default slope and a steeper one.
+  for (float slope : {0.01f, 0.2f}) {
+    SCOPED_TRACE(slope);
+    auto layer = Build(LeakyReluConfig{slope}, {3, 4});
+    ASSERT_NE(layer, nullptr);
+    CheckLayer(*layer, 2, DistinctValues(24, 20));
+  }
+}
+
+TEST_P(GradientCheck, Silu) {
+  auto layer = Build(SiluConfig{}, {3, 4});
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(24, 21, -4, 4));
 }
 
 TEST_P(GradientCheck, Flatten) {

@@ -56,7 +56,7 @@ Conv2dGeometry WideConvGeometry(int batch) {
   g.in_h = g.in_w = 1000;
   g.out_channels = 32;
   g.kernel_h = g.kernel_w = 33;
-  g.padding = 16;
+  g.padding_h = g.padding_w = 16;
   return g;
 }
 

@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "engine/backend_registry.h"
 #include "engine/model_config_json.h"
 #include "tests/engine/test_util.h"
@@ -60,6 +64,88 @@ TEST(InferShapes, ErrorsNameTheProblem) {
             "layer 0 softmax: needs a flat input but input is 2x3x3 (add a flatten layer)");
 }
 
+TEST(InferShapes, PoolingAndActivationErrorsNameTheLayerAndTheProblem) {
+  auto one = [](Shape in, LayerConfig layer) { return ModelConfig{std::move(in), {layer}}; };
+  EXPECT_EQ(ShapeError(one({1, 4, 4}, AvgPool2dConfig{5})),
+            "layer 0 avgpool2d: kernel_size 5 is larger than the input 1x4x4");
+  EXPECT_EQ(ShapeError(one({1, 3, 3}, AvgPool2dConfig{2, 1, 2})),
+            "layer 0 avgpool2d: padding 2 is more than half of kernel_size 2");
+  EXPECT_EQ(ShapeError(one({1, 2, 2}, AvgPool2dConfig{5, 1, 1})),
+            "layer 0 avgpool2d: kernel_size 5 is larger than the padded input 4x4");
+  EXPECT_EQ(ShapeError(one({1, 8, 8}, MaxPool2dConfig{3, 1, 2})),
+            "layer 0 maxpool2d: padding 2 is more than half of kernel_size 3");
+  EXPECT_EQ(ShapeError(one({1, 8, 8}, MaxPool2dConfig{2, 2, -1})),
+            "layer 0 maxpool2d: padding must be >= 0, got -1");
+  EXPECT_EQ(ShapeError(one({64}, AvgPool2dConfig{2})),
+            "layer 0 avgpool2d: avgpool2d needs a CxHxW input but input is 64");
+  EXPECT_EQ(ShapeError(one({3, 5, 5}, AdaptiveAvgPool2dConfig{2, 2})),
+            "layer 0 adaptive_avgpool2d: output size 2x2 does not divide the input 5x5 evenly; "
+            "only output sizes whose sides divide the input's are supported (1x1, global average "
+            "pooling, always does)");
+  EXPECT_EQ(ShapeError(one({3, 5, 5}, AdaptiveAvgPool2dConfig{0, 1})),
+            "layer 0 adaptive_avgpool2d: output_h must be positive, got 0");
+  EXPECT_EQ(ShapeError(one({10}, LeakyReluConfig{std::nanf("")})),
+            "layer 0 leaky_relu: negative_slope must be finite, got nan");
+  Conv2dConfig conv{1, 4, 3};
+  conv.kernel_w = 7;
+  EXPECT_EQ(ShapeError(one({1, 8, 6}, conv)),
+            "layer 0 conv2d: kernel 3x7 is larger than the padded input 8x6");
+  conv.padding_w = 1;
+  auto ok = InferShapes(one({1, 8, 6}, conv));
+  ASSERT_OK(ok);
+  EXPECT_EQ(ok->back(), (Shape{4, 6, 2}));
+  conv.stride_h = 0;
+  EXPECT_EQ(ShapeError(one({1, 8, 6}, conv)), "layer 0 conv2d: stride_h must be positive, got 0");
+  conv.stride_h = 2;
+  conv.padding_h = -2;
+  EXPECT_EQ(ShapeError(one({1, 8, 6}, conv)), "layer 0 conv2d: padding_h must be >= 0, got -2");
+}
+
+TEST(InferShapes, NewLayersShapesAndParameterCounts) {
+  Conv2dConfig conv{3, 8, 3, 1, 1, false};
+  conv.kernel_h = 1;
+  conv.stride_w = 2;
+  conv.padding_h = 0;
+  // H: (9 - 1) / 1 + 1 = 9; W: (10 + 2 - 3) / 2 + 1 = 5.
+  const ModelConfig c{{3, 9, 10},
+                      {conv, GeluConfig{}, MaxPool2dConfig{3, 2, 1}, AvgPool2dConfig{2, 1},
+                       AdaptiveAvgPool2dConfig{}, FlattenConfig{}, TanhConfig{}, SigmoidConfig{},
+                       LeakyReluConfig{}, SiluConfig{}}};
+  auto shapes = InferShapes(c);
+  ASSERT_OK(shapes) << shapes.status();
+  EXPECT_EQ((*shapes)[1], (Shape{8, 9, 5}));
+  EXPECT_EQ((*shapes)[3], (Shape{8, 5, 3}));  // (9 + 2 - 3) / 2 + 1, (5 + 2 - 3) / 2 + 1
+  EXPECT_EQ((*shapes)[4], (Shape{8, 4, 2}));
+  EXPECT_EQ((*shapes)[5], (Shape{8, 1, 1}));
+  EXPECT_EQ(shapes->back(), (Shape{8}));
+  EXPECT_EQ(CountParameters(c), 8 * 3 * 1 * 3);  // no bias
+  EXPECT_STREQ(LayerTypeName(AdaptiveAvgPool2dConfig{}), "adaptive_avgpool2d");
+  EXPECT_STREQ(LayerTypeName(LeakyReluConfig{}), "leaky_relu");
+}
+
+TEST(Model, BuildsAndTrainsAStepWithEveryNewLayer) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_OK(backend);
+  Conv2dConfig conv{3, 4, 3, 1, 1};
+  conv.kernel_w = 5;
+  conv.padding_w = 2;
+  const ModelConfig c{{3, 8, 8},
+                      {conv, LeakyReluConfig{0.1f}, MaxPool2dConfig{3, 2, 1}, GeluConfig{},
+                       AvgPool2dConfig{3, 1, 1}, SiluConfig{}, AdaptiveAvgPool2dConfig{},
+                       FlattenConfig{}, TanhConfig{}, LinearConfig{4, 3}, SigmoidConfig{}}};
+  auto model = Model::Build(c, backend->get(), 1);
+  ASSERT_OK(model) << model.status();
+  Tensor x = testing::MakeTensor(**backend, {2, 3, 8, 8}, testing::RandomValues(2 * 3 * 64, 3));
+  auto out = (*model)->Forward(x, Mode::kTrain);
+  ASSERT_OK(out) << out.status();
+  const std::vector<float> y = testing::ToHost(**backend, **out);
+  ASSERT_EQ(y.size(), 6u);
+  for (float v : y) {
+    EXPECT_GT(v, 0.0f);  // a sigmoid's output
+    EXPECT_LT(v, 1.0f);
+  }
+}
+
 TEST(Model, ParameterNamesFollowTorchSequential) {
   auto backend = CreateBackend("cpu", {1});
   ASSERT_OK(backend);
@@ -67,8 +153,8 @@ TEST(Model, ParameterNamesFollowTorchSequential) {
   ASSERT_OK(model);
   std::vector<std::string> names;
   for (const auto& p : (*model)->parameters()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias",
-                                             "7.weight", "7.bias", "9.weight", "9.bias"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias", "7.weight",
+                                             "7.bias", "9.weight", "9.bias"}));
 }
 
 TEST(Model, InitialisationIsSeededAndBoundedAsPyTorch) {
@@ -114,9 +200,58 @@ TEST(ModelConfigJson, RoundTripsAndRejectsUnknownLayers) {
   EXPECT_NE(bad.status().message().find("layer 0 lstm: unknown layer type"), std::string::npos);
   auto bad_field =
       ModelConfigFromJson(R"({"input_shape":[4],"layers":[{"type":"linear","in_features":"4"}]})");
-  EXPECT_NE(bad_field.status().message().find("in_features must be an integer"),
-            std::string::npos);
+  EXPECT_NE(bad_field.status().message().find("in_features must be an integer"), std::string::npos);
   EXPECT_FALSE(ModelConfigFromJson("{").ok());
+}
+
+TEST(ModelConfigJson, RoundTripsEveryNewLayerAndField) {
+  Conv2dConfig conv{3, 4, 3, 1, 1, false};
+  conv.kernel_h = 1;
+  conv.kernel_w = 5;
+  conv.stride_h = 2;
+  conv.stride_w = 1;
+  conv.padding_h = 0;
+  conv.padding_w = 2;
+  const ModelConfig c{
+      {3, 8, 8},
+      {conv, MaxPool2dConfig{3, 2, 1}, AvgPool2dConfig{3, 1, 1}, AdaptiveAvgPool2dConfig{2, 4},
+       TanhConfig{}, SigmoidConfig{}, GeluConfig{}, LeakyReluConfig{0.25f}, SiluConfig{}}};
+  const std::string text = ModelConfigToJson(c);
+  auto back = ModelConfigFromJson(text);
+  ASSERT_OK(back) << back.status();
+  EXPECT_EQ(ModelConfigToJson(*back), text);
+  ASSERT_EQ(back->layers.size(), c.layers.size());
+  const auto& conv_back = std::get<Conv2dConfig>(back->layers[0]);
+  EXPECT_EQ(conv_back.KernelH(), 1);
+  EXPECT_EQ(conv_back.KernelW(), 5);
+  EXPECT_EQ(conv_back.StrideH(), 2);
+  EXPECT_EQ(conv_back.StrideW(), 1);
+  EXPECT_EQ(conv_back.padding_h, 0);  // set to 0, not unset
+  EXPECT_EQ(conv_back.PaddingW(), 2);
+  EXPECT_FALSE(conv_back.bias);
+  EXPECT_EQ(std::get<MaxPool2dConfig>(back->layers[1]).padding, 1);
+  EXPECT_EQ(std::get<AvgPool2dConfig>(back->layers[2]).kernel_size, 3);
+  EXPECT_EQ(std::get<AvgPool2dConfig>(back->layers[2]).padding, 1);
+  EXPECT_EQ(std::get<AdaptiveAvgPool2dConfig>(back->layers[3]).output_w, 4);
+  EXPECT_FLOAT_EQ(std::get<LeakyReluConfig>(back->layers[7]).negative_slope, 0.25f);
+  // A square conv writes no per-axis field; older checkpoints (no padding on maxpool2d) still
+  // read, with the defaults.
+  EXPECT_EQ(ModelConfigToJson({{1, 4, 4}, {Conv2dConfig{1, 2, 3}}}).find("kernel_h"),
+            std::string::npos);
+  auto old = ModelConfigFromJson(
+      R"({"input_shape":[1,4,4],"layers":[{"type":"maxpool2d","kernel_size":2,"stride":0},)"
+      R"({"type":"leaky_relu"}]})");
+  ASSERT_OK(old) << old.status();
+  EXPECT_EQ(std::get<MaxPool2dConfig>(old->layers[0]).padding, 0);
+  EXPECT_FLOAT_EQ(std::get<LeakyReluConfig>(old->layers[1]).negative_slope, 0.01f);
+  auto bad = ModelConfigFromJson(
+      R"({"input_shape":[4],"layers":[{"type":"leaky_relu","negative_slope":"x"}]})");
+  EXPECT_NE(bad.status().message().find("layer 0 leaky_relu: negative_slope must be a number"),
+            std::string::npos);
+  auto bad_axis =
+      ModelConfigFromJson(R"({"input_shape":[1,4,4],"layers":[{"type":"conv2d","kernel_h":1.5}]})");
+  EXPECT_NE(bad_axis.status().message().find("layer 0 conv2d: kernel_h must be an integer"),
+            std::string::npos);
 }
 
 TEST(BackendRegistry, DeviceStrings) {
@@ -151,8 +286,8 @@ void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
   in.insert(in.begin(), batch);
   const int64_t classes = (*fused)->output_shape()[0];
   Tensor x = testing::MakeTensor(**backend, in, testing::RandomValues(NumElements(in), 4));
-  Tensor dout = testing::MakeTensor(**backend, {batch, classes},
-                                    testing::RandomValues(batch * classes, 5));
+  Tensor dout =
+      testing::MakeTensor(**backend, {batch, classes}, testing::RandomValues(batch * classes, 5));
   std::vector<std::vector<float>> grads[2];
   std::vector<float> outs[2];
   int k = 0;
@@ -233,8 +368,8 @@ TEST_P(ConvForward, MatchesTheDefinition) {
   g.in_w = p.w;
   g.out_channels = p.oc;
   g.kernel_h = g.kernel_w = p.k;
-  g.stride = p.stride;
-  g.padding = p.pad;
+  g.stride_h = g.stride_w = p.stride;
+  g.padding_h = g.padding_w = p.pad;
   const int oh = g.out_h(), ow = g.out_w();
   const std::vector<float> x = testing::RandomValues(size_t{3} * p.c * p.h * p.w, 11);
   const std::vector<float> w =

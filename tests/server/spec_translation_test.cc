@@ -3,6 +3,8 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -149,6 +151,131 @@ TEST(SpecTranslationTest, ExplicitModelTranslatesEveryLayerKind) {
   EXPECT_FALSE(c.bias);
   EXPECT_EQ(std::get<MaxPool2dConfig>(config->model.layers[2]).kernel_size, 2);
   EXPECT_FLOAT_EQ(std::get<DropoutConfig>(config->model.layers[4]).p, 0.25f);
+}
+
+// A CIFAR-style model with every layer type issue 19 added.
+v1::JobSpec ColourSpec() {
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->Clear();
+  for (int64_t d : {3, 32, 32}) m->add_input_shape(d);
+  auto* conv = m->add_layers()->mutable_conv2d();
+  conv->set_in_channels(3);
+  conv->set_out_channels(8);
+  conv->set_kernel_size(3);
+  conv->set_kernel_w(5);
+  conv->set_stride_h(2);
+  conv->set_padding(1);
+  conv->set_padding_w(2);
+  conv->set_bias(false);
+  m->add_layers()->mutable_gelu();
+  auto* pool = m->add_layers()->mutable_maxpool2d();
+  pool->set_kernel_size(3);
+  pool->set_stride(2);
+  pool->set_padding(1);
+  m->add_layers()->mutable_leaky_relu()->set_negative_slope(0.2f);
+  auto* avg = m->add_layers()->mutable_avgpool2d();
+  avg->set_kernel_size(3);
+  avg->set_stride(1);
+  avg->set_padding(1);
+  m->add_layers()->mutable_silu();
+  m->add_layers()->mutable_tanh();
+  m->add_layers()->mutable_sigmoid();
+  m->add_layers()->mutable_adaptive_avgpool2d();
+  m->add_layers()->mutable_flatten();
+  auto* fc = m->add_layers()->mutable_linear();
+  fc->set_in_features(8);
+  fc->set_out_features(10);
+  return spec;
+}
+
+TEST(SpecTranslationTest, NewLayerTypesAndFieldsTranslate) {
+  auto config = TranslateSpec(ColourSpec(), SpecLimits());
+  ASSERT_OK(config) << config.status();
+  const auto& layers = config->model.layers;
+  ASSERT_EQ(layers.size(), 11u);
+  const auto& conv = std::get<Conv2dConfig>(layers[0]);
+  EXPECT_EQ(conv.KernelH(), 3);
+  EXPECT_EQ(conv.KernelW(), 5);
+  EXPECT_EQ(conv.StrideH(), 2);
+  EXPECT_EQ(conv.StrideW(), 1);
+  EXPECT_EQ(conv.PaddingH(), 1);
+  EXPECT_EQ(conv.PaddingW(), 2);
+  EXPECT_FALSE(conv.stride_w.has_value());  // unset stays unset: the square form applies
+  EXPECT_FALSE(conv.bias);
+  EXPECT_TRUE(std::holds_alternative<GeluConfig>(layers[1]));
+  EXPECT_EQ(std::get<MaxPool2dConfig>(layers[2]).padding, 1);
+  EXPECT_FLOAT_EQ(std::get<LeakyReluConfig>(layers[3]).negative_slope, 0.2f);
+  const auto& avg = std::get<AvgPool2dConfig>(layers[4]);
+  EXPECT_EQ(avg.kernel_size, 3);
+  EXPECT_EQ(avg.stride, 1);
+  EXPECT_EQ(avg.padding, 1);
+  EXPECT_TRUE(std::holds_alternative<SiluConfig>(layers[5]));
+  EXPECT_TRUE(std::holds_alternative<TanhConfig>(layers[6]));
+  EXPECT_TRUE(std::holds_alternative<SigmoidConfig>(layers[7]));
+  const auto& adaptive = std::get<AdaptiveAvgPool2dConfig>(layers[8]);
+  EXPECT_EQ(adaptive.output_h, 1);  // 0 on the wire means 1
+  EXPECT_EQ(adaptive.output_w, 1);
+  // Unset, leaky_relu takes PyTorch's default slope.
+  v1::JobSpec spec = ColourSpec();
+  spec.mutable_model()->mutable_layers(3)->mutable_leaky_relu()->clear_negative_slope();
+  config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_FLOAT_EQ(std::get<LeakyReluConfig>(config->model.layers[3]).negative_slope, 0.01f);
+}
+
+TEST(SpecTranslationTest, NewLayerFieldsOutOfRangeNameTheField) {
+  struct Case {
+    std::function<void(v1::ModelSpec*)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::ModelSpec* m) { m->mutable_layers(0)->mutable_conv2d()->set_kernel_h(0); },
+       "spec.model.layers[0].conv2d.kernel_h: must be in [1, 64], got 0"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(0)->mutable_conv2d()->set_stride_w(65); },
+       "spec.model.layers[0].conv2d.stride_w: must be in [1, 64], got 65"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(0)->mutable_conv2d()->set_padding_w(5); },
+       "spec.model.layers[0].conv2d.padding_w: must be in [0, 4], got 5"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(0)->mutable_conv2d()->set_padding_h(-1); },
+       "spec.model.layers[0].conv2d.padding_h: must be in [0, 2], got -1"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(2)->mutable_maxpool2d()->set_padding(2); },
+       "spec.model.layers[2].maxpool2d.padding: must be in [0, 1], got 2"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(4)->mutable_avgpool2d()->set_padding(2); },
+       "spec.model.layers[4].avgpool2d.padding: must be in [0, 1], got 2"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(4)->mutable_avgpool2d()->set_kernel_size(65); },
+       "spec.model.layers[4].avgpool2d.kernel_size: must be in [1, 64], got 65"},
+      {[](v1::ModelSpec* m) { m->mutable_layers(4)->mutable_avgpool2d()->set_stride(-1); },
+       "spec.model.layers[4].avgpool2d.stride: must be in [0, 64], got -1"},
+      {[](v1::ModelSpec* m) {
+         m->mutable_layers(8)->mutable_adaptive_avgpool2d()->set_output_h(-2);
+       },
+       "spec.model.layers[8].adaptive_avgpool2d.output_h: must be in [1, 1000000], got -2"},
+      {[](v1::ModelSpec* m) {
+         m->mutable_layers(3)->mutable_leaky_relu()->set_negative_slope(
+             std::numeric_limits<float>::infinity());
+       },
+       "spec.model.layers[3].leaky_relu.negative_slope: must be finite, got inf"},
+      // Shape rules come through spec.model with the layer named.
+      {[](v1::ModelSpec* m) {
+         m->mutable_layers(8)->mutable_adaptive_avgpool2d()->set_output_h(3);
+       },
+       "spec.model: layer 8 adaptive_avgpool2d: output size 3x1 does not divide the input 8x16"},
+      {[](v1::ModelSpec* m) {
+         auto* avg = m->mutable_layers(4)->mutable_avgpool2d();
+         avg->set_kernel_size(20);
+         avg->set_padding(1);
+       },
+       "spec.model: layer 4 avgpool2d: kernel_size 20 is larger than the padded input 10x18"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    v1::JobSpec spec = ColourSpec();
+    c.edit(spec.mutable_model());
+    auto config = TranslateSpec(spec, SpecLimits());
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(config.status().message()), ::testing::HasSubstr(c.message));
+  }
 }
 
 TEST(SpecTranslationTest, CheckpointPolicyDefaultsToCheckpointOnShutdown) {
