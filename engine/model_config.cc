@@ -11,6 +11,8 @@ struct TypeName {
   const char* operator()(const FlattenConfig&) const { return "flatten"; }
   const char* operator()(const DropoutConfig&) const { return "dropout"; }
   const char* operator()(const SoftmaxConfig&) const { return "softmax"; }
+  const char* operator()(const BatchNorm2dConfig&) const { return "batchnorm2d"; }
+  const char* operator()(const BatchNorm1dConfig&) const { return "batchnorm1d"; }
 };
 }  // namespace
 

@@ -12,13 +12,18 @@ using nlohmann::json;
 
 struct ToJson {
   json operator()(const LinearConfig& c) const {
-    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
+    return {{"type", "linear"},
+            {"in_features", c.in_features},
+            {"out_features", c.out_features},
             {"bias", c.bias}};
   }
   json operator()(const Conv2dConfig& c) const {
-    return {{"type", "conv2d"},         {"in_channels", c.in_channels},
-            {"out_channels", c.out_channels}, {"kernel_size", c.kernel_size},
-            {"stride", c.stride},       {"padding", c.padding},
+    return {{"type", "conv2d"},
+            {"in_channels", c.in_channels},
+            {"out_channels", c.out_channels},
+            {"kernel_size", c.kernel_size},
+            {"stride", c.stride},
+            {"padding", c.padding},
             {"bias", c.bias}};
   }
   json operator()(const ReluConfig&) const { return {{"type", "relu"}}; }
@@ -28,6 +33,15 @@ struct ToJson {
   json operator()(const FlattenConfig&) const { return {{"type", "flatten"}}; }
   json operator()(const DropoutConfig& c) const { return {{"type", "dropout"}, {"p", c.p}}; }
   json operator()(const SoftmaxConfig&) const { return {{"type", "softmax"}}; }
+  json operator()(const BatchNorm2dConfig& c) const { return BatchNorm("batchnorm2d", c); }
+  json operator()(const BatchNorm1dConfig& c) const { return BatchNorm("batchnorm1d", c); }
+  static json BatchNorm(const char* type, const BatchNormFields& c) {
+    return {{"type", type},
+            {"num_features", c.num_features},
+            {"eps", c.eps},
+            {"momentum", c.momentum},
+            {"affine", c.affine}};
+  }
 };
 
 // Reads an optional integer field; error names the layer and field.
@@ -49,6 +63,25 @@ absl::Status GetBool(const json& j, const char* field, const std::string& where,
   }
   *out = it->get<bool>();
   return absl::OkStatus();
+}
+
+absl::Status GetDouble(const json& j, const char* field, const std::string& where, double* out) {
+  auto it = j.find(field);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be a number"));
+  }
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status GetBatchNorm(const json& j, const std::string& where, BatchNormFields* c) {
+  absl::Status s;
+  s.Update(GetInt(j, "num_features", where, &c->num_features));
+  s.Update(GetDouble(j, "eps", where, &c->eps));
+  s.Update(GetDouble(j, "momentum", where, &c->momentum));
+  s.Update(GetBool(j, "affine", where, &c->affine));
+  return s;
 }
 
 }  // namespace
@@ -121,10 +154,19 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       config.layers.push_back(c);
     } else if (type == "softmax") {
       config.layers.push_back(SoftmaxConfig{});
+    } else if (type == "batchnorm2d") {
+      BatchNorm2dConfig c;
+      s.Update(GetBatchNorm(l, where, &c));
+      config.layers.push_back(c);
+    } else if (type == "batchnorm1d") {
+      BatchNorm1dConfig c;
+      s.Update(GetBatchNorm(l, where, &c));
+      config.layers.push_back(c);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
-                 "softmax)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
+                       "softmax, batchnorm2d, batchnorm1d)"));
     }
     if (!s.ok()) return s;
   }
