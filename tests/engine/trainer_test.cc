@@ -25,13 +25,42 @@ using testing::ToHost;
 TrainConfig SmallCnn(int epochs) {
   TrainConfig c;
   c.model.input_shape = {1, 8, 8};
-  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},    MaxPool2dConfig{2},
-                    FlattenConfig{},             DropoutConfig{0.2f}, LinearConfig{64, 4}};
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},
+                    MaxPool2dConfig{2},          FlattenConfig{},
+                    DropoutConfig{0.2f},         LinearConfig{64, 4}};
   c.optimizer.kind = OptimizerConfig::Kind::kAdam;
   c.optimizer.lr = 0.01f;
   c.epochs = epochs;
   c.batch_size = 16;
   c.seed = 3;
+  return c;
+}
+
+// BatchNorm2d after a convolution and BatchNorm1d between linears: running statistics are state
+// a resumed run must carry on exactly.
+TrainConfig SmallBatchNormCnn(int epochs) {
+  TrainConfig c;
+  c.model.input_shape = {1, 8, 8};
+  BatchNorm2dConfig bn2d;
+  bn2d.num_features = 4;
+  BatchNorm1dConfig bn1d;
+  bn1d.num_features = 16;
+  bn1d.momentum = 0.2;
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1, false},
+                    bn2d,
+                    ReluConfig{},
+                    MaxPool2dConfig{2},
+                    FlattenConfig{},
+                    LinearConfig{64, 16},
+                    bn1d,
+                    ReluConfig{},
+                    LinearConfig{16, 4}};
+  c.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  c.optimizer.lr = 0.05f;
+  c.optimizer.momentum = 0.9f;
+  c.epochs = epochs;
+  c.batch_size = 16;
+  c.seed = 5;
   return c;
 }
 
@@ -64,6 +93,20 @@ class TrainerTest : public ::testing::Test {
   std::vector<std::vector<float>> Weights(Trainer& t) {
     std::vector<std::vector<float>> out;
     for (const auto& p : t.model().parameters()) out.push_back(ToHost(*backend_, p.param->value));
+    return out;
+  }
+  // Running statistics, then the counters, in model order.
+  std::vector<std::vector<float>> Buffers(Trainer& t) {
+    std::vector<std::vector<float>> out;
+    std::vector<float> counts;
+    for (const auto& b : t.model().buffers()) {
+      if (b.buffer->kind == BufferKind::kF32) {
+        out.push_back(ToHost(*backend_, b.buffer->value));
+      } else {
+        counts.push_back(static_cast<float>(b.buffer->count));
+      }
+    }
+    out.push_back(counts);
     return out;
   }
 
@@ -105,7 +148,7 @@ TEST_F(TrainerTest, SameSeedSameResult) {
 
 // Two epochs straight equal one epoch, save, load into a fresh trainer, one more epoch.
 TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
-  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2)}) {
+  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2), SmallBatchNormCnn(2)}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
@@ -129,6 +172,7 @@ TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
     rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
     ASSERT_OK(resumed->Run(rec2));
     EXPECT_EQ(Weights(*resumed), Weights(*straight));
+    EXPECT_EQ(Buffers(*resumed), Buffers(*straight));
     ASSERT_EQ(resumed_epochs.size(), 1u);
     EXPECT_EQ(resumed_epochs[0].epoch, 2);
     EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
@@ -137,34 +181,53 @@ TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
 }
 
 TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
-  const TrainConfig config = SmallCnn(2);
-  auto straight = Make(config);
-  std::vector<EpochEvent> straight_epochs;
-  Trainer::Callbacks record;
-  record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
-  ASSERT_OK(straight->Run(record));
+  for (const TrainConfig& config : {SmallCnn(2), SmallBatchNormCnn(2)}) {
+    auto straight = Make(config);
+    std::vector<EpochEvent> straight_epochs;
+    Trainer::Callbacks record;
+    record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
+    ASSERT_OK(straight->Run(record));
 
-  TempDir dir;
-  auto first = Make(config);
-  Trainer::Callbacks save_at_step_17;
-  save_at_step_17.after_step = [&](Trainer& t) -> absl::Status {
-    if (t.position().global_step != 17) return absl::OkStatus();
-    if (auto s = t.SaveCheckpoint(dir.file("mid.safetensors")); !s.ok()) return s;
-    return absl::AbortedError("stop here");
-  };
-  EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
+    TempDir dir;
+    auto first = Make(config);
+    Trainer::Callbacks save_at_step_17;
+    save_at_step_17.after_step = [&](Trainer& t) -> absl::Status {
+      if (t.position().global_step != 17) return absl::OkStatus();
+      if (auto s = t.SaveCheckpoint(dir.file("mid.safetensors")); !s.ok()) return s;
+      return absl::AbortedError("stop here");
+    };
+    EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
 
-  auto resumed = Make(config);
-  ASSERT_OK(resumed->LoadCheckpoint(dir.file("mid.safetensors")));
-  EXPECT_EQ(resumed->position().epochs_done, 1);
-  EXPECT_EQ(resumed->position().step_in_epoch, 4);  // 13 steps per epoch
-  std::vector<EpochEvent> resumed_epochs;
-  Trainer::Callbacks rec2;
-  rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
-  ASSERT_OK(resumed->Run(rec2));
-  EXPECT_EQ(Weights(*resumed), Weights(*straight));
-  ASSERT_EQ(resumed_epochs.size(), 1u);
-  EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+    auto resumed = Make(config);
+    ASSERT_OK(resumed->LoadCheckpoint(dir.file("mid.safetensors")));
+    EXPECT_EQ(resumed->position().epochs_done, 1);
+    EXPECT_EQ(resumed->position().step_in_epoch, 4);  // 13 steps per epoch
+    std::vector<EpochEvent> resumed_epochs;
+    Trainer::Callbacks rec2;
+    rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
+    ASSERT_OK(resumed->Run(rec2));
+    EXPECT_EQ(Weights(*resumed), Weights(*straight));
+    EXPECT_EQ(Buffers(*resumed), Buffers(*straight));
+    ASSERT_EQ(resumed_epochs.size(), 1u);
+    EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+  }
+}
+
+// Batch normalisation learns the synthetic task too, and its running statistics move off their
+// initial values (zeros, ones) and count every training step.
+TEST_F(TrainerTest, BatchNormModelLearnsAndTracksStatistics) {
+  auto t = Make(SmallBatchNormCnn(3));
+  std::vector<EpochEvent> epochs;
+  Trainer::Callbacks cb;
+  cb.on_epoch = [&](const EpochEvent& e) { epochs.push_back(e); };
+  ASSERT_OK(t->Run(cb));
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_GT(epochs[2].test.accuracy, 0.9);
+  const auto buffers = Buffers(*t);
+  ASSERT_EQ(buffers.size(), 5u);  // two running means, two running variances, the counters
+  EXPECT_NE(buffers[0], std::vector<float>(4, 0.0f));
+  EXPECT_NE(buffers[1], std::vector<float>(4, 1.0f));
+  EXPECT_EQ(buffers[4], (std::vector<float>{39, 39}));  // 13 steps per epoch
 }
 
 TEST_F(TrainerTest, DivergingLossFailsNamingEpochAndStep) {
