@@ -43,7 +43,7 @@ absl::StatusOr<Shape> OutputShape(const BatchNorm1dConfig& c, const Shape& in) {
   KILN_RETURN_IF_ERROR(CheckFields(c));
   if (in.size() != 1 && in.size() != 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat("batchnorm1d needs an F or CxL input but input is ", ShapeString(in),
+        absl::StrCat("needs an F or CxL input but input is ", ShapeString(in),
                      in.size() == 3 ? " (use batchnorm2d for CxHxW)" : ""));
   }
   KILN_RETURN_IF_ERROR(CheckChannels(c, in));
