@@ -230,6 +230,24 @@ TEST_F(TrainerTest, BatchNormModelLearnsAndTracksStatistics) {
   EXPECT_EQ(buffers[4], (std::vector<float>{39, 39}));  // 13 steps per epoch
 }
 
+// 200 samples in batches of 199 leave a last batch of 1: batchnorm1d over features cannot train
+// on it, so the trainer refuses the configuration up front; batchnorm2d (many values per channel
+// in one image) can.
+TEST_F(TrainerTest, BatchOfOneSampleWithBatchNorm1dIsRefusedUpFront) {
+  TrainConfig c = SmallBatchNormCnn(1);
+  c.batch_size = 199;
+  auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("layer 6 batchnorm1d: 200 training samples in batches of "
+                                      "199 make a batch of 1 sample"),
+            std::string::npos)
+      << t.status();
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1, false}, c.model.layers[1], ReluConfig{},
+                    FlattenConfig{}, LinearConfig{256, 4}};
+  EXPECT_OK(Trainer::Create(c, backend_.get(), &train_, &test_).status());
+}
+
 TEST_F(TrainerTest, DivergingLossFailsNamingEpochAndStep) {
   TrainConfig c = SmallMlp(2);
   c.optimizer.lr = 1e30f;
