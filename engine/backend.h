@@ -47,6 +47,29 @@ struct Pool2dGeometry {
   int out_w() const { return (in_w + 2 * padding_w - kernel_w) / stride_w + 1; }
 };
 
+// Batch normalisation over x viewed as (batch, channels, spatial): statistics per channel over
+// batch and spatial (spatial = H*W for batchnorm2d, 1 or L for batchnorm1d).
+struct BatchNormGeometry {
+  int batch = 0, channels = 0;
+  int64_t spatial = 1;
+  int64_t values_per_channel() const { return int64_t{batch} * spatial; }
+};
+
+// What every backend checks before a batch normalisation: a non-negative geometry, eps > 0 and,
+// in training, more than one value per channel (an unbiased variance needs two), as PyTorch.
+inline absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training) {
+  if (g.batch < 0 || g.channels < 1 || g.spatial < 1 || !(eps > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("batchnorm: invalid geometry ", g.batch, "x",
+                                                   g.channels, "x", g.spatial, " eps ", eps));
+  }
+  if (training && g.values_per_channel() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batchnorm: expected more than 1 value per channel when training, got ",
+                     g.values_per_channel(), " (batch ", g.batch, " x ", g.spatial, ")"));
+  }
+  return absl::OkStatus();
+}
+
 struct SgdHyper {
   float lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
@@ -197,6 +220,29 @@ class Backend {
   // dx = for each input pixel, the sum of dy / (kernel_h * kernel_w) over the windows holding it,
   // in a fixed order (dx fully overwritten).
   virtual absl::Status AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) = 0;
+
+  // --- normalisation ----------------------------------------------------------------------
+  // Training pass of batch normalisation: y = gamma * (x - mean) * invstd + beta with the batch's
+  // mean and biased variance, invstd = 1 / sqrt(var + eps). Writes saved_mean and saved_invstd
+  // (channels) for the backward pass and updates running_mean and running_var (channels) as
+  // running = (1 - momentum) * running + momentum * batch statistic, with the unbiased variance
+  // (PyTorch's and cuDNN's rule). x, y are (batch, channels, spatial). CheckBatchNorm's rules.
+  virtual absl::Status BatchNormForwardTraining(const BatchNormGeometry& g, double eps,
+                                                double momentum, const float* x, const float* gamma,
+                                                const float* beta, float* y, float* running_mean,
+                                                float* running_var, float* saved_mean,
+                                                float* saved_invstd) = 0;
+  // Evaluation pass: the same formula with running_mean and running_var.
+  virtual absl::Status BatchNormForwardInference(const BatchNormGeometry& g, double eps,
+                                                 const float* x, const float* gamma,
+                                                 const float* beta, const float* running_mean,
+                                                 const float* running_var, float* y) = 0;
+  // Backward of the training pass from its saved statistics: dgamma += sum(dy * xhat),
+  // dbeta += sum(dy) per channel, dx = the input gradient (when not null).
+  virtual absl::Status BatchNormBackward(const BatchNormGeometry& g, double eps, const float* x,
+                                         const float* gamma, const float* saved_mean,
+                                         const float* saved_invstd, const float* dy, float* dgamma,
+                                         float* dbeta, float* dx) = 0;
 
   // --- losses -------------------------------------------------------------------------------
   // Mean cross-entropy of log-softmax(logits(rows, cols)) against int32 labels smoothed as

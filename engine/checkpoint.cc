@@ -1,6 +1,7 @@
 #include "engine/checkpoint.h"
 
 #include <cstdio>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -45,6 +46,13 @@ absl::StatusOr<HostTensor> ToHost(Backend* backend, const std::string& name, con
   std::vector<float> host(t.numel());
   KILN_RETURN_IF_ERROR(backend->CopyToHost(t, host.data(), host.size() * sizeof(float)));
   return HostTensorFromF32(name, host.data(), t.shape());
+}
+
+// A 0-dim I64 tensor, as PyTorch stores num_batches_tracked.
+HostTensor I64Scalar(const std::string& name, int64_t value) {
+  HostTensor t{name, SafetensorDType::kI64, {}, std::vector<uint8_t>(sizeof(value))};
+  std::memcpy(t.bytes.data(), &value, sizeof(value));
+  return t;
 }
 
 std::string JoinU64(const std::vector<uint64_t>& v) { return absl::StrJoin(v, ","); }
@@ -142,6 +150,14 @@ absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* o
     KILN_ASSIGN_OR_RETURN(HostTensor t, ToHost(backend, np.name, np.param->value));
     tensors.push_back(std::move(t));
   }
+  for (const NamedBuffer& nb : model.buffers()) {
+    if (nb.buffer->kind == BufferKind::kI64Count) {
+      tensors.push_back(I64Scalar(nb.name, nb.buffer->count));
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(HostTensor t, ToHost(backend, nb.name, nb.buffer->value));
+    tensors.push_back(std::move(t));
+  }
   std::map<std::string, std::string> meta;
   meta[kNormKey] = PixelNormToString(norm);
   if (optimizer != nullptr) {
@@ -201,6 +217,26 @@ absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* op
     KILN_ASSIGN_OR_RETURN(const HostTensor* t, Expect(path, c, np.name, np.param->value.shape()));
     loads.push_back({t, &np.param->value});
   }
+  std::vector<std::pair<int64_t, int64_t*>> counts;
+  for (const NamedBuffer& nb : model.buffers()) {
+    if (nb.buffer->kind == BufferKind::kF32) {
+      KILN_ASSIGN_OR_RETURN(const HostTensor* t,
+                            Expect(path, c, nb.name, nb.buffer->value.shape()));
+      loads.push_back({t, &nb.buffer->value});
+      continue;
+    }
+    const HostTensor* t = c.Find(nb.name);
+    if (t == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", nb.name));
+    if (t->dtype != SafetensorDType::kI64 || !t->shape.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", nb.name, " is ", SafetensorDTypeName(t->dtype), " ",
+                       ShapeString(t->shape), " but the model needs an I64 scalar"));
+    }
+    int64_t value;
+    std::memcpy(&value, t->bytes.data(), sizeof(value));
+    counts.push_back({value, &nb.buffer->count});
+  }
   int64_t optimizer_steps = 0;
   if (optimizer != nullptr) {
     for (const NamedState& s : optimizer->state()) {
@@ -225,6 +261,7 @@ absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* op
   for (auto& [host, dev] : loads) {
     KILN_RETURN_IF_ERROR(backend->CopyFromHost(host->bytes.data(), host->bytes.size(), dev));
   }
+  for (auto& [value, count] : counts) *count = value;
   if (optimizer != nullptr) optimizer->set_steps(optimizer_steps);
   if (position != nullptr) {
     KILN_RETURN_IF_ERROR(model.set_random_offsets(offsets));

@@ -1,9 +1,11 @@
 // Checkpoints: a model's weights (PyTorch state_dict names), optimizer state and training
 // position in one safetensors file, written atomically.
 //
-// Tensors: "<i>.weight", "<i>.bias" as torch.nn.Sequential names them, and optimizer state as
-// "optimizer.<param>.<slot>" (so `model.load_state_dict(load_file(path), strict=False)` loads the
-// weights in PyTorch). Position, RNG state, the model config and the input normalisation live in
+// Tensors: "<i>.weight", "<i>.bias" as torch.nn.Sequential names them, the layers' buffers
+// ("<i>.running_mean", "<i>.running_var" F32, "<i>.num_batches_tracked" a 0-dim I64, as
+// BatchNorm's state_dict), and optimizer state as "optimizer.<param>.<slot>" (so
+// `model.load_state_dict(load_file(path), strict=False)` loads weights and buffers in PyTorch).
+// Position, RNG state, the model config and the input normalisation live in
 // "__metadata__" strings, whose names only checkpoint.cc knows; the rest of kiln reads them typed
 // (CheckpointInfo).
 #pragma once
@@ -30,13 +32,14 @@ struct CheckpointInfo {
   TrainingPosition position;
 };
 
-// Writes the model's weights, the optimizer's state (when given), the position and `norm`.
+// Writes the model's weights and buffers, the optimizer's state (when given), the position and
+// `norm`.
 absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
                              const TrainingPosition& position, const PixelNorm& norm);
 
-// Loads weights into `model` (every parameter must be present with its exact shape and dtype),
-// and when given, the optimizer state and the position. Nothing is changed unless the whole file
-// is valid and matches.
+// Loads weights and buffers into `model` (every one must be present with its exact shape and
+// dtype), and when given, the optimizer state and the position. Nothing is changed unless the
+// whole file is valid and matches.
 absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
                             TrainingPosition* position);
 

@@ -63,6 +63,12 @@ void AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& shapes, i
             plan->needs.push_back({layer, "maxpool2d argmax", Mul(out, sizeof(int32_t))});
           } else if constexpr (std::is_same_v<C, DropoutConfig>) {
             plan->needs.push_back({layer, "dropout mask", Mul(out, kFloat)});
+          } else if constexpr (std::is_base_of_v<BatchNormFields, C>) {
+            // Running and saved statistics; without affine, a fixed gamma and beta and their
+            // discarded gradients too.
+            plan->needs.push_back({layer,
+                                   absl::StrCat(LayerTypeName(model.layers[i]), " statistics"),
+                                   Mul(Mul(c.affine ? 4 : 8, c.num_features), kFloat)});
           } else if constexpr (std::is_same_v<C, Conv2dConfig>) {
             const int64_t bytes = ConvWorkspaceBytes(c, shapes[i], train_batch, eval_batch, target);
             if (bytes > workspace.bytes) workspace = {layer, "conv2d workspace", bytes};

@@ -203,12 +203,22 @@ absl::Status Model::ZeroGrad() {
   return absl::OkStatus();
 }
 
+std::string Model::StateDictName(size_t i, const std::string& local) const {
+  return absl::StrCat(i, ".", local);
+}
+
 std::vector<NamedParameter> Model::parameters() {
   std::vector<NamedParameter> out;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    for (Parameter* p : layers_[i]->parameters()) {
-      out.push_back({absl::StrCat(i, ".", p->name), p});
-    }
+    for (Parameter* p : layers_[i]->parameters()) out.push_back({StateDictName(i, p->name), p});
+  }
+  return out;
+}
+
+std::vector<NamedBuffer> Model::buffers() {
+  std::vector<NamedBuffer> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (StateBuffer* b : layers_[i]->buffers()) out.push_back({StateDictName(i, b->name), b});
   }
   return out;
 }

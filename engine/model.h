@@ -41,6 +41,11 @@ struct NamedParameter {
   Parameter* param;
 };
 
+struct NamedBuffer {
+  std::string name;  // PyTorch state_dict key: "<layer index>.running_mean"
+  StateBuffer* buffer;
+};
+
 // kFuse runs a ReLU that follows a conv2d inside the convolution (same results, one pass less
 // over memory each way); kNone keeps every layer separate.
 enum class Fusion { kFuse, kNone };
@@ -59,8 +64,7 @@ class Model {
   // Builds every layer on `backend` and initialises parameters as PyTorch's defaults do
   // (kaiming-uniform with a=sqrt(5), bias uniform in +-1/sqrt(fan_in)) from `seed`.
   static absl::StatusOr<std::unique_ptr<Model>> Build(const ModelConfig& config, Backend* backend,
-                                                      uint64_t seed,
-                                                      Fusion fusion = Fusion::kFuse);
+                                                      uint64_t seed, Fusion fusion = Fusion::kFuse);
 
   // Runs all layers on x (batch, input_shape...). The returned tensor is owned by the model and
   // valid until the next Forward.
@@ -73,6 +77,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const Shape& output_shape() const { return shapes_.back(); }
   std::vector<NamedParameter> parameters();
+  // Non-learnable state (running statistics), named as parameters are; in layer order.
+  std::vector<NamedBuffer> buffers();
   int64_t parameter_count() const;
   // Positions in the dropout layers' random streams, in layer order (for exact resume).
   std::vector<uint64_t> random_offsets() const;
@@ -87,6 +93,9 @@ class Model {
  private:
   Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
   absl::Status EnsureActivations(int64_t batch);
+  // The state_dict key of layer i's tensor `local` ("weight", "running_mean"): the one naming
+  // rule for parameters and buffers.
+  std::string StateDictName(size_t i, const std::string& local) const;
   // d loss / d (output of layer i): past any fused layers that alias that output.
   const Tensor& OutputGrad(size_t i, const Tensor& dout) const;
 

@@ -18,6 +18,8 @@ struct TypeName {
   const char* operator()(const GeluConfig&) const { return "gelu"; }
   const char* operator()(const LeakyReluConfig&) const { return "leaky_relu"; }
   const char* operator()(const SiluConfig&) const { return "silu"; }
+  const char* operator()(const BatchNorm2dConfig&) const { return "batchnorm2d"; }
+  const char* operator()(const BatchNorm1dConfig&) const { return "batchnorm1d"; }
 };
 }  // namespace
 

@@ -57,6 +57,16 @@ struct FlattenConfig {};
 struct DropoutConfig {
   float p = 0.5f;
 };
+// Batch normalisation as torch.nn.BatchNorm2d (input CxHxW, statistics per channel over N, H, W)
+// and torch.nn.BatchNorm1d (input F or CxL, statistics per feature over N, or N and L). Running
+// statistics are always tracked; momentum is PyTorch's (running = (1 - m) * running + m * batch).
+struct BatchNormFields {
+  int64_t num_features = 0;
+  double eps = 1e-5, momentum = 0.1;
+  bool affine = true;
+};
+struct BatchNorm2dConfig : BatchNormFields {};
+struct BatchNorm1dConfig : BatchNormFields {};
 // Softmax over the last dimension; for inference outputs (training uses the fused loss).
 struct SoftmaxConfig {};
 
@@ -64,7 +74,9 @@ using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool
                                  FlattenConfig, DropoutConfig, SoftmaxConfig,
                                  // pooling and activations (issue 19)
                                  AvgPool2dConfig, AdaptiveAvgPool2dConfig, TanhConfig,
-                                 SigmoidConfig, GeluConfig, LeakyReluConfig, SiluConfig>;
+                                 SigmoidConfig, GeluConfig, LeakyReluConfig, SiluConfig,
+                                 // normalisation
+                                 BatchNorm2dConfig, BatchNorm1dConfig>;
 
 // "linear", "conv2d", ...: the name used in messages, specs and the CLI.
 const char* LayerTypeName(const LayerConfig& layer);

@@ -65,6 +65,15 @@ struct ToJson {
   json operator()(const FlattenConfig&) const { return {{"type", "flatten"}}; }
   json operator()(const DropoutConfig& c) const { return {{"type", "dropout"}, {"p", c.p}}; }
   json operator()(const SoftmaxConfig&) const { return {{"type", "softmax"}}; }
+  json operator()(const BatchNorm2dConfig& c) const { return BatchNorm("batchnorm2d", c); }
+  json operator()(const BatchNorm1dConfig& c) const { return BatchNorm("batchnorm1d", c); }
+  static json BatchNorm(const char* type, const BatchNormFields& c) {
+    return {{"type", type},
+            {"num_features", c.num_features},
+            {"eps", c.eps},
+            {"momentum", c.momentum},
+            {"affine", c.affine}};
+  }
 };
 
 // Reads an optional integer field; error names the layer and field.
@@ -105,6 +114,25 @@ absl::Status GetBool(const json& j, const char* field, const std::string& where,
   }
   *out = it->get<bool>();
   return absl::OkStatus();
+}
+
+absl::Status GetDouble(const json& j, const char* field, const std::string& where, double* out) {
+  auto it = j.find(field);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be a number"));
+  }
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status GetBatchNorm(const json& j, const std::string& where, BatchNormFields* c) {
+  absl::Status s;
+  s.Update(GetInt(j, "num_features", where, &c->num_features));
+  s.Update(GetDouble(j, "eps", where, &c->eps));
+  s.Update(GetDouble(j, "momentum", where, &c->momentum));
+  s.Update(GetBool(j, "affine", where, &c->affine));
+  return s;
 }
 
 }  // namespace
@@ -207,11 +235,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       config.layers.push_back(c);
     } else if (type == "softmax") {
       config.layers.push_back(SoftmaxConfig{});
+    } else if (type == "batchnorm2d") {
+      BatchNorm2dConfig c;
+      s.Update(GetBatchNorm(l, where, &c));
+      config.layers.push_back(c);
+    } else if (type == "batchnorm1d") {
+      BatchNorm1dConfig c;
+      s.Update(GetBatchNorm(l, where, &c));
+      config.layers.push_back(c);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where,
-          ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
-          "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, silu)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
+                       "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
+                       "silu, batchnorm2d, batchnorm1d)"));
     }
     if (!s.ok()) return s;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -57,6 +58,29 @@ Shape WithBatch(int64_t batch, const Shape& s) {
   return out;
 }
 
+// Batch normalisation in training needs more than one value per channel (PyTorch raises
+// otherwise): a batch of one sample is too few for a layer whose channels hold one value per
+// sample. Refused here, before any step, rather than at the first such batch.
+absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size, int64_t samples) {
+  const int64_t last = samples % batch_size == 0 ? batch_size : samples % batch_size;
+  const int64_t smallest = std::min({batch_size, samples, last});
+  if (smallest != 1) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(model));
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const auto* bn2d = std::get_if<BatchNorm2dConfig>(&model.layers[i]);
+    const auto* bn1d = std::get_if<BatchNorm1dConfig>(&model.layers[i]);
+    if (bn2d == nullptr && bn1d == nullptr) continue;
+    const int64_t features = bn2d != nullptr ? bn2d->num_features : bn1d->num_features;
+    if (NumElements(shapes[i]) / features > 1) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", i, " ", LayerTypeName(model.layers[i]), ": ", samples,
+        " training samples in batches of ", batch_size,
+        " make a batch of 1 sample, and batch normalisation needs more than 1 value per channel "
+        "in training; change batch_size"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& config, Backend* backend, const Dataset* train,
@@ -80,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
 absl::Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(model_, Model::Build(config_.model, backend_, config_.seed));
   KILN_RETURN_IF_ERROR(CheckData(*train_, "training", config_.model));
+  KILN_RETURN_IF_ERROR(CheckBatchNormBatches(config_.model, config_.batch_size, train_->size));
   if (test_ != nullptr) KILN_RETURN_IF_ERROR(CheckData(*test_, "test", config_.model));
   KILN_ASSIGN_OR_RETURN(optimizer_,
                         Optimizer::Create(config_.optimizer, backend_, model_->parameters()));

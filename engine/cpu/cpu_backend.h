@@ -61,6 +61,19 @@ class CpuBackend final : public Backend {
   absl::Status AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) override;
   absl::Status AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) override;
 
+  absl::Status BatchNormForwardTraining(const BatchNormGeometry& g, double eps, double momentum,
+                                        const float* x, const float* gamma, const float* beta,
+                                        float* y, float* running_mean, float* running_var,
+                                        float* saved_mean, float* saved_invstd) override;
+  absl::Status BatchNormForwardInference(const BatchNormGeometry& g, double eps, const float* x,
+                                         const float* gamma, const float* beta,
+                                         const float* running_mean, const float* running_var,
+                                         float* y) override;
+  absl::Status BatchNormBackward(const BatchNormGeometry& g, double eps, const float* x,
+                                 const float* gamma, const float* saved_mean,
+                                 const float* saved_invstd, const float* dy, float* dgamma,
+                                 float* dbeta, float* dx) override;
+
   absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits, const int32_t* labels,
                                    float label_smoothing, float* loss, int32_t* correct,
                                    float* dlogits) override;

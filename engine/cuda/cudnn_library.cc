@@ -57,6 +57,9 @@ absl::StatusOr<CudnnLibrary> Load() {
   KILN_CUDNN_SYMBOL(FindConvolutionBackwardFilterAlgorithmEx);
   KILN_CUDNN_SYMBOL(GetConvolutionBackwardFilterWorkspaceSize);
   KILN_CUDNN_SYMBOL(ConvolutionBackwardFilter);
+  KILN_CUDNN_SYMBOL(BatchNormalizationForwardTraining);
+  KILN_CUDNN_SYMBOL(BatchNormalizationForwardInference);
+  KILN_CUDNN_SYMBOL(BatchNormalizationBackward);
 #undef KILN_CUDNN_SYMBOL
   if (!missing.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("cuDNN at ", so.path, " lacks ", missing));

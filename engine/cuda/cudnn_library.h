@@ -50,6 +50,10 @@ struct CudnnLibrary {
   decltype(&cudnnGetConvolutionBackwardFilterWorkspaceSize)
       GetConvolutionBackwardFilterWorkspaceSize;
   decltype(&cudnnConvolutionBackwardFilter) ConvolutionBackwardFilter;
+
+  decltype(&cudnnBatchNormalizationForwardTraining) BatchNormalizationForwardTraining;
+  decltype(&cudnnBatchNormalizationForwardInference) BatchNormalizationForwardInference;
+  decltype(&cudnnBatchNormalizationBackward) BatchNormalizationBackward;
 };
 
 // The library, loaded on first use; thread-safe. FailedPrecondition naming what is missing (no

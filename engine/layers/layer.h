@@ -21,6 +21,20 @@ struct Parameter {
   Tensor grad;
 };
 
+// Non-learnable state kept with the weights (PyTorch's buffers: running statistics, counters).
+// Checkpoints save and restore it under the same names as parameters ("3.running_mean");
+// optimizers and ZeroGrad never touch it.
+enum class BufferKind {
+  kF32,       // `value`, a float tensor on the layer's backend
+  kI64Count,  // `count`, a host int64 saved as a 0-dim I64 tensor ("num_batches_tracked")
+};
+struct StateBuffer {
+  std::string name;  // "running_mean"; the model prefixes the layer as for parameters
+  BufferKind kind = BufferKind::kF32;
+  Tensor value;
+  int64_t count = 0;
+};
+
 // What building a layer needs besides its config. Each layer's files define, for its config C:
 //   absl::StatusOr<Shape> OutputShape(const C&, const Shape& input)   its shape rule
 //   int64_t ParameterCount(const C&)                                   its learnable values
@@ -56,6 +70,7 @@ class Layer {
   virtual absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
 
   virtual std::vector<Parameter*> parameters() { return {}; }
+  virtual std::vector<StateBuffer*> buffers() { return {}; }
 
   // Layers that draw random numbers (dropout) keep their position in their stream, which
   // checkpoints record so that a resumed run draws what the uninterrupted one would have.

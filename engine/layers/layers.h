@@ -5,6 +5,7 @@
 
 #include "engine/layers/activation.h"
 #include "engine/layers/avgpool2d.h"
+#include "engine/layers/batchnorm.h"
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
 #include "engine/layers/flatten.h"

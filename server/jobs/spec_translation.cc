@@ -29,6 +29,22 @@ absl::Status Fraction(absl::string_view field, float value) {
   return Invalid(field, absl::StrCat("must be in [0, 1), got ", value));
 }
 
+// A BatchNorm2dLayer or BatchNorm1dLayer (the same fields) under `field` ("spec.model.layers[2]
+// .batchnorm2d"), defaults filled in as PyTorch's.
+template <typename Message>
+absl::Status TranslateBatchNorm(const Message& l, const std::string& field, int64_t max,
+                                BatchNormFields* c) {
+  c->num_features = l.num_features();
+  if (l.has_eps()) c->eps = l.eps();
+  if (l.has_momentum()) c->momentum = l.momentum();
+  c->affine = !l.has_affine() || l.affine();
+  KILN_RETURN_IF_ERROR(InRange(field + ".num_features", c->num_features, int64_t{1}, max));
+  if (!(c->eps > 0 && c->eps <= 1)) {
+    return Invalid(field + ".eps", absl::StrCat("must be in (0, 1], got ", c->eps));
+  }
+  return InRange(field + ".momentum", c->momentum, 0.0, 1.0);
+}
+
 struct Preset {
   ModelConfig model;
   OptimizerConfig optimizer;
@@ -163,6 +179,18 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
     }
     case v1::Layer::kSoftmax:
       return SoftmaxConfig{};
+    case v1::Layer::kBatchnorm2D: {
+      BatchNorm2dConfig c;
+      KILN_RETURN_IF_ERROR(
+          TranslateBatchNorm(layer.batchnorm2d(), field + ".batchnorm2d", max, &c));
+      return c;
+    }
+    case v1::Layer::kBatchnorm1D: {
+      BatchNorm1dConfig c;
+      KILN_RETURN_IF_ERROR(
+          TranslateBatchNorm(layer.batchnorm1d(), field + ".batchnorm1d", max, &c));
+      return c;
+    }
     case v1::Layer::KIND_NOT_SET:
       break;
   }

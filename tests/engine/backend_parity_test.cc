@@ -1178,6 +1178,111 @@ TEST_P(OpParity, CheckpointsMoveBetweenTheBackendAndTheCpuBothWays) {
   }
 }
 
+// --- batch normalisation ---------------------------------------------------------------------
+
+// conv - batchnorm2d - relu - pool - linear - batchnorm1d - relu - linear: a ResNet's pieces.
+ModelConfig BatchNormCnn() {
+  ModelConfig m;
+  m.input_shape = {1, 28, 28};
+  BatchNorm2dConfig bn2d;
+  bn2d.num_features = 8;
+  BatchNorm1dConfig bn1d;
+  bn1d.num_features = 32;
+  m.layers = {
+      Conv2dConfig{1, 8, 3, 1, 1, false}, bn2d, ReluConfig{}, MaxPool2dConfig{2},  FlattenConfig{},
+      LinearConfig{8 * 14 * 14, 32},      bn1d, ReluConfig{}, LinearConfig{32, 10}};
+  return m;
+}
+
+// One training step and one evaluation: logits, parameter gradients and running statistics
+// (cuDNN's batch norm against the CPU's loops).
+TEST_P(OpParity, BatchNormModelStepAndEvaluationMatch) {
+  const int batch = 16;
+  const std::vector<float> xv = RandomValues(batch * 784, 90, 0, 1);
+  const std::vector<int32_t> yv = RandomLabels(batch, 10, 91);
+  std::unique_ptr<Model> model[2];
+  std::vector<float> train_logits[2], eval_logits[2];
+  for (Side s : {kCpu, kTested}) {
+    Backend& be = backend(s);
+    auto m = Model::Build(BatchNormCnn(), &be, 7);
+    ASSERT_OK(m) << m.status();
+    model[s] = std::move(*m);
+    Tensor x = testing::MakeTensor(be, {batch, 1, 28, 28}, xv);
+    auto labels = be.Allocate(DType::kI32, {batch});
+    auto loss = be.Allocate(DType::kF32, {1});
+    auto correct = be.Allocate(DType::kI32, {1});
+    auto dout = be.Allocate(DType::kF32, {batch, 10});
+    ASSERT_TRUE(labels.ok() && loss.ok() && correct.ok() && dout.ok());
+    ASSERT_OK(be.CopyFromHost(yv.data(), yv.size() * 4, &*labels));
+    ASSERT_OK(model[s]->ZeroGrad());
+    auto out = model[s]->Forward(x, Mode::kTrain);
+    ASSERT_OK(out) << out.status();
+    train_logits[s] = Get(s, **out);
+    Loss loss_fn(LossKind::kCrossEntropy, &be);
+    ASSERT_OK(loss_fn.Compute(**out, *labels, loss->f32(), correct->i32(), &*dout));
+    ASSERT_OK(model[s]->Backward(*dout));
+    auto eval = model[s]->Forward(x, Mode::kEval);
+    ASSERT_OK(eval) << eval.status();
+    eval_logits[s] = Get(s, **eval);
+  }
+  EXPECT_LT(RelativeError(train_logits[kTested], train_logits[kCpu]), 1e-5) << "train logits";
+  EXPECT_LT(RelativeError(eval_logits[kTested], eval_logits[kCpu]), 1e-5) << "eval logits";
+  auto cpu_params = model[kCpu]->parameters(), tested_params = model[kTested]->parameters();
+  ASSERT_EQ(cpu_params.size(), tested_params.size());
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    EXPECT_LT(RelativeError(Get(kTested, tested_params[i].param->grad),
+                            Get(kCpu, cpu_params[i].param->grad)),
+              1e-4)
+        << "gradient of " << cpu_params[i].name;
+  }
+  auto cpu_buffers = model[kCpu]->buffers(), tested_buffers = model[kTested]->buffers();
+  ASSERT_EQ(cpu_buffers.size(), tested_buffers.size());
+  for (size_t i = 0; i < cpu_buffers.size(); ++i) {
+    if (cpu_buffers[i].buffer->kind == BufferKind::kI64Count) {
+      EXPECT_EQ(tested_buffers[i].buffer->count, cpu_buffers[i].buffer->count);
+      continue;
+    }
+    EXPECT_LT(RelativeError(Get(kTested, tested_buffers[i].buffer->value),
+                            Get(kCpu, cpu_buffers[i].buffer->value)),
+              1e-5)
+        << cpu_buffers[i].name;
+  }
+}
+
+// cuDNN's batch-norm passes are deterministic: a second backend trains the same bits, running
+// statistics included (what a resumed job relies on).
+TEST_P(OpParity, BatchNormTrainingRepeatsBitForBit) {
+  auto first = CreateFloat32Backend(GetParam());
+  auto second = CreateFloat32Backend(GetParam());
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  Backend* runs[2] = {first->get(), second->get()};
+  const Dataset data = RandomImages(10 * 32, 92);
+  std::vector<std::vector<float>> state[2];
+  for (int run = 0; run < 2; ++run) {
+    TrainConfig c;
+    c.model = BatchNormCnn();
+    c.optimizer.kind = OptimizerConfig::Kind::kSgd;
+    c.optimizer.lr = 0.01f;
+    c.optimizer.momentum = 0.9f;
+    c.batch_size = 32;
+    c.seed = 5;
+    auto t = Trainer::Create(c, runs[run], &data, nullptr);
+    ASSERT_OK(t) << t.status();
+    ASSERT_OK((*t)->Run({}));
+    state[run] = Weights(*runs[run], **t);
+    for (const NamedBuffer& b : (*t)->model().buffers()) {
+      if (b.buffer->kind == BufferKind::kF32) {
+        state[run].push_back(testing::ToHost(*runs[run], b.buffer->value));
+      }
+    }
+  }
+  ASSERT_EQ(state[0].size(), state[1].size());
+  for (size_t i = 0; i < state[0].size(); ++i) {
+    EXPECT_TRUE(SameBits(state[0][i], state[1][i])) << "tensor " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BackendParity, OpParity, ::testing::ValuesIn(BackendsUnderTest()),
                          testing::DeviceParamName);
 

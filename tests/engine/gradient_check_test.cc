@@ -16,6 +16,7 @@
 #include "engine/backend_registry.h"
 #include "engine/layers/activation.h"
 #include "engine/layers/avgpool2d.h"
+#include "engine/layers/batchnorm.h"
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
 #include "engine/layers/flatten.h"
@@ -347,6 +348,56 @@ TEST_P(GradientCheck, DropoutDropsAboutPAndScalesTheRest) {
   EXPECT_NEAR(zeros / 4000.0, 0.25, 0.03);
   ASSERT_OK(layer.Forward(x, &*y, Mode::kEval));
   for (float v : ToHost(*backend_, *y)) EXPECT_EQ(v, 1.0f);
+}
+
+// Batch normalisation in training mode (batch statistics), with a random scale and shift so that
+// every term of the backward formula counts.
+std::unique_ptr<Layer> MakeBatchNorm(const char* type, const BatchNormFields& c, const Shape& shape,
+                                     Backend* b) {
+  auto layer = BatchNorm::Create(type, c, b, shape);
+  EXPECT_OK(layer) << layer.status();
+  if (!layer.ok()) return nullptr;
+  uint32_t seed = 20;
+  for (Parameter* p : (*layer)->parameters()) {
+    const std::vector<float> v = RandomValues(p->value.numel(), ++seed, 0.5f, 1.5f);
+    EXPECT_OK(b->CopyFromHost(v.data(), v.size() * 4, &p->value));
+  }
+  EXPECT_EQ((*layer)->parameters().size(), c.affine ? 2u : 0u);
+  return std::move(*layer);
+}
+
+TEST_P(GradientCheck, BatchNorm2d) {
+  BatchNormFields c;
+  c.num_features = 3;
+  auto layer = MakeBatchNorm("batchnorm2d", c, {3, 4, 5}, backend_.get());
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(2 * 60, 12, -2, 2));
+}
+
+TEST_P(GradientCheck, BatchNorm2dWithoutAffine) {
+  BatchNormFields c;
+  c.num_features = 2;
+  c.affine = false;
+  c.eps = 1e-3;
+  auto layer = MakeBatchNorm("batchnorm2d", c, {2, 3, 3}, backend_.get());
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 3, RandomValues(3 * 18, 13, -2, 2));
+}
+
+TEST_P(GradientCheck, BatchNorm1d) {
+  BatchNormFields c;
+  c.num_features = 4;
+  auto layer = MakeBatchNorm("batchnorm1d", c, {4}, backend_.get());
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 6, RandomValues(6 * 4, 14, -2, 2));
+}
+
+TEST_P(GradientCheck, BatchNorm1dOverChannelsAndLength) {
+  BatchNormFields c;
+  c.num_features = 3;
+  auto layer = MakeBatchNorm("batchnorm1d", c, {3, 4}, backend_.get());
+  ASSERT_NE(layer, nullptr);
+  CheckLayer(*layer, 2, RandomValues(2 * 12, 15, -2, 2));
 }
 
 // Losses: d(mean loss)/d(logits) against central differences.

@@ -49,6 +49,30 @@ TEST(MemoryPlan, TheReferenceMlpCountsItsParametersStateActivationsAndData) {
   EXPECT_LT(plan->total_bytes(), int64_t{1} << 30);
 }
 
+TEST(MemoryPlan, BatchNormCountsItsStatisticsAndParameters) {
+  TrainConfig c;
+  c.model.input_shape = {3, 8, 8};
+  BatchNorm2dConfig bn;
+  bn.num_features = 16;
+  BatchNorm1dConfig fixed;
+  fixed.num_features = 10;
+  fixed.affine = false;
+  c.model.layers = {Conv2dConfig{3, 16, 3, 1, 1, false}, bn, FlattenConfig{},
+                    LinearConfig{1024, 10}, fixed};
+  c.batch_size = 32;
+  auto plan = PlanTrainingMemory(c, 100, 0, {DeviceKind::kCpu, 2});
+  ASSERT_OK(plan);
+  const int64_t params = 16 * 3 * 9 + 2 * 16 + 1024 * 10 + 10;
+  EXPECT_EQ(Find(*plan, -1, "parameters and gradients")->bytes, 2 * params * 4);
+  // Running mean and variance, saved mean and inverse std; without affine also a fixed scale,
+  // shift and their two discarded gradients.
+  ASSERT_NE(Find(*plan, 1, "batchnorm2d statistics"), nullptr);
+  EXPECT_EQ(Find(*plan, 1, "batchnorm2d statistics")->bytes, 4 * 16 * 4);
+  ASSERT_NE(Find(*plan, 4, "batchnorm1d statistics"), nullptr);
+  EXPECT_EQ(Find(*plan, 4, "batchnorm1d statistics")->bytes, 8 * 10 * 4);
+  EXPECT_EQ(Find(*plan, 1, "batchnorm2d activations")->bytes, 2 * 16 * 64 * 32 * 4);
+}
+
 Conv2dGeometry WideConvGeometry(int batch) {
   Conv2dGeometry g;
   g.batch = batch;

@@ -36,6 +36,34 @@ TrainConfig SmallCnn(int epochs) {
   return c;
 }
 
+// BatchNorm2d after a convolution and BatchNorm1d between linears: running statistics are state
+// a resumed run must carry on exactly.
+TrainConfig SmallBatchNormCnn(int epochs) {
+  TrainConfig c;
+  c.model.input_shape = {1, 8, 8};
+  BatchNorm2dConfig bn2d;
+  bn2d.num_features = 4;
+  BatchNorm1dConfig bn1d;
+  bn1d.num_features = 16;
+  bn1d.momentum = 0.2;
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1, false},
+                    bn2d,
+                    ReluConfig{},
+                    MaxPool2dConfig{2},
+                    FlattenConfig{},
+                    LinearConfig{64, 16},
+                    bn1d,
+                    ReluConfig{},
+                    LinearConfig{16, 4}};
+  c.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  c.optimizer.lr = 0.05f;
+  c.optimizer.momentum = 0.9f;
+  c.epochs = epochs;
+  c.batch_size = 16;
+  c.seed = 5;
+  return c;
+}
+
 TrainConfig SmallMlp(int epochs) {
   TrainConfig c;
   c.model.input_shape = {64};
@@ -65,6 +93,20 @@ class TrainerTest : public ::testing::Test {
   std::vector<std::vector<float>> Weights(Trainer& t) {
     std::vector<std::vector<float>> out;
     for (const auto& p : t.model().parameters()) out.push_back(ToHost(*backend_, p.param->value));
+    return out;
+  }
+  // Running statistics, then the counters, in model order.
+  std::vector<std::vector<float>> Buffers(Trainer& t) {
+    std::vector<std::vector<float>> out;
+    std::vector<float> counts;
+    for (const auto& b : t.model().buffers()) {
+      if (b.buffer->kind == BufferKind::kF32) {
+        out.push_back(ToHost(*backend_, b.buffer->value));
+      } else {
+        counts.push_back(static_cast<float>(b.buffer->count));
+      }
+    }
+    out.push_back(counts);
     return out;
   }
 
@@ -106,7 +148,7 @@ TEST_F(TrainerTest, SameSeedSameResult) {
 
 // Two epochs straight equal one epoch, save, load into a fresh trainer, one more epoch.
 TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
-  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2)}) {
+  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2), SmallBatchNormCnn(2)}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
@@ -130,6 +172,7 @@ TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
     rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
     ASSERT_OK(resumed->Run(rec2));
     EXPECT_EQ(Weights(*resumed), Weights(*straight));
+    EXPECT_EQ(Buffers(*resumed), Buffers(*straight));
     ASSERT_EQ(resumed_epochs.size(), 1u);
     EXPECT_EQ(resumed_epochs[0].epoch, 2);
     EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
@@ -175,7 +218,7 @@ TEST_F(TrainerTest, OneCycleCyclingSgdMomentumNeedsMomentum) {
 }
 
 TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
-  for (const TrainConfig& config : {SmallCnn(2), SmallMlpOneCycle(3)}) {
+  for (const TrainConfig& config : {SmallCnn(2), SmallBatchNormCnn(2), SmallMlpOneCycle(3)}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
@@ -202,10 +245,46 @@ TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
     rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
     ASSERT_OK(resumed->Run(rec2));
     EXPECT_EQ(Weights(*resumed), Weights(*straight));
+    EXPECT_EQ(Buffers(*resumed), Buffers(*straight));
     ASSERT_EQ(resumed_epochs.size(), static_cast<size_t>(config.epochs - 1));
     EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
     EXPECT_EQ(resumed_epochs.back().test.loss, straight_epochs.back().test.loss);
   }
+}
+
+// Batch normalisation learns the synthetic task too, and its running statistics move off their
+// initial values (zeros, ones) and count every training step.
+TEST_F(TrainerTest, BatchNormModelLearnsAndTracksStatistics) {
+  auto t = Make(SmallBatchNormCnn(3));
+  std::vector<EpochEvent> epochs;
+  Trainer::Callbacks cb;
+  cb.on_epoch = [&](const EpochEvent& e) { epochs.push_back(e); };
+  ASSERT_OK(t->Run(cb));
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_GT(epochs[2].test.accuracy, 0.9);
+  const auto buffers = Buffers(*t);
+  ASSERT_EQ(buffers.size(), 5u);  // two running means, two running variances, the counters
+  EXPECT_NE(buffers[0], std::vector<float>(4, 0.0f));
+  EXPECT_NE(buffers[1], std::vector<float>(4, 1.0f));
+  EXPECT_EQ(buffers[4], (std::vector<float>{39, 39}));  // 13 steps per epoch
+}
+
+// 200 samples in batches of 199 leave a last batch of 1: batchnorm1d over features cannot train
+// on it, so the trainer refuses the configuration up front; batchnorm2d (many values per channel
+// in one image) can.
+TEST_F(TrainerTest, BatchOfOneSampleWithBatchNorm1dIsRefusedUpFront) {
+  TrainConfig c = SmallBatchNormCnn(1);
+  c.batch_size = 199;
+  auto t = Trainer::Create(c, backend_.get(), &train_, &test_);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("layer 6 batchnorm1d: 200 training samples in batches of "
+                                      "199 make a batch of 1 sample"),
+            std::string::npos)
+      << t.status();
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1, false}, c.model.layers[1], ReluConfig{},
+                    FlattenConfig{}, LinearConfig{256, 4}};
+  EXPECT_OK(Trainer::Create(c, backend_.get(), &train_, &test_).status());
 }
 
 TEST_F(TrainerTest, DivergingLossFailsNamingEpochAndStep) {

@@ -278,6 +278,54 @@ TEST(SpecTranslationTest, NewLayerFieldsOutOfRangeNameTheField) {
   }
 }
 
+TEST(SpecTranslationTest, BatchNormLayersTakePyTorchDefaultsAndCheckTheirFields) {
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->Clear();
+  for (int64_t d : {1, 28, 28}) m->add_input_shape(d);
+  auto* conv = m->add_layers()->mutable_conv2d();
+  conv->set_in_channels(1);
+  conv->set_out_channels(4);
+  conv->set_stride(2);
+  conv->set_bias(false);
+  m->add_layers()->mutable_batchnorm2d()->set_num_features(4);
+  m->add_layers()->mutable_relu();
+  m->add_layers()->mutable_flatten();
+  auto* fc = m->add_layers()->mutable_linear();
+  fc->set_in_features(4 * 13 * 13);
+  fc->set_out_features(10);
+  auto* bn1d = m->add_layers()->mutable_batchnorm1d();
+  bn1d->set_num_features(10);
+  bn1d->set_eps(1e-3);
+  bn1d->set_momentum(0.0);
+  bn1d->set_affine(false);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  const auto& a = std::get<BatchNorm2dConfig>(config->model.layers[1]);
+  EXPECT_EQ(a.num_features, 4);
+  EXPECT_EQ(a.eps, 1e-5);
+  EXPECT_EQ(a.momentum, 0.1);
+  EXPECT_TRUE(a.affine);
+  const auto& b = std::get<BatchNorm1dConfig>(config->model.layers[5]);
+  EXPECT_EQ(b.eps, 1e-3);
+  EXPECT_EQ(b.momentum, 0.0);
+  EXPECT_FALSE(b.affine);
+
+  bn1d->set_momentum(1.5);
+  EXPECT_THAT(std::string(TranslateSpec(spec, SpecLimits()).status().message()),
+              ::testing::HasSubstr("spec.model.layers[5].batchnorm1d.momentum: must be in [0, 1]"));
+  bn1d->set_momentum(0.1);
+  bn1d->set_eps(0);
+  EXPECT_THAT(std::string(TranslateSpec(spec, SpecLimits()).status().message()),
+              ::testing::HasSubstr("spec.model.layers[5].batchnorm1d.eps: must be in (0, 1]"));
+  bn1d->clear_eps();
+  m->mutable_layers(1)->mutable_batchnorm2d()->set_num_features(3);
+  const absl::Status s = TranslateSpec(spec, SpecLimits()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("batchnorm2d: num_features 3 but input is 4x13x13"));
+}
+
 TEST(SpecTranslationTest, CheckpointPolicyDefaultsToCheckpointOnShutdown) {
   EXPECT_TRUE(TranslateCheckpointPolicy(v1::CheckpointPolicy()).on_shutdown);
   v1::CheckpointPolicy off;
