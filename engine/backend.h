@@ -96,6 +96,17 @@ inline absl::Status CheckSoftmaxCrossEntropy(int rows, int cols) {
   return absl::OkStatus();
 }
 
+// What every backend checks before a Copy2D: no negative size, rows no longer than either stride.
+inline absl::Status CheckCopy2D(int64_t rows, int64_t cols, int64_t src_stride,
+                                int64_t dst_stride) {
+  if (rows < 0 || cols < 0 || cols > src_stride || cols > dst_stride) {
+    return absl::InvalidArgumentError(absl::StrCat("Copy2D: ", rows, " rows of ", cols,
+                                                   " floats do not fit strides ", src_stride,
+                                                   " and ", dst_stride));
+  }
+  return absl::OkStatus();
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -145,6 +156,12 @@ class Backend {
                                        float* dx) = 0;
   // Row-wise softmax of x(rows, cols).
   virtual absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) = 0;
+  // y(n) = a + b element-wise; y may be a or b (add nodes, summed gradients).
+  virtual absl::Status Add(int64_t n, const float* a, const float* b, float* y) = 0;
+  // dst rows of `cols` floats, `dst_stride` apart, = src rows `src_stride` apart (as
+  // cudaMemcpy2D, in floats): a concat's slices. CheckCopy2D's rules; the two must not overlap.
+  virtual absl::Status Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
+                              float* dst, int64_t dst_stride) = 0;
 
   // --- convolution and pooling --------------------------------------------------------------
   // y(N,OC,OH,OW) = act(conv(x(N,C,H,W), w(OC,C,KH,KW)) + bias(OC)) (bias may be null).

@@ -1,5 +1,8 @@
 #include "engine/model_config.h"
 
+#include <string>
+#include <vector>
+
 namespace kiln {
 
 namespace {
@@ -11,10 +14,22 @@ struct TypeName {
   const char* operator()(const FlattenConfig&) const { return "flatten"; }
   const char* operator()(const DropoutConfig&) const { return "dropout"; }
   const char* operator()(const SoftmaxConfig&) const { return "softmax"; }
+  const char* operator()(const AddConfig&) const { return "add"; }
+  const char* operator()(const ConcatConfig&) const { return "concat"; }
 };
 }  // namespace
 
 const char* LayerTypeName(const LayerConfig& layer) { return std::visit(TypeName{}, layer); }
+
+std::string NodeName(const ModelConfig& config, size_t i) {
+  if (i < config.names.size() && !config.names[i].empty()) return config.names[i];
+  return std::to_string(i);
+}
+
+const std::vector<std::string>& NodeInputs(const ModelConfig& config, size_t i) {
+  static const std::vector<std::string> kNone;
+  return i < config.inputs.size() ? config.inputs[i] : kNone;
+}
 
 ModelConfig MnistMlpConfig() {
   ModelConfig c;
@@ -27,9 +42,11 @@ ModelConfig MnistMlpConfig() {
 ModelConfig MnistCnnConfig() {
   ModelConfig c;
   c.input_shape = {1, 28, 28};
-  c.layers = {Conv2dConfig{1, 32, 3},  ReluConfig{},  MaxPool2dConfig{2}, Conv2dConfig{32, 64, 3},
-              ReluConfig{},            MaxPool2dConfig{2}, FlattenConfig{},
-              LinearConfig{64 * 5 * 5, 128}, ReluConfig{}, LinearConfig{128, 10}};
+  c.layers = {Conv2dConfig{1, 32, 3}, ReluConfig{},
+              MaxPool2dConfig{2},     Conv2dConfig{32, 64, 3},
+              ReluConfig{},           MaxPool2dConfig{2},
+              FlattenConfig{},        LinearConfig{64 * 5 * 5, 128},
+              ReluConfig{},           LinearConfig{128, 10}};
   return c;
 }
 

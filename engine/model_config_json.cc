@@ -1,8 +1,11 @@
 #include "engine/model_config_json.h"
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kiln {
 
@@ -12,13 +15,18 @@ using nlohmann::json;
 
 struct ToJson {
   json operator()(const LinearConfig& c) const {
-    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
+    return {{"type", "linear"},
+            {"in_features", c.in_features},
+            {"out_features", c.out_features},
             {"bias", c.bias}};
   }
   json operator()(const Conv2dConfig& c) const {
-    return {{"type", "conv2d"},         {"in_channels", c.in_channels},
-            {"out_channels", c.out_channels}, {"kernel_size", c.kernel_size},
-            {"stride", c.stride},       {"padding", c.padding},
+    return {{"type", "conv2d"},
+            {"in_channels", c.in_channels},
+            {"out_channels", c.out_channels},
+            {"kernel_size", c.kernel_size},
+            {"stride", c.stride},
+            {"padding", c.padding},
             {"bias", c.bias}};
   }
   json operator()(const ReluConfig&) const { return {{"type", "relu"}}; }
@@ -28,7 +36,30 @@ struct ToJson {
   json operator()(const FlattenConfig&) const { return {{"type", "flatten"}}; }
   json operator()(const DropoutConfig& c) const { return {{"type", "dropout"}, {"p", c.p}}; }
   json operator()(const SoftmaxConfig&) const { return {{"type", "softmax"}}; }
+  json operator()(const AddConfig&) const { return {{"type", "add"}}; }
+  json operator()(const ConcatConfig&) const { return {{"type", "concat"}}; }
 };
+
+// A node's optional "name" (a string) and "inputs" (an array of strings).
+absl::Status GetGraphFields(const json& l, const std::string& where, std::string* name,
+                            std::vector<std::string>* inputs) {
+  if (auto it = l.find("name"); it != l.end()) {
+    if (!it->is_string()) return absl::InvalidArgumentError(where + ": name must be a string");
+    *name = it->get<std::string>();
+  }
+  if (auto it = l.find("inputs"); it != l.end()) {
+    if (!it->is_array()) {
+      return absl::InvalidArgumentError(where + ": inputs must be an array of node names");
+    }
+    for (const auto& in : *it) {
+      if (!in.is_string()) {
+        return absl::InvalidArgumentError(where + ": inputs must be an array of node names");
+      }
+      inputs->push_back(in.get<std::string>());
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Reads an optional integer field; error names the layer and field.
 absl::Status GetInt(const json& j, const char* field, const std::string& where, int64_t* out) {
@@ -55,7 +86,13 @@ absl::Status GetBool(const json& j, const char* field, const std::string& where,
 
 std::string ModelConfigToJson(const ModelConfig& config) {
   json layers = json::array();
-  for (const auto& l : config.layers) layers.push_back(std::visit(ToJson{}, l));
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    json l = std::visit(ToJson{}, config.layers[i]);
+    // Only a graph's nodes carry these, so a Sequential model's JSON is as it always was.
+    if (i < config.names.size() && !config.names[i].empty()) l["name"] = config.names[i];
+    if (!NodeInputs(config, i).empty()) l["inputs"] = NodeInputs(config, i);
+    layers.push_back(std::move(l));
+  }
   return json{{"input_shape", config.input_shape}, {"layers", layers}}.dump();
 }
 
@@ -121,12 +158,28 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       config.layers.push_back(c);
     } else if (type == "softmax") {
       config.layers.push_back(SoftmaxConfig{});
+    } else if (type == "add") {
+      config.layers.push_back(AddConfig{});
+    } else if (type == "concat") {
+      config.layers.push_back(ConcatConfig{});
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
-                 "softmax)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
+                       "softmax, add, concat)"));
     }
     if (!s.ok()) return s;
+    std::string name;
+    std::vector<std::string> inputs;
+    KILN_RETURN_IF_ERROR(GetGraphFields(l, where, &name, &inputs));
+    if (!name.empty()) {
+      config.names.resize(i + 1);
+      config.names[i] = std::move(name);
+    }
+    if (!inputs.empty()) {
+      config.inputs.resize(i + 1);
+      config.inputs[i] = std::move(inputs);
+    }
   }
   return config;
 }

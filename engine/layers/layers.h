@@ -3,6 +3,8 @@
 // config to model_config.h's LayerConfig, its own files, and one line here.
 #pragma once
 
+#include "engine/layers/add.h"
+#include "engine/layers/concat.h"
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
 #include "engine/layers/flatten.h"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +34,7 @@ using testing::RandomValues;
 using testing::ToHost;
 
 constexpr float kEps = 1e-2f;
+constexpr float kModelEps = 1e-3f;
 constexpr double kTolerance = 2e-2;  // relative, float32 central differences
 
 double RelativeError(double analytic, double numeric) {
@@ -102,6 +104,70 @@ class GradientCheckBase : public ::testing::Test {
       const std::vector<float> g = ToHost(b, p->grad);
       check(p->value, g, p->name);
     }
+  }
+
+  // A whole model's parameter gradients against central differences of L = sum(y * r), through
+  // its graph: an output read by several nodes gets the sum of their gradients. A perturbation
+  // that moves a ReLU's input across zero spoils that one difference, and a parameter early in
+  // the model moves many ReLU inputs, so each element is tried with two steps, and a few may
+  // still miss: at most 5% of the model's, and under half of any one tensor's. A lost branch or
+  // an unsummed gradient misses far more.
+  void CheckModel(const ModelConfig& config, int batch, Fusion fusion) {
+    Backend& b = *backend_;
+    auto built = Model::Build(config, &b, 5, fusion);
+    ASSERT_OK(built) << built.status();
+    Model& model = **built;
+    Shape xs = config.input_shape;
+    xs.insert(xs.begin(), batch);
+    Tensor x = MakeTensor(b, xs, RandomValues(NumElements(xs), 21));
+    Shape ys = model.output_shape();
+    ys.insert(ys.begin(), batch);
+    const std::vector<float> r = RandomValues(NumElements(ys), 99);
+    Tensor dy = MakeTensor(b, ys, r);
+    auto loss = [&]() {
+      auto y = model.Forward(x, Mode::kTrain);
+      EXPECT_OK(y);
+      const std::vector<float> yv = ToHost(b, **y);
+      double l = 0;
+      for (size_t i = 0; i < yv.size(); ++i) l += static_cast<double>(yv[i]) * r[i];
+      return l;
+    };
+    ASSERT_OK(model.ZeroGrad());
+    loss();
+    ASSERT_OK(model.Backward(dy));
+    size_t total = 0, total_missed = 0;
+    for (const NamedParameter& p : model.parameters()) {
+      const std::vector<float> analytic = ToHost(b, p.param->grad);
+      std::vector<float> v = ToHost(b, p.param->value);
+      size_t missed = 0;
+      auto numeric_at = [&](size_t i, float eps) {
+        const float keep = v[i];
+        v[i] = keep + eps;
+        EXPECT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+        const double up = loss();
+        v[i] = keep - eps;
+        EXPECT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+        const double down = loss();
+        v[i] = keep;
+        EXPECT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+        return (up - down) / (2 * eps);
+      };
+      for (size_t i = 0; i < v.size(); ++i) {
+        // A smaller step crosses fewer kinks (and rounds more): either may vouch.
+        const double coarse = numeric_at(i, kModelEps);
+        if (RelativeError(analytic[i], coarse) < kTolerance) continue;
+        const double fine = numeric_at(i, kModelEps / 10);
+        if (RelativeError(analytic[i], fine) < kTolerance) continue;
+        ++missed;
+        std::printf("# %s[%zu]: backward %g vs numeric %g (step %g), %g (step %g)\n",
+                    p.name.c_str(), i, analytic[i], coarse, kModelEps, fine, kModelEps / 10);
+      }
+      EXPECT_LT(2 * missed, v.size())
+          << p.name << ": " << missed << " of " << v.size() << " missed";
+      total += v.size();
+      total_missed += missed;
+    }
+    EXPECT_LE(total_missed * 20, total) << total_missed << " of " << total << " missed";
   }
 
   std::unique_ptr<Backend> backend_;
@@ -210,8 +276,7 @@ TEST_P(GradientCheck, DropoutWithItsMaskFixed) {
       inner_.set_offset(0);
       return inner_.Forward(x, y, m);
     }
-    absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy,
-                          Tensor* dx) override {
+    absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
       return inner_.Backward(x, y, dy, dx);
     }
     Dropout inner_;
@@ -304,6 +369,83 @@ TEST_P(GradientCheck, CrossEntropyRejectsOutOfRangeLabel) {
   if (s.ok()) s = b.Synchronize();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("label 7"), std::string::npos) << s;
+}
+
+// A ResNet basic block without BatchNorm on 2x5x5 images: stem conv-relu, conv-relu-conv, plus the
+// stem's output itself (identity) or a strided 1x1 conv of it (projection), add, relu, linear.
+ModelConfig ResidualBlock(bool projection) {
+  ModelConfig c;
+  c.input_shape = {2, 5, 5};
+  if (!projection) {
+    c.layers = {Conv2dConfig{2, 3, 3, 1, 1},
+                ReluConfig{},
+                Conv2dConfig{3, 3, 3, 1, 1},
+                ReluConfig{},
+                Conv2dConfig{3, 3, 3, 1, 1},
+                AddConfig{},
+                ReluConfig{},
+                FlattenConfig{},
+                LinearConfig{75, 4}};
+    c.names = {"stem", "stem_relu", "conv1", "relu1", "conv2", "add", "relu2", "flat", "fc"};
+    c.inputs = {{}, {}, {}, {}, {}, {"conv2", "stem_relu"}};
+    return c;
+  }
+  c.layers = {Conv2dConfig{2, 3, 3, 1, 1},
+              ReluConfig{},
+              Conv2dConfig{3, 4, 3, 2, 1},
+              ReluConfig{},
+              Conv2dConfig{4, 4, 3, 1, 1},
+              Conv2dConfig{3, 4, 1, 2, 0},
+              AddConfig{},
+              ReluConfig{},
+              FlattenConfig{},
+              LinearConfig{36, 4}};
+  c.names = {"stem",     "stem_relu", "conv1", "relu1", "conv2",
+             "shortcut", "add",       "relu2", "flat",  "fc"};
+  c.inputs = {{}, {}, {}, {}, {}, {"stem_relu"}, {"conv2", "shortcut"}, {"add"}};
+  return c;
+}
+
+TEST_P(GradientCheck, ResidualBlockWithIdentityShortcut) {
+  CheckModel(ResidualBlock(/*projection=*/false), 2, Fusion::kFuse);
+}
+
+TEST_P(GradientCheck, ResidualBlockWithIdentityShortcutUnfused) {
+  CheckModel(ResidualBlock(/*projection=*/false), 2, Fusion::kNone);
+}
+
+TEST_P(GradientCheck, ResidualBlockWithProjectionShortcut) {
+  CheckModel(ResidualBlock(/*projection=*/true), 2, Fusion::kFuse);
+}
+
+// Channel concat of two convs and the stem itself, then a feature concat of two linears; the
+// stem's output is read three times.
+TEST_P(GradientCheck, ConcatOfChannelsAndFeatures) {
+  ModelConfig c;
+  c.input_shape = {2, 4, 4};
+  c.layers = {Conv2dConfig{2, 3, 3, 1, 1},
+              Conv2dConfig{3, 2, 1},
+              Conv2dConfig{3, 2, 3, 1, 1},
+              ConcatConfig{},
+              FlattenConfig{},
+              LinearConfig{7 * 16, 3},
+              LinearConfig{7 * 16, 2},
+              ConcatConfig{},
+              LinearConfig{5, 3}};
+  c.names = {"stem", "a", "b", "cat", "flat", "fc1", "fc2", "cat2", "out"};
+  c.inputs = {{}, {}, {"stem"}, {"a", "b", "stem"}, {}, {}, {"flat"}, {"fc1", "fc2"}};
+  CheckModel(c, 2, Fusion::kFuse);
+}
+
+// One output read twice by one add, and an add of three.
+TEST_P(GradientCheck, AddOfOneOutputTwiceAndOfThree) {
+  ModelConfig c;
+  c.input_shape = {4};
+  c.layers = {LinearConfig{4, 3}, LinearConfig{3, 3}, AddConfig{},
+              LinearConfig{4, 3}, AddConfig{},        LinearConfig{3, 2}};
+  c.names = {"h", "g", "twice", "k", "three", "out"};
+  c.inputs = {{}, {}, {"h", "h"}, {"input"}, {"twice", "g", "k"}};
+  CheckModel(c, 3, Fusion::kFuse);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, GradientCheck, ::testing::ValuesIn(Devices()),

@@ -25,8 +25,9 @@ using testing::ToHost;
 TrainConfig SmallCnn(int epochs) {
   TrainConfig c;
   c.model.input_shape = {1, 8, 8};
-  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},    MaxPool2dConfig{2},
-                    FlattenConfig{},             DropoutConfig{0.2f}, LinearConfig{64, 4}};
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},
+                    MaxPool2dConfig{2},          FlattenConfig{},
+                    DropoutConfig{0.2f},         LinearConfig{64, 4}};
   c.optimizer.kind = OptimizerConfig::Kind::kAdam;
   c.optimizer.lr = 0.01f;
   c.epochs = epochs;
@@ -46,6 +47,50 @@ TrainConfig SmallMlp(int epochs) {
   c.batch_size = 24;  // 200 samples: the last batch is short
   c.seed = 11;
   c.norm = {1.0f / 255, 0.5f, 0.5f};
+  return c;
+}
+
+// A residual CNN: stem conv-relu, a basic block (conv-relu-conv plus a 1x1 projection of the
+// stem, add, relu), a concat of the block and the stem, pool, dropout and a classifier.
+TrainConfig SmallResNet(int epochs) {
+  TrainConfig c;
+  c.model.input_shape = {1, 8, 8};
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1},
+                    ReluConfig{},
+                    Conv2dConfig{4, 6, 3, 1, 1},
+                    ReluConfig{},
+                    Conv2dConfig{6, 6, 3, 1, 1},
+                    Conv2dConfig{4, 6, 1},
+                    AddConfig{},
+                    ReluConfig{},
+                    ConcatConfig{},
+                    MaxPool2dConfig{2},
+                    FlattenConfig{},
+                    DropoutConfig{0.2f},
+                    LinearConfig{160, 4}};
+  c.model.names = {"stem",
+                   "stem_relu",
+                   "layer1.0.conv1",
+                   "layer1.0.relu1",
+                   "layer1.0.conv2",
+                   "layer1.0.shortcut",
+                   "layer1.0.add",
+                   "layer1.0.relu2",
+                   "cat",
+                   "pool",
+                   "flatten",
+                   "dropout",
+                   "fc"};
+  c.model.inputs.resize(9);
+  c.model.inputs[5] = {"stem_relu"};
+  c.model.inputs[6] = {"layer1.0.conv2", "layer1.0.shortcut"};
+  c.model.inputs[7] = {"layer1.0.add"};
+  c.model.inputs[8] = {"layer1.0.relu2", "stem_relu"};
+  c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  c.optimizer.lr = 0.01f;
+  c.epochs = epochs;
+  c.batch_size = 16;
+  c.seed = 5;
   return c;
 }
 
@@ -95,6 +140,17 @@ TEST_F(TrainerTest, LearnsTheSyntheticTaskAndReportsEveryStep) {
   EXPECT_EQ(t->position().epochs_done, 3);
 }
 
+TEST_F(TrainerTest, ResidualModelLearns) {
+  auto t = Make(SmallResNet(3));
+  std::vector<EpochEvent> epochs;
+  Trainer::Callbacks cb;
+  cb.on_epoch = [&](const EpochEvent& e) { epochs.push_back(e); };
+  ASSERT_OK(t->Run(cb));
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_LT(epochs[2].train_loss, epochs[0].train_loss);
+  EXPECT_GT(epochs[2].test.accuracy, 0.9) << "4 classes: chance is 0.25";
+}
+
 TEST_F(TrainerTest, SameSeedSameResult) {
   auto a = Make(SmallCnn(1));
   auto b = Make(SmallCnn(1));
@@ -105,7 +161,7 @@ TEST_F(TrainerTest, SameSeedSameResult) {
 
 // Two epochs straight equal one epoch, save, load into a fresh trainer, one more epoch.
 TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
-  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2)}) {
+  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2), SmallResNet(2)}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
@@ -137,34 +193,35 @@ TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
 }
 
 TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
-  const TrainConfig config = SmallCnn(2);
-  auto straight = Make(config);
-  std::vector<EpochEvent> straight_epochs;
-  Trainer::Callbacks record;
-  record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
-  ASSERT_OK(straight->Run(record));
+  for (const TrainConfig& config : {SmallCnn(2), SmallResNet(2)}) {
+    auto straight = Make(config);
+    std::vector<EpochEvent> straight_epochs;
+    Trainer::Callbacks record;
+    record.on_epoch = [&](const EpochEvent& e) { straight_epochs.push_back(e); };
+    ASSERT_OK(straight->Run(record));
 
-  TempDir dir;
-  auto first = Make(config);
-  Trainer::Callbacks save_at_step_17;
-  save_at_step_17.after_step = [&](Trainer& t) -> absl::Status {
-    if (t.position().global_step != 17) return absl::OkStatus();
-    if (auto s = t.SaveCheckpoint(dir.file("mid.safetensors")); !s.ok()) return s;
-    return absl::AbortedError("stop here");
-  };
-  EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
+    TempDir dir;
+    auto first = Make(config);
+    Trainer::Callbacks save_at_step_17;
+    save_at_step_17.after_step = [&](Trainer& t) -> absl::Status {
+      if (t.position().global_step != 17) return absl::OkStatus();
+      if (auto s = t.SaveCheckpoint(dir.file("mid.safetensors")); !s.ok()) return s;
+      return absl::AbortedError("stop here");
+    };
+    EXPECT_EQ(first->Run(save_at_step_17).code(), absl::StatusCode::kAborted);
 
-  auto resumed = Make(config);
-  ASSERT_OK(resumed->LoadCheckpoint(dir.file("mid.safetensors")));
-  EXPECT_EQ(resumed->position().epochs_done, 1);
-  EXPECT_EQ(resumed->position().step_in_epoch, 4);  // 13 steps per epoch
-  std::vector<EpochEvent> resumed_epochs;
-  Trainer::Callbacks rec2;
-  rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
-  ASSERT_OK(resumed->Run(rec2));
-  EXPECT_EQ(Weights(*resumed), Weights(*straight));
-  ASSERT_EQ(resumed_epochs.size(), 1u);
-  EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+    auto resumed = Make(config);
+    ASSERT_OK(resumed->LoadCheckpoint(dir.file("mid.safetensors")));
+    EXPECT_EQ(resumed->position().epochs_done, 1);
+    EXPECT_EQ(resumed->position().step_in_epoch, 4);  // 13 steps per epoch
+    std::vector<EpochEvent> resumed_epochs;
+    Trainer::Callbacks rec2;
+    rec2.on_epoch = [&](const EpochEvent& e) { resumed_epochs.push_back(e); };
+    ASSERT_OK(resumed->Run(rec2));
+    EXPECT_EQ(Weights(*resumed), Weights(*straight));
+    ASSERT_EQ(resumed_epochs.size(), 1u);
+    EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
+  }
 }
 
 TEST_F(TrainerTest, DivergingLossFailsNamingEpochAndStep) {
