@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "server_test_support.h"
 #include "tests/support/status_matchers.h"
@@ -137,6 +138,34 @@ TEST(SpecTranslationTest, GraphSpecKeepsNamesAndInputs) {
   EXPECT_EQ(NodeInputs(m, 5), (std::vector<std::string>{"block.conv2", "1"}));
   EXPECT_EQ(NodeInputs(m, 6), (std::vector<std::string>{"block.add", "input"}));
   EXPECT_TRUE(NodeInputs(m, 7).empty());
+}
+
+// The README's example, as `kiln submit` reads it (protobuf's JSON mapping).
+TEST(SpecTranslationTest, TheReadmesResidualBlockTranslates) {
+  const std::string json = R"({"input_shape": [3, 32, 32], "layers": [
+    {"name": "conv1", "conv2d": {"in_channels": 3, "out_channels": 16, "padding": 1}},
+    {"name": "relu", "relu": {}},
+    {"name": "layer1.0.conv1",
+     "conv2d": {"in_channels": 16, "out_channels": 32, "stride": 2, "padding": 1}},
+    {"name": "layer1.0.relu1", "relu": {}},
+    {"name": "layer1.0.conv2", "conv2d": {"in_channels": 32, "out_channels": 32, "padding": 1}},
+    {"name": "layer1.0.shortcut", "inputs": ["relu"],
+     "conv2d": {"in_channels": 16, "out_channels": 32, "kernel_size": 1, "stride": 2}},
+    {"name": "layer1.0.add", "inputs": ["layer1.0.conv2", "layer1.0.shortcut"], "add": {}},
+    {"name": "layer1.0.relu2", "relu": {}},
+    {"name": "pool", "maxpool2d": {"kernel_size": 16}},
+    {"name": "flatten", "flatten": {}},
+    {"name": "fc", "linear": {"in_features": 32, "out_features": 10}}]})";
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, spec.mutable_model()).ok());
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_EQ(config->model.layers.size(), 11u);
+  EXPECT_EQ(NodeInputs(config->model, 5), (std::vector<std::string>{"relu"}));
+  auto shapes = InferShapes(config->model);
+  ASSERT_OK(shapes);
+  EXPECT_EQ((*shapes)[7], (Shape{32, 16, 16}));
+  EXPECT_EQ(shapes->back(), (Shape{10}));
 }
 
 TEST(SpecTranslationTest, GraphErrorsNameTheNode) {
