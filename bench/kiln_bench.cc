@@ -1,15 +1,15 @@
 // kiln-bench: trains the reference configurations on real MNIST and prints the same per-epoch
 // numbers and SUMMARY JSON line as ../shared/peers/torch_peer.py, so the two compare directly.
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "engine/backend_registry.h"
@@ -91,25 +91,20 @@ nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
     // A graph's node is shown by name; a Sequential layer's name is its index.
     std::printf("  %-5s %-10s %9.3f %9.3f%s\n", model.node_name(i).c_str(), model.layer_type(i),
                 fwd, bwd, note);
-    layers.push_back({{"layer", i},
-                      {"name", model.node_name(i)},
-                      {"type", model.layer_type(i)},
-                      {"forward_ms", fwd},
-                      {"backward_ms", bwd},
-                      {"fused", model.layer_fused(i)}});
+    layers.push_back({{"layer", i}, {"name", model.node_name(i)}, {"type", model.layer_type(i)},
+                      {"forward_ms", fwd}, {"backward_ms", bwd}, {"fused", model.layer_fused(i)}});
   }
   const double step_ms = train_seconds * 1e3 / steps;
-  std::printf(
-      "  layers %.3f ms of a %.3f ms step; the rest (batch, loss, zero_grad, optimizer) "
-      "%.3f ms\n",
-      in_layers, step_ms, step_ms - in_layers);
+  std::printf("  layers %.3f ms of a %.3f ms step; the rest (batch, loss, zero_grad, optimizer) "
+              "%.3f ms\n", in_layers, step_ms, step_ms - in_layers);
   return {{"layers", layers}, {"step_ms", step_ms}, {"layers_ms", in_layers}};
 }
 
 int Train(const std::string& model, int epochs, int threads, uint64_t seed, int batch, float lr,
           const std::string& data, const std::string& device, const std::string& json_path,
           bool infer, bool profile) {
-  kiln::TrainConfig config = model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
+  kiln::TrainConfig config =
+      model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
   config.epochs = epochs;
   config.seed = seed;
   if (batch > 0) config.batch_size = batch;
@@ -181,12 +176,11 @@ int Train(const std::string& model, int epochs, int threads, uint64_t seed, int 
       return 1;
     }
     summary["inference"] = *inf;
-    std::printf(
-        "inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
-        " (best of 5; median %.0f)\n",
-        (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
-        (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
-        (*inf)["b256_img_per_s_median"].get<double>());
+    std::printf("inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
+                " (best of 5; median %.0f)\n",
+                (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
+                (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
+                (*inf)["b256_img_per_s_median"].get<double>());
   }
   std::printf("SUMMARY %s\n", summary.dump().c_str());
   if (!json_path.empty()) {
