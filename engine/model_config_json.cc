@@ -15,18 +15,13 @@ using nlohmann::json;
 
 struct ToJson {
   json operator()(const LinearConfig& c) const {
-    return {{"type", "linear"},
-            {"in_features", c.in_features},
-            {"out_features", c.out_features},
+    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
             {"bias", c.bias}};
   }
   json operator()(const Conv2dConfig& c) const {
-    return {{"type", "conv2d"},
-            {"in_channels", c.in_channels},
-            {"out_channels", c.out_channels},
-            {"kernel_size", c.kernel_size},
-            {"stride", c.stride},
-            {"padding", c.padding},
+    return {{"type", "conv2d"},         {"in_channels", c.in_channels},
+            {"out_channels", c.out_channels}, {"kernel_size", c.kernel_size},
+            {"stride", c.stride},       {"padding", c.padding},
             {"bias", c.bias}};
   }
   json operator()(const ReluConfig&) const { return {{"type", "relu"}}; }

@@ -356,7 +356,8 @@ TEST_P(GradientCheck, DropoutWithItsMaskFixed) {
       inner_.set_offset(0);
       return inner_.Forward(x, y, m);
     }
-    absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override {
+    absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy,
+                          Tensor* dx) override {
       return inner_.Backward(x, y, dy, dx);
     }
     Dropout inner_;

@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "engine/backend_registry.h"
+#include "engine/checkpoint.h"
+#include "engine/inference.h"
 #include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/model_config_json.h"
@@ -322,6 +326,39 @@ TEST(ModelGraph, JsonFieldErrorsNameTheLayer) {
   c = ModelConfigFromJson(R"({"input_shape":[4],"layers":[{"type":"relu","inputs":"x"}]})");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(), "layer 0 relu: inputs must be an array of node names");
+}
+
+// A graph model's checkpoint: saved with its node names, served by an InferenceSession that
+// builds the same graph from the checkpoint's JSON, with the model's own classes.
+TEST(ModelGraph, CheckpointOfAGraphServesTheSameClasses) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_OK(backend);
+  const ModelConfig c = ResidualBlock(/*projection=*/true);
+  auto model = Model::Build(c, backend->get(), 9);
+  ASSERT_OK(model);
+  testing::TempDir dir;
+  const PixelNorm norm{1.0f / 255, 0.5f, 0.5f};
+  ASSERT_OK(WriteCheckpoint(dir.file("g.safetensors"), **model, nullptr, {}, norm));
+  auto info = ReadCheckpointInfo(dir.file("g.safetensors"));
+  ASSERT_OK(info);
+  EXPECT_EQ(ModelConfigToJson(info->model), ModelConfigToJson(c));
+  auto session = InferenceSession::FromCheckpoint(dir.file("g.safetensors"), backend->get(), 4);
+  ASSERT_OK(session) << session.status();
+  std::vector<uint8_t> pixels(4 * 72);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>((i * 37) % 256);
+  std::vector<float> probs(4 * 5);
+  std::vector<int32_t> classes(4);
+  ASSERT_OK((*session)->PredictU8(pixels.data(), 4, probs.data(), classes.data()));
+  std::vector<float> x(pixels.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (pixels[i] / 255.0f - 0.5f) / 0.5f;
+  Tensor xt = MakeTensor(**backend, {4, 2, 6, 6}, x);
+  auto y = (*model)->Forward(xt, Mode::kEval);
+  ASSERT_OK(y);
+  const std::vector<float> logits = ToHost(**backend, **y);
+  for (int n = 0; n < 4; ++n) {
+    const auto row = logits.begin() + n * 5;
+    EXPECT_EQ(classes[n], std::max_element(row, row + 5) - row) << n;
+  }
 }
 
 TEST(ModelGraph, MemoryPlanCountsTheGradientSums) {

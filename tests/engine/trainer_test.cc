@@ -25,9 +25,8 @@ using testing::ToHost;
 TrainConfig SmallCnn(int epochs) {
   TrainConfig c;
   c.model.input_shape = {1, 8, 8};
-  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},
-                    MaxPool2dConfig{2},          FlattenConfig{},
-                    DropoutConfig{0.2f},         LinearConfig{64, 4}};
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{},    MaxPool2dConfig{2},
+                    FlattenConfig{},             DropoutConfig{0.2f}, LinearConfig{64, 4}};
   c.optimizer.kind = OptimizerConfig::Kind::kAdam;
   c.optimizer.lr = 0.01f;
   c.epochs = epochs;
@@ -55,32 +54,15 @@ TrainConfig SmallMlp(int epochs) {
 TrainConfig SmallResNet(int epochs) {
   TrainConfig c;
   c.model.input_shape = {1, 8, 8};
-  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1},
-                    ReluConfig{},
-                    Conv2dConfig{4, 6, 3, 1, 1},
-                    ReluConfig{},
-                    Conv2dConfig{6, 6, 3, 1, 1},
-                    Conv2dConfig{4, 6, 1},
-                    AddConfig{},
-                    ReluConfig{},
-                    ConcatConfig{},
-                    MaxPool2dConfig{2},
-                    FlattenConfig{},
-                    DropoutConfig{0.2f},
-                    LinearConfig{160, 4}};
-  c.model.names = {"stem",
-                   "stem_relu",
-                   "layer1.0.conv1",
-                   "layer1.0.relu1",
-                   "layer1.0.conv2",
-                   "layer1.0.shortcut",
-                   "layer1.0.add",
-                   "layer1.0.relu2",
-                   "cat",
-                   "pool",
-                   "flatten",
-                   "dropout",
-                   "fc"};
+  // clang-format off
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{}, Conv2dConfig{4, 6, 3, 1, 1},
+                    ReluConfig{}, Conv2dConfig{6, 6, 3, 1, 1}, Conv2dConfig{4, 6, 1}, AddConfig{},
+                    ReluConfig{}, ConcatConfig{}, MaxPool2dConfig{2}, FlattenConfig{},
+                    DropoutConfig{0.2f}, LinearConfig{160, 4}};
+  c.model.names = {"stem", "stem_relu", "layer1.0.conv1", "layer1.0.relu1", "layer1.0.conv2",
+                   "layer1.0.shortcut", "layer1.0.add", "layer1.0.relu2", "cat", "pool",
+                   "flatten", "dropout", "fc"};
+  // clang-format on
   c.model.inputs.resize(9);
   c.model.inputs[5] = {"stem_relu"};
   c.model.inputs[6] = {"layer1.0.conv2", "layer1.0.shortcut"};

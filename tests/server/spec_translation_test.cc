@@ -3,6 +3,7 @@
 #include <limits>
 #include <string>
 
+#include "engine/model.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
