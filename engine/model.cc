@@ -19,7 +19,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 // Node i's shape rule over its inputs: add and concat take them all, other layers the one.
 template <typename C>
 absl::StatusOr<Shape> NodeOutputShape(const C& c, const std::vector<NodeInput>& inputs) {
-  if constexpr (std::is_same_v<C, AddConfig> || std::is_same_v<C, ConcatConfig>) {
+  if constexpr (kTakesSeveralInputs<C>) {
     return OutputShape(c, inputs);
   } else {
     return OutputShape(c, inputs[0].shape);

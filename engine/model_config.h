@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -37,6 +38,11 @@ struct ConcatConfig {};
 using LayerConfig =
     std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool2dConfig, FlattenConfig,
                  DropoutConfig, SoftmaxConfig, AddConfig, ConcatConfig>;
+
+// Layers over several inputs (add, concat); every other layer reads one.
+template <typename C>
+inline constexpr bool kTakesSeveralInputs =
+    std::is_same_v<C, AddConfig> || std::is_same_v<C, ConcatConfig>;
 
 // "linear", "conv2d", ...: the name used in messages, specs and the CLI.
 const char* LayerTypeName(const LayerConfig& layer);

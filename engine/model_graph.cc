@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <type_traits>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -27,7 +28,8 @@ bool IsValidNodeName(const std::string& name) {
 }
 
 bool TakesSeveralInputs(const LayerConfig& layer) {
-  return std::holds_alternative<AddConfig>(layer) || std::holds_alternative<ConcatConfig>(layer);
+  return std::visit([](const auto& c) { return kTakesSeveralInputs<std::decay_t<decltype(c)>>; },
+                    layer);
 }
 
 absl::Status NodeError(const ModelConfig& config, size_t i, const std::string& problem) {
