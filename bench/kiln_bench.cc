@@ -87,10 +87,12 @@ nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
     const double fwd = t.forward_s[i] * 1e3 / std::max<int64_t>(t.forward_calls, 1);
     const double bwd = t.backward_s[i] * 1e3 / steps;
     in_layers += fwd + bwd;
-    const char* note = model.layer_fused(i) ? " (fused into the layer above)" : "";
-    std::printf("  %-5zu %-10s %9.3f %9.3f%s\n", i, model.layer_type(i), fwd, bwd, note);
-    layers.push_back({{"layer", i}, {"type", model.layer_type(i)}, {"forward_ms", fwd},
-                      {"backward_ms", bwd}, {"fused", model.layer_fused(i)}});
+    const char* note = model.layer_fused(i) ? " (fused into the conv2d it reads)" : "";
+    // A graph's node is shown by name; a Sequential layer's name is its index.
+    std::printf("  %-5s %-10s %9.3f %9.3f%s\n", model.node_name(i).c_str(), model.layer_type(i),
+                fwd, bwd, note);
+    layers.push_back({{"layer", i}, {"name", model.node_name(i)}, {"type", model.layer_type(i)},
+                      {"forward_ms", fwd}, {"backward_ms", bwd}, {"fused", model.layer_fused(i)}});
   }
   const double step_ms = train_seconds * 1e3 / steps;
   std::printf("  layers %.3f ms of a %.3f ms step; the rest (batch, loss, zero_grad, optimizer) "

@@ -126,7 +126,8 @@ inline absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g) {
 }
 
 // What every backend checks before a softmax cross-entropy: at least one class, no negative row
-// count, a label smoothing in [0, 1]. Zero rows is allowed: the loss is NaN (a mean over nothing) and correct is 0.
+// count, a label smoothing in [0, 1]. Zero rows is allowed: the loss is NaN (a mean over nothing)
+// and correct is 0.
 inline absl::Status CheckSoftmaxCrossEntropy(int rows, int cols, float label_smoothing = 0) {
   if (rows < 0 || cols < 1) {
     return absl::InvalidArgumentError(absl::StrCat("softmax cross-entropy over ", rows, " rows of ",
@@ -135,6 +136,17 @@ inline absl::Status CheckSoftmaxCrossEntropy(int rows, int cols, float label_smo
   if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat("label smoothing must be in [0, 1], got ", label_smoothing));
+  }
+  return absl::OkStatus();
+}
+
+// What every backend checks before a Copy2D: no negative size, rows no longer than either stride.
+inline absl::Status CheckCopy2D(int64_t rows, int64_t cols, int64_t src_stride,
+                                int64_t dst_stride) {
+  if (rows < 0 || cols < 0 || cols > src_stride || cols > dst_stride) {
+    return absl::InvalidArgumentError(absl::StrCat("Copy2D: ", rows, " rows of ", cols,
+                                                   " floats do not fit strides ", src_stride,
+                                                   " and ", dst_stride));
   }
   return absl::OkStatus();
 }
@@ -197,6 +209,12 @@ class Backend {
   virtual absl::Status ActivationBackward(ActivationKind kind, float param, int64_t n,
                                           const float* x, const float* y, const float* dy,
                                           float* dx) = 0;
+  // y(n) = a + b element-wise; y may be a or b (add nodes, summed gradients).
+  virtual absl::Status Add(int64_t n, const float* a, const float* b, float* y) = 0;
+  // dst rows of `cols` floats, `dst_stride` apart, = src rows `src_stride` apart (as
+  // cudaMemcpy2D, in floats): a concat's slices. CheckCopy2D's rules; the two must not overlap.
+  virtual absl::Status Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
+                              float* dst, int64_t dst_stride) = 0;
 
   // --- convolution and pooling --------------------------------------------------------------
   // y(N,OC,OH,OW) = act(conv(x(N,C,H,W), w(OC,C,KH,KW)) + bias(OC)) (bias may be null).

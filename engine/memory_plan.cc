@@ -12,6 +12,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/layers/conv2d.h"
 #include "engine/model.h"
+#include "engine/model_graph.h"
 
 namespace kiln {
 namespace {
@@ -46,10 +47,12 @@ int64_t ConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64_t tr
 
 // Per layer: activations and their gradients at `capacity` samples (the model keeps both at
 // the largest batch it has run; counted for every layer, fused or not), the layer's own
-// buffers, and its workspace. Adds the largest workspace once: the backend shares one.
-void AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& shapes, int64_t capacity,
-                   int64_t train_batch, int64_t eval_batch, const MemoryTarget& target,
-                   MemoryPlan* plan) {
+// buffers, and its workspace. Adds the largest workspace once: the backend shares one. A graph
+// adds the scratch where backward sums the gradients of an output read by several nodes.
+absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& shapes,
+                           int64_t capacity, int64_t train_batch, int64_t eval_batch,
+                           const MemoryTarget& target, MemoryPlan* plan) {
+  KILN_ASSIGN_OR_RETURN(ModelGraph graph, ResolveGraph(model));
   MemoryNeed workspace{-1, "conv2d workspace", 0};
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const int layer = static_cast<int>(i);
@@ -70,13 +73,20 @@ void AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& shapes, i
                                    absl::StrCat(LayerTypeName(model.layers[i]), " statistics"),
                                    Mul(Mul(c.affine ? 4 : 8, c.num_features), kFloat)});
           } else if constexpr (std::is_same_v<C, Conv2dConfig>) {
-            const int64_t bytes = ConvWorkspaceBytes(c, shapes[i], train_batch, eval_batch, target);
+            const int64_t bytes =
+                ConvWorkspaceBytes(c, shapes[graph.inputs[i][0]], train_batch, eval_batch, target);
             if (bytes > workspace.bytes) workspace = {layer, "conv2d workspace", bytes};
           }
         },
         model.layers[i]);
   }
   if (workspace.bytes > 0) plan->needs.push_back(workspace);
+  int64_t scratch = 0;
+  for (int64_t elements : GradientScratchElements(graph, shapes)) {
+    scratch = Add(scratch, Mul(Mul(elements, capacity), kFloat));
+  }
+  if (scratch > 0) plan->needs.push_back({-1, "gradient sums of shared outputs", scratch});
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -117,8 +127,8 @@ absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t
     slots = 2;  // Adam's first and second moments
   }
   plan.needs.push_back({-1, "optimizer state", Mul(Mul(slots, params), kFloat)});
-  AddLayerNeeds(config.model, shapes, std::max(batch, eval_batch), batch, eval_batch, target,
-                &plan);
+  KILN_RETURN_IF_ERROR(AddLayerNeeds(config.model, shapes, std::max(batch, eval_batch), batch,
+                                     eval_batch, target, &plan));
   // Batch inputs, labels, logit gradients and the loss's one-hot targets.
   plan.needs.push_back(
       {-1, "batch buffers",
@@ -140,7 +150,8 @@ absl::StatusOr<MemoryPlan> PlanInferenceMemory(const ModelConfig& model, int max
   MemoryPlan plan;
   // Parameters are built with their gradients, as for training.
   plan.needs.push_back({-1, "parameters and gradients", Mul(2 * params, kFloat)});
-  AddLayerNeeds(model, shapes, max_batch, /*train_batch=*/0, max_batch, target, &plan);
+  KILN_RETURN_IF_ERROR(
+      AddLayerNeeds(model, shapes, max_batch, /*train_batch=*/0, max_batch, target, &plan));
   // The session's device buffers (uint8 and float inputs, the model input, probabilities,
   // classes, index) and the batcher's host staging of the same.
   const int64_t per_sample = Add(Mul(input, 1 + kFloat + kFloat), Mul(classes, kFloat) + 8);

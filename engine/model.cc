@@ -1,6 +1,7 @@
 #include "engine/model.h"
 
 #include <chrono>
+#include <type_traits>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -15,9 +16,40 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-}  // namespace
+// Node i's shape rule over its inputs: add and concat take them all, other layers the one.
+template <typename C>
+absl::StatusOr<Shape> NodeOutputShape(const C& c, const std::vector<NodeInput>& inputs) {
+  if constexpr (kTakesSeveralInputs<C>) {
+    return OutputShape(c, inputs);
+  } else {
+    return OutputShape(c, inputs[0].shape);
+  }
+}
 
-absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config) {
+// Node i's inputs with their names and shapes.
+std::vector<NodeInput> NodeInputsOf(const ModelGraph& g, const std::vector<Shape>& shapes,
+                                    size_t i) {
+  std::vector<NodeInput> out;
+  for (int v : g.inputs[i]) out.push_back({v == 0 ? kModelInput : g.names[v - 1], shapes[v]});
+  return out;
+}
+
+absl::StatusOr<std::vector<Shape>> ShapesOf(const ModelConfig& config, const ModelGraph& g) {
+  std::vector<Shape> shapes = {config.input_shape};
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const std::vector<NodeInput> inputs = NodeInputsOf(g, shapes, i);
+    absl::StatusOr<Shape> out =
+        std::visit([&](const auto& c) { return NodeOutputShape(c, inputs); }, config.layers[i]);
+    if (!out.ok()) {
+      return absl::Status(out.status().code(),
+                          absl::StrCat(NodeLabel(config, i), ": ", out.status().message()));
+    }
+    shapes.push_back(*std::move(out));
+  }
+  return shapes;
+}
+
+absl::Status CheckInputShape(const ModelConfig& config) {
   if (config.input_shape.empty()) return absl::InvalidArgumentError("model input_shape is empty");
   for (int64_t d : config.input_shape) {
     if (d <= 0) {
@@ -26,19 +58,15 @@ absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config) {
     }
   }
   if (config.layers.empty()) return absl::InvalidArgumentError("model has no layers");
-  std::vector<Shape> shapes = {config.input_shape};
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    const Shape& in = shapes.back();
-    absl::StatusOr<Shape> out =
-        std::visit([&](const auto& c) { return OutputShape(c, in); }, config.layers[i]);
-    if (!out.ok()) {
-      return absl::Status(out.status().code(),
-                          absl::StrCat("layer ", i, " ", LayerTypeName(config.layers[i]), ": ",
-                                       out.status().message()));
-    }
-    shapes.push_back(*std::move(out));
-  }
-  return shapes;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config) {
+  KILN_RETURN_IF_ERROR(CheckInputShape(config));
+  KILN_ASSIGN_OR_RETURN(ModelGraph graph, ResolveGraph(config));
+  return ShapesOf(config, graph);
 }
 
 int64_t CountParameters(const ModelConfig& config) {
@@ -80,69 +108,89 @@ absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_s
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, Backend* backend,
                                                     uint64_t seed, Fusion fusion) {
   auto model = std::unique_ptr<Model>(new Model(config, backend));
-  KILN_ASSIGN_OR_RETURN(model->shapes_, InferShapes(config));
+  KILN_RETURN_IF_ERROR(CheckInputShape(config));
+  KILN_ASSIGN_OR_RETURN(model->graph_, ResolveGraph(config));
+  KILN_ASSIGN_OR_RETURN(model->shapes_, ShapesOf(config, model->graph_));
+  const ModelGraph& g = model->graph_;
+  const size_t n = config.layers.size();
+  // A ReLU fuses into the conv2d whose output it reads when nothing else reads that output.
+  model->fused_.assign(n, false);
+  model->fused_into_.assign(n + 1, -1);
+  if (fusion == Fusion::kFuse) {
+    for (size_t j = 0; j < n; ++j) {
+      const int v = g.inputs[j][0];
+      if (std::holds_alternative<ReluConfig>(config.layers[j]) && v > 0 && g.readers[v] == 1 &&
+          std::holds_alternative<Conv2dConfig>(config.layers[v - 1])) {
+        model->fused_[j] = true;
+        model->fused_into_[v] = static_cast<int>(j);
+      }
+    }
+  }
   Rng rng(seed);
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    const Shape& in = model->shapes_[i];
-    const Shape& out = model->shapes_[i + 1];
-    const LayerConfig& lc = config.layers[i];
-    const bool relu_follows = fusion == Fusion::kFuse && i + 1 < config.layers.size() &&
-                              std::holds_alternative<ReluConfig>(config.layers[i + 1]);
+  for (size_t i = 0; i < n; ++i) {
     LayerContext ctx;
     ctx.backend = backend;
-    ctx.input = in;
-    ctx.output = out;
+    for (int v : g.inputs[i]) ctx.inputs.push_back(model->shapes_[v]);
+    ctx.input = ctx.inputs[0];
+    ctx.output = model->shapes_[i + 1];
     ctx.rng = &rng;
     ctx.stream_seed = SplitMix64(seed + 0x51ED + i);
     // Only a conv2d fuses the ReLU after it (cuDNN's conv-bias-activation).
-    if (relu_follows && std::holds_alternative<Conv2dConfig>(lc)) ctx.fused = Activation::kRelu;
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
-                          std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, lc));
+    if (model->fused_into_[i + 1] >= 0) ctx.fused = Activation::kRelu;
+    KILN_ASSIGN_OR_RETURN(
+        std::unique_ptr<Layer> layer,
+        std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, config.layers[i]));
     model->layers_.push_back(std::move(layer));
-    // A ReLU right after a conv2d built with the fused activation does nothing itself.
-    model->fused_.push_back(i > 0 && fusion == Fusion::kFuse &&
-                            std::holds_alternative<ReluConfig>(lc) &&
-                            std::holds_alternative<Conv2dConfig>(config.layers[i - 1]));
   }
+  model->scratch_elements_ = GradientScratchElements(g, model->shapes_);
   return model;
 }
 
 absl::Status Model::EnsureActivations(int64_t batch) {
-  auto batched = [&](size_t i) {
-    Shape s = shapes_[i];
+  auto batched = [&](const Shape& per_sample) {
+    Shape s = per_sample;
     s.insert(s.begin(), batch);
     return s;
   };
+  const size_t n = layers_.size();
+  // A fused layer's output aliases its input; the gradient of its input is never formed. The
+  // last gradient is the caller's dout; grads_[0] (the input's) is never needed.
+  auto has_grad = [&](size_t v) { return v > 0 && v < n && fused_into_[v] < 0; };
   if (batch > capacity_) {
-    activations_.assign(layers_.size() + 1, Tensor());
-    grads_.assign(layers_.size() + 1, Tensor());
-    for (size_t i = 1; i <= layers_.size(); ++i) {
-      // A fused layer's output aliases its input; the gradient of its input is never formed.
-      if (!fused_[i - 1]) {
-        KILN_ASSIGN_OR_RETURN(activations_[i], backend_->Allocate(DType::kF32, batched(i)));
+    activations_.assign(n + 1, Tensor());
+    grads_.assign(n + 1, Tensor());
+    scratch_.assign(scratch_elements_.size(), Tensor());
+    for (size_t v = 1; v <= n; ++v) {
+      if (!fused_[v - 1]) {
+        KILN_ASSIGN_OR_RETURN(activations_[v],
+                              backend_->Allocate(DType::kF32, batched(shapes_[v])));
       }
-      // The last gradient is the caller's dout; grads_[0] (the input's) is never needed.
-      if (i < layers_.size() && !fused_[i]) {
-        KILN_ASSIGN_OR_RETURN(grads_[i], backend_->Allocate(DType::kF32, batched(i)));
+      if (has_grad(v)) {
+        KILN_ASSIGN_OR_RETURN(grads_[v], backend_->Allocate(DType::kF32, batched(shapes_[v])));
       }
+    }
+    for (size_t k = 0; k < scratch_.size(); ++k) {
+      if (scratch_elements_[k] == 0) continue;
+      KILN_ASSIGN_OR_RETURN(scratch_[k],
+                            backend_->Allocate(DType::kF32, {batch, scratch_elements_[k]}));
     }
     capacity_ = batch;
   }
-  for (size_t i = 1; i <= layers_.size(); ++i) {
-    if (fused_[i - 1]) {
-      activations_[i] = activations_[i - 1];
+  for (size_t v = 1; v <= n; ++v) {
+    if (fused_[v - 1]) {
+      activations_[v] = activations_[graph_.inputs[v - 1][0]];
     } else {
-      activations_[i].Reshape(batched(i));
+      activations_[v].Reshape(batched(shapes_[v]));
     }
-    if (i < layers_.size() && !fused_[i]) grads_[i].Reshape(batched(i));
+    if (has_grad(v)) grads_[v].Reshape(batched(shapes_[v]));
   }
   return absl::OkStatus();
 }
 
 const Tensor& Model::OutputGrad(size_t i, const Tensor& dout) const {
-  size_t k = i + 1;  // activations_[k] is layer i's output; fused layers k.. alias it
-  while (k < layers_.size() && fused_[k]) ++k;
-  return k == layers_.size() ? dout : grads_[k];
+  size_t v = i + 1;  // activations_[v] is layer i's output; a fused layer aliases it
+  if (fused_into_[v] >= 0) v = static_cast<size_t>(fused_into_[v]) + 1;
+  return v == layers_.size() ? dout : grads_[v];
 }
 
 absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
@@ -156,12 +204,14 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
   // Only training passes are timed: evaluation forwards would dilute the per-step numbers.
   LayerTimes* times = mode == Mode::kTrain ? layer_times_ : nullptr;
   if (times != nullptr) ++times->forward_calls;
+  std::vector<const Tensor*> xs;
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (fused_[i]) continue;
-    const Tensor& in = i == 0 ? x : activations_[i];
+    xs.clear();
+    for (int v : graph_.inputs[i]) xs.push_back(v == 0 ? &x : &activations_[v]);
     const auto start = times != nullptr ? std::chrono::steady_clock::now()
                                         : std::chrono::steady_clock::time_point();
-    KILN_RETURN_IF_ERROR(layers_[i]->Forward(in, &activations_[i + 1], mode));
+    KILN_RETURN_IF_ERROR(layers_[i]->ForwardInputs(xs, &activations_[i + 1], mode));
     if (times != nullptr) {
       KILN_RETURN_IF_ERROR(backend_->Synchronize());
       times->forward_s[i] += SecondsSince(start);
@@ -173,13 +223,35 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
 absl::Status Model::Backward(const Tensor& dout) {
   if (input_ == nullptr) return absl::FailedPreconditionError("Backward before Forward");
   if (layer_times_ != nullptr) ++layer_times_->backward_calls;
+  std::vector<const Tensor*> xs;
+  std::vector<Tensor*> dxs;
   for (size_t i = layers_.size(); i-- > 0;) {
     if (fused_[i]) continue;
-    const Tensor& x = i == 0 ? *input_ : activations_[i];
+    const std::vector<int>& inputs = graph_.inputs[i];
+    xs.clear();
+    dxs.clear();
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const int v = inputs[k];
+      xs.push_back(v == 0 ? input_ : &activations_[v]);
+      if (v == 0) {
+        dxs.push_back(nullptr);
+      } else if (graph_.sums_gradient[i][k]) {
+        scratch_[k].Reshape(activations_[v].shape());
+        dxs.push_back(&scratch_[k]);
+      } else {
+        dxs.push_back(&grads_[v]);
+      }
+    }
     const auto start = layer_times_ != nullptr ? std::chrono::steady_clock::now()
                                                : std::chrono::steady_clock::time_point();
-    KILN_RETURN_IF_ERROR(layers_[i]->Backward(x, activations_[i + 1], OutputGrad(i, dout),
-                                              i == 0 ? nullptr : &grads_[i]));
+    KILN_RETURN_IF_ERROR(
+        layers_[i]->BackwardInputs(xs, activations_[i + 1], OutputGrad(i, dout), dxs));
+    // A value read by several slots: its later readers wrote its gradient; add this one's.
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (!graph_.sums_gradient[i][k]) continue;
+      Tensor& g = grads_[inputs[k]];
+      KILN_RETURN_IF_ERROR(backend_->Add(g.numel(), g.f32(), scratch_[k].f32(), g.f32()));
+    }
     if (layer_times_ != nullptr) {
       KILN_RETURN_IF_ERROR(backend_->Synchronize());
       layer_times_->backward_s[i] += SecondsSince(start);
@@ -203,14 +275,12 @@ absl::Status Model::ZeroGrad() {
   return absl::OkStatus();
 }
 
-std::string Model::StateDictName(size_t i, const std::string& local) const {
-  return absl::StrCat(i, ".", local);
-}
-
 std::vector<NamedParameter> Model::parameters() {
   std::vector<NamedParameter> out;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    for (Parameter* p : layers_[i]->parameters()) out.push_back({StateDictName(i, p->name), p});
+    for (Parameter* p : layers_[i]->parameters()) {
+      out.push_back({StateDictName(graph_.names[i], p->name), p});
+    }
   }
   return out;
 }
@@ -218,7 +288,9 @@ std::vector<NamedParameter> Model::parameters() {
 std::vector<NamedBuffer> Model::buffers() {
   std::vector<NamedBuffer> out;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    for (StateBuffer* b : layers_[i]->buffers()) out.push_back({StateDictName(i, b->name), b});
+    for (StateBuffer* b : layers_[i]->buffers()) {
+      out.push_back({StateDictName(graph_.names[i], b->name), b});
+    }
   }
   return out;
 }

@@ -1,5 +1,6 @@
-// A Sequential model built from a ModelConfig: shape-checked at build, then forward and backward
-// over batches with activations kept for the backward pass.
+// A model built from a ModelConfig, a Sequential chain or a DAG of named nodes: shape-checked at
+// build, then forward (in node order, which is topological) and backward over batches with
+// activations kept for the backward pass.
 #pragma once
 
 #include <memory>
@@ -12,13 +13,16 @@
 #include "engine/backend.h"
 #include "engine/layers/layer.h"
 #include "engine/model_config.h"
+#include "engine/model_graph.h"
 #include "engine/rng.h"
 
 namespace kiln {
 
 // Per-sample shapes: [0] the input, [i+1] the output of layer i. Fails before anything is
 // allocated, naming the layer and both shapes ("layer 6 linear: in_features 1024 but input is
-// 64x5x5 = 1600"). Usable without a backend, e.g. to validate a submitted spec.
+// 64x5x5 = 1600", "node layer1.0.add: inputs layer1.0.conv2 is 64x16x16 but layer1.0.shortcut is
+// 32x16x16"), or the graph's problem (ResolveGraph). Usable without a backend, e.g. to validate a
+// submitted spec.
 absl::StatusOr<std::vector<Shape>> InferShapes(const ModelConfig& config);
 
 // Number of learnable scalars of a config (after InferShapes succeeded).
@@ -37,17 +41,18 @@ absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_s
                                 ModelPart* culprit = nullptr);
 
 struct NamedParameter {
-  std::string name;  // PyTorch state_dict key: "<layer index>.weight"
+  std::string name;  // PyTorch state_dict key, StateDictName's: "3.weight", "layer1.0.conv1.weight"
   Parameter* param;
 };
 
 struct NamedBuffer {
-  std::string name;  // PyTorch state_dict key: "<layer index>.running_mean"
+  std::string name;  // PyTorch state_dict key: StateDictName's: "3.running_mean"
   StateBuffer* buffer;
 };
 
-// kFuse runs a ReLU that follows a conv2d inside the convolution (same results, one pass less
-// over memory each way); kNone keeps every layer separate.
+// kFuse runs a ReLU that reads a conv2d's output inside the convolution when nothing else reads
+// that output (same results, one pass less over memory each way); kNone keeps every layer
+// separate.
 enum class Fusion { kFuse, kNone };
 
 // Wall time per layer of the training passes (kTrain forwards and backwards) made while attached
@@ -70,7 +75,8 @@ class Model {
   // valid until the next Forward.
   absl::StatusOr<const Tensor*> Forward(const Tensor& x, Mode mode);
   // Backpropagates dout (shaped like the last output) after a kTrain Forward; parameter
-  // gradients accumulate. The input gradient is not computed.
+  // gradients accumulate. The gradients of an output read by several nodes are summed. The input
+  // gradient is not computed.
   absl::Status Backward(const Tensor& dout);
   absl::Status ZeroGrad();
 
@@ -86,6 +92,8 @@ class Model {
   Backend* backend() const { return backend_; }
   size_t num_layers() const { return layers_.size(); }
   const char* layer_type(size_t i) const { return layers_[i]->type(); }
+  // Node i's name ("layer1.0.conv1", or "3" when unnamed).
+  const std::string& node_name(size_t i) const { return graph_.names[i]; }
   bool layer_fused(size_t i) const { return fused_[i]; }
   // Starts (or with nullptr stops) adding each layer's forward and backward time to `times`.
   void set_layer_times(LayerTimes* times);
@@ -93,21 +101,26 @@ class Model {
  private:
   Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
   absl::Status EnsureActivations(int64_t batch);
-  // The state_dict key of layer i's tensor `local` ("weight", "running_mean"): the one naming
-  // rule for parameters and buffers.
-  std::string StateDictName(size_t i, const std::string& local) const;
-  // d loss / d (output of layer i): past any fused layers that alias that output.
+  // d loss / d (output of layer i): past a fused layer that aliases that output.
   const Tensor& OutputGrad(size_t i, const Tensor& dout) const;
 
   ModelConfig config_;
   Backend* backend_;
+  ModelGraph graph_;
   std::vector<Shape> shapes_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  // fused_[i]: layer i runs inside layer i-1; its output aliases that of layer i-1.
+  // fused_[i]: layer i (a ReLU) runs inside the conv2d whose output it reads, the only reader;
+  // its output aliases the conv2d's.
   std::vector<bool> fused_;
-  // activations_[0] is a copy-free view of the input; [i+1] the output of layer i.
+  // fused_into_[v]: the layer fused onto value v (its only reader), or -1.
+  std::vector<int> fused_into_;
+  // activations_[0] is unused (the input is the caller's); [i+1] the output of layer i.
   std::vector<Tensor> activations_;
-  std::vector<Tensor> grads_;  // grads_[i] is d loss / d activations_[i]
+  std::vector<Tensor> grads_;  // grads_[v] is d loss / d activations_[v]
+  // scratch_[k]: where input slot k of a node writes a gradient that is then summed into its
+  // value's (ModelGraph::sums_gradient).
+  std::vector<Tensor> scratch_;
+  std::vector<int64_t> scratch_elements_;  // per sample, GradientScratchElements
   const Tensor* input_ = nullptr;
   int64_t capacity_ = 0;
   LayerTimes* layer_times_ = nullptr;

@@ -1,5 +1,8 @@
 #include "engine/model_config.h"
 
+#include <string>
+#include <vector>
+
 namespace kiln {
 
 namespace {
@@ -20,10 +23,22 @@ struct TypeName {
   const char* operator()(const SiluConfig&) const { return "silu"; }
   const char* operator()(const BatchNorm2dConfig&) const { return "batchnorm2d"; }
   const char* operator()(const BatchNorm1dConfig&) const { return "batchnorm1d"; }
+  const char* operator()(const AddConfig&) const { return "add"; }
+  const char* operator()(const ConcatConfig&) const { return "concat"; }
 };
 }  // namespace
 
 const char* LayerTypeName(const LayerConfig& layer) { return std::visit(TypeName{}, layer); }
+
+std::string NodeName(const ModelConfig& config, size_t i) {
+  if (i < config.names.size() && !config.names[i].empty()) return config.names[i];
+  return std::to_string(i);
+}
+
+const std::vector<std::string>& NodeInputs(const ModelConfig& config, size_t i) {
+  static const std::vector<std::string> kNone;
+  return i < config.inputs.size() ? config.inputs[i] : kNone;
+}
 
 ModelConfig MnistMlpConfig() {
   ModelConfig c;

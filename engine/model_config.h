@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -69,6 +70,11 @@ struct BatchNorm2dConfig : BatchNormFields {};
 struct BatchNorm1dConfig : BatchNormFields {};
 // Softmax over the last dimension; for inference outputs (training uses the fused loss).
 struct SoftmaxConfig {};
+// Element-wise sum of 2+ inputs of identical shape (a residual connection).
+struct AddConfig {};
+// 2+ inputs joined along their first per-sample dimension (the channels of CxHxW images, the
+// features of vectors); their other dimensions must agree.
+struct ConcatConfig {};
 
 using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool2dConfig,
                                  FlattenConfig, DropoutConfig, SoftmaxConfig,
@@ -76,15 +82,38 @@ using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool
                                  AvgPool2dConfig, AdaptiveAvgPool2dConfig, TanhConfig,
                                  SigmoidConfig, GeluConfig, LeakyReluConfig, SiluConfig,
                                  // normalisation
-                                 BatchNorm2dConfig, BatchNorm1dConfig>;
+                                 BatchNorm2dConfig, BatchNorm1dConfig,
+                                 // graph merges
+                                 AddConfig, ConcatConfig>;
+
+// Layers over several inputs (add, concat); every other layer reads one.
+template <typename C>
+inline constexpr bool kTakesSeveralInputs =
+    std::is_same_v<C, AddConfig> || std::is_same_v<C, ConcatConfig>;
 
 // "linear", "conv2d", ...: the name used in messages, specs and the CLI.
 const char* LayerTypeName(const LayerConfig& layer);
 
+// A model is a DAG of nodes, one per entry of `layers`; the last node's output is the model's.
+// names[i] names node i ("" or absent: its index, "3", so Sequential state-dict names stay);
+// inputs[i] lists the earlier nodes it reads, or kModelInput (empty or absent: the previous
+// node's output, the model input for node 0). A Sequential model leaves both empty.
+// ResolveGraph (engine/model_graph.h) checks them.
 struct ModelConfig {
   Shape input_shape;  // per sample, e.g. {784} or {1, 28, 28}
   std::vector<LayerConfig> layers;
+  // Initialised, so that {input_shape, layers} braces stay warning-free.
+  std::vector<std::string> names = {};                // at most one per layer
+  std::vector<std::vector<std::string>> inputs = {};  // at most one list per layer
 };
+
+// The name a node's inputs use for the model's input.
+inline constexpr char kModelInput[] = "input";
+
+// Node i's name: names[i], or its index when it has none.
+std::string NodeName(const ModelConfig& config, size_t i);
+// Node i's inputs as written (empty: the previous node's output).
+const std::vector<std::string>& NodeInputs(const ModelConfig& config, size_t i);
 
 // The two reference models of the mission (PyTorch nn.Sequential layouts).
 ModelConfig MnistMlpConfig();  // 784-512-256-10 with ReLU

@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -74,7 +76,30 @@ struct ToJson {
             {"momentum", c.momentum},
             {"affine", c.affine}};
   }
+  json operator()(const AddConfig&) const { return {{"type", "add"}}; }
+  json operator()(const ConcatConfig&) const { return {{"type", "concat"}}; }
 };
+
+// A node's optional "name" (a string) and "inputs" (an array of strings).
+absl::Status GetGraphFields(const json& l, const std::string& where, std::string* name,
+                            std::vector<std::string>* inputs) {
+  if (auto it = l.find("name"); it != l.end()) {
+    if (!it->is_string()) return absl::InvalidArgumentError(where + ": name must be a string");
+    *name = it->get<std::string>();
+  }
+  if (auto it = l.find("inputs"); it != l.end()) {
+    if (!it->is_array()) {
+      return absl::InvalidArgumentError(where + ": inputs must be an array of node names");
+    }
+    for (const auto& in : *it) {
+      if (!in.is_string()) {
+        return absl::InvalidArgumentError(where + ": inputs must be an array of node names");
+      }
+      inputs->push_back(in.get<std::string>());
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Reads an optional integer field; error names the layer and field.
 absl::Status GetInt(const json& j, const char* field, const std::string& where, int64_t* out) {
@@ -139,7 +164,13 @@ absl::Status GetBatchNorm(const json& j, const std::string& where, BatchNormFiel
 
 std::string ModelConfigToJson(const ModelConfig& config) {
   json layers = json::array();
-  for (const auto& l : config.layers) layers.push_back(std::visit(ToJson{}, l));
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    json l = std::visit(ToJson{}, config.layers[i]);
+    // Only a graph's nodes carry these, so a Sequential model's JSON is as it always was.
+    if (i < config.names.size() && !config.names[i].empty()) l["name"] = config.names[i];
+    if (!NodeInputs(config, i).empty()) l["inputs"] = NodeInputs(config, i);
+    layers.push_back(std::move(l));
+  }
   return json{{"input_shape", config.input_shape}, {"layers", layers}}.dump();
 }
 
@@ -243,14 +274,29 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       BatchNorm1dConfig c;
       s.Update(GetBatchNorm(l, where, &c));
       config.layers.push_back(c);
+    } else if (type == "add") {
+      config.layers.push_back(AddConfig{});
+    } else if (type == "concat") {
+      config.layers.push_back(ConcatConfig{});
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
                        "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
-                       "silu, batchnorm2d, batchnorm1d)"));
+                       "silu, batchnorm2d, batchnorm1d, add, concat)"));
     }
     if (!s.ok()) return s;
+    std::string name;
+    std::vector<std::string> inputs;
+    KILN_RETURN_IF_ERROR(GetGraphFields(l, where, &name, &inputs));
+    if (!name.empty()) {
+      config.names.resize(i + 1);
+      config.names[i] = std::move(name);
+    }
+    if (!inputs.empty()) {
+      config.inputs.resize(i + 1);
+      config.inputs[i] = std::move(inputs);
+    }
   }
   return config;
 }

@@ -1,5 +1,6 @@
 // ModelConfig to and from JSON text, as stored in checkpoint metadata:
-// {"input_shape":[1,28,28],"layers":[{"type":"conv2d","in_channels":1,...},...]}
+// {"input_shape":[1,28,28],"layers":[{"type":"conv2d","in_channels":1,...},...]}; a graph's
+// nodes add "name" and "inputs" ({"type":"add","name":"block.add","inputs":["block.conv2","c"]}).
 #pragma once
 
 #include <string>

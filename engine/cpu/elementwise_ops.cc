@@ -1,11 +1,13 @@
 // CpuBackend's element-wise ops: ReLU, the other activations, dropout (counter-based masks, as on
-// CUDA), softmax.
+// CUDA), softmax, add, and the strided copy of concat.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/activation_math.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
@@ -107,6 +109,23 @@ absl::Status CpuBackend::DropoutForward(int64_t n, float p, uint64_t seed, uint6
 absl::Status CpuBackend::DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) {
 #pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * mask[i];
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Add(int64_t n, const float* a, const float* b, float* y) {
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
+                                float* dst, int64_t dst_stride) {
+  KILN_RETURN_IF_ERROR(CheckCopy2D(rows, cols, src_stride, dst_stride));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+#pragma omp parallel for num_threads(threads_) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(cols) * 4);
+  }
   return absl::OkStatus();
 }
 

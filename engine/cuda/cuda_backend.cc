@@ -362,6 +362,25 @@ absl::Status CudaBackend::ActivationBackward(ActivationKind kind, float param, i
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::Add(int64_t n, const float* a, const float* b, float* y) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::add(stream_, n, a, b, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
+                                 float* dst, int64_t dst_stride) {
+  KILN_RETURN_IF_ERROR(CheckCopy2D(rows, cols, src_stride, dst_stride));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  constexpr size_t kF = sizeof(float);
+  KILN_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * kF, src,
+                                    static_cast<size_t>(src_stride) * kF,
+                                    static_cast<size_t>(cols) * kF, static_cast<size_t>(rows),
+                                    cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
 // --- convolution and pooling ----------------------------------------------------------------
 
 absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,

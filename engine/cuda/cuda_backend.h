@@ -91,6 +91,9 @@ class CudaBackend final : public Backend {
                               float* mask, float* y) override;
   absl::Status DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) override;
   absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) override;
+  absl::Status Add(int64_t n, const float* a, const float* b, float* y) override;
+  absl::Status Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride, float* dst,
+                      int64_t dst_stride) override;
 
   absl::Status Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
                              const float* bias, Activation act, float* y) override;

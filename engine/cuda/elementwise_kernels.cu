@@ -1,5 +1,5 @@
-// Element-wise and row-wise kernels: fill, ReLU and the other activations, dropout, bias, softmax,
-// and the bias and ReLU
+// Element-wise and row-wise kernels: fill, ReLU and the other activations, dropout, add, bias,
+// softmax, and the bias and ReLU
 // that ride along with cuDNN's convolutions. Each matches the CPU backend's formula exactly.
 #include "engine/activation_math.h"
 #include "engine/cuda/cuda_kernels.h"
@@ -63,6 +63,10 @@ __global__ void dropout_forward_kernel(int64_t n, float p, float keep_scale, uin
     mask[i] = m;
     y[i] = x[i] * m;
   }
+}
+
+__global__ void add_kernel(int64_t n, const float* a, const float* b, float* y) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] = a[i] + b[i];
 }
 
 __global__ void multiply_kernel(int64_t n, const float* a, const float* b, float* out) {
@@ -214,6 +218,12 @@ cudaError_t dropout_forward(cudaStream_t stream, int64_t n, float p, float keep_
   if (n <= 0) return cudaSuccess;
   dropout_forward_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, p, keep_scale, seed, offset, x,
                                                               mask, y);
+  return cudaGetLastError();
+}
+
+cudaError_t add(cudaStream_t stream, int64_t n, const float* a, const float* b, float* y) {
+  if (n <= 0) return cudaSuccess;
+  add_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, a, b, y);
   return cudaGetLastError();
 }
 

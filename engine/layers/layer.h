@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "engine/backend.h"
 #include "engine/rng.h"
 #include "engine/tensor.h"
@@ -13,6 +14,13 @@
 namespace kiln {
 
 enum class Mode { kTrain, kEval };
+
+// One input of a node as its shape rule sees it: the name it was given by ("layer1.0.bn2",
+// "input") and its per-sample shape.
+struct NodeInput {
+  std::string name;
+  Shape shape;
+};
 
 // A learnable tensor and its gradient (same shape), on the layer's backend.
 struct Parameter {
@@ -40,9 +48,14 @@ struct StateBuffer {
 //   int64_t ParameterCount(const C&)                                   its learnable values
 //   absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const C&, const LayerContext&)
 // and engine/layers/layers.h gathers them for the model, which dispatches on the config's type.
+//
+// Layers over several inputs (add, concat) instead define
+//   absl::StatusOr<Shape> OutputShape(const C&, const std::vector<NodeInput>& inputs)
+// and override ForwardInputs and BackwardInputs.
 struct LayerContext {
   Backend* backend = nullptr;
   Shape input, output;                   // per sample; output is what OutputShape gave
+  std::vector<Shape> inputs;             // every input's shape (input is inputs[0])
   Rng* rng = nullptr;                    // parameter initialisation, drawn in layer order
   uint64_t stream_seed = 0;              // the layer's own random stream (dropout)
   Activation fused = Activation::kNone;  // an activation fused into the layer's output
@@ -69,6 +82,19 @@ class Layer {
   // overwrites dx (shaped like x). x and y are the tensors of the last Forward in kTrain mode.
   virtual absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
 
+  // What the model calls, with a node's inputs in order: one for most layers, where these are
+  // Forward and Backward; add and concat override them. dxs[k] (null where not wanted) is
+  // overwritten with the gradient of xs[k].
+  virtual absl::Status ForwardInputs(const std::vector<const Tensor*>& xs, Tensor* y, Mode mode) {
+    if (xs.size() != 1) return InputCountError(xs.size());
+    return Forward(*xs[0], y, mode);
+  }
+  virtual absl::Status BackwardInputs(const std::vector<const Tensor*>& xs, const Tensor& y,
+                                      const Tensor& dy, const std::vector<Tensor*>& dxs) {
+    if (xs.size() != 1 || dxs.size() != 1) return InputCountError(xs.size());
+    return Backward(*xs[0], y, dy, dxs[0]);
+  }
+
   virtual std::vector<Parameter*> parameters() { return {}; }
   virtual std::vector<StateBuffer*> buffers() { return {}; }
 
@@ -79,6 +105,10 @@ class Layer {
   virtual void set_random_offset(uint64_t) {}
 
  protected:
+  absl::Status InputCountError(size_t got) const {
+    return absl::InvalidArgumentError(absl::StrCat(type(), " takes one input, got ", got));
+  }
+
   Backend* backend_;
   Shape input_shape_, output_shape_;
 };

@@ -4,8 +4,10 @@
 #pragma once
 
 #include "engine/layers/activation.h"
+#include "engine/layers/add.h"
 #include "engine/layers/avgpool2d.h"
 #include "engine/layers/batchnorm.h"
+#include "engine/layers/concat.h"
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
 #include "engine/layers/flatten.h"

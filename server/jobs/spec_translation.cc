@@ -8,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "engine/model.h"
+#include "engine/model_graph.h"
 #include "engine/reference_configs.h"
 
 namespace kiln::server {
@@ -191,11 +192,16 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
           TranslateBatchNorm(layer.batchnorm1d(), field + ".batchnorm1d", max, &c));
       return c;
     }
+    case v1::Layer::kAdd:
+      return AddConfig{};
+    case v1::Layer::kConcat:
+      return ConcatConfig{};
     case v1::Layer::KIND_NOT_SET:
       break;
   }
-  return Invalid(field,
-                 "no layer type set (linear, conv2d, relu, maxpool2d, avgpool2d, tanh, gelu, ...)");
+  return Invalid(
+      field,
+      "no layer type set (linear, conv2d, relu, maxpool2d, avgpool2d, batchnorm2d, add, ...)");
 }
 
 absl::StatusOr<ModelConfig> TranslateModel(const v1::ModelSpec& spec, const SpecLimits& limits) {
@@ -224,10 +230,24 @@ absl::StatusOr<ModelConfig> TranslateModel(const v1::ModelSpec& spec, const Spec
                                 " elements per sample, over the limit of ", limits.max_features));
   }
   for (int i = 0; i < spec.layers_size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(
-        LayerConfig layer,
-        TranslateLayer(spec.layers(i), absl::StrCat("spec.model.layers[", i, "]"), limits));
+    const v1::Layer& l = spec.layers(i);
+    const std::string field = absl::StrCat("spec.model.layers[", i, "]");
+    KILN_ASSIGN_OR_RETURN(LayerConfig layer, TranslateLayer(l, field, limits));
     config.layers.push_back(layer);
+    // The graph's rules (names, references, unused nodes) are the engine's: InferShapes checks
+    // them below with the shapes. Here only what bounds the work of checking.
+    if (l.inputs_size() > kMaxNodeInputs) {
+      return Invalid(field + ".inputs",
+                     absl::StrCat(l.inputs_size(), " inputs; at most ", kMaxNodeInputs));
+    }
+    if (!l.name().empty()) {
+      config.names.resize(i + 1);
+      config.names[i] = l.name();
+    }
+    if (l.inputs_size() > 0) {
+      config.inputs.resize(i + 1);
+      config.inputs[i].assign(l.inputs().begin(), l.inputs().end());
+    }
   }
   return config;
 }

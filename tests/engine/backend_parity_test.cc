@@ -438,6 +438,41 @@ TEST_P(OpParity, ActivationsMatchForEveryKind) {
   }
 }
 
+TEST_P(OpParity, AddMatchesBitForBitIntoAThirdBufferAndInPlace) {
+  for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{100003}}) {
+    SCOPED_TRACE(n);
+    Both a = Upload(RandomValues(n, 10)), b = Upload(RandomValues(n, 11)), y = Garbage(n, 12);
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Add(n, a.f(s), b.f(s), y.f(s)); }));
+    ExpectSameBits(y, "add");
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Add(n, a.f(s), b.f(s), a.f(s)); }));
+    ExpectSameBits(a, "add into its first operand");
+    const std::vector<float> av = Get(kCpu, a.t[kCpu]), yv = Get(kCpu, y.t[kCpu]);
+    EXPECT_TRUE(SameBits(av, yv)) << "in place and out of place agree";
+  }
+}
+
+TEST_P(OpParity, Copy2DMovesStridedRowsAndNothingElse) {
+  // Rows of 3 out of 5 into rows of 7 at column 2 (a concat's slice), then back out; then a
+  // row count that takes the CPU's parallel path.
+  for (int64_t rows : {int64_t{1}, int64_t{4}, int64_t{5000}}) {
+    SCOPED_TRACE(rows);
+    Both src = Upload(RandomValues(rows * 5, 13)), dst = Garbage(rows * 7, 14);
+    const std::vector<float> before = Get(kCpu, dst.t[kCpu]);
+    ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.Copy2D(rows, 3, src.f(s), 5, dst.f(s) + 2, 7); }));
+    ExpectSameBits(dst, "copy2d");
+    const std::vector<float> sv = Get(kCpu, src.t[kCpu]), dv = Get(kCpu, dst.t[kCpu]);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < 7; ++c) {
+        const float want = c >= 2 && c < 5 ? sv[r * 5 + c - 2] : before[r * 7 + c];
+        ASSERT_EQ(dv[r * 7 + c], want) << r << "," << c;
+      }
+    }
+  }
+  EXPECT_EQ(tested_->Copy2D(2, 6, nullptr, 5, nullptr, 7).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(OpParity, DropoutMasksAreIdenticalOnBothBackends) {
   struct Case {
     int64_t n;

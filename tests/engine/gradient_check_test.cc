@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -26,6 +27,7 @@
 #include "engine/layers/softmax.h"
 #include "engine/loss.h"
 #include "engine/model.h"
+#include "engine/model_graph.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 
@@ -46,6 +48,99 @@ double RelativeError(double analytic, double numeric) {
 
 // The devices every gradient check runs on.
 std::vector<std::string> Devices() { return {"cpu", "cuda:0"}; }
+
+// A model's forward on the host in double, from its config and its parameters by state-dict name:
+// the reference of CheckModel. Knows the layers that test uses (linear, conv2d, relu, flatten,
+// add, concat).
+class HostModel {
+ public:
+  explicit HostModel(const ModelConfig& config) : config_(config) {
+    auto g = ResolveGraph(config);
+    EXPECT_OK(g) << g.status();
+    if (g.ok()) graph_ = *g;
+    auto shapes = InferShapes(config);
+    EXPECT_OK(shapes) << shapes.status();
+    if (shapes.ok()) shapes_ = *shapes;
+  }
+
+  // L = sum over the batch of output . r.
+  double Loss(const std::vector<float>& x, int batch, const std::vector<float>& r) const {
+    const int64_t in = NumElements(shapes_[0]), out = NumElements(shapes_.back());
+    double loss = 0;
+    for (int n = 0; n < batch; ++n) {
+      std::vector<std::vector<double>> values(shapes_.size());
+      values[0].assign(x.begin() + n * in, x.begin() + (n + 1) * in);
+      for (size_t i = 0; i < config_.layers.size(); ++i) values[i + 1] = Node(i, values);
+      for (int64_t k = 0; k < out; ++k) loss += values.back()[k] * r[n * out + k];
+    }
+    return loss;
+  }
+
+  std::map<std::string, std::vector<double>> params;
+
+ private:
+  const std::vector<double>& Param(size_t i, const char* which) const {
+    static const std::vector<double> kNone;
+    auto it = params.find(StateDictName(graph_.names[i], which));
+    return it == params.end() ? kNone : it->second;
+  }
+
+  std::vector<double> Node(size_t i, const std::vector<std::vector<double>>& values) const {
+    const std::vector<double>& x = values[graph_.inputs[i][0]];
+    const Shape& is = shapes_[graph_.inputs[i][0]];
+    const Shape& os = shapes_[i + 1];
+    std::vector<double> y;
+    const LayerConfig& layer = config_.layers[i];
+    if (const auto* c = std::get_if<LinearConfig>(&layer)) {
+      const std::vector<double>&w = Param(i, "weight"), &bias = Param(i, "bias");
+      for (int64_t k = 0; k < c->out_features; ++k) {
+        double s = bias.empty() ? 0 : bias[k];
+        for (int64_t j = 0; j < c->in_features; ++j) s += w[k * c->in_features + j] * x[j];
+        y.push_back(s);
+      }
+    } else if (const auto* c = std::get_if<Conv2dConfig>(&layer)) {
+      const std::vector<double>&w = Param(i, "weight"), &bias = Param(i, "bias");
+      const int64_t C = is[0], H = is[1], W = is[2], K = c->kernel_size;
+      for (int64_t o = 0; o < os[0]; ++o) {
+        for (int64_t oy = 0; oy < os[1]; ++oy) {
+          for (int64_t ox = 0; ox < os[2]; ++ox) {
+            double s = bias.empty() ? 0 : bias[o];
+            for (int64_t ch = 0; ch < C; ++ch) {
+              for (int64_t ky = 0; ky < K; ++ky) {
+                for (int64_t kx = 0; kx < K; ++kx) {
+                  const int64_t iy = oy * c->stride + ky - c->padding;
+                  const int64_t ix = ox * c->stride + kx - c->padding;
+                  if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+                  s += w[((o * C + ch) * K + ky) * K + kx] * x[(ch * H + iy) * W + ix];
+                }
+              }
+            }
+            y.push_back(s);
+          }
+        }
+      }
+    } else if (std::holds_alternative<ReluConfig>(layer)) {
+      for (double v : x) y.push_back(v > 0 ? v : 0);
+    } else if (std::holds_alternative<FlattenConfig>(layer)) {
+      y = x;
+    } else if (std::holds_alternative<AddConfig>(layer)) {
+      y.assign(x.size(), 0.0);
+      for (int v : graph_.inputs[i]) {
+        for (size_t k = 0; k < y.size(); ++k) y[k] += values[v][k];
+      }
+    } else if (std::holds_alternative<ConcatConfig>(layer)) {
+      for (int v : graph_.inputs[i]) y.insert(y.end(), values[v].begin(), values[v].end());
+    } else {
+      ADD_FAILURE() << "HostModel has no " << LayerTypeName(layer);
+    }
+    EXPECT_EQ(static_cast<int64_t>(y.size()), NumElements(os)) << graph_.names[i];
+    return y;
+  }
+
+  const ModelConfig& config_;
+  ModelGraph graph_;
+  std::vector<Shape> shapes_;
+};
 
 // A gradient check on one backend; the derived fixtures' parameters say which.
 class GradientCheckBase : public ::testing::Test {
@@ -122,6 +217,57 @@ class GradientCheckBase : public ::testing::Test {
     auto layer = std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, config);
     EXPECT_OK(layer) << layer.status();
     return layer.ok() ? *std::move(layer) : nullptr;
+  }
+
+  // A whole model's parameter gradients, through its graph (an output read by several nodes gets
+  // the sum of their gradients), against central differences of L = sum(y * r) computed on the
+  // host in double (HostLoss): float32 differences through a few ReLUs are too noisy to tell a
+  // small error from rounding and crossed kinks. The model's forward must match the host's too.
+  void CheckModel(const ModelConfig& config, int batch, Fusion fusion) {
+    Backend& b = *backend_;
+    auto built = Model::Build(config, &b, 5, fusion);
+    ASSERT_OK(built) << built.status();
+    Model& model = **built;
+    Shape xs = config.input_shape;
+    xs.insert(xs.begin(), batch);
+    const std::vector<float> xv = RandomValues(NumElements(xs), 21);
+    Tensor x = MakeTensor(b, xs, xv);
+    Shape ys = model.output_shape();
+    ys.insert(ys.begin(), batch);
+    const std::vector<float> r = RandomValues(NumElements(ys), 99);
+    Tensor dy = MakeTensor(b, ys, r);
+    ASSERT_OK(model.ZeroGrad());
+    auto y = model.Forward(x, Mode::kTrain);
+    ASSERT_OK(y);
+    const std::vector<float> yv = ToHost(b, **y);
+    ASSERT_OK(model.Backward(dy));
+
+    HostModel host(config);
+    for (const NamedParameter& p : model.parameters()) {
+      const std::vector<float> v = ToHost(b, p.param->value);
+      host.params[p.name].assign(v.begin(), v.end());
+    }
+    double device_loss = 0;
+    for (size_t i = 0; i < yv.size(); ++i) device_loss += static_cast<double>(yv[i]) * r[i];
+    const double host_loss = host.Loss(xv, batch, r);
+    EXPECT_NEAR(device_loss, host_loss, 1e-4 * std::max(1.0, std::abs(host_loss)));
+
+    constexpr double kStep = 1e-6;
+    for (const NamedParameter& p : model.parameters()) {
+      const std::vector<float> analytic = ToHost(b, p.param->grad);
+      std::vector<double>& v = host.params[p.name];
+      for (size_t i = 0; i < v.size(); ++i) {
+        const double keep = v[i];
+        v[i] = keep + kStep;
+        const double up = host.Loss(xv, batch, r);
+        v[i] = keep - kStep;
+        const double down = host.Loss(xv, batch, r);
+        v[i] = keep;
+        const double numeric = (up - down) / (2 * kStep);
+        ASSERT_LT(RelativeError(analytic[i], numeric), 1e-3)
+            << p.name << "[" << i << "]: backward " << analytic[i] << " vs numeric " << numeric;
+      }
+    }
   }
 
   std::unique_ptr<Backend> backend_;
@@ -507,6 +653,83 @@ TEST_P(GradientCheck, CrossEntropyRejectsOutOfRangeLabel) {
   if (s.ok()) s = b.Synchronize();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("label 7"), std::string::npos) << s;
+}
+
+// A ResNet basic block without BatchNorm on 2x5x5 images: stem conv-relu, conv-relu-conv, plus the
+// stem's output itself (identity) or a strided 1x1 conv of it (projection), add, relu, linear.
+ModelConfig ResidualBlock(bool projection) {
+  ModelConfig c;
+  c.input_shape = {2, 5, 5};
+  if (!projection) {
+    c.layers = {Conv2dConfig{2, 3, 3, 1, 1},
+                ReluConfig{},
+                Conv2dConfig{3, 3, 3, 1, 1},
+                ReluConfig{},
+                Conv2dConfig{3, 3, 3, 1, 1},
+                AddConfig{},
+                ReluConfig{},
+                FlattenConfig{},
+                LinearConfig{75, 4}};
+    c.names = {"stem", "stem_relu", "conv1", "relu1", "conv2", "add", "relu2", "flat", "fc"};
+    c.inputs = {{}, {}, {}, {}, {}, {"conv2", "stem_relu"}};
+    return c;
+  }
+  c.layers = {Conv2dConfig{2, 3, 3, 1, 1},
+              ReluConfig{},
+              Conv2dConfig{3, 4, 3, 2, 1},
+              ReluConfig{},
+              Conv2dConfig{4, 4, 3, 1, 1},
+              Conv2dConfig{3, 4, 1, 2, 0},
+              AddConfig{},
+              ReluConfig{},
+              FlattenConfig{},
+              LinearConfig{36, 4}};
+  c.names = {"stem",     "stem_relu", "conv1", "relu1", "conv2",
+             "shortcut", "add",       "relu2", "flat",  "fc"};
+  c.inputs = {{}, {}, {}, {}, {}, {"stem_relu"}, {"conv2", "shortcut"}, {"add"}};
+  return c;
+}
+
+TEST_P(GradientCheck, ResidualBlockWithIdentityShortcut) {
+  CheckModel(ResidualBlock(/*projection=*/false), 2, Fusion::kFuse);
+}
+
+TEST_P(GradientCheck, ResidualBlockWithIdentityShortcutUnfused) {
+  CheckModel(ResidualBlock(/*projection=*/false), 2, Fusion::kNone);
+}
+
+TEST_P(GradientCheck, ResidualBlockWithProjectionShortcut) {
+  CheckModel(ResidualBlock(/*projection=*/true), 2, Fusion::kFuse);
+}
+
+// Channel concat of two convs and the stem itself, then a feature concat of two linears; the
+// stem's output is read three times.
+TEST_P(GradientCheck, ConcatOfChannelsAndFeatures) {
+  ModelConfig c;
+  c.input_shape = {2, 4, 4};
+  c.layers = {Conv2dConfig{2, 3, 3, 1, 1},
+              Conv2dConfig{3, 2, 1},
+              Conv2dConfig{3, 2, 3, 1, 1},
+              ConcatConfig{},
+              FlattenConfig{},
+              LinearConfig{7 * 16, 3},
+              LinearConfig{7 * 16, 2},
+              ConcatConfig{},
+              LinearConfig{5, 3}};
+  c.names = {"stem", "a", "b", "cat", "flat", "fc1", "fc2", "cat2", "out"};
+  c.inputs = {{}, {}, {"stem"}, {"a", "b", "stem"}, {}, {}, {"flat"}, {"fc1", "fc2"}};
+  CheckModel(c, 2, Fusion::kFuse);
+}
+
+// One output read twice by one add, and an add of three.
+TEST_P(GradientCheck, AddOfOneOutputTwiceAndOfThree) {
+  ModelConfig c;
+  c.input_shape = {4};
+  c.layers = {LinearConfig{4, 3}, LinearConfig{3, 3}, AddConfig{},
+              LinearConfig{4, 3}, AddConfig{},        LinearConfig{3, 2}};
+  c.names = {"h", "g", "twice", "k", "three", "out"};
+  c.inputs = {{}, {}, {"h", "h"}, {"input"}, {"twice", "g", "k"}};
+  CheckModel(c, 3, Fusion::kFuse);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, GradientCheck, ::testing::ValuesIn(Devices()),

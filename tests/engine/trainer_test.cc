@@ -78,6 +78,33 @@ TrainConfig SmallMlp(int epochs) {
   return c;
 }
 
+// A residual CNN: stem conv-relu, a basic block (conv-relu-conv plus a 1x1 projection of the
+// stem, add, relu), a concat of the block and the stem, pool, dropout and a classifier.
+TrainConfig SmallResNet(int epochs) {
+  TrainConfig c;
+  c.model.input_shape = {1, 8, 8};
+  // clang-format off
+  c.model.layers = {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{}, Conv2dConfig{4, 6, 3, 1, 1},
+                    ReluConfig{}, Conv2dConfig{6, 6, 3, 1, 1}, Conv2dConfig{4, 6, 1}, AddConfig{},
+                    ReluConfig{}, ConcatConfig{}, MaxPool2dConfig{2}, FlattenConfig{},
+                    DropoutConfig{0.2f}, LinearConfig{160, 4}};
+  c.model.names = {"stem", "stem_relu", "layer1.0.conv1", "layer1.0.relu1", "layer1.0.conv2",
+                   "layer1.0.shortcut", "layer1.0.add", "layer1.0.relu2", "cat", "pool",
+                   "flatten", "dropout", "fc"};
+  // clang-format on
+  c.model.inputs.resize(9);
+  c.model.inputs[5] = {"stem_relu"};
+  c.model.inputs[6] = {"layer1.0.conv2", "layer1.0.shortcut"};
+  c.model.inputs[7] = {"layer1.0.add"};
+  c.model.inputs[8] = {"layer1.0.relu2", "stem_relu"};
+  c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  c.optimizer.lr = 0.01f;
+  c.epochs = epochs;
+  c.batch_size = 16;
+  c.seed = 5;
+  return c;
+}
+
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -138,6 +165,17 @@ TEST_F(TrainerTest, LearnsTheSyntheticTaskAndReportsEveryStep) {
   EXPECT_EQ(t->position().epochs_done, 3);
 }
 
+TEST_F(TrainerTest, ResidualModelLearns) {
+  auto t = Make(SmallResNet(3));
+  std::vector<EpochEvent> epochs;
+  Trainer::Callbacks cb;
+  cb.on_epoch = [&](const EpochEvent& e) { epochs.push_back(e); };
+  ASSERT_OK(t->Run(cb));
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_LT(epochs[2].train_loss, epochs[0].train_loss);
+  EXPECT_GT(epochs[2].test.accuracy, 0.9) << "4 classes: chance is 0.25";
+}
+
 TEST_F(TrainerTest, SameSeedSameResult) {
   auto a = Make(SmallCnn(1));
   auto b = Make(SmallCnn(1));
@@ -148,7 +186,8 @@ TEST_F(TrainerTest, SameSeedSameResult) {
 
 // Two epochs straight equal one epoch, save, load into a fresh trainer, one more epoch.
 TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
-  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2), SmallBatchNormCnn(2)}) {
+  for (const TrainConfig& config :
+       {SmallMlp(2), SmallCnn(2), SmallBatchNormCnn(2), SmallResNet(2)}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
@@ -218,7 +257,8 @@ TEST_F(TrainerTest, OneCycleCyclingSgdMomentumNeedsMomentum) {
 }
 
 TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
-  for (const TrainConfig& config : {SmallCnn(2), SmallBatchNormCnn(2), SmallMlpOneCycle(3)}) {
+  for (const TrainConfig& config :
+       {SmallCnn(2), SmallBatchNormCnn(2), SmallMlpOneCycle(3), SmallResNet(2)}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;

@@ -6,7 +6,9 @@
 #include <variant>
 #include <vector>
 
+#include "engine/model.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "server_test_support.h"
 #include "tests/support/status_matchers.h"
@@ -324,6 +326,121 @@ TEST(SpecTranslationTest, BatchNormLayersTakePyTorchDefaultsAndCheckTheirFields)
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
               ::testing::HasSubstr("batchnorm2d: num_features 3 but input is 4x13x13"));
+}
+
+// A residual block as the spec writes it: named nodes, inputs, add and concat.
+v1::JobSpec ResidualSpec() {
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->Clear();
+  for (int64_t d : {1, 8, 8}) m->add_input_shape(d);
+  auto conv = [&](const char* name, int64_t in, int64_t out, int64_t k, int64_t pad) {
+    v1::Layer* l = m->add_layers();
+    l->set_name(name);
+    auto* c = l->mutable_conv2d();
+    c->set_in_channels(in);
+    c->set_out_channels(out);
+    c->set_kernel_size(k);
+    c->set_padding(pad);
+    return l;
+  };
+  conv("stem", 1, 4, 3, 1);
+  m->add_layers()->mutable_relu();  // unnamed: "1"
+  conv("block.conv1", 4, 4, 3, 1);
+  m->add_layers()->mutable_relu();
+  conv("block.conv2", 4, 4, 3, 1);
+  v1::Layer* add = m->add_layers();
+  add->set_name("block.add");
+  add->mutable_add();
+  add->add_inputs("block.conv2");
+  add->add_inputs("1");
+  v1::Layer* cat = m->add_layers();
+  cat->set_name("cat");
+  cat->mutable_concat();
+  cat->add_inputs("block.add");
+  cat->add_inputs("input");
+  m->add_layers()->mutable_flatten();
+  auto* fc = m->add_layers()->mutable_linear();
+  fc->set_in_features(5 * 8 * 8);
+  fc->set_out_features(10);
+  return spec;
+}
+
+TEST(SpecTranslationTest, GraphSpecKeepsNamesAndInputs) {
+  auto config = TranslateSpec(ResidualSpec(), SpecLimits());
+  ASSERT_OK(config) << config.status();
+  const ModelConfig& m = config->model;
+  ASSERT_EQ(m.layers.size(), 9u);
+  EXPECT_TRUE(std::holds_alternative<AddConfig>(m.layers[5]));
+  EXPECT_TRUE(std::holds_alternative<ConcatConfig>(m.layers[6]));
+  EXPECT_EQ(NodeName(m, 0), "stem");
+  EXPECT_EQ(NodeName(m, 1), "1");
+  EXPECT_EQ(NodeName(m, 5), "block.add");
+  EXPECT_EQ(NodeInputs(m, 5), (std::vector<std::string>{"block.conv2", "1"}));
+  EXPECT_EQ(NodeInputs(m, 6), (std::vector<std::string>{"block.add", "input"}));
+  EXPECT_TRUE(NodeInputs(m, 7).empty());
+}
+
+// The README's example, as `kiln submit` reads it (protobuf's JSON mapping).
+TEST(SpecTranslationTest, TheReadmesResidualBlockTranslates) {
+  const std::string json = R"({"input_shape": [3, 32, 32], "layers": [
+    {"name": "conv1", "conv2d": {"in_channels": 3, "out_channels": 16, "padding": 1}},
+    {"name": "relu", "relu": {}},
+    {"name": "layer1.0.conv1",
+     "conv2d": {"in_channels": 16, "out_channels": 32, "stride": 2, "padding": 1}},
+    {"name": "layer1.0.relu1", "relu": {}},
+    {"name": "layer1.0.conv2", "conv2d": {"in_channels": 32, "out_channels": 32, "padding": 1}},
+    {"name": "layer1.0.shortcut", "inputs": ["relu"],
+     "conv2d": {"in_channels": 16, "out_channels": 32, "kernel_size": 1, "stride": 2}},
+    {"name": "layer1.0.add", "inputs": ["layer1.0.conv2", "layer1.0.shortcut"], "add": {}},
+    {"name": "layer1.0.relu2", "relu": {}},
+    {"name": "pool", "maxpool2d": {"kernel_size": 16}},
+    {"name": "flatten", "flatten": {}},
+    {"name": "fc", "linear": {"in_features": 32, "out_features": 10}}]})";
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, spec.mutable_model()).ok());
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_EQ(config->model.layers.size(), 11u);
+  EXPECT_EQ(NodeInputs(config->model, 5), (std::vector<std::string>{"relu"}));
+  auto shapes = InferShapes(config->model);
+  ASSERT_OK(shapes);
+  EXPECT_EQ((*shapes)[7], (Shape{32, 16, 16}));
+  EXPECT_EQ(shapes->back(), (Shape{10}));
+}
+
+TEST(SpecTranslationTest, GraphErrorsNameTheNode) {
+  auto message = [](const v1::JobSpec& spec) {
+    auto config = TranslateSpec(spec, SpecLimits());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(config.status().message());
+  };
+  v1::JobSpec spec = ResidualSpec();
+  spec.mutable_model()->mutable_layers(5)->set_inputs(1, "block.conv3");
+  EXPECT_EQ(message(spec),
+            "spec.model: node block.add: input block.conv3 names no node (inputs "
+            "name earlier nodes or \"input\")");
+  spec = ResidualSpec();
+  spec.mutable_model()->mutable_layers(5)->set_inputs(1, "cat");
+  EXPECT_EQ(message(spec),
+            "spec.model: node block.add: input cat is layer 6, which comes later "
+            "(inputs name earlier nodes, so the graph has no cycles)");
+  spec = ResidualSpec();
+  spec.mutable_model()->mutable_layers(2)->set_name("stem");
+  EXPECT_EQ(message(spec), "spec.model: node stem: the name stem is also layer 0's");
+  spec = ResidualSpec();
+  spec.mutable_model()->mutable_layers(6)->set_inputs(0, "1");
+  EXPECT_EQ(message(spec),
+            "spec.model: node block.add: its output is not used (no later node "
+            "reads it and only the last node's output is the model's)");
+  spec = ResidualSpec();
+  spec.mutable_model()->mutable_layers(4)->mutable_conv2d()->set_out_channels(3);
+  EXPECT_EQ(message(spec),
+            "spec.model: node block.add: inputs block.conv2 is 3x8x8 but 1 is "
+            "4x8x8");
+  spec = ResidualSpec();
+  for (int i = 0; i < 64; ++i) spec.mutable_model()->mutable_layers(6)->add_inputs("input");
+  EXPECT_EQ(message(spec), "spec.model.layers[6].inputs: 66 inputs; at most 64");
 }
 
 TEST(SpecTranslationTest, CheckpointPolicyDefaultsToCheckpointOnShutdown) {
