@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "engine/backend_registry.h"
+#include "engine/layers/layers.h"
 #include "engine/layers/activation.h"
 #include "engine/layers/avgpool2d.h"
 #include "engine/layers/batchnorm.h"
