@@ -1330,8 +1330,8 @@ TEST_F(CudaBackendTest, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
 TEST_F(CudaBackendTest, LabelsOutOfRangeAreInvalidArgumentByTheNextSync) {
   Both logits = Upload(RandomValues(40, 33)), loss = Garbage(1), dlogits = Garbage(40);
   Both correct = UploadI32({0}), labels = UploadI32({1, 2, 12, 3});
-  ASSERT_OK(cuda_->SoftmaxCrossEntropy(4, 10, logits.f(kTested), labels.i(kTested), loss.f(kTested),
-                                       correct.i(kTested), dlogits.f(kTested)));
+  ASSERT_OK(cuda_->SoftmaxCrossEntropy(4, 10, logits.f(kTested), labels.i(kTested),
+                                       loss.f(kTested), correct.i(kTested), dlogits.f(kTested)));
   float host_loss = 0;
   const absl::Status st = cuda_->CopyToHost(loss.t[kTested], &host_loss, sizeof(host_loss));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
