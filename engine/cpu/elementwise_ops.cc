@@ -23,7 +23,7 @@ namespace {
 // inlines into it.
 template <typename F>
 void ForEach(int threads, int64_t n, float* out, F f) {
-#pragma omp parallel for num_threads(threads) if (n > kParallelMin / 8)
+#pragma omp parallel for simd num_threads(threads) if (n > kParallelMin / 8)
   for (int64_t i = 0; i < n; ++i) out[i] = f(i);
 }
 
