@@ -51,11 +51,9 @@ ModelConfig MnistMlpConfig() {
 ModelConfig MnistCnnConfig() {
   ModelConfig c;
   c.input_shape = {1, 28, 28};
-  c.layers = {Conv2dConfig{1, 32, 3}, ReluConfig{},
-              MaxPool2dConfig{2},     Conv2dConfig{32, 64, 3},
-              ReluConfig{},           MaxPool2dConfig{2},
-              FlattenConfig{},        LinearConfig{64 * 5 * 5, 128},
-              ReluConfig{},           LinearConfig{128, 10}};
+  c.layers = {Conv2dConfig{1, 32, 3},  ReluConfig{},  MaxPool2dConfig{2}, Conv2dConfig{32, 64, 3},
+              ReluConfig{},            MaxPool2dConfig{2}, FlattenConfig{},
+              LinearConfig{64 * 5 * 5, 128}, ReluConfig{}, LinearConfig{128, 10}};
   return c;
 }
 

@@ -17,9 +17,7 @@ using nlohmann::json;
 
 struct ToJson {
   json operator()(const LinearConfig& c) const {
-    return {{"type", "linear"},
-            {"in_features", c.in_features},
-            {"out_features", c.out_features},
+    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
             {"bias", c.bias}};
   }
   json operator()(const Conv2dConfig& c) const {

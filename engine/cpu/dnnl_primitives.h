@@ -1,4 +1,5 @@
-// What the CPU backend keeps of oneDNN: a stream, the GEMMs and the convolution plans by shape.
+// What the CPU backend keeps of oneDNN: a stream, the GEMMs, the activations and the convolution
+// plans by shape.
 // Internal to engine/cpu/; CpuBackend holds one behind a pointer so that its header stays free
 // of oneDNN's.
 #pragma once
@@ -10,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
 #include "engine/cpu/dnnl_conv_plan.h"
+#include "engine/cpu/dnnl_eltwise_cache.h"
 #include "engine/cpu/dnnl_matmul_cache.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -32,6 +34,7 @@ class DnnlPrimitives {
 
   const dnnl::stream& stream() const { return stream_; }
   DnnlMatmulCache& matmuls() { return matmuls_; }
+  DnnlEltwiseCache& eltwise() { return eltwise_; }
   // The plan for `key`, created on first use (on the calling thread's team size) and kept.
   absl::StatusOr<const ConvForwardPlan*> Forward(const ConvKey& key);
   absl::StatusOr<const ConvBackwardPlan*> Backward(const ConvKey& key);
@@ -39,6 +42,7 @@ class DnnlPrimitives {
  private:
   dnnl::stream stream_;
   DnnlMatmulCache matmuls_;
+  DnnlEltwiseCache eltwise_;
   std::mutex mu_;  // guards the maps; plans, once made, are never changed
   std::unordered_map<ConvKey, std::unique_ptr<ConvForwardPlan>, ConvKeyHash> forward_;
   std::unordered_map<ConvKey, std::unique_ptr<ConvBackwardPlan>, ConvKeyHash> backward_;

@@ -90,8 +90,6 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
       KILN_RETURN_IF_ERROR(
           InRange(field + ".conv2d.kernel_size", c.kernel_size, int64_t{1}, int64_t{64}));
       KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.stride", c.stride, int64_t{1}, int64_t{64}));
-      KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.padding", c.padding, int64_t{0}, c.kernel_size - 1));
       // The per-axis forms: the square fields' bounds, per axis.
       if (l.has_kernel_h()) c.kernel_h = l.kernel_h();
       if (l.has_kernel_w()) c.kernel_w = l.kernel_w();
@@ -107,10 +105,13 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
           InRange(field + ".conv2d.stride_h", c.StrideH(), int64_t{1}, int64_t{64}));
       KILN_RETURN_IF_ERROR(
           InRange(field + ".conv2d.stride_w", c.StrideW(), int64_t{1}, int64_t{64}));
+      // Padding is checked against each axis's kernel, named as the spec gave it.
       KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.padding_h", c.PaddingH(), int64_t{0}, c.KernelH() - 1));
+          InRange(field + (l.has_padding_h() ? ".conv2d.padding_h" : ".conv2d.padding"),
+                  c.PaddingH(), int64_t{0}, c.KernelH() - 1));
       KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.padding_w", c.PaddingW(), int64_t{0}, c.KernelW() - 1));
+          InRange(field + (l.has_padding_w() ? ".conv2d.padding_w" : ".conv2d.padding"),
+                  c.PaddingW(), int64_t{0}, c.KernelW() - 1));
       return c;
     }
     case v1::Layer::kRelu:

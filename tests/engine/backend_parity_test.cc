@@ -934,8 +934,28 @@ Dataset RandomImages(int64_t n, uint32_t seed) {
   return d;
 }
 
+// Every layer type issue 19 added, on MNIST-sized inputs: per-axis and bias-less convolutions,
+// padded max and average pooling, global average pooling, the five activations.
+Reference NewLayersModel() {
+  Conv2dConfig wide{1, 16, 3, 1, 1, false};
+  wide.kernel_w = 5;
+  wide.padding_w = 2;
+  Conv2dConfig strided{16, 32, 3, 1, 1};
+  strided.stride_h = 2;
+  ModelConfig m{{1, 28, 28},
+                {wide, GeluConfig{}, MaxPool2dConfig{3, 2, 1}, strided, LeakyReluConfig{0.1f},
+                 AvgPool2dConfig{3, 1, 1}, SiluConfig{}, AdaptiveAvgPool2dConfig{}, FlattenConfig{},
+                 LinearConfig{32, 32}, TanhConfig{}, LinearConfig{32, 10}, SigmoidConfig{}}};
+  Reference ref{"new-layers", m, {}, 16, {}};
+  ref.optimizer.kind = OptimizerConfig::Kind::kSgd;
+  ref.optimizer.lr = 0.05f;
+  return ref;
+}
+
 TEST_P(OpParity, OneTrainingStepOfEachReferenceModelMatches) {
-  for (const Reference& ref : ReferenceModels()) {
+  std::vector<Reference> models = ReferenceModels();
+  models.push_back(NewLayersModel());
+  for (const Reference& ref : models) {
     SCOPED_TRACE(ref.name);
     const int batch = ref.batch;
     Shape input = ref.model.input_shape;

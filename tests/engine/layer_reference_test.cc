@@ -101,6 +101,14 @@ TEST_P(LayerReference, ActivationsMatchTheirDefinitionsInDouble) {
       want_dx[i] = dy[i] * d.derivative(x[i], slope);
     }
     ExpectNear(ToHost(*backend_, y), want_y, "forward");
+    // In place (y = x, dx = dy), as Backend allows: the same values.
+    Tensor in_place = MakeTensor(*backend_, {n}, x);
+    ASSERT_OK(backend_->ActivationForward(d.kind, slope, n, in_place.f32(), in_place.f32()));
+    EXPECT_EQ(ToHost(*backend_, in_place), ToHost(*backend_, y)) << "forward in place";
+    Tensor grad = MakeTensor(*backend_, {n}, dy);
+    ASSERT_OK(
+        backend_->ActivationBackward(d.kind, slope, n, xt.f32(), y.f32(), grad.f32(), grad.f32()));
+    EXPECT_EQ(ToHost(*backend_, grad), ToHost(*backend_, dx)) << "backward in place";
     // The backward reads the float32 forward output (tanh, sigmoid) or input: a few ulps of
     // that on top.
     const std::vector<float> got_dx = ToHost(*backend_, dx);

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "engine/cpu/cpu_backend.h"
+#include "engine/layers/conv2d.h"
 #include "engine/reference_configs.h"
 #include "tests/support/status_matchers.h"
 
@@ -136,6 +137,38 @@ TEST(MemoryPlan, ServingCountsTheForwardAtTheLargestBatchAndNoOptimizer) {
   EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes,
             CpuBackend::ConvWorkspaceBytes(WideConvGeometry(4), 2, false));
   EXPECT_EQ(Find(*plan, 0, "conv2d activations")->bytes, int64_t{2} * 32 * 1000 * 1000 * 4 * 4);
+}
+
+TEST(MemoryPlan, NewLayersCountTheirActivationsAndPaddedMaxPoolItsArgmax) {
+  TrainConfig c;
+  Conv2dConfig conv{3, 8, 3, 1, 1, false};
+  conv.kernel_w = 5;
+  conv.padding_w = 2;
+  c.model.input_shape = {3, 32, 32};
+  c.model.layers = {conv,
+                    GeluConfig{},
+                    MaxPool2dConfig{3, 2, 1},
+                    AvgPool2dConfig{3, 1, 1},
+                    SiluConfig{},
+                    AdaptiveAvgPool2dConfig{},
+                    FlattenConfig{},
+                    LinearConfig{8, 10}};
+  c.batch_size = 16;
+  c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  auto plan = PlanTrainingMemory(c, 100, 0, {DeviceKind::kCpu, 2});
+  ASSERT_OK(plan) << plan.status();
+  // The batch buffers are sized for 1000 (the evaluation batch); activations for 16 here.
+  ASSERT_NE(Find(*plan, 1, "gelu activations"), nullptr);
+  EXPECT_EQ(Find(*plan, 1, "gelu activations")->bytes, int64_t{2} * 8 * 32 * 32 * 16 * 4);
+  ASSERT_NE(Find(*plan, 2, "maxpool2d argmax"), nullptr);
+  EXPECT_EQ(Find(*plan, 2, "maxpool2d argmax")->bytes, int64_t{8} * 16 * 16 * 16 * 4);
+  ASSERT_NE(Find(*plan, 3, "avgpool2d activations"), nullptr);
+  ASSERT_NE(Find(*plan, 5, "adaptive_avgpool2d activations"), nullptr);
+  EXPECT_EQ(Find(*plan, 5, "adaptive_avgpool2d activations")->bytes, int64_t{2} * 8 * 16 * 4);
+  ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
+  EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes,
+            CpuBackend::ConvWorkspaceBytes(
+                MakeConv2dGeometry(conv, c.model.input_shape, c.batch_size), 2, true));
 }
 
 TEST(MemoryPlan, HostileSizesSaturateInsteadOfWrappingAround) {

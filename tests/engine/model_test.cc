@@ -153,8 +153,8 @@ TEST(Model, ParameterNamesFollowTorchSequential) {
   ASSERT_OK(model);
   std::vector<std::string> names;
   for (const auto& p : (*model)->parameters()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias", "7.weight",
-                                             "7.bias", "9.weight", "9.bias"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias",
+                                             "7.weight", "7.bias", "9.weight", "9.bias"}));
 }
 
 TEST(Model, InitialisationIsSeededAndBoundedAsPyTorch) {
@@ -200,7 +200,8 @@ TEST(ModelConfigJson, RoundTripsAndRejectsUnknownLayers) {
   EXPECT_NE(bad.status().message().find("layer 0 lstm: unknown layer type"), std::string::npos);
   auto bad_field =
       ModelConfigFromJson(R"({"input_shape":[4],"layers":[{"type":"linear","in_features":"4"}]})");
-  EXPECT_NE(bad_field.status().message().find("in_features must be an integer"), std::string::npos);
+  EXPECT_NE(bad_field.status().message().find("in_features must be an integer"),
+            std::string::npos);
   EXPECT_FALSE(ModelConfigFromJson("{").ok());
 }
 
@@ -286,8 +287,8 @@ void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
   in.insert(in.begin(), batch);
   const int64_t classes = (*fused)->output_shape()[0];
   Tensor x = testing::MakeTensor(**backend, in, testing::RandomValues(NumElements(in), 4));
-  Tensor dout =
-      testing::MakeTensor(**backend, {batch, classes}, testing::RandomValues(batch * classes, 5));
+  Tensor dout = testing::MakeTensor(**backend, {batch, classes},
+                                    testing::RandomValues(batch * classes, 5));
   std::vector<std::vector<float>> grads[2];
   std::vector<float> outs[2];
   int k = 0;

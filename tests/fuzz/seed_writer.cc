@@ -153,6 +153,31 @@ constexpr const char* kJobSpecs[][2] = {
        schedule { kind: KIND_COSINE t_max: 5 eta_min: 0.0001 }
        normalization { scale: 0.00392157 mean: 0.1307 std: 0.3081 }
      )pb"},
+    {"custom-colour-cnn", R"pb(
+       dataset: "cifar10"
+       epochs: 1
+       batch_size: 32
+       model {
+         input_shape: [ 3, 32, 32 ]
+         layers {
+           conv2d {
+             in_channels: 3 out_channels: 8 kernel_size: 3 kernel_w: 5 stride_h: 2
+             padding: 1 padding_w: 2 bias: false
+           }
+         }
+         layers { gelu {} }
+         layers { maxpool2d { kernel_size: 3 stride: 2 padding: 1 } }
+         layers { leaky_relu { negative_slope: 0.2 } }
+         layers { avgpool2d { kernel_size: 3 stride: 1 padding: 1 } }
+         layers { silu {} }
+         layers { tanh {} }
+         layers { sigmoid {} }
+         layers { adaptive_avgpool2d {} }
+         layers { flatten {} }
+         layers { linear { in_features: 8 out_features: 10 } }
+       }
+       optimizer { kind: KIND_SGD lr: 0.1 momentum: 0.9 }
+     )pb"},
     {"custom-mlp", R"pb(
        dataset: "fashion"
        epochs: 1

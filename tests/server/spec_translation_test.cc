@@ -240,6 +240,9 @@ TEST(SpecTranslationTest, NewLayerFieldsOutOfRangeNameTheField) {
        "spec.model.layers[0].conv2d.padding_w: must be in [0, 4], got 5"},
       {[](v1::ModelSpec* m) { m->mutable_layers(0)->mutable_conv2d()->set_padding_h(-1); },
        "spec.model.layers[0].conv2d.padding_h: must be in [0, 2], got -1"},
+      // The square padding, checked against a 1-high kernel: named as the spec gave it.
+      {[](v1::ModelSpec* m) { m->mutable_layers(0)->mutable_conv2d()->set_kernel_h(1); },
+       "spec.model.layers[0].conv2d.padding: must be in [0, 0], got 1"},
       {[](v1::ModelSpec* m) { m->mutable_layers(2)->mutable_maxpool2d()->set_padding(2); },
        "spec.model.layers[2].maxpool2d.padding: must be in [0, 1], got 2"},
       {[](v1::ModelSpec* m) { m->mutable_layers(4)->mutable_avgpool2d()->set_padding(2); },
