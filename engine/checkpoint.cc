@@ -226,8 +226,9 @@ absl::Status ReadCheckpoint(const std::string& path, Model& model, Optimizer* op
       continue;
     }
     const HostTensor* t = c.Find(nb.name);
-    if (t == nullptr)
+    if (t == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", nb.name));
+    }
     if (t->dtype != SafetensorDType::kI64 || !t->shape.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor ", nb.name, " is ", SafetensorDTypeName(t->dtype), " ",

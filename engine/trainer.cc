@@ -58,10 +58,10 @@ Shape WithBatch(int64_t batch, const Shape& s) {
   return out;
 }
 
-// Batch normalisation in training needs more than one value per channel (PyTorch raises
-// otherwise): a batch of one sample is too few for a layer whose channels hold one value per
-// sample. Refused here, before any step, rather than at the first such batch.
+}  // namespace
+
 absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size, int64_t samples) {
+  if (batch_size < 1 || samples < 1) return absl::OkStatus();  // other checks refuse these
   const int64_t last = samples % batch_size == 0 ? batch_size : samples % batch_size;
   const int64_t smallest = std::min({batch_size, samples, last});
   if (smallest != 1) return absl::OkStatus();
@@ -80,8 +80,6 @@ absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size,
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 Trainer::Trainer(const TrainConfig& config, Backend* backend, const Dataset* train,
                  const Dataset* test)

@@ -248,6 +248,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                                                                        : "spec.model: ",
                                      fit.message()));
   }
+  if (absl::Status batches =
+          CheckBatchNormBatches(config.model, config.batch_size, info->train_samples);
+      !batches.ok()) {
+    return absl::Status(batches.code(), absl::StrCat("spec.batch_size: ", batches.message()));
+  }
   absl::StatusOr<std::string> device = ResolveDevice(spec.device());
   if (!device.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.device: ", device.status().message()));

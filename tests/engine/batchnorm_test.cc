@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -304,6 +305,61 @@ TEST_P(BatchNormTest, CheckpointCarriesBuffers) {
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BatchNormTest, ::testing::Values("cpu", "cuda:0"),
                          testing::DeviceParamName);
+
+// Writes a trained conv-bn-relu-linear-bn1d checkpoint (with SGD momentum state) and an evaluation
+// batch with kiln's outputs for tests/engine/batchnorm_torch_check.py, which loads the checkpoint
+// into torch.nn.Sequential with strict=True where PyTorch is installed (and into its own pure
+// Python forward pass everywhere) and compares the outputs:
+//   dir=$(mktemp -d)
+//   KILN_BATCHNORM_TORCH_DIR="$dir" engine_tests --gtest_filter='BatchNormTorchInterop.*'
+//   tests/engine/batchnorm_torch_check.py "$dir"
+TEST(BatchNormTorchInterop, WritesACheckpointAndEvaluationOutputsForTorch) {
+  const char* dir = std::getenv("KILN_BATCHNORM_TORCH_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "KILN_BATCHNORM_TORCH_DIR not set";
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_OK(backend);
+  Backend& b = **backend;
+  ModelConfig config;
+  config.input_shape = {3, 5, 5};
+  config.layers = {Conv2dConfig{3, 4, 3, 1, 1, false},
+                   BatchNorm2dConfig{Fields(4, 0.2)},
+                   ReluConfig{},
+                   FlattenConfig{},
+                   LinearConfig{100, 6},
+                   BatchNorm1dConfig{Fields(6, 0.1, 1e-3)}};
+  auto model = Model::Build(config, &b, 4);
+  ASSERT_OK(model);
+  // Scales and shifts away from ones and zeros, and running statistics moved by a few batches.
+  uint32_t seed = 100;
+  for (const NamedParameter& p : (*model)->parameters()) {
+    if (p.name.find("weight") == std::string::npos || p.param->value.rank() != 1) continue;
+    const std::vector<float> v = RandomValues(p.param->value.numel(), ++seed, 0.5f, 1.5f);
+    ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+  }
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = MakeTensor(b, {8, 3, 5, 5}, RandomValues(8 * 75, 110 + step, -1, 2));
+    auto out = (*model)->Forward(x, Mode::kTrain);
+    ASSERT_OK(out);
+    Tensor dout = MakeTensor(b, {8, 6}, RandomValues(48, 120 + step));
+    ASSERT_OK((*model)->Backward(dout));
+  }
+  OptimizerConfig oc;
+  oc.lr = 0.1f;
+  oc.momentum = 0.9f;
+  auto opt = Optimizer::Create(oc, &b, (*model)->parameters());
+  ASSERT_OK(opt);
+  ASSERT_OK((*opt)->Step(0.1f));
+  ASSERT_OK(WriteCheckpoint(std::string(dir) + "/model.safetensors", **model, opt->get(), {}, {}));
+  const std::vector<float> xv = RandomValues(5 * 75, 130, -2, 2);
+  Tensor x = MakeTensor(b, {5, 3, 5, 5}, xv);
+  auto out = (*model)->Forward(x, Mode::kEval);
+  ASSERT_OK(out);
+  const std::vector<float> yv = ToHost(b, **out);
+  ASSERT_OK(WriteSafetensors(std::string(dir) + "/eval.safetensors",
+                             {HostTensorFromF32("input", xv.data(), {5, 3, 5, 5}),
+                              HostTensorFromF32("output", yv.data(), {5, 6})},
+                             {}));
+}
 
 TEST(BatchNormShapes, RulesNameTheLayerAndTheProblem) {
   auto error = [](const ModelConfig& c) {

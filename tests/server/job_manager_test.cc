@@ -4,6 +4,7 @@
 #include "server/jobs/job_manager.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/sha256.h"
+#include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/jobs/dataset_catalog.h"
@@ -919,6 +921,49 @@ TEST_F(JobManagerTest, TestSplitLabelsBeyondTheModelsOutputsAreRefusedAtSubmissi
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("model has 5 outputs but the dataset \"split\" labels go up to 9"));
   EXPECT_EQ(JobCount(), 0u);
+}
+
+// A batchnorm1d between the linears: a batch size that leaves a last batch of one sample is
+// refused at submission; a good one trains, and the final checkpoint carries the running
+// statistics, which a resumed model or a served one loads.
+TEST_F(JobManagerTest, BatchNormJobsAreCheckedAtSubmissionAndCheckpointTheirStatistics) {
+  StartManager(Options());
+  v1::JobSpec spec = SmallSpec("toy", 1);
+  v1::ModelSpec* m = spec.mutable_model();
+  ASSERT_EQ(m->layers_size(), 3);  // linear 784-32, relu, linear 32-10
+  const v1::Layer first = m->layers(0), relu = m->layers(1), last = m->layers(2);
+  m->clear_layers();
+  *m->add_layers() = first;
+  m->add_layers()->mutable_batchnorm1d()->set_num_features(32);
+  *m->add_layers() = relu;
+  *m->add_layers() = last;
+  spec.set_batch_size(kTrainSamples - 1);
+  absl::StatusOr<v1::Job> refused = manager_->Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              StartsWith("spec.batch_size: layer 1 batchnorm1d: 256 training samples in batches "
+                         "of 255 make a batch of 1 sample"));
+  EXPECT_EQ(JobCount(), 0u);
+
+  spec.set_batch_size(32);
+  absl::StatusOr<v1::Job> submitted = manager_->Submit(spec);
+  ASSERT_OK(submitted) << submitted.status();
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(submitted->id(), v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.parameter_count(), 784 * 32 + 32 + 2 * 32 + 32 * 10 + 10);
+  const std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(submitted->id());
+  ASSERT_EQ(checkpoints.size(), 1u);
+  absl::StatusOr<SafetensorsContents> file = ReadSafetensors(checkpoints[0].path());
+  ASSERT_OK(file);
+  for (const char* name : {"1.running_mean", "1.running_var"}) {
+    EXPECT_NE(file->Find(name), nullptr) << name;
+  }
+  const HostTensor* count = file->Find("1.num_batches_tracked");
+  ASSERT_NE(count, nullptr);
+  ASSERT_EQ(count->bytes.size(), 8u);
+  int64_t steps = 0;
+  std::memcpy(&steps, count->bytes.data(), 8);
+  EXPECT_EQ(steps, kTrainSamples / 32);
 }
 
 TEST_F(JobManagerTest, SubmissionOfAModelThatDoesNotFitTheDatasetIsRefusedAndStoresNothing) {
