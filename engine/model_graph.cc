@@ -108,13 +108,13 @@ absl::StatusOr<ModelGraph> ResolveGraph(const ModelConfig& config) {
       auto it = index.find(in);
       if (it == index.end()) {
         return NodeError(config, i,
-                         absl::StrCat("input ", in,
+                         absl::StrCat("input ", Shown(in),
                                       " names no node (inputs name "
                                       "earlier nodes or \"input\")"));
       }
       if (it->second == i) {
         return NodeError(config, i,
-                         absl::StrCat("input ", in,
+                         absl::StrCat("input ", Shown(in),
                                       " is the node itself (inputs name "
                                       "earlier nodes, so the graph has no cycles)"));
       }
