@@ -6,7 +6,6 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace kiln {
 
@@ -32,6 +31,13 @@ bool TakesSeveralInputs(const LayerConfig& layer) {
                     layer);
 }
 
+// A name as messages show it: cut after kMaxNameLength characters, so that a hostile spec's
+// megabyte of name is not echoed back.
+std::string Shown(const std::string& name) {
+  if (name.size() <= kMaxNameLength) return name;
+  return absl::StrCat(name.substr(0, kMaxNameLength), "... (", name.size(), " characters)");
+}
+
 absl::Status NodeError(const ModelConfig& config, size_t i, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat(NodeLabel(config, i), ": ", problem));
 }
@@ -40,7 +46,7 @@ absl::Status NodeError(const ModelConfig& config, size_t i, const std::string& p
 
 std::string NodeLabel(const ModelConfig& config, size_t i) {
   if (i < config.names.size() && !config.names[i].empty()) {
-    return absl::StrCat("node ", config.names[i]);
+    return absl::StrCat("node ", Shown(config.names[i]));
   }
   return absl::StrCat("layer ", i, " ", LayerTypeName(config.layers[i]));
 }
@@ -79,7 +85,7 @@ absl::StatusOr<ModelGraph> ResolveGraph(const ModelConfig& config) {
     auto [it, inserted] = index.emplace(name, i);
     if (!inserted) {
       return NodeError(config, i,
-                       absl::StrCat("the name ", name, " is also layer ", it->second, "'s"));
+                       absl::StrCat("the name ", Shown(name), " is also layer ", it->second, "'s"));
     }
     g.names.push_back(name);
   }
@@ -102,19 +108,19 @@ absl::StatusOr<ModelGraph> ResolveGraph(const ModelConfig& config) {
       auto it = index.find(in);
       if (it == index.end()) {
         return NodeError(config, i,
-                         absl::StrCat("input ", in,
+                         absl::StrCat("input ", Shown(in),
                                       " names no node (inputs name "
                                       "earlier nodes or \"input\")"));
       }
       if (it->second == i) {
         return NodeError(config, i,
-                         absl::StrCat("input ", in,
+                         absl::StrCat("input ", Shown(in),
                                       " is the node itself (inputs name "
                                       "earlier nodes, so the graph has no cycles)"));
       }
       if (it->second > i) {
         return NodeError(config, i,
-                         absl::StrCat("input ", in, " is layer ", it->second,
+                         absl::StrCat("input ", Shown(in), " is layer ", it->second,
                                       ", which comes later (inputs name earlier nodes, so the "
                                       "graph has no cycles)"));
       }
@@ -127,9 +133,9 @@ absl::StatusOr<ModelGraph> ResolveGraph(const ModelConfig& config) {
                                     " needs at least 2 inputs, got ", values.size()));
     }
     if (!several && values.size() != 1) {
-      return NodeError(config, i,
-                       absl::StrCat(LayerTypeName(config.layers[i]), " takes one input, got ",
-                                    values.size(), " (", absl::StrJoin(written, ", "), ")"));
+      return NodeError(
+          config, i,
+          absl::StrCat(LayerTypeName(config.layers[i]), " takes one input, got ", values.size()));
     }
     for (int v : values) ++g.readers[v];
     g.inputs.push_back(std::move(values));

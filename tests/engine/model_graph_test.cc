@@ -148,7 +148,18 @@ TEST(ModelGraph, TopologyErrorsNameTheNode) {
   EXPECT_EQ(GraphError(c), "node sum: add needs at least 2 inputs, got 1");
   c = TwoBranches();
   c.layers[2] = LinearConfig{3, 3};
-  EXPECT_EQ(GraphError(c), "node sum: linear takes one input, got 2 (a, b)");
+  EXPECT_EQ(GraphError(c), "node sum: linear takes one input, got 2");
+  // A hostile name is cut in messages.
+  c = TwoBranches();
+  c.inputs[2] = {"a", std::string(100000, 'x')};
+  EXPECT_EQ(GraphError(c), absl::StrCat("node sum: input ", std::string(128, 'x'),
+                                        "... (100000 characters) names no node (inputs name "
+                                        "earlier nodes or \"input\")"));
+  c = TwoBranches();
+  c.names[0] = std::string(200, 'y');
+  const std::string cut =
+      absl::StrCat("node ", std::string(128, 'y'), "... (200 characters): a name is letters");
+  EXPECT_EQ(GraphError(c).substr(0, cut.size()), cut);
   c = TwoBranches();
   c.names[0] = "input";
   EXPECT_EQ(GraphError(c), "node input: the name \"input\" is reserved for the model's input");
