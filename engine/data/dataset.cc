@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/data/cifar10_reader.h"
 #include "engine/data/idx_reader.h"
 
 namespace kiln {
@@ -35,6 +36,37 @@ std::optional<std::string> FindIdxFile(const std::string& dir, const std::string
 }
 
 }  // namespace
+
+std::string_view DatasetFormatName(DatasetFormat format) {
+  switch (format) {
+    case DatasetFormat::kIdx:
+      return "idx";
+    case DatasetFormat::kCifar10:
+      return "cifar10";
+  }
+  return "unknown";
+}
+
+std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name) {
+  for (DatasetFormat f : {DatasetFormat::kIdx, DatasetFormat::kCifar10}) {
+    if (name == DatasetFormatName(f)) return f;
+  }
+  return std::nullopt;
+}
+
+DatasetFormat DetectDatasetFormat(const std::string& dir) {
+  return FindCifar10TrainFiles(dir).empty() ? DatasetFormat::kIdx : DatasetFormat::kCifar10;
+}
+
+absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetFormat format) {
+  switch (format) {
+    case DatasetFormat::kIdx:
+      return LoadImageFolder(dir);
+    case DatasetFormat::kCifar10:
+      return LoadCifar10Folder(dir);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(dir, ": unknown dataset format"));
+}
 
 absl::StatusOr<Dataset> LoadImagesAndLabels(const std::string& images_path,
                                             const std::string& labels_path) {

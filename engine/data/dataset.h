@@ -1,8 +1,11 @@
-// An in-memory labelled image dataset: raw uint8 pixels plus int32 labels, loaded from IDX files.
+// An in-memory labelled image dataset: raw uint8 pixels plus int32 labels, loaded from IDX files
+// or CIFAR-10 batches.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,6 +28,22 @@ struct DatasetSplits {
   Dataset train;
   Dataset test;  // size 0 when the folder has no test files
 };
+
+// How a dataset folder's files are laid out.
+enum class DatasetFormat {
+  kIdx,      // MNIST-style IDX files (LoadImageFolder)
+  kCifar10,  // CIFAR-10 binary batches (LoadCifar10Folder, engine/data/cifar10_reader.h)
+};
+
+// "idx", "cifar10": the names the CLI, the manifest and listings use.
+std::string_view DatasetFormatName(DatasetFormat format);
+std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name);
+
+// The format of a folder's files: CIFAR-10 when it holds a data_batch_<N>.bin, IDX otherwise.
+DatasetFormat DetectDatasetFormat(const std::string& dir);
+
+// Loads a dataset folder laid out in `format`.
+absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetFormat format);
 
 // Loads a folder holding MNIST-style files: train-images-idx3-ubyte, train-labels-idx1-ubyte,
 // t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each raw or gzip-compressed (".gz"), as
