@@ -186,6 +186,20 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
   v1::CheckpointChunk chunk_;
 };
 
+// The engine's format for an upload header's; UNSPECIFIED is IDX, as before formats existed.
+absl::StatusOr<DatasetFormat> UploadFormat(v1::DatasetFormat format) {
+  switch (format) {
+    case v1::DATASET_FORMAT_UNSPECIFIED:
+    case v1::DATASET_FORMAT_IDX:
+      return DatasetFormat::kIdx;
+    case v1::DATASET_FORMAT_CIFAR10:
+      return DatasetFormat::kCifar10;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.format: ", static_cast<int>(format), " is not a known format"));
+  }
+}
+
 // Reads an upload: a header, then file chunks; commits only when the client half-closes. A read
 // that fails because the call was cancelled (the client cancelled, died or lost its connection)
 // ends the upload without publishing anything: the DatasetUpload's folder goes with it.
@@ -222,9 +236,14 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       if (upload_) {
         status = absl::InvalidArgumentError("header: sent twice");
       } else {
-        const auto& files = request_.header().files();
-        absl::StatusOr<std::unique_ptr<DatasetUpload>> upload = datasets_->BeginUpload(
-            request_.header().name(), std::vector<std::string>(files.begin(), files.end()));
+        const v1::UploadDatasetHeader& header = request_.header();
+        const auto& files = header.files();
+        absl::StatusOr<DatasetFormat> format = UploadFormat(header.format());
+        absl::StatusOr<std::unique_ptr<DatasetUpload>> upload =
+            format.ok()
+                ? datasets_->BeginUpload(
+                      header.name(), std::vector<std::string>(files.begin(), files.end()), *format)
+                : absl::StatusOr<std::unique_ptr<DatasetUpload>>(format.status());
         if (upload.ok()) upload_ = *std::move(upload);
         status = upload.status();
       }

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <random>
 #include <system_error>
 
@@ -41,20 +43,66 @@ std::string FindFile(const std::string& dir, const std::string& base) {
   return "";
 }
 
-bool IsUploadFileName(const std::string& name) {
+bool IsUploadFileName(DatasetFormat format, const std::string& name) {
+  if (format == DatasetFormat::kCifar10) {
+    return name == kCifar10TestFile || Cifar10TrainFileNumber(name) > 0;
+  }
   for (const char* base : {kTrainImages, kTrainLabels, kTestImages, kTestLabels}) {
     if (name == base || name == absl::StrCat(base, ".gz")) return true;
   }
   return false;
 }
 
-std::string BaseName(const std::string& file_name) {
+// IDX files are one whether raw or gzip; CIFAR-10 batches are never compressed.
+std::string BaseName(DatasetFormat format, const std::string& file_name) {
+  if (format == DatasetFormat::kCifar10) return file_name;
   return std::string(absl::StripSuffix(file_name, ".gz"));
 }
 
-std::string InvalidFileNameMessage(const std::string& field, const std::string& file) {
+std::string InvalidFileNameMessage(DatasetFormat format, const std::string& field,
+                                   const std::string& file) {
+  if (format == DatasetFormat::kCifar10) {
+    return absl::StrCat(field, ": \"", file, "\" is not a CIFAR-10 batch name: data_batch_<N>.bin",
+                        " (N in 1..", kCifar10MaxTrainFiles, ", no leading zero) or ",
+                        kCifar10TestFile);
+  }
   return absl::StrCat(field, ": \"", file, "\" is not one of ", kTrainImages, ", ", kTrainLabels,
                       ", ", kTestImages, ", ", kTestLabels, " (optionally .gz)");
+}
+
+// Reads a CIFAR-10 batch through the upload's record check: its record count and largest label.
+absl::Status ScanCifar10File(const std::string& path, Cifar10StreamCheck* check) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read"));
+  std::string buf(size_t{1} << 20, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    KILN_RETURN_IF_ERROR(check->Consume(std::string_view(buf.data(), in.gcount())));
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  return check->Finish();
+}
+
+// A CIFAR-10 folder's facts from its batches: sizes and every label byte.
+absl::StatusOr<DatasetInfo> ReadCifar10Facts(const std::string& dir) {
+  DatasetInfo info;
+  info.format = DatasetFormat::kCifar10;
+  info.sample_shape = {3, 32, 32};
+  for (const std::string& file : FindCifar10TrainFiles(dir)) {
+    Cifar10StreamCheck check(file);
+    KILN_RETURN_IF_ERROR(ScanCifar10File(file, &check));
+    info.train_samples += check.records();
+    info.num_classes = std::max(info.num_classes, check.max_label() + 1);
+  }
+  const std::string test = dir + "/" + kCifar10TestFile;
+  std::error_code ec;
+  if (fs::is_regular_file(test, ec)) {
+    Cifar10StreamCheck check(test);
+    KILN_RETURN_IF_ERROR(ScanCifar10File(test, &check));
+    info.test_samples = check.records();
+    info.num_classes = std::max(info.num_classes, check.max_label() + 1);
+  }
+  return info;
 }
 
 std::string RandomSuffix() {
@@ -100,6 +148,7 @@ DatasetFileSizes SizesOf(const std::vector<DatasetFileStat>& files) {
 
 // Reads a dataset folder's facts from its files: the headers, and every label.
 absl::StatusOr<DatasetInfo> ReadFacts(const std::string& dir, const std::string& name) {
+  if (DetectDatasetFormat(dir) == DatasetFormat::kCifar10) return ReadCifar10Facts(dir);
   const std::string images = FindFile(dir, kTrainImages);
   const std::string labels = FindFile(dir, kTrainLabels);
   if (images.empty() || labels.empty()) {
@@ -186,6 +235,8 @@ absl::StatusOr<v1::Dataset> DatasetCatalog::Describe(const std::string& name) co
   d.set_test_samples(info.test_samples);
   for (int64_t dim : info.sample_shape) d.add_sample_shape(dim);
   d.set_num_classes(info.num_classes);
+  d.set_format(info.format == DatasetFormat::kCifar10 ? v1::DATASET_FORMAT_CIFAR10
+                                                      : v1::DATASET_FORMAT_IDX);
   int64_t bytes = 0;
   for (const DatasetFileStat& f : files) {
     d.add_files(f.name);
@@ -216,11 +267,15 @@ absl::StatusOr<DatasetSplits> DatasetCatalog::Load(const std::string& name) cons
   if (!IsValidName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("dataset name \"", name, "\" is not valid"));
   }
-  return LoadImageFolder(PathOf(name));
+  const std::string dir = PathOf(name);
+  // The manifest's format when it still describes the files; otherwise the files tell.
+  const std::optional<DatasetInfo> recorded = ReadDatasetManifest(dir, SizesOf(StatFiles(dir)));
+  return LoadDatasetFolder(dir, recorded ? recorded->format : DetectDatasetFormat(dir));
 }
 
 absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
-    const std::string& name, const std::vector<std::string>& declared_files) const {
+    const std::string& name, const std::vector<std::string>& declared_files,
+    DatasetFormat format) const {
   if (!IsValidName(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("header.name: \"", name,
@@ -229,16 +284,23 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
   std::set<std::string> declared;
   std::set<std::string> bases;
   for (const std::string& file : declared_files) {
-    if (!IsUploadFileName(file)) {
-      return absl::InvalidArgumentError(InvalidFileNameMessage("header.files", file));
+    if (!IsUploadFileName(format, file)) {
+      return absl::InvalidArgumentError(InvalidFileNameMessage(format, "header.files", file));
     }
-    if (!bases.insert(BaseName(file)).second) {
+    if (!bases.insert(BaseName(format, file)).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("header.files: ", BaseName(file), " is listed twice"));
+          absl::StrCat("header.files: ", BaseName(format, file), " is listed twice"));
     }
     declared.insert(file);
   }
-  if (!declared.empty()) {
+  if (!declared.empty() && format == DatasetFormat::kCifar10) {
+    if (std::none_of(bases.begin(), bases.end(),
+                     [](const std::string& b) { return Cifar10TrainFileNumber(b) > 0; })) {
+      return absl::InvalidArgumentError(
+          "header.files: a CIFAR-10 dataset needs at least one data_batch_<N>.bin (the train "
+          "split)");
+    }
+  } else if (!declared.empty()) {
     std::vector<std::string> missing;
     for (const char* base : {kTrainImages, kTrainLabels}) {
       if (bases.count(base) == 0) missing.emplace_back(base);
@@ -262,7 +324,8 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
   if (!fs::create_directories(temp, ec)) {
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
   }
-  return std::unique_ptr<DatasetUpload>(new DatasetUpload(this, name, temp, std::move(declared)));
+  return std::unique_ptr<DatasetUpload>(
+      new DatasetUpload(this, name, temp, std::move(declared), format));
 }
 
 absl::Status DatasetCatalog::Delete(const std::string& name) {
@@ -305,11 +368,12 @@ int DatasetCatalog::TempFolderWriterPid(const std::string& dir_name) {
 }
 
 DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
-                             std::set<std::string> declared_files)
+                             std::set<std::string> declared_files, DatasetFormat format)
     : catalog_(catalog),
       name_(std::move(name)),
       temp_dir_(std::move(temp_dir)),
-      declared_files_(std::move(declared_files)) {}
+      declared_files_(std::move(declared_files)),
+      format_(format) {}
 
 DatasetUpload::~DatasetUpload() {
   current_.reset();  // removes an unfinished file's temp before the folder goes
@@ -321,8 +385,8 @@ DatasetUpload::~DatasetUpload() {
 
 absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
   const std::string& file = chunk.file_name();
-  if (!IsUploadFileName(file)) {
-    return absl::InvalidArgumentError(InvalidFileNameMessage("chunk.file_name", file));
+  if (!IsUploadFileName(format_, file)) {
+    return absl::InvalidArgumentError(InvalidFileNameMessage(format_, "chunk.file_name", file));
   }
   if (!current_ || current_->file_name != file) {
     if (current_) {
@@ -330,7 +394,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
                                                      "\" started before \"", current_->file_name,
                                                      "\" ended (its last chunk carries sha256)"));
     }
-    if (auto done = finished_.find(BaseName(file)); done != finished_.end()) {
+    if (auto done = finished_.find(BaseName(format_, file)); done != finished_.end()) {
       return absl::InvalidArgumentError(absl::StrCat("chunk.file_name: \"", file,
                                                      "\" was already uploaded (as \"",
                                                      done->second.file_name, "\")"));
@@ -342,6 +406,8 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
     }
     auto next = std::make_unique<FileInProgress>();
     next->file_name = file;
+    if (format_ == DatasetFormat::kCifar10)
+      next->cifar = std::make_unique<Cifar10StreamCheck>(file);
     KILN_ASSIGN_OR_RETURN(next->writer, AtomicFileWriter::Open(temp_dir_ + "/" + file));
     current_ = std::move(next);
   }
@@ -361,6 +427,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
 
 absl::Status DatasetUpload::Scan(absl::string_view stored) {
   FileInProgress& f = *current_;
+  if (f.cifar) return CountAndCheck(stored);
   if (!f.facts) {
     // gzip is told by its magic (1f 8b), as the engine's reader tells it, not by the name.
     const size_t take = std::min<size_t>(2 - f.first_bytes.size(), stored.size());
@@ -388,6 +455,9 @@ absl::Status DatasetUpload::CountAndCheck(absl::string_view decompressed) {
                      " bytes (--max_upload_bytes), counted decompressed: ", current_->file_name,
                      " inflates past it"));
   }
+  if (current_->cifar) {
+    return current_->cifar->Consume(std::string_view(decompressed.data(), decompressed.size()));
+  }
   return current_->facts->Consume(decompressed);
 }
 
@@ -397,6 +467,20 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
   if (!absl::EqualsIgnoreCase(actual, expected_sha256)) {
     return absl::DataLossError(absl::StrCat("chunk.sha256: ", f->file_name, " has sha256 ", actual,
                                             " but the client sent ", expected_sha256));
+  }
+  if (f->cifar) {
+    if (absl::Status s = f->cifar->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.dims = {f->cifar->records(), 3, 32, 32};
+    facts.max_element = f->cifar->max_label();
+    facts.stored_bytes = f->stored_bytes;
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
   }
   if (!f->facts) {
     // Under two bytes: too short for either format; the IDX check says how.
@@ -413,20 +497,37 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
   facts.dims = f->facts->dims();
   facts.max_element = f->facts->max_element();
   facts.stored_bytes = f->stored_bytes;
-  finished_[BaseName(f->file_name)] = std::move(facts);
+  finished_[BaseName(format_, f->file_name)] = std::move(facts);
   return absl::OkStatus();
+}
+
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCifar10() const {
+  DatasetInfo info;
+  info.format = DatasetFormat::kCifar10;
+  info.sample_shape = {3, 32, 32};
+  for (const auto& [base, f] : finished_) {
+    (base == kCifar10TestFile ? info.test_samples : info.train_samples) += f.dims[0];
+    info.num_classes = std::max(info.num_classes, f.max_element + 1);
+  }
+  if (info.train_samples == 0) {
+    return absl::InvalidArgumentError(
+        "uploaded dataset is not valid: missing data_batch_<N>.bin (a CIFAR-10 dataset has at "
+        "least one train batch, and optionally test_batch.bin)");
+  }
+  return info;
 }
 
 absl::StatusOr<DatasetInfo> DatasetUpload::CheckComplete() const {
   std::vector<std::string> missing;
   for (const std::string& file : declared_files_) {
-    if (finished_.count(BaseName(file)) == 0) missing.push_back(file);
+    if (finished_.count(BaseName(format_, file)) == 0) missing.push_back(file);
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("upload incomplete: the stream ended without ", absl::StrJoin(missing, ", "),
                      " (listed in header.files); nothing was published"));
   }
+  if (format_ == DatasetFormat::kCifar10) return CheckCompleteCifar10();
   for (const char* base : {kTrainImages, kTrainLabels}) {
     if (finished_.count(base) == 0) missing.emplace_back(base);
   }

@@ -24,6 +24,7 @@ absl::Status WriteDatasetManifest(const std::string& dir, const DatasetInfo& inf
             {"test_samples", info.test_samples},
             {"sample_shape", info.sample_shape},
             {"num_classes", info.num_classes},
+            {"data_format", std::string(DatasetFormatName(info.format))},
             {"files", files}};
   return WriteFileAtomically(dir + "/" + kDatasetManifestName, j.dump(2) + "\n");
 }
@@ -47,6 +48,13 @@ std::optional<DatasetInfo> ReadDatasetManifest(const std::string& dir,
     info.test_samples = j.at("test_samples").get<int64_t>();
     info.sample_shape = j.at("sample_shape").get<Shape>();
     info.num_classes = j.at("num_classes").get<int32_t>();
+    // Manifests written before formats existed describe IDX folders.
+    if (j.contains("data_format")) {
+      std::optional<DatasetFormat> format =
+          DatasetFormatFromName(j.at("data_format").get<std::string>());
+      if (!format) return std::nullopt;
+      info.format = *format;
+    }
     return info;
   } catch (const json::exception&) {
     return std::nullopt;

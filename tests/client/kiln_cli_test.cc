@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ namespace kiln::client::testing {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -386,6 +388,68 @@ TEST_F(KilnCliTest, UploadAddsADatasetThatDatasetsLists) {
   RunResult reuse = Kiln({"upload", "uploaded", "--train-images", dir + "/train-images-idx3-ubyte",
                           "--train-labels", dir + "/train-labels-idx1-ubyte"});
   EXPECT_EQ(reuse.exit_code, 0) << reuse.err;
+}
+
+// A CIFAR-10 batch file of `labels.size()` records with constant images.
+std::string WriteCifarBatch(const std::string& path, const std::vector<int>& labels) {
+  std::string bytes;
+  for (int label : labels) {
+    bytes += static_cast<char>(label);
+    bytes.append(3072, static_cast<char>(label * 20));
+  }
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+TEST_F(KilnCliTest, UploadCifar10SendsTheBatchesInOrderAndDatasetsShowsTheFormat) {
+  const std::string dir = *root_ + "/cifar";
+  std::filesystem::create_directories(dir);
+  const std::string a = WriteCifarBatch(dir + "/a.bin", {0, 1, 2});
+  const std::string b = WriteCifarBatch(dir + "/b.bin", {3, 9});
+  const std::string t = WriteCifarBatch(dir + "/t.bin", {4});
+  RunResult up = Kiln({"upload", "colour", "--format", "cifar10", "--train", a, b, "--test", t});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  EXPECT_THAT(up.out, HasSubstr("5 training and 1 test samples of 3x32x32"));
+  EXPECT_THAT(up.err, HasSubstr("as data_batch_2.bin"));
+
+  RunResult table = Kiln({"datasets"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("FORMAT"));
+  for (absl::string_view line : absl::StrSplit(table.out, '\n')) {
+    if (absl::StartsWith(line, "colour ")) {
+      EXPECT_THAT(std::string(line), HasSubstr("cifar10"));
+    }
+    if (absl::StartsWith(line, "toy ")) {
+      EXPECT_THAT(std::string(line), HasSubstr("idx"));
+    }
+  }
+  const nlohmann::json list = nlohmann::json::parse(Kiln({"datasets", "--output", "json"}).out);
+  bool seen = false;
+  for (const auto& d : list.at("datasets")) {
+    if (d.at("name") == "colour") {
+      seen = true;
+      EXPECT_EQ(d.at("format"), "DATASET_FORMAT_CIFAR10");
+    }
+  }
+  EXPECT_TRUE(seen);
+
+  RunResult no_train = Kiln({"upload", "x", "--format", "cifar10", "--test", t});
+  EXPECT_EQ(no_train.exit_code, 2) << no_train.err;
+  EXPECT_THAT(no_train.err, HasSubstr("--train"));
+  RunResult mixed = Kiln({"upload", "x", "--format", "cifar10", "--train", a, "--train-images", a});
+  EXPECT_EQ(mixed.exit_code, 2);
+  RunResult idx_with_train = Kiln({"upload", "x", "--train", a});
+  EXPECT_EQ(idx_with_train.exit_code, 2);
+  EXPECT_THAT(idx_with_train.err, HasSubstr("--format cifar10"));
+  RunResult unknown = Kiln({"upload", "x", "--format", "tiff", "--train", a});
+  EXPECT_NE(unknown.exit_code, 0);
+
+  std::string cut = std::string(3073 + 10, '\1');
+  std::ofstream(dir + "/cut.bin", std::ios::binary) << cut;
+  RunResult truncated = Kiln({"upload", "cut", "--format", "cifar10", "--train", dir + "/cut.bin"});
+  EXPECT_EQ(truncated.exit_code, 1);
+  EXPECT_THAT(truncated.err,
+              AllOf(HasSubstr("data_batch_1.bin: truncated"), HasSubstr("byte offset 3073")));
 }
 
 TEST_F(KilnCliTest, HealthSaysTheTrainingServiceIsServing) {

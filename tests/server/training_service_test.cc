@@ -21,8 +21,11 @@
 namespace kiln::server {
 namespace {
 namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
 using testing::GetJob;
 using ::testing::HasSubstr;
+using testing::SmallColourSpec;
 using testing::SmallSpec;
 using testing::WaitFor;
 using testing::WaitForState;
@@ -800,6 +803,114 @@ std::set<std::string> DatasetNames(v1::Training::Stub& stub) {
   std::set<std::string> names;
   for (const v1::Dataset& d : list.datasets()) names.insert(d.name());
   return names;
+}
+
+TEST_F(TrainingServiceTest, Cifar10UploadIsCheckedRecordByRecordListedAndTrainable) {
+  StartDaemon();
+  const std::string batch1 = testing::ToyCifar10(200, 3);
+  const std::string batch2 = testing::ToyCifar10(120, 4);
+  const std::string test = testing::ToyCifar10(100, 5);
+  v1::Dataset dataset;
+  const v1::DatasetFormat cifar = v1::DATASET_FORMAT_CIFAR10;
+
+  std::string cut = batch2.substr(0, batch2.size() - 5);
+  grpc::Status truncated = testing::Upload(
+      *stub_, "c10",
+      {{"data_batch_1.bin", batch1, Sha256Hex(batch1)}, {"data_batch_2.bin", cut, Sha256Hex(cut)}},
+      &dataset, cifar);
+  EXPECT_EQ(truncated.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(truncated.error_message(),
+              AllOf(HasSubstr("data_batch_2.bin: truncated"),
+                    HasSubstr(absl::StrCat("byte offset ", 119 * 3073))));
+
+  std::string bad_label = batch1;
+  bad_label[7 * 3073] = 10;
+  grpc::Status label = testing::Upload(
+      *stub_, "c10", {{"data_batch_1.bin", bad_label, Sha256Hex(bad_label)}}, &dataset, cifar);
+  EXPECT_EQ(label.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(label.error_message(),
+              AllOf(HasSubstr("data_batch_1.bin"), HasSubstr("record 7"), HasSubstr("label 10")));
+
+  // IDX names are not CIFAR-10's, nor CIFAR-10's IDX's.
+  grpc::Status idx_name = testing::Upload(
+      *stub_, "c10", {{"train-images-idx3-ubyte", batch1, Sha256Hex(batch1)}}, &dataset, cifar);
+  EXPECT_EQ(idx_name.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(idx_name.error_message(), HasSubstr("not a CIFAR-10 batch name"));
+  grpc::Status cifar_as_idx =
+      testing::Upload(*stub_, "c10", {{"data_batch_1.bin", batch1, Sha256Hex(batch1)}}, &dataset);
+  EXPECT_EQ(cifar_as_idx.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status test_only =
+      testing::Upload(*stub_, "c10", {{"test_batch.bin", test, Sha256Hex(test)}}, &dataset, cifar);
+  EXPECT_EQ(test_only.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(test_only.error_message(), HasSubstr("data_batch_<N>.bin"));
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"})) << "failed uploads leave nothing";
+
+  grpc::Status ok = testing::Upload(*stub_, "c10",
+                                    {{"data_batch_1.bin", batch1, Sha256Hex(batch1)},
+                                     {"data_batch_2.bin", batch2, Sha256Hex(batch2)},
+                                     {"test_batch.bin", test, Sha256Hex(test)}},
+                                    &dataset, cifar);
+  ASSERT_OK(ok) << ok.error_message();
+  EXPECT_EQ(dataset.format(), v1::DATASET_FORMAT_CIFAR10);
+  EXPECT_EQ(dataset.train_samples(), 320);
+  EXPECT_EQ(dataset.test_samples(), 100);
+  EXPECT_THAT(dataset.sample_shape(), ElementsAre(3, 32, 32));
+  EXPECT_EQ(dataset.num_classes(), 10);
+
+  grpc::ClientContext context;
+  v1::ListDatasetsResponse list;
+  ASSERT_OK(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list));
+  for (const v1::Dataset& d : list.datasets()) {
+    EXPECT_EQ(d.format(), d.name() == "c10" ? v1::DATASET_FORMAT_CIFAR10 : v1::DATASET_FORMAT_IDX)
+        << d.name();
+  }
+
+  // An MLP on 784 inputs does not fit 3x32x32 samples; the CNN does, and learns them.
+  v1::Job refused;
+  EXPECT_EQ(Submit(SmallSpec("c10", 1), &refused).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const std::string id = SubmitOrDie(SmallColourSpec("c10", 3));
+  testing::WatchResult watched = WatchToEnd(*stub_, id);
+  ASSERT_OK(watched.status);
+  EXPECT_EQ(GetJob(*stub_, id).state(), v1::JOB_STATE_SUCCEEDED) << GetJob(*stub_, id).reason();
+  double accuracy = 0;
+  for (const v1::JobEvent& e : watched.events) {
+    if (e.has_epoch()) accuracy = e.epoch().test_accuracy();
+  }
+  EXPECT_GT(accuracy, 0.6);
+}
+
+TEST_F(TrainingServiceTest, AHandPlacedCifar10FolderIsListedWithItsFormatAndTrainable) {
+  const std::string dir = options_.data_dir + "/placed";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/data_batch_1.bin", std::ios::binary) << testing::ToyCifar10(64, 1);
+  std::ofstream(dir + "/data_batch_2.bin", std::ios::binary) << testing::ToyCifar10(32, 2);
+  std::ofstream(dir + "/batches.meta.txt") << "airplane\n";
+  StartDaemon();
+  grpc::ClientContext context;
+  v1::ListDatasetsResponse list;
+  ASSERT_OK(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list));
+  bool seen = false;
+  for (const v1::Dataset& d : list.datasets()) {
+    if (d.name() != "placed") continue;
+    seen = true;
+    EXPECT_EQ(d.format(), v1::DATASET_FORMAT_CIFAR10);
+    EXPECT_EQ(d.train_samples(), 96);
+    EXPECT_EQ(d.test_samples(), 0);
+    EXPECT_THAT(d.sample_shape(), ElementsAre(3, 32, 32));
+  }
+  EXPECT_TRUE(seen);
+  const std::string id = SubmitOrDie(SmallColourSpec("placed", 1));
+  EXPECT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)))
+      << GetJob(*stub_, id).reason();
+
+  // A cut batch placed by hand fails the job with the file named, and kilnd stays up.
+  std::string cut = testing::ToyCifar10(8, 3);
+  cut.resize(cut.size() - 1);
+  std::ofstream(dir + "/data_batch_2.bin", std::ios::binary | std::ios::trunc) << cut;
+  v1::Job refused;
+  grpc::Status s = Submit(SmallColourSpec("placed", 1), &refused);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("data_batch_2.bin"), HasSubstr("truncated")));
 }
 
 TEST_F(TrainingServiceTest, UploadCancelledAfterItsTrainFilesPublishesNothingAndARetrySucceeds) {
