@@ -88,8 +88,8 @@ absl::Status InferenceSession::Predict(const Rows& rows, float* probs, int32_t* 
     // [0, 1] is pixel / 255: the same normalisation with a 255 times larger scale.
     PixelNorm scaled = norm_;
     scaled.scale *= 255.0f;
-    KILN_RETURN_IF_ERROR(
-        backend_->Normalize(n, f32_.f32(), scaled, x_.f32() + rows.u8_rows * elems));
+    KILN_RETURN_IF_ERROR(backend_->Normalize(rows.f32_rows, elems, f32_.f32(), scaled,
+                                             x_.f32() + rows.u8_rows * elems));
   }
   Shape xs = input_shape();
   xs.insert(xs.begin(), batch);

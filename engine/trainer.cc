@@ -30,6 +30,17 @@ absl::Status ValidateConfig(const TrainConfig& c) {
   if (!(c.norm.std > 0.0f) || !std::isfinite(c.norm.scale) || !std::isfinite(c.norm.mean)) {
     return absl::InvalidArgumentError("normalisation needs a finite scale and mean and std > 0");
   }
+  for (size_t i = 0; i < c.norm.channel_std.size(); ++i) {
+    if (!(c.norm.channel_std[i] > 0.0f) || !std::isfinite(c.norm.channel_std[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("normalisation: channel ", i, "'s std must be finite and > 0"));
+    }
+  }
+  for (float m : c.norm.channel_mean) {
+    if (!std::isfinite(m)) return absl::InvalidArgumentError("normalisation: a mean is not finite");
+  }
+  // The channels must divide the model's input (and come in pairs, at most kMaxNormChannels).
+  KILN_RETURN_IF_ERROR(FoldPixelNorm(c.norm, NumElements(c.model.input_shape)).status());
   return ValidateSchedule(c.schedule);
 }
 
