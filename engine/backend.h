@@ -62,6 +62,9 @@ inline constexpr size_t kCudaConvWorkspaceLimit = size_t{256} << 20;
 // channel_mean and channel_std hold C values each (1..kMaxNormChannels), x = (u8 * scale -
 // channel_mean[c]) / channel_std[c] with c = j / (sample_elems / C) for sample element j (CHW).
 inline constexpr int kMaxNormChannels = 256;
+// What a model's inputs are: uint8 pixels (FP32 serving inputs then mean pixel / 255), or float
+// features (CSV tables; scale 1, per-feature channels, FP32 inputs taken as they are).
+enum class NormInput { kPixels, kFeatures };
 struct PixelNorm {
   PixelNorm() = default;
   // The scalar form, as {scale, mean, std}.
@@ -69,6 +72,7 @@ struct PixelNorm {
 
   float scale = 1.0f / 255.0f, mean = 0.0f, std = 1.0f;
   std::vector<float> channel_mean, channel_std;  // both empty: the scalar mean and std apply
+  NormInput input = NormInput::kPixels;
 
   int channels() const { return channel_mean.empty() ? 1 : static_cast<int>(channel_mean.size()); }
 };
@@ -234,6 +238,11 @@ class Backend {
   virtual absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                        const uint8_t* pixels, const int32_t* labels,
                                        const PixelNorm& norm, float* out, int32_t* labels_out) = 0;
+  // GatherNormalize for a float dataset (features): out = norm(features[index[i]]).
+  virtual absl::Status GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                          const float* features, const int32_t* labels,
+                                          const PixelNorm& norm, float* out,
+                                          int32_t* labels_out) = 0;
   // out(count, sample_elems) = norm(x) for pixels already in float: GatherNormalize's formula
   // and folding, so serving's FP32 inputs (x = u8 / 255, normalised with a 255 times larger
   // scale) meet the model as the uint8 ones do. `out` may be `x`.

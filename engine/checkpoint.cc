@@ -23,8 +23,8 @@ constexpr char kModelKey[] = "kiln.model";
 constexpr char kNormKey[] = "kiln.norm";
 
 // "scale,mean,std" with enough digits to read back the same floats, then for a per-channel
-// normalisation ";m0,m1,...;s0,s1,..." (which readers of the scalar form refuse, rather than
-// serve with the wrong statistics).
+// normalisation ";m0,m1,...;s0,s1,..." and ";features" for float inputs (which readers of the
+// scalar form refuse, rather than serve with the wrong statistics).
 std::string PixelNormToString(const PixelNorm& n) {
   auto g9 = [](float v) {
     char buf[32];
@@ -39,6 +39,7 @@ std::string PixelNormToString(const PixelNorm& n) {
       return absl::StrJoin(parts, ",");
     };
     absl::StrAppend(&out, ";", join(n.channel_mean), ";", join(n.channel_std));
+    if (n.input == NormInput::kFeatures) absl::StrAppend(&out, ";features");
   }
   return out;
 }
@@ -54,10 +55,12 @@ absl::StatusOr<PixelNorm> PixelNormFromString(const std::string& path, const std
   };
   if (parts.size() != 3 || !absl::SimpleAtof(parts[0], &n.scale) ||
       !absl::SimpleAtof(parts[1], &n.mean) || !absl::SimpleAtof(parts[2], &n.std) ||
-      !(n.std > 0.0f) || (sections.size() != 1 && sections.size() != 3)) {
+      !(n.std > 0.0f) || sections.size() == 2 || sections.size() > 4 ||
+      (sections.size() == 4 && sections[3] != "features")) {
     return bad();
   }
-  if (sections.size() == 3) {
+  if (sections.size() == 4) n.input = NormInput::kFeatures;
+  if (sections.size() >= 3) {
     for (int k : {1, 2}) {
       std::vector<float>& dst = k == 1 ? n.channel_mean : n.channel_std;
       for (absl::string_view part : absl::StrSplit(sections[k], ',')) {

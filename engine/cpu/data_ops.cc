@@ -32,6 +32,29 @@ absl::Status CpuBackend::GatherNormalize(int count, int64_t sample_elems, const 
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                            const float* features, const int32_t* labels,
+                                            const PixelNorm& norm, float* out,
+                                            int32_t* labels_out) {
+  KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, sample_elems));
+  const int channels = static_cast<int>(f.a.size());
+#pragma omp parallel for num_threads(threads_) if (count * sample_elems > kParallelMin)
+  for (int i = 0; i < count; ++i) {
+    const float* src = features + static_cast<int64_t>(index[i]) * sample_elems;
+    float* dst = out + static_cast<int64_t>(i) * sample_elems;
+    for (int c = 0; c < channels; ++c) {
+      const float a = f.a[c], b = f.b[c];
+      const int64_t first = c * f.plane;
+#pragma omp simd
+      for (int64_t j = first; j < first + f.plane; ++j) dst[j] = src[j] * a + b;
+    }
+  }
+  if (labels_out != nullptr) {
+    for (int i = 0; i < count; ++i) labels_out[i] = labels[index[i]];
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Normalize(int count, int64_t sample_elems, const float* x,
                                    const PixelNorm& norm, float* out) {
   KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, sample_elems));  // as Gather...

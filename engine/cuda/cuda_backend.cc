@@ -527,6 +527,17 @@ absl::Status CudaBackend::GatherNormalize(int count, int64_t sample_elems, const
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                             const float* features, const int32_t* labels,
+                                             const PixelNorm& norm, float* out,
+                                             int32_t* labels_out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
+  KILN_CUDA_CHECK(ck::gather_normalize_f32(stream_, count, sample_elems, index, features, labels, k,
+                                           out, labels_out));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Normalize(int count, int64_t sample_elems, const float* x,
                                     const PixelNorm& norm, float* out) {
   KILN_RETURN_IF_ERROR(Activate());

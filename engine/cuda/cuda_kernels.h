@@ -101,6 +101,10 @@ struct NormFold {
 cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
                              const int32_t* index, const uint8_t* pixels, const int32_t* labels,
                              const NormFold& norm, float* out, int32_t* labels_out);
+// The same from a float dataset (features).
+cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_elems,
+                                 const int32_t* index, const float* features, const int32_t* labels,
+                                 const NormFold& norm, float* out, int32_t* labels_out);
 // out(n) = x * a[c] + b[c] over whole samples (n a multiple of channels * plane); out may be x.
 cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, const NormFold& norm,
                       float* out);

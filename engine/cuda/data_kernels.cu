@@ -38,6 +38,24 @@ __global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* ind
   }
 }
 
+// grid.y = sample, as gather_normalize_kernel<1>, reading floats.
+__global__ void gather_normalize_f32_kernel(int64_t sample_elems, const int32_t* index,
+                                            const float* features, const int32_t* labels,
+                                            const NormFold norm, float* out, int32_t* labels_out) {
+  const int sample = blockIdx.y;
+  const int64_t src_row = index[sample];
+  if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    labels_out[sample] = labels[src_row];
+  }
+  const float* src = features + src_row * sample_elems;
+  float* dst = out + static_cast<int64_t>(sample) * sample_elems;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < sample_elems;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(j / norm.plane);
+    dst[j] = src[j] * norm.a[c] + norm.b[c];
+  }
+}
+
 __global__ void normalize_kernel(int64_t n, const float* x, const NormFold norm, float* out) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int c = static_cast<int>((i / norm.plane) % norm.channels);
@@ -79,6 +97,26 @@ cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elem
       gather_normalize_kernel<1><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
                                                                 labels, norm, dst, lab);
     }
+    const cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) return rc;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_elems,
+                                 const int32_t* index, const float* features, const int32_t* labels,
+                                 const NormFold& norm, float* out, int32_t* labels_out) {
+  if (count <= 0 || norm.plane <= 0) return cudaSuccess;
+  constexpr int kMaxSamplesPerLaunch = 65535;
+  const int64_t blocks = (sample_elems + kThreads - 1) / kThreads;
+  const unsigned blocks_x = static_cast<unsigned>(blocks < 1 ? 1 : blocks < 64 ? blocks : 64);
+  for (int first = 0; first < count; first += kMaxSamplesPerLaunch) {
+    const int n = count - first < kMaxSamplesPerLaunch ? count - first : kMaxSamplesPerLaunch;
+    const dim3 grid(blocks_x, static_cast<unsigned>(n));
+    gather_normalize_f32_kernel<<<grid, kThreads, 0, stream>>>(
+        sample_elems, index + first, features, labels, norm,
+        out + static_cast<int64_t>(first) * sample_elems,
+        labels_out != nullptr ? labels_out + first : nullptr);
     const cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return rc;
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/data/cifar10_reader.h"
+#include "engine/data/csv_reader.h"
 #include "engine/data/idx_reader.h"
 
 namespace kiln {
@@ -43,19 +44,24 @@ std::string_view DatasetFormatName(DatasetFormat format) {
       return "idx";
     case DatasetFormat::kCifar10:
       return "cifar10";
+    case DatasetFormat::kCsv:
+      return "csv";
   }
   return "unknown";
 }
 
 std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name) {
-  for (DatasetFormat f : {DatasetFormat::kIdx, DatasetFormat::kCifar10}) {
+  for (DatasetFormat f : {DatasetFormat::kIdx, DatasetFormat::kCifar10, DatasetFormat::kCsv}) {
     if (name == DatasetFormatName(f)) return f;
   }
   return std::nullopt;
 }
 
 DatasetFormat DetectDatasetFormat(const std::string& dir) {
-  return FindCifar10TrainFiles(dir).empty() ? DatasetFormat::kIdx : DatasetFormat::kCifar10;
+  if (!FindCifar10TrainFiles(dir).empty()) return DatasetFormat::kCifar10;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(dir) / kCsvTrainFile, ec)) return DatasetFormat::kCsv;
+  return DatasetFormat::kIdx;
 }
 
 absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetFormat format) {
@@ -64,6 +70,8 @@ absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetF
       return LoadImageFolder(dir);
     case DatasetFormat::kCifar10:
       return LoadCifar10Folder(dir);
+    case DatasetFormat::kCsv:
+      return LoadCsvFolder(dir, CsvOptions());
   }
   return absl::InvalidArgumentError(absl::StrCat(dir, ": unknown dataset format"));
 }

@@ -17,10 +17,13 @@ struct Dataset {
   Shape sample_shape;           // e.g. {28, 28} as stored; models see {1, 28, 28} or {784}
   int64_t size = 0;             // number of samples
   std::vector<uint8_t> pixels;  // size * NumElements(sample_shape), sample-major
+  // Float datasets (CSV tables) hold their samples here instead, pixels left empty.
+  std::vector<float> features;
   std::vector<int32_t> labels;  // size
   int32_t num_classes = 0;      // 1 + the largest label
 
   int64_t sample_elems() const { return NumElements(sample_shape); }
+  bool has_features() const { return !features.empty(); }
 };
 
 // A train/test pair as laid out in a dataset folder.
@@ -33,16 +36,18 @@ struct DatasetSplits {
 enum class DatasetFormat {
   kIdx,      // MNIST-style IDX files (LoadImageFolder)
   kCifar10,  // CIFAR-10 binary batches (LoadCifar10Folder, engine/data/cifar10_reader.h)
+  kCsv,      // train.csv (and test.csv): LoadCsvFolder, engine/data/csv_reader.h
 };
 
 // "idx", "cifar10": the names the CLI, the manifest and listings use.
 std::string_view DatasetFormatName(DatasetFormat format);
 std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name);
 
-// The format of a folder's files: CIFAR-10 when it holds a data_batch_<N>.bin, IDX otherwise.
+// The format of a folder's files: CIFAR-10 when it holds a data_batch_<N>.bin, CSV when it holds
+// train.csv, IDX otherwise.
 DatasetFormat DetectDatasetFormat(const std::string& dir);
 
-// Loads a dataset folder laid out in `format`.
+// Loads a dataset folder laid out in `format`; CSV folders with their default options.
 absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetFormat format);
 
 // Loads a folder holding MNIST-style files: train-images-idx3-ubyte, train-labels-idx1-ubyte,
