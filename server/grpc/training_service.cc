@@ -194,10 +194,20 @@ absl::StatusOr<DatasetFormat> UploadFormat(v1::DatasetFormat format) {
       return DatasetFormat::kIdx;
     case v1::DATASET_FORMAT_CIFAR10:
       return DatasetFormat::kCifar10;
+    case v1::DATASET_FORMAT_CSV:
+      return DatasetFormat::kCsv;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("header.format: ", static_cast<int>(format), " is not a known format"));
   }
+}
+
+CsvOptions UploadCsvOptions(const v1::CsvOptions& csv) {
+  CsvOptions o;
+  o.label_column = csv.label_column();
+  if (csv.has_header()) o.header = csv.header() ? CsvHeader::kPresent : CsvHeader::kAbsent;
+  o.test_fraction = csv.test_fraction();
+  return o;
 }
 
 // Reads an upload: a header, then file chunks; commits only when the client half-closes. A read
@@ -240,10 +250,10 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
         const auto& files = header.files();
         absl::StatusOr<DatasetFormat> format = UploadFormat(header.format());
         absl::StatusOr<std::unique_ptr<DatasetUpload>> upload =
-            format.ok()
-                ? datasets_->BeginUpload(
-                      header.name(), std::vector<std::string>(files.begin(), files.end()), *format)
-                : absl::StatusOr<std::unique_ptr<DatasetUpload>>(format.status());
+            format.ok() ? datasets_->BeginUpload(
+                              header.name(), std::vector<std::string>(files.begin(), files.end()),
+                              *format, UploadCsvOptions(header.csv()))
+                        : absl::StatusOr<std::unique_ptr<DatasetUpload>>(format.status());
         if (upload.ok()) upload_ = *std::move(upload);
         status = upload.status();
       }

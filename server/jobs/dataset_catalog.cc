@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -47,6 +48,7 @@ bool IsUploadFileName(DatasetFormat format, const std::string& name) {
   if (format == DatasetFormat::kCifar10) {
     return name == kCifar10TestFile || Cifar10TrainFileNumber(name) > 0;
   }
+  if (format == DatasetFormat::kCsv) return name == kCsvTrainFile || name == kCsvTestFile;
   for (const char* base : {kTrainImages, kTrainLabels, kTestImages, kTestLabels}) {
     if (name == base || name == absl::StrCat(base, ".gz")) return true;
   }
@@ -55,7 +57,7 @@ bool IsUploadFileName(DatasetFormat format, const std::string& name) {
 
 // IDX files are one whether raw or gzip; CIFAR-10 batches are never compressed.
 std::string BaseName(DatasetFormat format, const std::string& file_name) {
-  if (format == DatasetFormat::kCifar10) return file_name;
+  if (format != DatasetFormat::kIdx) return file_name;
   return std::string(absl::StripSuffix(file_name, ".gz"));
 }
 
@@ -65,6 +67,9 @@ std::string InvalidFileNameMessage(DatasetFormat format, const std::string& fiel
     return absl::StrCat(field, ": \"", file, "\" is not a CIFAR-10 batch name: data_batch_<N>.bin",
                         " (N in 1..", kCifar10MaxTrainFiles, ", no leading zero) or ",
                         kCifar10TestFile);
+  }
+  if (format == DatasetFormat::kCsv) {
+    return absl::StrCat(field, ": \"", file, "\" is not ", kCsvTrainFile, " or ", kCsvTestFile);
   }
   return absl::StrCat(field, ": \"", file, "\" is not one of ", kTrainImages, ", ", kTrainLabels,
                       ", ", kTestImages, ", ", kTestLabels, " (optionally .gz)");
@@ -147,8 +152,27 @@ DatasetFileSizes SizesOf(const std::vector<DatasetFileStat>& files) {
 }
 
 // Reads a dataset folder's facts from its files: the headers, and every label.
+// A CSV folder placed by hand: read with the default options (last column, header detected).
+absl::StatusOr<DatasetInfo> ReadCsvFacts(const std::string& dir) {
+  KILN_ASSIGN_OR_RETURN(DatasetSplits splits, LoadCsvFolder(dir, CsvOptions()));
+  DatasetInfo info;
+  info.format = DatasetFormat::kCsv;
+  info.sample_shape = splits.train.sample_shape;
+  info.train_samples = splits.train.size;
+  info.test_samples = splits.test.size;
+  info.num_classes = splits.train.num_classes;
+  return info;
+}
+
 absl::StatusOr<DatasetInfo> ReadFacts(const std::string& dir, const std::string& name) {
-  if (DetectDatasetFormat(dir) == DatasetFormat::kCifar10) return ReadCifar10Facts(dir);
+  switch (DetectDatasetFormat(dir)) {
+    case DatasetFormat::kCifar10:
+      return ReadCifar10Facts(dir);
+    case DatasetFormat::kCsv:
+      return ReadCsvFacts(dir);
+    case DatasetFormat::kIdx:
+      break;
+  }
   const std::string images = FindFile(dir, kTrainImages);
   const std::string labels = FindFile(dir, kTrainLabels);
   if (images.empty() || labels.empty()) {
@@ -236,6 +260,7 @@ absl::StatusOr<v1::Dataset> DatasetCatalog::Describe(const std::string& name) co
   for (int64_t dim : info.sample_shape) d.add_sample_shape(dim);
   d.set_num_classes(info.num_classes);
   d.set_format(info.format == DatasetFormat::kCifar10 ? v1::DATASET_FORMAT_CIFAR10
+               : info.format == DatasetFormat::kCsv   ? v1::DATASET_FORMAT_CSV
                                                       : v1::DATASET_FORMAT_IDX);
   int64_t bytes = 0;
   for (const DatasetFileStat& f : files) {
@@ -270,12 +295,20 @@ absl::StatusOr<DatasetSplits> DatasetCatalog::Load(const std::string& name) cons
   const std::string dir = PathOf(name);
   // The manifest's format when it still describes the files; otherwise the files tell.
   const std::optional<DatasetInfo> recorded = ReadDatasetManifest(dir, SizesOf(StatFiles(dir)));
-  return LoadDatasetFolder(dir, recorded ? recorded->format : DetectDatasetFormat(dir));
+  const DatasetFormat format = recorded ? recorded->format : DetectDatasetFormat(dir);
+  if (format == DatasetFormat::kCsv) {
+    return LoadCsvFolder(dir, recorded ? recorded->csv : CsvOptions());
+  }
+  return LoadDatasetFolder(dir, format);
 }
 
 absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
-    const std::string& name, const std::vector<std::string>& declared_files,
-    DatasetFormat format) const {
+    const std::string& name, const std::vector<std::string>& declared_files, DatasetFormat format,
+    const CsvOptions& csv) const {
+  if (!(csv.test_fraction >= 0 && csv.test_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.csv.test_fraction: must be in [0, 1), got ", csv.test_fraction));
+  }
   if (!IsValidName(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("header.name: \"", name,
@@ -293,7 +326,11 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
     }
     declared.insert(file);
   }
-  if (!declared.empty() && format == DatasetFormat::kCifar10) {
+  if (!declared.empty() && format == DatasetFormat::kCsv) {
+    if (bases.count(kCsvTrainFile) == 0) {
+      return absl::InvalidArgumentError("header.files: a CSV dataset needs train.csv");
+    }
+  } else if (!declared.empty() && format == DatasetFormat::kCifar10) {
     if (std::none_of(bases.begin(), bases.end(),
                      [](const std::string& b) { return Cifar10TrainFileNumber(b) > 0; })) {
       return absl::InvalidArgumentError(
@@ -325,7 +362,7 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
   }
   return std::unique_ptr<DatasetUpload>(
-      new DatasetUpload(this, name, temp, std::move(declared), format));
+      new DatasetUpload(this, name, temp, std::move(declared), format, csv));
 }
 
 absl::Status DatasetCatalog::Delete(const std::string& name) {
@@ -368,12 +405,14 @@ int DatasetCatalog::TempFolderWriterPid(const std::string& dir_name) {
 }
 
 DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
-                             std::set<std::string> declared_files, DatasetFormat format)
+                             std::set<std::string> declared_files, DatasetFormat format,
+                             CsvOptions csv)
     : catalog_(catalog),
       name_(std::move(name)),
       temp_dir_(std::move(temp_dir)),
       declared_files_(std::move(declared_files)),
-      format_(format) {}
+      format_(format),
+      csv_(std::move(csv)) {}
 
 DatasetUpload::~DatasetUpload() {
   current_.reset();  // removes an unfinished file's temp before the folder goes
@@ -406,8 +445,12 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
     }
     auto next = std::make_unique<FileInProgress>();
     next->file_name = file;
-    if (format_ == DatasetFormat::kCifar10)
+    if (format_ == DatasetFormat::kCifar10) {
       next->cifar = std::make_unique<Cifar10StreamCheck>(file);
+    }
+    if (format_ == DatasetFormat::kCsv) {
+      next->csv = std::make_unique<CsvStreamCheck>(file, csv_, CsvStreamCheck::Keep::kCountsOnly);
+    }
     KILN_ASSIGN_OR_RETURN(next->writer, AtomicFileWriter::Open(temp_dir_ + "/" + file));
     current_ = std::move(next);
   }
@@ -427,7 +470,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
 
 absl::Status DatasetUpload::Scan(absl::string_view stored) {
   FileInProgress& f = *current_;
-  if (f.cifar) return CountAndCheck(stored);
+  if (f.cifar || f.csv) return CountAndCheck(stored);
   if (!f.facts) {
     // gzip is told by its magic (1f 8b), as the engine's reader tells it, not by the name.
     const size_t take = std::min<size_t>(2 - f.first_bytes.size(), stored.size());
@@ -455,6 +498,9 @@ absl::Status DatasetUpload::CountAndCheck(absl::string_view decompressed) {
                      " bytes (--max_upload_bytes), counted decompressed: ", current_->file_name,
                      " inflates past it"));
   }
+  if (current_->csv) {
+    return current_->csv->Consume(std::string_view(decompressed.data(), decompressed.size()));
+  }
   if (current_->cifar) {
     return current_->cifar->Consume(std::string_view(decompressed.data(), decompressed.size()));
   }
@@ -467,6 +513,20 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
   if (!absl::EqualsIgnoreCase(actual, expected_sha256)) {
     return absl::DataLossError(absl::StrCat("chunk.sha256: ", f->file_name, " has sha256 ", actual,
                                             " but the client sent ", expected_sha256));
+  }
+  if (f->csv) {
+    if (absl::Status s = f->csv->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.dims = {f->csv->rows(), f->csv->features()};
+    facts.max_element = f->csv->max_label();
+    facts.stored_bytes = f->stored_bytes;
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
   }
   if (f->cifar) {
     if (absl::Status s = f->cifar->Finish(); !s.ok()) {
@@ -517,6 +577,41 @@ absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCifar10() const {
   return info;
 }
 
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCsv() const {
+  auto train = finished_.find(kCsvTrainFile);
+  if (train == finished_.end()) {
+    return absl::InvalidArgumentError(
+        "uploaded dataset is not valid: missing train.csv (a CSV dataset has train.csv, and "
+        "optionally test.csv)");
+  }
+  DatasetInfo info;
+  info.format = DatasetFormat::kCsv;
+  info.csv = csv_;
+  info.sample_shape = {train->second.dims[1]};
+  info.train_samples = train->second.dims[0];
+  info.num_classes = train->second.max_element + 1;
+  if (auto test = finished_.find(kCsvTestFile); test != finished_.end()) {
+    if (test->second.dims[1] != train->second.dims[1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: test.csv has ", test->second.dims[1],
+                       " feature columns but train.csv has ", train->second.dims[1]));
+    }
+    info.test_samples = test->second.dims[0];
+    info.num_classes = std::max(info.num_classes, test->second.max_element + 1);
+  } else if (csv_.test_fraction > 0) {
+    // As LoadCsvFolder splits: the last floor(rows * fraction) rows.
+    const auto n = static_cast<int64_t>(std::floor(info.train_samples * csv_.test_fraction));
+    if (n < 1 || n >= info.train_samples) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "uploaded dataset is not valid: header.csv.test_fraction ", csv_.test_fraction, " of ",
+          info.train_samples, " rows of train.csv leaves an empty split"));
+    }
+    info.train_samples -= n;
+    info.test_samples = n;
+  }
+  return info;
+}
+
 absl::StatusOr<DatasetInfo> DatasetUpload::CheckComplete() const {
   std::vector<std::string> missing;
   for (const std::string& file : declared_files_) {
@@ -528,6 +623,7 @@ absl::StatusOr<DatasetInfo> DatasetUpload::CheckComplete() const {
                      " (listed in header.files); nothing was published"));
   }
   if (format_ == DatasetFormat::kCifar10) return CheckCompleteCifar10();
+  if (format_ == DatasetFormat::kCsv) return CheckCompleteCsv();
   for (const char* base : {kTrainImages, kTrainLabels}) {
     if (finished_.count(base) == 0) missing.emplace_back(base);
   }

@@ -16,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/sha256.h"
 #include "engine/data/cifar10_reader.h"
+#include "engine/data/csv_reader.h"
 #include "engine/data/dataset.h"
 #include "kiln/v1/training.pb.h"
 #include "server/jobs/dataset_manifest.h"
@@ -57,7 +58,7 @@ class DatasetCatalog {
   // `format` decides which file names are accepted and how each file is checked.
   absl::StatusOr<std::unique_ptr<DatasetUpload>> BeginUpload(
       const std::string& name, const std::vector<std::string>& declared_files,
-      DatasetFormat format = DatasetFormat::kIdx) const;
+      DatasetFormat format = DatasetFormat::kIdx, const CsvOptions& csv = CsvOptions()) const;
   // Removes a dataset: one rename takes it out of sight (to .deleting-<pid>-<hex>-<name>), then
   // its files go. NotFound when there is none. Whether jobs still need it is the caller's check.
   absl::Status Delete(const std::string& name);
@@ -122,11 +123,12 @@ class DatasetUpload {
     std::unique_ptr<GunzipStream> gunzip;       // set once gzip is detected
     std::unique_ptr<IdxStreamFacts> facts;      // IDX: set once raw or gzip is decided
     std::unique_ptr<Cifar10StreamCheck> cifar;  // CIFAR-10: set with the file
+    std::unique_ptr<CsvStreamCheck> csv;        // CSV: set with the file
     int64_t stored_bytes = 0;
   };
 
   DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
-                std::set<std::string> declared_files, DatasetFormat format);
+                std::set<std::string> declared_files, DatasetFormat format, CsvOptions csv);
   // Passes stored bytes on to the IDX check, inflating them when the file is gzip.
   absl::Status Scan(absl::string_view stored);
   // Counts decompressed bytes against the limit, then checks them as IDX.
@@ -136,12 +138,14 @@ class DatasetUpload {
   // does not agree.
   absl::StatusOr<DatasetInfo> CheckComplete() const;
   absl::StatusOr<DatasetInfo> CheckCompleteCifar10() const;
+  absl::StatusOr<DatasetInfo> CheckCompleteCsv() const;
 
   const DatasetCatalog* catalog_;
   std::string name_;
   std::string temp_dir_;
   std::set<std::string> declared_files_;  // empty: the client declared none
   DatasetFormat format_;
+  CsvOptions csv_;
   bool committed_ = false;
   int64_t stored_bytes_ = 0;
   int64_t decompressed_bytes_ = 0;

@@ -26,6 +26,14 @@ absl::Status WriteDatasetManifest(const std::string& dir, const DatasetInfo& inf
             {"num_classes", info.num_classes},
             {"data_format", std::string(DatasetFormatName(info.format))},
             {"files", files}};
+  if (info.format == DatasetFormat::kCsv) {
+    const char* header = info.csv.header == CsvHeader::kPresent  ? "present"
+                         : info.csv.header == CsvHeader::kAbsent ? "absent"
+                                                                 : "auto";
+    j["csv"] = {{"label_column", info.csv.label_column},
+                {"header", header},
+                {"test_fraction", info.csv.test_fraction}};
+  }
   return WriteFileAtomically(dir + "/" + kDatasetManifestName, j.dump(2) + "\n");
 }
 
@@ -54,6 +62,19 @@ std::optional<DatasetInfo> ReadDatasetManifest(const std::string& dir,
           DatasetFormatFromName(j.at("data_format").get<std::string>());
       if (!format) return std::nullopt;
       info.format = *format;
+    }
+    if (info.format == DatasetFormat::kCsv) {
+      const json& csv = j.at("csv");
+      info.csv.label_column = csv.at("label_column").get<std::string>();
+      const std::string header = csv.at("header").get<std::string>();
+      if (header == "present") {
+        info.csv.header = CsvHeader::kPresent;
+      } else if (header == "absent") {
+        info.csv.header = CsvHeader::kAbsent;
+      } else if (header != "auto") {
+        return std::nullopt;
+      }
+      info.csv.test_fraction = csv.at("test_fraction").get<double>();
     }
     return info;
   } catch (const json::exception&) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/data/csv_reader.h"
 #include "engine/data/dataset.h"
 
 namespace kiln::server {
@@ -22,6 +23,7 @@ struct DatasetInfo {
   int64_t test_samples = 0;
   int32_t num_classes = 0;  // 1 + the largest label of either split
   DatasetFormat format = DatasetFormat::kIdx;
+  CsvOptions csv;  // kCsv: how its tables are read
 };
 
 // The data files of a dataset folder and their sizes in bytes, by file name.

@@ -5,10 +5,12 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -911,6 +913,102 @@ TEST_F(TrainingServiceTest, AHandPlacedCifar10FolderIsListedWithItsFormatAndTrai
   grpc::Status s = Submit(SmallColourSpec("placed", 1), &refused);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(s.error_message(), AllOf(HasSubstr("data_batch_2.bin"), HasSubstr("truncated")));
+}
+
+// A CSV table "x,y,label" whose label says on which side of a line the point (x in the
+// thousands, y small) lies.
+std::string LineTable(int rows, uint32_t seed) {
+  std::string text = "x,y,label\n";
+  std::mt19937 rng(seed);
+  for (int i = 0; i < rows; ++i) {
+    const int x = 1000 + static_cast<int>(rng() % 1000);
+    const double y = -0.01 * static_cast<double>(rng() % 1000);
+    const int label = (x - 1500) / 500.0 + y / 5.0 > 0 ? 1 : 0;
+    absl::StrAppend(&text, x, ",", y, ",", label, "\n");
+  }
+  return text;
+}
+
+grpc::Status UploadCsv(v1::Training::Stub& stub, const std::string& name,
+                       const std::vector<std::pair<std::string, std::string>>& files,
+                       const v1::CsvOptions& csv, v1::Dataset* out) {
+  grpc::ClientContext context;
+  auto writer = stub.UploadDataset(&context, out);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_name(name);
+  header.mutable_header()->set_format(v1::DATASET_FORMAT_CSV);
+  *header.mutable_header()->mutable_csv() = csv;
+  writer->Write(header);
+  for (const auto& [file, bytes] : files) {
+    v1::UploadDatasetRequest r;
+    r.mutable_chunk()->set_file_name(file);
+    r.mutable_chunk()->set_data(bytes);
+    r.mutable_chunk()->set_sha256(Sha256Hex(bytes));
+    if (!writer->Write(r)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+TEST_F(TrainingServiceTest, CsvUploadIsCheckedRowByRowSplitAndTrainsAStandardisedMlp) {
+  StartDaemon();
+  v1::Dataset dataset;
+  v1::CsvOptions csv;
+  grpc::Status bad_cell =
+      UploadCsv(*stub_, "table", {{"train.csv", "x,y,label\n1,2,0\n3,oops,1\n"}}, csv, &dataset);
+  EXPECT_EQ(bad_cell.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad_cell.error_message(),
+              HasSubstr("train.csv: line 3, column 2 (y): \"oops\" is not a finite number"));
+  grpc::Status ragged =
+      UploadCsv(*stub_, "table", {{"train.csv", "x,y,label\n1,2,0\n3,1\n"}}, csv, &dataset);
+  EXPECT_THAT(ragged.error_message(), HasSubstr("line 3 has 2 cells but the table has 3"));
+  grpc::Status wrong_name =
+      UploadCsv(*stub_, "table", {{"data.csv", "x,label\n1,0\n"}}, csv, &dataset);
+  EXPECT_THAT(wrong_name.error_message(), HasSubstr("is not train.csv or test.csv"));
+  v1::CsvOptions bad_fraction;
+  bad_fraction.set_test_fraction(1.5);
+  EXPECT_EQ(UploadCsv(*stub_, "table", {{"train.csv", LineTable(10, 1)}}, bad_fraction, &dataset)
+                .error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"}));
+
+  // The label first, by name, a fifth of the rows held out.
+  std::string text = LineTable(500, 1);
+  std::string relabelled;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> cells = absl::StrSplit(line, ',');
+    absl::StrAppend(&relabelled, cells[2], ",", cells[0], ",", cells[1], "\n");
+  }
+  csv.set_label_column("label");
+  csv.set_test_fraction(0.2);
+  grpc::Status ok = UploadCsv(*stub_, "table", {{"train.csv", relabelled}}, csv, &dataset);
+  ASSERT_OK(ok) << ok.error_message();
+  EXPECT_EQ(dataset.format(), v1::DATASET_FORMAT_CSV);
+  EXPECT_EQ(dataset.train_samples(), 400);
+  EXPECT_EQ(dataset.test_samples(), 100);
+  EXPECT_THAT(dataset.sample_shape(), ElementsAre(2));
+  EXPECT_EQ(dataset.num_classes(), 2);
+
+  v1::JobSpec spec = SmallSpec("table", 15);
+  v1::ModelSpec* model = spec.mutable_model();
+  model->Clear();
+  model->add_input_shape(2);
+  model->add_layers()->mutable_linear()->set_in_features(2);
+  model->mutable_layers(0)->mutable_linear()->set_out_features(16);
+  model->add_layers()->mutable_relu();
+  model->add_layers()->mutable_linear()->set_in_features(16);
+  model->mutable_layers(2)->mutable_linear()->set_out_features(2);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_ADAM);
+  spec.mutable_optimizer()->set_lr(0.02f);
+  const std::string id = SubmitOrDie(spec);
+  testing::WatchResult watched = WatchToEnd(*stub_, id);
+  ASSERT_OK(watched.status);
+  EXPECT_EQ(GetJob(*stub_, id).state(), v1::JOB_STATE_SUCCEEDED) << GetJob(*stub_, id).reason();
+  double accuracy = 0;
+  for (const v1::JobEvent& e : watched.events) {
+    if (e.has_epoch()) accuracy = e.epoch().test_accuracy();
+  }
+  EXPECT_GT(accuracy, 0.9) << "the features are standardised with the train split's statistics";
 }
 
 TEST_F(TrainingServiceTest, UploadCancelledAfterItsTrainFilesPublishesNothingAndARetrySucceeds) {
