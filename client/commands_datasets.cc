@@ -1,4 +1,4 @@
-// kiln datasets, datasets delete and upload: the datasets kilnd trains on (IDX, CIFAR-10).
+// kiln datasets, datasets delete and upload: the datasets kilnd trains on (IDX, CIFAR-10, CSV).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -31,6 +31,8 @@ std::string FormatName(v1::DatasetFormat format) {
       return "idx";
     case v1::DATASET_FORMAT_CIFAR10:
       return "cifar10";
+    case v1::DATASET_FORMAT_CSV:
+      return "csv";
     default:
       return absl::StrCat("format ", static_cast<int>(format));
   }
@@ -86,8 +88,11 @@ struct UploadOptions {
   std::string name;
   std::string format = "idx";
   std::string train_images, train_labels, test_images, test_labels;
-  std::vector<std::string> train;  // cifar10: the train batches, in order
-  std::string test;                // cifar10: the test batch
+  std::vector<std::string> train;  // cifar10: the train batches, in order; csv: one table
+  std::string test;                // cifar10: the test batch; csv: the test table
+  std::string label_column;        // csv: a header name or a 0-based index; empty: the last
+  std::string header = "auto";     // csv: yes, no or auto
+  double test_fraction = 0;        // csv: share of train rows held out without --test
 };
 
 bool IsGzip(const std::string& bytes) {
@@ -99,6 +104,10 @@ bool IsGzip(const std::string& bytes) {
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     const UploadOptions& o) {
   std::vector<std::pair<std::string, std::string>> files;
+  const bool csv_options = !o.label_column.empty() || o.header != "auto" || o.test_fraction != 0;
+  if (csv_options && o.format != "csv") {
+    return UsageError("--label-column, --header and --test-fraction are for --format csv");
+  }
   if (o.format == "cifar10") {
     if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
         !o.test_labels.empty()) {
@@ -114,8 +123,23 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     if (!o.test.empty()) files.push_back({"test_batch.bin", o.test});
     return files;
   }
+  if (o.format == "csv") {
+    if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
+        !o.test_labels.empty()) {
+      return UsageError(
+          "--format csv takes --train FILE and --test FILE, not --*-images or "
+          "--*-labels");
+    }
+    if (o.train.size() != 1) return UsageError("--format csv needs one --train FILE");
+    if (!o.test.empty() && o.test_fraction != 0) {
+      return UsageError("--test and --test-fraction are alternatives");
+    }
+    files.push_back({"train.csv", o.train[0]});
+    if (!o.test.empty()) files.push_back({"test.csv", o.test});
+    return files;
+  }
   if (o.format != "idx") {
-    return UsageError(absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10"));
+    return UsageError(absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10, csv"));
   }
   if (!o.train.empty() || !o.test.empty()) {
     return UsageError(
@@ -147,14 +171,14 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   // The server's names for the files; gzip IDX files (magic 1f 8b) keep a ".gz".
   KILN_ASSIGN_OR_RETURN(auto files, UploadFiles(o));
   const bool cifar10 = o.format == "cifar10";
+  const bool csv = o.format == "csv";
   std::vector<std::string> contents;
   for (auto& [name, path] : files) {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
     if (IsGzip(bytes)) {
-      if (cifar10) {
-        return UsageError(absl::StrCat(path,
-                                       ": gzip-compressed; CIFAR-10 batches are sent "
-                                       "uncompressed (gunzip it first)"));
+      if (cifar10 || csv) {
+        return UsageError(absl::StrCat(path, ": gzip-compressed; ", o.format,
+                                       " files are sent uncompressed (gunzip it first)"));
       }
       name += ".gz";
     }
@@ -169,7 +193,14 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   v1::UploadDatasetRequest header;
   header.mutable_header()->set_name(o.name);
   header.mutable_header()->set_format(cifar10 ? v1::DATASET_FORMAT_CIFAR10
+                                      : csv   ? v1::DATASET_FORMAT_CSV
                                               : v1::DATASET_FORMAT_IDX);
+  if (csv) {
+    v1::CsvOptions* options = header.mutable_header()->mutable_csv();
+    options->set_label_column(o.label_column);
+    if (o.header != "auto") options->set_header(o.header == "yes");
+    options->set_test_fraction(o.test_fraction);
+  }
   // Declared up front, so that kilnd publishes the dataset only if all of them arrive.
   for (const auto& file : files) header.mutable_header()->add_files(file.first);
   bool open = writer->Write(header);
@@ -225,16 +256,25 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
 
   auto o = std::make_shared<UploadOptions>();
   CLI::App* u = app.add_subcommand(
-      "upload", "Upload a dataset: MNIST-style IDX files or CIFAR-10 binary batches");
+      "upload", "Upload a dataset: MNIST-style IDX files, CIFAR-10 binary batches or a CSV table");
   u->add_option("name", o->name, "Name of the new dataset")->required();
-  u->add_option("--format", o->format, "idx (default) or cifar10")
-      ->check(CLI::IsMember({"idx", "cifar10"}));
+  u->add_option("--format", o->format, "idx (default), cifar10 or csv")
+      ->check(CLI::IsMember({"idx", "cifar10", "csv"}));
   u->add_option("--train-images", o->train_images, "idx: images (raw or .gz)");
   u->add_option("--train-labels", o->train_labels, "idx: labels (raw or .gz)");
   u->add_option("--test-images", o->test_images, "idx: test images");
   u->add_option("--test-labels", o->test_labels, "idx: test labels");
-  u->add_option("--train", o->train, "cifar10: the train batches (data_batch_1.bin ...), in order");
-  u->add_option("--test", o->test, "cifar10: the test batch (test_batch.bin)");
+  u->add_option("--train", o->train,
+                "cifar10: the train batches (data_batch_1.bin ...), in order; csv: the table");
+  u->add_option("--test", o->test, "cifar10: the test batch (test_batch.bin); csv: a test table");
+  u->add_option("--label-column", o->label_column,
+                "csv: the label column, by header name or 0-based index (default: the last)");
+  u->add_option("--header", o->header, "csv: whether the first row is a header: yes, no, auto")
+      ->check(CLI::IsMember({"yes", "no", "auto"}));
+  u->add_option("--test-fraction", o->test_fraction,
+                "csv: without --test, hold out this share of the rows (the last ones) as the test "
+                "split")
+      ->check(CLI::Range(0.0, 0.99));
   u->footer(
       "Examples:\n"
       "  kiln upload fashion --train-images train-images-idx3-ubyte.gz \\\n"
@@ -242,6 +282,8 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "      --test-images t10k-images-idx3-ubyte.gz --test-labels t10k-labels-idx1-ubyte.gz\n"
       "  kiln upload cifar --format cifar10 --train cifar-10-batches-bin/data_batch_*.bin \\\n"
       "      --test cifar-10-batches-bin/test_batch.bin\n"
+      "  kiln upload iris --format csv --train iris.csv --label-column species --test-fraction "
+      "0.2\n"
       "  kiln submit --preset mnist-cnn --dataset fashion --watch");
   u->callback([&env, action, o] { *action = [&env, o] { return Upload(env, *o); }; });
 }

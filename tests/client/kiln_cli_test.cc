@@ -452,6 +452,38 @@ TEST_F(KilnCliTest, UploadCifar10SendsTheBatchesInOrderAndDatasetsShowsTheFormat
               AllOf(HasSubstr("data_batch_1.bin: truncated"), HasSubstr("byte offset 3073")));
 }
 
+TEST_F(KilnCliTest, UploadCsvSendsTheTableWithItsOptionsAndNamesABadCell) {
+  const std::string dir = *root_ + "/csv";
+  std::filesystem::create_directories(dir);
+  std::string table = "label,a,b\n";
+  for (int i = 0; i < 20; ++i) table += absl::StrCat(i % 3, ",", i, ",", i * 0.5, "\n");
+  std::ofstream(dir + "/t.csv") << table;
+  RunResult up = Kiln({"upload", "tab", "--format", "csv", "--train", dir + "/t.csv",
+                       "--label-column", "label", "--test-fraction", "0.25"});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  EXPECT_THAT(up.out, HasSubstr("15 training and 5 test samples of 2"));
+  bool seen = false;
+  for (absl::string_view line : absl::StrSplit(Kiln({"datasets"}).out, '\n')) {
+    if (absl::StartsWith(line, "tab ")) {
+      seen = true;
+      EXPECT_THAT(std::string(line), HasSubstr("csv"));
+    }
+  }
+  EXPECT_TRUE(seen);
+
+  std::ofstream(dir + "/bad.csv") << "a,label\n1,0\nx,1\n";
+  RunResult bad = Kiln({"upload", "bad", "--format", "csv", "--train", dir + "/bad.csv"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("train.csv: line 3, column 1 (a): \"x\" is not a finite number"));
+  RunResult misplaced = Kiln(
+      {"upload", "x", "--format", "cifar10", "--train", dir + "/t.csv", "--label-column", "label"});
+  EXPECT_EQ(misplaced.exit_code, 2);
+  EXPECT_THAT(misplaced.err, HasSubstr("are for --format csv"));
+  RunResult both = Kiln({"upload", "x", "--format", "csv", "--train", dir + "/t.csv", "--test",
+                         dir + "/t.csv", "--test-fraction", "0.1"});
+  EXPECT_EQ(both.exit_code, 2);
+}
+
 TEST_F(KilnCliTest, HealthSaysTheTrainingServiceIsServing) {
   RunResult r = Kiln({"health", "--output", "json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
