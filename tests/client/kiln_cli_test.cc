@@ -534,5 +534,72 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
   EXPECT_EQ(gone.exit_code, 1);
 }
 
+TEST_F(KilnCliTest, ColourAndTableModelsServeWhatTheyWereTrainedOn) {
+  RunResult models = Kiln({"models"});
+  if (models.exit_code != 0 && absl::StrContains(models.err, "UNIMPLEMENTED")) {
+    GTEST_SKIP() << "serving is not wired into kilnd: " << models.err;
+  }
+  // Colour: label k (0..2) lights channel k. Per-channel normalisation travels with the job.
+  const std::string dir = *root_ + "/serve-colour";
+  std::filesystem::create_directories(dir);
+  std::string batch;
+  for (int i = 0; i < 90; ++i) {
+    const int label = i % 3;
+    batch += static_cast<char>(label);
+    for (int c = 0; c < 3; ++c) batch.append(1024, static_cast<char>(c == label ? 200 : i % 50));
+  }
+  WriteFile(dir + "/b.bin", batch);
+  ASSERT_EQ(Kiln({"upload", "rgb", "--format", "cifar10", "--train", dir + "/b.bin"}).exit_code, 0);
+  WriteFile(dir + "/rgb.json", R"({
+  "dataset": "rgb", "epochs": 3, "batch_size": 16, "seed": 3, "device": "cpu",
+  "model": {"input_shape": [3, 32, 32],
+            "layers": [{"flatten": {}}, {"linear": {"in_features": 3072, "out_features": 3}}]},
+  "optimizer": {"kind": "KIND_ADAM", "lr": 0.001},
+  "normalization": {"scale": 0.00392157, "channel_mean": [0.3, 0.3, 0.3],
+                    "channel_std": [0.3, 0.3, 0.3]}
+})");
+  const std::string rgb = Submit(dir + "/rgb.json");
+  ASSERT_FALSE(rgb.empty());
+  ASSERT_EQ(Kiln({"watch", rgb}).exit_code, 0);
+  ASSERT_EQ(Kiln({"deploy", rgb + "@latest", "--name", "rgb"}).exit_code, 0);
+  RunResult colour =
+      Kiln({"predict", "rgb", dir + "/b.bin", "--index", "0,1,2", "--output", "json"});
+  ASSERT_EQ(colour.exit_code, 0) << colour.err;
+  const nlohmann::json by_colour = nlohmann::json::parse(colour.out);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(by_colour.at("predictions")[i].at("class"), i);
+
+  // A table: the label is whether x (in the thousands) + 100 y passes 1500.
+  std::string table = "x,y,label\n";
+  for (int i = 0; i < 200; ++i) {
+    const int x = 1000 + (i * 37) % 1000, y = (i * 11) % 7;
+    table += absl::StrCat(x, ",", y, ",", x + 100 * y > 1800 ? 1 : 0, "\n");
+  }
+  WriteFile(dir + "/t.csv", table);
+  ASSERT_EQ(Kiln({"upload", "tab", "--format", "csv", "--train", dir + "/t.csv"}).exit_code, 0);
+  WriteFile(dir + "/tab.json", R"({
+  "dataset": "tab", "epochs": 30, "batch_size": 16, "seed": 3, "device": "cpu",
+  "model": {"input_shape": [2],
+            "layers": [{"linear": {"in_features": 2, "out_features": 16}}, {"relu": {}},
+                       {"linear": {"in_features": 16, "out_features": 2}}]},
+  "optimizer": {"kind": "KIND_ADAM", "lr": 0.02}
+})");
+  const std::string tab = Submit(dir + "/tab.json");
+  ASSERT_FALSE(tab.empty());
+  ASSERT_EQ(Kiln({"watch", tab}).exit_code, 0);
+  ASSERT_EQ(Kiln({"deploy", tab + "@latest", "--name", "tab"}).exit_code, 0);
+  WriteFile(dir + "/rows.csv", "x,y,label\n1900,6,1\n1050,0,0\n");
+  RunResult rows = Kiln({"predict", "tab", dir + "/rows.csv", "--output", "json"});
+  ASSERT_EQ(rows.exit_code, 0) << rows.err;
+  const nlohmann::json by_row = nlohmann::json::parse(rows.out);
+  ASSERT_EQ(by_row.at("predictions").size(), 2u);
+  EXPECT_EQ(by_row.at("predictions")[0].at("class"), 1) << rows.out;
+  EXPECT_EQ(by_row.at("predictions")[1].at("class"), 0) << rows.out;
+  EXPECT_THAT(by_row.at("predictions")[0].at("file").get<std::string>(), HasSubstr("rows.csv#2"));
+  WriteFile(dir + "/short.csv", "1900\n");
+  RunResult short_row = Kiln({"predict", "tab", dir + "/short.csv"});
+  EXPECT_EQ(short_row.exit_code, 2);
+  EXPECT_THAT(short_row.err, HasSubstr("line 1 has 1 cells but the model takes 2 features"));
+}
+
 }  // namespace
 }  // namespace kiln::client::testing
