@@ -15,6 +15,7 @@
 #include "engine/data/cifar10_reader.h"
 #include "engine/data/csv_reader.h"
 #include "engine/data/idx_reader.h"
+#include "engine/data/npy_reader.h"
 
 namespace kiln {
 namespace {
@@ -46,12 +47,15 @@ std::string_view DatasetFormatName(DatasetFormat format) {
       return "cifar10";
     case DatasetFormat::kCsv:
       return "csv";
+    case DatasetFormat::kNpy:
+      return "npy";
   }
   return "unknown";
 }
 
 std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name) {
-  for (DatasetFormat f : {DatasetFormat::kIdx, DatasetFormat::kCifar10, DatasetFormat::kCsv}) {
+  for (DatasetFormat f :
+       {DatasetFormat::kIdx, DatasetFormat::kCifar10, DatasetFormat::kCsv, DatasetFormat::kNpy}) {
     if (name == DatasetFormatName(f)) return f;
   }
   return std::nullopt;
@@ -61,6 +65,7 @@ DatasetFormat DetectDatasetFormat(const std::string& dir) {
   if (!FindCifar10TrainFiles(dir).empty()) return DatasetFormat::kCifar10;
   std::error_code ec;
   if (fs::is_regular_file(fs::path(dir) / kCsvTrainFile, ec)) return DatasetFormat::kCsv;
+  if (fs::is_regular_file(fs::path(dir) / kNpyTrainX, ec)) return DatasetFormat::kNpy;
   return DatasetFormat::kIdx;
 }
 
@@ -72,6 +77,8 @@ absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetF
       return LoadCifar10Folder(dir);
     case DatasetFormat::kCsv:
       return LoadCsvFolder(dir, CsvOptions());
+    case DatasetFormat::kNpy:
+      return LoadNpyFolder(dir);
   }
   return absl::InvalidArgumentError(absl::StrCat(dir, ": unknown dataset format"));
 }

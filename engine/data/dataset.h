@@ -37,6 +37,7 @@ enum class DatasetFormat {
   kIdx,      // MNIST-style IDX files (LoadImageFolder)
   kCifar10,  // CIFAR-10 binary batches (LoadCifar10Folder, engine/data/cifar10_reader.h)
   kCsv,      // train.csv (and test.csv): LoadCsvFolder, engine/data/csv_reader.h
+  kNpy,      // train_x.npy, train_y.npy (and test_*): LoadNpyFolder, engine/data/npy_reader.h
 };
 
 // "idx", "cifar10": the names the CLI, the manifest and listings use.
@@ -44,7 +45,7 @@ std::string_view DatasetFormatName(DatasetFormat format);
 std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name);
 
 // The format of a folder's files: CIFAR-10 when it holds a data_batch_<N>.bin, CSV when it holds
-// train.csv, IDX otherwise.
+// train.csv, NPY when it holds train_x.npy, IDX otherwise.
 DatasetFormat DetectDatasetFormat(const std::string& dir);
 
 // Loads a dataset folder laid out in `format`; CSV folders with their default options.
