@@ -33,6 +33,8 @@ std::string FormatName(v1::DatasetFormat format) {
       return "cifar10";
     case v1::DATASET_FORMAT_CSV:
       return "csv";
+    case v1::DATASET_FORMAT_NPY:
+      return "npy";
     default:
       return absl::StrCat("format ", static_cast<int>(format));
   }
@@ -138,25 +140,29 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     if (!o.test.empty()) files.push_back({"test.csv", o.test});
     return files;
   }
-  if (o.format != "idx") {
-    return UsageError(absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10, csv"));
+  if (o.format != "idx" && o.format != "npy") {
+    return UsageError(
+        absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10, csv, npy"));
   }
   if (!o.train.empty() || !o.test.empty()) {
     return UsageError(
-        "--train and --test are for --format cifar10; IDX takes --train-images, "
+        "--train and --test are for --format cifar10 and csv; idx and npy take --train-images, "
         "--train-labels, --test-images and --test-labels");
   }
   if (o.train_images.empty() || o.train_labels.empty()) {
-    return UsageError("--train-images and --train-labels are required for --format idx");
+    return UsageError(
+        absl::StrCat("--train-images and --train-labels are required for --format ", o.format));
   }
   if (o.test_images.empty() != o.test_labels.empty()) {
     return UsageError("--test-images and --test-labels go together");
   }
-  files = {{"train-images-idx3-ubyte", o.train_images},
-           {"train-labels-idx1-ubyte", o.train_labels}};
+  // NPY sends the same four roles as arrays: samples (x) and labels (y) of each split.
+  const bool npy = o.format == "npy";
+  files = {{npy ? "train_x.npy" : "train-images-idx3-ubyte", o.train_images},
+           {npy ? "train_y.npy" : "train-labels-idx1-ubyte", o.train_labels}};
   if (!o.test_images.empty()) {
-    files.push_back({"t10k-images-idx3-ubyte", o.test_images});
-    files.push_back({"t10k-labels-idx1-ubyte", o.test_labels});
+    files.push_back({npy ? "test_x.npy" : "t10k-images-idx3-ubyte", o.test_images});
+    files.push_back({npy ? "test_y.npy" : "t10k-labels-idx1-ubyte", o.test_labels});
   }
   return files;
 }
@@ -172,11 +178,12 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   KILN_ASSIGN_OR_RETURN(auto files, UploadFiles(o));
   const bool cifar10 = o.format == "cifar10";
   const bool csv = o.format == "csv";
+  const bool npy = o.format == "npy";
   std::vector<std::string> contents;
   for (auto& [name, path] : files) {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
     if (IsGzip(bytes)) {
-      if (cifar10 || csv) {
+      if (cifar10 || csv || npy) {
         return UsageError(absl::StrCat(path, ": gzip-compressed; ", o.format,
                                        " files are sent uncompressed (gunzip it first)"));
       }
@@ -194,6 +201,7 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   header.mutable_header()->set_name(o.name);
   header.mutable_header()->set_format(cifar10 ? v1::DATASET_FORMAT_CIFAR10
                                       : csv   ? v1::DATASET_FORMAT_CSV
+                                      : npy   ? v1::DATASET_FORMAT_NPY
                                               : v1::DATASET_FORMAT_IDX);
   if (csv) {
     v1::CsvOptions* options = header.mutable_header()->mutable_csv();
@@ -256,14 +264,14 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
 
   auto o = std::make_shared<UploadOptions>();
   CLI::App* u = app.add_subcommand(
-      "upload", "Upload a dataset: MNIST-style IDX files, CIFAR-10 binary batches or a CSV table");
+      "upload", "Upload a dataset: IDX files, CIFAR-10 batches, a CSV table or NumPy arrays");
   u->add_option("name", o->name, "Name of the new dataset")->required();
-  u->add_option("--format", o->format, "idx (default), cifar10 or csv")
-      ->check(CLI::IsMember({"idx", "cifar10", "csv"}));
-  u->add_option("--train-images", o->train_images, "idx: images (raw or .gz)");
-  u->add_option("--train-labels", o->train_labels, "idx: labels (raw or .gz)");
-  u->add_option("--test-images", o->test_images, "idx: test images");
-  u->add_option("--test-labels", o->test_labels, "idx: test labels");
+  u->add_option("--format", o->format, "idx (default), cifar10, csv or npy")
+      ->check(CLI::IsMember({"idx", "cifar10", "csv", "npy"}));
+  u->add_option("--train-images", o->train_images, "idx: images (raw or .gz); npy: x array");
+  u->add_option("--train-labels", o->train_labels, "idx: labels (raw or .gz); npy: y array");
+  u->add_option("--test-images", o->test_images, "idx: test images; npy: test x array");
+  u->add_option("--test-labels", o->test_labels, "idx: test labels; npy: test y array");
   u->add_option("--train", o->train,
                 "cifar10: the train batches (data_batch_1.bin ...), in order; csv: the table");
   u->add_option("--test", o->test, "cifar10: the test batch (test_batch.bin); csv: a test table");
@@ -282,6 +290,7 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "      --test-images t10k-images-idx3-ubyte.gz --test-labels t10k-labels-idx1-ubyte.gz\n"
       "  kiln upload cifar --format cifar10 --train cifar-10-batches-bin/data_batch_*.bin \\\n"
       "      --test cifar-10-batches-bin/test_batch.bin\n"
+      "  kiln upload arrays --format npy --train-images x.npy --train-labels y.npy\n"
       "  kiln upload iris --format csv --train iris.csv --label-column species --test-fraction "
       "0.2\n"
       "  kiln submit --preset mnist-cnn --dataset fashion --watch");

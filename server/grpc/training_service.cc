@@ -196,6 +196,8 @@ absl::StatusOr<DatasetFormat> UploadFormat(v1::DatasetFormat format) {
       return DatasetFormat::kCifar10;
     case v1::DATASET_FORMAT_CSV:
       return DatasetFormat::kCsv;
+    case v1::DATASET_FORMAT_NPY:
+      return DatasetFormat::kNpy;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("header.format: ", static_cast<int>(format), " is not a known format"));

@@ -49,6 +49,9 @@ bool IsUploadFileName(DatasetFormat format, const std::string& name) {
     return name == kCifar10TestFile || Cifar10TrainFileNumber(name) > 0;
   }
   if (format == DatasetFormat::kCsv) return name == kCsvTrainFile || name == kCsvTestFile;
+  if (format == DatasetFormat::kNpy) {
+    return name == kNpyTrainX || name == kNpyTrainY || name == kNpyTestX || name == kNpyTestY;
+  }
   for (const char* base : {kTrainImages, kTrainLabels, kTestImages, kTestLabels}) {
     if (name == base || name == absl::StrCat(base, ".gz")) return true;
   }
@@ -67,6 +70,10 @@ std::string InvalidFileNameMessage(DatasetFormat format, const std::string& fiel
     return absl::StrCat(field, ": \"", file, "\" is not a CIFAR-10 batch name: data_batch_<N>.bin",
                         " (N in 1..", kCifar10MaxTrainFiles, ", no leading zero) or ",
                         kCifar10TestFile);
+  }
+  if (format == DatasetFormat::kNpy) {
+    return absl::StrCat(field, ": \"", file, "\" is not one of ", kNpyTrainX, ", ", kNpyTrainY,
+                        ", ", kNpyTestX, ", ", kNpyTestY);
   }
   if (format == DatasetFormat::kCsv) {
     return absl::StrCat(field, ": \"", file, "\" is not ", kCsvTrainFile, " or ", kCsvTestFile);
@@ -164,12 +171,26 @@ absl::StatusOr<DatasetInfo> ReadCsvFacts(const std::string& dir) {
   return info;
 }
 
+// An NPY folder placed by hand: loaded once (the arrays hold no summary to read instead).
+absl::StatusOr<DatasetInfo> ReadNpyFacts(const std::string& dir) {
+  KILN_ASSIGN_OR_RETURN(DatasetSplits splits, LoadNpyFolder(dir));
+  DatasetInfo info;
+  info.format = DatasetFormat::kNpy;
+  info.sample_shape = splits.train.sample_shape;
+  info.train_samples = splits.train.size;
+  info.test_samples = splits.test.size;
+  info.num_classes = splits.train.num_classes;
+  return info;
+}
+
 absl::StatusOr<DatasetInfo> ReadFacts(const std::string& dir, const std::string& name) {
   switch (DetectDatasetFormat(dir)) {
     case DatasetFormat::kCifar10:
       return ReadCifar10Facts(dir);
     case DatasetFormat::kCsv:
       return ReadCsvFacts(dir);
+    case DatasetFormat::kNpy:
+      return ReadNpyFacts(dir);
     case DatasetFormat::kIdx:
       break;
   }
@@ -261,6 +282,7 @@ absl::StatusOr<v1::Dataset> DatasetCatalog::Describe(const std::string& name) co
   d.set_num_classes(info.num_classes);
   d.set_format(info.format == DatasetFormat::kCifar10 ? v1::DATASET_FORMAT_CIFAR10
                : info.format == DatasetFormat::kCsv   ? v1::DATASET_FORMAT_CSV
+               : info.format == DatasetFormat::kNpy   ? v1::DATASET_FORMAT_NPY
                                                       : v1::DATASET_FORMAT_IDX);
   int64_t bytes = 0;
   for (const DatasetFileStat& f : files) {
@@ -326,7 +348,14 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
     }
     declared.insert(file);
   }
-  if (!declared.empty() && format == DatasetFormat::kCsv) {
+  if (!declared.empty() && format == DatasetFormat::kNpy) {
+    if (bases.count(kNpyTrainX) == 0 || bases.count(kNpyTrainY) == 0 ||
+        bases.count(kNpyTestX) != bases.count(kNpyTestY)) {
+      return absl::InvalidArgumentError(
+          "header.files: an NPY dataset needs train_x.npy and train_y.npy (and test_x.npy with "
+          "test_y.npy)");
+    }
+  } else if (!declared.empty() && format == DatasetFormat::kCsv) {
     if (bases.count(kCsvTrainFile) == 0) {
       return absl::InvalidArgumentError("header.files: a CSV dataset needs train.csv");
     }
@@ -448,6 +477,11 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
     if (format_ == DatasetFormat::kCifar10) {
       next->cifar = std::make_unique<Cifar10StreamCheck>(file);
     }
+    if (format_ == DatasetFormat::kNpy) {
+      next->npy = std::make_unique<NpyStreamCheck>(file, file == kNpyTrainY || file == kNpyTestY
+                                                             ? NpyStreamCheck::Role::kLabels
+                                                             : NpyStreamCheck::Role::kSamples);
+    }
     if (format_ == DatasetFormat::kCsv) {
       next->csv = std::make_unique<CsvStreamCheck>(file, csv_, CsvStreamCheck::Keep::kCountsOnly);
     }
@@ -470,7 +504,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
 
 absl::Status DatasetUpload::Scan(absl::string_view stored) {
   FileInProgress& f = *current_;
-  if (f.cifar || f.csv) return CountAndCheck(stored);
+  if (f.cifar || f.csv || f.npy) return CountAndCheck(stored);
   if (!f.facts) {
     // gzip is told by its magic (1f 8b), as the engine's reader tells it, not by the name.
     const size_t take = std::min<size_t>(2 - f.first_bytes.size(), stored.size());
@@ -498,6 +532,9 @@ absl::Status DatasetUpload::CountAndCheck(absl::string_view decompressed) {
                      " bytes (--max_upload_bytes), counted decompressed: ", current_->file_name,
                      " inflates past it"));
   }
+  if (current_->npy) {
+    return current_->npy->Consume(std::string_view(decompressed.data(), decompressed.size()));
+  }
   if (current_->csv) {
     return current_->csv->Consume(std::string_view(decompressed.data(), decompressed.size()));
   }
@@ -513,6 +550,21 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
   if (!absl::EqualsIgnoreCase(actual, expected_sha256)) {
     return absl::DataLossError(absl::StrCat("chunk.sha256: ", f->file_name, " has sha256 ", actual,
                                             " but the client sent ", expected_sha256));
+  }
+  if (f->npy) {
+    if (absl::Status s = f->npy->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.dims = f->npy->header().shape;
+    facts.kind = f->npy->header().kind;
+    facts.max_element = f->npy->max_label();
+    facts.stored_bytes = f->stored_bytes;
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
   }
   if (f->csv) {
     if (absl::Status s = f->csv->Finish(); !s.ok()) {
@@ -577,6 +629,48 @@ absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCifar10() const {
   return info;
 }
 
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteNpy() const {
+  const auto invalid = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("uploaded dataset is not valid: ", what));
+  };
+  if (finished_.count(kNpyTrainX) == 0 || finished_.count(kNpyTrainY) == 0) {
+    return invalid("missing train_x.npy or train_y.npy");
+  }
+  if (finished_.count(kNpyTestX) != finished_.count(kNpyTestY)) {
+    return invalid("test_x.npy and test_y.npy go together");
+  }
+  DatasetInfo info;
+  info.format = DatasetFormat::kNpy;
+  // As ParseNpySplit checks one split.
+  auto split = [&](const char* x_name, const char* y_name) -> absl::StatusOr<int64_t> {
+    const FileFacts& x = finished_.at(x_name);
+    const FileFacts& y = finished_.at(y_name);
+    if (x.dims[0] != y.dims[0]) {
+      return invalid(absl::StrCat("count mismatch: ", x_name, " has ", x.dims[0], " samples but ",
+                                  y_name, " has ", y.dims[0], " labels"));
+    }
+    if (x.kind == 'f' && x.dims[1] > kMaxCsvFeatures) {
+      return invalid(
+          absl::StrCat(x_name, ": ", x.dims[1], " float features; at most ", kMaxCsvFeatures));
+    }
+    info.num_classes = std::max(info.num_classes, y.max_element + 1);
+    return x.dims[0];
+  };
+  KILN_ASSIGN_OR_RETURN(info.train_samples, split(kNpyTrainX, kNpyTrainY));
+  const FileFacts& train = finished_.at(kNpyTrainX);
+  info.sample_shape.assign(train.dims.begin() + 1, train.dims.end());
+  if (info.sample_shape.empty()) info.sample_shape = {1};
+  if (auto test = finished_.find(kNpyTestX); test != finished_.end()) {
+    KILN_ASSIGN_OR_RETURN(info.test_samples, split(kNpyTestX, kNpyTestY));
+    if (!std::equal(test->second.dims.begin() + 1, test->second.dims.end(), train.dims.begin() + 1,
+                    train.dims.end()) ||
+        test->second.kind != train.kind) {
+      return invalid("test_x.npy does not hold samples of train_x.npy's shape and dtype");
+    }
+  }
+  return info;
+}
+
 absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCsv() const {
   auto train = finished_.find(kCsvTrainFile);
   if (train == finished_.end()) {
@@ -624,6 +718,7 @@ absl::StatusOr<DatasetInfo> DatasetUpload::CheckComplete() const {
   }
   if (format_ == DatasetFormat::kCifar10) return CheckCompleteCifar10();
   if (format_ == DatasetFormat::kCsv) return CheckCompleteCsv();
+  if (format_ == DatasetFormat::kNpy) return CheckCompleteNpy();
   for (const char* base : {kTrainImages, kTrainLabels}) {
     if (finished_.count(base) == 0) missing.emplace_back(base);
   }

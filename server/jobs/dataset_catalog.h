@@ -18,6 +18,7 @@
 #include "engine/data/cifar10_reader.h"
 #include "engine/data/csv_reader.h"
 #include "engine/data/dataset.h"
+#include "engine/data/npy_reader.h"
 #include "kiln/v1/training.pb.h"
 #include "server/jobs/dataset_manifest.h"
 #include "server/jobs/gunzip_stream.h"
@@ -112,6 +113,7 @@ class DatasetUpload {
     std::string file_name;  // as uploaded, e.g. "train-images-idx3-ubyte.gz"
     std::vector<int64_t> dims;
     int max_element = -1;
+    char kind = 0;  // NPY: 'u' (uint8), 'f' (float32) or 'i' (integers)
     int64_t stored_bytes = 0;
   };
   // The file being received.
@@ -124,6 +126,7 @@ class DatasetUpload {
     std::unique_ptr<IdxStreamFacts> facts;      // IDX: set once raw or gzip is decided
     std::unique_ptr<Cifar10StreamCheck> cifar;  // CIFAR-10: set with the file
     std::unique_ptr<CsvStreamCheck> csv;        // CSV: set with the file
+    std::unique_ptr<NpyStreamCheck> npy;        // NPY: set with the file
     int64_t stored_bytes = 0;
   };
 
@@ -139,6 +142,7 @@ class DatasetUpload {
   absl::StatusOr<DatasetInfo> CheckComplete() const;
   absl::StatusOr<DatasetInfo> CheckCompleteCifar10() const;
   absl::StatusOr<DatasetInfo> CheckCompleteCsv() const;
+  absl::StatusOr<DatasetInfo> CheckCompleteNpy() const;
 
   const DatasetCatalog* catalog_;
   std::string name_;

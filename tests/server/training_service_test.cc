@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/sha256.h"
 #include "gmock/gmock.h"
@@ -1009,6 +1010,69 @@ TEST_F(TrainingServiceTest, CsvUploadIsCheckedRowByRowSplitAndTrainsAStandardise
     if (e.has_epoch()) accuracy = e.epoch().test_accuracy();
   }
   EXPECT_GT(accuracy, 0.9) << "the features are standardised with the train split's statistics";
+}
+
+// An .npy file (version 1) of `descr` and `shape` holding `data`.
+std::string Npy(const std::string& descr, const std::vector<int64_t>& shape,
+                const std::string& data) {
+  std::string dims = absl::StrJoin(shape, ", ");
+  if (shape.size() == 1) dims += ",";
+  std::string dict =
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", dims, "), }");
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\0';
+  out += static_cast<char>(dict.size() & 0xff);
+  out += static_cast<char>(dict.size() >> 8);
+  return out + dict + data;
+}
+
+TEST_F(TrainingServiceTest, NpyUploadIsCheckedAsItStreamsAndTrains) {
+  StartDaemon();
+  // uint8 colour images (N, 3, 32, 32) from the toy CIFAR-10 batch, int64 labels.
+  const std::string batch = testing::ToyCifar10(200, 3);
+  std::string pixels;
+  std::string labels;
+  for (int i = 0; i < 200; ++i) {
+    const int64_t label = static_cast<uint8_t>(batch[i * 3073]);
+    labels.append(reinterpret_cast<const char*>(&label), sizeof(label));
+    pixels.append(batch, i * 3073 + 1, 3072);
+  }
+  const std::string x = Npy("|u1", {200, 3, 32, 32}, pixels);
+  const std::string y = Npy("<i8", {200}, labels);
+  v1::Dataset dataset;
+  const v1::DatasetFormat npy = v1::DATASET_FORMAT_NPY;
+
+  const std::string cut = x.substr(0, x.size() - 10);
+  grpc::Status truncated = testing::Upload(
+      *stub_, "arr", {{"train_x.npy", cut, Sha256Hex(cut)}, {"train_y.npy", y, Sha256Hex(y)}},
+      &dataset, npy);
+  EXPECT_EQ(truncated.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(truncated.error_message(), HasSubstr("train_x.npy: truncated"));
+  const std::string short_y = Npy("<i8", {199}, labels.substr(8));
+  grpc::Status mismatch = testing::Upload(
+      *stub_, "arr",
+      {{"train_x.npy", x, Sha256Hex(x)}, {"train_y.npy", short_y, Sha256Hex(short_y)}}, &dataset,
+      npy);
+  EXPECT_THAT(mismatch.error_message(), HasSubstr("count mismatch"));
+  const std::string f64 = Npy("<f8", {1, 1}, std::string(8, '\0'));
+  grpc::Status dtype =
+      testing::Upload(*stub_, "arr", {{"train_x.npy", f64, Sha256Hex(f64)}}, &dataset, npy);
+  EXPECT_THAT(dtype.error_message(), HasSubstr("dtype <f8"));
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"}));
+
+  grpc::Status ok = testing::Upload(
+      *stub_, "arr", {{"train_x.npy", x, Sha256Hex(x)}, {"train_y.npy", y, Sha256Hex(y)}}, &dataset,
+      npy);
+  ASSERT_OK(ok) << ok.error_message();
+  EXPECT_EQ(dataset.format(), v1::DATASET_FORMAT_NPY);
+  EXPECT_EQ(dataset.train_samples(), 200);
+  EXPECT_THAT(dataset.sample_shape(), ElementsAre(3, 32, 32));
+  const std::string id = SubmitOrDie(SmallColourSpec("arr", 2));
+  EXPECT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)))
+      << GetJob(*stub_, id).reason();
 }
 
 TEST_F(TrainingServiceTest, UploadCancelledAfterItsTrainFilesPublishesNothingAndARetrySucceeds) {
