@@ -1,7 +1,10 @@
-// kiln datasets, datasets delete and upload: the IDX datasets kilnd trains on.
+// kiln datasets, datasets delete and upload: the datasets kilnd trains on (IDX, CIFAR-10, CSV).
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -20,6 +23,23 @@ namespace {
 
 constexpr size_t kChunkBytes = 1 << 20;
 
+// The CLI's name of a dataset format, as --format takes it.
+std::string FormatName(v1::DatasetFormat format) {
+  switch (format) {
+    case v1::DATASET_FORMAT_UNSPECIFIED:
+    case v1::DATASET_FORMAT_IDX:
+      return "idx";
+    case v1::DATASET_FORMAT_CIFAR10:
+      return "cifar10";
+    case v1::DATASET_FORMAT_CSV:
+      return "csv";
+    case v1::DATASET_FORMAT_NPY:
+      return "npy";
+    default:
+      return absl::StrCat("format ", static_cast<int>(format));
+  }
+}
+
 absl::Status ListDatasets(CommandEnv& env) {
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
   auto stub = v1::Training::NewStub(c->channel());
@@ -37,11 +57,11 @@ absl::Status ListDatasets(CommandEnv& env) {
                  "--train-labels F\n");
     return absl::OkStatus();
   }
-  Table table({"NAME", "TRAIN", "TEST", "SHAPE", "CLASSES", "SIZE"});
+  Table table({"NAME", "FORMAT", "TRAIN", "TEST", "SHAPE", "CLASSES", "SIZE"});
   for (const v1::Dataset& d : response.datasets()) {
-    table.AddRow({d.name(), absl::StrCat(d.train_samples()), absl::StrCat(d.test_samples()),
-                  absl::StrJoin(d.sample_shape(), "x"), absl::StrCat(d.num_classes()),
-                  FormatBytes(d.size_bytes())});
+    table.AddRow({d.name(), FormatName(d.format()), absl::StrCat(d.train_samples()),
+                  absl::StrCat(d.test_samples()), absl::StrJoin(d.sample_shape(), "x"),
+                  absl::StrCat(d.num_classes()), FormatBytes(d.size_bytes())});
   }
   table.Print(env.out);
   return absl::OkStatus();
@@ -68,8 +88,84 @@ absl::Status DeleteDataset(CommandEnv& env, const std::string& name) {
 
 struct UploadOptions {
   std::string name;
+  std::string format = "idx";
   std::string train_images, train_labels, test_images, test_labels;
+  std::vector<std::string> train;  // cifar10: the train batches, in order; csv: one table
+  std::string test;                // cifar10: the test batch; csv: the test table
+  std::string label_column;        // csv: a header name or a 0-based index; empty: the last
+  std::string header = "auto";     // csv: yes, no or auto
+  double test_fraction = 0;        // csv: share of train rows held out without --test
 };
+
+bool IsGzip(const std::string& bytes) {
+  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+         static_cast<unsigned char>(bytes[1]) == 0x8b;
+}
+
+// The files to send, as (server name, local path), after checking the options fit the format.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
+    const UploadOptions& o) {
+  std::vector<std::pair<std::string, std::string>> files;
+  const bool csv_options = !o.label_column.empty() || o.header != "auto" || o.test_fraction != 0;
+  if (csv_options && o.format != "csv") {
+    return UsageError("--label-column, --header and --test-fraction are for --format csv");
+  }
+  if (o.format == "cifar10") {
+    if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
+        !o.test_labels.empty()) {
+      return UsageError(
+          "--format cifar10 takes --train FILE... and --test FILE, not --*-images "
+          "or --*-labels");
+    }
+    if (o.train.empty()) return UsageError("--format cifar10 needs --train FILE...");
+    // kilnd stores them under CIFAR-10's own names, the train split in the order given.
+    for (size_t i = 0; i < o.train.size(); ++i) {
+      files.push_back({absl::StrCat("data_batch_", i + 1, ".bin"), o.train[i]});
+    }
+    if (!o.test.empty()) files.push_back({"test_batch.bin", o.test});
+    return files;
+  }
+  if (o.format == "csv") {
+    if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
+        !o.test_labels.empty()) {
+      return UsageError(
+          "--format csv takes --train FILE and --test FILE, not --*-images or "
+          "--*-labels");
+    }
+    if (o.train.size() != 1) return UsageError("--format csv needs one --train FILE");
+    if (!o.test.empty() && o.test_fraction != 0) {
+      return UsageError("--test and --test-fraction are alternatives");
+    }
+    files.push_back({"train.csv", o.train[0]});
+    if (!o.test.empty()) files.push_back({"test.csv", o.test});
+    return files;
+  }
+  if (o.format != "idx" && o.format != "npy") {
+    return UsageError(
+        absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10, csv, npy"));
+  }
+  if (!o.train.empty() || !o.test.empty()) {
+    return UsageError(
+        "--train and --test are for --format cifar10 and csv; idx and npy take --train-images, "
+        "--train-labels, --test-images and --test-labels");
+  }
+  if (o.train_images.empty() || o.train_labels.empty()) {
+    return UsageError(
+        absl::StrCat("--train-images and --train-labels are required for --format ", o.format));
+  }
+  if (o.test_images.empty() != o.test_labels.empty()) {
+    return UsageError("--test-images and --test-labels go together");
+  }
+  // NPY sends the same four roles as arrays: samples (x) and labels (y) of each split.
+  const bool npy = o.format == "npy";
+  files = {{npy ? "train_x.npy" : "train-images-idx3-ubyte", o.train_images},
+           {npy ? "train_y.npy" : "train-labels-idx1-ubyte", o.train_labels}};
+  if (!o.test_images.empty()) {
+    files.push_back({npy ? "test_x.npy" : "t10k-images-idx3-ubyte", o.test_images});
+    files.push_back({npy ? "test_y.npy" : "t10k-labels-idx1-ubyte", o.test_labels});
+  }
+  return files;
+}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -78,21 +174,19 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
-  if (o.test_images.empty() != o.test_labels.empty()) {
-    return UsageError("--test-images and --test-labels go together");
-  }
-  // The server's names for the files; gzip files (magic 1f 8b) keep a ".gz".
-  std::vector<std::pair<std::string, std::string>> files = {
-      {"train-images-idx3-ubyte", o.train_images}, {"train-labels-idx1-ubyte", o.train_labels}};
-  if (!o.test_images.empty()) {
-    files.push_back({"t10k-images-idx3-ubyte", o.test_images});
-    files.push_back({"t10k-labels-idx1-ubyte", o.test_labels});
-  }
+  // The server's names for the files; gzip IDX files (magic 1f 8b) keep a ".gz".
+  KILN_ASSIGN_OR_RETURN(auto files, UploadFiles(o));
+  const bool cifar10 = o.format == "cifar10";
+  const bool csv = o.format == "csv";
+  const bool npy = o.format == "npy";
   std::vector<std::string> contents;
   for (auto& [name, path] : files) {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
-    if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
-        static_cast<unsigned char>(bytes[1]) == 0x8b) {
+    if (IsGzip(bytes)) {
+      if (cifar10 || csv || npy) {
+        return UsageError(absl::StrCat(path, ": gzip-compressed; ", o.format,
+                                       " files are sent uncompressed (gunzip it first)"));
+      }
       name += ".gz";
     }
     contents.push_back(std::move(bytes));
@@ -105,6 +199,16 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   auto writer = stub->UploadDataset(context.get(), &dataset);
   v1::UploadDatasetRequest header;
   header.mutable_header()->set_name(o.name);
+  header.mutable_header()->set_format(cifar10 ? v1::DATASET_FORMAT_CIFAR10
+                                      : csv   ? v1::DATASET_FORMAT_CSV
+                                      : npy   ? v1::DATASET_FORMAT_NPY
+                                              : v1::DATASET_FORMAT_IDX);
+  if (csv) {
+    v1::CsvOptions* options = header.mutable_header()->mutable_csv();
+    options->set_label_column(o.label_column);
+    if (o.header != "auto") options->set_header(o.header == "yes");
+    options->set_test_fraction(o.test_fraction);
+  }
   // Declared up front, so that kilnd publishes the dataset only if all of them arrive.
   for (const auto& file : files) header.mutable_header()->add_files(file.first);
   bool open = writer->Write(header);
@@ -159,17 +263,36 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
   });
 
   auto o = std::make_shared<UploadOptions>();
-  CLI::App* u = app.add_subcommand("upload", "Upload a dataset of MNIST-style IDX files");
+  CLI::App* u = app.add_subcommand(
+      "upload", "Upload a dataset: IDX files, CIFAR-10 batches, a CSV table or NumPy arrays");
   u->add_option("name", o->name, "Name of the new dataset")->required();
-  u->add_option("--train-images", o->train_images, "IDX images (raw or .gz)")->required();
-  u->add_option("--train-labels", o->train_labels, "IDX labels (raw or .gz)")->required();
-  u->add_option("--test-images", o->test_images, "IDX test images");
-  u->add_option("--test-labels", o->test_labels, "IDX test labels");
+  u->add_option("--format", o->format, "idx (default), cifar10, csv or npy")
+      ->check(CLI::IsMember({"idx", "cifar10", "csv", "npy"}));
+  u->add_option("--train-images", o->train_images, "idx: images (raw or .gz); npy: x array");
+  u->add_option("--train-labels", o->train_labels, "idx: labels (raw or .gz); npy: y array");
+  u->add_option("--test-images", o->test_images, "idx: test images; npy: test x array");
+  u->add_option("--test-labels", o->test_labels, "idx: test labels; npy: test y array");
+  u->add_option("--train", o->train,
+                "cifar10: the train batches (data_batch_1.bin ...), in order; csv: the table");
+  u->add_option("--test", o->test, "cifar10: the test batch (test_batch.bin); csv: a test table");
+  u->add_option("--label-column", o->label_column,
+                "csv: the label column, by header name or 0-based index (default: the last)");
+  u->add_option("--header", o->header, "csv: whether the first row is a header: yes, no, auto")
+      ->check(CLI::IsMember({"yes", "no", "auto"}));
+  u->add_option("--test-fraction", o->test_fraction,
+                "csv: without --test, hold out this share of the rows (the last ones) as the test "
+                "split")
+      ->check(CLI::Range(0.0, 0.99));
   u->footer(
       "Examples:\n"
       "  kiln upload fashion --train-images train-images-idx3-ubyte.gz \\\n"
       "      --train-labels train-labels-idx1-ubyte.gz \\\n"
       "      --test-images t10k-images-idx3-ubyte.gz --test-labels t10k-labels-idx1-ubyte.gz\n"
+      "  kiln upload cifar --format cifar10 --train cifar-10-batches-bin/data_batch_*.bin \\\n"
+      "      --test cifar-10-batches-bin/test_batch.bin\n"
+      "  kiln upload arrays --format npy --train-images x.npy --train-labels y.npy\n"
+      "  kiln upload iris --format csv --train iris.csv --label-column species --test-fraction "
+      "0.2\n"
       "  kiln submit --preset mnist-cnn --dataset fashion --watch");
   u->callback([&env, action, o] { *action = [&env, o] { return Upload(env, *o); }; });
 }

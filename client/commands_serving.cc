@@ -1,15 +1,21 @@
 // kiln deploy, undeploy, models and predict: serving checkpoints over KServe v2, with Triton's
 // model-repository extension for loading and unloading.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <numeric>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/cli_status.h"
 #include "client/command_env.h"
 #include "client/image_file.h"
@@ -136,24 +142,103 @@ struct PredictOptions {
   std::vector<int64_t> indices;
   std::string version;
   int top = 3;
+  std::string label_column;  // CSV rows: the column to drop when a row has one value too many
 };
 
 struct Sample {
-  std::string label;  // "seven.png" or "t10k-images-idx3-ubyte#12"
+  std::string label;  // "seven.png", "t10k-images-idx3-ubyte#12" or "rows.csv#3"
   GrayImage image;
+  std::vector<float> features;  // a CSV row, for models trained on a table
 };
 
-absl::StatusOr<std::vector<Sample>> LoadSamples(const PredictOptions& o) {
+bool IsNumber(absl::string_view cell, float* v) {
+  return absl::SimpleAtof(absl::StripAsciiWhitespace(cell), v) && std::isfinite(*v);
+}
+
+// The rows of a CSV file as feature vectors of `features` values: a row of one value more has
+// its label column (`label_column`, default the last) dropped. A first row that is not all
+// numbers is a header.
+absl::Status LoadCsvRows(const std::string& path, int64_t features, const std::string& label_column,
+                         std::vector<Sample>* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return UsageError(absl::StrCat("cannot read ", path));
+  std::string line;
+  int64_t line_no = 0, skip = -1;
+  bool first = true;
+  std::vector<std::string> header;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    std::vector<absl::string_view> cells = absl::StrSplit(line, ',');
+    float v = 0;
+    if (first) {
+      first = false;
+      bool is_header = false;
+      for (absl::string_view c : cells) is_header = is_header || !IsNumber(c, &v);
+      if (static_cast<int64_t>(cells.size()) == features + 1) {
+        skip = static_cast<int64_t>(cells.size()) - 1;
+        if (!label_column.empty()) {
+          auto it = std::find_if(cells.begin(), cells.end(), [&](absl::string_view c) {
+            return absl::StripAsciiWhitespace(c) == label_column;
+          });
+          if (is_header && it != cells.end()) {
+            skip = it - cells.begin();
+          } else if (!absl::SimpleAtoi(label_column, &skip) || skip < 0 || skip > features) {
+            return UsageError(absl::StrCat(path, ": --label-column ", label_column,
+                                           " is not a column of its header nor an index"));
+          }
+        }
+      }
+      if (is_header) continue;
+    }
+    const int64_t want = skip >= 0 ? features + 1 : features;
+    if (static_cast<int64_t>(cells.size()) != want) {
+      return UsageError(absl::StrCat(path, ": line ", line_no, " has ", cells.size(),
+                                     " cells but the model takes ", features, " features",
+                                     skip >= 0 ? " (plus the label column)" : ""));
+    }
+    Sample s;
+    s.label = absl::StrCat(path, "#", line_no);
+    for (int64_t i = 0; i < want; ++i) {
+      if (i == skip) continue;
+      if (!IsNumber(cells[i], &v)) {
+        return UsageError(absl::StrCat(path, ": line ", line_no, ", column ", i + 1, ": \"",
+                                       std::string(cells[i]), "\" is not a finite number"));
+      }
+      s.features.push_back(v);
+    }
+    out->push_back(std::move(s));
+  }
+  if (out->empty()) return UsageError(absl::StrCat(path, ": no rows"));
+  return absl::OkStatus();
+}
+
+// The samples to send for a model whose samples are `sample_shape`: images (3 channels when it is
+// [3, H, W]) or, for a [F] model given .csv files, table rows.
+absl::StatusOr<std::vector<Sample>> LoadSamples(const PredictOptions& o,
+                                                const std::vector<int64_t>& sample_shape) {
   std::vector<Sample> samples;
+  const int channels = sample_shape.size() == 3 && sample_shape[0] == 3 ? 3 : 1;
   for (const std::string& file : o.files) {
+    if (absl::EndsWith(file, ".csv")) {
+      if (sample_shape.size() != 1) {
+        return UsageError(absl::StrCat(file, ": a table, but model ", o.model, " takes images of ",
+                                       absl::StrJoin(sample_shape, "x")));
+      }
+      KILN_RETURN_IF_ERROR(LoadCsvRows(file, sample_shape[0], o.label_column, &samples));
+      continue;
+    }
     if (o.indices.empty()) {
-      KILN_ASSIGN_OR_RETURN(GrayImage image, ReadImageFile(file));
-      samples.push_back({file, std::move(image)});
+      KILN_ASSIGN_OR_RETURN(GrayImage image, ReadImageFile(file, channels));
+      samples.push_back({file, std::move(image), {}});
       continue;
     }
     for (int64_t index : o.indices) {
-      KILN_ASSIGN_OR_RETURN(GrayImage image, ReadIdxImage(file, index));
-      samples.push_back({absl::StrCat(file, "#", index), std::move(image)});
+      KILN_ASSIGN_OR_RETURN(GrayImage image, absl::EndsWith(file, ".bin")
+                                                 ? ReadCifar10Image(file, index)
+                                                 : ReadIdxImage(file, index));
+      samples.push_back({absl::StrCat(file, "#", index), std::move(image), {}});
     }
   }
   return samples;
@@ -172,7 +257,6 @@ std::vector<float> OutputFloats(const inference::ModelInferResponse& response, i
 }
 
 absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
-  KILN_ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadSamples(o));
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
   auto stub = GRPCInferenceService::NewStub(c->channel());
 
@@ -193,14 +277,25 @@ absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
   const int64_t elements =
       std::accumulate(sample_shape.begin(), sample_shape.end(), int64_t{1},
                       [](int64_t a, int64_t b) { return a * std::max<int64_t>(b, 1); });
+  KILN_ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadSamples(o, sample_shape));
+  // Table rows go as FP32 features, images as UINT8 pixels; one kind per request.
+  const bool rows = !samples.empty() && !samples[0].features.empty();
   std::string pixels;
   for (const Sample& s : samples) {
+    if (rows != !s.features.empty()) {
+      return UsageError("tables and images cannot be sent in one request");
+    }
+    if (rows) {
+      pixels.append(reinterpret_cast<const char*>(s.features.data()),
+                    s.features.size() * sizeof(float));
+      continue;
+    }
     if (static_cast<int64_t>(s.image.pixels.size()) != elements) {
       return UsageError(absl::StrFormat(
-          "%s is %dx%d (%d pixels) but model %s takes %d per sample (%s); MNIST models want 28x28 "
-          "grayscale",
-          s.label, s.image.width, s.image.height, s.image.pixels.size(), o.model, elements,
-          absl::StrJoin(sample_shape, "x")));
+          "%s is %dx%dx%d (%d values) but model %s takes %d per sample (%s); MNIST models want "
+          "28x28 grayscale, CIFAR-10 ones 32x32 colour",
+          s.label, s.image.channels, s.image.height, s.image.width, s.image.pixels.size(), o.model,
+          elements, absl::StrJoin(sample_shape, "x")));
     }
     pixels.append(s.image.pixels.begin(), s.image.pixels.end());
   }
@@ -210,7 +305,7 @@ absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
   request.set_model_version(o.version);
   auto* tensor = request.add_inputs();
   tensor->set_name(input.name().empty() ? "input" : input.name());
-  tensor->set_datatype("UINT8");
+  tensor->set_datatype(rows ? "FP32" : "UINT8");
   tensor->add_shape(static_cast<int64_t>(samples.size()));
   for (int64_t d : sample_shape) tensor->add_shape(d);
   request.add_raw_input_contents(std::move(pixels));
@@ -297,13 +392,18 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
   m->callback([&env, action] { *action = [&env] { return Models(env); }; });
 
   auto p = std::make_shared<PredictOptions>();
-  CLI::App* pr = app.add_subcommand("predict", "Classify images with a deployed model");
+  CLI::App* pr =
+      app.add_subcommand("predict", "Classify images or table rows with a deployed model");
   pr->add_option("model", p->model, "Model name")->required();
   pr->add_option("files", p->files,
-                 "PNG or PGM images (28x28 grayscale), or IDX files with --index")
+                 "PNG or PGM images (grayscale, or colour for a [3,H,W] model), IDX or CIFAR-10 "
+                 ".bin files with --index, or .csv tables for a model trained on one")
       ->required();
-  pr->add_option("--index", p->indices, "Image numbers (0-based) to take from IDX files")
+  pr->add_option("--index", p->indices,
+                 "Image numbers (0-based) to take from IDX or CIFAR-10 .bin files")
       ->delimiter(',');
+  pr->add_option("--label-column", p->label_column,
+                 "CSV: the label column to drop from rows that carry one (default: the last)");
   pr->add_option("--top", p->top, "Classes to show per image (default 3)")
       ->check(CLI::Range(1, 1000));
   pr->add_option("--version", p->version, "Model version (default: the latest)");
@@ -311,6 +411,9 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "Examples:\n"
       "  kiln predict digits seven.png two.pgm\n"
       "  kiln predict digits data/mnist/t10k-images-idx3-ubyte --index 0,1,2\n"
+      "  kiln predict cifar cat.png\n"
+      "  kiln predict cifar cifar-10-batches-bin/test_batch.bin --index 0,1\n"
+      "  kiln predict iris rows.csv\n"
       "  kiln predict digits seven.png --output json | jq '.predictions[0].class'");
   pr->callback([&env, action, p] { *action = [&env, p] { return Predict(env, *p); }; });
 }

@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstring>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/cli_status.h"
@@ -43,7 +45,7 @@ uint32_t BigEndian32(const std::string& b, size_t at) {
 }
 
 #ifdef KILN_CLIENT_HAVE_PNG
-absl::StatusOr<GrayImage> DecodePng(const std::string& path) {
+absl::StatusOr<GrayImage> DecodePng(const std::string& path, int channels) {
   png_image image;
   std::memset(&image, 0, sizeof(image));
   image.version = PNG_IMAGE_VERSION;
@@ -55,19 +57,41 @@ absl::StatusOr<GrayImage> DecodePng(const std::string& path) {
     png_image_free(&image);
     return size;
   }
-  image.format = PNG_FORMAT_GRAY;  // libpng converts colour and 16-bit images to 8-bit gray
+  // libpng converts colour and 16-bit images to 8-bit gray, or anything to 8-bit RGB.
+  image.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
   GrayImage out;
   out.width = static_cast<int>(image.width);
   out.height = static_cast<int>(image.height);
-  out.pixels.resize(PNG_IMAGE_SIZE(image));
-  if (!png_image_finish_read(&image, nullptr, out.pixels.data(), 0, nullptr)) {
+  out.channels = channels == 3 ? 3 : 1;
+  std::vector<uint8_t> interleaved(PNG_IMAGE_SIZE(image));
+  if (!png_image_finish_read(&image, nullptr, interleaved.data(), 0, nullptr)) {
     std::string message = image.message;
     png_image_free(&image);
     return UsageError(absl::StrCat(path, ": decoding the PNG failed: ", message));
   }
+  if (out.channels == 1) {
+    out.pixels = std::move(interleaved);
+    return out;
+  }
+  // HWC as decoded to CHW as models take it.
+  const size_t plane = static_cast<size_t>(out.width) * static_cast<size_t>(out.height);
+  out.pixels.resize(3 * plane);
+  for (size_t i = 0; i < plane; ++i) {
+    for (size_t c = 0; c < 3; ++c) out.pixels[c * plane + i] = interleaved[3 * i + c];
+  }
   return out;
 }
 #endif
+
+// A gray image as `channels` planes: the gray plane repeated.
+absl::StatusOr<GrayImage> WithChannels(absl::StatusOr<GrayImage> image, int channels) {
+  if (!image.ok() || channels != 3) return image;
+  const std::vector<uint8_t> gray = std::move(image->pixels);
+  image->pixels.clear();
+  for (int c = 0; c < 3; ++c) image->pixels.insert(image->pixels.end(), gray.begin(), gray.end());
+  image->channels = 3;
+  return image;
+}
 
 }  // namespace
 
@@ -135,15 +159,15 @@ absl::StatusOr<GrayImage> DecodePgm(const std::string& bytes, const std::string&
   return out;
 }
 
-absl::StatusOr<GrayImage> ReadImageFile(const std::string& path) {
+absl::StatusOr<GrayImage> ReadImageFile(const std::string& path, int channels) {
   absl::StatusOr<std::string> bytes = Slurp(path);
   if (!bytes.ok()) return bytes.status();
   switch (DetectImageFile(*bytes)) {
     case ImageFileKind::kPgm:
-      return DecodePgm(*bytes, path);
+      return WithChannels(DecodePgm(*bytes, path), channels);
     case ImageFileKind::kPng:
 #ifdef KILN_CLIENT_HAVE_PNG
-      return DecodePng(path);
+      return DecodePng(path, channels);
 #else
       return UsageError(absl::StrCat(path, ": this kiln was built without libpng; use PGM files"));
 #endif
@@ -176,6 +200,31 @@ absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index) {
   out.pixels.resize(size);
   in.seekg(static_cast<std::streamoff>(16 + index * static_cast<int64_t>(size)));
   if (!in.read(reinterpret_cast<char*>(out.pixels.data()), static_cast<std::streamsize>(size))) {
+    return UsageError(absl::StrCat(path, ": cut short before image ", index));
+  }
+  return out;
+}
+
+absl::StatusOr<GrayImage> ReadCifar10Image(const std::string& path, int64_t index) {
+  constexpr int64_t kRecord = 1 + 3 * 32 * 32;
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return UsageError(absl::StrCat("cannot read ", path));
+  const int64_t size = static_cast<int64_t>(in.tellg());
+  if (size <= 0 || size % kRecord != 0) {
+    return UsageError(absl::StrCat(path, ": not a CIFAR-10 batch (", size,
+                                   " bytes is not a whole number of ", kRecord, "-byte records)"));
+  }
+  if (index < 0 || index >= size / kRecord) {
+    return UsageError(
+        absl::StrCat("--index ", index, ": ", path, " holds images 0..", size / kRecord - 1));
+  }
+  GrayImage out;
+  out.width = out.height = 32;
+  out.channels = 3;
+  out.pixels.resize(3 * 32 * 32);
+  in.seekg(static_cast<std::streamoff>(index * kRecord + 1));
+  if (!in.read(reinterpret_cast<char*>(out.pixels.data()),
+               static_cast<std::streamsize>(out.pixels.size()))) {
     return UsageError(absl::StrCat(path, ": cut short before image ", index));
   }
   return out;

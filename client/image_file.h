@@ -1,5 +1,5 @@
-// Grayscale images for predict: PNG (when built with libpng), binary or ASCII PGM, and single
-// images out of IDX image files.
+// Images for predict: PNG (when built with libpng), binary or ASCII PGM, single images out of
+// IDX image files and CIFAR-10 batches; grayscale, or colour as channel planes (CHW).
 #pragma once
 
 #include <cstdint>
@@ -10,10 +10,11 @@
 
 namespace kiln::client {
 
-// 8-bit grayscale pixels, row-major.
+// 8-bit pixels, row-major, one plane per channel (CHW): 1 channel (gray) or 3 (R, G, B).
 struct GrayImage {
   int width = 0;
   int height = 0;
+  int channels = 1;
   std::vector<uint8_t> pixels;
 };
 
@@ -21,8 +22,11 @@ struct GrayImage {
 enum class ImageFileKind { kPng, kPgm, kIdxImages, kUnknown };
 ImageFileKind DetectImageFile(const std::string& bytes);
 
-// Decodes a PNG or PGM file (colour PNGs are converted to gray, 16-bit ones reduced to 8).
-absl::StatusOr<GrayImage> ReadImageFile(const std::string& path);
+// Decodes a PNG or PGM file into `channels` planes (1: colour PNGs are converted to gray; 3: RGB,
+// a gray image repeated in each plane); 16-bit images are reduced to 8 bits.
+absl::StatusOr<GrayImage> ReadImageFile(const std::string& path, int channels = 1);
+// Image `index` (0-based) of a CIFAR-10 batch file (3x32x32, CHW as stored).
+absl::StatusOr<GrayImage> ReadCifar10Image(const std::string& path, int64_t index);
 // Image `index` (0-based) of an IDX3 ubyte file such as t10k-images-idx3-ubyte.
 absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index);
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -88,10 +89,52 @@ struct AdamHyper {
 // that the memory plan counts it without CUDA headers.
 inline constexpr size_t kCudaConvWorkspaceLimit = size_t{256} << 20;
 
-// Normalisation of raw uint8 pixels: x = (u8 * scale - mean) / std.
+// Normalisation of raw uint8 pixels: x = (u8 * scale - mean) / std; or per channel, when
+// channel_mean and channel_std hold C values each (1..kMaxNormChannels), x = (u8 * scale -
+// channel_mean[c]) / channel_std[c] with c = j / (sample_elems / C) for sample element j (CHW).
+inline constexpr int kMaxNormChannels = 256;
+// What a model's inputs are: uint8 pixels (FP32 serving inputs then mean pixel / 255), or float
+// features (CSV tables; scale 1, per-feature channels, FP32 inputs taken as they are).
+enum class NormInput { kPixels, kFeatures };
 struct PixelNorm {
+  PixelNorm() = default;
+  // The scalar form, as {scale, mean, std}.
+  PixelNorm(float scale_, float mean_, float std_) : scale(scale_), mean(mean_), std(std_) {}
+
   float scale = 1.0f / 255.0f, mean = 0.0f, std = 1.0f;
+  std::vector<float> channel_mean, channel_std;  // both empty: the scalar mean and std apply
+  NormInput input = NormInput::kPixels;
+
+  int channels() const { return channel_mean.empty() ? 1 : static_cast<int>(channel_mean.size()); }
 };
+
+// A PixelNorm folded for samples of `sample_elems`: x = u8 * a[c] + b[c] over planes of `plane`
+// elements (one per channel), with the raw value first multiplied by `input_scale`. What every
+// backend applies; InvalidArgument when the channels do not divide the sample or are malformed.
+struct FoldedNorm {
+  int64_t plane = 0;
+  std::vector<float> a, b;
+};
+inline absl::StatusOr<FoldedNorm> FoldPixelNorm(const PixelNorm& n, int64_t sample_elems,
+                                                float input_scale = 1.0f) {
+  const int c = n.channels();
+  if (n.channel_mean.size() != n.channel_std.size() || c > kMaxNormChannels || sample_elems < 0 ||
+      (sample_elems > 0 && sample_elems % c != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("normalisation: ", n.channel_mean.size(), " channel means and ",
+                     n.channel_std.size(), " channel stds do not fit samples of ", sample_elems,
+                     " values (at most ", kMaxNormChannels, " channels, dividing the sample)"));
+  }
+  FoldedNorm f;
+  f.plane = sample_elems / c;
+  for (int i = 0; i < c; ++i) {
+    const float mean = n.channel_mean.empty() ? n.mean : n.channel_mean[i];
+    const float std = n.channel_std.empty() ? n.std : n.channel_std[i];
+    f.a.push_back(n.scale * input_scale / std);
+    f.b.push_back(-mean / std);
+  }
+  return f;
+}
 
 // What every backend's copies check: `bytes` must fit the `capacity` of the tensors involved.
 // InvalidArgument naming the op otherwise.
@@ -296,10 +339,16 @@ class Backend {
   virtual absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                        const uint8_t* pixels, const int32_t* labels,
                                        const PixelNorm& norm, float* out, int32_t* labels_out) = 0;
-  // out(n) = norm(x) for pixels already in float: GatherNormalize's formula and folding, so
-  // serving's FP32 inputs (x = u8 / 255, normalised with a 255 times larger scale) meet the
-  // model as the uint8 ones do. `out` may be `x`.
-  virtual absl::Status Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) = 0;
+  // GatherNormalize for a float dataset (features): out = norm(features[index[i]]).
+  virtual absl::Status GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                          const float* features, const int32_t* labels,
+                                          const PixelNorm& norm, float* out,
+                                          int32_t* labels_out) = 0;
+  // out(count, sample_elems) = norm(x) for pixels already in float: GatherNormalize's formula
+  // and folding, so serving's FP32 inputs (x = u8 / 255, normalised with a 255 times larger
+  // scale) meet the model as the uint8 ones do. `out` may be `x`.
+  virtual absl::Status Normalize(int count, int64_t sample_elems, const float* x,
+                                 const PixelNorm& norm, float* out) = 0;
 };
 
 }  // namespace kiln

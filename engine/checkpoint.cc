@@ -23,21 +23,60 @@ constexpr char kFormatKey[] = "format";
 constexpr char kModelKey[] = "kiln.model";
 constexpr char kNormKey[] = "kiln.norm";
 
-// "scale,mean,std" with enough digits to read back the same floats.
+// "scale,mean,std" with enough digits to read back the same floats, then for a per-channel
+// normalisation ";m0,m1,...;s0,s1,..." and ";features" for float inputs (which readers of the
+// scalar form refuse, rather than serve with the wrong statistics).
 std::string PixelNormToString(const PixelNorm& n) {
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), "%.9g,%.9g,%.9g", n.scale, n.mean, n.std);
-  return buf;
+  auto g9 = [](float v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+    return std::string(buf);
+  };
+  std::string out = absl::StrCat(g9(n.scale), ",", g9(n.mean), ",", g9(n.std));
+  if (!n.channel_mean.empty()) {
+    auto join = [&](const std::vector<float>& v) {
+      std::vector<std::string> parts;
+      for (float x : v) parts.push_back(g9(x));
+      return absl::StrJoin(parts, ",");
+    };
+    absl::StrAppend(&out, ";", join(n.channel_mean), ";", join(n.channel_std));
+    if (n.input == NormInput::kFeatures) absl::StrAppend(&out, ";features");
+  }
+  return out;
 }
 
 absl::StatusOr<PixelNorm> PixelNormFromString(const std::string& path, const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  std::vector<std::string> sections = absl::StrSplit(text, ';');
+  std::vector<std::string> parts = absl::StrSplit(sections[0], ',');
   PixelNorm n;
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": normalisation \"", text,
+                     "\" is not \"scale,mean,std[;means;stds]\" with every std > 0"));
+  };
   if (parts.size() != 3 || !absl::SimpleAtof(parts[0], &n.scale) ||
       !absl::SimpleAtof(parts[1], &n.mean) || !absl::SimpleAtof(parts[2], &n.std) ||
-      !(n.std > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": normalisation \"", text,
-                                                   "\" is not \"scale,mean,std\" with std > 0"));
+      !(n.std > 0.0f) || sections.size() == 2 || sections.size() > 4 ||
+      (sections.size() == 4 && sections[3] != "features")) {
+    return bad();
+  }
+  if (sections.size() == 4) n.input = NormInput::kFeatures;
+  if (sections.size() >= 3) {
+    for (int k : {1, 2}) {
+      std::vector<float>& dst = k == 1 ? n.channel_mean : n.channel_std;
+      for (absl::string_view part : absl::StrSplit(sections[k], ',')) {
+        float v = 0;
+        if (!absl::SimpleAtof(part, &v)) return bad();
+        dst.push_back(v);
+      }
+    }
+    if (n.channel_mean.size() != n.channel_std.size() ||
+        n.channel_mean.size() > static_cast<size_t>(kMaxNormChannels)) {
+      return bad();
+    }
+    for (float v : n.channel_std) {
+      if (!(v > 0.0f)) return bad();
+    }
   }
   return n;
 }

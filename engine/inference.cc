@@ -51,6 +51,10 @@ absl::Status InferenceSession::Allocate() {
   KILN_RETURN_IF_ERROR(backend_->CopyFromHost(identity.data(), index_.bytes(), &index_));
   // One forward at full size now (of zero pixels), so the model's activations exist before the
   // first request.
+  if (norm_.input == NormInput::kFeatures) {
+    std::vector<float> zeros(static_cast<size_t>(max_batch_) * input_elems());
+    return Predict({nullptr, 0, zeros.data(), max_batch_}, nullptr, nullptr);
+  }
   std::vector<uint8_t> zeros(static_cast<size_t>(max_batch_) * input_elems());
   return Predict({zeros.data(), max_batch_, nullptr, 0}, nullptr, nullptr);
 }
@@ -77,6 +81,10 @@ absl::Status InferenceSession::Predict(const Rows& rows, float* probs, int32_t* 
     return absl::InvalidArgumentError(absl::StrCat("batch ", batch, " is outside 1..", max_batch_));
   }
   const int64_t elems = input_elems();
+  if (rows.u8_rows > 0 && norm_.input == NormInput::kFeatures) {
+    return absl::InvalidArgumentError(
+        "this model was trained on float features (a table): send FP32 inputs, not UINT8");
+  }
   if (rows.u8_rows > 0) {
     KILN_RETURN_IF_ERROR(backend_->CopyFromHost(rows.u8, rows.u8_rows * elems, &u8_));
     KILN_RETURN_IF_ERROR(backend_->GatherNormalize(rows.u8_rows, elems, index_.i32(), u8_.u8(),
@@ -85,11 +93,12 @@ absl::Status InferenceSession::Predict(const Rows& rows, float* probs, int32_t* 
   if (rows.f32_rows > 0) {
     const int64_t n = rows.f32_rows * elems;
     KILN_RETURN_IF_ERROR(backend_->CopyFromHost(rows.f32, n * sizeof(float), &f32_));
-    // [0, 1] is pixel / 255: the same normalisation with a 255 times larger scale.
+    // [0, 1] is pixel / 255: the same normalisation with a 255 times larger scale. Features
+    // are taken as they are.
     PixelNorm scaled = norm_;
-    scaled.scale *= 255.0f;
-    KILN_RETURN_IF_ERROR(
-        backend_->Normalize(n, f32_.f32(), scaled, x_.f32() + rows.u8_rows * elems));
+    if (norm_.input == NormInput::kPixels) scaled.scale *= 255.0f;
+    KILN_RETURN_IF_ERROR(backend_->Normalize(rows.f32_rows, elems, f32_.f32(), scaled,
+                                             x_.f32() + rows.u8_rows * elems));
   }
   Shape xs = input_shape();
   xs.insert(xs.begin(), batch);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
+#include "engine/data/csv_reader.h"
 #include "engine/inference.h"
 #include "engine/loss.h"
 #include "engine/model.h"
@@ -43,6 +44,17 @@ absl::Status ValidateConfig(const TrainConfig& c) {
     return absl::InvalidArgumentError(
         "one-cycle's cycle_momentum needs SGD momentum > 0 (or cycle_momentum false)");
   }
+  for (size_t i = 0; i < c.norm.channel_std.size(); ++i) {
+    if (!(c.norm.channel_std[i] > 0.0f) || !std::isfinite(c.norm.channel_std[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("normalisation: channel ", i, "'s std must be finite and > 0"));
+    }
+  }
+  for (float m : c.norm.channel_mean) {
+    if (!std::isfinite(m)) return absl::InvalidArgumentError("normalisation: a mean is not finite");
+  }
+  // The channels must divide the model's input (and come in pairs, at most kMaxNormChannels).
+  KILN_RETURN_IF_ERROR(FoldPixelNorm(c.norm, NumElements(c.model.input_shape)).status());
   return ValidateSchedule(c.schedule);
 }
 
@@ -100,6 +112,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
 }
 
 absl::Status Trainer::Init() {
+  // A float dataset (a CSV table) is standardised per feature with its train split's statistics,
+  // which the checkpoint then carries to serving.
+  if (train_->has_features()) config_.norm = FeatureStandardisation(*train_);
   KILN_ASSIGN_OR_RETURN(model_, Model::Build(config_.model, backend_, config_.seed));
   KILN_RETURN_IF_ERROR(CheckData(*train_, "training", config_.model));
   KILN_RETURN_IF_ERROR(CheckBatchNormBatches(config_.model, config_.batch_size, train_->size));
@@ -149,9 +164,18 @@ ScheduledRates Trainer::RatesForStep(int epoch, int64_t step) const {
 
 absl::Status Trainer::Upload(const Dataset& d, Tensor* pixels, Tensor* labels,
                              Tensor* identity_index) {
-  KILN_ASSIGN_OR_RETURN(*pixels, backend_->Allocate(DType::kU8, {d.size, d.sample_elems()}));
+  if (d.has_features() != train_->has_features()) {
+    return absl::InvalidArgumentError("a float (CSV) dataset and a pixel one cannot be mixed");
+  }
+  if (d.has_features()) {
+    KILN_ASSIGN_OR_RETURN(*pixels, backend_->Allocate(DType::kF32, {d.size, d.sample_elems()}));
+    KILN_RETURN_IF_ERROR(
+        backend_->CopyFromHost(d.features.data(), d.features.size() * sizeof(float), pixels));
+  } else {
+    KILN_ASSIGN_OR_RETURN(*pixels, backend_->Allocate(DType::kU8, {d.size, d.sample_elems()}));
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(d.pixels.data(), d.pixels.size(), pixels));
+  }
   KILN_ASSIGN_OR_RETURN(*labels, backend_->Allocate(DType::kI32, {d.size}));
-  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(d.pixels.data(), d.pixels.size(), pixels));
   KILN_RETURN_IF_ERROR(
       backend_->CopyFromHost(d.labels.data(), d.labels.size() * sizeof(int32_t), labels));
   if (identity_index == nullptr) return absl::OkStatus();
@@ -165,6 +189,10 @@ absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int6
                                 const int32_t* index, int count) {
   batch_x_.Reshape(WithBatch(count, config_.model.input_shape));
   batch_y_.Reshape({count});
+  if (pixels.dtype() == DType::kF32) {
+    return backend_->GatherNormalizeF32(count, sample_elems, index, pixels.f32(), labels.i32(),
+                                        config_.norm, batch_x_.f32(), batch_y_.i32());
+  }
   return backend_->GatherNormalize(count, sample_elems, index, pixels.u8(), labels.i32(),
                                    config_.norm, batch_x_.f32(), batch_y_.i32());
 }

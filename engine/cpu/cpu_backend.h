@@ -95,7 +95,11 @@ class CpuBackend final : public Backend {
   absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                const uint8_t* pixels, const int32_t* labels, const PixelNorm& norm,
                                float* out, int32_t* labels_out) override;
-  absl::Status Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) override;
+  absl::Status GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                  const float* features, const int32_t* labels,
+                                  const PixelNorm& norm, float* out, int32_t* labels_out) override;
+  absl::Status Normalize(int count, int64_t sample_elems, const float* x, const PixelNorm& norm,
+                         float* out) override;
 
   // The workspace (bytes) a convolution of geometry `g` takes on `threads` threads: the blocked
   // copies of its operands and oneDNN's scratchpad, from the very plan the op makes. One

@@ -559,21 +559,47 @@ absl::Status CudaBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param
 
 // --- data -----------------------------------------------------------------------------------
 
+// The folded normalisation as the kernels take it, by value.
+absl::StatusOr<ck::NormFold> KernelNorm(const PixelNorm& norm, int64_t sample_elems) {
+  static_assert(ck::kMaxFoldChannels == kMaxNormChannels);
+  KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, sample_elems));
+  ck::NormFold k{};
+  k.channels = static_cast<int>(f.a.size());
+  k.plane = f.plane;
+  for (int c = 0; c < k.channels; ++c) {
+    k.a[c] = f.a[c];
+    k.b[c] = f.b[c];
+  }
+  return k;
+}
+
 absl::Status CudaBackend::GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                           const uint8_t* pixels, const int32_t* labels,
                                           const PixelNorm& norm, float* out, int32_t* labels_out) {
   KILN_RETURN_IF_ERROR(Activate());
-  // x = (u8 * scale - mean) / std, folded into one multiply-add per pixel as on the CPU.
-  const float a = norm.scale / norm.std, b = -norm.mean / norm.std;
-  KILN_CUDA_CHECK(ck::gather_normalize(stream_, count, sample_elems, index, pixels, labels, a, b,
-                                       out, labels_out));
+  // x = (u8 * scale - mean[c]) / std[c], folded into one multiply-add per pixel as on the CPU.
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
+  KILN_CUDA_CHECK(ck::gather_normalize(stream_, count, sample_elems, index, pixels, labels, k, out,
+                                       labels_out));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) {
+absl::Status CudaBackend::GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                             const float* features, const int32_t* labels,
+                                             const PixelNorm& norm, float* out,
+                                             int32_t* labels_out) {
   KILN_RETURN_IF_ERROR(Activate());
-  const float a = norm.scale / norm.std, b = -norm.mean / norm.std;  // as GatherNormalize
-  KILN_CUDA_CHECK(ck::normalize(stream_, n, x, a, b, out));
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
+  KILN_CUDA_CHECK(ck::gather_normalize_f32(stream_, count, sample_elems, index, features, labels, k,
+                                           out, labels_out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Normalize(int count, int64_t sample_elems, const float* x,
+                                    const PixelNorm& norm, float* out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));  // as Gather...
+  KILN_CUDA_CHECK(ck::normalize(stream_, int64_t{count} * sample_elems, x, k, out));
   return absl::OkStatus();
 }
 

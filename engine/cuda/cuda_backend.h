@@ -137,7 +137,11 @@ class CudaBackend final : public Backend {
   absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                const uint8_t* pixels, const int32_t* labels, const PixelNorm& norm,
                                float* out, int32_t* labels_out) override;
-  absl::Status Normalize(int64_t n, const float* x, const PixelNorm& norm, float* out) override;
+  absl::Status GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                  const float* features, const int32_t* labels,
+                                  const PixelNorm& norm, float* out, int32_t* labels_out) override;
+  absl::Status Normalize(int count, int64_t sample_elems, const float* x, const PixelNorm& norm,
+                         float* out) override;
 
  private:
   // Device memory kept between ops and grown on demand: kTemp for kiln's kernels, kWorkspace

@@ -97,13 +97,27 @@ cudaError_t adam_update(cudaStream_t stream, int64_t n, const AdamConstants& c, 
                         const float* grad, float* exp_avg, float* exp_avg_sq);
 
 // --- data_kernels.cu -------------------------------------------------------------------------
-// out(count, sample_elems) = pixels[index[i]] * a + b; labels_out[i] = labels[index[i]] when
-// labels_out is not null.
+// A folded per-channel normalisation, passed by value (2 KiB of kernel parameters): element j of
+// a sample is in channel (j / plane) % channels and becomes x * a[c] + b[c].
+inline constexpr int kMaxFoldChannels = 256;
+struct NormFold {
+  int channels;
+  int64_t plane;
+  float a[kMaxFoldChannels];
+  float b[kMaxFoldChannels];
+};
+// out(count, sample_elems) = pixels[index[i]] * a[c] + b[c]; labels_out[i] = labels[index[i]]
+// when labels_out is not null.
 cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
                              const int32_t* index, const uint8_t* pixels, const int32_t* labels,
-                             float a, float b, float* out, int32_t* labels_out);
-// out(n) = x * a + b; out may be x.
-cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, float a, float b, float* out);
+                             const NormFold& norm, float* out, int32_t* labels_out);
+// The same from a float dataset (features).
+cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_elems,
+                                 const int32_t* index, const float* features, const int32_t* labels,
+                                 const NormFold& norm, float* out, int32_t* labels_out);
+// out(n) = x * a[c] + b[c] over whole samples (n a multiple of channels * plane); out may be x.
+cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, const NormFold& norm,
+                      float* out);
 
 // --- pool_kernels.cu -------------------------------------------------------------------------
 struct PoolShape {

@@ -1,5 +1,6 @@
 // Batch assembly on the device: gathers samples of a uint8 dataset by index and normalises them
-// to float32 (x = u8 * a + b), with their labels, so only the index list ever crosses the bus.
+// to float32 (x = u8 * a[c] + b[c], c the element's channel), with their labels, so only the index
+// list ever crosses the bus.
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/device_math.cuh"
 
@@ -11,8 +12,8 @@ namespace {
 // sample starts 4-byte aligned, i.e. sample_elems % 4 == 0: MNIST's 784).
 template <int kVec>
 __global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* index,
-                                        const uint8_t* pixels, const int32_t* labels, float a,
-                                        float b, float* out, int32_t* labels_out) {
+                                        const uint8_t* pixels, const int32_t* labels,
+                                        const NormFold norm, float* out, int32_t* labels_out) {
   const int sample = blockIdx.y;
   const int64_t src_row = index[sample];
   if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
@@ -23,6 +24,9 @@ __global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* ind
   const int64_t vecs = sample_elems / kVec;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // kVec divides the plane, so the kVec elements share a channel.
+    const int c = static_cast<int>(v * kVec / norm.plane);
+    const float a = norm.a[c], b = norm.b[c];
     if constexpr (kVec == 4) {
       const uchar4 q = reinterpret_cast<const uchar4*>(src)[v];
       reinterpret_cast<float4*>(dst)[v] =
@@ -34,26 +38,47 @@ __global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* ind
   }
 }
 
-__global__ void normalize_kernel(int64_t n, const float* x, float a, float b, float* out) {
-  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) out[i] = x[i] * a + b;
+// grid.y = sample, as gather_normalize_kernel<1>, reading floats.
+__global__ void gather_normalize_f32_kernel(int64_t sample_elems, const int32_t* index,
+                                            const float* features, const int32_t* labels,
+                                            const NormFold norm, float* out, int32_t* labels_out) {
+  const int sample = blockIdx.y;
+  const int64_t src_row = index[sample];
+  if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    labels_out[sample] = labels[src_row];
+  }
+  const float* src = features + src_row * sample_elems;
+  float* dst = out + static_cast<int64_t>(sample) * sample_elems;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < sample_elems;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(j / norm.plane);
+    dst[j] = src[j] * norm.a[c] + norm.b[c];
+  }
+}
+
+__global__ void normalize_kernel(int64_t n, const float* x, const NormFold norm, float* out) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int c = static_cast<int>((i / norm.plane) % norm.channels);
+    out[i] = x[i] * norm.a[c] + norm.b[c];
+  }
 }
 
 }  // namespace
 
-cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, float a, float b,
+cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, const NormFold& norm,
                       float* out) {
-  if (n <= 0) return cudaSuccess;
-  normalize_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, x, a, b, out);
+  if (n <= 0 || norm.plane <= 0) return cudaSuccess;
+  normalize_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, x, norm, out);
   return cudaGetLastError();
 }
 
 cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
                              const int32_t* index, const uint8_t* pixels, const int32_t* labels,
-                             float a, float b, float* out, int32_t* labels_out) {
+                             const NormFold& norm, float* out, int32_t* labels_out) {
   if (count <= 0) return cudaSuccess;
   // Samples go along grid.y, which holds at most 65535.
   constexpr int kMaxSamplesPerLaunch = 65535;
-  const bool vec4 = sample_elems % 4 == 0 && reinterpret_cast<uintptr_t>(pixels) % 4 == 0 &&
+  const bool vec4 = norm.plane % 4 == 0 && reinterpret_cast<uintptr_t>(pixels) % 4 == 0 &&
                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int64_t work = vec4 ? sample_elems / 4 : sample_elems;
   const unsigned blocks_x = static_cast<unsigned>(work <= 0 ? 1
@@ -67,11 +92,31 @@ cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elem
     int32_t* lab = labels_out != nullptr ? labels_out + first : nullptr;
     if (vec4) {
       gather_normalize_kernel<4><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
-                                                                labels, a, b, dst, lab);
+                                                                labels, norm, dst, lab);
     } else {
       gather_normalize_kernel<1><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
-                                                                labels, a, b, dst, lab);
+                                                                labels, norm, dst, lab);
     }
+    const cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) return rc;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_elems,
+                                 const int32_t* index, const float* features, const int32_t* labels,
+                                 const NormFold& norm, float* out, int32_t* labels_out) {
+  if (count <= 0 || norm.plane <= 0) return cudaSuccess;
+  constexpr int kMaxSamplesPerLaunch = 65535;
+  const int64_t blocks = (sample_elems + kThreads - 1) / kThreads;
+  const unsigned blocks_x = static_cast<unsigned>(blocks < 1 ? 1 : blocks < 64 ? blocks : 64);
+  for (int first = 0; first < count; first += kMaxSamplesPerLaunch) {
+    const int n = count - first < kMaxSamplesPerLaunch ? count - first : kMaxSamplesPerLaunch;
+    const dim3 grid(blocks_x, static_cast<unsigned>(n));
+    gather_normalize_f32_kernel<<<grid, kThreads, 0, stream>>>(
+        sample_elems, index + first, features, labels, norm,
+        out + static_cast<int64_t>(first) * sample_elems,
+        labels_out != nullptr ? labels_out + first : nullptr);
     const cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return rc;
   }

@@ -12,7 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/data/cifar10_reader.h"
+#include "engine/data/csv_reader.h"
 #include "engine/data/idx_reader.h"
+#include "engine/data/npy_reader.h"
 
 namespace kiln {
 namespace {
@@ -35,6 +38,50 @@ std::optional<std::string> FindIdxFile(const std::string& dir, const std::string
 }
 
 }  // namespace
+
+std::string_view DatasetFormatName(DatasetFormat format) {
+  switch (format) {
+    case DatasetFormat::kIdx:
+      return "idx";
+    case DatasetFormat::kCifar10:
+      return "cifar10";
+    case DatasetFormat::kCsv:
+      return "csv";
+    case DatasetFormat::kNpy:
+      return "npy";
+  }
+  return "unknown";
+}
+
+std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name) {
+  for (DatasetFormat f :
+       {DatasetFormat::kIdx, DatasetFormat::kCifar10, DatasetFormat::kCsv, DatasetFormat::kNpy}) {
+    if (name == DatasetFormatName(f)) return f;
+  }
+  return std::nullopt;
+}
+
+DatasetFormat DetectDatasetFormat(const std::string& dir) {
+  if (!FindCifar10TrainFiles(dir).empty()) return DatasetFormat::kCifar10;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(dir) / kCsvTrainFile, ec)) return DatasetFormat::kCsv;
+  if (fs::is_regular_file(fs::path(dir) / kNpyTrainX, ec)) return DatasetFormat::kNpy;
+  return DatasetFormat::kIdx;
+}
+
+absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetFormat format) {
+  switch (format) {
+    case DatasetFormat::kIdx:
+      return LoadImageFolder(dir);
+    case DatasetFormat::kCifar10:
+      return LoadCifar10Folder(dir);
+    case DatasetFormat::kCsv:
+      return LoadCsvFolder(dir, CsvOptions());
+    case DatasetFormat::kNpy:
+      return LoadNpyFolder(dir);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(dir, ": unknown dataset format"));
+}
 
 absl::StatusOr<Dataset> LoadImagesAndLabels(const std::string& images_path,
                                             const std::string& labels_path) {

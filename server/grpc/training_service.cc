@@ -186,6 +186,32 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::CheckpointChunk> {
   v1::CheckpointChunk chunk_;
 };
 
+// The engine's format for an upload header's; UNSPECIFIED is IDX, as before formats existed.
+absl::StatusOr<DatasetFormat> UploadFormat(v1::DatasetFormat format) {
+  switch (format) {
+    case v1::DATASET_FORMAT_UNSPECIFIED:
+    case v1::DATASET_FORMAT_IDX:
+      return DatasetFormat::kIdx;
+    case v1::DATASET_FORMAT_CIFAR10:
+      return DatasetFormat::kCifar10;
+    case v1::DATASET_FORMAT_CSV:
+      return DatasetFormat::kCsv;
+    case v1::DATASET_FORMAT_NPY:
+      return DatasetFormat::kNpy;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.format: ", static_cast<int>(format), " is not a known format"));
+  }
+}
+
+CsvOptions UploadCsvOptions(const v1::CsvOptions& csv) {
+  CsvOptions o;
+  o.label_column = csv.label_column();
+  if (csv.has_header()) o.header = csv.header() ? CsvHeader::kPresent : CsvHeader::kAbsent;
+  o.test_fraction = csv.test_fraction();
+  return o;
+}
+
 // Reads an upload: a header, then file chunks; commits only when the client half-closes. A read
 // that fails because the call was cancelled (the client cancelled, died or lost its connection)
 // ends the upload without publishing anything: the DatasetUpload's folder goes with it.
@@ -222,9 +248,14 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       if (upload_) {
         status = absl::InvalidArgumentError("header: sent twice");
       } else {
-        const auto& files = request_.header().files();
-        absl::StatusOr<std::unique_ptr<DatasetUpload>> upload = datasets_->BeginUpload(
-            request_.header().name(), std::vector<std::string>(files.begin(), files.end()));
+        const v1::UploadDatasetHeader& header = request_.header();
+        const auto& files = header.files();
+        absl::StatusOr<DatasetFormat> format = UploadFormat(header.format());
+        absl::StatusOr<std::unique_ptr<DatasetUpload>> upload =
+            format.ok() ? datasets_->BeginUpload(
+                              header.name(), std::vector<std::string>(files.begin(), files.end()),
+                              *format, UploadCsvOptions(header.csv()))
+                        : absl::StatusOr<std::unique_ptr<DatasetUpload>>(format.status());
         if (upload.ok()) upload_ = *std::move(upload);
         status = upload.status();
       }

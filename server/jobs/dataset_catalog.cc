@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <random>
 #include <system_error>
 
@@ -41,20 +44,77 @@ std::string FindFile(const std::string& dir, const std::string& base) {
   return "";
 }
 
-bool IsUploadFileName(const std::string& name) {
+bool IsUploadFileName(DatasetFormat format, const std::string& name) {
+  if (format == DatasetFormat::kCifar10) {
+    return name == kCifar10TestFile || Cifar10TrainFileNumber(name) > 0;
+  }
+  if (format == DatasetFormat::kCsv) return name == kCsvTrainFile || name == kCsvTestFile;
+  if (format == DatasetFormat::kNpy) {
+    return name == kNpyTrainX || name == kNpyTrainY || name == kNpyTestX || name == kNpyTestY;
+  }
   for (const char* base : {kTrainImages, kTrainLabels, kTestImages, kTestLabels}) {
     if (name == base || name == absl::StrCat(base, ".gz")) return true;
   }
   return false;
 }
 
-std::string BaseName(const std::string& file_name) {
+// IDX files are one whether raw or gzip; CIFAR-10 batches are never compressed.
+std::string BaseName(DatasetFormat format, const std::string& file_name) {
+  if (format != DatasetFormat::kIdx) return file_name;
   return std::string(absl::StripSuffix(file_name, ".gz"));
 }
 
-std::string InvalidFileNameMessage(const std::string& field, const std::string& file) {
+std::string InvalidFileNameMessage(DatasetFormat format, const std::string& field,
+                                   const std::string& file) {
+  if (format == DatasetFormat::kCifar10) {
+    return absl::StrCat(field, ": \"", file, "\" is not a CIFAR-10 batch name: data_batch_<N>.bin",
+                        " (N in 1..", kCifar10MaxTrainFiles, ", no leading zero) or ",
+                        kCifar10TestFile);
+  }
+  if (format == DatasetFormat::kNpy) {
+    return absl::StrCat(field, ": \"", file, "\" is not one of ", kNpyTrainX, ", ", kNpyTrainY,
+                        ", ", kNpyTestX, ", ", kNpyTestY);
+  }
+  if (format == DatasetFormat::kCsv) {
+    return absl::StrCat(field, ": \"", file, "\" is not ", kCsvTrainFile, " or ", kCsvTestFile);
+  }
   return absl::StrCat(field, ": \"", file, "\" is not one of ", kTrainImages, ", ", kTrainLabels,
                       ", ", kTestImages, ", ", kTestLabels, " (optionally .gz)");
+}
+
+// Reads a CIFAR-10 batch through the upload's record check: its record count and largest label.
+absl::Status ScanCifar10File(const std::string& path, Cifar10StreamCheck* check) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read"));
+  std::string buf(size_t{1} << 20, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    KILN_RETURN_IF_ERROR(check->Consume(std::string_view(buf.data(), in.gcount())));
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  return check->Finish();
+}
+
+// A CIFAR-10 folder's facts from its batches: sizes and every label byte.
+absl::StatusOr<DatasetInfo> ReadCifar10Facts(const std::string& dir) {
+  DatasetInfo info;
+  info.format = DatasetFormat::kCifar10;
+  info.sample_shape = {3, 32, 32};
+  for (const std::string& file : FindCifar10TrainFiles(dir)) {
+    Cifar10StreamCheck check(file);
+    KILN_RETURN_IF_ERROR(ScanCifar10File(file, &check));
+    info.train_samples += check.records();
+    info.num_classes = std::max(info.num_classes, check.max_label() + 1);
+  }
+  const std::string test = dir + "/" + kCifar10TestFile;
+  std::error_code ec;
+  if (fs::is_regular_file(test, ec)) {
+    Cifar10StreamCheck check(test);
+    KILN_RETURN_IF_ERROR(ScanCifar10File(test, &check));
+    info.test_samples = check.records();
+    info.num_classes = std::max(info.num_classes, check.max_label() + 1);
+  }
+  return info;
 }
 
 std::string RandomSuffix() {
@@ -99,7 +159,41 @@ DatasetFileSizes SizesOf(const std::vector<DatasetFileStat>& files) {
 }
 
 // Reads a dataset folder's facts from its files: the headers, and every label.
+// A CSV folder placed by hand: read with the default options (last column, header detected).
+absl::StatusOr<DatasetInfo> ReadCsvFacts(const std::string& dir) {
+  KILN_ASSIGN_OR_RETURN(DatasetSplits splits, LoadCsvFolder(dir, CsvOptions()));
+  DatasetInfo info;
+  info.format = DatasetFormat::kCsv;
+  info.sample_shape = splits.train.sample_shape;
+  info.train_samples = splits.train.size;
+  info.test_samples = splits.test.size;
+  info.num_classes = splits.train.num_classes;
+  return info;
+}
+
+// An NPY folder placed by hand: loaded once (the arrays hold no summary to read instead).
+absl::StatusOr<DatasetInfo> ReadNpyFacts(const std::string& dir) {
+  KILN_ASSIGN_OR_RETURN(DatasetSplits splits, LoadNpyFolder(dir));
+  DatasetInfo info;
+  info.format = DatasetFormat::kNpy;
+  info.sample_shape = splits.train.sample_shape;
+  info.train_samples = splits.train.size;
+  info.test_samples = splits.test.size;
+  info.num_classes = splits.train.num_classes;
+  return info;
+}
+
 absl::StatusOr<DatasetInfo> ReadFacts(const std::string& dir, const std::string& name) {
+  switch (DetectDatasetFormat(dir)) {
+    case DatasetFormat::kCifar10:
+      return ReadCifar10Facts(dir);
+    case DatasetFormat::kCsv:
+      return ReadCsvFacts(dir);
+    case DatasetFormat::kNpy:
+      return ReadNpyFacts(dir);
+    case DatasetFormat::kIdx:
+      break;
+  }
   const std::string images = FindFile(dir, kTrainImages);
   const std::string labels = FindFile(dir, kTrainLabels);
   if (images.empty() || labels.empty()) {
@@ -186,6 +280,10 @@ absl::StatusOr<v1::Dataset> DatasetCatalog::Describe(const std::string& name) co
   d.set_test_samples(info.test_samples);
   for (int64_t dim : info.sample_shape) d.add_sample_shape(dim);
   d.set_num_classes(info.num_classes);
+  d.set_format(info.format == DatasetFormat::kCifar10 ? v1::DATASET_FORMAT_CIFAR10
+               : info.format == DatasetFormat::kCsv   ? v1::DATASET_FORMAT_CSV
+               : info.format == DatasetFormat::kNpy   ? v1::DATASET_FORMAT_NPY
+                                                      : v1::DATASET_FORMAT_IDX);
   int64_t bytes = 0;
   for (const DatasetFileStat& f : files) {
     d.add_files(f.name);
@@ -216,11 +314,23 @@ absl::StatusOr<DatasetSplits> DatasetCatalog::Load(const std::string& name) cons
   if (!IsValidName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("dataset name \"", name, "\" is not valid"));
   }
-  return LoadImageFolder(PathOf(name));
+  const std::string dir = PathOf(name);
+  // The manifest's format when it still describes the files; otherwise the files tell.
+  const std::optional<DatasetInfo> recorded = ReadDatasetManifest(dir, SizesOf(StatFiles(dir)));
+  const DatasetFormat format = recorded ? recorded->format : DetectDatasetFormat(dir);
+  if (format == DatasetFormat::kCsv) {
+    return LoadCsvFolder(dir, recorded ? recorded->csv : CsvOptions());
+  }
+  return LoadDatasetFolder(dir, format);
 }
 
 absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
-    const std::string& name, const std::vector<std::string>& declared_files) const {
+    const std::string& name, const std::vector<std::string>& declared_files, DatasetFormat format,
+    const CsvOptions& csv) const {
+  if (!(csv.test_fraction >= 0 && csv.test_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.csv.test_fraction: must be in [0, 1), got ", csv.test_fraction));
+  }
   if (!IsValidName(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("header.name: \"", name,
@@ -229,16 +339,34 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
   std::set<std::string> declared;
   std::set<std::string> bases;
   for (const std::string& file : declared_files) {
-    if (!IsUploadFileName(file)) {
-      return absl::InvalidArgumentError(InvalidFileNameMessage("header.files", file));
+    if (!IsUploadFileName(format, file)) {
+      return absl::InvalidArgumentError(InvalidFileNameMessage(format, "header.files", file));
     }
-    if (!bases.insert(BaseName(file)).second) {
+    if (!bases.insert(BaseName(format, file)).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("header.files: ", BaseName(file), " is listed twice"));
+          absl::StrCat("header.files: ", BaseName(format, file), " is listed twice"));
     }
     declared.insert(file);
   }
-  if (!declared.empty()) {
+  if (!declared.empty() && format == DatasetFormat::kNpy) {
+    if (bases.count(kNpyTrainX) == 0 || bases.count(kNpyTrainY) == 0 ||
+        bases.count(kNpyTestX) != bases.count(kNpyTestY)) {
+      return absl::InvalidArgumentError(
+          "header.files: an NPY dataset needs train_x.npy and train_y.npy (and test_x.npy with "
+          "test_y.npy)");
+    }
+  } else if (!declared.empty() && format == DatasetFormat::kCsv) {
+    if (bases.count(kCsvTrainFile) == 0) {
+      return absl::InvalidArgumentError("header.files: a CSV dataset needs train.csv");
+    }
+  } else if (!declared.empty() && format == DatasetFormat::kCifar10) {
+    if (std::none_of(bases.begin(), bases.end(),
+                     [](const std::string& b) { return Cifar10TrainFileNumber(b) > 0; })) {
+      return absl::InvalidArgumentError(
+          "header.files: a CIFAR-10 dataset needs at least one data_batch_<N>.bin (the train "
+          "split)");
+    }
+  } else if (!declared.empty()) {
     std::vector<std::string> missing;
     for (const char* base : {kTrainImages, kTrainLabels}) {
       if (bases.count(base) == 0) missing.emplace_back(base);
@@ -262,7 +390,8 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
   if (!fs::create_directories(temp, ec)) {
     return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
   }
-  return std::unique_ptr<DatasetUpload>(new DatasetUpload(this, name, temp, std::move(declared)));
+  return std::unique_ptr<DatasetUpload>(
+      new DatasetUpload(this, name, temp, std::move(declared), format, csv));
 }
 
 absl::Status DatasetCatalog::Delete(const std::string& name) {
@@ -305,11 +434,14 @@ int DatasetCatalog::TempFolderWriterPid(const std::string& dir_name) {
 }
 
 DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
-                             std::set<std::string> declared_files)
+                             std::set<std::string> declared_files, DatasetFormat format,
+                             CsvOptions csv)
     : catalog_(catalog),
       name_(std::move(name)),
       temp_dir_(std::move(temp_dir)),
-      declared_files_(std::move(declared_files)) {}
+      declared_files_(std::move(declared_files)),
+      format_(format),
+      csv_(std::move(csv)) {}
 
 DatasetUpload::~DatasetUpload() {
   current_.reset();  // removes an unfinished file's temp before the folder goes
@@ -321,8 +453,8 @@ DatasetUpload::~DatasetUpload() {
 
 absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
   const std::string& file = chunk.file_name();
-  if (!IsUploadFileName(file)) {
-    return absl::InvalidArgumentError(InvalidFileNameMessage("chunk.file_name", file));
+  if (!IsUploadFileName(format_, file)) {
+    return absl::InvalidArgumentError(InvalidFileNameMessage(format_, "chunk.file_name", file));
   }
   if (!current_ || current_->file_name != file) {
     if (current_) {
@@ -330,7 +462,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
                                                      "\" started before \"", current_->file_name,
                                                      "\" ended (its last chunk carries sha256)"));
     }
-    if (auto done = finished_.find(BaseName(file)); done != finished_.end()) {
+    if (auto done = finished_.find(BaseName(format_, file)); done != finished_.end()) {
       return absl::InvalidArgumentError(absl::StrCat("chunk.file_name: \"", file,
                                                      "\" was already uploaded (as \"",
                                                      done->second.file_name, "\")"));
@@ -342,6 +474,17 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
     }
     auto next = std::make_unique<FileInProgress>();
     next->file_name = file;
+    if (format_ == DatasetFormat::kCifar10) {
+      next->cifar = std::make_unique<Cifar10StreamCheck>(file);
+    }
+    if (format_ == DatasetFormat::kNpy) {
+      next->npy = std::make_unique<NpyStreamCheck>(file, file == kNpyTrainY || file == kNpyTestY
+                                                             ? NpyStreamCheck::Role::kLabels
+                                                             : NpyStreamCheck::Role::kSamples);
+    }
+    if (format_ == DatasetFormat::kCsv) {
+      next->csv = std::make_unique<CsvStreamCheck>(file, csv_, CsvStreamCheck::Keep::kCountsOnly);
+    }
     KILN_ASSIGN_OR_RETURN(next->writer, AtomicFileWriter::Open(temp_dir_ + "/" + file));
     current_ = std::move(next);
   }
@@ -361,6 +504,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
 
 absl::Status DatasetUpload::Scan(absl::string_view stored) {
   FileInProgress& f = *current_;
+  if (f.cifar || f.csv || f.npy) return CountAndCheck(stored);
   if (!f.facts) {
     // gzip is told by its magic (1f 8b), as the engine's reader tells it, not by the name.
     const size_t take = std::min<size_t>(2 - f.first_bytes.size(), stored.size());
@@ -388,6 +532,15 @@ absl::Status DatasetUpload::CountAndCheck(absl::string_view decompressed) {
                      " bytes (--max_upload_bytes), counted decompressed: ", current_->file_name,
                      " inflates past it"));
   }
+  if (current_->npy) {
+    return current_->npy->Consume(std::string_view(decompressed.data(), decompressed.size()));
+  }
+  if (current_->csv) {
+    return current_->csv->Consume(std::string_view(decompressed.data(), decompressed.size()));
+  }
+  if (current_->cifar) {
+    return current_->cifar->Consume(std::string_view(decompressed.data(), decompressed.size()));
+  }
   return current_->facts->Consume(decompressed);
 }
 
@@ -397,6 +550,49 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
   if (!absl::EqualsIgnoreCase(actual, expected_sha256)) {
     return absl::DataLossError(absl::StrCat("chunk.sha256: ", f->file_name, " has sha256 ", actual,
                                             " but the client sent ", expected_sha256));
+  }
+  if (f->npy) {
+    if (absl::Status s = f->npy->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.dims = f->npy->header().shape;
+    facts.kind = f->npy->header().kind;
+    facts.max_element = f->npy->max_label();
+    facts.stored_bytes = f->stored_bytes;
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
+  }
+  if (f->csv) {
+    if (absl::Status s = f->csv->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.dims = {f->csv->rows(), f->csv->features()};
+    facts.max_element = f->csv->max_label();
+    facts.stored_bytes = f->stored_bytes;
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
+  }
+  if (f->cifar) {
+    if (absl::Status s = f->cifar->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.dims = {f->cifar->records(), 3, 32, 32};
+    facts.max_element = f->cifar->max_label();
+    facts.stored_bytes = f->stored_bytes;
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
   }
   if (!f->facts) {
     // Under two bytes: too short for either format; the IDX check says how.
@@ -413,20 +609,116 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
   facts.dims = f->facts->dims();
   facts.max_element = f->facts->max_element();
   facts.stored_bytes = f->stored_bytes;
-  finished_[BaseName(f->file_name)] = std::move(facts);
+  finished_[BaseName(format_, f->file_name)] = std::move(facts);
   return absl::OkStatus();
+}
+
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCifar10() const {
+  DatasetInfo info;
+  info.format = DatasetFormat::kCifar10;
+  info.sample_shape = {3, 32, 32};
+  for (const auto& [base, f] : finished_) {
+    (base == kCifar10TestFile ? info.test_samples : info.train_samples) += f.dims[0];
+    info.num_classes = std::max(info.num_classes, f.max_element + 1);
+  }
+  if (info.train_samples == 0) {
+    return absl::InvalidArgumentError(
+        "uploaded dataset is not valid: missing data_batch_<N>.bin (a CIFAR-10 dataset has at "
+        "least one train batch, and optionally test_batch.bin)");
+  }
+  return info;
+}
+
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteNpy() const {
+  const auto invalid = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("uploaded dataset is not valid: ", what));
+  };
+  if (finished_.count(kNpyTrainX) == 0 || finished_.count(kNpyTrainY) == 0) {
+    return invalid("missing train_x.npy or train_y.npy");
+  }
+  if (finished_.count(kNpyTestX) != finished_.count(kNpyTestY)) {
+    return invalid("test_x.npy and test_y.npy go together");
+  }
+  DatasetInfo info;
+  info.format = DatasetFormat::kNpy;
+  // As ParseNpySplit checks one split.
+  auto split = [&](const char* x_name, const char* y_name) -> absl::StatusOr<int64_t> {
+    const FileFacts& x = finished_.at(x_name);
+    const FileFacts& y = finished_.at(y_name);
+    if (x.dims[0] != y.dims[0]) {
+      return invalid(absl::StrCat("count mismatch: ", x_name, " has ", x.dims[0], " samples but ",
+                                  y_name, " has ", y.dims[0], " labels"));
+    }
+    if (x.kind == 'f' && x.dims[1] > kMaxCsvFeatures) {
+      return invalid(
+          absl::StrCat(x_name, ": ", x.dims[1], " float features; at most ", kMaxCsvFeatures));
+    }
+    info.num_classes = std::max(info.num_classes, y.max_element + 1);
+    return x.dims[0];
+  };
+  KILN_ASSIGN_OR_RETURN(info.train_samples, split(kNpyTrainX, kNpyTrainY));
+  const FileFacts& train = finished_.at(kNpyTrainX);
+  info.sample_shape.assign(train.dims.begin() + 1, train.dims.end());
+  if (info.sample_shape.empty()) info.sample_shape = {1};
+  if (auto test = finished_.find(kNpyTestX); test != finished_.end()) {
+    KILN_ASSIGN_OR_RETURN(info.test_samples, split(kNpyTestX, kNpyTestY));
+    if (!std::equal(test->second.dims.begin() + 1, test->second.dims.end(), train.dims.begin() + 1,
+                    train.dims.end()) ||
+        test->second.kind != train.kind) {
+      return invalid("test_x.npy does not hold samples of train_x.npy's shape and dtype");
+    }
+  }
+  return info;
+}
+
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCsv() const {
+  auto train = finished_.find(kCsvTrainFile);
+  if (train == finished_.end()) {
+    return absl::InvalidArgumentError(
+        "uploaded dataset is not valid: missing train.csv (a CSV dataset has train.csv, and "
+        "optionally test.csv)");
+  }
+  DatasetInfo info;
+  info.format = DatasetFormat::kCsv;
+  info.csv = csv_;
+  info.sample_shape = {train->second.dims[1]};
+  info.train_samples = train->second.dims[0];
+  info.num_classes = train->second.max_element + 1;
+  if (auto test = finished_.find(kCsvTestFile); test != finished_.end()) {
+    if (test->second.dims[1] != train->second.dims[1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: test.csv has ", test->second.dims[1],
+                       " feature columns but train.csv has ", train->second.dims[1]));
+    }
+    info.test_samples = test->second.dims[0];
+    info.num_classes = std::max(info.num_classes, test->second.max_element + 1);
+  } else if (csv_.test_fraction > 0) {
+    // As LoadCsvFolder splits: the last floor(rows * fraction) rows.
+    const auto n = static_cast<int64_t>(std::floor(info.train_samples * csv_.test_fraction));
+    if (n < 1 || n >= info.train_samples) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "uploaded dataset is not valid: header.csv.test_fraction ", csv_.test_fraction, " of ",
+          info.train_samples, " rows of train.csv leaves an empty split"));
+    }
+    info.train_samples -= n;
+    info.test_samples = n;
+  }
+  return info;
 }
 
 absl::StatusOr<DatasetInfo> DatasetUpload::CheckComplete() const {
   std::vector<std::string> missing;
   for (const std::string& file : declared_files_) {
-    if (finished_.count(BaseName(file)) == 0) missing.push_back(file);
+    if (finished_.count(BaseName(format_, file)) == 0) missing.push_back(file);
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("upload incomplete: the stream ended without ", absl::StrJoin(missing, ", "),
                      " (listed in header.files); nothing was published"));
   }
+  if (format_ == DatasetFormat::kCifar10) return CheckCompleteCifar10();
+  if (format_ == DatasetFormat::kCsv) return CheckCompleteCsv();
+  if (format_ == DatasetFormat::kNpy) return CheckCompleteNpy();
   for (const char* base : {kTrainImages, kTrainLabels}) {
     if (finished_.count(base) == 0) missing.emplace_back(base);
   }

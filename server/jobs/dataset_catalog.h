@@ -1,4 +1,5 @@
-// The named datasets under --data_dir: folders of MNIST-style IDX files, listed, inspected,
+// The named datasets under --data_dir: folders of MNIST-style IDX files or CIFAR-10 batches,
+// listed, inspected,
 // loaded for training, created by verified uploads that publish only when complete, and deleted.
 #pragma once
 
@@ -14,7 +15,10 @@
 #include "absl/status/statusor.h"
 #include "common/atomic_file.h"
 #include "common/sha256.h"
+#include "engine/data/cifar10_reader.h"
+#include "engine/data/csv_reader.h"
 #include "engine/data/dataset.h"
+#include "engine/data/npy_reader.h"
 #include "kiln/v1/training.pb.h"
 #include "server/jobs/dataset_manifest.h"
 #include "server/jobs/gunzip_stream.h"
@@ -52,8 +56,10 @@ class DatasetCatalog {
   // (may be empty) are the files the client says it will send: the upload is then published
   // only if each of them arrived. The upload is written into a folder
   // .upload-<pid>-<hex>-<name> and renamed into place when it is complete.
+  // `format` decides which file names are accepted and how each file is checked.
   absl::StatusOr<std::unique_ptr<DatasetUpload>> BeginUpload(
-      const std::string& name, const std::vector<std::string>& declared_files) const;
+      const std::string& name, const std::vector<std::string>& declared_files,
+      DatasetFormat format = DatasetFormat::kIdx, const CsvOptions& csv = CsvOptions()) const;
   // Removes a dataset: one rename takes it out of sight (to .deleting-<pid>-<hex>-<name>), then
   // its files go. NotFound when there is none. Whether jobs still need it is the caller's check.
   absl::Status Delete(const std::string& name);
@@ -83,7 +89,8 @@ class DatasetCatalog {
 
 // One upload in progress, written to a hidden temporary folder and moved into place by Commit.
 // Each file is checked as it streams in: inflated (when gzip) in bounded pieces, its
-// decompressed bytes counted against the limit and checked as IDX. Abandoned uploads leave
+// decompressed bytes counted against the limit and checked as IDX (CIFAR-10 batches: record by
+// record, uncompressed). Abandoned uploads leave
 // nothing behind. Not thread-safe (one stream feeds it).
 class DatasetUpload {
  public:
@@ -106,6 +113,7 @@ class DatasetUpload {
     std::string file_name;  // as uploaded, e.g. "train-images-idx3-ubyte.gz"
     std::vector<int64_t> dims;
     int max_element = -1;
+    char kind = 0;  // NPY: 'u' (uint8), 'f' (float32) or 'i' (integers)
     int64_t stored_bytes = 0;
   };
   // The file being received.
@@ -113,14 +121,17 @@ class DatasetUpload {
     std::string file_name;
     std::unique_ptr<AtomicFileWriter> writer;
     Sha256 sha;
-    std::string first_bytes;                // until two decide raw or gzip
-    std::unique_ptr<GunzipStream> gunzip;   // set once gzip is detected
-    std::unique_ptr<IdxStreamFacts> facts;  // set once the format is decided
+    std::string first_bytes;                    // until two decide raw or gzip
+    std::unique_ptr<GunzipStream> gunzip;       // set once gzip is detected
+    std::unique_ptr<IdxStreamFacts> facts;      // IDX: set once raw or gzip is decided
+    std::unique_ptr<Cifar10StreamCheck> cifar;  // CIFAR-10: set with the file
+    std::unique_ptr<CsvStreamCheck> csv;        // CSV: set with the file
+    std::unique_ptr<NpyStreamCheck> npy;        // NPY: set with the file
     int64_t stored_bytes = 0;
   };
 
   DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
-                std::set<std::string> declared_files);
+                std::set<std::string> declared_files, DatasetFormat format, CsvOptions csv);
   // Passes stored bytes on to the IDX check, inflating them when the file is gzip.
   absl::Status Scan(absl::string_view stored);
   // Counts decompressed bytes against the limit, then checks them as IDX.
@@ -129,11 +140,16 @@ class DatasetUpload {
   // The dataset's facts from its finished files; InvalidArgument naming what is missing or
   // does not agree.
   absl::StatusOr<DatasetInfo> CheckComplete() const;
+  absl::StatusOr<DatasetInfo> CheckCompleteCifar10() const;
+  absl::StatusOr<DatasetInfo> CheckCompleteCsv() const;
+  absl::StatusOr<DatasetInfo> CheckCompleteNpy() const;
 
   const DatasetCatalog* catalog_;
   std::string name_;
   std::string temp_dir_;
   std::set<std::string> declared_files_;  // empty: the client declared none
+  DatasetFormat format_;
+  CsvOptions csv_;
   bool committed_ = false;
   int64_t stored_bytes_ = 0;
   int64_t decompressed_bytes_ = 0;

@@ -24,7 +24,16 @@ absl::Status WriteDatasetManifest(const std::string& dir, const DatasetInfo& inf
             {"test_samples", info.test_samples},
             {"sample_shape", info.sample_shape},
             {"num_classes", info.num_classes},
+            {"data_format", std::string(DatasetFormatName(info.format))},
             {"files", files}};
+  if (info.format == DatasetFormat::kCsv) {
+    const char* header = info.csv.header == CsvHeader::kPresent  ? "present"
+                         : info.csv.header == CsvHeader::kAbsent ? "absent"
+                                                                 : "auto";
+    j["csv"] = {{"label_column", info.csv.label_column},
+                {"header", header},
+                {"test_fraction", info.csv.test_fraction}};
+  }
   return WriteFileAtomically(dir + "/" + kDatasetManifestName, j.dump(2) + "\n");
 }
 
@@ -47,6 +56,26 @@ std::optional<DatasetInfo> ReadDatasetManifest(const std::string& dir,
     info.test_samples = j.at("test_samples").get<int64_t>();
     info.sample_shape = j.at("sample_shape").get<Shape>();
     info.num_classes = j.at("num_classes").get<int32_t>();
+    // Manifests written before formats existed describe IDX folders.
+    if (j.contains("data_format")) {
+      std::optional<DatasetFormat> format =
+          DatasetFormatFromName(j.at("data_format").get<std::string>());
+      if (!format) return std::nullopt;
+      info.format = *format;
+    }
+    if (info.format == DatasetFormat::kCsv) {
+      const json& csv = j.at("csv");
+      info.csv.label_column = csv.at("label_column").get<std::string>();
+      const std::string header = csv.at("header").get<std::string>();
+      if (header == "present") {
+        info.csv.header = CsvHeader::kPresent;
+      } else if (header == "absent") {
+        info.csv.header = CsvHeader::kAbsent;
+      } else if (header != "auto") {
+        return std::nullopt;
+      }
+      info.csv.test_fraction = csv.at("test_fraction").get<double>();
+    }
     return info;
   } catch (const json::exception&) {
     return std::nullopt;

@@ -1,6 +1,6 @@
-// A dataset's facts (sample counts, sample shape, class count), computed once when its upload is
-// committed and kept beside its files in .kiln-dataset.json, so that listing datasets reads one
-// small file instead of inflating every label file again.
+// A dataset's facts (format, sample counts, sample shape, class count), computed once when its
+// upload is committed and kept beside its files in .kiln-dataset.json, so that listing datasets
+// reads one small file instead of inflating every label file again.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/data/csv_reader.h"
 #include "engine/data/dataset.h"
 
 namespace kiln::server {
@@ -21,6 +22,8 @@ struct DatasetInfo {
   int64_t train_samples = 0;
   int64_t test_samples = 0;
   int32_t num_classes = 0;  // 1 + the largest label of either split
+  DatasetFormat format = DatasetFormat::kIdx;
+  CsvOptions csv;  // kCsv: how its tables are read
 };
 
 // The data files of a dataset folder and their sizes in bytes, by file name.

@@ -354,6 +354,37 @@ absl::StatusOr<PixelNorm> TranslateNorm(const v1::PixelNormSpec& spec) {
   if (!std::isfinite(n.scale) || n.scale == 0) {
     return Invalid("spec.normalization.scale", "must be finite and non-zero");
   }
+  if (spec.channel_mean_size() > 0 || spec.channel_std_size() > 0) {
+    if (spec.channel_mean_size() != spec.channel_std_size()) {
+      return Invalid("spec.normalization.channel_std",
+                     absl::StrCat("has ", spec.channel_std_size(), " values but channel_mean has ",
+                                  spec.channel_mean_size()));
+    }
+    if (spec.channel_mean_size() > kMaxNormChannels) {
+      return Invalid(
+          "spec.normalization.channel_mean",
+          absl::StrCat("at most ", kMaxNormChannels, " channels, got ", spec.channel_mean_size()));
+    }
+    if (spec.mean() != 0 || spec.std() != 0) {
+      return Invalid(
+          "spec.normalization.mean",
+          "mean and std are for one channel; leave them 0 with channel_mean/channel_std");
+    }
+    for (int i = 0; i < spec.channel_mean_size(); ++i) {
+      if (!std::isfinite(spec.channel_mean(i))) {
+        return Invalid(absl::StrCat("spec.normalization.channel_mean[", i, "]"), "must be finite");
+      }
+      if (!(spec.channel_std(i) > 0) || !std::isfinite(spec.channel_std(i))) {
+        return Invalid(absl::StrCat("spec.normalization.channel_std[", i, "]"),
+                       absl::StrCat("must be > 0, got ", spec.channel_std(i)));
+      }
+    }
+    n.mean = 0.0f;
+    n.std = 1.0f;
+    n.channel_mean.assign(spec.channel_mean().begin(), spec.channel_mean().end());
+    n.channel_std.assign(spec.channel_std().begin(), spec.channel_std().end());
+    return n;
+  }
   if (!std::isfinite(n.mean)) return Invalid("spec.normalization.mean", "must be finite");
   if (!(n.std > 0) || !std::isfinite(n.std)) {
     return Invalid("spec.normalization.std", absl::StrCat("must be > 0, got ", n.std));
@@ -429,6 +460,13 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
     return Invalid("spec.model", absl::StrCat("the last layer must output a vector of class "
                                               "logits, got ",
                                               ShapeString(shapes->back())));
+  }
+  if (config.norm.channels() > 1 && !config.model.input_shape.empty() &&
+      config.model.input_shape[0] != config.norm.channels()) {
+    return Invalid("spec.normalization.channel_mean",
+                   absl::StrCat(config.norm.channels(), " channels but the model's input is ",
+                                ShapeString(config.model.input_shape),
+                                " (channels first, e.g. [3, 32, 32] for 3)"));
   }
   const int64_t parameters = CountParameters(config.model);
   if (parameters > limits.max_parameters) {

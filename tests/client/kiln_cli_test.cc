@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ namespace kiln::client::testing {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -388,6 +390,100 @@ TEST_F(KilnCliTest, UploadAddsADatasetThatDatasetsLists) {
   EXPECT_EQ(reuse.exit_code, 0) << reuse.err;
 }
 
+// A CIFAR-10 batch file of `labels.size()` records with constant images.
+std::string WriteCifarBatch(const std::string& path, const std::vector<int>& labels) {
+  std::string bytes;
+  for (int label : labels) {
+    bytes += static_cast<char>(label);
+    bytes.append(3072, static_cast<char>(label * 20));
+  }
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+TEST_F(KilnCliTest, UploadCifar10SendsTheBatchesInOrderAndDatasetsShowsTheFormat) {
+  const std::string dir = *root_ + "/cifar";
+  std::filesystem::create_directories(dir);
+  const std::string a = WriteCifarBatch(dir + "/a.bin", {0, 1, 2});
+  const std::string b = WriteCifarBatch(dir + "/b.bin", {3, 9});
+  const std::string t = WriteCifarBatch(dir + "/t.bin", {4});
+  RunResult up = Kiln({"upload", "colour", "--format", "cifar10", "--train", a, b, "--test", t});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  EXPECT_THAT(up.out, HasSubstr("5 training and 1 test samples of 3x32x32"));
+  EXPECT_THAT(up.err, HasSubstr("as data_batch_2.bin"));
+
+  RunResult table = Kiln({"datasets"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("FORMAT"));
+  for (absl::string_view line : absl::StrSplit(table.out, '\n')) {
+    if (absl::StartsWith(line, "colour ")) {
+      EXPECT_THAT(std::string(line), HasSubstr("cifar10"));
+    }
+    if (absl::StartsWith(line, "toy ")) {
+      EXPECT_THAT(std::string(line), HasSubstr("idx"));
+    }
+  }
+  const nlohmann::json list = nlohmann::json::parse(Kiln({"datasets", "--output", "json"}).out);
+  bool seen = false;
+  for (const auto& d : list.at("datasets")) {
+    if (d.at("name") == "colour") {
+      seen = true;
+      EXPECT_EQ(d.at("format"), "DATASET_FORMAT_CIFAR10");
+    }
+  }
+  EXPECT_TRUE(seen);
+
+  RunResult no_train = Kiln({"upload", "x", "--format", "cifar10", "--test", t});
+  EXPECT_EQ(no_train.exit_code, 2) << no_train.err;
+  EXPECT_THAT(no_train.err, HasSubstr("--train"));
+  RunResult mixed = Kiln({"upload", "x", "--format", "cifar10", "--train", a, "--train-images", a});
+  EXPECT_EQ(mixed.exit_code, 2);
+  RunResult idx_with_train = Kiln({"upload", "x", "--train", a});
+  EXPECT_EQ(idx_with_train.exit_code, 2);
+  EXPECT_THAT(idx_with_train.err, HasSubstr("--format cifar10"));
+  RunResult unknown = Kiln({"upload", "x", "--format", "tiff", "--train", a});
+  EXPECT_NE(unknown.exit_code, 0);
+
+  std::string cut = std::string(3073 + 10, '\1');
+  std::ofstream(dir + "/cut.bin", std::ios::binary) << cut;
+  RunResult truncated = Kiln({"upload", "cut", "--format", "cifar10", "--train", dir + "/cut.bin"});
+  EXPECT_EQ(truncated.exit_code, 1);
+  EXPECT_THAT(truncated.err,
+              AllOf(HasSubstr("data_batch_1.bin: truncated"), HasSubstr("byte offset 3073")));
+}
+
+TEST_F(KilnCliTest, UploadCsvSendsTheTableWithItsOptionsAndNamesABadCell) {
+  const std::string dir = *root_ + "/csv";
+  std::filesystem::create_directories(dir);
+  std::string table = "label,a,b\n";
+  for (int i = 0; i < 20; ++i) table += absl::StrCat(i % 3, ",", i, ",", i * 0.5, "\n");
+  std::ofstream(dir + "/t.csv") << table;
+  RunResult up = Kiln({"upload", "tab", "--format", "csv", "--train", dir + "/t.csv",
+                       "--label-column", "label", "--test-fraction", "0.25"});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  EXPECT_THAT(up.out, HasSubstr("15 training and 5 test samples of 2"));
+  bool seen = false;
+  for (absl::string_view line : absl::StrSplit(Kiln({"datasets"}).out, '\n')) {
+    if (absl::StartsWith(line, "tab ")) {
+      seen = true;
+      EXPECT_THAT(std::string(line), HasSubstr("csv"));
+    }
+  }
+  EXPECT_TRUE(seen);
+
+  std::ofstream(dir + "/bad.csv") << "a,label\n1,0\nx,1\n";
+  RunResult bad = Kiln({"upload", "bad", "--format", "csv", "--train", dir + "/bad.csv"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("train.csv: line 3, column 1 (a): \"x\" is not a finite number"));
+  RunResult misplaced = Kiln(
+      {"upload", "x", "--format", "cifar10", "--train", dir + "/t.csv", "--label-column", "label"});
+  EXPECT_EQ(misplaced.exit_code, 2);
+  EXPECT_THAT(misplaced.err, HasSubstr("are for --format csv"));
+  RunResult both = Kiln({"upload", "x", "--format", "csv", "--train", dir + "/t.csv", "--test",
+                         dir + "/t.csv", "--test-fraction", "0.1"});
+  EXPECT_EQ(both.exit_code, 2);
+}
+
 TEST_F(KilnCliTest, HealthSaysTheTrainingServiceIsServing) {
   RunResult r = Kiln({"health", "--output", "json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -436,6 +532,73 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
   EXPECT_EQ(Kiln({"undeploy", "toy-digits"}).exit_code, 0);
   RunResult gone = Kiln({"predict", "toy-digits", *root_ + "/digit0.pgm"});
   EXPECT_EQ(gone.exit_code, 1);
+}
+
+TEST_F(KilnCliTest, ColourAndTableModelsServeWhatTheyWereTrainedOn) {
+  RunResult models = Kiln({"models"});
+  if (models.exit_code != 0 && absl::StrContains(models.err, "UNIMPLEMENTED")) {
+    GTEST_SKIP() << "serving is not wired into kilnd: " << models.err;
+  }
+  // Colour: label k (0..2) lights channel k. Per-channel normalisation travels with the job.
+  const std::string dir = *root_ + "/serve-colour";
+  std::filesystem::create_directories(dir);
+  std::string batch;
+  for (int i = 0; i < 90; ++i) {
+    const int label = i % 3;
+    batch += static_cast<char>(label);
+    for (int c = 0; c < 3; ++c) batch.append(1024, static_cast<char>(c == label ? 200 : i % 50));
+  }
+  WriteFile(dir + "/b.bin", batch);
+  ASSERT_EQ(Kiln({"upload", "rgb", "--format", "cifar10", "--train", dir + "/b.bin"}).exit_code, 0);
+  WriteFile(dir + "/rgb.json", R"({
+  "dataset": "rgb", "epochs": 3, "batch_size": 16, "seed": 3, "device": "cpu",
+  "model": {"input_shape": [3, 32, 32],
+            "layers": [{"flatten": {}}, {"linear": {"in_features": 3072, "out_features": 3}}]},
+  "optimizer": {"kind": "KIND_ADAM", "lr": 0.001},
+  "normalization": {"scale": 0.00392157, "channel_mean": [0.3, 0.3, 0.3],
+                    "channel_std": [0.3, 0.3, 0.3]}
+})");
+  const std::string rgb = Submit(dir + "/rgb.json");
+  ASSERT_FALSE(rgb.empty());
+  ASSERT_EQ(Kiln({"watch", rgb}).exit_code, 0);
+  ASSERT_EQ(Kiln({"deploy", rgb + "@latest", "--name", "rgb"}).exit_code, 0);
+  RunResult colour =
+      Kiln({"predict", "rgb", dir + "/b.bin", "--index", "0,1,2", "--output", "json"});
+  ASSERT_EQ(colour.exit_code, 0) << colour.err;
+  const nlohmann::json by_colour = nlohmann::json::parse(colour.out);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(by_colour.at("predictions")[i].at("class"), i);
+
+  // A table: the label is whether x (in the thousands) + 100 y passes 1500.
+  std::string table = "x,y,label\n";
+  for (int i = 0; i < 200; ++i) {
+    const int x = 1000 + (i * 37) % 1000, y = (i * 11) % 7;
+    table += absl::StrCat(x, ",", y, ",", x + 100 * y > 1800 ? 1 : 0, "\n");
+  }
+  WriteFile(dir + "/t.csv", table);
+  ASSERT_EQ(Kiln({"upload", "tab", "--format", "csv", "--train", dir + "/t.csv"}).exit_code, 0);
+  WriteFile(dir + "/tab.json", R"({
+  "dataset": "tab", "epochs": 30, "batch_size": 16, "seed": 3, "device": "cpu",
+  "model": {"input_shape": [2],
+            "layers": [{"linear": {"in_features": 2, "out_features": 16}}, {"relu": {}},
+                       {"linear": {"in_features": 16, "out_features": 2}}]},
+  "optimizer": {"kind": "KIND_ADAM", "lr": 0.02}
+})");
+  const std::string tab = Submit(dir + "/tab.json");
+  ASSERT_FALSE(tab.empty());
+  ASSERT_EQ(Kiln({"watch", tab}).exit_code, 0);
+  ASSERT_EQ(Kiln({"deploy", tab + "@latest", "--name", "tab"}).exit_code, 0);
+  WriteFile(dir + "/rows.csv", "x,y,label\n1900,6,1\n1050,0,0\n");
+  RunResult rows = Kiln({"predict", "tab", dir + "/rows.csv", "--output", "json"});
+  ASSERT_EQ(rows.exit_code, 0) << rows.err;
+  const nlohmann::json by_row = nlohmann::json::parse(rows.out);
+  ASSERT_EQ(by_row.at("predictions").size(), 2u);
+  EXPECT_EQ(by_row.at("predictions")[0].at("class"), 1) << rows.out;
+  EXPECT_EQ(by_row.at("predictions")[1].at("class"), 0) << rows.out;
+  EXPECT_THAT(by_row.at("predictions")[0].at("file").get<std::string>(), HasSubstr("rows.csv#2"));
+  WriteFile(dir + "/short.csv", "1900\n");
+  RunResult short_row = Kiln({"predict", "tab", dir + "/short.csv"});
+  EXPECT_EQ(short_row.exit_code, 2);
+  EXPECT_THAT(short_row.err, HasSubstr("line 1 has 1 cells but the model takes 2 features"));
 }
 
 }  // namespace

@@ -99,6 +99,62 @@ TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
   EXPECT_OK(backend_->Synchronize());
 }
 
+TEST_P(BackendEdgeCases, PerChannelNormalisationUsesEachChannelsMeanAndStd) {
+  // Two samples of 3 channels x 4 pixels (plane 4: the vectorised path) and of 3 x 3 (scalar).
+  for (int64_t plane : {int64_t{4}, int64_t{3}}) {
+    SCOPED_TRACE(::testing::Message() << "plane " << plane);
+    const int64_t elems = 3 * plane;
+    std::vector<uint8_t> pixels(2 * elems);
+    for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 37 % 256);
+    PixelNorm norm;
+    norm.channel_mean = {0.5f, 0.25f, 0.0f};
+    norm.channel_std = {0.5f, 0.25f, 2.0f};
+    Tensor px = Make(DType::kU8, {2, elems}), idx = Make(DType::kI32, {2});
+    Tensor out = Make(DType::kF32, {2, elems}), again = Make(DType::kF32, {2, elems});
+    const int32_t index[2] = {1, 0};
+    ASSERT_OK(backend_->CopyFromHost(pixels.data(), pixels.size(), &px));
+    ASSERT_OK(backend_->CopyFromHost(index, sizeof(index), &idx));
+    ASSERT_OK(
+        backend_->GatherNormalize(2, elems, idx.i32(), px.u8(), nullptr, norm, out.f32(), nullptr));
+    std::vector<float> got(2 * elems);
+    ASSERT_OK(backend_->CopyToHost(out, got.data(), got.size() * sizeof(float)));
+    for (int i = 0; i < 2; ++i) {
+      for (int64_t j = 0; j < elems; ++j) {
+        const int c = static_cast<int>(j / plane);
+        const float want =
+            (pixels[index[i] * elems + j] / 255.0f - norm.channel_mean[c]) / norm.channel_std[c];
+        EXPECT_NEAR(got[i * elems + j], want, 1e-5f) << "sample " << i << " element " << j;
+      }
+    }
+    // Float inputs of pixel / 255 with a 255 times larger scale land on the same values.
+    std::vector<float> unit(2 * elems);
+    for (int i = 0; i < 2; ++i) {
+      for (int64_t j = 0; j < elems; ++j)
+        unit[i * elems + j] = pixels[index[i] * elems + j] / 255.0f;
+    }
+    ASSERT_OK(backend_->CopyFromHost(unit.data(), unit.size() * sizeof(float), &again));
+    PixelNorm scaled = norm;
+    scaled.scale *= 255.0f;
+    ASSERT_OK(backend_->Normalize(2, elems, again.f32(), scaled, again.f32()));
+    std::vector<float> got_f32(2 * elems);
+    ASSERT_OK(backend_->CopyToHost(again, got_f32.data(), got_f32.size() * sizeof(float)));
+    for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got_f32[k], got[k], 1e-5f) << k;
+  }
+  // Channels that do not divide the sample are refused, not read past.
+  PixelNorm bad;
+  bad.channel_mean = {0, 0};
+  bad.channel_std = {1, 1};
+  Tensor px = Make(DType::kU8, {1, 3}), idx = Make(DType::kI32, {1}),
+         out = Make(DType::kF32, {1, 3});
+  ASSERT_OK(backend_->Fill(&idx, 0.0f));
+  EXPECT_EQ(
+      backend_->GatherNormalize(1, 3, idx.i32(), px.u8(), nullptr, bad, out.f32(), nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  bad.channel_std = {1};
+  EXPECT_EQ(backend_->Normalize(1, 2, out.f32(), bad, out.f32()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A convolution whose scratch cannot be had (here im2col columns of 4097^2 x 2^20 floats, 70 TB)
 // is an error naming the workspace, never an exception: a job fails, the daemon stays up. The
 // CPU's alone: cuDNN keeps its workspace within a fixed limit, picking algorithms to fit. More

@@ -855,8 +855,8 @@ TEST_P(OpParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {
     int64_t sample_elems;
     bool labels;
   };
-  for (Case c :
-       {Case{64, 784, true}, Case{5, 49, false}, Case{3, 3, true}, Case{1000, 784, true}}) {
+  for (Case c : {Case{64, 784, true}, Case{5, 49, false}, Case{3, 3, true}, Case{1000, 784, true},
+                 Case{64, 3 * 32 * 32, true}, Case{7, 3 * 5 * 5, false}}) {
     SCOPED_TRACE(::testing::Message() << c.count << " x " << c.sample_elems);
     const int dataset = 97;
     std::mt19937 gen(42);
@@ -870,6 +870,10 @@ TEST_P(OpParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {
     PixelNorm norm;
     norm.mean = 0.1307f;
     norm.std = 0.3081f;
+    if (c.sample_elems % 75 == 0 || c.sample_elems == 3 * 32 * 32) {
+      norm.channel_mean = {0.4914f, 0.4822f, 0.4465f};  // CIFAR-10's
+      norm.channel_std = {0.2470f, 0.2435f, 0.2616f};
+    }
     ASSERT_OK(RunBoth([&](Backend& be, Side s) {
       return be.GatherNormalize(c.count, c.sample_elems, idx.i(s), px.u(s), labels.i(s), norm,
                                 out.f(s), c.labels ? labels_out.i(s) : nullptr);
@@ -885,14 +889,28 @@ TEST_P(OpParity, NormalizeMatchesInPlaceAndIntoAnotherBuffer) {
   norm.scale = 1.0f;
   norm.mean = 0.1307f;
   norm.std = 0.3081f;
-  for (int64_t n : {int64_t{1}, int64_t{783}, int64_t{64} * 784}) {
-    SCOPED_TRACE(::testing::Message() << n << " values");
+  struct Case {
+    int count;
+    int64_t sample_elems;
+    int channels;
+  };
+  for (Case c : {Case{1, 1, 1}, Case{1, 783, 1}, Case{64, 784, 1}, Case{9, 3 * 32 * 32, 3},
+                 Case{5, 3 * 7, 3}}) {
+    const int64_t n = c.count * c.sample_elems;
+    SCOPED_TRACE(::testing::Message() << n << " values, " << c.channels << " channels");
+    PixelNorm cn = norm;
+    if (c.channels == 3) {
+      cn.channel_mean = {0.4914f, 0.4822f, 0.4465f};
+      cn.channel_std = {0.2470f, 0.2435f, 0.2616f};
+    }
     const std::vector<float> x = RandomValues(n, 46, 0.0f, 1.0f);
     Both in = Upload(x), out = Garbage(n), in_place = Upload(x);
-    ASSERT_OK(
-        RunBoth([&](Backend& be, Side s) { return be.Normalize(n, in.f(s), norm, out.f(s)); }));
-    ASSERT_OK(RunBoth(
-        [&](Backend& be, Side s) { return be.Normalize(n, in_place.f(s), norm, in_place.f(s)); }));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.Normalize(c.count, c.sample_elems, in.f(s), cn, out.f(s));
+    }));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.Normalize(c.count, c.sample_elems, in_place.f(s), cn, in_place.f(s));
+    }));
     ExpectClose(out, "normalized");
     ExpectClose(in_place, "normalized in place");
   }

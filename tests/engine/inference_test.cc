@@ -127,13 +127,78 @@ TEST_F(InferenceTest, NonFiniteWeightsAreDataLossNeverAnAnswer) {
   EXPECT_NE(status.message().find("non-finite probability"), absl::string_view::npos) << status;
 }
 
+// 3x4x4 colour samples whose label (0..2) is the brightest channel.
+Dataset BrightestChannel(int n, uint32_t seed) {
+  Dataset d;
+  d.sample_shape = {3, 4, 4};
+  d.size = n;
+  d.num_classes = 3;
+  uint32_t x = seed * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    const int label = i % 3;
+    d.labels.push_back(label);
+    for (int c = 0; c < 3; ++c) {
+      for (int j = 0; j < 16; ++j) {
+        x = x * 1664525u + 1013904223u;
+        d.pixels.push_back(static_cast<uint8_t>((c == label ? 150 : 0) + (x >> 24) % 100));
+      }
+    }
+  }
+  return d;
+}
+
+TEST(PerChannelInferenceTest, ACheckpointKeepsThePerChannelNormAndServingAppliesIt) {
+  auto b = CreateBackend("cpu", {2});
+  ASSERT_OK(b);
+  const Dataset train = BrightestChannel(150, 1), test = BrightestChannel(60, 2);
+  TrainConfig c;
+  c.model.input_shape = {3, 4, 4};
+  c.model.layers = {FlattenConfig{}, LinearConfig{48, 3}};
+  c.optimizer.kind = OptimizerConfig::Kind::kAdam;
+  c.optimizer.lr = 0.01f;
+  c.batch_size = 16;
+  c.epochs = 3;
+  // Channel means far apart, so serving with the scalar norm would not answer the same.
+  c.norm.channel_mean = {0.9f, 0.1f, 0.5f};
+  c.norm.channel_std = {0.2f, 0.3f, 0.05f};
+  auto t = Trainer::Create(c, b->get(), &train, &test);
+  ASSERT_OK(t);
+  ASSERT_OK((*t)->Run({}));
+  const double accuracy = (*(*t)->Evaluate(test)).accuracy;
+  EXPECT_GT(accuracy, 0.9);
+  testing::TempDir dir;
+  ASSERT_OK((*t)->SaveCheckpoint(dir.file("c.safetensors")));
+  auto s = InferenceSession::FromCheckpoint(dir.file("c.safetensors"), b->get(), 60);
+  ASSERT_OK(s);
+  EXPECT_EQ((*s)->norm().channel_mean, c.norm.channel_mean);
+  EXPECT_EQ((*s)->norm().channel_std, c.norm.channel_std);
+  std::vector<float> probs(60 * 3);
+  std::vector<int32_t> cls(60);
+  ASSERT_OK((*s)->PredictU8(test.pixels.data(), 60, probs.data(), cls.data()));
+  int hits = 0;
+  for (int i = 0; i < 60; ++i) hits += cls[i] == test.labels[i];
+  EXPECT_DOUBLE_EQ(hits / 60.0, accuracy);
+
+  // A per-channel norm whose channels do not divide the input is refused before training.
+  TrainConfig bad = c;
+  bad.norm.channel_mean = {0, 0, 0, 0, 0};
+  bad.norm.channel_std = {1, 1, 1, 1, 1};
+  EXPECT_EQ(Trainer::Create(bad, b->get(), &train, &test).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad.norm.channel_mean = {0, 0, 0};
+  bad.norm.channel_std = {1, 0, 1};
+  EXPECT_EQ(Trainer::Create(bad, b->get(), &train, &test).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(InferenceTest, BadRequestsAreErrors) {
   auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 8);
   ASSERT_OK(s);
   std::vector<float> probs(9 * 4);
   std::vector<int32_t> cls(9);
-  EXPECT_NE((*s)->PredictU8(test_.pixels.data(), 9, probs.data(), cls.data()).message().find(
-                "batch 9 is outside 1..8"),
+  EXPECT_NE((*s)->PredictU8(test_.pixels.data(), 9, probs.data(), cls.data())
+                .message()
+                .find("batch 9 is outside 1..8"),
             std::string::npos);
   std::vector<float> bad(64, 0.5f);
   bad[3] = std::nanf("");

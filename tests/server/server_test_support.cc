@@ -63,6 +63,26 @@ std::string ToyImagesIdx(int samples, uint32_t seed) {
   return out;
 }
 
+std::string ToyCifar10(int samples, uint32_t seed) {
+  std::string out;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> noise(0, 60);
+  for (int i = 0; i < samples; ++i) {
+    const int label = LabelOf(i, seed);
+    out.push_back(static_cast<char>(label));
+    const int row0 = (label / 4) * 8, col0 = (label % 4) * 8;
+    for (int ch = 0; ch < 3; ++ch) {
+      for (int r = 0; r < 32; ++r) {
+        for (int c = 0; c < 32; ++c) {
+          const bool on = ch == label % 3 && r >= row0 && r < row0 + 8 && c >= col0 && c < col0 + 8;
+          out.push_back(static_cast<char>(on ? 255 - noise(rng) : noise(rng)));
+        }
+      }
+    }
+  }
+  return out;
+}
+
 std::string ToyLabelsIdx(int samples, uint32_t seed) {
   std::string out;
   PutBigEndian32(&out, 0x00000801);
@@ -179,6 +199,25 @@ v1::JobSpec SmallSpec(const std::string& dataset, int epochs) {
   return spec;
 }
 
+v1::JobSpec SmallColourSpec(const std::string& dataset, int epochs) {
+  v1::JobSpec spec = SmallSpec(dataset, epochs);
+  v1::ModelSpec* model = spec.mutable_model();
+  model->Clear();
+  for (int64_t d : {3, 32, 32}) model->add_input_shape(d);
+  v1::Conv2dLayer* conv = model->add_layers()->mutable_conv2d();
+  conv->set_in_channels(3);
+  conv->set_out_channels(4);
+  conv->set_kernel_size(3);
+  conv->set_padding(1);
+  model->add_layers()->mutable_relu();
+  model->add_layers()->mutable_maxpool2d()->set_kernel_size(4);
+  model->add_layers()->mutable_flatten();
+  v1::LinearLayer* fc = model->add_layers()->mutable_linear();
+  fc->set_in_features(4 * 8 * 8);
+  fc->set_out_features(10);
+  return spec;
+}
+
 bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
   while (absl::Now() < end) {
@@ -234,11 +273,12 @@ std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec) {
 
 grpc::Status Upload(v1::Training::Stub& stub, const std::string& name,
                     const std::vector<std::tuple<std::string, std::string, std::string>>& files,
-                    v1::Dataset* out) {
+                    v1::Dataset* out, v1::DatasetFormat format) {
   grpc::ClientContext context;
   auto writer = stub.UploadDataset(&context, out);
   v1::UploadDatasetRequest header;
   header.mutable_header()->set_name(name);
+  header.mutable_header()->set_format(format);
   writer->Write(header);
   for (const auto& [file, bytes, sha] : files) {
     for (size_t offset = 0; offset < bytes.size(); offset += 50000) {

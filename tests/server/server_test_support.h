@@ -27,6 +27,9 @@ void WriteToyDataset(const std::string& dir, int train_samples, int test_samples
 // The bytes of one IDX file as WriteToyDataset writes it (for uploads).
 std::string ToyImagesIdx(int samples, uint32_t seed);
 std::string ToyLabelsIdx(int samples, uint32_t seed);
+// A CIFAR-10 batch of `samples` records: label k (LabelOf, 0..9) puts a bright 8x8 block in cell
+// (k / 4, k % 4) of channel k % 3, over noise, so a small CNN learns it in a few epochs.
+std::string ToyCifar10(int samples, uint32_t seed);
 // `bytes` as one gzip member.
 std::string Gzip(const std::string& bytes);
 // A gzip file of an unsigned-byte IDX array of `dims`, all zeros: a few hundred KB that inflate
@@ -39,6 +42,8 @@ void ResetPeakRss();
 
 // A 784-32-10 MLP with SGD on `dataset`, batch 32.
 v1::JobSpec SmallSpec(const std::string& dataset, int epochs);
+// A CNN on 3x32x32 images (conv 3->4, relu, maxpool 4, flatten, linear 256->10), SGD, batch 32.
+v1::JobSpec SmallColourSpec(const std::string& dataset, int epochs);
 
 // Polls `done` every 10 ms until it holds or `timeout` passes; returns whether it held.
 bool WaitFor(const std::function<bool()>& done, absl::Duration timeout);
@@ -65,7 +70,7 @@ std::string SubmitJob(v1::Training::Stub& stub, const v1::JobSpec& spec);
 // the sha256 to claim on the last; `files` are (file name, bytes, sha256) in order.
 grpc::Status Upload(v1::Training::Stub& stub, const std::string& name,
                     const std::vector<std::tuple<std::string, std::string, std::string>>& files,
-                    v1::Dataset* out);
+                    v1::Dataset* out, v1::DatasetFormat format = v1::DATASET_FORMAT_UNSPECIFIED);
 // ListCheckpoints of a job, oldest first (a test failure when the call fails).
 std::vector<v1::Checkpoint> ListCheckpoints(v1::Training::Stub& stub, const std::string& job_id);
 

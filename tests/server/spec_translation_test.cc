@@ -48,6 +48,37 @@ TEST(SpecTranslationTest, MnistCnnPresetIsTheReferenceConfiguration) {
   EXPECT_FLOAT_EQ(config->norm.std, 1.0f);
 }
 
+TEST(SpecTranslationTest, PerChannelNormalisationIsTranslatedAndCheckedFieldByField) {
+  v1::JobSpec spec = testing::SmallColourSpec("c10", 1);
+  v1::PixelNormSpec* norm = spec.mutable_normalization();
+  norm->set_scale(1.0f / 255.0f);
+  for (float m : {0.4914f, 0.4822f, 0.4465f}) norm->add_channel_mean(m);
+  for (float s : {0.2470f, 0.2435f, 0.2616f}) norm->add_channel_std(s);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config);
+  EXPECT_THAT(config->norm.channel_mean, ::testing::ElementsAre(0.4914f, 0.4822f, 0.4465f));
+  EXPECT_THAT(config->norm.channel_std, ::testing::ElementsAre(0.2470f, 0.2435f, 0.2616f));
+  EXPECT_EQ(config->norm.channels(), 3);
+
+  auto refused = [&](const v1::JobSpec& s) {
+    absl::StatusOr<TrainConfig> c = TranslateSpec(s, SpecLimits());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(c.status().message());
+  };
+  v1::JobSpec uneven = spec;
+  uneven.mutable_normalization()->add_channel_std(1.0f);
+  EXPECT_THAT(refused(uneven), ::testing::HasSubstr("spec.normalization.channel_std"));
+  v1::JobSpec zero = spec;
+  zero.mutable_normalization()->set_channel_std(1, 0.0f);
+  EXPECT_THAT(refused(zero), ::testing::HasSubstr("channel_std[1]"));
+  v1::JobSpec both = spec;
+  both.mutable_normalization()->set_std(0.5f);
+  EXPECT_THAT(refused(both), ::testing::HasSubstr("spec.normalization.mean"));
+  v1::JobSpec mlp = testing::SmallSpec("m", 1);
+  *mlp.mutable_normalization() = spec.normalization();
+  EXPECT_THAT(refused(mlp), ::testing::HasSubstr("3 channels but the model's input is"));
+}
+
 TEST(SpecTranslationTest, SetFieldsOverrideThePreset) {
   v1::JobSpec spec;
   spec.set_preset("mnist-mlp");

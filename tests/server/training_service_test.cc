@@ -5,10 +5,13 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,8 +24,11 @@
 namespace kiln::server {
 namespace {
 namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
 using testing::GetJob;
 using ::testing::HasSubstr;
+using testing::SmallColourSpec;
 using testing::SmallSpec;
 using testing::WaitFor;
 using testing::WaitForState;
@@ -800,6 +806,273 @@ std::set<std::string> DatasetNames(v1::Training::Stub& stub) {
   std::set<std::string> names;
   for (const v1::Dataset& d : list.datasets()) names.insert(d.name());
   return names;
+}
+
+TEST_F(TrainingServiceTest, Cifar10UploadIsCheckedRecordByRecordListedAndTrainable) {
+  StartDaemon();
+  const std::string batch1 = testing::ToyCifar10(200, 3);
+  const std::string batch2 = testing::ToyCifar10(120, 4);
+  const std::string test = testing::ToyCifar10(100, 5);
+  v1::Dataset dataset;
+  const v1::DatasetFormat cifar = v1::DATASET_FORMAT_CIFAR10;
+
+  std::string cut = batch2.substr(0, batch2.size() - 5);
+  grpc::Status truncated = testing::Upload(
+      *stub_, "c10",
+      {{"data_batch_1.bin", batch1, Sha256Hex(batch1)}, {"data_batch_2.bin", cut, Sha256Hex(cut)}},
+      &dataset, cifar);
+  EXPECT_EQ(truncated.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(truncated.error_message(),
+              AllOf(HasSubstr("data_batch_2.bin: truncated"),
+                    HasSubstr(absl::StrCat("byte offset ", 119 * 3073))));
+
+  std::string bad_label = batch1;
+  bad_label[7 * 3073] = 10;
+  grpc::Status label = testing::Upload(
+      *stub_, "c10", {{"data_batch_1.bin", bad_label, Sha256Hex(bad_label)}}, &dataset, cifar);
+  EXPECT_EQ(label.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(label.error_message(),
+              AllOf(HasSubstr("data_batch_1.bin"), HasSubstr("record 7"), HasSubstr("label 10")));
+
+  // IDX names are not CIFAR-10's, nor CIFAR-10's IDX's.
+  grpc::Status idx_name = testing::Upload(
+      *stub_, "c10", {{"train-images-idx3-ubyte", batch1, Sha256Hex(batch1)}}, &dataset, cifar);
+  EXPECT_EQ(idx_name.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(idx_name.error_message(), HasSubstr("not a CIFAR-10 batch name"));
+  grpc::Status cifar_as_idx =
+      testing::Upload(*stub_, "c10", {{"data_batch_1.bin", batch1, Sha256Hex(batch1)}}, &dataset);
+  EXPECT_EQ(cifar_as_idx.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status test_only =
+      testing::Upload(*stub_, "c10", {{"test_batch.bin", test, Sha256Hex(test)}}, &dataset, cifar);
+  EXPECT_EQ(test_only.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(test_only.error_message(), HasSubstr("data_batch_<N>.bin"));
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"})) << "failed uploads leave nothing";
+
+  grpc::Status ok = testing::Upload(*stub_, "c10",
+                                    {{"data_batch_1.bin", batch1, Sha256Hex(batch1)},
+                                     {"data_batch_2.bin", batch2, Sha256Hex(batch2)},
+                                     {"test_batch.bin", test, Sha256Hex(test)}},
+                                    &dataset, cifar);
+  ASSERT_OK(ok) << ok.error_message();
+  EXPECT_EQ(dataset.format(), v1::DATASET_FORMAT_CIFAR10);
+  EXPECT_EQ(dataset.train_samples(), 320);
+  EXPECT_EQ(dataset.test_samples(), 100);
+  EXPECT_THAT(dataset.sample_shape(), ElementsAre(3, 32, 32));
+  EXPECT_EQ(dataset.num_classes(), 10);
+
+  grpc::ClientContext context;
+  v1::ListDatasetsResponse list;
+  ASSERT_OK(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list));
+  for (const v1::Dataset& d : list.datasets()) {
+    EXPECT_EQ(d.format(), d.name() == "c10" ? v1::DATASET_FORMAT_CIFAR10 : v1::DATASET_FORMAT_IDX)
+        << d.name();
+  }
+
+  // An MLP on 784 inputs does not fit 3x32x32 samples; the CNN does, and learns them.
+  v1::Job refused;
+  EXPECT_EQ(Submit(SmallSpec("c10", 1), &refused).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const std::string id = SubmitOrDie(SmallColourSpec("c10", 3));
+  testing::WatchResult watched = WatchToEnd(*stub_, id);
+  ASSERT_OK(watched.status);
+  EXPECT_EQ(GetJob(*stub_, id).state(), v1::JOB_STATE_SUCCEEDED) << GetJob(*stub_, id).reason();
+  double accuracy = 0;
+  for (const v1::JobEvent& e : watched.events) {
+    if (e.has_epoch()) accuracy = e.epoch().test_accuracy();
+  }
+  EXPECT_GT(accuracy, 0.6);
+}
+
+TEST_F(TrainingServiceTest, AHandPlacedCifar10FolderIsListedWithItsFormatAndTrainable) {
+  const std::string dir = options_.data_dir + "/placed";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/data_batch_1.bin", std::ios::binary) << testing::ToyCifar10(64, 1);
+  std::ofstream(dir + "/data_batch_2.bin", std::ios::binary) << testing::ToyCifar10(32, 2);
+  std::ofstream(dir + "/batches.meta.txt") << "airplane\n";
+  StartDaemon();
+  grpc::ClientContext context;
+  v1::ListDatasetsResponse list;
+  ASSERT_OK(stub_->ListDatasets(&context, v1::ListDatasetsRequest(), &list));
+  bool seen = false;
+  for (const v1::Dataset& d : list.datasets()) {
+    if (d.name() != "placed") continue;
+    seen = true;
+    EXPECT_EQ(d.format(), v1::DATASET_FORMAT_CIFAR10);
+    EXPECT_EQ(d.train_samples(), 96);
+    EXPECT_EQ(d.test_samples(), 0);
+    EXPECT_THAT(d.sample_shape(), ElementsAre(3, 32, 32));
+  }
+  EXPECT_TRUE(seen);
+  const std::string id = SubmitOrDie(SmallColourSpec("placed", 1));
+  EXPECT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)))
+      << GetJob(*stub_, id).reason();
+
+  // A cut batch placed by hand fails the job with the file named, and kilnd stays up.
+  std::string cut = testing::ToyCifar10(8, 3);
+  cut.resize(cut.size() - 1);
+  std::ofstream(dir + "/data_batch_2.bin", std::ios::binary | std::ios::trunc) << cut;
+  v1::Job refused;
+  grpc::Status s = Submit(SmallColourSpec("placed", 1), &refused);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("data_batch_2.bin"), HasSubstr("truncated")));
+}
+
+// A CSV table "x,y,label" whose label says on which side of a line the point (x in the
+// thousands, y small) lies.
+std::string LineTable(int rows, uint32_t seed) {
+  std::string text = "x,y,label\n";
+  std::mt19937 rng(seed);
+  for (int i = 0; i < rows; ++i) {
+    const int x = 1000 + static_cast<int>(rng() % 1000);
+    const double y = -0.01 * static_cast<double>(rng() % 1000);
+    const int label = (x - 1500) / 500.0 + y / 5.0 > 0 ? 1 : 0;
+    absl::StrAppend(&text, x, ",", y, ",", label, "\n");
+  }
+  return text;
+}
+
+grpc::Status UploadCsv(v1::Training::Stub& stub, const std::string& name,
+                       const std::vector<std::pair<std::string, std::string>>& files,
+                       const v1::CsvOptions& csv, v1::Dataset* out) {
+  grpc::ClientContext context;
+  auto writer = stub.UploadDataset(&context, out);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_name(name);
+  header.mutable_header()->set_format(v1::DATASET_FORMAT_CSV);
+  *header.mutable_header()->mutable_csv() = csv;
+  writer->Write(header);
+  for (const auto& [file, bytes] : files) {
+    v1::UploadDatasetRequest r;
+    r.mutable_chunk()->set_file_name(file);
+    r.mutable_chunk()->set_data(bytes);
+    r.mutable_chunk()->set_sha256(Sha256Hex(bytes));
+    if (!writer->Write(r)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+TEST_F(TrainingServiceTest, CsvUploadIsCheckedRowByRowSplitAndTrainsAStandardisedMlp) {
+  StartDaemon();
+  v1::Dataset dataset;
+  v1::CsvOptions csv;
+  grpc::Status bad_cell =
+      UploadCsv(*stub_, "table", {{"train.csv", "x,y,label\n1,2,0\n3,oops,1\n"}}, csv, &dataset);
+  EXPECT_EQ(bad_cell.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad_cell.error_message(),
+              HasSubstr("train.csv: line 3, column 2 (y): \"oops\" is not a finite number"));
+  grpc::Status ragged =
+      UploadCsv(*stub_, "table", {{"train.csv", "x,y,label\n1,2,0\n3,1\n"}}, csv, &dataset);
+  EXPECT_THAT(ragged.error_message(), HasSubstr("line 3 has 2 cells but the table has 3"));
+  grpc::Status wrong_name =
+      UploadCsv(*stub_, "table", {{"data.csv", "x,label\n1,0\n"}}, csv, &dataset);
+  EXPECT_THAT(wrong_name.error_message(), HasSubstr("is not train.csv or test.csv"));
+  v1::CsvOptions bad_fraction;
+  bad_fraction.set_test_fraction(1.5);
+  EXPECT_EQ(UploadCsv(*stub_, "table", {{"train.csv", LineTable(10, 1)}}, bad_fraction, &dataset)
+                .error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"}));
+
+  // The label first, by name, a fifth of the rows held out.
+  std::string text = LineTable(500, 1);
+  std::string relabelled;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> cells = absl::StrSplit(line, ',');
+    absl::StrAppend(&relabelled, cells[2], ",", cells[0], ",", cells[1], "\n");
+  }
+  csv.set_label_column("label");
+  csv.set_test_fraction(0.2);
+  grpc::Status ok = UploadCsv(*stub_, "table", {{"train.csv", relabelled}}, csv, &dataset);
+  ASSERT_OK(ok) << ok.error_message();
+  EXPECT_EQ(dataset.format(), v1::DATASET_FORMAT_CSV);
+  EXPECT_EQ(dataset.train_samples(), 400);
+  EXPECT_EQ(dataset.test_samples(), 100);
+  EXPECT_THAT(dataset.sample_shape(), ElementsAre(2));
+  EXPECT_EQ(dataset.num_classes(), 2);
+
+  v1::JobSpec spec = SmallSpec("table", 15);
+  v1::ModelSpec* model = spec.mutable_model();
+  model->Clear();
+  model->add_input_shape(2);
+  model->add_layers()->mutable_linear()->set_in_features(2);
+  model->mutable_layers(0)->mutable_linear()->set_out_features(16);
+  model->add_layers()->mutable_relu();
+  model->add_layers()->mutable_linear()->set_in_features(16);
+  model->mutable_layers(2)->mutable_linear()->set_out_features(2);
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_ADAM);
+  spec.mutable_optimizer()->set_lr(0.02f);
+  const std::string id = SubmitOrDie(spec);
+  testing::WatchResult watched = WatchToEnd(*stub_, id);
+  ASSERT_OK(watched.status);
+  EXPECT_EQ(GetJob(*stub_, id).state(), v1::JOB_STATE_SUCCEEDED) << GetJob(*stub_, id).reason();
+  double accuracy = 0;
+  for (const v1::JobEvent& e : watched.events) {
+    if (e.has_epoch()) accuracy = e.epoch().test_accuracy();
+  }
+  EXPECT_GT(accuracy, 0.9) << "the features are standardised with the train split's statistics";
+}
+
+// An .npy file (version 1) of `descr` and `shape` holding `data`.
+std::string Npy(const std::string& descr, const std::vector<int64_t>& shape,
+                const std::string& data) {
+  std::string dims = absl::StrJoin(shape, ", ");
+  if (shape.size() == 1) dims += ",";
+  std::string dict =
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", dims, "), }");
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\0';
+  out += static_cast<char>(dict.size() & 0xff);
+  out += static_cast<char>(dict.size() >> 8);
+  return out + dict + data;
+}
+
+TEST_F(TrainingServiceTest, NpyUploadIsCheckedAsItStreamsAndTrains) {
+  StartDaemon();
+  // uint8 colour images (N, 3, 32, 32) from the toy CIFAR-10 batch, int64 labels.
+  const std::string batch = testing::ToyCifar10(200, 3);
+  std::string pixels;
+  std::string labels;
+  for (int i = 0; i < 200; ++i) {
+    const int64_t label = static_cast<uint8_t>(batch[i * 3073]);
+    labels.append(reinterpret_cast<const char*>(&label), sizeof(label));
+    pixels.append(batch, i * 3073 + 1, 3072);
+  }
+  const std::string x = Npy("|u1", {200, 3, 32, 32}, pixels);
+  const std::string y = Npy("<i8", {200}, labels);
+  v1::Dataset dataset;
+  const v1::DatasetFormat npy = v1::DATASET_FORMAT_NPY;
+
+  const std::string cut = x.substr(0, x.size() - 10);
+  grpc::Status truncated = testing::Upload(
+      *stub_, "arr", {{"train_x.npy", cut, Sha256Hex(cut)}, {"train_y.npy", y, Sha256Hex(y)}},
+      &dataset, npy);
+  EXPECT_EQ(truncated.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(truncated.error_message(), HasSubstr("train_x.npy: truncated"));
+  const std::string short_y = Npy("<i8", {199}, labels.substr(8));
+  grpc::Status mismatch = testing::Upload(
+      *stub_, "arr",
+      {{"train_x.npy", x, Sha256Hex(x)}, {"train_y.npy", short_y, Sha256Hex(short_y)}}, &dataset,
+      npy);
+  EXPECT_THAT(mismatch.error_message(), HasSubstr("count mismatch"));
+  const std::string f64 = Npy("<f8", {1, 1}, std::string(8, '\0'));
+  grpc::Status dtype =
+      testing::Upload(*stub_, "arr", {{"train_x.npy", f64, Sha256Hex(f64)}}, &dataset, npy);
+  EXPECT_THAT(dtype.error_message(), HasSubstr("dtype <f8"));
+  EXPECT_EQ(DatasetNames(*stub_), (std::set<std::string>{"toy"}));
+
+  grpc::Status ok = testing::Upload(
+      *stub_, "arr", {{"train_x.npy", x, Sha256Hex(x)}, {"train_y.npy", y, Sha256Hex(y)}}, &dataset,
+      npy);
+  ASSERT_OK(ok) << ok.error_message();
+  EXPECT_EQ(dataset.format(), v1::DATASET_FORMAT_NPY);
+  EXPECT_EQ(dataset.train_samples(), 200);
+  EXPECT_THAT(dataset.sample_shape(), ElementsAre(3, 32, 32));
+  const std::string id = SubmitOrDie(SmallColourSpec("arr", 2));
+  EXPECT_TRUE(WaitForState(*stub_, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)))
+      << GetJob(*stub_, id).reason();
 }
 
 TEST_F(TrainingServiceTest, UploadCancelledAfterItsTrainFilesPublishesNothingAndARetrySucceeds) {
