@@ -1,7 +1,6 @@
 #include "engine/data/cifar10_reader.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "engine/data/data_file.h"
 
 namespace kiln {
 namespace {
@@ -103,49 +103,7 @@ absl::StatusOr<Dataset> ParseCifar10(std::string_view bytes, const std::string& 
 }
 
 absl::StatusOr<Dataset> ReadCifar10File(const std::string& path, int64_t max_bytes) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (st.type() == fs::file_type::not_found) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  }
-  if (fs::is_directory(st)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is a directory, not a CIFAR-10 batch file"));
-  }
-  FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    const int err = errno;
-    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    return absl::UnavailableError(msg);
-  }
-  // Reads at most max_bytes + 1, so a file that is (or grows) too large is told without
-  // holding it all.
-  std::string bytes;
-  absl::Status status;
-  try {
-    constexpr size_t kChunk = size_t{1} << 20;
-    const size_t limit = static_cast<size_t>(max_bytes) + 1;
-    while (status.ok()) {
-      const size_t have = bytes.size();
-      const size_t want = std::min(kChunk, limit - have);  // have <= limit throughout
-      if (want == 0) break;
-      bytes.resize(have + want);
-      const size_t got = std::fread(bytes.data() + have, 1, want, file);
-      bytes.resize(have + got);
-      if (got < want) {
-        if (std::ferror(file)) {
-          status = absl::DataLossError(absl::StrCat(path, ": read error: ", std::strerror(errno)));
-        }
-        break;
-      }
-    }
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory reading the file"));
-  }
-  std::fclose(file);
-  KILN_RETURN_IF_ERROR(status);
+  KILN_ASSIGN_OR_RETURN(std::string bytes, ReadDataFile(path, "a CIFAR-10 batch file", max_bytes));
   if (static_cast<int64_t>(bytes.size()) > max_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: too large: more than %d bytes (%d records), the most one CIFAR-10 batch file may hold",

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <new>
 #include <utility>
 
@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "engine/data/data_file.h"
 
 namespace kiln {
 namespace {
@@ -175,15 +176,15 @@ absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
 namespace {
 
 absl::StatusOr<Dataset> ReadCsvFile(const std::string& path, const CsvOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  KILN_ASSIGN_OR_RETURN(DataFile file, OpenDataFile(path, "a CSV file"));
   CsvStreamCheck check(path, options, CsvStreamCheck::Keep::kValues);
   std::string buf(size_t{1} << 20, '\0');
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    KILN_RETURN_IF_ERROR(check.Consume(std::string_view(buf.data(), in.gcount())));
+  while (true) {
+    const size_t got = std::fread(buf.data(), 1, buf.size(), file.get());
+    KILN_RETURN_IF_ERROR(check.Consume(std::string_view(buf.data(), got)));
+    if (got < buf.size()) break;
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  if (std::ferror(file.get())) return absl::DataLossError(absl::StrCat(path, ": read error"));
   KILN_RETURN_IF_ERROR(check.Finish());
   Dataset ds;
   ds.sample_shape = {check.features()};

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "common/idx_header.h"
 #include "common/status_macros.h"
+#include "engine/data/data_file.h"
 
 namespace kiln {
 namespace {
@@ -187,36 +188,19 @@ absl::StatusOr<IdxArray> ParseIdxStream(ByteSource& src, const std::string& name
 // byte counts refer to.
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenIdxSource(const std::string& path,
                                                           std::string* content) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  // Other status errors (a parent we may not search, say) are left for fopen to report.
-  if (st.type() == std::filesystem::file_type::not_found) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  }
-  if (std::filesystem::is_directory(st)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not an IDX file"));
-  }
-  FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    const int err = errno;
-    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    return absl::UnavailableError(msg);
-  }
+  KILN_ASSIGN_OR_RETURN(DataFile opened, OpenDataFile(path, "an IDX file"));
+  FILE* file = opened.get();
   uint8_t head[2] = {0, 0};
   const size_t head_len = std::fread(head, 1, sizeof(head), file);
   const bool gzipped = head_len == 2 && head[0] == 0x1f && head[1] == 0x8b;
   if (!gzipped) {
     if (std::fseek(file, 0, SEEK_SET) != 0) {
-      const int err = errno;
-      std::fclose(file);
-      return absl::DataLossError(absl::StrCat(path, ": cannot seek: ", std::strerror(err)));
+      return absl::DataLossError(absl::StrCat(path, ": cannot seek: ", std::strerror(errno)));
     }
     *content = "file";
-    return std::make_unique<PlainFileSource>(file, path);
+    return std::make_unique<PlainFileSource>(opened.release(), path);
   }
-  std::fclose(file);
+  // gzip reads the file through its own handle; `opened` closes at return.
   gzFile gz = gzopen(path.c_str(), "rb");
   if (gz == nullptr) {
     return absl::UnavailableError(

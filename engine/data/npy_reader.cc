@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <new>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "engine/data/csv_reader.h"
+#include "engine/data/data_file.h"
 
 namespace kiln {
 namespace {
@@ -255,13 +255,7 @@ absl::StatusOr<Dataset> ParseNpySplit(std::string_view x, const std::string& x_n
 namespace {
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  try {
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(path, ": out of memory reading it"));
-  }
+  return ReadDataFile(path, "a .npy file", std::numeric_limits<int64_t>::max() - 1);
 }
 
 absl::StatusOr<Dataset> LoadSplit(const std::string& dir, const char* x, const char* y) {
