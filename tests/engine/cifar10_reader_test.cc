@@ -4,21 +4,18 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 
 namespace kiln {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -37,22 +34,13 @@ std::string MakeCifar(const std::vector<uint8_t>& labels) {
 
 class Cifar10ReaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("kiln_cifar10_test_", getpid(), "_",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Write(const std::string& name, const std::string& bytes) const {
-    const std::string path = (dir_ / name).string();
+    const std::string path = dir_.file(name);
     std::ofstream(path, std::ios::binary) << bytes;
     return path;
   }
 
-  fs::path dir_;
+  testing::TempDir dir_;
 };
 
 TEST_F(Cifar10ReaderTest, ParsesRecordsAsChwImagesWithTheirLabels) {
@@ -111,11 +99,9 @@ TEST_F(Cifar10ReaderTest, OversizedFileIsRefusedNamingTheLimit) {
 }
 
 TEST_F(Cifar10ReaderTest, MissingFileAndFolderAreNotFound) {
-  EXPECT_EQ(ReadCifar10File((dir_ / "none.bin").string()).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(LoadCifar10Folder((dir_ / "none").string()).status().code(),
-            absl::StatusCode::kNotFound);
-  absl::StatusOr<DatasetSplits> empty = LoadCifar10Folder(dir_.string());
+  EXPECT_EQ(ReadCifar10File(dir_.file("none.bin")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadCifar10Folder(dir_.file("none")).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<DatasetSplits> empty = LoadCifar10Folder(dir_.path());
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(empty.status().message(), HasSubstr("data_batch_"));
 }
@@ -158,8 +144,8 @@ TEST_F(Cifar10ReaderTest, FolderJoinsTrainBatchesInNumericOrder) {
   Write("data_batch_1.bin", MakeCifar({1}));
   Write("test_batch.bin", MakeCifar({5, 6}));
   Write("batches.meta.txt", "airplane\n");
-  EXPECT_EQ(DetectDatasetFormat(dir_.string()), DatasetFormat::kCifar10);
-  absl::StatusOr<DatasetSplits> splits = LoadDatasetFolder(dir_.string(), DatasetFormat::kCifar10);
+  EXPECT_EQ(DetectDatasetFormat(dir_.path()), DatasetFormat::kCifar10);
+  absl::StatusOr<DatasetSplits> splits = LoadDatasetFolder(dir_.path(), DatasetFormat::kCifar10);
   ASSERT_OK(splits);
   EXPECT_THAT(splits->train.labels, ElementsAre(1, 2, 2, 9));
   EXPECT_EQ(splits->train.size, 4);
@@ -174,7 +160,7 @@ TEST_F(Cifar10ReaderTest, ABadBatchInAFolderIsNamed) {
   std::string cut = MakeCifar({1});
   cut.pop_back();
   const std::string bad = Write("data_batch_2.bin", cut);
-  absl::StatusOr<DatasetSplits> splits = LoadCifar10Folder(dir_.string());
+  absl::StatusOr<DatasetSplits> splits = LoadCifar10Folder(dir_.path());
   EXPECT_EQ(splits.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(splits.status().message(), HasSubstr(bad));
 }
@@ -184,7 +170,7 @@ TEST_F(Cifar10ReaderTest, FormatNamesRoundTrip) {
     EXPECT_EQ(DatasetFormatFromName(DatasetFormatName(f)), f);
   }
   EXPECT_EQ(DatasetFormatFromName("png"), std::nullopt);
-  EXPECT_EQ(DetectDatasetFormat(dir_.string()), DatasetFormat::kIdx);
+  EXPECT_EQ(DetectDatasetFormat(dir_.path()), DatasetFormat::kIdx);
 }
 
 }  // namespace
