@@ -3,8 +3,11 @@
 // lane split is fixed at compile time), so results are the same bits for any thread count. At least
 // as fast as oneDNN's primitive on NCHW data: 64x32x16x16 on 2 threads, best of several runs on a
 // busy machine, 1.5 ms forward and 0.6 ms backward against oneDNN's 1.9 and 7 ms.
+// BatchNorm1d's (batch, features) layout, where a channel's values lie `channels` apart, has loops
+// of its own that walk the rows and keep a block of channels side by side (see kChannelBlock).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/cpu/cpu_backend.h"
@@ -35,6 +38,120 @@ void AffineChannel(const BatchNormGeometry& g, int c, float scale, float shift, 
   }
 }
 
+// The (batch, channels) loops give each thread whole blocks of adjacent channels and sum them
+// row by row: unit-stride SIMD across channels, and per channel the same row order as the planar
+// loops (so the same bits). 64 doubles of each running sum stay in registers and L1.
+constexpr int kChannelBlock = 64;
+
+int ChannelBlocks(const BatchNormGeometry& g) {
+  return (g.channels + kChannelBlock - 1) / kChannelBlock;
+}
+
+void ForwardTrainingRows(const BatchNormGeometry& g, int block, double eps, double momentum,
+                         const float* x, const float* gamma, const float* beta, float* y,
+                         float* running_mean, float* running_var, float* saved_mean,
+                         float* saved_invstd) {
+  const int c0 = block * kChannelBlock, width = std::min(kChannelBlock, g.channels - c0);
+  const double n = static_cast<double>(g.batch);
+  double sum[kChannelBlock] = {}, squares[kChannelBlock] = {}, mean[kChannelBlock];
+  float scale[kChannelBlock], shift[kChannelBlock];
+  for (int i = 0; i < g.batch; ++i) {
+    const float* in = x + int64_t{i} * g.channels + c0;
+#pragma omp simd
+    for (int j = 0; j < width; ++j) sum[j] += in[j];
+  }
+  for (int j = 0; j < width; ++j) mean[j] = sum[j] / n;
+  for (int i = 0; i < g.batch; ++i) {
+    const float* in = x + int64_t{i} * g.channels + c0;
+#pragma omp simd
+    for (int j = 0; j < width; ++j) {
+      const double d = in[j] - mean[j];
+      squares[j] += d * d;
+    }
+  }
+  for (int j = 0; j < width; ++j) {
+    const int c = c0 + j;
+    const double invstd = 1.0 / std::sqrt(squares[j] / n + eps);
+    saved_mean[c] = static_cast<float>(mean[j]);
+    saved_invstd[c] = static_cast<float>(invstd);
+    running_mean[c] = static_cast<float>((1 - momentum) * running_mean[c] + momentum * mean[j]);
+    running_var[c] =
+        static_cast<float>((1 - momentum) * running_var[c] + momentum * (squares[j] / (n - 1)));
+    const double s = gamma[c] * invstd;
+    scale[j] = static_cast<float>(s);
+    shift[j] = static_cast<float>(beta[c] - mean[j] * s);
+  }
+  for (int i = 0; i < g.batch; ++i) {
+    const float* __restrict in = x + int64_t{i} * g.channels + c0;
+    float* __restrict out = y + int64_t{i} * g.channels + c0;
+#pragma omp simd
+    for (int j = 0; j < width; ++j) out[j] = in[j] * scale[j] + shift[j];
+  }
+}
+
+void InferenceRows(const BatchNormGeometry& g, int block, double eps, const float* x,
+                   const float* gamma, const float* beta, const float* running_mean,
+                   const float* running_var, float* y) {
+  const int c0 = block * kChannelBlock, width = std::min(kChannelBlock, g.channels - c0);
+  float scale[kChannelBlock], shift[kChannelBlock];
+  for (int j = 0; j < width; ++j) {
+    const int c = c0 + j;
+    const double s = gamma[c] / std::sqrt(static_cast<double>(running_var[c]) + eps);
+    scale[j] = static_cast<float>(s);
+    shift[j] = static_cast<float>(beta[c] - running_mean[c] * s);
+  }
+  for (int i = 0; i < g.batch; ++i) {
+    const float* __restrict in = x + int64_t{i} * g.channels + c0;
+    float* __restrict out = y + int64_t{i} * g.channels + c0;
+#pragma omp simd
+    for (int j = 0; j < width; ++j) out[j] = in[j] * scale[j] + shift[j];
+  }
+}
+
+void BackwardRows(const BatchNormGeometry& g, int block, const float* x, const float* gamma,
+                  const float* saved_mean, const float* saved_invstd, const float* dy,
+                  float* dgamma, float* dbeta, float* dx) {
+  const int c0 = block * kChannelBlock, width = std::min(kChannelBlock, g.channels - c0);
+  const double n = static_cast<double>(g.batch);
+  double sum_dy[kChannelBlock] = {}, sum_dy_xhat[kChannelBlock] = {};
+  double mean[kChannelBlock], invstd[kChannelBlock];
+  for (int j = 0; j < width; ++j) {
+    mean[j] = saved_mean[c0 + j];
+    invstd[j] = saved_invstd[c0 + j];
+  }
+  for (int i = 0; i < g.batch; ++i) {
+    const float* in = x + int64_t{i} * g.channels + c0;
+    const float* d = dy + int64_t{i} * g.channels + c0;
+#pragma omp simd
+    for (int j = 0; j < width; ++j) {
+      sum_dy[j] += d[j];
+      sum_dy_xhat[j] += d[j] * (in[j] - mean[j]) * invstd[j];
+    }
+  }
+  float k[kChannelBlock], mean_dy[kChannelBlock], mean_dy_xhat[kChannelBlock];
+  float m[kChannelBlock], is[kChannelBlock];
+  for (int j = 0; j < width; ++j) {
+    const int c = c0 + j;
+    dgamma[c] += static_cast<float>(sum_dy_xhat[j]);
+    dbeta[c] += static_cast<float>(sum_dy[j]);
+    k[j] = static_cast<float>(gamma[c] * invstd[j]);
+    mean_dy[j] = static_cast<float>(sum_dy[j] / n);
+    mean_dy_xhat[j] = static_cast<float>(sum_dy_xhat[j] / n);
+    m[j] = static_cast<float>(mean[j]);
+    is[j] = static_cast<float>(invstd[j]);
+  }
+  if (dx == nullptr) return;
+  for (int i = 0; i < g.batch; ++i) {
+    const float* __restrict in = x + int64_t{i} * g.channels + c0;
+    const float* __restrict d = dy + int64_t{i} * g.channels + c0;
+    float* __restrict out = dx + int64_t{i} * g.channels + c0;
+#pragma omp simd
+    for (int j = 0; j < width; ++j) {
+      out[j] = k[j] * (d[j] - mean_dy[j] - (in[j] - m[j]) * is[j] * mean_dy_xhat[j]);
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status CpuBackend::BatchNormForwardTraining(const BatchNormGeometry& g, double eps,
@@ -44,6 +161,14 @@ absl::Status CpuBackend::BatchNormForwardTraining(const BatchNormGeometry& g, do
                                                   float* saved_mean, float* saved_invstd) {
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
   const int64_t n = g.values_per_channel();
+  if (g.spatial == 1) {
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
+    for (int b = 0; b < ChannelBlocks(g); ++b) {
+      ForwardTrainingRows(g, b, eps, momentum, x, gamma, beta, y, running_mean, running_var,
+                          saved_mean, saved_invstd);
+    }
+    return absl::OkStatus();
+  }
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
   for (int c = 0; c < g.channels; ++c) {
     double sum = 0;
@@ -82,6 +207,13 @@ absl::Status CpuBackend::BatchNormForwardInference(const BatchNormGeometry& g, d
                                                    const float* running_var, float* y) {
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/false); !s.ok()) return s;
   const int64_t n = g.values_per_channel();
+  if (g.spatial == 1) {
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
+    for (int b = 0; b < ChannelBlocks(g); ++b) {
+      InferenceRows(g, b, eps, x, gamma, beta, running_mean, running_var, y);
+    }
+    return absl::OkStatus();
+  }
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
   for (int c = 0; c < g.channels; ++c) {
     const double scale = gamma[c] / std::sqrt(static_cast<double>(running_var[c]) + eps);
@@ -97,6 +229,13 @@ absl::Status CpuBackend::BatchNormBackward(const BatchNormGeometry& g, double ep
                                            float* dgamma, float* dbeta, float* dx) {
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
   const int64_t n = g.values_per_channel();
+  if (g.spatial == 1) {
+#pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
+    for (int b = 0; b < ChannelBlocks(g); ++b) {
+      BackwardRows(g, b, x, gamma, saved_mean, saved_invstd, dy, dgamma, dbeta, dx);
+    }
+    return absl::OkStatus();
+  }
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
   for (int c = 0; c < g.channels; ++c) {
     const double mean = saved_mean[c], invstd = saved_invstd[c];
