@@ -5,7 +5,8 @@
   bench/torch_cifar_peer.py table DIR    an MLP with BatchNorm1d on DIR/train.csv, DIR/test.csv
   bench/torch_cifar_peer.py resnet DIR --check-checkpoint FILE
                                          loads a kiln checkpoint into the same module with
-                                         strict=True and prints its test accuracy
+                                         strict=True and prints its test accuracy, with the
+                                         test split normalised as the checkpoint records
 
 ResNet-8 is He et al.'s CIFAR layout with n = 1 (6n + 2 = 8 weighted layers: a 3x3 conv to 16
 channels, three stages of one basic block at 16, 32 and 64 channels, the last two with stride 2,
@@ -127,6 +128,7 @@ def accuracy(net, x, y, bs=1000):
 
 
 def read_safetensors(path):
+    """The tensors of a safetensors file, and its __metadata__ strings."""
     dtypes = {"F32": "<f4", "I32": "<i4", "U8": "u1", "I64": "<i8", "U64": "<u8"}
     with open(path, "rb") as f:
         data = f.read()
@@ -139,7 +141,39 @@ def read_safetensors(path):
         begin, end = info["data_offsets"]
         arr = np.frombuffer(data[8 + n + begin:8 + n + end], dtype=dtypes[info["dtype"]])
         out[name] = torch.from_numpy(arr.reshape(info["shape"]).copy())
-    return out
+    return out, header.get("__metadata__", {})
+
+
+def kiln_norm(text):
+    """kiln's "kiln.norm" metadata: "scale,mean,std[;means;stds[;features]]"."""
+    sections = text.split(";")
+    scale, mean, std = (float(v) for v in sections[0].split(","))
+    if len(sections) >= 3:
+        mean = [float(v) for v in sections[1].split(",")]
+        std = [float(v) for v in sections[2].split(",")]
+    else:
+        mean, std = [mean], [std]
+    return scale, torch.tensor(mean), torch.tensor(std)
+
+
+def raw_test_split(workload, d):
+    """The test split as stored (bytes for images, numbers for a table), before normalisation."""
+    if workload == "resnet":
+        rec = np.frombuffer(open(os.path.join(d, "test_batch.bin"), "rb").read(), dtype=np.uint8)
+        rec = rec.reshape(-1, 3073)
+        x = torch.from_numpy(rec[:, 1:].reshape(-1, 3, 32, 32).astype(np.float32))
+        return x, torch.from_numpy(rec[:, 0].astype(np.int64))
+    a = np.loadtxt(os.path.join(d, "test.csv"), delimiter=",", skiprows=1, dtype=np.float64)
+    return torch.from_numpy(a[:, :-1].astype(np.float32)), torch.from_numpy(a[:, -1].astype(np.int64))
+
+
+def normalise_as_kiln(x, norm):
+    """(raw * scale - mean[c]) / std[c], per channel (images) or per feature (tables)."""
+    scale, mean, std = norm
+    shape = (1, -1, 1, 1) if x.dim() == 4 else (1, -1)
+    if mean.numel() == 1:
+        shape = (1,) * x.dim()
+    return (x * scale - mean.reshape(shape)) / std.reshape(shape)
 
 
 def main():
@@ -156,15 +190,25 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
 
-    xtr, ytr, xte, yte = (load_cifar if a.workload == "resnet" else load_table)(a.data)
-    net = ResNet8() if a.workload == "resnet" else table_mlp(xtr.shape[1])
     if a.check_checkpoint:
-        tensors = read_safetensors(a.check_checkpoint)
+        # Only the checkpoint: its weights and buffers, and the normalisation it records.
+        tensors, metadata = read_safetensors(a.check_checkpoint)
+        xte, yte = raw_test_split(a.workload, a.data)
+        net = ResNet8() if a.workload == "resnet" else table_mlp(xte.shape[1])
         state = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
         net.load_state_dict(state, strict=True)
+        xte = normalise_as_kiln(xte, kiln_norm(metadata["kiln.norm"]))
+        correct = round(accuracy(net, xte, yte) * xte.shape[0] / 100)
+        net.eval()
+        with torch.no_grad():
+            first = net(xte[:1]).argmax(1).item()
         print(f"checkpoint {a.check_checkpoint}: loaded with strict=True; "
-              f"test_acc={accuracy(net, xte, yte):.2f}%", flush=True)
+              f"test_acc={accuracy(net, xte, yte):.2f}% correct={correct}/{xte.shape[0]} "
+              f"first_class={first}", flush=True)
         return 0
+
+    xtr, ytr, xte, yte = (load_cifar if a.workload == "resnet" else load_table)(a.data)
+    net = ResNet8() if a.workload == "resnet" else table_mlp(xtr.shape[1])
 
     n = xtr.shape[0]
     if a.workload == "resnet":
