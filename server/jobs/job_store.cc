@@ -165,6 +165,17 @@ constexpr const char* kSchemaV5 = R"sql(
 ALTER TABLE jobs ADD COLUMN resume_checkpoint_id INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 6: the deployed models, restored when kilnd starts (SetModelDeployments).
+constexpr const char* kSchemaV6 = R"sql(
+CREATE TABLE IF NOT EXISTS deployments (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  model TEXT NOT NULL,
+  version TEXT NOT NULL,
+  load_request BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deployments_by_model ON deployments(model);
+)sql";
+
 constexpr const char* kJobColumns =
     "j.rowid, j.id, j.state, j.reason, j.device, j.create_ms, j.start_ms, j.end_ms, j.epochs, "
     "j.epochs_done, j.global_step, j.best_test_accuracy, j.attempts, j.resumed_from_step, "
@@ -286,6 +297,7 @@ absl::Status JobStore::Migrate() {
   if (status.ok() && version < 3) status = Exec(kSchemaV3);
   if (status.ok() && version < 4) status = Exec(kSchemaV4);
   if (status.ok() && version < 5) status = Exec(kSchemaV5);
+  if (status.ok() && version < 6) status = Exec(kSchemaV6);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
   if (status.ok()) {
     status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
@@ -794,6 +806,48 @@ absl::StatusOr<std::vector<v1::Checkpoint>> JobStore::Checkpoints(const std::str
   std::vector<v1::Checkpoint> out;
   absl::Status status;
   while (s.Step(&status)) out.push_back(CheckpointFromRow(s));
+  KILN_RETURN_IF_ERROR(status);
+  return out;
+}
+
+absl::Status JobStore::SetModelDeployments(const std::string& model,
+                                           const std::vector<StoredDeployment>& versions) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const SyncedCommits synced(this);
+  KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status status;
+  {
+    Statement del(db_, "DELETE FROM deployments WHERE model = ?");
+    status = del.status();
+    if (status.ok()) {
+      del.Bind(1, model);
+      status = del.Run();
+    }
+  }
+  for (const StoredDeployment& d : versions) {
+    if (!status.ok()) break;
+    Statement ins(db_, "INSERT INTO deployments (model, version, load_request) VALUES (?, ?, ?)");
+    status = ins.status();
+    if (!status.ok()) break;
+    ins.Bind(1, model);
+    ins.Bind(2, d.version);
+    ins.BindBlob(3, d.load_request);
+    status = ins.Run();
+  }
+  if (!status.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return status;
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::vector<StoredDeployment>> JobStore::Deployments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, "SELECT model, version, load_request FROM deployments ORDER BY seq");
+  KILN_RETURN_IF_ERROR(s.status());
+  std::vector<StoredDeployment> out;
+  absl::Status status;
+  while (s.Step(&status)) out.push_back({s.Text(0), s.Text(1), s.Blob(2)});
   KILN_RETURN_IF_ERROR(status);
   return out;
 }

@@ -23,6 +23,13 @@ struct JobPage {
   std::string next_page_token;  // empty on the last page
 };
 
+// One served version as the inference service recorded it: `load_request` is what to replay at
+// start (opaque here: the serving side's own encoding).
+struct StoredDeployment {
+  std::string model, version;
+  std::string load_request;
+};
+
 struct JobStoreOptions {
   // The most step events kept per job. Past it, the newest half stay and older steps are thinned
   // to a power-of-two stride of global_step (see ThinStepsLocked); state, epoch and checkpoint
@@ -34,7 +41,7 @@ struct JobStoreOptions {
 class JobStore {
  public:
   // The schema version this code reads and writes; older databases are migrated on open.
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
   static constexpr int64_t kMinStepEventsPerJob = 100;
 
   // Opens (creating if needed) the database at `path`, and thins the step history of every job
@@ -76,6 +83,13 @@ class JobStore {
   absl::Status DeleteCheckpoint(int64_t checkpoint_id);
   // The job's indexed checkpoints, oldest first.
   absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(const std::string& job_id);
+
+  // Replaces everything recorded of `model` with `versions` (oldest first; empty: the model is
+  // gone), in one synced transaction.
+  absl::Status SetModelDeployments(const std::string& model,
+                                   const std::vector<StoredDeployment>& versions);
+  // Every recorded deployment: models in the order they were last written, versions oldest first.
+  absl::StatusOr<std::vector<StoredDeployment>> Deployments();
 
  private:
   JobStore(sqlite3* db, JobStoreOptions options) : db_(db), options_(options) {}

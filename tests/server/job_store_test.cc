@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/jobs/proto_time.h"
@@ -323,11 +324,11 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   // Back to what version 1 wrote.
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir + "/kiln.db").c_str(), &db), SQLITE_OK);
-  for (const char* sql :
-       {"ALTER TABLE jobs DROP COLUMN crash_resumes",
-        "ALTER TABLE jobs DROP COLUMN interrupted_by_shutdown",
-        "ALTER TABLE jobs DROP COLUMN resume_checkpoint_id",
-        "ALTER TABLE checkpoints DROP COLUMN sha256", "UPDATE schema_version SET version = 1"}) {
+  for (const char* sql : {"ALTER TABLE jobs DROP COLUMN crash_resumes",
+                          "ALTER TABLE jobs DROP COLUMN interrupted_by_shutdown",
+                          "ALTER TABLE jobs DROP COLUMN resume_checkpoint_id",
+                          "ALTER TABLE checkpoints DROP COLUMN sha256", "DROP TABLE deployments",
+                          "UPDATE schema_version SET version = 1"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
   }
   sqlite3_close(db);
@@ -347,6 +348,36 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   EXPECT_EQ((*jobs)[0].crash_resumes(), 2);
   EXPECT_TRUE((*jobs)[0].interrupted_by_shutdown());
   EXPECT_EQ((*jobs)[0].resume_checkpoint_id(), 7);
+  std::filesystem::remove_all(dir);
+}
+
+// Deployments are kept per model as a whole list (what is loaded now, in load order), so an
+// unload, a replaced version and an evicted one all come down to writing the model's list again.
+TEST(JobStoreTest, DeploymentsAreReplacedPerModelAndListedInTheOrderTheyWereWritten) {
+  const std::string dir = testing::MakeTempDir("store");
+  {
+    auto store = JobStore::Open(dir + "/kiln.db");
+    ASSERT_OK(store);
+    ASSERT_OK((*store)->SetModelDeployments("a", {{"a", "1", "load a1"}, {"a", "2", "load a2"}}));
+    ASSERT_OK((*store)->SetModelDeployments("b", {{"b", "7", "load b7"}}));
+    ASSERT_OK((*store)->SetModelDeployments("a", {{"a", "2", "load a2"}, {"a", "3", "load a3"}}));
+    ASSERT_OK((*store)->SetModelDeployments("c", {{"c", "1", std::string("\0bytes\xff", 7)}}));
+    ASSERT_OK((*store)->SetModelDeployments("c", {}));
+  }
+  auto store = JobStore::Open(dir + "/kiln.db");  // what a restarted kilnd reads
+  ASSERT_OK(store);
+  auto all = (*store)->Deployments();
+  ASSERT_OK(all);
+  std::vector<std::string> seen;
+  for (const StoredDeployment& d : *all) {
+    seen.push_back(absl::StrCat(d.model, "/", d.version, "=", d.load_request));
+  }
+  EXPECT_THAT(seen, ::testing::ElementsAre("b/7=load b7", "a/2=load a2", "a/3=load a3"));
+  // Bytes come back as they went in.
+  ASSERT_OK((*store)->SetModelDeployments("c", {{"c", "1", std::string("\0bytes\xff", 7)}}));
+  all = (*store)->Deployments();
+  ASSERT_OK(all);
+  EXPECT_EQ(all->back().load_request, std::string("\0bytes\xff", 7));
   std::filesystem::remove_all(dir);
 }
 
