@@ -224,7 +224,32 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       log->Log(LogLevel::kInfo, "model_undeployed", {{"model", model}});
     }
   };
+  // Deployments are recorded on every change and loaded again at start.
+  inference.record_deployments = [store = d->store_.get()](
+                                     const std::string& model,
+                                     const std::vector<serving::DeploymentRecord>& versions) {
+    std::vector<StoredDeployment> rows;
+    for (const serving::DeploymentRecord& v : versions) {
+      rows.push_back({v.model, v.version, v.request.SerializeAsString()});
+    }
+    return store->SetModelDeployments(model, rows);
+  };
   d->inference_ = std::make_unique<serving::InferenceService>(d->models_.get(), inference);
+  KILN_ASSIGN_OR_RETURN(std::vector<StoredDeployment> stored, d->store_->Deployments());
+  std::vector<serving::DeploymentRecord> to_restore;
+  for (StoredDeployment& row : stored) {
+    serving::DeploymentRecord record{row.model, row.version, {}};
+    if (!record.request.ParseFromString(row.load_request)) {
+      d->models_->MarkUnavailable(row.model, row.version,
+                                  "its record in the store is unreadable; deploy it again");
+      continue;
+    }
+    to_restore.push_back(std::move(record));
+  }
+  if (!to_restore.empty()) {
+    d->models_restored_ = false;
+    d->inference_->SetReady(false);
+  }
 
   // Our own grpc.health.v1 (server/grpc/health_service.h): Watch streams are capped.
   grpc::EnableDefaultHealthCheckService(false);
@@ -263,7 +288,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     // Read-only (a full disk) training is NOT_SERVING until the store takes writes again;
     // serving and the server as a whole are unaffected.
     d->health_->SetServingStatus(kServiceName, d->store_writable_);
-    d->health_->SetServingStatus(kInferenceServiceName, true);
+    d->health_->SetServingStatus(kInferenceServiceName, d->models_restored_);
     d->health_->SetServingStatus("", true);
   }
   d->log_->ServerStarted(WithPort(options.listen, d->port_),
@@ -275,7 +300,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                {{"tls", TlsModeName(TlsModeOf(options.tls))},
                 {"auth", d->auth_tokens_ == nullptr ? "off" : "bearer"},
                 {"tokens", d->auth_tokens_ == nullptr ? 0 : d->auth_tokens_->size()}});
+  if (!to_restore.empty()) {
+    d->restore_thread_ = std::thread(
+        [raw = d.get(), records = std::move(to_restore)] { raw->RestoreModels(records); });
+  }
   return d;
+}
+
+void Daemon::RestoreModels(const std::vector<serving::DeploymentRecord>& records) {
+  log_->Log(LogLevel::kInfo, "models_restoring", {{"versions", static_cast<int>(records.size())}});
+  const std::vector<std::string> failures = inference_->Restore(records);
+  for (const std::string& failure : failures) {
+    log_->Log(LogLevel::kError, "model_restore_failed", {{"reason", failure}});
+  }
+  log_->Log(LogLevel::kInfo, "models_restored",
+            {{"loaded", static_cast<int>(records.size() - failures.size())},
+             {"failed", static_cast<int>(failures.size())}});
+  std::lock_guard<std::mutex> lock(health_mu_);
+  models_restored_ = true;
+  if (health_ == nullptr) return;  // shutting down: stays NOT_SERVING
+  health_->SetServingStatus(kInferenceServiceName, true);
+  inference_->SetReady(true);
 }
 
 absl::Status Daemon::ReloadAuthTokens() {
@@ -324,6 +369,8 @@ absl::Status Daemon::Shutdown(absl::Duration deadline) {
     health_ = nullptr;
   }
   inference_->SetReady(false);
+  // Restoring resolves checkpoints through the manager: it ends before the manager stops.
+  if (restore_thread_.joinable()) restore_thread_.join();
   absl::Status jobs = manager_->Shutdown(deadline);
   broadcaster_->CloseAll(absl::UnavailableError("kilnd is shutting down"));
   // In-flight calls get a moment to finish; after it they are cancelled.

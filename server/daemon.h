@@ -10,6 +10,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -133,6 +135,8 @@ class Daemon {
   // Serving: above server_, so in-flight inference calls end before these go.
   std::unique_ptr<serving::ModelRepository> models_;
   std::unique_ptr<serving::InferenceService> inference_;
+  // Loads the recorded deployments after the server starts; joined by Shutdown.
+  std::thread restore_thread_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ConnectionGuard> connection_guard_;  // on the server's port
   int port_ = 0;
@@ -141,8 +145,12 @@ class Daemon {
   // The store took (true) or refused (false) its last write: the training service's health
   // follows it. Called by the job manager, from Recover on, also before the server exists.
   void StoreWritable(bool writable);
+  // Loads the deployments recorded before the last stop; serving's health and ServerReady stay
+  // false until each has loaded or failed (failures are UNAVAILABLE in the index, with reasons).
+  void RestoreModels(const std::vector<serving::DeploymentRecord>& records);
   std::mutex health_mu_;
   bool store_writable_ = true;       // guarded by health_mu_
+  bool models_restored_ = true;      // guarded by health_mu_
   HealthService* health_ = nullptr;  // guarded; null before start and after stop
 };
 

@@ -49,16 +49,14 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
         absl::StrCat(label, ": the session holds batches of ", session->max_batch(),
                      ", less than max_batch_size ", options.max_batch_size));
   }
-  return std::unique_ptr<DynamicBatcher>(new DynamicBatcher(std::move(session), options,
-                                                            std::move(label),
-                                                            std::move(prepare_thread),
-                                                            callers_run_when_idle));
+  return std::unique_ptr<DynamicBatcher>(
+      new DynamicBatcher(std::move(session), options, std::move(label), std::move(prepare_thread),
+                         callers_run_when_idle));
 }
 
 DynamicBatcher::DynamicBatcher(std::unique_ptr<InferenceSession> session,
                                const BatchingOptions& options, std::string label,
-                               std::function<void()> prepare_thread,
-                               bool callers_run_when_idle)
+                               std::function<void()> prepare_thread, bool callers_run_when_idle)
     : session_(std::move(session)),
       options_(options),
       label_(std::move(label)),

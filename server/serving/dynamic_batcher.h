@@ -68,8 +68,7 @@ class DynamicBatcher {
     double queue_seconds = 0;
     int batch_size = 0;
   };
-  absl::Status Run(const PixelInput& input, const OutputBuffers& outputs,
-                   RunInfo* info = nullptr);
+  absl::Status Run(const PixelInput& input, const OutputBuffers& outputs, RunInfo* info = nullptr);
 
   const BatchingOptions& options() const { return options_; }
   Stats stats() const;
@@ -81,9 +80,9 @@ class DynamicBatcher {
     OutputBuffers outputs;
     std::chrono::steady_clock::time_point enqueued;
     Pending* next = nullptr;
-    int64_t staged = 0;    // samples handed to batches so far (worker only)
-    int64_t finished = 0;  // samples whose outputs are written (worker only)
-    absl::Status status;   // written by the worker before `state` leaves kQueued
+    int64_t staged = 0;     // samples handed to batches so far (worker only)
+    int64_t finished = 0;   // samples whose outputs are written (worker only)
+    absl::Status status;    // written by the worker before `state` leaves kQueued
     RunInfo info{-1.0, 0};  // worker only until kDone
     // kQueued -> kDone (the caller may read status; the worker still touches `state` to wake
     // it) -> kReleased (the worker is done with this object).

@@ -146,7 +146,57 @@ absl::Status InferenceService::Metadata(const inference::ModelMetadataRequest& r
 
 absl::Status InferenceService::LoadModel(const inference::RepositoryModelLoadRequest& request) {
   KILN_ASSIGN_OR_RETURN(LoadRequest load, ParseLoad(request, options_.default_deployment));
-  return repository_->Load(load).status();
+  std::lock_guard<std::mutex> lock(change_mu_);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const ServedVersion> loaded, repository_->Load(load));
+  if (!options_.record_deployments) return absl::OkStatus();
+  absl::Status recorded = options_.record_deployments(load.model, RecordsOf(load.model));
+  if (recorded.ok()) return absl::OkStatus();
+  // Served but not durable would vanish at the next restart: undo it and say why.
+  repository_->Unload(load.model, loaded->version()).IgnoreError();
+  return absl::Status(
+      recorded.code(),
+      absl::StrCat("model \"", load.model, "\" version \"", loaded->version(),
+                   "\": loaded but not recorded, so unloaded again: ", recorded.message()));
+}
+
+std::vector<DeploymentRecord> InferenceService::RecordsOf(const std::string& model) const {
+  std::vector<DeploymentRecord> records;
+  absl::StatusOr<std::vector<std::string>> labels = repository_->Versions(model);
+  if (!labels.ok()) return records;  // nothing loaded
+  for (const std::string& label : *labels) {
+    absl::StatusOr<std::shared_ptr<const ServedVersion>> v = repository_->Find(model, label);
+    if (!v.ok()) continue;  // unloaded meanwhile by a request outside this service
+    const ServedVersion& served = **v;
+    DeploymentRecord record{model, label, {}};
+    record.request.set_model_name(model);
+    auto& params = *record.request.mutable_parameters();
+    params["checkpoint"].set_string_param(served.source());
+    params["version"].set_string_param(label);
+    params["device"].set_string_param(served.options().device);
+    params["threads"].set_int64_param(served.options().threads);
+    params["max_batch_size"].set_int64_param(served.options().batching.max_batch_size);
+    params["max_queue_delay_us"].set_int64_param(served.options().batching.max_queue_delay_us);
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+std::vector<std::string> InferenceService::Restore(const std::vector<DeploymentRecord>& records) {
+  std::vector<std::string> failures;
+  std::lock_guard<std::mutex> lock(change_mu_);
+  for (const DeploymentRecord& record : records) {
+    absl::Status status = [&]() -> absl::Status {
+      KILN_ASSIGN_OR_RETURN(LoadRequest load,
+                            ParseLoad(record.request, options_.default_deployment));
+      return repository_->Load(load).status();
+    }();
+    if (status.ok()) continue;
+    const std::string reason =
+        absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+    repository_->MarkUnavailable(record.model, record.version, reason);
+    failures.push_back(absl::StrCat(record.model, " ", record.version, ": ", reason));
+  }
+  return failures;
 }
 
 absl::Status InferenceService::UnloadModel(const inference::RepositoryModelUnloadRequest& request) {
@@ -160,7 +210,17 @@ absl::Status InferenceService::UnloadModel(const inference::RepositoryModelUnloa
           "parameter \"", key, "\" is not supported; kilnd reads version and unload_dependents"));
     }
   }
-  return repository_->Unload(request.model_name(), version);
+  std::lock_guard<std::mutex> lock(change_mu_);
+  KILN_RETURN_IF_ERROR(repository_->Unload(request.model_name(), version));
+  if (!options_.record_deployments) return absl::OkStatus();
+  absl::Status recorded =
+      options_.record_deployments(request.model_name(), RecordsOf(request.model_name()));
+  if (recorded.ok()) return absl::OkStatus();
+  return absl::Status(recorded.code(),
+                      absl::StrCat("model \"", request.model_name(),
+                                   "\": unloaded, but the record could not be updated, so it "
+                                   "will be loaded again when kilnd restarts: ",
+                                   recorded.message()));
 }
 
 grpc::Status InferenceService::ServerLive(grpc::ServerContext* context,

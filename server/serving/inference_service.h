@@ -11,13 +11,23 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/serving/model_repository.h"
 
 namespace kiln::serving {
+
+// One loaded version as the load request that brings it back after a restart: "checkpoint"
+// pinned to the same file (e.g. "JOB@17" for "JOB@best"), "version" its label, and its device,
+// threads and batching.
+struct DeploymentRecord {
+  std::string model, version;
+  inference::RepositoryModelLoadRequest request;
+};
 
 struct InferenceServiceOptions {
   std::string server_name = "kiln";
@@ -34,6 +44,10 @@ struct InferenceServiceOptions {
   // name) or RepositoryModelUnload (source empty).
   std::function<void(const std::string& model, const std::string& source, bool loaded)>
       on_repository_change;
+  // After each successful load or unload through this service: the model's loaded versions,
+  // oldest first (empty: none), to make durable. An error fails the call (a load is undone).
+  std::function<absl::Status(const std::string& model, const std::vector<DeploymentRecord>&)>
+      record_deployments;
 };
 
 class InferenceService final : public inference::GRPCInferenceService::Service {
@@ -85,9 +99,19 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   absl::Status LoadModel(const inference::RepositoryModelLoadRequest& request);
   absl::Status UnloadModel(const inference::RepositoryModelUnloadRequest& request);
 
+  // Loads recorded deployments again, in order, without recording them anew; one that fails is
+  // marked unavailable in the repository with its reason (and stays recorded), and the rest
+  // still load. Returns the failures, as "model version: reason".
+  std::vector<std::string> Restore(const std::vector<DeploymentRecord>& records);
+
  private:
+  // The records of `model`'s loaded versions, made from the repository (the one truth).
+  std::vector<DeploymentRecord> RecordsOf(const std::string& model) const;
+
   ModelRepository* repository_;
   InferenceServiceOptions options_;
+  // Serialises load/unload with their record, so records are written in the order of changes.
+  std::mutex change_mu_;
   std::atomic<bool> ready_{true};
 };
 

@@ -44,6 +44,7 @@ CheckpointResolver MakeJobCheckpointResolver(CheckpointLister list_checkpoints) 
     resolved.path = chosen->path();
     resolved.version = std::to_string(chosen->id());
     resolved.sha256 = chosen->sha256();
+    resolved.pinned_source = absl::StrCat(job, "@", chosen->id());
     if (chosen == latest) resolved.aliases.push_back("latest");
     if (chosen == best) resolved.aliases.push_back("best");
     return resolved;

@@ -112,6 +112,7 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   version->model_ = request.model;
   version->version_ = label;
   version->checkpoint_path_ = resolved->path;
+  version->source_ = resolved->pinned_source.empty() ? source : resolved->pinned_source;
   version->options_ = request.options;
   const std::string who = absl::StrCat("model \"", request.model, "\" version \"", label, "\"");
   BackendOptions backend_options;
@@ -172,6 +173,10 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
       RemoveVersion(model, oldest);
     }
     unloaded_.erase(request.model);
+    if (auto failed = unavailable_.find(request.model); failed != unavailable_.end()) {
+      failed->second.erase(label);
+      if (failed->second.empty()) unavailable_.erase(failed);
+    }
   }
   return std::shared_ptr<const ServedVersion>(version);
 }
@@ -189,9 +194,21 @@ absl::Status ModelRepository::Unload(const std::string& model, const std::string
   // Destroyed after `lock` is released: a last reference stops its batcher's thread unlocked.
   std::vector<std::shared_ptr<const ServedVersion>> released;
   std::lock_guard<std::mutex> lock(mu_);
+  // A version that never came back after a restart is let go like a loaded one.
+  bool was_unavailable = false;
+  if (auto failed = unavailable_.find(model); failed != unavailable_.end()) {
+    if (version.empty()) {
+      unavailable_.erase(failed);
+      was_unavailable = true;
+    } else if (failed->second.erase(version) > 0) {
+      if (failed->second.empty()) unavailable_.erase(failed);
+      return absl::OkStatus();
+    }
+  }
   auto it = models_.find(model);
   if (it == models_.end()) {
-    if (unloaded_.count(model) > 0) return absl::OkStatus();  // unloading twice changes nothing
+    // Unloading twice changes nothing.
+    if (unloaded_.count(model) > 0 || was_unavailable) return absl::OkStatus();
     return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
   }
   Model& m = it->second;
@@ -232,6 +249,12 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Find(
                                           ")"));
 }
 
+void ModelRepository::MarkUnavailable(const std::string& model, const std::string& version,
+                                      const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  unavailable_[model][version] = reason;
+}
+
 absl::StatusOr<std::vector<std::string>> ModelRepository::Versions(const std::string& model) const {
   std::lock_guard<std::mutex> lock(mu_);
   KILN_ASSIGN_OR_RETURN(const Model* m, FindModelLocked(model));
@@ -264,6 +287,11 @@ absl::StatusOr<const ModelRepository::Model*> ModelRepository::FindModelLocked(
   if (unloaded_.count(model) > 0) {
     return absl::UnavailableError(absl::StrCat("model \"", model, "\" is unloaded"));
   }
+  if (auto failed = unavailable_.find(model); failed != unavailable_.end()) {
+    const auto& [version, reason] = *failed->second.rbegin();
+    return absl::UnavailableError(
+        absl::StrCat("model \"", model, "\" version \"", version, "\" is unavailable: ", reason));
+  }
   return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
 }
 
@@ -274,6 +302,11 @@ std::vector<ModelIndexEntry> ModelRepository::Index() const {
     for (const std::string& label : model.load_order) index.push_back({name, label, "READY", ""});
   }
   for (const std::string& name : unloaded_) index.push_back({name, "", "UNAVAILABLE", "unloaded"});
+  for (const auto& [name, versions] : unavailable_) {
+    for (const auto& [label, reason] : versions) {
+      index.push_back({name, label, "UNAVAILABLE", reason});
+    }
+  }
   std::stable_sort(
       index.begin(), index.end(),
       [](const ModelIndexEntry& a, const ModelIndexEntry& b) { return a.name < b.name; });

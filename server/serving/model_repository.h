@@ -30,6 +30,9 @@ struct ResolvedCheckpoint {
   // The file's SHA-256 when it was written, checked before loading (DATA_LOSS when it differs);
   // empty: not known, not checked.
   std::string sha256;
+  // A source that resolves to this very checkpoint later (e.g. "JOB@17" for "JOB@best"), for
+  // restoring the deployment after a restart; empty: the source itself does.
+  std::string pinned_source;
 };
 
 // Maps a model source to a checkpoint; errors pass to the caller of Load as they are.
@@ -81,6 +84,8 @@ class ServedVersion {
   const std::string& model() const { return model_; }
   const std::string& version() const { return version_; }
   const std::string& checkpoint_path() const { return checkpoint_path_; }
+  // A model source that loads this same checkpoint again (the resolver's pinned form).
+  const std::string& source() const { return source_; }
   const DeploymentOptions& options() const { return options_; }
   const Shape& input_shape() const { return input_shape_; }  // per sample, e.g. {1, 28, 28}
   int64_t input_elems() const { return input_elems_; }
@@ -91,7 +96,7 @@ class ServedVersion {
   friend class ModelRepository;
   ServedVersion() = default;
 
-  std::string model_, version_, checkpoint_path_;
+  std::string model_, version_, checkpoint_path_, source_;
   DeploymentOptions options_;
   Shape input_shape_;
   int64_t input_elems_ = 0, num_classes_ = 0;
@@ -119,7 +124,7 @@ class ModelRepository {
 
   // Unloads one version (a label or alias) or, with `version` empty, the whole model. Requests
   // in flight finish; later ones get Unavailable. NotFound for an unknown model or version;
-  // unloading an unloaded model again is OK.
+  // unloading an unloaded model again is OK, and so is unloading a version marked unavailable.
   absl::Status Unload(const std::string& model, const std::string& version = "");
 
   // The version to serve: `version` is a label, an alias, or empty for the default (the most
@@ -128,10 +133,17 @@ class ModelRepository {
   absl::StatusOr<std::shared_ptr<const ServedVersion>> Find(const std::string& model,
                                                             const std::string& version) const;
 
+  // Records that `version` of `model` could not be loaded (e.g. restoring it after a restart),
+  // with the reason: the index shows it UNAVAILABLE with that reason, and requests for a model
+  // with nothing loaded get Unavailable naming it, until the version loads or is unloaded.
+  void MarkUnavailable(const std::string& model, const std::string& version,
+                       const std::string& reason);
+
   // A model's version labels, oldest first (NotFound as for Find).
   absl::StatusOr<std::vector<std::string>> Versions(const std::string& model) const;
 
-  // Every loaded version (READY) and every unloaded model (UNAVAILABLE), by name.
+  // Every loaded version (READY), every version marked unavailable and every unloaded model
+  // (UNAVAILABLE, with the reason), by name.
   std::vector<ModelIndexEntry> Index() const;
 
   const ModelRepositoryOptions& options() const { return options_; }
@@ -157,7 +169,9 @@ class ModelRepository {
   const ModelRepositoryOptions options_;
   mutable std::mutex mu_;
   std::map<std::string, Model> models_;
-  std::set<std::string> unloaded_;              // unloaded and not loaded again since
+  std::set<std::string> unloaded_;  // unloaded and not loaded again since
+  // model -> version -> why it could not be loaded (MarkUnavailable).
+  std::map<std::string, std::map<std::string, std::string>> unavailable_;
   std::map<std::string, int64_t> next_number_;  // the next unlabelled version's number
 };
 

@@ -4,11 +4,16 @@
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <set>
 
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "server_test_support.h"
+#include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"
 
 namespace kiln::server {
@@ -176,6 +181,134 @@ TEST_F(RestartTest, CleanShutdownsDoNotCountAsCrashes) {
     ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_RUNNING, absl::Seconds(60)));
     EXPECT_EQ(GetJob(*stub, id).crash_resumes(), 0);
   }
+}
+
+// Deployments through the KServe repository extension, as `kiln deploy` makes them.
+class DeploymentRestartTest : public RestartTest {
+ protected:
+  static std::unique_ptr<inference::GRPCInferenceService::Stub> Inference(
+      const testing::KilndProcess& kilnd) {
+    return inference::GRPCInferenceService::NewStub(
+        kiln::testing::ConnectedChannel(kilnd.address()));
+  }
+  static grpc::Status Load(inference::GRPCInferenceService::Stub& stub, const std::string& model,
+                           const std::string& checkpoint, int64_t max_batch_size = 0) {
+    grpc::ClientContext context;
+    inference::RepositoryModelLoadRequest request;
+    request.set_model_name(model);
+    (*request.mutable_parameters())["checkpoint"].set_string_param(checkpoint);
+    if (max_batch_size > 0) {
+      (*request.mutable_parameters())["max_batch_size"].set_int64_param(max_batch_size);
+    }
+    inference::RepositoryModelLoadResponse response;
+    return stub.RepositoryModelLoad(&context, request, &response);
+  }
+  // "model:version:state:reason", sorted by model.
+  static std::vector<std::string> Index(inference::GRPCInferenceService::Stub& stub) {
+    grpc::ClientContext context;
+    inference::RepositoryIndexResponse response;
+    EXPECT_OK(stub.RepositoryIndex(&context, {}, &response));
+    std::vector<std::string> out;
+    for (const auto& m : response.models()) {
+      out.push_back(m.name() + ":" + m.version() + ":" + m.state() + ":" + m.reason());
+    }
+    return out;
+  }
+  // Waits until serving's health is SERVING (every recorded model loaded or failed).
+  static bool WaitUntilServing(const testing::KilndProcess& kilnd) {
+    auto health =
+        grpc::health::v1::Health::NewStub(kiln::testing::ConnectedChannel(kilnd.address()));
+    return WaitFor(
+        [&] {
+          grpc::ClientContext context;
+          grpc::health::v1::HealthCheckRequest request;
+          request.set_service("inference.GRPCInferenceService");
+          grpc::health::v1::HealthCheckResponse response;
+          return health->Check(&context, request, &response).ok() &&
+                 response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+        },
+        absl::Seconds(60));
+  }
+  static std::string ServedVersion(inference::GRPCInferenceService::Stub& stub,
+                                   const std::string& model) {
+    grpc::ClientContext context;
+    inference::ModelInferRequest request;
+    request.set_model_name(model);
+    auto* input = request.add_inputs();
+    input->set_name("input");
+    input->set_datatype("UINT8");
+    input->add_shape(1);
+    input->add_shape(784);
+    request.add_raw_input_contents(std::string(784, '\x40'));
+    inference::ModelInferResponse response;
+    grpc::Status status = stub.ModelInfer(&context, request, &response);
+    return status.ok() ? response.model_version() : "error: " + status.error_message();
+  }
+};
+
+TEST_F(DeploymentRestartTest, DeployedModelsAndVersionsComeBackAfterARestart) {
+  auto kilnd = StartKilnd();
+  auto stub = kilnd->NewStub();
+  v1::JobSpec spec = SmallSpec("toy", 2);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  spec.mutable_checkpoint_policy()->set_keep_last(5);
+  const std::string id = Submit(*stub, spec);
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(90)));
+  const std::vector<v1::Checkpoint> checkpoints = Checkpoints(*stub, id);
+  ASSERT_GE(checkpoints.size(), 2u);
+  const std::string first = std::to_string(checkpoints.front().id());
+  const std::string last = std::to_string(checkpoints.back().id());
+
+  auto inference = Inference(*kilnd);
+  ASSERT_OK(Load(*inference, "digits", id + "@" + first, 8));
+  ASSERT_OK(Load(*inference, "digits", id + "@latest"));
+  ASSERT_OK(Load(*inference, "best", id + "@best"));
+  ASSERT_OK(Load(*inference, "dropped", id + "@latest"));
+  {
+    grpc::ClientContext context;
+    inference::RepositoryModelUnloadRequest request;
+    request.set_model_name("dropped");
+    inference::RepositoryModelUnloadResponse response;
+    ASSERT_OK(inference->RepositoryModelUnload(&context, request, &response));
+  }
+  EXPECT_EQ(ServedVersion(*inference, "digits"), last);
+  const std::vector<std::string> before = Index(*inference);
+
+  ASSERT_EQ(kilnd->Stop(SIGTERM, absl::Seconds(20)), 0);
+  kilnd = StartKilnd();
+  ASSERT_TRUE(WaitUntilServing(*kilnd));
+  inference = Inference(*kilnd);
+  std::vector<std::string> ready;
+  for (const std::string& e : before) {
+    if (e.find(":READY:") != std::string::npos) ready.push_back(e);
+  }
+  EXPECT_EQ(Index(*inference), ready);
+  EXPECT_THAT(ready,
+              ::testing::ElementsAre(::testing::StartsWith("best:"),
+                                     "digits:" + first + ":READY:", "digits:" + last + ":READY:"));
+  // The newest version still answers by default, and the older one by name.
+  EXPECT_EQ(ServedVersion(*inference, "digits"), last);
+
+  // A checkpoint damaged while kilnd was down: its version is UNAVAILABLE with the reason, and
+  // the others still load.
+  ASSERT_EQ(kilnd->Stop(SIGTERM, absl::Seconds(20)), 0);
+  {
+    std::fstream f(checkpoints.front().path(), std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << checkpoints.front().path();
+    f.seekp(-8, std::ios::end);
+    f.write("DAMAGED!", 8);
+  }
+  kilnd = StartKilnd();
+  ASSERT_TRUE(WaitUntilServing(*kilnd));
+  inference = Inference(*kilnd);
+  const std::vector<std::string> after = Index(*inference);
+  ASSERT_EQ(after.size(), 3u) << ::testing::PrintToString(after);
+  EXPECT_THAT(after[0], ::testing::StartsWith("best:"));
+  EXPECT_THAT(after, ::testing::Contains(::testing::AllOf(
+                         ::testing::StartsWith("digits:" + first + ":UNAVAILABLE:DATA_LOSS: "),
+                         ::testing::HasSubstr("damaged on disk"))));
+  EXPECT_THAT(after, ::testing::Contains("digits:" + last + ":READY:"));
+  EXPECT_EQ(ServedVersion(*inference, "digits"), last);
 }
 
 }  // namespace

@@ -467,6 +467,109 @@ TEST_F(InferenceServiceTest, RepositoryExtensionLoadsIndexesAndUnloads) {
   EXPECT_EQ(unknown.error_message(), "unknown model \"ghost\"");
 }
 
+inference::RepositoryModelLoadRequest LoadMessage(
+    const std::string& model, const std::map<std::string, std::string>& params) {
+  inference::RepositoryModelLoadRequest request;
+  request.set_model_name(model);
+  for (const auto& [key, value] : params) {
+    (*request.mutable_parameters())[key] = StringParam(value);
+  }
+  return request;
+}
+
+std::vector<std::string> IndexOf(const ModelRepository& repo) {
+  std::vector<std::string> out;
+  for (const ModelIndexEntry& e : repo.Index()) {
+    out.push_back(e.name + ":" + e.version + ":" + e.state + ":" + e.reason);
+  }
+  return out;
+}
+
+// Every load and unload hands the model's loaded versions to record_deployments, as load
+// requests that bring back the same versions with the same settings; a second service restores
+// them from those records, and a record that no longer loads is UNAVAILABLE with its reason.
+TEST(InferenceServiceRecordsTest, LoadsAndUnloadsAreRecordedAndRestoredElsewhere) {
+  std::map<std::string, std::vector<DeploymentRecord>> recorded;
+  InferenceServiceOptions options;
+  options.default_deployment.device = "cpu";
+  options.record_deployments = [&](const std::string& model,
+                                   const std::vector<DeploymentRecord>& versions) {
+    recorded[model] = versions;
+    return absl::OkStatus();
+  };
+  ModelRepository repo;
+  InferenceService service(&repo, options);
+  const std::string flat = SharedCheckpoints().mlp_flat, other = SharedCheckpoints().mlp_flat_other;
+  ASSERT_OK(service.LoadModel(LoadMessage("a", {{"checkpoint", flat}, {"max_batch_size", "8"}})));
+  ASSERT_OK(service.LoadModel(LoadMessage("a", {{"checkpoint", other}, {"threads", "2"}})));
+  ASSERT_OK(service.LoadModel(LoadMessage("b", {{"checkpoint", flat}, {"version", "v9"}})));
+  ASSERT_OK(service.LoadModel(LoadMessage("c", {{"checkpoint", flat}})));
+  inference::RepositoryModelUnloadRequest unload;
+  unload.set_model_name("c");
+  ASSERT_OK(service.UnloadModel(unload));
+  ASSERT_EQ(recorded["a"].size(), 2u);
+  ASSERT_EQ(recorded["b"].size(), 1u);
+  EXPECT_TRUE(recorded["c"].empty());
+
+  std::vector<DeploymentRecord> all;
+  for (const char* model : {"a", "b"}) {
+    for (const DeploymentRecord& r : recorded[model]) all.push_back(r);
+  }
+  ModelRepository restored_repo;
+  InferenceService restored(&restored_repo, options);
+  EXPECT_TRUE(restored.Restore(all).empty());
+  // The loaded versions come back; that "c" was unloaded is not remembered across a restart.
+  EXPECT_EQ(IndexOf(restored_repo),
+            std::vector<std::string>({"a:1:READY:", "a:2:READY:", "b:v9:READY:"}));
+  EXPECT_EQ(IndexOf(repo), std::vector<std::string>({"a:1:READY:", "a:2:READY:", "b:v9:READY:",
+                                                     "c::UNAVAILABLE:unloaded"}));
+  auto a1 = restored_repo.Find("a", "1"), a2 = restored_repo.Find("a", "2");
+  ASSERT_OK(a1);
+  ASSERT_OK(a2);
+  EXPECT_EQ((*a1)->checkpoint_path(), flat);
+  EXPECT_EQ((*a1)->options().batching.max_batch_size, 8);
+  EXPECT_EQ((*a2)->checkpoint_path(), other);
+  EXPECT_EQ((*a2)->options().threads, 2);
+  EXPECT_EQ((*restored_repo.Find("a", ""))->version(), "2");  // the default stays the newest
+  EXPECT_OK(restored_repo.Find("b", "v9"));
+
+  // A record whose checkpoint is gone fails alone, with its reason in the index.
+  std::vector<DeploymentRecord> broken = all;
+  (*broken[0].request.mutable_parameters())["checkpoint"] = StringParam("/no/such.safetensors");
+  ModelRepository third_repo;
+  InferenceService third(&third_repo, options);
+  const std::vector<std::string> failures = third.Restore(broken);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_NE(failures[0].find("a 1: NOT_FOUND"), std::string::npos) << failures[0];
+  EXPECT_OK(third_repo.Find("a", "2"));
+  EXPECT_OK(third_repo.Find("b", "v9"));
+  bool marked = false;
+  for (const ModelIndexEntry& e : third_repo.Index()) {
+    if (e.name == "a" && e.version == "1") {
+      marked = e.state == "UNAVAILABLE" && e.reason.find("/no/such") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(marked) << ::testing::PrintToString(IndexOf(third_repo));
+}
+
+// A load that cannot be recorded would not survive a restart: it is undone, and says so.
+TEST(InferenceServiceRecordsTest, ALoadThatCannotBeRecordedIsUndone) {
+  InferenceServiceOptions options;
+  options.default_deployment.device = "cpu";
+  options.record_deployments = [](const std::string&, const std::vector<DeploymentRecord>&) {
+    return absl::ResourceExhaustedError("job store: database or disk is full");
+  };
+  ModelRepository repo;
+  InferenceService service(&repo, options);
+  absl::Status status =
+      service.LoadModel(LoadMessage("a", {{"checkpoint", SharedCheckpoints().mlp_flat}}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("loaded but not recorded, so unloaded again: job store: "),
+            std::string::npos)
+      << status;
+  EXPECT_FALSE(repo.Find("a", "").ok());
+}
+
 TEST_F(InferenceServiceTest, LoadAndUnloadWhileClientsSend) {
   const std::string a = SharedCheckpoints().mlp_flat, b = SharedCheckpoints().mlp_flat_other;
   const std::vector<uint8_t> images = testing::SampleImages(4, 19);

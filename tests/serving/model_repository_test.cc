@@ -51,8 +51,8 @@ TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
   ModelRepositoryOptions options;
   // As the daemon would: "job@best" and "job@latest" name checkpoints by id.
   options.resolver = [&](const std::string& source) -> absl::StatusOr<ResolvedCheckpoint> {
-    if (source == "job@best") return ResolvedCheckpoint{a, "7", {"best"}, ""};
-    if (source == "job@latest") return ResolvedCheckpoint{b, "9", {"latest", "best"}, ""};
+    if (source == "job@best") return ResolvedCheckpoint{a, "7", {"best"}, "", "job@7"};
+    if (source == "job@latest") return ResolvedCheckpoint{b, "9", {"latest", "best"}, "", ""};
     return absl::NotFoundError("no checkpoint " + source);
   };
   ModelRepository repo(options);
@@ -63,6 +63,9 @@ TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
   EXPECT_EQ((*repo.Find("job", "best"))->version(), "9");
   EXPECT_EQ((*repo.Find("job", "latest"))->version(), "9");
   EXPECT_EQ((*repo.Find("job", "7"))->checkpoint_path(), a);
+  // The source that loads the same checkpoint again: the resolver's pinned form, or as given.
+  EXPECT_EQ((*repo.Find("job", "7"))->source(), "job@7");
+  EXPECT_EQ((*repo.Find("job", "9"))->source(), "job@latest");
   // Unloading through an alias drops the version and every alias on it.
   ASSERT_OK(repo.Unload("job", "latest"));
   EXPECT_EQ((*repo.Find("job", ""))->version(), "7");
@@ -72,12 +75,41 @@ TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
   EXPECT_TRUE(Contains(bad.status(), "model \"job\": no checkpoint job@nothing"));
 }
 
+// A version that could not be restored shows in the index with its reason, answers Unavailable
+// while nothing else of its model is loaded, and goes with an unload or a successful load.
+TEST(ModelRepositoryTest, AVersionMarkedUnavailableIsIndexedWithItsReasonUntilLoadedOrUnloaded) {
+  ModelRepository repo;
+  repo.MarkUnavailable("m", "3", "DATA_LOSS: checkpoint damaged");
+  bool indexed = false;
+  for (const ModelIndexEntry& e : repo.Index()) {
+    if (e.name == "m" && e.version == "3") {
+      indexed = e.state == "UNAVAILABLE" && e.reason == "DATA_LOSS: checkpoint damaged";
+    }
+  }
+  EXPECT_TRUE(indexed);
+  auto find = repo.Find("m", "");
+  EXPECT_EQ(find.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(find.status(), "version \"3\" is unavailable: DATA_LOSS")) << find.status();
+  // Loading the same label clears it.
+  LoadRequest load = FileLoad("m", SharedCheckpoints().mlp_flat);
+  load.version = "3";
+  ASSERT_OK(repo.Load(load));
+  for (const ModelIndexEntry& e : repo.Index()) EXPECT_EQ(e.state, "READY") << e.reason;
+  // Unloading a marked version (beside a loaded one) or a model with only marked ones is OK.
+  repo.MarkUnavailable("m", "4", "gone");
+  ASSERT_OK(repo.Unload("m", "4"));
+  EXPECT_OK(repo.Find("m", "3"));
+  repo.MarkUnavailable("other", "1", "gone");
+  ASSERT_OK(repo.Unload("other"));
+  for (const ModelIndexEntry& e : repo.Index()) EXPECT_NE(e.name, "other");
+}
+
 // A checkpoint whose file no longer has the digest recorded when it was written is not served.
 TEST(ModelRepositoryTest, ACheckpointThatDiffersFromItsRecordedSha256IsDataLoss) {
   const std::string path = SharedCheckpoints().mlp_flat;
   ModelRepositoryOptions options;
   options.resolver = [&](const std::string& source) -> absl::StatusOr<ResolvedCheckpoint> {
-    ResolvedCheckpoint r{path, "1", {}, *Sha256OfFile(path)};
+    ResolvedCheckpoint r{path, "1", {}, *Sha256OfFile(path), ""};
     if (source == "damaged") r.sha256[0] = r.sha256[0] == '0' ? '1' : '0';
     return r;
   };
