@@ -90,14 +90,15 @@ void JpegEmitMessage(j_common_ptr cinfo, int level) {
 bool DecodeJpegInto(std::string_view bytes, const std::string& source, JpegErrors* errors,
                     std::vector<uint8_t>* interleaved, Image* out, absl::Status* refused) {
   jpeg_decompress_struct cinfo;
+  std::memset(&cinfo, 0, sizeof(cinfo));  // a create that fails leaves nothing to destroy
   cinfo.err = jpeg_std_error(&errors->manager);
   errors->manager.error_exit = JpegErrorExit;
   errors->manager.emit_message = JpegEmitMessage;
-  jpeg_create_decompress(&cinfo);
   if (setjmp(errors->jump)) {
     jpeg_destroy_decompress(&cinfo);
     return false;
   }
+  jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
                static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&cinfo, TRUE);

@@ -2,9 +2,11 @@
 // (client/image_resize.h), on files written by libpng and libjpeg.
 #include "client/image_decode.h"
 
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "cli_test_support.h"
 #include "client/image_resize.h"
 #include "gmock/gmock.h"
@@ -139,6 +141,40 @@ TEST_F(ImageDecodeTest, ACorruptOrTruncatedJpegIsAnErrorNamingTheFile) {
   auto corrupt = Decode("noise.jpg");
   ASSERT_FALSE(corrupt.ok());
   EXPECT_THAT(std::string(corrupt.status().message()), HasSubstr(Path("noise.jpg") + ": "));
+}
+#endif
+
+#if defined(KILN_CLIENT_HAVE_PNG) && defined(KILN_CLIENT_HAVE_JPEG)
+// Every cut and many corruptions of a PNG and a JPEG: a cut is an error naming the file, a
+// corruption decodes to a whole image or is such an error; none ends the process (libjpeg's
+// default).
+TEST_F(ImageDecodeTest, EveryTruncationAndManyCorruptionsAreImagesOrErrorsNamingTheFile) {
+  std::string pixels;
+  for (int i = 0; i < 12 * 10 * 3; ++i) pixels.push_back(static_cast<char>(i * 7));
+  ASSERT_TRUE(testing::WritePng(Path("p.png"), 12, 10, 3, pixels));
+  ASSERT_TRUE(testing::WriteJpeg(Path("j.jpg"), 12, 10, 3, pixels));
+  std::mt19937 rng(19);
+  for (const std::string name : {"p.png", "j.jpg"}) {
+    const std::string whole = testing::ReadFile(Path(name));
+    // A PNG without its 12-byte IEND chunk still holds every pixel, and libpng does not read on.
+    const size_t whole_pixels = absl::EndsWith(name, ".png") ? whole.size() - 12 : whole.size();
+    for (size_t n = 0; n < whole_pixels; ++n) {
+      auto cut = DecodeImage(whole.substr(0, n), name, ChannelMode::kAsStored);
+      ASSERT_FALSE(cut.ok()) << name << " cut to " << n << " bytes";
+      EXPECT_THAT(std::string(cut.status().message()), ::testing::StartsWith(name + ": "));
+    }
+    for (int i = 0; i < 1000; ++i) {
+      std::string bytes = whole;
+      for (int k = 0; k < 1 + i % 4; ++k) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+      auto image = DecodeImage(bytes, name, ChannelMode::kAsStored);
+      if (image.ok()) {
+        EXPECT_EQ(image->pixels.size(),
+                  static_cast<size_t>(image->width) * image->height * image->channels);
+      } else {
+        EXPECT_THAT(std::string(image.status().message()), ::testing::StartsWith(name + ": "));
+      }
+    }
+  }
 }
 #endif
 

@@ -525,6 +525,18 @@ TEST_F(KilnCliTest, UploadFolderDecodesClassFoldersIntoADatasetThatDatasetsLists
   }
   EXPECT_TRUE(seen) << list.dump();
 
+  // kilnd trains on what the CLI decoded.
+  WriteFile(dir + "/pics.json", R"({
+  "dataset": "pics", "epochs": 1, "batch_size": 2, "device": "cpu",
+  "model": {"input_shape": [3, 6, 8],
+            "layers": [{"flatten": {}}, {"linear": {"in_features": 144, "out_features": 2}}]},
+  "optimizer": {"kind": "KIND_SGD", "lr": 0.01}
+})");
+  const std::string job = Submit(dir + "/pics.json");
+  ASSERT_FALSE(job.empty());
+  RunResult trained = Kiln({"watch", job});
+  EXPECT_EQ(trained.exit_code, 0) << trained.out << trained.err;
+
   // --grayscale and --resize, and the class names in JSON.
   RunResult gray = Kiln({"upload", "pics-gray", "--format", "folder", "--train", dir + "/train",
                          "--grayscale", "--resize", "3x4", "--output", "json"});
