@@ -601,6 +601,15 @@ TEST_F(KilnCliTest, UploadFolderNamesTheFileAndTheProblem) {
   EXPECT_EQ(bad_size.exit_code, 2);
   EXPECT_THAT(bad_size.err, HasSubstr("HxW"));
   EXPECT_THAT(Kiln({"datasets"}).out, Not(HasSubstr("bad ")));
+
+  // More than kilnd's --max_upload_bytes: its refusal, naming the limit, and no dataset.
+  Kilnd small;
+  ASSERT_TRUE(small.Start(dir + "/state-small", dir + "/data-small", {"--max_upload_bytes=4096"}));
+  for (int i = 0; i < 4; ++i) PutImage(dir + "/many", "a", absl::StrCat(i, ".png"), 32, 32, 3, 9);
+  RunResult over = Kiln({"upload", "many", "--format", "folder", "--train", dir + "/many"}, &small);
+  EXPECT_EQ(over.exit_code, 1);
+  EXPECT_THAT(over.err, AllOf(HasSubstr("RESOURCE_EXHAUSTED"), HasSubstr("--max_upload_bytes")));
+  EXPECT_THAT(Kiln({"datasets"}, &small).out, Not(HasSubstr("many")));
 }
 #endif
 
