@@ -1,4 +1,5 @@
-// kiln datasets, datasets delete and upload: the datasets kilnd trains on (IDX, CIFAR-10, CSV).
+// kiln datasets, datasets delete and upload: the datasets kilnd trains on (IDX, CIFAR-10, CSV,
+// NPY, and image folders, which are decoded here and sent as NPY).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -7,16 +8,22 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/cli_status.h"
 #include "client/command_env.h"
 #include "client/format.h"
+#include "client/image_decode.h"
+#include "client/image_folder.h"
+#include "client/npy_writer.h"
 #include "client/table.h"
 #include "common/byte_size.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "kiln/v1/training.grpc.pb.h"
+#include "nlohmann/json.hpp"
 
 namespace kiln::client {
 namespace {
@@ -90,11 +97,22 @@ struct UploadOptions {
   std::string name;
   std::string format = "idx";
   std::string train_images, train_labels, test_images, test_labels;
-  std::vector<std::string> train;  // cifar10: the train batches, in order; csv: one table
-  std::string test;                // cifar10: the test batch; csv: the test table
-  std::string label_column;        // csv: a header name or a 0-based index; empty: the last
-  std::string header = "auto";     // csv: yes, no or auto
-  double test_fraction = 0;        // csv: share of train rows held out without --test
+  // cifar10: the train batches, in order; csv: one table; folder: the folder of class folders.
+  std::vector<std::string> train;
+  // cifar10: the test batch; csv: the test table; folder: the test folder.
+  std::string test;
+  std::string label_column;     // csv: a header name or a 0-based index; empty: the last
+  std::string header = "auto";  // csv: yes, no or auto
+  double test_fraction = 0;     // csv: share of train rows held out without --test
+  std::string resize;           // folder: HxW every image is resized to
+  bool grayscale = false;       // folder: colour images become gray
+};
+
+// A file to send: its name on the server, where it came from (for messages), and its bytes.
+struct UploadFile {
+  std::string name;
+  std::string source;
+  std::string bytes;
 };
 
 bool IsGzip(const std::string& bytes) {
@@ -109,6 +127,18 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
   const bool csv_options = !o.label_column.empty() || o.header != "auto" || o.test_fraction != 0;
   if (csv_options && o.format != "csv") {
     return UsageError("--label-column, --header and --test-fraction are for --format csv");
+  }
+  if ((!o.resize.empty() || o.grayscale) && o.format != "folder") {
+    return UsageError("--resize and --grayscale are for --format folder");
+  }
+  if (o.format == "folder") {
+    if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
+        !o.test_labels.empty()) {
+      return UsageError(
+          "--format folder takes --train DIR and --test DIR, not --*-images or --*-labels");
+    }
+    if (o.train.size() != 1) return UsageError("--format folder needs one --train DIR");
+    return files;  // none to read as they are: DecodeFolderFiles makes them
   }
   if (o.format == "cifar10") {
     if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
@@ -142,12 +172,12 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
   }
   if (o.format != "idx" && o.format != "npy") {
     return UsageError(
-        absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10, csv, npy"));
+        absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10, csv, npy, folder"));
   }
   if (!o.train.empty() || !o.test.empty()) {
     return UsageError(
-        "--train and --test are for --format cifar10 and csv; idx and npy take --train-images, "
-        "--train-labels, --test-images and --test-labels");
+        "--train and --test are for --format cifar10, csv and folder; idx and npy take "
+        "--train-images, --train-labels, --test-images and --test-labels");
   }
   if (o.train_images.empty() || o.train_labels.empty()) {
     return UsageError(
@@ -173,24 +203,90 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
-  // The server's names for the files; gzip IDX files (magic 1f 8b) keep a ".gz".
-  KILN_ASSIGN_OR_RETURN(auto files, UploadFiles(o));
-  const bool cifar10 = o.format == "cifar10";
-  const bool csv = o.format == "csv";
-  const bool npy = o.format == "npy";
-  std::vector<std::string> contents;
-  for (auto& [name, path] : files) {
+// The files as given, read; gzip IDX files (magic 1f 8b) keep a ".gz" on the server.
+absl::StatusOr<std::vector<UploadFile>> ReadUploadFiles(
+    const UploadOptions& o, const std::vector<std::pair<std::string, std::string>>& names) {
+  std::vector<UploadFile> files;
+  for (const auto& [name, path] : names) {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+    std::string server_name = name;
     if (IsGzip(bytes)) {
-      if (cifar10 || csv || npy) {
+      if (o.format != "idx") {
         return UsageError(absl::StrCat(path, ": gzip-compressed; ", o.format,
                                        " files are sent uncompressed (gunzip it first)"));
       }
-      name += ".gz";
+      server_name += ".gz";
     }
-    contents.push_back(std::move(bytes));
+    files.push_back({std::move(server_name), path, std::move(bytes)});
   }
+  return files;
+}
+
+// "HxW" as --resize takes it.
+absl::Status ParseResize(const std::string& text, ImageFolderOptions* options) {
+  const std::vector<std::string> parts = absl::StrSplit(text, 'x');
+  int height = 0, width = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &height) ||
+      !absl::SimpleAtoi(parts[1], &width) || height <= 0 || width <= 0) {
+    return UsageError(
+        absl::StrCat("--resize: \"", text, "\" is not HxW (height x width, e.g. 32x32)"));
+  }
+  KILN_RETURN_IF_ERROR(CheckImageSize("--resize", width, height));
+  options->resize_height = height;
+  options->resize_width = width;
+  return absl::OkStatus();
+}
+
+// An image folder (and a test folder) decoded here into the four arrays of --format npy: uint8
+// samples (N, H, W) or (N, 3, H, W), int32 labels (N,). `classes` gets the class names.
+absl::StatusOr<std::vector<UploadFile>> DecodeFolderFiles(CommandEnv& env, const UploadOptions& o,
+                                                          std::vector<std::string>* classes) {
+  ImageFolderOptions options;
+  options.grayscale = o.grayscale;
+  if (!o.resize.empty()) KILN_RETURN_IF_ERROR(ParseResize(o.resize, &options));
+  KILN_ASSIGN_OR_RETURN(ImageFolders folders, ReadImageFolders(o.train[0], o.test, options));
+  *classes = folders.classes;
+  std::vector<int64_t> shape = folders.sample_shape();
+  std::vector<UploadFile> files;
+  for (ImageSplit* split : {&folders.train, &folders.test}) {
+    if (split == &folders.test && !folders.has_test) break;
+    const std::string prefix = split == &folders.train ? "train" : "test";
+    if (!env.json()) {
+      std::fprintf(env.err, "%s: %lld images in %zu classes", split->dir.c_str(),
+                   static_cast<long long>(split->count), folders.classes.size());
+      if (split->ignored > 0) {
+        std::fprintf(env.err, "; ignored %lld %s not %s images (e.g. %s)",
+                     static_cast<long long>(split->ignored),
+                     split->ignored == 1 ? "file that is" : "files that are", kImageExtensions,
+                     split->ignored_example.c_str());
+      }
+      std::fprintf(env.err, "\n");
+    }
+    std::vector<int64_t> x_shape = {split->count};
+    x_shape.insert(x_shape.end(), shape.begin(), shape.end());
+    std::string x = NpyHeader("|u1", x_shape);
+    x.append(split->samples);
+    split->samples = std::string();  // one copy of the pixels at a time
+    std::string y = NpyHeader("<i4", {split->count});
+    for (int32_t label : split->labels) {
+      // Little endian, as the header says.
+      for (int b = 0; b < 4; ++b) y.push_back(static_cast<char>((label >> (8 * b)) & 0xff));
+    }
+    files.push_back({prefix + "_x.npy", split->dir, std::move(x)});
+    files.push_back({prefix + "_y.npy", split->dir + " (labels)", std::move(y)});
+  }
+  return files;
+}
+
+absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
+  KILN_ASSIGN_OR_RETURN(auto names, UploadFiles(o));
+  const bool cifar10 = o.format == "cifar10";
+  const bool csv = o.format == "csv";
+  const bool folder = o.format == "folder";
+  const bool npy = o.format == "npy" || folder;
+  std::vector<std::string> classes;
+  KILN_ASSIGN_OR_RETURN(std::vector<UploadFile> files,
+                        folder ? DecodeFolderFiles(env, o, &classes) : ReadUploadFiles(o, names));
 
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
   auto stub = v1::Training::NewStub(c->channel());
@@ -210,23 +306,23 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
     options->set_test_fraction(o.test_fraction);
   }
   // Declared up front, so that kilnd publishes the dataset only if all of them arrive.
-  for (const auto& file : files) header.mutable_header()->add_files(file.first);
+  for (const UploadFile& file : files) header.mutable_header()->add_files(file.name);
   bool open = writer->Write(header);
   for (size_t f = 0; f < files.size() && open; ++f) {
-    const std::string& bytes = contents[f];
+    const std::string& bytes = files[f].bytes;
     Sha256 sha;
     sha.Update(bytes);
     const std::string digest = sha.HexDigest();
     if (!env.json()) {
-      std::fprintf(env.err, "uploading %s as %s (%s)\n", files[f].second.c_str(),
-                   files[f].first.c_str(), FormatBytes(static_cast<int64_t>(bytes.size())).c_str());
+      std::fprintf(env.err, "uploading %s as %s (%s)\n", files[f].source.c_str(),
+                   files[f].name.c_str(), FormatBytes(static_cast<int64_t>(bytes.size())).c_str());
     }
     size_t offset = 0;
     do {
       const size_t n = std::min(kChunkBytes, bytes.size() - offset);
       v1::UploadDatasetRequest request;
       v1::DatasetFileChunk* chunk = request.mutable_chunk();
-      chunk->set_file_name(files[f].first);
+      chunk->set_file_name(files[f].name);
       chunk->set_data(bytes.substr(offset, n));
       offset += n;
       if (offset == bytes.size()) chunk->set_sha256(digest);
@@ -236,13 +332,23 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   writer->WritesDone();
   grpc::Status status = writer->Finish();
   if (!status.ok()) return ServerError(status);
+  // An image folder's class names are not part of the dataset kilnd keeps (the NPY format has
+  // none), so they are reported here: label i is class i.
   if (env.json()) {
-    PrintJson(env, dataset);
+    nlohmann::json out = nlohmann::json::parse(MessageToJson(dataset, false));
+    if (folder) out["class_names"] = classes;
+    std::fprintf(env.out, "%s\n", out.dump(2).c_str());
   } else {
     std::fprintf(env.out, "dataset %s: %lld training and %lld test samples of %s\n",
                  dataset.name().c_str(), static_cast<long long>(dataset.train_samples()),
                  static_cast<long long>(dataset.test_samples()),
                  absl::StrJoin(dataset.sample_shape(), "x").c_str());
+    if (folder) {
+      std::vector<std::string> numbered;
+      for (size_t i = 0; i < classes.size(); ++i)
+        numbered.push_back(absl::StrCat(i, " ", classes[i]));
+      std::fprintf(env.out, "classes: %s\n", absl::StrJoin(numbered, ", ").c_str());
+    }
   }
   return absl::OkStatus();
 }
@@ -263,18 +369,22 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
   });
 
   auto o = std::make_shared<UploadOptions>();
-  CLI::App* u = app.add_subcommand(
-      "upload", "Upload a dataset: IDX files, CIFAR-10 batches, a CSV table or NumPy arrays");
+  CLI::App* u = app.add_subcommand("upload",
+                                   "Upload a dataset: IDX files, CIFAR-10 batches, a CSV table, "
+                                   "NumPy arrays or a folder of images");
   u->add_option("name", o->name, "Name of the new dataset")->required();
-  u->add_option("--format", o->format, "idx (default), cifar10, csv or npy")
-      ->check(CLI::IsMember({"idx", "cifar10", "csv", "npy"}));
+  u->add_option("--format", o->format, "idx (default), cifar10, csv, npy or folder")
+      ->check(CLI::IsMember({"idx", "cifar10", "csv", "npy", "folder"}));
   u->add_option("--train-images", o->train_images, "idx: images (raw or .gz); npy: x array");
   u->add_option("--train-labels", o->train_labels, "idx: labels (raw or .gz); npy: y array");
   u->add_option("--test-images", o->test_images, "idx: test images; npy: test x array");
   u->add_option("--test-labels", o->test_labels, "idx: test labels; npy: test y array");
   u->add_option("--train", o->train,
-                "cifar10: the train batches (data_batch_1.bin ...), in order; csv: the table");
-  u->add_option("--test", o->test, "cifar10: the test batch (test_batch.bin); csv: a test table");
+                "cifar10: the train batches (data_batch_1.bin ...), in order; csv: the table; "
+                "folder: a folder with one sub-folder of PNG or JPEG images per class");
+  u->add_option("--test", o->test,
+                "cifar10: the test batch (test_batch.bin); csv: a test table; folder: a test "
+                "folder with the same class sub-folders");
   u->add_option("--label-column", o->label_column,
                 "csv: the label column, by header name or 0-based index (default: the last)");
   u->add_option("--header", o->header, "csv: whether the first row is a header: yes, no, auto")
@@ -283,6 +393,12 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
                 "csv: without --test, hold out this share of the rows (the last ones) as the test "
                 "split")
       ->check(CLI::Range(0.0, 0.99));
+  u->add_option("--resize", o->resize,
+                "folder: resize every image to HxW (area average to shrink, bilinear to grow); "
+                "without it, all images must have the first one's size");
+  u->add_flag("--grayscale", o->grayscale,
+              "folder: convert colour images to gray (otherwise one colour image makes the "
+              "dataset colour, gray images repeated in 3 channels)");
   u->footer(
       "Examples:\n"
       "  kiln upload fashion --train-images train-images-idx3-ubyte.gz \\\n"
@@ -291,6 +407,7 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "  kiln upload cifar --format cifar10 --train cifar-10-batches-bin/data_batch_*.bin \\\n"
       "      --test cifar-10-batches-bin/test_batch.bin\n"
       "  kiln upload arrays --format npy --train-images x.npy --train-labels y.npy\n"
+      "  kiln upload pets --format folder --train pets/train --test pets/val --resize 64x64\n"
       "  kiln upload iris --format csv --train iris.csv --label-column species --test-fraction "
       "0.2\n"
       "  kiln submit --preset mnist-cnn --dataset fashion --watch");

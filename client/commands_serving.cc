@@ -19,6 +19,7 @@
 #include "client/cli_status.h"
 #include "client/command_env.h"
 #include "client/image_file.h"
+#include "client/image_resize.h"
 #include "client/job_ref.h"
 #include "client/table.h"
 #include "common/status_macros.h"
@@ -143,11 +144,12 @@ struct PredictOptions {
   std::string version;
   int top = 3;
   std::string label_column;  // CSV rows: the column to drop when a row has one value too many
+  bool resize = false;       // image files: resized to the model's height and width
 };
 
 struct Sample {
   std::string label;  // "seven.png", "t10k-images-idx3-ubyte#12" or "rows.csv#3"
-  GrayImage image;
+  Image image;
   std::vector<float> features;  // a CSV row, for models trained on a table
 };
 
@@ -214,12 +216,32 @@ absl::Status LoadCsvRows(const std::string& path, int64_t features, const std::s
   return absl::OkStatus();
 }
 
+// The height and width of a model's image input ([H, W], [1, H, W] or [3, H, W]); false for
+// other inputs (a flat [F] among them, whose picture size is not known).
+bool ModelImageSize(const std::vector<int64_t>& shape, int* height, int* width) {
+  const size_t n = shape.size();
+  if (!(n == 2 || (n == 3 && (shape[0] == 1 || shape[0] == 3)))) return false;
+  if (shape[n - 2] <= 0 || shape[n - 1] <= 0 || shape[n - 2] > kMaxImageSide ||
+      shape[n - 1] > kMaxImageSide) {
+    return false;
+  }
+  *height = static_cast<int>(shape[n - 2]);
+  *width = static_cast<int>(shape[n - 1]);
+  return true;
+}
+
 // The samples to send for a model whose samples are `sample_shape`: images (3 channels when it is
-// [3, H, W]) or, for a [F] model given .csv files, table rows.
+// [3, H, W]; with --resize brought to its size) or, for a [F] model given .csv files, table rows.
 absl::StatusOr<std::vector<Sample>> LoadSamples(const PredictOptions& o,
                                                 const std::vector<int64_t>& sample_shape) {
   std::vector<Sample> samples;
   const int channels = sample_shape.size() == 3 && sample_shape[0] == 3 ? 3 : 1;
+  int height = 0, width = 0;
+  if (o.resize && !ModelImageSize(sample_shape, &height, &width)) {
+    return UsageError(absl::StrCat("--resize: model ", o.model, " takes ",
+                                   absl::StrJoin(sample_shape, "x"),
+                                   ", not images of [H, W] or [C, H, W]"));
+  }
   for (const std::string& file : o.files) {
     if (absl::EndsWith(file, ".csv")) {
       if (sample_shape.size() != 1) {
@@ -230,14 +252,15 @@ absl::StatusOr<std::vector<Sample>> LoadSamples(const PredictOptions& o,
       continue;
     }
     if (o.indices.empty()) {
-      KILN_ASSIGN_OR_RETURN(GrayImage image, ReadImageFile(file, channels));
+      KILN_ASSIGN_OR_RETURN(Image image, ReadImageFile(file, channels));
+      if (o.resize) image = ResizeImage(image, height, width);
       samples.push_back({file, std::move(image), {}});
       continue;
     }
     for (int64_t index : o.indices) {
-      KILN_ASSIGN_OR_RETURN(GrayImage image, absl::EndsWith(file, ".bin")
-                                                 ? ReadCifar10Image(file, index)
-                                                 : ReadIdxImage(file, index));
+      KILN_ASSIGN_OR_RETURN(Image image, absl::EndsWith(file, ".bin")
+                                             ? ReadCifar10Image(file, index)
+                                             : ReadIdxImage(file, index));
       samples.push_back({absl::StrCat(file, "#", index), std::move(image), {}});
     }
   }
@@ -291,11 +314,14 @@ absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
       continue;
     }
     if (static_cast<int64_t>(s.image.pixels.size()) != elements) {
+      int height = 0, width = 0;
       return UsageError(absl::StrFormat(
-          "%s is %dx%dx%d (%d values) but model %s takes %d per sample (%s); MNIST models want "
-          "28x28 grayscale, CIFAR-10 ones 32x32 colour",
-          s.label, s.image.channels, s.image.height, s.image.width, s.image.pixels.size(), o.model,
-          elements, absl::StrJoin(sample_shape, "x")));
+          "%s is %dx%dx%d (%d values) but model %s takes %d per sample (%s); %s", s.label,
+          s.image.channels, s.image.height, s.image.width, s.image.pixels.size(), o.model, elements,
+          absl::StrJoin(sample_shape, "x"),
+          ModelImageSize(sample_shape, &height, &width)
+              ? "--resize brings pictures to the model's size"
+              : "MNIST models want 28x28 grayscale, CIFAR-10 ones 32x32 colour"));
     }
     pixels.append(s.image.pixels.begin(), s.image.pixels.end());
   }
@@ -396,14 +422,17 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
       app.add_subcommand("predict", "Classify images or table rows with a deployed model");
   pr->add_option("model", p->model, "Model name")->required();
   pr->add_option("files", p->files,
-                 "PNG or PGM images (grayscale, or colour for a [3,H,W] model), IDX or CIFAR-10 "
-                 ".bin files with --index, or .csv tables for a model trained on one")
+                 "PNG, JPEG or PGM images (grayscale, or colour for a [3,H,W] model), IDX or "
+                 "CIFAR-10 .bin files with --index, or .csv tables for a model trained on one")
       ->required();
   pr->add_option("--index", p->indices,
                  "Image numbers (0-based) to take from IDX or CIFAR-10 .bin files")
       ->delimiter(',');
   pr->add_option("--label-column", p->label_column,
                  "CSV: the label column to drop from rows that carry one (default: the last)");
+  pr->add_flag("--resize", p->resize,
+               "Resize pictures to the model's height and width (area average to shrink, "
+               "bilinear to grow), as kiln upload --format folder --resize does");
   pr->add_option("--top", p->top, "Classes to show per image (default 3)")
       ->check(CLI::Range(1, 1000));
   pr->add_option("--version", p->version, "Model version (default: the latest)");
@@ -411,7 +440,8 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "Examples:\n"
       "  kiln predict digits seven.png two.pgm\n"
       "  kiln predict digits data/mnist/t10k-images-idx3-ubyte --index 0,1,2\n"
-      "  kiln predict cifar cat.png\n"
+      "  kiln predict cifar cat.png dog.jpg\n"
+      "  kiln predict pets photo.jpg --resize\n"
       "  kiln predict cifar cifar-10-batches-bin/test_batch.bin --index 0,1\n"
       "  kiln predict iris rows.csv\n"
       "  kiln predict digits seven.png --output json | jq '.predictions[0].class'");

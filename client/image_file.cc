@@ -11,25 +11,8 @@
 #include "common/idx_header.h"
 #include "common/status_macros.h"
 
-#ifdef KILN_CLIENT_HAVE_PNG
-#include <png.h>
-#endif
-
 namespace kiln::client {
 namespace {
-
-// Larger than any model input kilnd accepts (1,000,000 values a sample).
-constexpr int64_t kMaxImageSide = 16384;
-constexpr int64_t kMaxImagePixels = int64_t{1} << 24;
-
-absl::Status CheckImageSize(const std::string& source, int64_t width, int64_t height) {
-  if (width > 0 && height > 0 && width <= kMaxImageSide && height <= kMaxImageSide &&
-      width * height <= kMaxImagePixels) {
-    return absl::OkStatus();
-  }
-  return UsageError(absl::StrCat(source, ": ", width, "x", height, " pixels is larger than ",
-                                 kMaxImageSide, " a side or ", kMaxImagePixels, " in all"));
-}
 
 absl::StatusOr<std::string> Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -44,60 +27,17 @@ uint32_t BigEndian32(const std::string& b, size_t at) {
          uint32_t{static_cast<uint8_t>(b[at + 3])};
 }
 
-#ifdef KILN_CLIENT_HAVE_PNG
-absl::StatusOr<GrayImage> DecodePng(const std::string& path, int channels) {
-  png_image image;
-  std::memset(&image, 0, sizeof(image));
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_file(&image, path.c_str())) {
-    return UsageError(absl::StrCat(path, ": not a readable PNG: ", image.message));
-  }
-  // The header alone gives the size: refuse before the decoder allocates for it.
-  if (absl::Status size = CheckImageSize(path, image.width, image.height); !size.ok()) {
-    png_image_free(&image);
-    return size;
-  }
-  // libpng converts colour and 16-bit images to 8-bit gray, or anything to 8-bit RGB.
-  image.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
-  GrayImage out;
-  out.width = static_cast<int>(image.width);
-  out.height = static_cast<int>(image.height);
-  out.channels = channels == 3 ? 3 : 1;
-  std::vector<uint8_t> interleaved(PNG_IMAGE_SIZE(image));
-  if (!png_image_finish_read(&image, nullptr, interleaved.data(), 0, nullptr)) {
-    std::string message = image.message;
-    png_image_free(&image);
-    return UsageError(absl::StrCat(path, ": decoding the PNG failed: ", message));
-  }
-  if (out.channels == 1) {
-    out.pixels = std::move(interleaved);
-    return out;
-  }
-  // HWC as decoded to CHW as models take it.
-  const size_t plane = static_cast<size_t>(out.width) * static_cast<size_t>(out.height);
-  out.pixels.resize(3 * plane);
-  for (size_t i = 0; i < plane; ++i) {
-    for (size_t c = 0; c < 3; ++c) out.pixels[c * plane + i] = interleaved[3 * i + c];
-  }
-  return out;
-}
-#endif
-
-// A gray image as `channels` planes: the gray plane repeated.
-absl::StatusOr<GrayImage> WithChannels(absl::StatusOr<GrayImage> image, int channels) {
-  if (!image.ok() || channels != 3) return image;
-  const std::vector<uint8_t> gray = std::move(image->pixels);
-  image->pixels.clear();
-  for (int c = 0; c < 3; ++c) image->pixels.insert(image->pixels.end(), gray.begin(), gray.end());
-  image->channels = 3;
-  return image;
-}
-
 }  // namespace
 
 ImageFileKind DetectImageFile(const std::string& bytes) {
-  if (bytes.size() >= 8 && bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0)
-    return ImageFileKind::kPng;
+  switch (DetectImageFormat(bytes)) {
+    case ImageFormat::kPng:
+      return ImageFileKind::kPng;
+    case ImageFormat::kJpeg:
+      return ImageFileKind::kJpeg;
+    case ImageFormat::kOther:
+      break;
+  }
   if (bytes.size() >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '2')) {
     return ImageFileKind::kPgm;
   }
@@ -105,7 +45,7 @@ ImageFileKind DetectImageFile(const std::string& bytes) {
   return ImageFileKind::kUnknown;
 }
 
-absl::StatusOr<GrayImage> DecodePgm(const std::string& bytes, const std::string& source) {
+absl::StatusOr<Image> DecodePgm(const std::string& bytes, const std::string& source) {
   size_t at = 2;
   // Header fields are separated by whitespace; '#' starts a comment to the end of the line.
   auto next_number = [&](long* value) {
@@ -132,7 +72,7 @@ absl::StatusOr<GrayImage> DecodePgm(const std::string& bytes, const std::string&
   if (absl::Status size = CheckImageSize(source, width, height); !size.ok()) {
     return size;
   }
-  GrayImage out;
+  Image out;
   out.width = static_cast<int>(width);
   out.height = static_cast<int>(height);
   const size_t count = static_cast<size_t>(width) * static_cast<size_t>(height);
@@ -159,27 +99,26 @@ absl::StatusOr<GrayImage> DecodePgm(const std::string& bytes, const std::string&
   return out;
 }
 
-absl::StatusOr<GrayImage> ReadImageFile(const std::string& path, int channels) {
+absl::StatusOr<Image> ReadImageFile(const std::string& path, int channels) {
   absl::StatusOr<std::string> bytes = Slurp(path);
   if (!bytes.ok()) return bytes.status();
   switch (DetectImageFile(*bytes)) {
-    case ImageFileKind::kPgm:
-      return WithChannels(DecodePgm(*bytes, path), channels);
+    case ImageFileKind::kPgm: {
+      KILN_ASSIGN_OR_RETURN(Image gray, DecodePgm(*bytes, path));
+      return WithChannels(std::move(gray), channels == 3 ? 3 : 1);
+    }
     case ImageFileKind::kPng:
-#ifdef KILN_CLIENT_HAVE_PNG
-      return DecodePng(path, channels);
-#else
-      return UsageError(absl::StrCat(path, ": this kiln was built without libpng; use PGM files"));
-#endif
+    case ImageFileKind::kJpeg:
+      return DecodeImage(*bytes, path, channels == 3 ? ChannelMode::kRgb : ChannelMode::kGray);
     case ImageFileKind::kIdxImages:
       return UsageError(absl::StrCat(path, " is an IDX file; pick an image with --index N"));
     case ImageFileKind::kUnknown:
       break;
   }
-  return UsageError(absl::StrCat(path, ": not a PNG or PGM image"));
+  return UsageError(absl::StrCat(path, ": not a PNG, JPEG or PGM image"));
 }
 
-absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index) {
+absl::StatusOr<Image> ReadIdxImage(const std::string& path, int64_t index) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return UsageError(absl::StrCat("cannot read ", path));
   std::string header(16, '\0');
@@ -192,7 +131,7 @@ absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index) {
   if (index < 0 || index >= count) {
     return UsageError(absl::StrCat("--index ", index, ": ", path, " holds images 0..", count - 1));
   }
-  GrayImage out;
+  Image out;
   KILN_RETURN_IF_ERROR(CheckImageSize(path, parsed->dims[2], parsed->dims[1]));
   out.height = static_cast<int>(parsed->dims[1]);
   out.width = static_cast<int>(parsed->dims[2]);
@@ -205,7 +144,7 @@ absl::StatusOr<GrayImage> ReadIdxImage(const std::string& path, int64_t index) {
   return out;
 }
 
-absl::StatusOr<GrayImage> ReadCifar10Image(const std::string& path, int64_t index) {
+absl::StatusOr<Image> ReadCifar10Image(const std::string& path, int64_t index) {
   constexpr int64_t kRecord = 1 + 3 * 32 * 32;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return UsageError(absl::StrCat("cannot read ", path));
@@ -218,7 +157,7 @@ absl::StatusOr<GrayImage> ReadCifar10Image(const std::string& path, int64_t inde
     return UsageError(
         absl::StrCat("--index ", index, ": ", path, " holds images 0..", size / kRecord - 1));
   }
-  GrayImage out;
+  Image out;
   out.width = out.height = 32;
   out.channels = 3;
   out.pixels.resize(3 * 32 * 32);

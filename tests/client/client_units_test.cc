@@ -10,6 +10,7 @@
 #include "client/cli_status.h"
 #include "client/image_file.h"
 #include "client/job_ref.h"
+#include "client/npy_writer.h"
 #include "client/progress_view.h"
 #include "client/spec_file.h"
 #include "client/table.h"
@@ -153,6 +154,17 @@ TEST(ImageFileTest, APngClaimingHugeDimensionsIsRefusedBeforeDecoding) {
               HasSubstr("100000x100000 pixels is larger than"));
 }
 #endif
+
+// What numpy.save writes for these arrays, byte for byte: kilnd's NPY reader takes both.
+TEST(NpyWriterTest, HeadersAreNumpysOwn) {
+  const std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3), }";
+  const std::string u8 = NpyHeader("|u1", {2, 3});
+  EXPECT_EQ(u8, std::string("\x93NUMPY\x01\x00\x76\x00", 10) + dict + std::string(58, ' ') + "\n");
+  const std::string labels = NpyHeader("<i4", {5});
+  EXPECT_EQ(labels.size(), 128u);
+  EXPECT_THAT(labels, HasSubstr("{'descr': '<i4', 'fortran_order': False, 'shape': (5,), }"));
+  EXPECT_EQ(labels.back(), '\n');
+}
 
 TEST(ImageFileTest, ReadsOneImageOutOfAnIdxFile) {
   const std::string dir = testing::MakeTempDir("kiln-idx");
