@@ -38,6 +38,8 @@ struct DeployOptions {
   std::string device;
   int64_t max_batch = 0;
   int64_t max_delay_us = -1;
+  std::string version_policy;
+  bool follow = false;
 };
 
 inference::ModelRepositoryParameter StringParam(const std::string& s) {
@@ -66,6 +68,8 @@ absl::Status Deploy(CommandEnv& env, const DeployOptions& o) {
   if (o.max_delay_us >= 0) params["max_queue_delay_us"] = IntParam(o.max_delay_us);
   if (!o.version.empty()) params["version"] = StringParam(o.version);
   if (!o.device.empty()) params["device"] = StringParam(o.device);
+  if (!o.version_policy.empty()) params["version_policy"] = StringParam(o.version_policy);
+  if (o.follow) params["follow"] = StringParam("true");
   inference::RepositoryModelLoadResponse response;
   auto context = c->NewContext(absl::Minutes(5));
   grpc::Status status = stub->RepositoryModelLoad(context.get(), request, &response);
@@ -389,7 +393,13 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
   dep->add_option("checkpoint", d->ref, "JOB, JOB@ID, JOB@best or JOB@latest (the default)")
       ->required();
   dep->add_option("--name", d->name, "Model name (default: the job id)");
-  dep->add_option("--version", d->version, "Model version (default: the server's choice)");
+  dep->add_option("--version", d->version,
+                  "Version number (default: the model's next: 1, 2, 3, ...)");
+  dep->add_option("--version-policy", d->version_policy,
+                  "Which versions stay loaded: latest:N (default latest:3), all, specific:1,3");
+  dep->add_flag("--follow", d->follow,
+                "Load a new version whenever the job writes a checkpoint that JOB@latest or "
+                "JOB@best then names");
   dep->add_option("--max-batch", d->max_batch, "Largest batch the dynamic batcher forms")
       ->check(CLI::PositiveNumber);
   dep->add_option("--max-delay-us", d->max_delay_us,
@@ -400,6 +410,7 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "Examples:\n"
       "  kiln deploy job-3f9c2a1b7d04 --name digits\n"
       "  kiln deploy job-3f9c2a1b7d04@best --name digits --max-batch 64 --max-delay-us 200\n"
+      "  kiln deploy job-3f9c2a1b7d04@best --name live --follow --version-policy latest:2\n"
       "  kiln predict digits seven.png");
   dep->callback([&env, action, d] { *action = [&env, d] { return Deploy(env, *d); }; });
 

@@ -5,6 +5,7 @@
 #include <grpcpp/support/server_interceptor.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <system_error>
@@ -24,6 +25,18 @@
 #include "server/serving/job_checkpoint_resolver.h"
 
 namespace kiln::server {
+
+// Checkpoints recorded before serving exists, or after it stops, have no follower to tell.
+class Daemon::CheckpointFollowObserver final : public JobEventObserver {
+ public:
+  void Attach(serving::ModelFollower* follower) { follower_.store(follower); }
+  void OnCheckpoint(const v1::Checkpoint& checkpoint, double /*seconds*/) override {
+    if (serving::ModelFollower* f = follower_.load()) f->CheckpointWritten(checkpoint.job_id());
+  }
+
+ private:
+  std::atomic<serving::ModelFollower*> follower_{nullptr};
+};
 namespace {
 
 constexpr const char* kServiceName = "kiln.v1.Training";
@@ -191,7 +204,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // Job events reach the metric families and the event log through these, and only these.
   d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
   d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());
-  manager_options.observers = {d->job_metrics_.get(), d->job_log_.get()};
+  d->follow_observer_ = std::make_unique<CheckpointFollowObserver>();
+  manager_options.observers = {d->job_metrics_.get(), d->job_log_.get(), d->follow_observer_.get()};
   d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());
@@ -235,6 +249,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return store->SetModelDeployments(model, rows);
   };
   d->inference_ = std::make_unique<serving::InferenceService>(d->models_.get(), inference);
+  d->follower_ = std::make_unique<serving::ModelFollower>(
+      d->models_.get(), d->inference_.get(), d->models_->options().resolver,
+      [log](const std::string& model, const std::string& source, const absl::Status& outcome) {
+        if (outcome.ok()) {
+          log->Log(LogLevel::kInfo, "model_followed", {{"model", model}, {"source", source}});
+        } else {
+          log->Log(
+              LogLevel::kError, "model_follow_failed",
+              {{"model", model}, {"source", source}, {"reason", std::string(outcome.message())}});
+        }
+      });
+  d->follow_observer_->Attach(d->follower_.get());
   KILN_ASSIGN_OR_RETURN(std::vector<StoredDeployment> stored, d->store_->Deployments());
   std::vector<serving::DeploymentRecord> to_restore;
   for (StoredDeployment& row : stored) {
@@ -371,6 +397,8 @@ absl::Status Daemon::Shutdown(absl::Duration deadline) {
   inference_->SetReady(false);
   // Restoring resolves checkpoints through the manager: it ends before the manager stops.
   if (restore_thread_.joinable()) restore_thread_.join();
+  follow_observer_->Attach(nullptr);
+  follower_->Stop();
   absl::Status jobs = manager_->Shutdown(deadline);
   broadcaster_->CloseAll(absl::UnavailableError("kilnd is shutting down"));
   // In-flight calls get a moment to finish; after it they are cancelled.

@@ -31,6 +31,7 @@
 #include "server/observability/logging.h"
 #include "server/observability/metrics.h"
 #include "server/serving/inference_service.h"
+#include "server/serving/model_follower.h"
 #include "server/serving/model_repository.h"
 
 namespace grpc {
@@ -124,6 +125,9 @@ class Daemon {
   std::unique_ptr<EventLog> log_;
   std::unique_ptr<JobMetricsObserver> job_metrics_;
   std::unique_ptr<JobLogObserver> job_log_;
+  // Tells follower_ of checkpoints once serving exists; outlives the manager that calls it.
+  class CheckpointFollowObserver;
+  std::unique_ptr<CheckpointFollowObserver> follow_observer_;
   std::unique_ptr<AuthTokens> auth_tokens_;  // null: auth off; read by the server's interceptor
   std::unique_ptr<TlsReloader> tls_;         // null: plaintext
   std::unique_ptr<JobStore> store_;
@@ -135,6 +139,8 @@ class Daemon {
   // Serving: above server_, so in-flight inference calls end before these go.
   std::unique_ptr<serving::ModelRepository> models_;
   std::unique_ptr<serving::InferenceService> inference_;
+  // Loads new versions of models that follow a job's checkpoints; before models_ goes.
+  std::unique_ptr<serving::ModelFollower> follower_;
   // Loads the recorded deployments after the server starts; joined by Shutdown.
   std::thread restore_thread_;
   std::unique_ptr<grpc::Server> server_;

@@ -70,14 +70,24 @@ absl::StatusOr<LoadRequest> ParseLoad(const inference::RepositoryModelLoadReques
             absl::StrCat("parameter \"threads\": ", n, " is out of range 0..1024"));
       }
       load.options.threads = static_cast<int>(n);
+    } else if (key == "version_policy") {
+      KILN_ASSIGN_OR_RETURN(std::string text, StringParameter(key, value));
+      KILN_ASSIGN_OR_RETURN(load.policy, VersionPolicy::Parse(text));
+    } else if (key == "follow") {
+      KILN_ASSIGN_OR_RETURN(std::string follow, StringParameter(key, value));
+      load.follow = follow == "false" ? "" : follow;
     } else if (key == "max_queue_delay_us") {
       KILN_ASSIGN_OR_RETURN(load.options.batching.max_queue_delay_us, IntParameter(key, value));
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter \"", key,
                        "\" is not supported; kilnd reads checkpoint, version, device, threads, "
-                       "max_batch_size and max_queue_delay_us"));
+                       "max_batch_size, max_queue_delay_us, version_policy and follow"));
     }
+  }
+  // "follow": "true" follows the checkpoint source as given (e.g. "JOB@best").
+  if (load.follow && *load.follow == "true") {
+    load.follow = load.source.empty() ? load.model : load.source;
   }
   return load;
 }
@@ -176,6 +186,12 @@ std::vector<DeploymentRecord> InferenceService::RecordsOf(const std::string& mod
     params["threads"].set_int64_param(served.options().threads);
     params["max_batch_size"].set_int64_param(served.options().batching.max_batch_size);
     params["max_queue_delay_us"].set_int64_param(served.options().batching.max_queue_delay_us);
+    if (absl::StatusOr<VersionPolicy> policy = repository_->PolicyOf(model); policy.ok()) {
+      params["version_policy"].set_string_param(policy->ToString());
+    }
+    if (absl::StatusOr<std::string> follow = repository_->FollowOf(model); follow.ok()) {
+      params["follow"].set_string_param(follow->empty() ? "false" : *follow);
+    }
     records.push_back(std::move(record));
   }
   return records;

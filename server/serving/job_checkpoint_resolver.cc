@@ -42,7 +42,6 @@ CheckpointResolver MakeJobCheckpointResolver(CheckpointLister list_checkpoints) 
     }
     ResolvedCheckpoint resolved;
     resolved.path = chosen->path();
-    resolved.version = std::to_string(chosen->id());
     resolved.sha256 = chosen->sha256();
     resolved.pinned_source = absl::StrCat(job, "@", chosen->id());
     if (chosen == latest) resolved.aliases.push_back("latest");

@@ -6,8 +6,11 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
@@ -33,12 +36,69 @@ absl::Status CheckName(const char* what, const std::string& name) {
       absl::StrCat(what, " \"", name, "\" must be 1 to ", kMaxNameLength, " of A-Z a-z 0-9 . _ -"));
 }
 
+// Version numbers: positive integers written plainly ("1", "12"), below 2^53 so that every JSON
+// reader keeps them exact.
+absl::StatusOr<int64_t> ParseVersionNumber(const std::string& text) {
+  int64_t n = 0;
+  const bool plain = !text.empty() && text.size() <= 16 && text[0] != '0' &&
+                     std::all_of(text.begin(), text.end(), absl::ascii_isdigit);
+  if (!plain || !absl::SimpleAtoi(text, &n) || n < 1 || n >= (int64_t{1} << 53)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "version \"", text, "\" must be a version number: a positive integer such as 1 or 2"));
+  }
+  return n;
+}
+
 absl::Status Prefixed(const std::string& model, const absl::Status& status) {
   return absl::Status(status.code(),
                       absl::StrCat("model \"", model, "\": ", std::string(status.message())));
 }
 
 }  // namespace
+
+absl::StatusOr<VersionPolicy> VersionPolicy::Parse(const std::string& text) {
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version_policy \"", text, "\" must be latest:N (N in 1..",
+                     kMaxVersionsPerModel, "), all, or specific:V[,V...] with version numbers"));
+  };
+  VersionPolicy policy;
+  if (text == "all") {
+    policy.kind = Kind::kAll;
+    return policy;
+  }
+  if (absl::StartsWith(text, "latest:")) {
+    policy.kind = Kind::kLatest;
+    if (!absl::SimpleAtoi(text.substr(7), &policy.latest) || policy.latest < 1 ||
+        policy.latest > kMaxVersionsPerModel) {
+      return bad();
+    }
+    return policy;
+  }
+  if (absl::StartsWith(text, "specific:")) {
+    policy.kind = Kind::kSpecific;
+    for (absl::string_view part : absl::StrSplit(text.substr(9), ',')) {
+      absl::StatusOr<int64_t> n = ParseVersionNumber(std::string(part));
+      if (!n.ok()) return bad();
+      policy.specific.insert(*n);
+    }
+    if (static_cast<int>(policy.specific.size()) > kMaxVersionsPerModel) return bad();
+    return policy;
+  }
+  return bad();
+}
+
+std::string VersionPolicy::ToString() const {
+  switch (kind) {
+    case Kind::kAll:
+      return "all";
+    case Kind::kSpecific:
+      return absl::StrCat("specific:", absl::StrJoin(specific, ","));
+    case Kind::kLatest:
+      break;
+  }
+  return absl::StrCat("latest:", latest);
+}
 
 absl::StatusOr<ResolvedCheckpoint> ResolveCheckpointFile(const std::string& source) {
   std::error_code ec;
@@ -74,28 +134,65 @@ absl::Status ModelRepository::CheckOptions(const DeploymentOptions& options) con
 absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
     const LoadRequest& request) {
   KILN_RETURN_IF_ERROR(CheckName("model name", request.model));
-  if (!request.version.empty()) KILN_RETURN_IF_ERROR(CheckName("version", request.version));
+  int64_t number = 0;
+  if (!request.version.empty()) {
+    absl::StatusOr<int64_t> n = ParseVersionNumber(request.version);
+    if (!n.ok()) return Prefixed(request.model, n.status());
+    number = *n;
+  }
   if (absl::Status s = CheckOptions(request.options); !s.ok()) return Prefixed(request.model, s);
 
   const std::string& source = request.source.empty() ? request.model : request.source;
   absl::StatusOr<ResolvedCheckpoint> resolved = options_.resolver(source);
   if (!resolved.ok()) return Prefixed(request.model, resolved.status());
-  std::string label = request.version.empty() ? resolved->version : request.version;
-  if (!label.empty()) {
-    if (absl::Status s = CheckName("version", label); !s.ok()) return Prefixed(request.model, s);
-  }
   for (const std::string& alias : resolved->aliases) {
     if (absl::Status s = CheckName("alias", alias); !s.ok()) return Prefixed(request.model, s);
   }
-  if (label.empty()) {
-    // Numbers keep counting across unloads, so a number never names two checkpoints.
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
     auto it = models_.find(request.model);
-    do {
-      label = std::to_string(next++);
-    } while (it != models_.end() && it->second.versions.count(label) > 0);
+    int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
+    if (number == 0) {
+      // Numbers keep counting across unloads, so a number never names two checkpoints.
+      while (it != models_.end() && it->second.versions.count(next) > 0) ++next;
+      number = next;
+    }
+    // A model under a specific policy takes only the numbers it lists.
+    const VersionPolicy& policy =
+        request.policy ? *request.policy
+        : it != models_.end()
+            ? it->second.policy
+            : VersionPolicy{VersionPolicy::Kind::kLatest, options_.max_versions_per_model, {}};
+    if (policy.kind == VersionPolicy::Kind::kSpecific && policy.specific.count(number) == 0) {
+      return Prefixed(request.model,
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "version ", number, " is not in the model's version policy ",
+                          policy.ToString(), "; give one of those numbers as the version")));
+    }
+    if (policy.kind == VersionPolicy::Kind::kLatest && it != models_.end() &&
+        it->second.versions.count(number) == 0) {
+      int higher = 0;
+      for (const auto& [n, v] : it->second.versions) higher += n > number ? 1 : 0;
+      if (higher >= policy.latest) {
+        return Prefixed(
+            request.model,
+            absl::FailedPreconditionError(absl::StrCat(
+                "version ", number,
+                " would not stay loaded: the model's version "
+                "policy ",
+                policy.ToString(), " keeps higher ones (loaded: ", VersionList(it->second), ")")));
+      }
+    }
+    if (policy.kind == VersionPolicy::Kind::kAll && it != models_.end() &&
+        it->second.versions.count(number) == 0 &&
+        static_cast<int>(it->second.versions.size()) >= kMaxVersionsPerModel) {
+      return Prefixed(request.model, absl::ResourceExhaustedError(absl::StrCat(
+                                         "the model has ", kMaxVersionsPerModel,
+                                         " versions loaded, the most one model keeps; unload "
+                                         "one or choose a latest:N policy")));
+    }
   }
+  const std::string label = std::to_string(number);
 
   if (!resolved->sha256.empty()) {
     // A checkpoint damaged on disk must not be served (it may answer NaN, or worse, plausibly).
@@ -158,19 +255,43 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   std::vector<std::shared_ptr<const ServedVersion>> released;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Model& model = models_[request.model];
-    if (auto it = model.versions.find(label); it != model.versions.end()) {
-      released.push_back(it->second);
-      RemoveVersion(model, label);
+    auto [it, created] = models_.try_emplace(request.model);
+    Model& model = it->second;
+    if (created)
+      model.policy.latest = std::clamp(options_.max_versions_per_model, 1, kMaxVersionsPerModel);
+    if (request.policy) model.policy = *request.policy;
+    if (request.follow) model.follow = *request.follow;
+    if (auto old = model.versions.find(number); old != model.versions.end()) {
+      released.push_back(old->second);
+      RemoveVersion(model, number);
     }
-    model.versions[label] = version;
-    model.load_order.push_back(label);
-    for (const std::string& alias : resolved->aliases) model.aliases[alias] = label;
-    while (static_cast<int>(model.load_order.size()) >
-           std::max(1, options_.max_versions_per_model)) {
-      const std::string oldest = model.load_order.front();
-      released.push_back(model.versions[oldest]);
-      RemoveVersion(model, oldest);
+    model.versions[number] = version;
+    int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
+    next = std::max(next, number + 1);
+    for (const std::string& alias : resolved->aliases) model.aliases[alias] = number;
+    // The policy decides what stays: the highest numbers, or the listed ones. The version just
+    // loaded may itself go (a lower number than `latest` keeps); it was still loaded and checked.
+    std::vector<int64_t> drop;
+    if (model.policy.kind == VersionPolicy::Kind::kLatest) {
+      int kept = 0;
+      for (auto v = model.versions.rbegin(); v != model.versions.rend(); ++v) {
+        if (++kept > model.policy.latest) drop.push_back(v->first);
+      }
+    } else if (model.policy.kind == VersionPolicy::Kind::kSpecific) {
+      for (const auto& [n, v] : model.versions) {
+        if (model.policy.specific.count(n) == 0) drop.push_back(n);
+      }
+    }
+    for (int64_t n : drop) {
+      released.push_back(model.versions[n]);
+      RemoveVersion(model, n);
+    }
+    if (model.versions.count(number) == 0) {
+      return Prefixed(
+          request.model,
+          absl::FailedPreconditionError(absl::StrCat(
+              "version ", number, " loaded but the model's version policy ",
+              model.policy.ToString(), " keeps higher ones (loaded: ", VersionList(model), ")")));
     }
     unloaded_.erase(request.model);
     if (auto failed = unavailable_.find(request.model); failed != unavailable_.end()) {
@@ -181,13 +302,29 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   return std::shared_ptr<const ServedVersion>(version);
 }
 
-void ModelRepository::RemoveVersion(Model& model, const std::string& label) {
-  model.versions.erase(label);
-  model.load_order.erase(std::remove(model.load_order.begin(), model.load_order.end(), label),
-                         model.load_order.end());
+void ModelRepository::RemoveVersion(Model& model, int64_t number) {
+  model.versions.erase(number);
   for (auto it = model.aliases.begin(); it != model.aliases.end();) {
-    it = it->second == label ? model.aliases.erase(it) : std::next(it);
+    it = it->second == number ? model.aliases.erase(it) : std::next(it);
   }
+}
+
+const std::shared_ptr<const ServedVersion>* ModelRepository::FindVersionLocked(
+    const Model& model, const std::string& version) {
+  int64_t number = 0;
+  if (auto a = model.aliases.find(version); a != model.aliases.end()) {
+    number = a->second;
+  } else if (absl::StatusOr<int64_t> n = ParseVersionNumber(version); n.ok()) {
+    number = *n;
+  }
+  auto v = model.versions.find(number);
+  return v == model.versions.end() ? nullptr : &v->second;
+}
+
+std::string ModelRepository::VersionList(const Model& model) {
+  std::vector<int64_t> numbers;
+  for (const auto& [n, v] : model.versions) numbers.push_back(n);
+  return absl::StrJoin(numbers, ", ");
 }
 
 absl::Status ModelRepository::Unload(const std::string& model, const std::string& version) {
@@ -216,18 +353,13 @@ absl::Status ModelRepository::Unload(const std::string& model, const std::string
     for (auto& [label, v] : m.versions) released.push_back(v);
     models_.erase(it);
   } else {
-    std::string label = version;
-    if (m.versions.count(label) == 0) {
-      auto alias = m.aliases.find(version);
-      if (alias == m.aliases.end()) {
-        return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
-                                                "\" (versions: ", absl::StrJoin(m.load_order, ", "),
-                                                ")"));
-      }
-      label = alias->second;
+    const std::shared_ptr<const ServedVersion>* found = FindVersionLocked(m, version);
+    if (found == nullptr) {
+      return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
+                                              "\" (versions: ", VersionList(m), ")"));
     }
-    released.push_back(m.versions[label]);
-    RemoveVersion(m, label);
+    released.push_back(*found);
+    RemoveVersion(m, std::stoll((*found)->version()));
     if (!m.versions.empty()) return absl::OkStatus();
     models_.erase(it);
   }
@@ -241,12 +373,10 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Find(
   std::lock_guard<std::mutex> lock(mu_);
   KILN_ASSIGN_OR_RETURN(const Model* found, FindModelLocked(model));
   const Model& m = *found;
-  if (version.empty()) return m.versions.at(m.load_order.back());
-  if (auto v = m.versions.find(version); v != m.versions.end()) return v->second;
-  if (auto a = m.aliases.find(version); a != m.aliases.end()) return m.versions.at(a->second);
+  if (version.empty()) return m.versions.rbegin()->second;
+  if (const auto* found = FindVersionLocked(m, version); found != nullptr) return *found;
   return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
-                                          "\" (versions: ", absl::StrJoin(m.load_order, ", "),
-                                          ")"));
+                                          "\" (versions: ", VersionList(m), ")"));
 }
 
 void ModelRepository::MarkUnavailable(const std::string& model, const std::string& version,
@@ -258,7 +388,30 @@ void ModelRepository::MarkUnavailable(const std::string& model, const std::strin
 absl::StatusOr<std::vector<std::string>> ModelRepository::Versions(const std::string& model) const {
   std::lock_guard<std::mutex> lock(mu_);
   KILN_ASSIGN_OR_RETURN(const Model* m, FindModelLocked(model));
-  return m->load_order;
+  std::vector<std::string> numbers;
+  for (const auto& [n, v] : m->versions) numbers.push_back(std::to_string(n));
+  return numbers;
+}
+
+absl::StatusOr<VersionPolicy> ModelRepository::PolicyOf(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(const Model* m, FindModelLocked(model));
+  return m->policy;
+}
+
+absl::StatusOr<std::string> ModelRepository::FollowOf(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(const Model* m, FindModelLocked(model));
+  return m->follow;
+}
+
+std::vector<std::pair<std::string, std::string>> ModelRepository::Following() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, m] : models_) {
+    if (!m.follow.empty()) out.emplace_back(name, m.follow);
+  }
+  return out;
 }
 
 absl::Status ModelRepository::CheckMemory(const std::string& checkpoint,
@@ -299,7 +452,7 @@ std::vector<ModelIndexEntry> ModelRepository::Index() const {
   std::vector<ModelIndexEntry> index;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [name, model] : models_) {
-    for (const std::string& label : model.load_order) index.push_back({name, label, "READY", ""});
+    for (const auto& [n, v] : model.versions) index.push_back({name, v->version(), "READY", ""});
   }
   for (const std::string& name : unloaded_) index.push_back({name, "", "UNAVAILABLE", "unloaded"});
   for (const auto& [name, versions] : unavailable_) {

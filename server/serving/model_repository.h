@@ -7,8 +7,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,8 +25,6 @@ namespace kiln::serving {
 // What a model source (e.g. "JOB@best" for the daemon, a file path by default) stands for.
 struct ResolvedCheckpoint {
   std::string path;  // the checkpoint file
-  // The version's label (e.g. the checkpoint id); empty: the model's next number ("1", "2", ...).
-  std::string version;
   // Names that should point at this version from now on, e.g. {"latest", "best"}.
   std::vector<std::string> aliases;
   // The file's SHA-256 when it was written, checked before loading (DATA_LOSS when it differs);
@@ -40,7 +40,7 @@ using CheckpointResolver =
     std::function<absl::StatusOr<ResolvedCheckpoint>(const std::string& source)>;
 
 // The default resolver: `source` is the path of a checkpoint file (NotFound when there is none);
-// no version label, no aliases.
+// no aliases.
 absl::StatusOr<ResolvedCheckpoint> ResolveCheckpointFile(const std::string& source);
 
 // Makes the backend a version runs on, from a device string ("auto", "cpu", "cuda:N").
@@ -56,10 +56,28 @@ struct DeploymentOptions {
   BatchingOptions batching;
 };
 
+// Which of a model's versions stay loaded (Triton's version_policy): the `latest` N highest
+// numbers, `all` of them, or only the `specific` numbers listed.
+struct VersionPolicy {
+  enum class Kind { kLatest, kAll, kSpecific };
+  Kind kind = Kind::kLatest;
+  int latest = 3;
+  std::set<int64_t> specific;
+
+  // "latest:N" (N in 1..kMaxVersionsPerModel), "all" or "specific:1,3"; InvalidArgument naming
+  // the text otherwise.
+  static absl::StatusOr<VersionPolicy> Parse(const std::string& text);
+  std::string ToString() const;
+};
+
+// The most versions one model keeps loaded, whatever its policy says.
+inline constexpr int kMaxVersionsPerModel = 16;
+
 struct ModelRepositoryOptions {
   CheckpointResolver resolver = ResolveCheckpointFile;
   BackendFactory backend_factory;  // empty: CreateBackend
-  // Loading a version beyond this many unloads the model's oldest one.
+  // The policy of a model whose loads never named one: its `max_versions_per_model` highest
+  // versions stay loaded.
   int max_versions_per_model = 3;
   int max_batch_size_limit = 1024;             // the largest max_batch_size a deployment may ask
   int64_t max_queue_delay_us_limit = 1000000;  // the longest delay it may ask
@@ -69,12 +87,18 @@ struct ModelRepositoryOptions {
   int64_t max_memory_bytes = int64_t{16} << 30;
 };
 
-// What to load: `source` goes to the resolver; a non-empty `version` overrides its label.
+// What to load: `source` goes to the resolver. Versions are numbered per model (1, 2, 3, ...):
+// a non-empty `version` (a positive integer) names the number, else the model's next one.
 struct LoadRequest {
   std::string model;
   std::string source;
   std::string version;
   DeploymentOptions options;
+  // When set, the model's version policy from now on (applied with this load).
+  std::optional<VersionPolicy> policy;
+  // When set, the model source the model follows from now on (empty: none): kilnd loads a new
+  // version when it resolves to another checkpoint (e.g. "JOB@best" after a better epoch).
+  std::optional<std::string> follow;
 };
 
 // One loaded checkpoint of a model. Immutable but for its batcher; shared by the repository and
@@ -127,9 +151,9 @@ class ModelRepository {
   // unloading an unloaded model again is OK, and so is unloading a version marked unavailable.
   absl::Status Unload(const std::string& model, const std::string& version = "");
 
-  // The version to serve: `version` is a label, an alias, or empty for the default (the most
-  // recently loaded). NotFound for a model or version never loaded, Unavailable for an unloaded
-  // model; both name it.
+  // The version to serve: `version` is a number, an alias, or empty for the default (the
+  // highest number loaded, as Triton). NotFound for a model or version never loaded, Unavailable
+  // for an unloaded model; both name it.
   absl::StatusOr<std::shared_ptr<const ServedVersion>> Find(const std::string& model,
                                                             const std::string& version) const;
 
@@ -139,7 +163,13 @@ class ModelRepository {
   void MarkUnavailable(const std::string& model, const std::string& version,
                        const std::string& reason);
 
-  // A model's version labels, oldest first (NotFound as for Find).
+  // The model's policy and followed source (NotFound as for Find).
+  absl::StatusOr<VersionPolicy> PolicyOf(const std::string& model) const;
+  absl::StatusOr<std::string> FollowOf(const std::string& model) const;
+  // Every model that follows a source, with that source.
+  std::vector<std::pair<std::string, std::string>> Following() const;
+
+  // A model's version numbers, lowest first (NotFound as for Find).
   absl::StatusOr<std::vector<std::string>> Versions(const std::string& model) const;
 
   // Every loaded version (READY), every version marked unavailable and every unloaded model
@@ -150,13 +180,19 @@ class ModelRepository {
 
  private:
   struct Model {
-    std::map<std::string, std::shared_ptr<const ServedVersion>> versions;  // by label
-    std::vector<std::string> load_order;         // labels, oldest first; back() is the default
-    std::map<std::string, std::string> aliases;  // alias -> label
+    // By number; rbegin() is the default.
+    std::map<int64_t, std::shared_ptr<const ServedVersion>> versions;
+    std::map<std::string, int64_t> aliases;  // alias -> number
+    VersionPolicy policy;
+    std::string follow;  // the followed source; empty: none
   };
 
-  // Drops a version's label from a model (caller holds mu_).
-  static void RemoveVersion(Model& model, const std::string& label);
+  // Drops a version from a model (caller holds mu_).
+  static void RemoveVersion(Model& model, int64_t number);
+  // The loaded version `version` (a number or an alias) names, or null (caller holds mu_).
+  static const std::shared_ptr<const ServedVersion>* FindVersionLocked(const Model& model,
+                                                                       const std::string& version);
+  static std::string VersionList(const Model& model);
   // The loaded model; Unavailable when it was unloaded, NotFound when never loaded (caller
   // holds mu_).
   absl::StatusOr<const Model*> FindModelLocked(const std::string& model) const;
@@ -172,7 +208,7 @@ class ModelRepository {
   std::set<std::string> unloaded_;  // unloaded and not loaded again since
   // model -> version -> why it could not be loaded (MarkUnavailable).
   std::map<std::string, std::map<std::string, std::string>> unavailable_;
-  std::map<std::string, int64_t> next_number_;  // the next unlabelled version's number
+  std::map<std::string, int64_t> next_number_;  // the next unnumbered version's number
 };
 
 }  // namespace kiln::serving

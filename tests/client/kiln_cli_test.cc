@@ -653,6 +653,17 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
   for (int i = 0; i < 5; ++i) right += out.at("predictions")[i].at("class") == labels[i];
   EXPECT_GE(right, 4) << predict.out;
 
+  // Every answer names the version that gave it; versions are numbered per model.
+  EXPECT_EQ(out.at("version"), "1") << predict.out;
+  // A second deployment under latest:1 replaces the first as version 2; following is accepted.
+  RunResult again = Kiln({"deploy", id + "@best", "--name", "toy-digits", "--version-policy",
+                          "latest:1", "--follow", "--output", "json"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(nlohmann::json::parse(again.out).at("versions"), nlohmann::json({"2"})) << again.out;
+  RunResult bad_policy = Kiln({"deploy", id, "--name", "toy-digits", "--version-policy", "newest"});
+  EXPECT_EQ(bad_policy.exit_code, 1);
+  EXPECT_THAT(bad_policy.err, HasSubstr("version_policy \"newest\" must be latest:N"));
+
   RunResult idx = Kiln(
       {"predict", "toy-digits", *root_ + "/data/toy/t10k-images-idx3-ubyte", "--index", "0,1"});
   EXPECT_EQ(idx.exit_code, 0) << idx.err;

@@ -230,7 +230,7 @@ class DeploymentRestartTest : public RestartTest {
         absl::Seconds(60));
   }
   static std::string ServedVersion(inference::GRPCInferenceService::Stub& stub,
-                                   const std::string& model) {
+                                   const std::string& model, std::string* probabilities = nullptr) {
     grpc::ClientContext context;
     inference::ModelInferRequest request;
     request.set_model_name(model);
@@ -242,6 +242,9 @@ class DeploymentRestartTest : public RestartTest {
     request.add_raw_input_contents(std::string(784, '\x40'));
     inference::ModelInferResponse response;
     grpc::Status status = stub.ModelInfer(&context, request, &response);
+    if (probabilities != nullptr && status.ok() && response.raw_output_contents_size() > 0) {
+      *probabilities = response.raw_output_contents(0);
+    }
     return status.ok() ? response.model_version() : "error: " + status.error_message();
   }
 };
@@ -256,11 +259,11 @@ TEST_F(DeploymentRestartTest, DeployedModelsAndVersionsComeBackAfterARestart) {
   ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(90)));
   const std::vector<v1::Checkpoint> checkpoints = Checkpoints(*stub, id);
   ASSERT_GE(checkpoints.size(), 2u);
-  const std::string first = std::to_string(checkpoints.front().id());
-  const std::string last = std::to_string(checkpoints.back().id());
+  // Versions are numbered per model: the first checkpoint is digits' version 1, the last its 2.
+  const std::string first = "1", last = "2";
 
   auto inference = Inference(*kilnd);
-  ASSERT_OK(Load(*inference, "digits", id + "@" + first, 8));
+  ASSERT_OK(Load(*inference, "digits", id + "@" + std::to_string(checkpoints.front().id()), 8));
   ASSERT_OK(Load(*inference, "digits", id + "@latest"));
   ASSERT_OK(Load(*inference, "best", id + "@best"));
   ASSERT_OK(Load(*inference, "dropped", id + "@latest"));
@@ -309,6 +312,48 @@ TEST_F(DeploymentRestartTest, DeployedModelsAndVersionsComeBackAfterARestart) {
                          ::testing::HasSubstr("damaged on disk"))));
   EXPECT_THAT(after, ::testing::Contains("digits:" + last + ":READY:"));
   EXPECT_EQ(ServedVersion(*inference, "digits"), last);
+}
+
+// A model deployed with follow from a job still training gets a version for each new checkpoint
+// of its source, and ends on the job's last one.
+TEST_F(DeploymentRestartTest, AModelFollowingARunningJobServesItsLatestCheckpoint) {
+  auto kilnd = StartKilnd();
+  auto stub = kilnd->NewStub();
+  v1::JobSpec spec = SmallSpec("toy", 12);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = Submit(*stub, spec);
+  ASSERT_TRUE(WaitFor([&] { return !Checkpoints(*stub, id).empty(); }, absl::Seconds(60)));
+  auto inference = Inference(*kilnd);
+  {
+    grpc::ClientContext context;
+    inference::RepositoryModelLoadRequest request;
+    request.set_model_name("live");
+    (*request.mutable_parameters())["checkpoint"].set_string_param(id + "@latest");
+    (*request.mutable_parameters())["follow"].set_string_param("true");
+    inference::RepositoryModelLoadResponse response;
+    ASSERT_OK(inference->RepositoryModelLoad(&context, request, &response));
+  }
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(90)));
+  // The job's final checkpoint, deployed on its own, is what "live" must end up answering with.
+  ASSERT_OK(Load(*inference, "final", id + "@latest"));
+  std::string expected;
+  ASSERT_EQ(ServedVersion(*inference, "final", &expected), "1");
+  std::string answer, version;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        version = ServedVersion(*inference, "live", &answer);
+        return !answer.empty() && answer == expected;
+      },
+      absl::Seconds(30)))
+      << "live still answers with version " << version;
+  EXPECT_GT(std::stoi(version), 1) << "no version was added while the job trained";
+  // The default version policy keeps the three highest.
+  std::vector<std::string> live;
+  for (const std::string& e : Index(*inference)) {
+    if (e.rfind("live:", 0) == 0) live.push_back(e);
+  }
+  EXPECT_LE(live.size(), 3u) << ::testing::PrintToString(live);
+  EXPECT_EQ(live.back(), "live:" + version + ":READY:");
 }
 
 }  // namespace

@@ -409,13 +409,13 @@ TEST_F(InferenceServiceTest, RepositoryExtensionLoadsIndexesAndUnloads) {
                      {"max_queue_delay_us", StringParam("100")},
                      {"device", StringParam("cpu")},
                      {"threads", StringParam("2")},
-                     {"version", StringParam("v7")}}));
-  auto fresh = server_.repository().Find("fresh", "v7");
+                     {"version", StringParam("7")}}));
+  auto fresh = server_.repository().Find("fresh", "7");
   ASSERT_OK(fresh);
   EXPECT_EQ((*fresh)->options().batching.max_batch_size, 8);
   EXPECT_EQ((*fresh)->options().batching.max_queue_delay_us, 100);
   EXPECT_EQ((*fresh)->options().threads, 2);
-  EXPECT_EQ(IndexRpc(*stub_, true), std::vector<std::string>({"cnn:1:READY:", "fresh:v7:READY:",
+  EXPECT_EQ(IndexRpc(*stub_, true), std::vector<std::string>({"cnn:1:READY:", "fresh:7:READY:",
                                                               "image:1:READY:", "mlp:1:READY:"}));
   ASSERT_OK(UnloadRpc(*stub_, "fresh"));
   EXPECT_EQ(IndexRpc(*stub_, false).size(), 4u);
@@ -502,7 +502,7 @@ TEST(InferenceServiceRecordsTest, LoadsAndUnloadsAreRecordedAndRestoredElsewhere
   const std::string flat = SharedCheckpoints().mlp_flat, other = SharedCheckpoints().mlp_flat_other;
   ASSERT_OK(service.LoadModel(LoadMessage("a", {{"checkpoint", flat}, {"max_batch_size", "8"}})));
   ASSERT_OK(service.LoadModel(LoadMessage("a", {{"checkpoint", other}, {"threads", "2"}})));
-  ASSERT_OK(service.LoadModel(LoadMessage("b", {{"checkpoint", flat}, {"version", "v9"}})));
+  ASSERT_OK(service.LoadModel(LoadMessage("b", {{"checkpoint", flat}, {"version", "9"}})));
   ASSERT_OK(service.LoadModel(LoadMessage("c", {{"checkpoint", flat}})));
   inference::RepositoryModelUnloadRequest unload;
   unload.set_model_name("c");
@@ -520,8 +520,8 @@ TEST(InferenceServiceRecordsTest, LoadsAndUnloadsAreRecordedAndRestoredElsewhere
   EXPECT_TRUE(restored.Restore(all).empty());
   // The loaded versions come back; that "c" was unloaded is not remembered across a restart.
   EXPECT_EQ(IndexOf(restored_repo),
-            std::vector<std::string>({"a:1:READY:", "a:2:READY:", "b:v9:READY:"}));
-  EXPECT_EQ(IndexOf(repo), std::vector<std::string>({"a:1:READY:", "a:2:READY:", "b:v9:READY:",
+            std::vector<std::string>({"a:1:READY:", "a:2:READY:", "b:9:READY:"}));
+  EXPECT_EQ(IndexOf(repo), std::vector<std::string>({"a:1:READY:", "a:2:READY:", "b:9:READY:",
                                                      "c::UNAVAILABLE:unloaded"}));
   auto a1 = restored_repo.Find("a", "1"), a2 = restored_repo.Find("a", "2");
   ASSERT_OK(a1);
@@ -531,7 +531,7 @@ TEST(InferenceServiceRecordsTest, LoadsAndUnloadsAreRecordedAndRestoredElsewhere
   EXPECT_EQ((*a2)->checkpoint_path(), other);
   EXPECT_EQ((*a2)->options().threads, 2);
   EXPECT_EQ((*restored_repo.Find("a", ""))->version(), "2");  // the default stays the newest
-  EXPECT_OK(restored_repo.Find("b", "v9"));
+  EXPECT_OK(restored_repo.Find("b", "9"));
 
   // A record whose checkpoint is gone fails alone, with its reason in the index.
   std::vector<DeploymentRecord> broken = all;
@@ -542,7 +542,7 @@ TEST(InferenceServiceRecordsTest, LoadsAndUnloadsAreRecordedAndRestoredElsewhere
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_NE(failures[0].find("a 1: NOT_FOUND"), std::string::npos) << failures[0];
   EXPECT_OK(third_repo.Find("a", "2"));
-  EXPECT_OK(third_repo.Find("b", "v9"));
+  EXPECT_OK(third_repo.Find("b", "9"));
   bool marked = false;
   for (const ModelIndexEntry& e : third_repo.Index()) {
     if (e.name == "a" && e.version == "1") {
@@ -618,10 +618,11 @@ TEST_F(InferenceServiceTest, LoadAndUnloadWhileClientsSend) {
   // At least 1.5 s and four cycles, however slow the machine.
   while (std::chrono::steady_clock::now() < until || cycles < 4) {
     const std::string path = cycles % 2 ? b : a;
-    EXPECT_OK(LoadRpc(*admin, "hot", {{"checkpoint", StringParam(path)}}));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     EXPECT_OK(LoadRpc(*admin, "hot",
-                      {{"checkpoint", StringParam(path)}, {"version", StringParam("fixed")}}));
+                      {{"checkpoint", StringParam(path)}, {"version_policy", StringParam("all")}}));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_OK(
+        LoadRpc(*admin, "hot", {{"checkpoint", StringParam(path)}, {"version", StringParam("1")}}));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (cycles % 3 == 2) {
       EXPECT_OK(UnloadRpc(*admin, "hot"));

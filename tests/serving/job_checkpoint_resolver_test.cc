@@ -36,12 +36,12 @@ TEST(JobCheckpointResolverTest, LatestBestAndIdsPickTheirCheckpoint) {
     auto r = resolve(source);
     ASSERT_OK(r) << r.status();
     EXPECT_EQ(r->path, "/state/job1/8.safetensors");
-    EXPECT_EQ(r->version, "8");
+    EXPECT_EQ(r->pinned_source, "job1@8");
     EXPECT_EQ(r->aliases, std::vector<std::string>({"latest"}));
   }
   auto best = resolve("job1@best");
   ASSERT_OK(best);
-  EXPECT_EQ(best->version, "5");
+  EXPECT_EQ(best->pinned_source, "job1@5");
   EXPECT_EQ(best->aliases, std::vector<std::string>({"best"}));
   auto by_id = resolve("job1@3");
   ASSERT_OK(by_id);

@@ -49,26 +49,27 @@ TEST(ModelRepositoryTest, LoadsFilesAsNumberedVersionsAndServesTheLatestByDefaul
 TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
   const std::string a = SharedCheckpoints().mlp_flat, b = SharedCheckpoints().mlp_flat_other;
   ModelRepositoryOptions options;
-  // As the daemon would: "job@best" and "job@latest" name checkpoints by id.
+  // As the daemon would: "job@best" and "job@latest" name checkpoints by id; versions are
+  // numbered per model.
   options.resolver = [&](const std::string& source) -> absl::StatusOr<ResolvedCheckpoint> {
-    if (source == "job@best") return ResolvedCheckpoint{a, "7", {"best"}, "", "job@7"};
-    if (source == "job@latest") return ResolvedCheckpoint{b, "9", {"latest", "best"}, "", ""};
+    if (source == "job@best") return ResolvedCheckpoint{a, {"best"}, "", "job@7"};
+    if (source == "job@latest") return ResolvedCheckpoint{b, {"latest", "best"}, "", ""};
     return absl::NotFoundError("no checkpoint " + source);
   };
   ModelRepository repo(options);
   ASSERT_OK(repo.Load(FileLoad("job", "job@best")));
-  EXPECT_EQ((*repo.Find("job", "best"))->version(), "7");
+  EXPECT_EQ((*repo.Find("job", "best"))->version(), "1");
   EXPECT_EQ(repo.Find("job", "latest").status().code(), absl::StatusCode::kNotFound);
   ASSERT_OK(repo.Load(FileLoad("job", "job@latest")));
-  EXPECT_EQ((*repo.Find("job", "best"))->version(), "9");
-  EXPECT_EQ((*repo.Find("job", "latest"))->version(), "9");
-  EXPECT_EQ((*repo.Find("job", "7"))->checkpoint_path(), a);
+  EXPECT_EQ((*repo.Find("job", "best"))->version(), "2");
+  EXPECT_EQ((*repo.Find("job", "latest"))->version(), "2");
+  EXPECT_EQ((*repo.Find("job", "1"))->checkpoint_path(), a);
   // The source that loads the same checkpoint again: the resolver's pinned form, or as given.
-  EXPECT_EQ((*repo.Find("job", "7"))->source(), "job@7");
-  EXPECT_EQ((*repo.Find("job", "9"))->source(), "job@latest");
+  EXPECT_EQ((*repo.Find("job", "1"))->source(), "job@7");
+  EXPECT_EQ((*repo.Find("job", "2"))->source(), "job@latest");
   // Unloading through an alias drops the version and every alias on it.
   ASSERT_OK(repo.Unload("job", "latest"));
-  EXPECT_EQ((*repo.Find("job", ""))->version(), "7");
+  EXPECT_EQ((*repo.Find("job", ""))->version(), "1");
   EXPECT_FALSE(repo.Find("job", "best").ok());
   auto bad = repo.Load(FileLoad("job", "job@nothing"));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
@@ -109,7 +110,7 @@ TEST(ModelRepositoryTest, ACheckpointThatDiffersFromItsRecordedSha256IsDataLoss)
   const std::string path = SharedCheckpoints().mlp_flat;
   ModelRepositoryOptions options;
   options.resolver = [&](const std::string& source) -> absl::StatusOr<ResolvedCheckpoint> {
-    ResolvedCheckpoint r{path, "1", {}, *Sha256OfFile(path), ""};
+    ResolvedCheckpoint r{path, {}, *Sha256OfFile(path), ""};
     if (source == "damaged") r.sha256[0] = r.sha256[0] == '0' ? '1' : '0';
     return r;
   };
@@ -127,12 +128,60 @@ TEST(ModelRepositoryTest, TheOldestVersionsArePushedOut) {
   ModelRepository repo(options);
   for (int i = 0; i < 3; ++i) ASSERT_OK(repo.Load(FileLoad("m", SharedCheckpoints().cnn)));
   EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"2", "3"}));
-  // Loading a label again replaces that version in place of adding one.
+  // Loading a number again replaces that version in place of adding one; the highest number is
+  // the default, whatever was loaded last.
   LoadRequest again = FileLoad("m", SharedCheckpoints().mlp_image);
   again.version = "2";
   ASSERT_OK(repo.Load(again));
-  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"3", "2"}));
+  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"2", "3"}));
   EXPECT_EQ((*repo.Find("m", "2"))->checkpoint_path(), SharedCheckpoints().mlp_image);
+  EXPECT_EQ((*repo.Find("m", ""))->version(), "3");
+  // A number below what latest:2 keeps would be unloaded at once: refused before loading.
+  LoadRequest low = FileLoad("m", SharedCheckpoints().cnn);
+  low.version = "1";
+  auto refused = repo.Load(low);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(Contains(refused.status(),
+                       "version 1 would not stay loaded: the model's version "
+                       "policy latest:2 keeps higher ones (loaded: 2, 3)"))
+      << refused.status();
+}
+
+// Triton's version policies: latest N, all, or specific numbers, set with any load.
+TEST(ModelRepositoryTest, VersionPoliciesChooseWhatStaysLoaded) {
+  ModelRepository repo;
+  auto load = [&](const std::string& version, std::optional<std::string> policy = {}) {
+    LoadRequest r = FileLoad("m", SharedCheckpoints().mlp_flat);
+    r.version = version;
+    if (policy) r.policy = *VersionPolicy::Parse(*policy);
+    return repo.Load(r).status();
+  };
+  for (int i = 0; i < 5; ++i) ASSERT_OK(load("", "all"));
+  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"1", "2", "3", "4", "5"}));
+  ASSERT_OK(load("7", "specific:2,7"));
+  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"2", "7"}));
+  EXPECT_EQ((*repo.Find("m", ""))->version(), "7");
+  absl::Status outside = load("8");
+  EXPECT_EQ(outside.code(), absl::StatusCode::kFailedPrecondition) << outside;
+  EXPECT_TRUE(Contains(outside, "version 8 is not in the model's version policy specific:2,7"));
+  ASSERT_OK(load("", "latest:1"));  // the next number after 7
+  EXPECT_EQ(*repo.Versions("m"), std::vector<std::string>({"8"}));
+  EXPECT_EQ(repo.PolicyOf("m")->ToString(), "latest:1");
+
+  for (const char* bad :
+       {"latest:0", "latest:17", "newest", "specific:", "specific:1,x", "specific:01", "all:2"}) {
+    auto parsed = VersionPolicy::Parse(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(Contains(parsed.status(), "must be latest:N (N in 1..16), all, or specific:"))
+        << parsed.status();
+  }
+  for (const char* bad : {"v1", "0", "-1", "01", "1.5", "99999999999999999"}) {
+    LoadRequest r = FileLoad("m", SharedCheckpoints().mlp_flat);
+    r.version = bad;
+    auto refused = repo.Load(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(Contains(refused.status(), "must be a version number")) << refused.status();
+  }
 }
 
 TEST(ModelRepositoryTest, AVersionOverTheMemoryLimitIsRefusedNamingTheLayerAndChangesNothing) {
@@ -172,7 +221,7 @@ TEST(ModelRepositoryTest, FailedLoadsNameTheProblemAndChangeNothing) {
   LoadRequest bad_device = FileLoad("m", SharedCheckpoints().mlp_flat);
   bad_device.options.device = "tpu";
   LoadRequest bad_version = FileLoad("m", SharedCheckpoints().mlp_flat);
-  bad_version.version = "v 1";
+  bad_version.version = "v1";
   const Case cases[] = {
       {bad_name, absl::StatusCode::kInvalidArgument, "model name \"a/b\" must be"},
       {FileLoad("m", dir.file("none")), absl::StatusCode::kNotFound, "no such file"},
@@ -180,7 +229,7 @@ TEST(ModelRepositoryTest, FailedLoadsNameTheProblemAndChangeNothing) {
       {bad_batch, absl::StatusCode::kInvalidArgument, "max_batch_size must be in 1..1024"},
       {bad_delay, absl::StatusCode::kInvalidArgument, "max_queue_delay_us must be in"},
       {bad_device, absl::StatusCode::kInvalidArgument, "device \"tpu\""},
-      {bad_version, absl::StatusCode::kInvalidArgument, "version \"v 1\" must be"},
+      {bad_version, absl::StatusCode::kInvalidArgument, "version \"v1\" must be a version number"},
   };
   for (const Case& c : cases) {
     auto result = repo.Load(c.request);
