@@ -10,7 +10,8 @@ with plain enum names, watches it to SUCCEEDED (step, epoch and state events), l
 checkpoints, exports (bytes and sha256 checked against the record), resumes for one more epoch,
 deploys, predicts from uint8 and float32 arrays and checks the classes, and checks error paths
 (unknown job NOT_FOUND, a bad spec INVALID_ARGUMENT, a finished job's cancel FAILED_PRECONDITION,
-a dead port UNAVAILABLE). Then a second kilnd with TLS: the client connects with tls_ca.
+a dead port UNAVAILABLE), and runs examples/python_train_and_predict.py --synthetic (a PNG of the
+loss curve, predictions). Then a second kilnd with TLS: the client connects with tls_ca.
 
 Exits 77 (skipped) where /usr/bin/python3 has no grpc or numpy (Debian: python3-grpcio,
 python3-numpy, which scripts/install-deps installs).
@@ -27,6 +28,8 @@ import sys
 import tempfile
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))))
 TOKEN = "9b1d6e0c4a7f2385d6e1c0b9a8f7e6d5"
 SIDE, CLASSES = 8, 4
 
@@ -198,6 +201,26 @@ def exercise(kiln, np, addr, tmp):
     c.close()
 
 
+def run_example(addr, pythonpath, tmp):
+    """examples/python_train_and_predict.py --synthetic trains, plots a PNG and predicts."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("no matplotlib: the example not run (apt-get install python3-matplotlib)")
+        return
+    png = os.path.join(tmp, "loss.png")
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "python_train_and_predict.py"),
+         "--server", addr, "--token", TOKEN, "--synthetic", "--plot", png],
+        env=dict(os.environ, PYTHONPATH=pythonpath), capture_output=True, text=True, timeout=120)
+    check(out.returncode == 0, f"the example exited {out.returncode}:\n{out.stdout}{out.stderr}")
+    check(open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "the example wrote no PNG")
+    m = re.search(r"accuracy on 16: (\d+)%", out.stdout)
+    check(m and int(m.group(1)) >= 75, f"the example's predictions:\n{out.stdout}")
+    print(f"the example trained, plotted {os.path.basename(png)} and predicted "
+          f"({m.group(0)})", flush=True)
+
+
 def tls_files(tmp):
     """A CA and a certificate for 127.0.0.1 signed by it, with the openssl CLI, or None."""
     if shutil.which("openssl") is None:
@@ -248,6 +271,7 @@ def main():
                                  os.path.join(tmp, "tokens"))
         procs.append(proc)
         exercise(kiln, np, addr, tmp)
+        run_example(addr, pythonpath, tmp)
 
         with socket.socket() as s:  # a port nothing listens on
             s.bind(("127.0.0.1", 0))
