@@ -132,6 +132,13 @@ def exercise(kiln, np, addr, tmp):
     check(table.format == "CSV" and table.train_samples + table.test_samples == 10,
           f"upload_csv: {table}")
     check({"blocks", "arrays", "rows"} <= {x.name for x in c.datasets()}, "datasets()")
+    c.delete_dataset("rows")
+    check("rows" not in {x.name for x in c.datasets()}, "delete_dataset: still listed")
+    # A spec file as `kiln submit` takes it, overrides replacing its values.
+    spec = kiln.specs.build_spec(os.path.join(ROOT, "examples", "table-mlp.json"), epochs=2,
+                                 dataset="table", optimizer={"kind": "sgd", "lr": 0.1})
+    check(spec.epochs == 2 and spec.dataset == "table" and len(spec.model.layers) == 7 and
+          spec.optimizer.kind == kiln.stubs.spec_pb2.OptimizerSpec.KIND_SGD, f"spec: {spec}")
 
     expect_error("INVALID_ARGUMENT", c.submit, SPEC, dataset="blocks", batch_size=0)
     job = c.submit(SPEC, dataset="blocks", epochs=3, batch_size=32)
@@ -154,6 +161,7 @@ def exercise(kiln, np, addr, tmp):
     expect_error("NOT_FOUND", c.get, "job-000000000000")
     expect_error("NOT_FOUND", c.checkpoints, "job-000000000000")
     expect_error("FAILED_PRECONDITION", c.cancel, job)
+    expect_error("FAILED_PRECONDITION", c.checkpoint, job)
 
     ckpts = c.checkpoints(job)
     check(ckpts and ckpts[-1].epochs_done == 3 and {"PERIODIC", "BEST"} <= {k.kind for k in ckpts},
