@@ -73,7 +73,12 @@ class Client:
 
     def jobs(self, states=None):
         """Every job, newest first; only those in `states` ("RUNNING", ...) when given."""
-        wanted = [training_pb2.JobState.Value("JOB_STATE_" + s.upper()) for s in states or ()]
+        names = [s.upper() for s in states or ()]
+        unknown = [s for s in names if "JOB_STATE_" + s not in training_pb2.JobState.keys()]
+        if unknown:
+            raise KilnError("INVALID_ARGUMENT", f"jobs: unknown state {', '.join(unknown)} (one "
+                            "of QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)")
+        wanted = [training_pb2.JobState.Value("JOB_STATE_" + s) for s in names]
         out, token = [], ""
         while True:
             page = self._call(self._training.ListJobs, training_pb2.ListJobsRequest(
@@ -291,8 +296,9 @@ class Client:
         dimension) with served model `model`: uint8 arrays go as raw pixels (UINT8), others as
         FP32 (pixels in [0, 1], or a table's features). Returns (probabilities, classes): numpy
         arrays of shape (batch, classes) float32 and (batch,) int64."""
+        version = "" if version is None else str(version)
         metadata = self._call(self._inference.ModelMetadata, inference_pb2.ModelMetadataRequest(
-            name=model, version=version or ""))
+            name=model, version=version))
         if not metadata.inputs:
             raise KilnError("FAILED_PRECONDITION", f"model {model} declares no inputs")
         spec = metadata.inputs[0]

@@ -23,6 +23,11 @@ _HINTS = {
     "UNAVAILABLE": "is kilnd running there, and plaintext or TLS as this client (tls_ca=)?",
 }
 
+# gRPC's words for a connection that failed, as opposed to kilnd answering UNAVAILABLE itself
+# (shutting down, a model being unloaded).
+_CONNECT_FAILURES = ("failed to connect", "socket closed", "connection reset",
+                     "connection refused", "handshake", "connect failed")
+
 
 def from_rpc_error(error, address):
     """The KilnError for a grpc.RpcError raised by a call to kilnd at `address`."""
@@ -30,7 +35,7 @@ def from_rpc_error(error, address):
     name = code.name if isinstance(code, grpc.StatusCode) else str(code)
     message = error.details() if hasattr(error, "details") else str(error)
     message = message or name.lower().replace("_", " ")
-    if name == "UNAVAILABLE":
+    if name == "UNAVAILABLE" and any(s in message.lower() for s in _CONNECT_FAILURES):
         message = f"cannot reach kilnd at {address}: {message} ({_HINTS[name]})"
     elif name == "UNAUTHENTICATED":
         message = f"{message} ({_HINTS[name]})"

@@ -31,7 +31,7 @@ def infer_request(model, version, input_name, sample_shape, array):
         datatype, data = "UINT8", np.ascontiguousarray(array)
     else:
         datatype, data = "FP32", np.ascontiguousarray(array, dtype="<f4")
-    request = inference_pb2.ModelInferRequest(model_name=model, model_version=version or "")
+    request = inference_pb2.ModelInferRequest(model_name=model, model_version=version)
     tensor = request.inputs.add(name=input_name, datatype=datatype)
     tensor.shape.extend([batch, *sample_shape])
     request.raw_input_contents.append(data.tobytes())

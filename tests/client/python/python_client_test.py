@@ -156,6 +156,7 @@ def exercise(kiln, np, addr, tmp):
 
     check(job.id in [j.id for j in c.jobs()], "jobs(): the job is missing")
     check([j.id for j in c.jobs(states=["RUNNING"])] == [], "jobs(RUNNING) is not empty")
+    expect_error("INVALID_ARGUMENT", c.jobs, states=["sleeping"])
     done = c.get(job.id)
     check(done.state == "SUCCEEDED" and done.epochs_done == 3 and done.done, f"get: {done}")
     expect_error("NOT_FOUND", c.get, "job-000000000000")
@@ -199,6 +200,9 @@ def exercise(kiln, np, addr, tmp):
     check(np.array_equal(c32, classes) and np.allclose(p32, probabilities, atol=1e-4),
           "predict: FP32 and UINT8 answers differ")
     one_p, one_c = c.predict("blocks", x[5])  # one sample, no batch dimension
+    version = next(m.version for m in c.models() if m.name == "blocks")
+    check(np.array_equal(c.predict("blocks", x[:4], version=version)[1], classes[:4]),
+          f"predict: version {version}")
     check(one_p.shape == (1, CLASSES) and one_c[0] == classes[5], "predict: one sample")
     expect_error("INVALID_ARGUMENT", c.predict, "blocks", np.zeros((2, 7), np.uint8))
     expect_error("NOT_FOUND", c.predict, "no-such-model", x)
