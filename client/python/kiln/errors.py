@@ -16,6 +16,9 @@ class KilnError(Exception):
         self.code = code
         self.message = message
 
+    def __reduce__(self):  # picklable (multiprocessing), though __init__ takes two arguments
+        return (KilnError, (self.code, self.message))
+
 
 # Said after gRPC's own words where the code alone leaves a user guessing what to change.
 _HINTS = {
