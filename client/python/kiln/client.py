@@ -253,10 +253,14 @@ class Client:
     # Serving.
 
     def deploy(self, job, name=None, checkpoint="latest", max_batch_size=None,
-               max_queue_delay_us=None, version=None, device=None):
+               max_queue_delay_us=None, version=None, device=None, version_policy=None,
+               follow=False):
         """Serves a checkpoint of `job` ("latest", "best", an id or a Checkpoint) as model `name`
         (default: the job id) and returns the name once the model is loaded. max_batch_size and
-        max_queue_delay_us set its dynamic batching; device: "cpu", "cuda:N" or "auto"."""
+        max_queue_delay_us set its dynamic batching; device: "cpu", "cuda:N" or "auto";
+        version: the version number (default: the model's next); version_policy: "latest:N",
+        "all" or "specific:1,3"; follow=True loads each new checkpoint that "latest" or "best"
+        then names as the next version."""
         if isinstance(checkpoint, Checkpoint):
             checkpoint = checkpoint.id
         name = name or _job_id(job)
@@ -268,7 +272,10 @@ class Client:
         if max_queue_delay_us is not None:
             params["max_queue_delay_us"] = inference_pb2.ModelRepositoryParameter(
                 int64_param=int(max_queue_delay_us))
-        for key, value in (("version", version), ("device", device)):
+        if follow:
+            params["follow"] = inference_pb2.ModelRepositoryParameter(string_param="true")
+        for key, value in (("version", version), ("device", device),
+                           ("version_policy", version_policy)):
             if value is not None:
                 params[key] = inference_pb2.ModelRepositoryParameter(string_param=str(value))
         self._call(self._inference.RepositoryModelLoad,

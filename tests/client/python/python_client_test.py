@@ -207,6 +207,11 @@ def exercise(kiln, np, addr, tmp):
     expect_error("INVALID_ARGUMENT", c.predict, "blocks", np.zeros((2, 7), np.uint8))
     expect_error("NOT_FOUND", c.predict, "no-such-model", x)
     print(f"predicted {len(x)} new samples: accuracy {accuracy:.3f}", flush=True)
+    # Versions are numbered per model; a policy of latest:1 keeps only the newest.
+    c.deploy(job, name="blocks", checkpoint="latest", version_policy="latest:1", follow=True)
+    versions = [m.version for m in c.models() if m.name == "blocks"]
+    check(versions == ["2"], f"deploy with version_policy latest:1: versions {versions}")
+    expect_error("INVALID_ARGUMENT", c.deploy, job, name="blocks", version_policy="newest")
     c.undeploy("blocks")
     check(("blocks", "READY") not in [(m.name, m.state) for m in c.models()],
           f"undeploy: still ready: {c.models()}")
