@@ -201,6 +201,13 @@ absl::Status JobRunner::Run() {
       if (policy.OnShutdown()) SaveCheckpoint(t, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
       return absl::AbortedError("kilnd is shutting down");
     }
+    // A cancelled job keeps where it got to (the same policy as a shutdown), so that a resume
+    // loses nothing; the trainer would stop before the next step anyway.
+    if (slot_->cancel.load()) {
+      if (policy.OnShutdown()) SaveCheckpoint(t, v1::CHECKPOINT_KIND_CANCEL).IgnoreError();
+      return absl::CancelledError(
+          absl::StrCat("cancelled at global step ", t.position().global_step));
+    }
     return absl::OkStatus();
   };
   KILN_RETURN_IF_ERROR(trainer->Run(callbacks, &slot_->cancel));

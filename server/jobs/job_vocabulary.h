@@ -40,8 +40,8 @@ inline std::string JobStateLabel(v1::JobState state) {
   return name;
 }
 
-// "periodic", "best", "on-demand", "shutdown", "final": a checkpoint kind as its file names and
-// the `kind` label of kiln_checkpoints_total spell it.
+// "periodic", "best", "on-demand", "shutdown", "final", "cancel": a checkpoint kind as its file
+// names and the `kind` label of kiln_checkpoints_total spell it.
 inline const char* CheckpointKindName(v1::CheckpointKind kind) {
   switch (kind) {
     case v1::CHECKPOINT_KIND_PERIODIC:
@@ -54,6 +54,8 @@ inline const char* CheckpointKindName(v1::CheckpointKind kind) {
       return "shutdown";
     case v1::CHECKPOINT_KIND_FINAL:
       return "final";
+    case v1::CHECKPOINT_KIND_CANCEL:
+      return "cancel";
     default:
       return "checkpoint";
   }

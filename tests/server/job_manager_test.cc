@@ -372,6 +372,28 @@ TEST_F(JobManagerTest, CancelOfARunningJobStopsItCancelled) {
   EXPECT_EQ(stored->state(), v1::JOB_STATE_CANCELLED);
 }
 
+// A cancel writes a checkpoint of where the job stopped, so a resume loses nothing.
+TEST_F(JobManagerTest, CancelOfARunningJobCheckpointsFirstAndResumeGoesOnFromThere) {
+  JobManagerOptions options = Options();
+  options.step_delay = absl::Milliseconds(20);
+  StartManager(options);
+  const std::string id = SubmitOrDie(SmallSpec("toy", 4));
+  ASSERT_TRUE(WaitForSteps(id, 3));
+  ASSERT_OK(manager_->Cancel(id));
+  v1::Job job;
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_CANCELLED, &job));
+  std::vector<v1::Checkpoint> checkpoints = CheckpointsOf(id);
+  ASSERT_EQ(checkpoints.size(), 1u);
+  EXPECT_EQ(checkpoints[0].kind(), v1::CHECKPOINT_KIND_CANCEL);
+  EXPECT_EQ(checkpoints[0].global_step(), job.global_step());
+  EXPECT_TRUE(fs::exists(checkpoints[0].path())) << checkpoints[0].path();
+
+  ASSERT_OK(manager_->Resume(id, 0, 0));
+  ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED, &job));
+  EXPECT_EQ(job.resumed_from_step(), checkpoints[0].global_step());
+  EXPECT_EQ(job.global_step(), 4 * kStepsPerEpoch);
+}
+
 TEST_F(JobManagerTest, CancelOfAFinishedJobIsFailedPreconditionAndChangesNothing) {
   StartManager(Options());
   const std::string id = SubmitOrDie(SmallSpec("toy", 1));
