@@ -151,7 +151,9 @@ def check(directory, name):
     assert np.array_equal(classes, tensors["classes"][1]), f"{name}: classes differ from kiln's"
     accuracy = float((classes == tensors["labels"][1]).mean())
     kiln_accuracy = float(metadata["accuracy"])
-    assert abs(accuracy - kiln_accuracy) < 1e-9, f"{name}: accuracy {accuracy}, kiln's {kiln_accuracy}"
+    # The same classes give the same accuracy; kiln's is written with 6 significant digits.
+    assert abs(accuracy - kiln_accuracy) < 1e-5, \
+        f"{name}: accuracy {accuracy}, kiln's {kiln_accuracy}"
     ops = sorted({n.op_type for n in model.graph.node})
     print(f"OK: {name}.onnx: checker passes; {len(raw)} samples within {worst:.2g} of kiln's "
           f"outputs, accuracy {accuracy:.4f} as kiln's; ops {', '.join(ops)}")
