@@ -1,5 +1,5 @@
-// kiln checkpoints, checkpoint, export and delete-checkpoint: listing, taking, downloading and
-// deleting a job's checkpoints.
+// kiln checkpoints, checkpoint, export and delete-checkpoint: listing, taking, downloading (as
+// safetensors, or converted to ONNX here) and deleting a job's checkpoints.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -12,6 +12,7 @@
 #include "client/command_env.h"
 #include "client/format.h"
 #include "client/job_ref.h"
+#include "client/onnx/onnx_export.h"
 #include "client/table.h"
 #include "common/atomic_file.h"
 #include "common/byte_size.h"
@@ -124,6 +125,7 @@ absl::Status DeleteCheckpoint(CommandEnv& env, const std::string& text) {
 struct ExportOptions {
   std::string ref;
   std::string output;
+  std::string format = "safetensors";  // or "onnx"
   bool force = false;
 };
 
@@ -140,6 +142,8 @@ absl::Status Export(CommandEnv& env, const ExportOptions& o) {
   request.set_checkpoint_id(checkpoint_id);
   auto context = c->NewContext(absl::Minutes(30));
   auto reader = stub->ExportCheckpoint(context.get(), request);
+  const bool onnx = o.format == "onnx";
+  const char* extension = onnx ? "onnx" : "safetensors";
 
   v1::CheckpointChunk chunk;
   v1::Checkpoint ck;
@@ -151,8 +155,11 @@ absl::Status Export(CommandEnv& env, const ExportOptions& o) {
   while (reader->Read(&chunk)) {
     if (chunk.has_checkpoint() && path.empty()) {
       ck = chunk.checkpoint();
-      path = o.output.empty() ? absl::StrCat(ref.job_id, "-", ck.id(), ".safetensors") : o.output;
-      absl::StatusOr<std::unique_ptr<AtomicFileWriter>> opened = AtomicFileWriter::Open(path);
+      path = o.output.empty() ? absl::StrCat(ref.job_id, "-", ck.id(), ".", extension) : o.output;
+      // ONNX: the checkpoint goes to a temp file beside PATH that is never published; the
+      // writer removes it when dropped, after the conversion read it.
+      absl::StatusOr<std::unique_ptr<AtomicFileWriter>> opened =
+          AtomicFileWriter::Open(onnx ? path + ".safetensors" : path);
       if (!opened.ok()) {
         local = opened.status();
         context->TryCancel();
@@ -193,17 +200,24 @@ absl::Status Export(CommandEnv& env, const ExportOptions& o) {
                                             "; nothing was written"));
   }
   if (file == nullptr) return absl::DataLossError("the server sent no checkpoint");
-  KILN_RETURN_IF_ERROR(file->Commit());
+  if (onnx) {
+    // Converted from the verified bytes; the ONNX file's own size is what the user gets.
+    KILN_RETURN_IF_ERROR(ExportOnnx(file->temp_path(), path));
+    std::error_code error;
+    bytes = static_cast<int64_t>(std::filesystem::file_size(path, error));
+  } else {
+    KILN_RETURN_IF_ERROR(file->Commit());
+  }
   if (env.json()) {
-    nlohmann::json out = {{"file", path}, {"bytes", bytes}, {"sha256", got}};
+    nlohmann::json out = {{"file", path}, {"format", o.format}, {"bytes", bytes}, {"sha256", got}};
     out["checkpoint"] = nlohmann::json::parse(MessageToJson(ck));
     std::fprintf(env.out, "%s\n", out.dump(2).c_str());
   } else {
     std::fprintf(env.out,
-                 "exported checkpoint %lld of %s (epoch %d, step %lld) to %s: %s, sha256 %s\n",
+                 "exported checkpoint %lld of %s (epoch %d, step %lld) to %s: %s%s, sha256 %s\n",
                  static_cast<long long>(ck.id()), ref.job_id.c_str(), ck.epochs_done(),
                  static_cast<long long>(ck.global_step()), path.c_str(), FormatBytes(bytes).c_str(),
-                 got.c_str());
+                 onnx ? absl::StrCat(" ONNX (opset ", kOnnxOpset, ")").c_str() : "", got.c_str());
   }
   return absl::OkStatus();
 }
@@ -230,17 +244,25 @@ void AddCheckpointCommands(CLI::App& app, CommandEnv& env, Action* action) {
   });
 
   auto e_opts = std::make_shared<ExportOptions>();
-  CLI::App* e = app.add_subcommand("export", "Download a checkpoint as a safetensors file");
+  CLI::App* e = app.add_subcommand("export", "Download a checkpoint as a safetensors or ONNX file");
   e->add_option("checkpoint", e_opts->ref, "JOB, JOB@ID, JOB@best or JOB@latest (the default)")
       ->required();
-  e->add_option("-o,--output-file", e_opts->output, "File to write (default JOB-ID.safetensors)");
+  e->add_option("-o,--output-file", e_opts->output,
+                "File to write (default JOB-ID.safetensors, or JOB-ID.onnx)");
+  e->add_option("--format", e_opts->format,
+                "safetensors (the checkpoint as kilnd stores it) or onnx (converted here)")
+      ->check(CLI::IsMember({"safetensors", "onnx"}));
   e->add_flag("--force,-f", e_opts->force, "Overwrite the file if it exists");
   e->footer(
-      "The file's sha256 is checked against the server's before it is kept.\n\n"
+      "The file's sha256 is checked against the server's before it is kept (for ONNX, before\n"
+      "the conversion; the sha256 shown is the checkpoint's). The ONNX model (opset 13) takes\n"
+      "raw pixels 0..255 as UINT8 (table models: raw features as FLOAT) in \"input\", applies\n"
+      "the training normalisation itself and answers \"logits\" and \"probabilities\".\n\n"
       "Examples:\n"
       "  kiln export job-3f9c2a1b7d04 -o cnn.safetensors\n"
       "  kiln export job-3f9c2a1b7d04@best -o best.safetensors\n"
-      "  kiln export job-3f9c2a1b7d04@3");
+      "  kiln export job-3f9c2a1b7d04@3\n"
+      "  kiln export job-3f9c2a1b7d04@best --format onnx -o cnn.onnx");
   e->callback(
       [&env, action, e_opts] { *action = [&env, e_opts] { return Export(env, *e_opts); }; });
 

@@ -2,6 +2,7 @@
 // port, checked by exit code, stdout and stderr.
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,12 +14,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli_test_support.h"
+#include "client/onnx/onnx_export.h"
 #include "flaky_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_images.h"
 #include "tests/support/loopback_port.h"
+#include "tests/support/status_matchers.h"
 
 namespace kiln::client::testing {
 namespace {
@@ -248,6 +251,37 @@ TEST_F(KilnCliTest, CheckpointsAndExportCheckTheServersSha256) {
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.err, HasSubstr("NOT_FOUND: "));
   EXPECT_FALSE(fs::exists(*root_ + "/none.safetensors"));
+}
+
+TEST_F(KilnCliTest, ExportAsOnnxConvertsTheVerifiedCheckpointAndLeavesNothingElse) {
+  const std::string id = Submit(*root_ + "/small.json", {"--epochs", "1"});
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(Kiln({"watch", id}).exit_code, 0);
+  const std::string dir = *root_ + "/onnx-" + id;
+  fs::create_directories(dir);
+  const std::string checkpoint = dir + "/model.safetensors", onnx = dir + "/model.onnx";
+  ASSERT_EQ(Kiln({"export", id, "-o", checkpoint}).exit_code, 0);
+  RunResult exported = Kiln({"export", id, "--format", "onnx", "-o", onnx, "--output", "json"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  const nlohmann::json out = nlohmann::json::parse(exported.out);
+  EXPECT_EQ(out.at("format"), "onnx");
+  EXPECT_EQ(out.at("sha256"), Sha256Hex(ReadFile(checkpoint))) << "the checkpoint's digest";
+  EXPECT_EQ(out.at("bytes"), ReadFile(onnx).size());
+  // The same bytes as converting the downloaded checkpoint here.
+  const std::string local = *root_ + "/local-" + id + ".onnx";
+  ASSERT_OK(ExportOnnx(checkpoint, local));
+  EXPECT_EQ(ReadFile(onnx), ReadFile(local));
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"model.onnx", "model.safetensors"}))
+      << "the downloaded checkpoint's temp file is gone";
+
+  RunResult plain = Kiln({"export", id, "--format", "onnx", "-o", onnx, "--force"});
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_THAT(plain.out, HasSubstr("ONNX (opset 13)"));
+  RunResult bad = Kiln({"export", id, "--format", "pickle"});
+  EXPECT_EQ(bad.exit_code, 2);
 }
 
 TEST_F(KilnCliTest, ResumeFromANamedCheckpointAndDeleteCheckpoint) {

@@ -313,6 +313,7 @@ INSTANTIATE_TEST_SUITE_P(EveryBackend, BatchNormTest, ::testing::Values("cpu", "
 //   dir=$(mktemp -d)
 //   KILN_BATCHNORM_TORCH_DIR="$dir" engine_tests --gtest_filter='BatchNormTorchInterop.*'
 //   tests/engine/batchnorm_torch_check.py "$dir"
+// ctest runs both as engine_batchnorm_torch_interop.
 TEST(BatchNormTorchInterop, WritesACheckpointAndEvaluationOutputsForTorch) {
   const char* dir = std::getenv("KILN_BATCHNORM_TORCH_DIR");
   if (dir == nullptr) GTEST_SKIP() << "KILN_BATCHNORM_TORCH_DIR not set";

@@ -12,6 +12,7 @@ with SGD momentum state, and DIR/eval.safetensors, an input batch and kiln's eva
   KILN_BATCHNORM_TORCH_DIR="$dir" engine_tests --gtest_filter='BatchNormTorchInterop.*'
   tests/engine/batchnorm_torch_check.py "$dir"
 
+(ctest runs both steps as engine_batchnorm_torch_interop, skipped where there is no torch.)
 This checks that the model's tensors are exactly that module's state_dict (names, dtypes, shapes;
 num_batches_tracked a 0-dim int64), and that an evaluation forward pass written here in plain
 Python (running statistics) gives kiln's outputs. Where PyTorch is installed it also loads the

@@ -9,6 +9,9 @@ from the spec and exchanges one fixed set of tensors with SafetensorsInteropTest
   KILN_SAFETENSORS_INTEROP_DIR="$dir" engine_tests \
       --gtest_filter='SafetensorsInteropTest.*'   # reads from_python, writes from_cpp
   tests/engine/safetensors_torch_check.py check "$dir/from_cpp.safetensors"
+
+ctest runs these three steps as engine_safetensors_interop (tests/support/writer_then_check.py).
+Other checks import read() from here as their safetensors reader.
 """
 
 import json

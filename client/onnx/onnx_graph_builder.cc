@@ -1,0 +1,77 @@
+#include "client/onnx/onnx_graph_builder.h"
+
+#include <cstring>
+
+namespace kiln::client {
+namespace {
+
+void SetBatchedType(::onnx::ValueInfoProto* info, const std::string& name, int32_t elem_type,
+                    const std::vector<int64_t>& sample_dims) {
+  info->set_name(name);
+  ::onnx::TypeProto_Tensor* tensor = info->mutable_type()->mutable_tensor_type();
+  tensor->set_elem_type(elem_type);
+  ::onnx::TensorShapeProto* shape = tensor->mutable_shape();
+  shape->add_dim()->set_dim_param("N");
+  for (int64_t d : sample_dims) shape->add_dim()->set_dim_value(d);
+}
+
+}  // namespace
+
+::onnx::NodeProto* OnnxGraphBuilder::AddNode(const std::string& op, const std::string& name,
+                                             const std::vector<std::string>& inputs,
+                                             const std::vector<std::string>& outputs) {
+  ::onnx::NodeProto* node = graph_->add_node();
+  node->set_op_type(op);
+  node->set_name(name);
+  for (const std::string& in : inputs) node->add_input(in);
+  for (const std::string& out : outputs) node->add_output(out);
+  return node;
+}
+
+const std::string& OnnxGraphBuilder::AddInitializer(const std::string& name,
+                                                    const std::vector<int64_t>& dims,
+                                                    const std::vector<float>& values) {
+  ::onnx::TensorProto* t = graph_->add_initializer();
+  t->set_name(name);
+  t->set_data_type(::onnx::TensorProto::FLOAT);
+  for (int64_t d : dims) t->add_dims(d);
+  // raw_data is little-endian float32, as kiln's hosts and safetensors store them.
+  std::string raw(values.size() * sizeof(float), '\0');
+  if (!values.empty()) std::memcpy(raw.data(), values.data(), raw.size());
+  t->set_raw_data(std::move(raw));
+  return t->name();
+}
+
+void OnnxGraphBuilder::AddInput(const std::string& name, int32_t elem_type,
+                                const std::vector<int64_t>& sample_dims) {
+  SetBatchedType(graph_->add_input(), name, elem_type, sample_dims);
+}
+
+void OnnxGraphBuilder::AddOutput(const std::string& name, int32_t elem_type,
+                                 const std::vector<int64_t>& sample_dims) {
+  SetBatchedType(graph_->add_output(), name, elem_type, sample_dims);
+}
+
+void SetAttribute(::onnx::NodeProto* node, const std::string& name, int64_t value) {
+  ::onnx::AttributeProto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(::onnx::AttributeProto::INT);
+  a->set_i(value);
+}
+
+void SetAttribute(::onnx::NodeProto* node, const std::string& name, float value) {
+  ::onnx::AttributeProto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(::onnx::AttributeProto::FLOAT);
+  a->set_f(value);
+}
+
+void SetAttribute(::onnx::NodeProto* node, const std::string& name,
+                  const std::vector<int64_t>& values) {
+  ::onnx::AttributeProto* a = node->add_attribute();
+  a->set_name(name);
+  a->set_type(::onnx::AttributeProto::INTS);
+  for (int64_t v : values) a->add_ints(v);
+}
+
+}  // namespace kiln::client
