@@ -305,6 +305,7 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
   p.epoch_loss_sum = 0;
   p.epoch_correct = p.epoch_samples = 0;
   p.epoch_seconds = 0;
+  if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BroadcastBuffers());
   if (test_ != nullptr && test_->size > 0) {
     KILN_ASSIGN_OR_RETURN(e.test, Evaluate(*test_));
   }
@@ -323,7 +324,8 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;
-  // Data-parallel, each rank evaluates its shard.
+  // Data-parallel, each rank evaluates its shard with rank 0's running statistics.
+  if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BroadcastBuffers());
   const BatchSlice shard = dp_ != nullptr ? dp_->Slice(data.size) : BatchSlice{0, data.size};
   const int64_t end = shard.offset + shard.count;
   for (int64_t start = shard.offset; start < end; start += kEvalBatchSize) {

@@ -194,6 +194,23 @@ absl::Status DataParallel::BroadcastFromRoot(TrainingPosition* position) {
   return model_->set_random_offsets(root_offsets);
 }
 
+absl::Status DataParallel::BroadcastBuffers() {
+  std::string counts;
+  for (const NamedBuffer& b : model_->buffers()) {
+    if (b.buffer->kind == BufferKind::kF32) {
+      KILN_RETURN_IF_ERROR(BroadcastTensor(b.buffer->value));
+    } else {
+      AppendRaw(&counts, b.buffer->count);
+    }
+  }
+  KILN_RETURN_IF_ERROR(BroadcastHostBytes(&counts));
+  size_t at = 0;
+  for (const NamedBuffer& b : model_->buffers()) {
+    if (b.buffer->kind != BufferKind::kF32) ReadRaw(counts, &at, &b.buffer->count);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DataParallel::BeginStep(BatchSlice slice) {
   step_offsets_ = model_->random_offsets();
   if (step_offsets_.empty()) return absl::OkStatus();
@@ -238,7 +255,7 @@ absl::StatusOr<StepTotals> DataParallel::AllreduceStep(BatchSlice slice, int64_t
 
 absl::Status DataParallel::AllreduceHost(float* values, int n) {
   if (n <= 0) return absl::OkStatus();
-  if (scratch_.numel() < n) {
+  if (scratch_.capacity_bytes() < static_cast<size_t>(n) * sizeof(float)) {
     KILN_ASSIGN_OR_RETURN(scratch_, backend_->Allocate(DType::kF32, {n}));
   }
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);

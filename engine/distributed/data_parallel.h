@@ -65,6 +65,12 @@ class DataParallel {
   // collective). Fails naming the first difference of model structure between ranks.
   absl::Status BroadcastFromRoot(TrainingPosition* position);
 
+  // Makes every rank hold rank 0's buffers (batch normalisation's running statistics, which
+  // each rank updates from its own slices): before evaluations and at epoch ends, so that every
+  // rank evaluates, and rank 0 saves, the same model. The statistics are rank 0's, as DDP's
+  // broadcast_buffers makes them.
+  absl::Status BroadcastBuffers();
+
   // Before a training step's forward: points dropout streams at the slice's samples of the
   // global batch.
   absl::Status BeginStep(BatchSlice slice);
