@@ -116,6 +116,21 @@ TEST(GlooCommunicator, AllreduceSumsEveryRanksValues) {
   ExpectAllSucceeded(exits);
 }
 
+TEST(GlooCommunicator, OneRankIsAWorldOfItsOwn) {
+  const std::string dir = MakeTempFolder();
+  auto exits = RunRanks(1, [&](int rank) {
+    auto comm = Join(dir, rank, 1);
+    if (!comm.ok()) return Fail(rank, comm.status().ToString());
+    float v[2] = {1.5f, -2};
+    if (!(*comm)->AllreduceSum(v, 2).ok() || v[0] != 1.5f || v[1] != -2) return Fail(rank, "sum");
+    if (!(*comm)->Broadcast(v, sizeof(v), 0).ok() || !(*comm)->Barrier().ok()) {
+      return Fail(rank, "broadcast or barrier");
+    }
+    return 0;
+  });
+  ExpectAllSucceeded(exits);
+}
+
 TEST(GlooCommunicator, BroadcastCopiesTheRootsBytes) {
   const std::string dir = MakeTempFolder();
   auto exits = RunRanks(3, [&](int rank) {
