@@ -208,7 +208,11 @@ absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int6
 }
 
 absl::Status Trainer::Run(const Callbacks& callbacks, const std::atomic<bool>* cancel) {
-  if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BroadcastFromRoot(&position_));
+  if (dp_ != nullptr) {
+    KILN_RETURN_IF_ERROR(dp_->BroadcastFromRoot(
+        &position_,
+        {train_->size, config_.batch_size, config_.epochs, test_ != nullptr ? test_->size : 0}));
+  }
   while (position_.epochs_done < config_.epochs) {
     KILN_RETURN_IF_ERROR(RunEpoch(callbacks, cancel));
   }

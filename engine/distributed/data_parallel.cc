@@ -137,7 +137,8 @@ absl::Status DataParallel::BroadcastHostBytes(std::string* bytes) {
   return backend_->CopyToHost(host_bytes_, bytes->data(), bytes->size());
 }
 
-absl::Status DataParallel::BroadcastFromRoot(TrainingPosition* position) {
+absl::Status DataParallel::BroadcastFromRoot(TrainingPosition* position,
+                                             const std::vector<int64_t>& must_agree) {
   std::vector<NamedParameter> params = model_->parameters();
   std::vector<NamedBuffer> buffers = model_->buffers();
   std::vector<NamedState> state = optimizer_->state();
@@ -150,15 +151,17 @@ absl::Status DataParallel::BroadcastFromRoot(TrainingPosition* position) {
   AppendRaw(&shape, int64_t(buffers.size()));
   AppendRaw(&shape, int64_t(state.size()));
   AppendRaw(&shape, int64_t(dropout_per_sample_.size()));
+  AppendRaw(&shape, int64_t(must_agree.size()));
+  for (int64_t v : must_agree) AppendRaw(&shape, v);
   std::string root_shape = shape;
   KILN_RETURN_IF_ERROR(BroadcastHostBytes(&root_shape));
   float differs = root_shape == shape ? 0.0f : 1.0f;
   KILN_RETURN_IF_ERROR(AllreduceHost(&differs, 1));
   if (differs > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "data-parallel ranks hold different models or optimizers (", differs, " of ", size(),
-        " ranks differ from rank 0 in their parameters, buffers or optimizer "
-        "state); every rank must be built from the same config"));
+        "data-parallel ranks disagree: ", differs, " of ", size(),
+        " ranks differ from rank 0 in their model, optimizer, dataset size or batch size; every "
+        "rank must be built from the same config and data"));
   }
 
   for (const NamedParameter& p : params) KILN_RETURN_IF_ERROR(BroadcastTensor(p.param->value));

@@ -62,8 +62,11 @@ class DataParallel {
   BatchSlice Slice(int64_t count) const { return SliceOf(count, rank(), size()); }
 
   // Makes every rank hold rank 0's parameters, buffers, optimizer state and `*position` (a
-  // collective). Fails naming the first difference of model structure between ranks.
-  absl::Status BroadcastFromRoot(TrainingPosition* position);
+  // collective). First checks that every rank has the same model structure and the same
+  // `must_agree` values (dataset size, batch size, ...): FailedPrecondition on every rank when
+  // one differs, before any state moves.
+  absl::Status BroadcastFromRoot(TrainingPosition* position,
+                                 const std::vector<int64_t>& must_agree);
 
   // Makes every rank hold rank 0's buffers (batch normalisation's running statistics, which
   // each rank updates from its own slices): before evaluations and at epoch ends, so that every

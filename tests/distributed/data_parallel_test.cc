@@ -44,6 +44,7 @@ using ::testing::HasSubstr;
 struct RankRun {
   TrainConfig config;
   int64_t train_size = 512, test_size = 200;
+  int64_t last_rank_train_size = 0;  // when set, the last rank's training set (a mistake)
   absl::Duration timeout = absl::Seconds(30);
   // A rank that dies when its step `die_at_step` (global, 1-based) is done.
   int dying_rank = -1, die_at_step = 0;
@@ -107,7 +108,9 @@ int TrainAsRank(const RankRun& run, int rank, int size, const std::string& dir) 
   };
   auto backend = CreateBackend("cpu", {/*threads=*/1});
   if (!backend.ok()) return finish(backend.status());
-  const Dataset train = testing::BandsDataset(run.train_size, 10, 28, 11);
+  const int64_t train_size =
+      rank == size - 1 && run.last_rank_train_size > 0 ? run.last_rank_train_size : run.train_size;
+  const Dataset train = testing::BandsDataset(train_size, 10, 28, 11);
   const Dataset test = testing::BandsDataset(run.test_size, 10, 28, 12);
   TrainConfig config = run.config;
   std::unique_ptr<FileKeyValueStore> store;
@@ -355,6 +358,20 @@ TEST(DataParallelTraining, RankZerosCheckpointResumesAndLoadsInOneProcess) {
   EXPECT_TRUE(Slurp(check + "/model") == Slurp(whole + "/rank0.model"));
   const std::string last_epoch = Slurp(whole + "/rank0.epochs");
   EXPECT_THAT(last_epoch, HasSubstr(absl::StrCat(" ", Slurp(check + "/accuracy"), "\n")));
+}
+
+TEST(DataParallelTraining, RanksWithDifferentDataFailTogetherBeforeTraining) {
+  RankRun run = MlpRun();
+  run.last_rank_train_size = 576;
+  const std::string dir = MakeTempFolder();
+  auto exits = RunRanks(
+      2, [&](int rank) { return TrainAsRank(run, rank, 2, dir); }, 60);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(exits[r].exit_code, 1) << "rank " << r;
+    EXPECT_THAT(Slurp(absl::StrCat(dir, "/rank", r, ".status")),
+                HasSubstr("data-parallel ranks disagree: 1 of 2 ranks differ from rank 0"));
+    EXPECT_EQ(Slurp(absl::StrCat(dir, "/rank", r, ".steps")), "") << "rank " << r << " trained";
+  }
 }
 
 void ExpectOthersFailFast(const RankRun& run, int size, const std::vector<RankExit>& exits,
