@@ -99,11 +99,11 @@ class Trainer {
                                                          const Dataset* test);
   ~Trainer();
 
-  // Trains from the current position to config.epochs. Data-parallel, it first makes every rank
-  // hold rank 0's weights, optimizer state and position (so a resumed job may load its
-  // checkpoint on rank 0 alone). Returns Cancelled when *cancel became
+  // Trains from the current position to config.epochs. Returns Cancelled when *cancel became
   // true (checked between steps), FailedPrecondition naming epoch and step when the loss
-  // stops being finite, or the first error of an op or callback.
+  // stops being finite, or the first error of an op or callback. Data-parallel, it first makes
+  // every rank hold rank 0's weights, optimizer state and position (so a resumed job may load
+  // its checkpoint on rank 0 alone), and a cancel must reach every rank.
   absl::Status Run(const Callbacks& callbacks, const std::atomic<bool>* cancel = nullptr);
 
   // Mean loss and accuracy of the current model over `data` (any dataset of the right shape).
