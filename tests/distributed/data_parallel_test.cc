@@ -166,7 +166,7 @@ int TrainAsRank(const RankRun& run, int rank, int size, const std::string& dir) 
 // Trains `run` over `size` ranks (0: one process without a communicator) in a fresh folder,
 // expecting success; returns the folder.
 std::string TrainRanks(const RankRun& run, int size) {
-  const std::string dir = MakeTempFolder();
+  std::string dir = MakeTempFolder();
   const int processes = std::max(size, 1);
   auto exits = RunRanks(
       processes, [&](int rank) { return TrainAsRank(run, rank, size, dir); }, 120);
