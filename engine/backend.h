@@ -254,6 +254,8 @@ class Backend {
                                           float* dx) = 0;
   // y(n) = a + b element-wise; y may be a or b (add nodes, summed gradients).
   virtual absl::Status Add(int64_t n, const float* a, const float* b, float* y) = 0;
+  // x(n) *= alpha in place (data-parallel training's share of the global batch's mean).
+  virtual absl::Status Scale(int64_t n, float alpha, float* x) = 0;
   // dst rows of `cols` floats, `dst_stride` apart, = src rows `src_stride` apart (as
   // cudaMemcpy2D, in floats): a concat's slices. CheckCopy2D's rules; the two must not overlap.
   virtual absl::Status Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,

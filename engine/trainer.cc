@@ -9,6 +9,8 @@
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/data/csv_reader.h"
+#include "engine/distributed/communicator.h"
+#include "engine/distributed/data_parallel.h"
 #include "engine/inference.h"
 #include "engine/loss.h"
 #include "engine/model.h"
@@ -122,6 +124,12 @@ absl::Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(optimizer_,
                         Optimizer::Create(config_.optimizer, backend_, model_->parameters()));
   loss_ = std::make_unique<Loss>(config_.loss, backend_, config_.label_smoothing);
+  if (Communicator* comm = config_.communicator; comm != nullptr && comm->size() > 1) {
+    KILN_RETURN_IF_ERROR(
+        CheckDataParallelBatches(config_.model, config_.batch_size, train_->size, comm->size()));
+    KILN_ASSIGN_OR_RETURN(dp_,
+                          DataParallel::Create(comm, backend_, model_.get(), optimizer_.get()));
+  }
 
   // The datasets go to the device once, as uint8; batches are gathered and normalised there.
   KILN_RETURN_IF_ERROR(Upload(*train_, &train_pixels_, &train_labels_, nullptr));
@@ -148,6 +156,8 @@ float Trainer::current_lr() const {
   const int64_t steps = StepsPerEpoch();
   return RatesForStep(epoch, int64_t{epoch} * steps + position_.step_in_epoch).lr;
 }
+
+int Trainer::rank() const { return dp_ == nullptr ? 0 : dp_->rank(); }
 
 int64_t Trainer::StepsPerEpoch() const {
   return (train_->size + config_.batch_size - 1) / config_.batch_size;
@@ -198,6 +208,11 @@ absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int6
 }
 
 absl::Status Trainer::Run(const Callbacks& callbacks, const std::atomic<bool>* cancel) {
+  if (dp_ != nullptr) {
+    KILN_RETURN_IF_ERROR(dp_->BroadcastFromRoot(
+        &position_,
+        {train_->size, config_.batch_size, config_.epochs, test_ != nullptr ? test_->size : 0}));
+  }
   while (position_.epochs_done < config_.epochs) {
     KILN_RETURN_IF_ERROR(RunEpoch(callbacks, cancel));
   }
@@ -225,14 +240,24 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
       return absl::CancelledError(absl::StrCat("cancelled at epoch ", epoch, " step ", s));
     }
     const int count = static_cast<int>(std::min<int64_t>(bs, n - int64_t{s} * bs));
+    // Data-parallel, this rank trains its slice of the batch.
+    const BatchSlice mine = dp_ != nullptr ? dp_->Slice(count) : BatchSlice{0, count};
     KILN_RETURN_IF_ERROR(LoadBatch(train_pixels_, train_labels_, train_->sample_elems(),
-                                   perm_.i32() + int64_t{s} * bs, count));
+                                   perm_.i32() + int64_t{s} * bs + mine.offset,
+                                   static_cast<int>(mine.count)));
+    if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BeginStep(mine));
     KILN_RETURN_IF_ERROR(model_->ZeroGrad());
     KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kTrain));
     dlogits_.Reshape(out->shape());
     KILN_RETURN_IF_ERROR(
         loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), &dlogits_));
+    if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->ScaleLossGradient(mine, count, &dlogits_));
     KILN_RETURN_IF_ERROR(model_->Backward(dlogits_));
+    StepTotals totals;
+    if (dp_ != nullptr) {
+      KILN_ASSIGN_OR_RETURN(const StepScalars local, ReadStepScalars());
+      KILN_ASSIGN_OR_RETURN(totals, dp_->AllreduceStep(mine, count, local.loss, local.correct));
+    }
     // The step's place in the run, not global_step: a resumed job with more epochs keeps the
     // epochs it has done where they were.
     const ScheduledRates rates = RatesForStep(epoch - 1, int64_t{epoch - 1} * steps + s);
@@ -240,7 +265,10 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
     if (rates.momentum.has_value()) optimizer_->set_momentum(*rates.momentum);
     KILN_RETURN_IF_ERROR(optimizer_->Step(lr));
 
-    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, ReadStepScalars());
+    StepScalars scalars{static_cast<float>(totals.loss), static_cast<int32_t>(totals.correct)};
+    if (dp_ == nullptr) {
+      KILN_ASSIGN_OR_RETURN(scalars, ReadStepScalars());
+    }
     const float loss = scalars.loss;
     const int32_t correct = scalars.correct;
     if (!std::isfinite(loss)) {
@@ -281,6 +309,7 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
   p.epoch_loss_sum = 0;
   p.epoch_correct = p.epoch_samples = 0;
   p.epoch_seconds = 0;
+  if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BroadcastBuffers());
   if (test_ != nullptr && test_->size > 0) {
     KILN_ASSIGN_OR_RETURN(e.test, Evaluate(*test_));
   }
@@ -299,8 +328,12 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t start = 0; start < data.size; start += kEvalBatchSize) {
-    const int count = static_cast<int>(std::min<int64_t>(kEvalBatchSize, data.size - start));
+  // Data-parallel, each rank evaluates its shard with rank 0's running statistics.
+  if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BroadcastBuffers());
+  const BatchSlice shard = dp_ != nullptr ? dp_->Slice(data.size) : BatchSlice{0, data.size};
+  const int64_t end = shard.offset + shard.count;
+  for (int64_t start = shard.offset; start < end; start += kEvalBatchSize) {
+    const int count = static_cast<int>(std::min<int64_t>(kEvalBatchSize, end - start));
     KILN_RETURN_IF_ERROR(
         LoadBatch(pixels, labels, data.sample_elems(), index.i32() + start, count));
     KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));
@@ -310,6 +343,13 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
     loss_sum += static_cast<double>(scalars.loss) * count;
     correct += scalars.correct;
   }
+  if (dp_ != nullptr) {
+    // Float sums: counts are exact below 2^24 samples, the loss to float precision.
+    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
+    KILN_RETURN_IF_ERROR(dp_->AllreduceHost(sums, 2));
+    loss_sum = sums[0];
+    correct = static_cast<int64_t>(sums[1]);
+  }
   r.samples = data.size;
   r.loss = loss_sum / std::max<int64_t>(data.size, 1);
   r.accuracy = static_cast<double>(correct) / std::max<int64_t>(data.size, 1);
@@ -317,6 +357,10 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
 }
 
 absl::Status Trainer::SaveCheckpoint(const std::string& path) {
+  if (!writes_checkpoints()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank(), " does not write checkpoints: rank 0 does, for every rank"));
+  }
   // The normalisation travels with the weights, so a served model applies it by itself.
   return WriteCheckpoint(path, *model_, optimizer_.get(), position_, config_.norm);
 }

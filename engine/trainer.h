@@ -24,6 +24,8 @@ namespace kiln {
 class Model;
 class Optimizer;
 class Loss;
+class Communicator;
+class DataParallel;
 
 // Evaluation runs over the test set in batches of this many samples (fewer for the last).
 inline constexpr int kEvalBatchSize = 1000;
@@ -38,6 +40,13 @@ struct TrainConfig {
   int batch_size = 64;
   uint64_t seed = 0;
   PixelNorm norm;  // applied to raw pixels of every batch (train and test)
+  // Data-parallel training when set with size() > 1 (not owned; must outlive the trainer):
+  // this trainer is one rank. Every rank holds the whole dataset and the same config, draws the
+  // same shuffle and trains its slice of each batch of batch_size (the global batch; SliceOf in
+  // engine/distributed/data_parallel.h); gradients are averaged over the global batch.
+  // Run, Evaluate and the events they send are then collectives with global values.
+  // Null (or size 1): the single-process path, unchanged.
+  Communicator* communicator = nullptr;
 };
 
 // Batch normalisation in training needs more than one value per channel (PyTorch raises
@@ -78,7 +87,8 @@ class Trainer {
     std::function<void(const StepEvent&)> on_step;
     std::function<void(const EpochEvent&)> on_epoch;
     // Runs after every step and epoch end on the training thread; a non-OK status stops the run
-    // with that status. The place for on-demand checkpoints.
+    // with that status. The place for on-demand checkpoints; data-parallel, it runs on every
+    // rank and only the one where writes_checkpoints() is true saves.
     std::function<absl::Status(Trainer&)> after_step;
   };
 
@@ -91,13 +101,17 @@ class Trainer {
 
   // Trains from the current position to config.epochs. Returns Cancelled when *cancel became
   // true (checked between steps), FailedPrecondition naming epoch and step when the loss
-  // stops being finite, or the first error of an op or callback.
+  // stops being finite, or the first error of an op or callback. Data-parallel, it first makes
+  // every rank hold rank 0's weights, optimizer state and position (so a resumed job may load
+  // its checkpoint on rank 0 alone), and a cancel must reach every rank.
   absl::Status Run(const Callbacks& callbacks, const std::atomic<bool>* cancel = nullptr);
 
   // Mean loss and accuracy of the current model over `data` (any dataset of the right shape).
+  // Data-parallel, each rank evaluates its SliceOf the dataset and the sums are allreduced.
   absl::StatusOr<EvalResult> Evaluate(const Dataset& data);
 
-  // Writes weights, optimizer state and position as safetensors, atomically.
+  // Writes weights, optimizer state and position as safetensors, atomically. Data-parallel,
+  // only rank 0 writes (FailedPrecondition elsewhere): its state is every rank's.
   absl::Status SaveCheckpoint(const std::string& path);
   // Restores weights, optimizer state and position; the checkpoint must match the config.
   absl::Status LoadCheckpoint(const std::string& path);
@@ -108,6 +122,9 @@ class Trainer {
   Backend* backend() const { return backend_; }
   // The learning rate of the next step.
   float current_lr() const;
+  // This trainer's rank (0 when not data-parallel), and whether it is the one that saves.
+  int rank() const;
+  bool writes_checkpoints() const { return rank() == 0; }
 
  private:
   Trainer(const TrainConfig& config, Backend* backend, const Dataset* train, const Dataset* test);
@@ -145,6 +162,7 @@ class Trainer {
   // Device copies of the datasets and per-batch buffers.
   Tensor train_pixels_, train_labels_, test_pixels_, test_labels_;
   Tensor perm_, eval_index_, batch_x_, batch_y_, dlogits_, step_scalars_;
+  std::unique_ptr<DataParallel> dp_;  // null unless data-parallel over 2+ ranks
 };
 
 }  // namespace kiln

@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   absl::Status ActivationBackward(ActivationKind kind, float param, int64_t n, const float* x,
                                   const float* y, const float* dy, float* dx) override;
   absl::Status Add(int64_t n, const float* a, const float* b, float* y) override;
+  absl::Status Scale(int64_t n, float alpha, float* x) override;
   absl::Status Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride, float* dst,
                       int64_t dst_stride) override;
 

@@ -93,6 +93,12 @@ absl::Status CpuBackend::Add(int64_t n, const float* a, const float* b, float* y
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::Scale(int64_t n, float alpha, float* x) {
+#pragma omp parallel for simd num_threads(threads_) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
                                 float* dst, int64_t dst_stride) {
   KILN_RETURN_IF_ERROR(CheckCopy2D(rows, cols, src_stride, dst_stride));

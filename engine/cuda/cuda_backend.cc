@@ -368,6 +368,12 @@ absl::Status CudaBackend::Add(int64_t n, const float* a, const float* b, float* 
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::Scale(int64_t n, float alpha, float* x) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::scale(stream_, n, alpha, x));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
                                  float* dst, int64_t dst_stride) {
   KILN_RETURN_IF_ERROR(CheckCopy2D(rows, cols, src_stride, dst_stride));

@@ -66,6 +66,8 @@ class CudaBackend final : public Backend {
   size_t bytes_in_use() const;
   size_t bytes_cached() const;
   int64_t device_allocations() const;  // cudaMalloc calls so far
+  // The stream every op is issued on, for work that must run in order with them (NCCL).
+  CUstream_st* stream() const { return stream_; }
 
   absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override;
   // Returns once `host` may be reused (the copy is queued in stream order).
@@ -92,6 +94,7 @@ class CudaBackend final : public Backend {
   absl::Status DropoutBackward(int64_t n, const float* mask, const float* dy, float* dx) override;
   absl::Status SoftmaxForward(int rows, int cols, const float* x, float* y) override;
   absl::Status Add(int64_t n, const float* a, const float* b, float* y) override;
+  absl::Status Scale(int64_t n, float alpha, float* x) override;
   absl::Status Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride, float* dst,
                       int64_t dst_stride) override;
 

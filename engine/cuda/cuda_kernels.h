@@ -33,6 +33,8 @@ cudaError_t dropout_forward(cudaStream_t stream, int64_t n, float p, float keep_
                             uint64_t seed, uint64_t offset, const float* x, float* mask, float* y);
 // y = a + b element-wise; y may be a or b.
 cudaError_t add(cudaStream_t stream, int64_t n, const float* a, const float* b, float* y);
+// x(n) *= alpha.
+cudaError_t scale(cudaStream_t stream, int64_t n, float alpha, float* x);
 // out = a * b element-wise (dropout's backward).
 cudaError_t multiply(cudaStream_t stream, int64_t n, const float* a, const float* b, float* out);
 // y(rows, cols) += bias(cols).

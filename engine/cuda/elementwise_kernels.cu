@@ -69,6 +69,10 @@ __global__ void add_kernel(int64_t n, const float* a, const float* b, float* y) 
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] = a[i] + b[i];
 }
 
+__global__ void scale_kernel(int64_t n, float alpha, float* x) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) x[i] *= alpha;
+}
+
 __global__ void multiply_kernel(int64_t n, const float* a, const float* b, float* out) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) out[i] = a[i] * b[i];
 }
@@ -224,6 +228,12 @@ cudaError_t dropout_forward(cudaStream_t stream, int64_t n, float p, float keep_
 cudaError_t add(cudaStream_t stream, int64_t n, const float* a, const float* b, float* y) {
   if (n <= 0) return cudaSuccess;
   add_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, a, b, y);
+  return cudaGetLastError();
+}
+
+cudaError_t scale(cudaStream_t stream, int64_t n, float alpha, float* x) {
+  if (n <= 0) return cudaSuccess;
+  scale_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, alpha, x);
   return cudaGetLastError();
 }
 
