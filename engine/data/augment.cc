@@ -49,7 +49,11 @@ absl::StatusOr<AugmentGeometry> AugmentImageGeometry(const AugmentConfig& config
         "random_crop_padding must be in [0, ", limit, "] for ", g.height, "x", g.width,
         " images (at most half the shorter side and ", kMaxCropPadding, "), got ", g.padding));
   }
-  if (absl::Status s = CheckAugmentGeometry(g, norm_channels); !s.ok()) return s;
+  if (norm_channels != 1 && norm_channels != g.channels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the normalisation has ", norm_channels, " channels but the images have ",
+                     g.channels, "; crop and flip need one, or one per image channel"));
+  }
   return g;
 }
 
