@@ -156,7 +156,11 @@ static_assert(sizeof(CropFlip) == 3 * sizeof(int32_t), "CropFlip is three int32s
 // What every backend checks before GatherAugmentNormalize: a geometry of whole images, and a
 // normalisation of one channel or one per image channel (torchvision normalises per channel).
 inline absl::Status CheckAugmentGeometry(const AugmentGeometry& g, int norm_channels) {
-  if (g.channels < 1 || g.height < 1 || g.width < 1 || g.padding < 0) {
+  // Within int32 (CUDA indexes within a sample in 32 bits), padding included.
+  constexpr int64_t kMax = int64_t{1} << 30;
+  if (g.channels < 1 || g.height < 1 || g.width < 1 || g.padding < 0 ||
+      int64_t{g.height} + 2 * int64_t{g.padding} > kMax ||
+      int64_t{g.width} + 2 * int64_t{g.padding} > kMax || g.sample_elems() > kMax) {
     return absl::InvalidArgumentError(absl::StrCat("augment: invalid geometry ", g.channels, "x",
                                                    g.height, "x", g.width, " padding ", g.padding));
   }

@@ -58,6 +58,8 @@ __global__ void gather_normalize_f32_kernel(int64_t sample_elems, const int32_t*
 
 // grid.y = sample, grid.x * blockDim.x covers the sample's C*H*W outputs: output (c, y, x) reads
 // padded pixel (y + dy, dx + (flip ? W - 1 - x : x)), i.e. source (that - padding), or 0 outside.
+// Positions within a sample are 32-bit (CheckAugmentGeometry bounds C*H*W): 64-bit division is
+// several times slower on the GPU.
 __global__ void gather_augment_normalize_kernel(AugmentShape s, const int32_t* index,
                                                 const uint8_t* pixels, const int32_t* labels,
                                                 const CropFlipDecision* decisions,
@@ -69,22 +71,20 @@ __global__ void gather_augment_normalize_kernel(AugmentShape s, const int32_t* i
     labels_out[sample] = labels[src_row];
   }
   const CropFlipDecision d = decisions[sample];
-  const int64_t plane = static_cast<int64_t>(s.height) * s.width;
-  const int64_t elems = plane * s.channels;
+  const int plane = s.height * s.width;
+  const int elems = plane * s.channels;
+  const int norm_plane = static_cast<int>(norm.plane);  // plane or elems: 1 or C channels
   const uint8_t* src = pixels + src_row * elems;
   float* dst = out + static_cast<int64_t>(sample) * elems;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < elems;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = j / plane;
-    const int y = static_cast<int>((j - c * plane) / s.width);
-    const int x = static_cast<int>(j - c * plane - static_cast<int64_t>(y) * s.width);
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < elems; j += gridDim.x * blockDim.x) {
+    const int c = j / plane;
+    const int y = (j - c * plane) / s.width;
+    const int x = j - c * plane - y * s.width;
     const int sy = y + d.dy - s.padding;
     const int sx = (d.flip != 0 ? s.width - 1 - x : x) + d.dx - s.padding;
     const bool inside = sy >= 0 && sy < s.height && sx >= 0 && sx < s.width;
-    const float v =
-        inside ? static_cast<float>(src[c * plane + static_cast<int64_t>(sy) * s.width + sx])
-               : 0.0f;
-    const int k = static_cast<int>(j / norm.plane);  // the normalisation's channel
+    const float v = inside ? static_cast<float>(src[c * plane + sy * s.width + sx]) : 0.0f;
+    const int k = j / norm_plane;  // the normalisation's channel
     dst[j] = v * norm.a[k] + norm.b[k];
   }
 }
