@@ -1367,7 +1367,8 @@ TEST_P(OpParity, BatchNormModelStepAndEvaluationMatch) {
 }
 
 // cuDNN's batch-norm passes are deterministic: a second backend trains the same bits, running
-// statistics included (what a resumed job relies on).
+// statistics included (what a resumed job relies on); with training augmentation too (crop and
+// flip gathered on the device from decisions drawn on the host).
 TEST_P(OpParity, BatchNormTrainingRepeatsBitForBit) {
   auto first = CreateFloat32Backend(GetParam());
   auto second = CreateFloat32Backend(GetParam());
@@ -1375,28 +1376,32 @@ TEST_P(OpParity, BatchNormTrainingRepeatsBitForBit) {
   ASSERT_OK(second);
   Backend* runs[2] = {first->get(), second->get()};
   const Dataset data = RandomImages(10 * 32, 92);
-  std::vector<std::vector<float>> state[2];
-  for (int run = 0; run < 2; ++run) {
-    TrainConfig c;
-    c.model = BatchNormCnn();
-    c.optimizer.kind = OptimizerConfig::Kind::kSgd;
-    c.optimizer.lr = 0.01f;
-    c.optimizer.momentum = 0.9f;
-    c.batch_size = 32;
-    c.seed = 5;
-    auto t = Trainer::Create(c, runs[run], &data, nullptr);
-    ASSERT_OK(t) << t.status();
-    ASSERT_OK((*t)->Run({}));
-    state[run] = Weights(*runs[run], **t);
-    for (const NamedBuffer& b : (*t)->model().buffers()) {
-      if (b.buffer->kind == BufferKind::kF32) {
-        state[run].push_back(testing::ToHost(*runs[run], b.buffer->value));
+  for (bool augment : {false, true}) {
+    SCOPED_TRACE(augment ? "augmented" : "not augmented");
+    std::vector<std::vector<float>> state[2];
+    for (int run = 0; run < 2; ++run) {
+      TrainConfig c;
+      c.model = BatchNormCnn();
+      c.optimizer.kind = OptimizerConfig::Kind::kSgd;
+      c.optimizer.lr = 0.01f;
+      c.optimizer.momentum = 0.9f;
+      c.batch_size = 32;
+      c.seed = 5;
+      if (augment) c.augment = {4, true};
+      auto t = Trainer::Create(c, runs[run], &data, nullptr);
+      ASSERT_OK(t) << t.status();
+      ASSERT_OK((*t)->Run({}));
+      state[run] = Weights(*runs[run], **t);
+      for (const NamedBuffer& b : (*t)->model().buffers()) {
+        if (b.buffer->kind == BufferKind::kF32) {
+          state[run].push_back(testing::ToHost(*runs[run], b.buffer->value));
+        }
       }
     }
-  }
-  ASSERT_EQ(state[0].size(), state[1].size());
-  for (size_t i = 0; i < state[0].size(); ++i) {
-    EXPECT_TRUE(SameBits(state[0][i], state[1][i])) << "tensor " << i;
+    ASSERT_EQ(state[0].size(), state[1].size());
+    for (size_t i = 0; i < state[0].size(); ++i) {
+      EXPECT_TRUE(SameBits(state[0][i], state[1][i])) << "tensor " << i;
+    }
   }
 }
 
