@@ -136,6 +136,42 @@ inline absl::StatusOr<FoldedNorm> FoldPixelNorm(const PixelNorm& n, int64_t samp
   return f;
 }
 
+// Crop-and-flip augmentation of uint8 images as a batch is gathered (GatherAugmentNormalize):
+// samples are channels x height x width (CHW), cropped from the image padded by `padding` zeros
+// on each side.
+struct AugmentGeometry {
+  int channels = 1, height = 0, width = 0, padding = 0;
+  int64_t sample_elems() const { return int64_t{channels} * height * width; }
+};
+// One sample's augmentation: the crop window's top-left corner in the padded image (dy, dx in
+// [0, 2 padding]; dy = dx = padding is the image unmoved), and whether the crop is then mirrored
+// left to right (flip != 0). Drawn on the host (engine/data/augment.h), read by the op from device
+// memory.
+struct CropFlip {
+  int32_t dy = 0, dx = 0, flip = 0;
+  bool operator==(const CropFlip&) const = default;
+};
+static_assert(sizeof(CropFlip) == 3 * sizeof(int32_t), "CropFlip is three int32s on every device");
+
+// What every backend checks before GatherAugmentNormalize: a geometry of whole images, and a
+// normalisation of one channel or one per image channel (torchvision normalises per channel).
+inline absl::Status CheckAugmentGeometry(const AugmentGeometry& g, int norm_channels) {
+  // Within int32 (CUDA indexes within a sample in 32 bits), padding included.
+  constexpr int64_t kMax = int64_t{1} << 30;
+  if (g.channels < 1 || g.height < 1 || g.width < 1 || g.padding < 0 ||
+      int64_t{g.height} + 2 * int64_t{g.padding} > kMax ||
+      int64_t{g.width} + 2 * int64_t{g.padding} > kMax || g.sample_elems() > kMax) {
+    return absl::InvalidArgumentError(absl::StrCat("augment: invalid geometry ", g.channels, "x",
+                                                   g.height, "x", g.width, " padding ", g.padding));
+  }
+  if (norm_channels != 1 && norm_channels != g.channels) {
+    return absl::InvalidArgumentError(absl::StrCat("augment: the normalisation has ", norm_channels,
+                                                   " channels but the images have ", g.channels,
+                                                   "; it needs one, or one per image channel"));
+  }
+  return absl::OkStatus();
+}
+
 // What every backend's copies check: `bytes` must fit the `capacity` of the tensors involved.
 // InvalidArgument naming the op otherwise.
 inline absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity) {
@@ -346,6 +382,17 @@ class Backend {
                                           const float* features, const int32_t* labels,
                                           const PixelNorm& norm, float* out,
                                           int32_t* labels_out) = 0;
+  // GatherNormalize of CxHxW uint8 images with torchvision's RandomCrop(padding) and then
+  // RandomHorizontalFlip applied to each before the normalisation: with {dy, dx, flip} =
+  // decisions[i] (device memory) and P the image padded by g.padding zeros on each side,
+  // out[i](c, y, x) = norm(P(c, y + dy, dx + (flip ? W - 1 - x : x))). A padded pixel becomes
+  // norm(0), as torchvision pads the uint8 image before ToTensor and Normalize. Offsets outside
+  // [0, 2 padding] only read more padding, never outside the image. CheckAugmentGeometry's rules.
+  virtual absl::Status GatherAugmentNormalize(int count, const AugmentGeometry& g,
+                                              const int32_t* index, const uint8_t* pixels,
+                                              const int32_t* labels, const CropFlip* decisions,
+                                              const PixelNorm& norm, float* out,
+                                              int32_t* labels_out) = 0;
   // out(count, sample_elems) = norm(x) for pixels already in float: GatherNormalize's formula
   // and folding, so serving's FP32 inputs (x = u8 / 255, normalised with a 255 times larger
   // scale) meet the model as the uint8 ones do. `out` may be `x`.

@@ -138,6 +138,10 @@ absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t
   const int64_t samples = Add(train_samples, test_samples);
   const int64_t dataset = Add(Mul(samples, input), Mul(samples, sizeof(int32_t)));
   plan.needs.push_back({-1, "dataset", Add(Mul(2, dataset), Mul(2 * samples, sizeof(int32_t)))});
+  if (config.augment.enabled()) {
+    // An epoch's crop-and-flip decisions, drawn on the host and copied to the device.
+    plan.needs.push_back({-1, "augmentation decisions", Mul(2 * train_samples, sizeof(CropFlip))});
+  }
   return plan;
 }
 

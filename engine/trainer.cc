@@ -121,6 +121,12 @@ absl::Status Trainer::Init() {
   KILN_RETURN_IF_ERROR(CheckData(*train_, "training", config_.model));
   KILN_RETURN_IF_ERROR(CheckBatchNormBatches(config_.model, config_.batch_size, train_->size));
   if (test_ != nullptr) KILN_RETURN_IF_ERROR(CheckData(*test_, "test", config_.model));
+  if (config_.augment.enabled()) {
+    absl::StatusOr<AugmentGeometry> g = AugmentImageGeometry(
+        config_.augment, train_->sample_shape, train_->has_features(), config_.norm.channels());
+    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("augment: ", g.status().message()));
+    augment_geometry_ = *g;
+  }
   KILN_ASSIGN_OR_RETURN(optimizer_,
                         Optimizer::Create(config_.optimizer, backend_, model_->parameters()));
   loss_ = std::make_unique<Loss>(config_.loss, backend_, config_.label_smoothing);
@@ -145,6 +151,10 @@ absl::Status Trainer::Init() {
                         backend_->Allocate(DType::kF32, WithBatch(cap, model_->output_shape())));
   // The loss (f32) and the correct count (i32) side by side: one device-to-host copy a step.
   KILN_ASSIGN_OR_RETURN(step_scalars_, backend_->Allocate(DType::kF32, {2}));
+  if (config_.augment.enabled()) {
+    // CropFlip is three int32s (backend.h).
+    KILN_ASSIGN_OR_RETURN(augment_decisions_, backend_->Allocate(DType::kI32, {3 * train_->size}));
+  }
 
   shuffle_rng_.Seed(config_.seed ^ kShuffleStream);
   position_.epoch_rng = shuffle_rng_.state();
@@ -195,10 +205,29 @@ absl::Status Trainer::Upload(const Dataset& d, Tensor* pixels, Tensor* labels,
   return backend_->CopyFromHost(identity.data(), identity.size() * sizeof(int32_t), identity_index);
 }
 
+absl::Status Trainer::UploadAugmentDecisions(int epoch) {
+  // A whole epoch's decisions in one copy, as the permutation: no copy and no stream
+  // synchronisation per step. Each is a function of (seed, epoch, step, sample), so a run resumed
+  // mid-epoch draws the same ones.
+  const int64_t n = train_->size;
+  const int bs = config_.batch_size;
+  std::vector<CropFlip> decisions(n);
+  for (int64_t i = 0; i < n; ++i) {
+    decisions[i] = DrawCropFlip(config_.augment, config_.seed, epoch, i / bs, i % bs);
+  }
+  return backend_->CopyFromHost(decisions.data(), decisions.size() * sizeof(CropFlip),
+                                &augment_decisions_);
+}
+
 absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
-                                const int32_t* index, int count) {
+                                const int32_t* index, int count, const CropFlip* augment) {
   batch_x_.Reshape(WithBatch(count, config_.model.input_shape));
   batch_y_.Reshape({count});
+  if (augment != nullptr) {
+    return backend_->GatherAugmentNormalize(count, augment_geometry_, index, pixels.u8(),
+                                            labels.i32(), augment, config_.norm, batch_x_.f32(),
+                                            batch_y_.i32());
+  }
   if (pixels.dtype() == DType::kF32) {
     return backend_->GatherNormalizeF32(count, sample_elems, index, pixels.f32(), labels.i32(),
                                         config_.norm, batch_x_.f32(), batch_y_.i32());
@@ -231,6 +260,11 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
   const std::vector<int32_t> perm = shuffle_rng_.Permutation(static_cast<int32_t>(n));
   const Rng::State next_epoch_rng = shuffle_rng_.state();
   KILN_RETURN_IF_ERROR(backend_->CopyFromHost(perm.data(), perm.size() * 4, &perm_));
+  const CropFlip* augment = nullptr;  // training batches only; Evaluate never augments
+  if (config_.augment.enabled()) {
+    KILN_RETURN_IF_ERROR(UploadAugmentDecisions(epoch));
+    augment = reinterpret_cast<const CropFlip*>(augment_decisions_.i32());
+  }
 
   TrainingPosition& p = position_;
   const auto start = Clock::now();
@@ -244,7 +278,9 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
     const BatchSlice mine = dp_ != nullptr ? dp_->Slice(count) : BatchSlice{0, count};
     KILN_RETURN_IF_ERROR(LoadBatch(train_pixels_, train_labels_, train_->sample_elems(),
                                    perm_.i32() + int64_t{s} * bs + mine.offset,
-                                   static_cast<int>(mine.count)));
+                                   static_cast<int>(mine.count),
+                                   augment != nullptr ? augment + int64_t{s} * bs + mine.offset
+                                                      : nullptr));
     if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BeginStep(mine));
     KILN_RETURN_IF_ERROR(model_->ZeroGrad());
     KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kTrain));

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
+#include "engine/data/augment.h"
 #include "engine/data/dataset.h"
 #include "engine/loss.h"
 #include "engine/model_config.h"
@@ -39,7 +40,8 @@ struct TrainConfig {
   int epochs = 1;
   int batch_size = 64;
   uint64_t seed = 0;
-  PixelNorm norm;  // applied to raw pixels of every batch (train and test)
+  PixelNorm norm;         // applied to raw pixels of every batch (train and test)
+  AugmentConfig augment;  // random crop and flip of training batches only
   // Data-parallel training when set with size() > 1 (not owned; must outlive the trainer):
   // this trainer is one rank. Every rank holds the whole dataset and the same config, draws the
   // same shuffle and trains its slice of each batch of batch_size (the global batch; SliceOf in
@@ -136,9 +138,13 @@ class Trainer {
   // Copies a dataset's pixels and labels to the device, and when `identity_index` is given, the
   // indices 0..size-1 for evaluating it in order.
   absl::Status Upload(const Dataset& d, Tensor* pixels, Tensor* labels, Tensor* identity_index);
-  // Gathers `count` samples at device indices `index` into batch_x_/batch_y_.
+  // Gathers `count` samples at device indices `index` into batch_x_/batch_y_, cropped and
+  // flipped as `augment` (device memory, one per sample) says when it is not null.
   absl::Status LoadBatch(const Tensor& pixels, const Tensor& labels, int64_t sample_elems,
-                         const int32_t* index, int count);
+                         const int32_t* index, int count, const CropFlip* augment = nullptr);
+  // Draws every augmentation decision of 1-based `epoch` on the host and copies them to
+  // augment_decisions_, in shuffled order: sample i of step s at s * batch_size + i.
+  absl::Status UploadAugmentDecisions(int epoch);
 
   // A step's loss and correct count, as they sit in step_scalars_ on the device.
   struct StepScalars {
@@ -163,6 +169,10 @@ class Trainer {
   Tensor train_pixels_, train_labels_, test_pixels_, test_labels_;
   Tensor perm_, eval_index_, batch_x_, batch_y_, dlogits_, step_scalars_;
   std::unique_ptr<DataParallel> dp_;  // null unless data-parallel over 2+ ranks
+  // Training augmentation (config_.augment enabled): the images' geometry and the current
+  // epoch's decisions on the device, a CropFlip per training sample.
+  AugmentGeometry augment_geometry_;
+  Tensor augment_decisions_;
 };
 
 }  // namespace kiln

@@ -99,6 +99,10 @@ class CpuBackend final : public Backend {
   absl::Status GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
                                   const float* features, const int32_t* labels,
                                   const PixelNorm& norm, float* out, int32_t* labels_out) override;
+  absl::Status GatherAugmentNormalize(int count, const AugmentGeometry& g, const int32_t* index,
+                                      const uint8_t* pixels, const int32_t* labels,
+                                      const CropFlip* decisions, const PixelNorm& norm, float* out,
+                                      int32_t* labels_out) override;
   absl::Status Normalize(int count, int64_t sample_elems, const float* x, const PixelNorm& norm,
                          float* out) override;
 

@@ -1,5 +1,8 @@
-// CpuBackend's batch gathering: uint8 samples to normalised floats.
+// CpuBackend's batch gathering: uint8 samples to normalised floats, with crop and flip for
+// augmented training batches.
 #include <omp.h>
+
+#include <algorithm>
 
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
@@ -47,6 +50,55 @@ absl::Status CpuBackend::GatherNormalizeF32(int count, int64_t sample_elems, con
       const int64_t first = c * f.plane;
 #pragma omp simd
       for (int64_t j = first; j < first + f.plane; ++j) dst[j] = src[j] * a + b;
+    }
+  }
+  if (labels_out != nullptr) {
+    for (int i = 0; i < count; ++i) labels_out[i] = labels[index[i]];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GatherAugmentNormalize(int count, const AugmentGeometry& g,
+                                                const int32_t* index, const uint8_t* pixels,
+                                                const int32_t* labels, const CropFlip* decisions,
+                                                const PixelNorm& norm, float* out,
+                                                int32_t* labels_out) {
+  KILN_RETURN_IF_ERROR(CheckAugmentGeometry(g, norm.channels()));
+  const int64_t elems = g.sample_elems();
+  KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, elems));
+  const int64_t plane = int64_t{g.height} * g.width;
+  const int w = g.width;
+#pragma omp parallel for num_threads(threads_) if (count * elems > kParallelMin)
+  for (int i = 0; i < count; ++i) {
+    const uint8_t* src = pixels + static_cast<int64_t>(index[i]) * elems;
+    float* dst = out + static_cast<int64_t>(i) * elems;
+    const CropFlip d = decisions[i];
+    const bool flip = d.flip != 0;
+    // Output column x reads source column first + x, or first - x when mirrored; the columns
+    // [lo, hi) of a row read the image, the rest padding.
+    const int first = flip ? w - 1 + d.dx - g.padding : d.dx - g.padding;
+    const int lo = std::clamp(flip ? first - (w - 1) : -first, 0, w);
+    const int hi = std::clamp(flip ? first + 1 : w - first, lo, w);
+    for (int c = 0; c < g.channels; ++c) {
+      const int k = static_cast<int>(c * plane / f.plane);  // the normalisation's channel
+      const float a = f.a[k], b = f.b[k];
+      for (int y = 0; y < g.height; ++y) {
+        float* row = dst + c * plane + int64_t{y} * w;
+        const int sy = y + d.dy - g.padding;
+        if (sy < 0 || sy >= g.height) {
+          std::fill(row, row + w, b);  // b = norm(0): a padded row
+          continue;
+        }
+        const uint8_t* in = src + c * plane + int64_t{sy} * w;
+        std::fill(row, row + lo, b);
+        if (flip) {
+          for (int x = lo; x < hi; ++x) row[x] = static_cast<float>(in[first - x]) * a + b;
+        } else {
+#pragma omp simd
+          for (int x = lo; x < hi; ++x) row[x] = static_cast<float>(in[first + x]) * a + b;
+        }
+        std::fill(row + hi, row + w, b);
+      }
     }
   }
   if (labels_out != nullptr) {

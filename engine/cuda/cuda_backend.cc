@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -598,6 +599,24 @@ absl::Status CudaBackend::GatherNormalizeF32(int count, int64_t sample_elems, co
   KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
   KILN_CUDA_CHECK(ck::gather_normalize_f32(stream_, count, sample_elems, index, features, labels, k,
                                            out, labels_out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GatherAugmentNormalize(int count, const AugmentGeometry& g,
+                                                 const int32_t* index, const uint8_t* pixels,
+                                                 const int32_t* labels, const CropFlip* decisions,
+                                                 const PixelNorm& norm, float* out,
+                                                 int32_t* labels_out) {
+  static_assert(sizeof(ck::CropFlipDecision) == sizeof(CropFlip) &&
+                offsetof(ck::CropFlipDecision, dx) == offsetof(CropFlip, dx) &&
+                offsetof(ck::CropFlipDecision, flip) == offsetof(CropFlip, flip));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_RETURN_IF_ERROR(CheckAugmentGeometry(g, norm.channels()));
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, g.sample_elems()));
+  const ck::AugmentShape shape{g.channels, g.height, g.width, g.padding};
+  KILN_CUDA_CHECK(ck::gather_augment_normalize(
+      stream_, count, shape, index, pixels, labels,
+      reinterpret_cast<const ck::CropFlipDecision*>(decisions), k, out, labels_out));
   return absl::OkStatus();
 }
 

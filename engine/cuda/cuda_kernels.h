@@ -117,6 +117,21 @@ cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elem
 cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_elems,
                                  const int32_t* index, const float* features, const int32_t* labels,
                                  const NormFold& norm, float* out, int32_t* labels_out);
+// Crop-and-flip augmentation (CudaBackend::GatherAugmentNormalize, engine/backend.h): images of
+// channels x height x width, cropped from the image padded by `padding` zeros on each side.
+struct AugmentShape {
+  int channels, height, width, padding;
+};
+// One sample's crop corner in the padded image and its flip, as engine/backend.h's CropFlip.
+struct CropFlipDecision {
+  int32_t dy, dx, flip;
+};
+// out(count, C*H*W) = norm(padded pixels[index[i]] cropped at decisions[i], mirrored when its
+// flip is set); a padded pixel is norm(0). labels_out[i] = labels[index[i]] when not null.
+cudaError_t gather_augment_normalize(cudaStream_t stream, int count, const AugmentShape& shape,
+                                     const int32_t* index, const uint8_t* pixels,
+                                     const int32_t* labels, const CropFlipDecision* decisions,
+                                     const NormFold& norm, float* out, int32_t* labels_out);
 // out(n) = x * a[c] + b[c] over whole samples (n a multiple of channels * plane); out may be x.
 cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, const NormFold& norm,
                       float* out);

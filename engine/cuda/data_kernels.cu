@@ -56,6 +56,39 @@ __global__ void gather_normalize_f32_kernel(int64_t sample_elems, const int32_t*
   }
 }
 
+// grid.y = sample, grid.x * blockDim.x covers the sample's C*H*W outputs: output (c, y, x) reads
+// padded pixel (y + dy, dx + (flip ? W - 1 - x : x)), i.e. source (that - padding), or 0 outside.
+// Positions within a sample are 32-bit (CheckAugmentGeometry bounds C*H*W): 64-bit division is
+// several times slower on the GPU.
+__global__ void gather_augment_normalize_kernel(AugmentShape s, const int32_t* index,
+                                                const uint8_t* pixels, const int32_t* labels,
+                                                const CropFlipDecision* decisions,
+                                                const NormFold norm, float* out,
+                                                int32_t* labels_out) {
+  const int sample = blockIdx.y;
+  const int64_t src_row = index[sample];
+  if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    labels_out[sample] = labels[src_row];
+  }
+  const CropFlipDecision d = decisions[sample];
+  const int plane = s.height * s.width;
+  const int elems = plane * s.channels;
+  const int norm_plane = static_cast<int>(norm.plane);  // plane or elems: 1 or C channels
+  const uint8_t* src = pixels + src_row * elems;
+  float* dst = out + static_cast<int64_t>(sample) * elems;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < elems; j += gridDim.x * blockDim.x) {
+    const int c = j / plane;
+    const int y = (j - c * plane) / s.width;
+    const int x = j - c * plane - y * s.width;
+    const int sy = y + d.dy - s.padding;
+    const int sx = (d.flip != 0 ? s.width - 1 - x : x) + d.dx - s.padding;
+    const bool inside = sy >= 0 && sy < s.height && sx >= 0 && sx < s.width;
+    const float v = inside ? static_cast<float>(src[c * plane + sy * s.width + sx]) : 0.0f;
+    const int k = j / norm_plane;  // the normalisation's channel
+    dst[j] = v * norm.a[k] + norm.b[k];
+  }
+}
+
 __global__ void normalize_kernel(int64_t n, const float* x, const NormFold norm, float* out) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int c = static_cast<int>((i / norm.plane) % norm.channels);
@@ -97,6 +130,28 @@ cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elem
       gather_normalize_kernel<1><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
                                                                 labels, norm, dst, lab);
     }
+    const cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) return rc;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t gather_augment_normalize(cudaStream_t stream, int count, const AugmentShape& shape,
+                                     const int32_t* index, const uint8_t* pixels,
+                                     const int32_t* labels, const CropFlipDecision* decisions,
+                                     const NormFold& norm, float* out, int32_t* labels_out) {
+  if (count <= 0 || norm.plane <= 0) return cudaSuccess;
+  constexpr int kMaxSamplesPerLaunch = 65535;  // grid.y's limit
+  const int64_t elems = static_cast<int64_t>(shape.channels) * shape.height * shape.width;
+  const int64_t blocks = (elems + kThreads - 1) / kThreads;
+  const unsigned blocks_x = static_cast<unsigned>(blocks < 1 ? 1 : blocks < 64 ? blocks : 64);
+  for (int first = 0; first < count; first += kMaxSamplesPerLaunch) {
+    const int n = count - first < kMaxSamplesPerLaunch ? count - first : kMaxSamplesPerLaunch;
+    const dim3 grid(blocks_x, static_cast<unsigned>(n));
+    gather_augment_normalize_kernel<<<grid, kThreads, 0, stream>>>(
+        shape, index + first, pixels, labels, decisions + first, norm,
+        out + static_cast<int64_t>(first) * elems,
+        labels_out != nullptr ? labels_out + first : nullptr);
     const cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return rc;
   }

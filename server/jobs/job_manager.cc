@@ -17,6 +17,7 @@
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
+#include "engine/data/augment.h"
 #include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
@@ -247,6 +248,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                         absl::StrCat(culprit == ModelPart::kInputShape ? "spec.model.input_shape: "
                                                                        : "spec.model: ",
                                      fit.message()));
+  }
+  if (config.augment.enabled()) {
+    absl::StatusOr<AugmentGeometry> images =
+        AugmentImageGeometry(config.augment, info->sample_shape,
+                             info->format == DatasetFormat::kCsv, config.norm.channels());
+    if (!images.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.augment: dataset \"", spec.dataset(),
+                                                     "\": ", images.status().message()));
+    }
   }
   if (absl::Status batches =
           CheckBatchNormBatches(config.model, config.batch_size, info->train_samples);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "engine/data/augment.h"
 #include "engine/model.h"
 #include "engine/model_graph.h"
 #include "engine/reference_configs.h"
@@ -433,6 +434,11 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   if (config.label_smoothing > 0 && config.loss != LossKind::kCrossEntropy) {
     return Invalid("spec.label_smoothing", "applies to LOSS_KIND_CROSS_ENTROPY only");
   }
+  // Whether the dataset holds images the padding fits is checked at Submit, which knows it.
+  config.augment.random_crop_padding = spec.augment().random_crop_padding();
+  config.augment.horizontal_flip = spec.augment().horizontal_flip();
+  KILN_RETURN_IF_ERROR(InRange("spec.augment.random_crop_padding",
+                               config.augment.random_crop_padding, 0, kMaxCropPadding));
   if (config.schedule.kind == LrScheduleConfig::Kind::kOneCycle && config.schedule.cycle_momentum &&
       config.optimizer.kind == OptimizerConfig::Kind::kSgd && config.optimizer.momentum <= 0) {
     return Invalid("spec.schedule.cycle_momentum",

@@ -69,6 +69,19 @@ TEST(SpecFileTest, ParsesJsonAndTextAndNamesTheFileOnErrors) {
   EXPECT_FALSE(ParseSpecJson(R"({"no_such_field": 1})", "c.json").ok());
 }
 
+// The README's augmentation snippet, as a spec file gives it, and its camelCase JSON name.
+TEST(SpecFileTest, JsonSpecsTakeTheAugmentField) {
+  for (
+      const char* text :
+      {R"({"preset": "mnist-cnn", "augment": {"random_crop_padding": 4, "horizontal_flip": true}})",
+       R"({"preset": "mnist-cnn", "augment": {"randomCropPadding": 4, "horizontalFlip": true}})"}) {
+    auto spec = ParseSpecJson(text, "a.json");
+    ASSERT_OK(spec) << spec.status();
+    EXPECT_EQ(spec->augment().random_crop_padding(), 4);
+    EXPECT_TRUE(spec->augment().horizontal_flip());
+  }
+}
+
 TEST(SpecFileTest, OverridesFillDefaultsAndSpellOutThePresetOptimizerForLr) {
   v1::JobSpec spec;
   SpecOverrides o;

@@ -155,6 +155,30 @@ TEST_P(BackendEdgeCases, PerChannelNormalisationUsesEachChannelsMeanAndStd) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The augmenting gather refuses images that are not whole (an empty side, a negative padding),
+// beyond the 32-bit positions the CUDA kernel indexes with, and a normalisation whose channels are
+// neither one nor the images' (CheckAugmentGeometry).
+TEST_P(BackendEdgeCases, AugmentedGatherOfABadGeometryOrNormalisationIsInvalidArgument) {
+  Tensor px = Make(DType::kU8, {1, 12}), idx = Make(DType::kI32, {1}), dec = Make(DType::kI32, {3}),
+         out = Make(DType::kF32, {1, 12});
+  const CropFlip* d = reinterpret_cast<const CropFlip*>(dec.i32());
+  for (const AugmentGeometry& g :
+       {AugmentGeometry{1, 0, 4, 0}, AugmentGeometry{1, 3, 4, -1}, AugmentGeometry{0, 3, 4, 0},
+        AugmentGeometry{1, 1 << 20, 1 << 20, 0}, AugmentGeometry{1, 3, 4, 1 << 30}}) {
+    const absl::Status s = backend_->GatherAugmentNormalize(1, g, idx.i32(), px.u8(), nullptr, d,
+                                                            PixelNorm(), out.f32(), nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  PixelNorm two;
+  two.channel_mean = {0, 0};
+  two.channel_std = {1, 1};
+  const absl::Status s = backend_->GatherAugmentNormalize(1, {3, 2, 2, 0}, idx.i32(), px.u8(),
+                                                          nullptr, d, two, out.f32(), nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("2 channels but the images have 3"), std::string::npos) << s;
+  EXPECT_OK(backend_->Synchronize());
+}
+
 // A convolution whose scratch cannot be had (here im2col columns of 4097^2 x 2^20 floats, 70 TB)
 // is an error naming the workspace, never an exception: a job fails, the daemon stays up. The
 // CPU's alone: cuDNN keeps its workspace within a fixed limit, picking algorithms to fit. More

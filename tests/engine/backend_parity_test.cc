@@ -883,6 +883,50 @@ TEST_P(OpParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {
   }
 }
 
+// Training augmentation's gather: random crop offsets in [0, 2P] (and some beyond, which must
+// read only padding) with random flips, on CIFAR-, MNIST- and odd-shaped images, with scalar and
+// per-channel normalisation; the padding and every moved pixel as the CPU has them.
+TEST_P(OpParity, GatherAugmentNormalizeMatchesForEveryCropAndFlip) {
+  struct Case {
+    AugmentGeometry g;
+    int count;
+    bool per_channel;
+  };
+  for (const Case& c : {Case{{3, 32, 32, 4}, 128, true}, Case{{1, 28, 28, 2}, 64, false},
+                        Case{{2, 5, 3, 1}, 300, false}, Case{{3, 7, 9, 0}, 5, true}}) {
+    const AugmentGeometry& g = c.g;
+    SCOPED_TRACE(::testing::Message() << c.count << " x " << g.channels << "x" << g.height << "x"
+                                      << g.width << " padding " << g.padding);
+    const int64_t elems = g.sample_elems();
+    const int dataset = 97;
+    std::mt19937 gen(45);
+    std::vector<uint8_t> pixels(dataset * elems);
+    for (auto& p : pixels) p = static_cast<uint8_t>(gen() & 0xff);
+    std::vector<int32_t> decisions;
+    for (int i = 0; i < c.count; ++i) {
+      const int span = 2 * g.padding + 1 + (i % 7 == 0 ? 4 : 0);  // a few past the padding
+      decisions.push_back(static_cast<int32_t>(gen() % span));
+      decisions.push_back(static_cast<int32_t>(gen() % span));
+      decisions.push_back(static_cast<int32_t>(gen() & 1));
+    }
+    Both px = UploadU8(pixels), idx = UploadI32(RandomLabels(c.count, dataset, 46));
+    Both labels = UploadI32(RandomLabels(dataset, 10, 47)), dec = UploadI32(decisions);
+    Both out = Garbage(c.count * elems), labels_out = UploadI32(std::vector<int32_t>(c.count, -1));
+    PixelNorm norm(1.0f / 255, 0.1307f, 0.3081f);
+    if (c.per_channel) {
+      norm.channel_mean = {0.4914f, 0.4822f, 0.4465f};  // CIFAR-10's
+      norm.channel_std = {0.2470f, 0.2435f, 0.2616f};
+    }
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.GatherAugmentNormalize(c.count, g, idx.i(s), px.u(s), labels.i(s),
+                                       reinterpret_cast<const CropFlip*>(dec.i(s)), norm, out.f(s),
+                                       labels_out.i(s));
+    }));
+    ExpectClose(out, "pixels");
+    ExpectSameI32(labels_out, "labels");
+  }
+}
+
 TEST_P(OpParity, NormalizeMatchesInPlaceAndIntoAnotherBuffer) {
   // Serving's FP32 inputs: pixels / 255 normalised with a 255 times larger scale.
   PixelNorm norm;
@@ -1323,7 +1367,8 @@ TEST_P(OpParity, BatchNormModelStepAndEvaluationMatch) {
 }
 
 // cuDNN's batch-norm passes are deterministic: a second backend trains the same bits, running
-// statistics included (what a resumed job relies on).
+// statistics included (what a resumed job relies on); with training augmentation too (crop and
+// flip gathered on the device from decisions drawn on the host).
 TEST_P(OpParity, BatchNormTrainingRepeatsBitForBit) {
   auto first = CreateFloat32Backend(GetParam());
   auto second = CreateFloat32Backend(GetParam());
@@ -1331,28 +1376,32 @@ TEST_P(OpParity, BatchNormTrainingRepeatsBitForBit) {
   ASSERT_OK(second);
   Backend* runs[2] = {first->get(), second->get()};
   const Dataset data = RandomImages(10 * 32, 92);
-  std::vector<std::vector<float>> state[2];
-  for (int run = 0; run < 2; ++run) {
-    TrainConfig c;
-    c.model = BatchNormCnn();
-    c.optimizer.kind = OptimizerConfig::Kind::kSgd;
-    c.optimizer.lr = 0.01f;
-    c.optimizer.momentum = 0.9f;
-    c.batch_size = 32;
-    c.seed = 5;
-    auto t = Trainer::Create(c, runs[run], &data, nullptr);
-    ASSERT_OK(t) << t.status();
-    ASSERT_OK((*t)->Run({}));
-    state[run] = Weights(*runs[run], **t);
-    for (const NamedBuffer& b : (*t)->model().buffers()) {
-      if (b.buffer->kind == BufferKind::kF32) {
-        state[run].push_back(testing::ToHost(*runs[run], b.buffer->value));
+  for (bool augment : {false, true}) {
+    SCOPED_TRACE(augment ? "augmented" : "not augmented");
+    std::vector<std::vector<float>> state[2];
+    for (int run = 0; run < 2; ++run) {
+      TrainConfig c;
+      c.model = BatchNormCnn();
+      c.optimizer.kind = OptimizerConfig::Kind::kSgd;
+      c.optimizer.lr = 0.01f;
+      c.optimizer.momentum = 0.9f;
+      c.batch_size = 32;
+      c.seed = 5;
+      if (augment) c.augment = {4, true};
+      auto t = Trainer::Create(c, runs[run], &data, nullptr);
+      ASSERT_OK(t) << t.status();
+      ASSERT_OK((*t)->Run({}));
+      state[run] = Weights(*runs[run], **t);
+      for (const NamedBuffer& b : (*t)->model().buffers()) {
+        if (b.buffer->kind == BufferKind::kF32) {
+          state[run].push_back(testing::ToHost(*runs[run], b.buffer->value));
+        }
       }
     }
-  }
-  ASSERT_EQ(state[0].size(), state[1].size());
-  for (size_t i = 0; i < state[0].size(); ++i) {
-    EXPECT_TRUE(SameBits(state[0][i], state[1][i])) << "tensor " << i;
+    ASSERT_EQ(state[0].size(), state[1].size());
+    for (size_t i = 0; i < state[0].size(); ++i) {
+      EXPECT_TRUE(SameBits(state[0][i], state[1][i])) << "tensor " << i;
+    }
   }
 }
 

@@ -50,6 +50,21 @@ TEST(MemoryPlan, TheReferenceMlpCountsItsParametersStateActivationsAndData) {
   EXPECT_LT(plan->total_bytes(), int64_t{1} << 30);
 }
 
+// Augmented training keeps an epoch's crop-and-flip decisions, 12 bytes a training sample, on
+// the host and on the device; without augmentation there are none.
+TEST(MemoryPlan, AugmentationCountsAnEpochsDecisions) {
+  TrainConfig c = MnistCnnReference();
+  auto plain = PlanTrainingMemory(c, 60000, 10000, {DeviceKind::kCuda, 1});
+  ASSERT_OK(plain);
+  EXPECT_EQ(Find(*plain, -1, "augmentation decisions"), nullptr);
+  c.augment.random_crop_padding = 2;
+  auto augmented = PlanTrainingMemory(c, 60000, 10000, {DeviceKind::kCuda, 1});
+  ASSERT_OK(augmented);
+  ASSERT_NE(Find(*augmented, -1, "augmentation decisions"), nullptr);
+  EXPECT_EQ(Find(*augmented, -1, "augmentation decisions")->bytes, 2 * 60000 * 12);
+  EXPECT_EQ(augmented->total_bytes(), plain->total_bytes() + 2 * 60000 * 12);
+}
+
 TEST(MemoryPlan, BatchNormCountsItsStatisticsAndParameters) {
   TrainConfig c;
   c.model.input_shape = {3, 8, 8};

@@ -105,6 +105,14 @@ TrainConfig SmallResNet(int epochs) {
   return c;
 }
 
+// `c` with the CIFAR recipe's augmentation, scaled to 8x8 images: random crop with padding 2 and
+// horizontal flips.
+TrainConfig Augmented(TrainConfig c) {
+  c.augment.random_crop_padding = 2;
+  c.augment.horizontal_flip = true;
+  return c;
+}
+
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -186,8 +194,8 @@ TEST_F(TrainerTest, SameSeedSameResult) {
 
 // Two epochs straight equal one epoch, save, load into a fresh trainer, one more epoch.
 TEST_F(TrainerTest, ResumeBetweenEpochsIsBitExact) {
-  for (const TrainConfig& config :
-       {SmallMlp(2), SmallCnn(2), SmallBatchNormCnn(2), SmallResNet(2)}) {
+  for (const TrainConfig& config : {SmallMlp(2), SmallCnn(2), SmallBatchNormCnn(2), SmallResNet(2),
+                                    Augmented(SmallMlp(2)), Augmented(SmallBatchNormCnn(2))}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
@@ -257,8 +265,8 @@ TEST_F(TrainerTest, OneCycleCyclingSgdMomentumNeedsMomentum) {
 }
 
 TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
-  for (const TrainConfig& config :
-       {SmallCnn(2), SmallBatchNormCnn(2), SmallMlpOneCycle(3), SmallResNet(2)}) {
+  for (const TrainConfig& config : {SmallCnn(2), SmallBatchNormCnn(2), SmallMlpOneCycle(3),
+                                    SmallResNet(2), Augmented(SmallBatchNormCnn(2))}) {
     auto straight = Make(config);
     std::vector<EpochEvent> straight_epochs;
     Trainer::Callbacks record;
@@ -290,6 +298,62 @@ TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
     EXPECT_EQ(resumed_epochs[0].train_loss, straight_epochs[1].train_loss);
     EXPECT_EQ(resumed_epochs.back().test.loss, straight_epochs.back().test.loss);
   }
+}
+
+// Augmentation moves the training batches' pixels, so the same seed trains other weights (and
+// the batch-norm statistics of other batches); evaluation never augments, so the same weights
+// score the same with or without it.
+TEST_F(TrainerTest, AugmentationChangesTrainingBatchesButNeverEvaluation) {
+  auto plain = Make(SmallBatchNormCnn(1));
+  auto augmented = Make(Augmented(SmallBatchNormCnn(1)));
+  ASSERT_OK(plain->Run({}));
+  ASSERT_OK(augmented->Run({}));
+  EXPECT_NE(Weights(*plain), Weights(*augmented));
+  EXPECT_NE(Buffers(*plain), Buffers(*augmented));
+
+  TempDir dir;
+  ASSERT_OK(plain->SaveCheckpoint(dir.file("plain.safetensors")));
+  auto reloaded = Make(Augmented(SmallBatchNormCnn(1)));
+  ASSERT_OK(reloaded->LoadCheckpoint(dir.file("plain.safetensors")));
+  auto a = plain->Evaluate(test_);
+  auto b = reloaded->Evaluate(test_);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  EXPECT_EQ(a->loss, b->loss);
+  EXPECT_EQ(a->accuracy, b->accuracy);
+  // Flips alone change training too.
+  TrainConfig flip_only = SmallBatchNormCnn(1);
+  flip_only.augment.horizontal_flip = true;
+  auto flipped = Make(flip_only);
+  ASSERT_OK(flipped->Run({}));
+  EXPECT_NE(Weights(*plain), Weights(*flipped));
+}
+
+// Crop and flip need images: a dataset of flat vectors or float features (a table), or a
+// padding larger than half the image, is refused when the trainer is made, naming `augment`.
+TEST_F(TrainerTest, AugmentationOfNonImagesOrWithTooMuchPaddingIsRefused) {
+  Dataset flat = train_;
+  flat.sample_shape = {64};
+  auto t = Trainer::Create(Augmented(SmallMlp(1)), backend_.get(), &flat, nullptr);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("augment: random crop and horizontal flip need images"),
+            std::string::npos)
+      << t.status();
+  Dataset table;
+  table.sample_shape = {64};
+  table.size = 200;
+  table.num_classes = 4;
+  table.labels = train_.labels;
+  table.features.assign(train_.pixels.begin(), train_.pixels.end());
+  t = Trainer::Create(Augmented(SmallMlp(1)), backend_.get(), &table, nullptr);
+  EXPECT_NE(t.status().message().find("table"), std::string::npos) << t.status();
+  EXPECT_OK(Trainer::Create(SmallMlp(1), backend_.get(), &table, nullptr));
+  TrainConfig wide = SmallMlp(1);
+  wide.augment.random_crop_padding = 5;
+  t = Trainer::Create(wide, backend_.get(), &train_, nullptr);
+  EXPECT_NE(t.status().message().find("augment: random_crop_padding must be in [0, 4]"),
+            std::string::npos)
+      << t.status();
 }
 
 // Batch normalisation learns the synthetic task too, and its running statistics move off their

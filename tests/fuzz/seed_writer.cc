@@ -177,6 +177,7 @@ constexpr const char* kJobSpecs[][2] = {
          layers { linear { in_features: 8 out_features: 10 } }
        }
        optimizer { kind: KIND_SGD lr: 0.1 momentum: 0.9 }
+       augment { random_crop_padding: 4 horizontal_flip: true }
      )pb"},
     {"custom-mlp", R"pb(
        dataset: "fashion"

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "engine/data/augment.h"
 #include "engine/model.h"
 #include "kiln/v1/model_spec.pb.h"
 #include "server/jobs/spec_translation.h"
@@ -51,6 +52,9 @@ void CheckAccepted(const TrainConfig& config, const server::SpecLimits& limits) 
                       std::isfinite(config.norm.std) && config.norm.std > 0,
                   "normalisation scale %g mean %g std %g accepted", config.norm.scale,
                   config.norm.mean, config.norm.std);
+  KILN_FUZZ_CHECK(config.augment.random_crop_padding >= 0 &&
+                      config.augment.random_crop_padding <= kMaxCropPadding,
+                  "crop padding %d accepted", config.augment.random_crop_padding);
 }
 
 }  // namespace

@@ -945,6 +945,46 @@ TEST_F(JobManagerTest, TestSplitLabelsBeyondTheModelsOutputsAreRefusedAtSubmissi
   EXPECT_EQ(JobCount(), 0u);
 }
 
+// Crop and flip need images the padding fits, which only the dataset tells: a padding over half
+// of the toy dataset's 28x28 images and augmentation of a CSV table are refused at submission,
+// naming spec.augment; crop and flip of the images train.
+TEST_F(JobManagerTest, AugmentIsCheckedAgainstTheDatasetAtSubmission) {
+  fs::create_directories(root_ + "/data/table");
+  std::ofstream table(root_ + "/data/table/train.csv");
+  table << "a,b,c,d,label\n";
+  for (int i = 0; i < 40; ++i) table << i << ",1,2,3," << i % 2 << "\n";
+  table.close();
+  StartManager(Options());
+
+  v1::JobSpec spec = SmallSpec("toy", 1);  // an MLP on 28x28 images
+  spec.mutable_augment()->set_random_crop_padding(15);
+  absl::StatusOr<v1::Job> refused = manager_->Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              StartsWith("spec.augment: dataset \"toy\": random_crop_padding must be in [0, 14] "
+                         "for 28x28 images"));
+
+  v1::JobSpec on_table = SmallSpec("table", 1);
+  v1::ModelSpec* m = on_table.mutable_model();
+  m->Clear();
+  m->add_input_shape(4);
+  m->add_layers()->mutable_linear()->set_in_features(4);
+  m->mutable_layers(0)->mutable_linear()->set_out_features(2);
+  on_table.mutable_augment()->set_horizontal_flip(true);
+  refused = manager_->Submit(on_table);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              StartsWith("spec.augment: dataset \"table\": random crop and horizontal flip need "
+                         "images, but the dataset holds float feature rows (a table)"));
+  EXPECT_EQ(JobCount(), 0u);
+
+  spec.mutable_augment()->set_random_crop_padding(4);
+  spec.mutable_augment()->set_horizontal_flip(true);
+  absl::StatusOr<v1::Job> submitted = manager_->Submit(spec);
+  ASSERT_OK(submitted) << submitted.status();
+  EXPECT_TRUE(WaitForState(submitted->id(), v1::JOB_STATE_SUCCEEDED));
+}
+
 // A batchnorm1d between the linears: a batch size that leaves a last batch of one sample is
 // refused at submission; a good one trains, and the final checkpoint carries the running
 // statistics, which a resumed model or a served one loads.

@@ -6,6 +6,8 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "engine/data/augment.h"
 #include "engine/model.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -155,6 +157,35 @@ TEST(SpecTranslationTest, OneCycleAndLabelSmoothingRejectWhatPyTorchWouldNotRun)
     auto config = TranslateSpec(spec, SpecLimits());
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
     EXPECT_NE(config.status().message().find(c.field), std::string::npos) << config.status();
+  }
+}
+
+// Augmentation is off unless asked for; its padding is range-checked here (whether the dataset
+// holds images it fits is Submit's check), and the JSON spec file takes it by its field names.
+TEST(SpecTranslationTest, AugmentTranslatesAndItsPaddingIsRangeChecked) {
+  v1::JobSpec spec = testing::SmallColourSpec("c10", 1);
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_FALSE(config->augment.enabled());
+
+  v1::JobSpec from_json;  // JSON parsing replaces the whole message
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  R"({"augment": {"random_crop_padding": 4, "horizontal_flip": true}})", &from_json)
+                  .ok());
+  spec.MergeFrom(from_json);
+  config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_EQ(config->augment.random_crop_padding, 4);
+  EXPECT_TRUE(config->augment.horizontal_flip);
+
+  for (int padding : {-1, kMaxCropPadding + 1}) {
+    spec.mutable_augment()->set_random_crop_padding(padding);
+    config = TranslateSpec(spec, SpecLimits());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(config.status().message()),
+                ::testing::HasSubstr(absl::StrCat("spec.augment.random_crop_padding: must be in "
+                                                  "[0, 64], got ",
+                                                  padding)));
   }
 }
 
