@@ -249,6 +249,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return store->SetModelDeployments(model, rows);
   };
   d->inference_ = std::make_unique<serving::InferenceService>(d->models_.get(), inference);
+  // Unset in ~Daemon, before models_ goes: /metrics is served until metrics_ goes.
+  metrics->SetInferenceQueueSource([models = d->models_.get()] {
+    std::vector<InferenceQueueDepth> depths;
+    for (const serving::VersionQueue& q : models->Queues()) {
+      depths.push_back({q.model, q.version, q.queued_requests});
+    }
+    return depths;
+  });
   d->follower_ = std::make_unique<serving::ModelFollower>(
       d->models_.get(), d->inference_.get(), d->models_->options().resolver,
       [log](const std::string& model, const std::string& source, const absl::Status& outcome) {
@@ -418,6 +426,7 @@ void Daemon::StoreWritable(bool writable) {
 
 Daemon::~Daemon() {
   if (server_ != nullptr) Shutdown(absl::InfiniteDuration()).IgnoreError();
+  if (metrics_ != nullptr) metrics_->SetInferenceQueueSource(nullptr);
 }
 
 }  // namespace kiln::server

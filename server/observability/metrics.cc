@@ -1,5 +1,6 @@
 #include "server/observability/metrics.h"
 
+#include <dirent.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -7,15 +8,20 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "engine/trainer.h"
 #include "server/jobs/job_vocabulary.h"
 
@@ -91,6 +97,65 @@ std::string ModelLabel(const v1::JobSpec& spec) {
   return spec.preset().empty() ? "custom" : spec.preset();
 }
 
+namespace {
+
+std::string ReadWholeFile(const char* path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The boot time (Unix seconds) from /proc/stat's btime line; 0 when absent.
+int64_t BootTimeSeconds() {
+  for (absl::string_view line : absl::StrSplit(ReadWholeFile("/proc/stat"), '\n')) {
+    int64_t btime = 0;
+    if (absl::ConsumePrefix(&line, "btime ") && absl::SimpleAtoi(line, &btime)) return btime;
+  }
+  return 0;
+}
+
+// Descriptors in /proc/self/fd, less the one reading it.
+int64_t OpenDescriptors() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  const std::string own = std::to_string(dirfd(dir));
+  int64_t n = 0;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.' && own != e->d_name) ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+}  // namespace
+
+ProcessStats ReadProcessStats() {
+  ProcessStats p;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const std::string stat = ReadWholeFile("/proc/self/stat");
+  // Field 2, the command, is in parentheses and may hold spaces and parentheses itself: the
+  // fields after the last ')' start at field 3.
+  if (const size_t close = stat.rfind(')'); close != std::string::npos && ticks > 0) {
+    const std::vector<std::string> fields =
+        absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
+    auto field = [&](size_t n) {  // proc(5)'s 1-based field number
+      int64_t v = 0;
+      return n - 3 < fields.size() && absl::SimpleAtoi(fields[n - 3], &v) ? v : 0;
+    };
+    p.cpu_seconds = static_cast<double>(field(14) + field(15)) / ticks;  // utime + stime
+    if (const int64_t boot = BootTimeSeconds(); boot > 0) {
+      p.start_time_seconds = static_cast<double>(boot) + static_cast<double>(field(22)) / ticks;
+    }
+    p.virtual_bytes = field(23);
+    p.resident_bytes = field(24) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  }
+  p.open_fds = OpenDescriptors();
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    p.max_fds = static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, INT64_MAX));  // unlimited
+  }
+  return p;
+}
+
 // Device memory is read at scrape time rather than polled.
 class Metrics::DeviceCollector : public prometheus::Collectable {
  public:
@@ -121,9 +186,44 @@ class Metrics::DeviceCollector : public prometheus::Collectable {
   std::function<std::vector<DeviceMemory>()> source_;
 };
 
+// The process_* families of Prometheus's client libraries, same names, types and units, so
+// dashboards made for any exporter work; read from /proc at scrape time.
+class Metrics::ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    const ProcessStats p = ReadProcessStats();
+    auto family = [](const char* name, const char* help, prometheus::MetricType type,
+                     double value) {
+      prometheus::ClientMetric m;
+      if (type == prometheus::MetricType::Counter) {
+        m.counter.value = value;
+      } else {
+        m.gauge.value = value;
+      }
+      return prometheus::MetricFamily{name, help, type, {m}};
+    };
+    using prometheus::MetricType;
+    return {
+        family("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+               MetricType::Counter, p.cpu_seconds),
+        family("process_resident_memory_bytes", "Resident memory size in bytes.", MetricType::Gauge,
+               static_cast<double>(p.resident_bytes)),
+        family("process_virtual_memory_bytes", "Virtual memory size in bytes.", MetricType::Gauge,
+               static_cast<double>(p.virtual_bytes)),
+        family("process_start_time_seconds",
+               "Start time of the process since unix epoch in seconds.", MetricType::Gauge,
+               p.start_time_seconds),
+        family("process_open_fds", "Number of open file descriptors.", MetricType::Gauge,
+               static_cast<double>(p.open_fds)),
+        family("process_max_fds", "Maximum number of open file descriptors.", MetricType::Gauge,
+               static_cast<double>(p.max_fds)),
+    };
+  }
+};
+
 // The series of one job. Pointers are owned by their families; `removers` takes them out.
 struct Metrics::JobSeries {
-  Labels labels;  // job, model
+  Labels labels;  // job_id, model
   std::vector<std::function<void()>> removers;
   std::optional<absl::Time> expires;  // set once the job ended
 
@@ -160,6 +260,7 @@ Metrics::Metrics(MetricsOptions options)
   auto source = options_.device_memory;
   if (!source) source = [] { return std::vector<DeviceMemory>{CpuMemory()}; };
   devices_ = std::make_shared<DeviceCollector>(std::move(source));
+  process_ = std::make_shared<ProcessCollector>();
   prometheus::Registry& r = *registry_;
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
@@ -274,7 +375,31 @@ absl::Status Metrics::Serve(const std::string& listen) {
 std::string Metrics::Scrape() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   for (prometheus::MetricFamily& f : devices_->Collect()) families.push_back(std::move(f));
+  for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
+  // Read, not kept: a version's series goes with it, and requests pay nothing for the gauge.
+  prometheus::MetricFamily queue{"kiln_inference_queue_depth",
+                                 "Inference requests waiting for a batch now, by model and "
+                                 "version.",
+                                 prometheus::MetricType::Gauge,
+                                 {}};
+  {
+    std::lock_guard<std::mutex> lock(queue_source_mu_);
+    if (queue_source_) {
+      for (const InferenceQueueDepth& q : queue_source_()) {
+        prometheus::ClientMetric m;
+        m.label = {{"model", q.model}, {"version", q.version}};
+        m.gauge.value = static_cast<double>(q.requests);
+        queue.metric.push_back(std::move(m));
+      }
+    }
+  }
+  families.push_back(std::move(queue));
   return prometheus::TextSerializer().Serialize(families);
+}
+
+void Metrics::SetInferenceQueueSource(std::function<std::vector<InferenceQueueDepth>()> source) {
+  std::lock_guard<std::mutex> lock(queue_source_mu_);
+  queue_source_ = std::move(source);
 }
 
 void Metrics::JobSubmitted() { job_submissions_->Add({}).Increment(); }
@@ -304,7 +429,7 @@ void Metrics::TrainingStarted(const std::string& job_id, const std::string& mode
   std::unique_ptr<JobSeries>& s = jobs_series_[job_id];
   if (s == nullptr) {
     s = std::make_unique<JobSeries>();
-    s->labels = {{"job", job_id}, {"model", model}};
+    s->labels = {{kJobIdLabel, job_id}, {"model", model}};
   }
   s->expires.reset();
   s->Get(s->target_epochs, target_epochs_)->Set(target_epochs);

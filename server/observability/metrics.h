@@ -49,6 +49,28 @@ DeviceMemory CpuMemory();
 // The `model` label of a job's series: its preset, or "custom".
 std::string ModelLabel(const v1::JobSpec& spec);
 
+// The label that carries the kiln job id on per-job series. Not `job`: Prometheus sets that to
+// the scrape job's name and would rename ours to exported_job.
+inline constexpr char kJobIdLabel[] = "job_id";
+
+// This process as Prometheus's standard process collector reports it (from /proc/self).
+struct ProcessStats {
+  double cpu_seconds = 0;         // user + system
+  int64_t resident_bytes = 0;     // resident set
+  int64_t virtual_bytes = 0;      // address space
+  double start_time_seconds = 0;  // Unix time
+  int64_t open_fds = 0;           // descriptors open now
+  int64_t max_fds = 0;            // the soft RLIMIT_NOFILE
+};
+// Reads them now; a field /proc does not give stays 0.
+ProcessStats ReadProcessStats();
+
+// Requests waiting in one served version's batcher at scrape time.
+struct InferenceQueueDepth {
+  std::string model, version;
+  int64_t requests = 0;
+};
+
 struct MetricsOptions {
   // Job-labelled series are removed this long after their job ends,
   absl::Duration job_retention = absl::Minutes(10);
@@ -83,7 +105,7 @@ class Metrics {
   void JobStateChanged(const std::string& job_id, v1::JobState from, v1::JobState to);
 
   // --- training, per job ----------------------------------------------------------------------
-  // A run of the job begins: its series (labels job, model) exist from now on.
+  // A run of the job begins: its series (labels job_id, model) exist from now on.
   void TrainingStarted(const std::string& job_id, const std::string& model, int target_epochs);
   // One optimizer step of `samples` samples took `step_seconds`.
   void TrainingStep(const std::string& job_id, const StepEvent& step, int64_t samples,
@@ -94,6 +116,10 @@ class Metrics {
                          int64_t bytes);
 
   // --- inference (for the serving front end) --------------------------------------------------
+  // Queried at every scrape for kiln_inference_queue_depth (one series per entry, so a version
+  // no longer listed has none); null: the family is empty. Whatever `source` reads must outlive
+  // it: set it back to null before that goes.
+  void SetInferenceQueueSource(std::function<std::vector<InferenceQueueDepth>()> source);
   // One ModelInfer request: its outcome, total latency, time spent queued for a batch, and the
   // size of the batch it ran in.
   void RecordInference(const std::string& model, const std::string& version, absl::StatusCode code,
@@ -128,6 +154,7 @@ class Metrics {
  private:
   struct JobSeries;
   class DeviceCollector;
+  class ProcessCollector;
 
   JobSeries* FindJobLocked(const std::string& job_id);
   void RemoveJobLocked(JobSeries& series);
@@ -136,6 +163,7 @@ class Metrics {
   const MetricsOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<DeviceCollector> devices_;
+  std::shared_ptr<ProcessCollector> process_;
   std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
 
@@ -181,6 +209,9 @@ class Metrics {
   std::map<std::string, std::unique_ptr<JobSeries>> jobs_series_;  // guarded by mu_
   std::set<std::string> grpc_methods_;                             // guarded by mu_
   std::set<std::string> inference_models_;                         // guarded by mu_
+  // Apart from mu_, so a scrape reading the queues never holds up the per-request updates.
+  mutable std::mutex queue_source_mu_;
+  std::function<std::vector<InferenceQueueDepth>()> queue_source_;  // guarded by queue_source_mu_
   std::thread reaper_;
 };
 

@@ -121,6 +121,7 @@ absl::Status DynamicBatcher::Run(const PixelInput& input, const OutputBuffers& o
     }
     tail_ = &p;
     queued_samples_ += input.samples;
+    queued_requests_.fetch_add(1, std::memory_order_relaxed);
   }
   if (wake) wake_.notify_one();
   while (p.state.load(std::memory_order_acquire) == kQueued) FutexWait(&p.state, kQueued);
@@ -177,6 +178,7 @@ void DynamicBatcher::Work() {
       if (p->staged < p->input.samples) break;
       head_ = p->next;
       if (head_ == nullptr) tail_ = nullptr;
+      queued_requests_.fetch_sub(1, std::memory_order_relaxed);
     }
     running_ = true;
     lock.unlock();
@@ -249,6 +251,7 @@ void DynamicBatcher::RunBatch() {
         queued_samples_ -= last->input.samples - last->staged;
         head_ = last->next;
         if (head_ == nullptr) tail_ = nullptr;
+        queued_requests_.fetch_sub(1, std::memory_order_relaxed);
       }
     }
     for (int i = 0; i < num_segments_; ++i) Complete(segments_[i].request, failed);

@@ -72,6 +72,9 @@ class DynamicBatcher {
 
   const BatchingOptions& options() const { return options_; }
   Stats stats() const;
+  // Requests waiting for a batch now: queued with samples not yet in a running batch (a request
+  // its caller runs, or one whose last samples are running, is not waiting). Lock-free.
+  int64_t queued_requests() const { return queued_requests_.load(std::memory_order_relaxed); }
 
  private:
   // One caller's request, on the caller's stack while it waits.
@@ -119,6 +122,8 @@ class DynamicBatcher {
   Pending* head_ = nullptr;  // FIFO of requests with samples not yet staged
   Pending* tail_ = nullptr;
   int64_t queued_samples_ = 0;
+  // The requests of the FIFO above; written under mu_, read without it for metrics.
+  std::atomic<int64_t> queued_requests_{0};
   bool stopping_ = false;
   // A batch is running (on the worker or a caller); the session and the buffers below are its.
   bool running_ = false;

@@ -466,4 +466,15 @@ std::vector<ModelIndexEntry> ModelRepository::Index() const {
   return index;
 }
 
+std::vector<VersionQueue> ModelRepository::Queues() const {
+  std::vector<VersionQueue> queues;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, model] : models_) {
+    for (const auto& [n, v] : model.versions) {
+      queues.push_back({name, v->version(), v->batcher().queued_requests()});
+    }
+  }
+  return queues;
+}
+
 }  // namespace kiln::serving

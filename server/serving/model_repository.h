@@ -135,6 +135,12 @@ struct ModelIndexEntry {
   std::string reason;  // why UNAVAILABLE
 };
 
+// How many requests one loaded version's batcher holds waiting, for metrics.
+struct VersionQueue {
+  std::string model, version;
+  int64_t queued_requests = 0;
+};
+
 // Thread-safe throughout.
 class ModelRepository {
  public:
@@ -175,6 +181,10 @@ class ModelRepository {
   // Every loaded version (READY), every version marked unavailable and every unloaded model
   // (UNAVAILABLE, with the reason), by name.
   std::vector<ModelIndexEntry> Index() const;
+
+  // Every loaded version's waiting requests (DynamicBatcher::queued_requests), by name; a
+  // version that is unloaded, or replaced and still finishing its requests, is not listed.
+  std::vector<VersionQueue> Queues() const;
 
   const ModelRepositoryOptions& options() const { return options_; }
 

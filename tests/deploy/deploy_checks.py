@@ -5,6 +5,7 @@ file and what is missing or inconsistent; an empty list means the files have eve
 Nothing here builds an image, starts a container or talks to a cluster.
 """
 
+import json
 import os
 import re
 
@@ -16,6 +17,8 @@ DOCKERFILE = "Dockerfile"
 COMPOSE = "deploy/docker-compose.yml"
 COMPOSE_ENV = "deploy/.env"
 K8S = "deploy/k8s"
+PROMETHEUS_CONFIG = "deploy/prometheus/prometheus.yml"
+GRAFANA_DASHBOARDS = "deploy/grafana/dashboards"
 GRPC_HEALTH_SERVICES = ("", "kiln.v1.Training")  # the names kilnd's grpc.health.v1 answers for
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30  # kilnd's --shutdown_timeout default (server/main.cc)
 
@@ -497,11 +500,100 @@ def check_kubernetes(root):
                 if exposed.get(endpoint.get("port")) != metrics_port:
                     problems.append(f"{mon_where}: endpoint port {endpoint.get('port')} is not "
                                     f"the Service's metrics port")
-                if endpoint.get("honorLabels") is not True:
-                    problems.append(f"{mon_where}: honorLabels is not true (the per-job `job` "
-                                    f"label would become exported_job)")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Grafana dashboards
+
+# An expr that ends so, shows 0 rather than "no data" when what it counts has no series.
+ZERO_FALLBACK = re.compile(r"\bor\s+(on\s*\(\s*\)\s*)?vector\(\s*0\s*\)\s*$")
+JOB_MATCHER = re.compile(r'\bjob\s*(?:=~|!~|!=|=)\s*"([^"]*)"')
+GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
+LABEL_VALUES_JOB = re.compile(r"label_values\([^)]*,\s*job\s*\)")
+
+
+def datasource_refs(node, where):
+    """(where, value) of every "datasource" key in a dashboard, panels and targets included."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource":
+                yield where, value
+            else:
+                yield from datasource_refs(value, f"{where}.{key}" if where else key)
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            yield from datasource_refs(child, f"{where}[{i}]")
+
+
+def all_panels(panels):
+    """Every panel, those inside collapsed rows included."""
+    for panel in panels or []:
+        yield panel
+        yield from all_panels(panel.get("panels"))
+
+
+def scrape_jobs(root):
+    """The job names deploy/prometheus/prometheus.yml scrapes under."""
+    docs = load_yaml(root, PROMETHEUS_CONFIG)
+    return {job.get("job_name") for job in (docs[0] if docs else {}).get("scrape_configs") or []}
+
+
+def check_grafana(root):
+    problems = []
+    jobs = scrape_jobs(root)
+    for name in sorted(os.listdir(os.path.join(root, GRAFANA_DASHBOARDS))):
+        if not name.endswith(".json"):
+            continue
+        where = f"{GRAFANA_DASHBOARDS}/{name}"
+        try:
+            dashboard = json.loads(read(root, where))
+        except ValueError as e:
+            problems.append(f"{where}: not JSON ({e})")
+            continue
+        # The data source is a variable, so the dashboard works on any Grafana whatever its
+        # Prometheus data source's uid (an imported copy, kube-prometheus-stack's).
+        variables = (dashboard.get("templating") or {}).get("list") or []
+        ds_vars = [v.get("name") for v in variables
+                   if v.get("type") == "datasource" and v.get("query") == "prometheus"]
+        if not ds_vars:
+            problems.append(f"{where}: no data source variable (a templating variable of type "
+                            f"datasource, query prometheus)")
+        allowed = {f"${n}" for n in ds_vars} | {f"${{{n}}}" for n in ds_vars}
+        for ref, ds in datasource_refs(dashboard, ""):
+            if ds is None:  # rows; Grafana's default
+                continue
+            uid = ds.get("uid") if isinstance(ds, dict) else ds
+            if uid not in allowed:
+                problems.append(f"{where}: {ref} names data source {uid!r}, a fixed one, not "
+                                f"the data source variable")
+        for v in variables:
+            definition = json.dumps(v.get("query")) + str(v.get("definition", ""))
+            if v.get("type") == "query" and LABEL_VALUES_JOB.search(definition):
+                problems.append(f"{where}: variable {v.get('name')} lists `job` values: the "
+                                f"per-job label is job_id (job is the scrape job's)")
+        for panel in all_panels(dashboard.get("panels")):
+            title = panel.get("title", "")
+            for target in panel.get("targets") or []:
+                expr = target.get("expr", "")
+                at = f"{where}: panel {title!r} target {target.get('refId')}"
+                # `job` is the scrape job's (prometheus.yml); kilnd's per-job label is job_id.
+                for value in JOB_MATCHER.findall(expr):
+                    if value not in jobs:
+                        problems.append(f"{at} matches job=\"{value}\", which is no scrape job "
+                                        f"of {PROMETHEUS_CONFIG} {sorted(jobs)}: the per-job "
+                                        f"label is job_id")
+                for labels in GROUPING.findall(expr):
+                    if "job" in [label.strip() for label in labels.split(",")]:
+                        problems.append(f"{at} groups by `job`: the per-job label is job_id")
+                if "{{job}}" in target.get("legendFormat", ""):
+                    problems.append(f"{at} shows {{{{job}}}}: the per-job label is job_id")
+                if "error" in title.lower() and not ZERO_FALLBACK.search(expr):
+                    problems.append(f"{at} shows no data rather than 0 while there are no errors "
+                                    f"(end it with `or on () vector(0)`): {expr}")
     return problems
 
 
 def check_all(root):
-    return check_dockerfile(root) + check_compose(root) + check_kubernetes(root)
+    return (check_dockerfile(root) + check_compose(root) + check_kubernetes(root)
+            + check_grafana(root))

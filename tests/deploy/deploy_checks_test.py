@@ -5,6 +5,7 @@ one thing in a temporary copy of the deployment files and expects the problem to
 Run: python3 tests/deploy/deploy_checks_test.py [-v]   (exit 77: PyYAML is not installed)
 """
 
+import json
 import os
 import re
 import shutil
@@ -53,6 +54,18 @@ def yaml_edit(rel, change):
     return edit
 
 
+def json_edit(rel, change):
+    """An edit applying change(document) to one JSON file."""
+    def edit(root):
+        path = os.path.join(root, rel)
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        change(doc)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+    return edit
+
+
 def remove_file(rel):
     return lambda root: os.remove(os.path.join(root, rel))
 
@@ -68,10 +81,27 @@ def compose_service(name):
 DEPLOYMENT = "deploy/k8s/deployment.yaml"
 COMPOSE = "deploy/docker-compose.yml"
 KUSTOMIZATION = "deploy/k8s/kustomization.yaml"
+DASHBOARD = "deploy/grafana/dashboards/kiln.json"
 
 
 def without(key):
     return lambda d: d.pop(key)
+
+
+def panel(title):
+    """The dashboard panel with this title."""
+    def find(doc):
+        return next(p for p in doc["panels"] if p.get("title") == title)
+    return find
+
+
+def set_target(title, **fields):
+    return lambda d: panel(title)(d)["targets"][0].update(fields)
+
+
+def strip_zero_fallback(doc):
+    target = panel("Inference errors / s")(doc)["targets"][0]
+    target["expr"] = target["expr"].split(" or on ")[0]
 
 
 # (case, edits, expected problem text)
@@ -186,10 +216,31 @@ CASES = [
      [yaml_edit(KUSTOMIZATION, lambda d: d[0]["resources"].remove("servicemonitor.yaml")),
       remove_file("deploy/k8s/servicemonitor.yaml")],
      "no ServiceMonitor among the resources"),
-    ("k8s_servicemonitor_drops_job_label",
-     [yaml_edit("deploy/k8s/servicemonitor.yaml", lambda d: d[0]["spec"]["endpoints"][0].update(
-         honorLabels=False))],
-     "honorLabels is not true"),
+    # Grafana
+    ("grafana_fixed_datasource_uid",
+     [json_edit(DASHBOARD, set_target("Samples / s", datasource={"type": "prometheus",
+                                                                  "uid": "kiln-prometheus"}))],
+     "names data source 'kiln-prometheus', a fixed one"),
+    ("grafana_fixed_panel_datasource",
+     [json_edit(DASHBOARD, lambda d: panel("Learning rate")(d).update(datasource="Prometheus"))],
+     "names data source 'Prometheus', a fixed one"),
+    ("grafana_no_datasource_variable",
+     [json_edit(DASHBOARD, lambda d: d["templating"]["list"].pop(0))],
+     "no data source variable"),
+    ("grafana_error_panel_no_data", [json_edit(DASHBOARD, strip_zero_fallback)],
+     "shows no data rather than 0 while there are no errors"),
+    ("grafana_job_label_filter",
+     [json_edit(DASHBOARD, set_target("Learning rate",
+                                      expr='kiln_training_learning_rate{job=~"$job_id"}'))],
+     "the per-job label is job_id"),
+    ("grafana_job_label_grouping",
+     [json_edit(DASHBOARD, set_target("Checkpoints",
+                                      expr="sum by (job, kind) (kiln_checkpoints_total)"))],
+     "groups by `job`"),
+    ("grafana_job_variable",
+     [json_edit(DASHBOARD, lambda d: d["templating"]["list"][1].update(
+         definition="label_values(kiln_training_step, job)"))],
+     "variable job_id lists `job` values"),
     ("k8s_configmap_not_referenced",
      [yaml_edit(DEPLOYMENT, lambda d: kilnd_container(d).pop("envFrom"))],
      "envFrom references none of the ConfigMaps"),

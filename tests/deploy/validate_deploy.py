@@ -4,8 +4,9 @@
 Usage: validate_deploy.py lint|compose|structure ROOT
   lint       yamllint --strict with deploy/.yamllint on every YAML file under deploy/
   compose    docker-compose's own validation of deploy/docker-compose.yml (config -q)
-  structure  deploy_checks.py: the Dockerfile, compose file and Kubernetes manifests have what
-             they must (stages, USER, probes, GPU limit, ports, volumes, ...)
+  structure  deploy_checks.py: the Dockerfile, compose file, Kubernetes manifests and Grafana
+             dashboards have what they must (stages, USER, probes, GPU limit, ports, volumes,
+             a data source variable, error panels that show 0, ...)
 Exit status: 0 passed, 1 failed, 77 skipped because the tool it needs is not installed.
 """
 

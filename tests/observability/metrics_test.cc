@@ -1,23 +1,31 @@
 // kiln's metric families: names, labels, job-state accounting, retention of job series, the
-// inference API, gRPC call counting, and the /metrics endpoint, in process.
+// inference API and queue depths, gRPC call counting, the process_* families, and the /metrics
+// endpoint, in process.
 #include "server/observability/metrics.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <future>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -46,6 +54,16 @@ StepEvent Step(int epoch, int step_in_epoch, int steps_per_epoch, float loss) {
   return e;
 }
 
+// The value of `series` (name and labels exactly as scraped) in a scrape; NAN when absent.
+double ScrapedValue(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::ConsumePrefix(&line, series + " ")) continue;
+    double value = NAN;
+    return absl::SimpleAtod(line, &value) ? value : NAN;
+  }
+  return NAN;
+}
+
 TEST(MetricsTest, ScrapeDeclaresEveryFamilyWithItsType) {
   Metrics metrics;
   const std::string text = metrics.Scrape();
@@ -56,6 +74,13 @@ TEST(MetricsTest, ScrapeDeclaresEveryFamilyWithItsType) {
            "# TYPE kiln_job_completions_total counter",
            "# TYPE kiln_device_memory_used_bytes gauge",
            "# TYPE kiln_device_memory_total_bytes gauge",
+           "# TYPE kiln_inference_queue_depth gauge",
+           "# TYPE process_cpu_seconds_total counter",
+           "# TYPE process_resident_memory_bytes gauge",
+           "# TYPE process_virtual_memory_bytes gauge",
+           "# TYPE process_start_time_seconds gauge",
+           "# TYPE process_open_fds gauge",
+           "# TYPE process_max_fds gauge",
        }) {
     EXPECT_THAT(text, HasSubstr(line));
   }
@@ -70,6 +95,68 @@ TEST(MetricsTest, CpuMemoryReportsThisProcessAndTheMachine) {
   EXPECT_EQ(m.device, "cpu");
   EXPECT_GT(m.used_bytes, 0);
   EXPECT_GT(m.total_bytes, m.used_bytes);
+}
+
+TEST(MetricsTest, ProcessStatsDescribeThisProcess) {
+  const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  // Some CPU time to count.
+  volatile double sink = 0;
+  for (int i = 0; i < 20000000; ++i) sink = sink + i * 0.5;
+  const ProcessStats p = ReadProcessStats();
+  EXPECT_GT(p.cpu_seconds, 0);
+  EXPECT_GT(p.resident_bytes, 1 << 20);
+  EXPECT_GT(p.virtual_bytes, p.resident_bytes);
+  // This test process started moments ago (a whole suite takes minutes, not an hour).
+  EXPECT_LE(p.start_time_seconds, now + 1);
+  EXPECT_GT(p.start_time_seconds, now - 3600);
+  EXPECT_GE(p.open_fds, 3);  // stdin, stdout, stderr at least
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  EXPECT_EQ(p.max_fds, static_cast<int64_t>(limit.rlim_cur));
+  EXPECT_GE(p.max_fds, p.open_fds);
+}
+
+TEST(MetricsTest, ProcessFamiliesAreReadAtEachScrape) {
+  Metrics metrics;
+  const std::string before = metrics.Scrape();
+  const double fds = ScrapedValue(before, "process_open_fds");
+  const double cpu = ScrapedValue(before, "process_cpu_seconds_total");
+  ASSERT_FALSE(std::isnan(fds)) << before;
+  ASSERT_FALSE(std::isnan(cpu)) << before;
+  EXPECT_GT(ScrapedValue(before, "process_resident_memory_bytes"), 0);
+  EXPECT_GT(ScrapedValue(before, "process_virtual_memory_bytes"), 0);
+  EXPECT_GT(ScrapedValue(before, "process_max_fds"), 0);
+  EXPECT_NEAR(ScrapedValue(before, "process_start_time_seconds"),
+              ReadProcessStats().start_time_seconds, 0.02);
+
+  std::vector<int> opened;
+  for (int i = 0; i < 5; ++i) opened.push_back(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  for (int fd : opened) ASSERT_GE(fd, 0);
+  volatile double sink = 0;
+  const absl::Time spin_until = absl::Now() + absl::Milliseconds(50);
+  while (absl::Now() < spin_until) sink = sink + 1;
+  const std::string during = metrics.Scrape();
+  EXPECT_EQ(ScrapedValue(during, "process_open_fds"), fds + 5);
+  EXPECT_GT(ScrapedValue(during, "process_cpu_seconds_total"), cpu);
+  for (int fd : opened) close(fd);
+  EXPECT_EQ(ScrapedValue(metrics.Scrape(), "process_open_fds"), fds);
+}
+
+TEST(MetricsTest, QueueDepthsAreReadFromTheSourceAtEachScrape) {
+  Metrics metrics;
+  EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("kiln_inference_queue_depth{")));
+  std::vector<InferenceQueueDepth> depths = {{"digits", "1", 3}, {"digits", "2", 0}};
+  metrics.SetInferenceQueueSource([&] { return depths; });
+  std::string text = metrics.Scrape();
+  EXPECT_THAT(text, HasSubstr("kiln_inference_queue_depth{model=\"digits\",version=\"1\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("kiln_inference_queue_depth{model=\"digits\",version=\"2\"} 0\n"));
+  // Version 1 unloaded: its series goes with it, with nothing to forget.
+  depths = {{"digits", "2", 7}};
+  text = metrics.Scrape();
+  EXPECT_THAT(text, Not(HasSubstr("version=\"1\"")));
+  EXPECT_THAT(text, HasSubstr("kiln_inference_queue_depth{model=\"digits\",version=\"2\"} 7\n"));
+  metrics.SetInferenceQueueSource(nullptr);
+  EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("kiln_inference_queue_depth{")));
 }
 
 TEST(MetricsTest, JobStatesMoveBetweenGaugesAndFinalStatesCountCompletions) {
@@ -104,7 +191,7 @@ TEST(MetricsTest, TrainingSeriesCarryJobAndModelLabels) {
   metrics.TrainingEpoch("job-1", epoch);
   metrics.CheckpointWritten("job-1", "periodic", 0.01, 12345);
   const std::string text = metrics.Scrape();
-  const std::string labels = "{job=\"job-1\",model=\"mnist-mlp\"}";
+  const std::string labels = "{job_id=\"job-1\",model=\"mnist-mlp\"}";
   EXPECT_THAT(text, HasSubstr("kiln_training_loss" + labels + " 0.5\n"));
   EXPECT_THAT(text, HasSubstr("kiln_training_test_accuracy" + labels + " 0.875\n"));
   EXPECT_THAT(text, HasSubstr("kiln_training_test_loss" + labels + " 0.25\n"));
@@ -115,7 +202,7 @@ TEST(MetricsTest, TrainingSeriesCarryJobAndModelLabels) {
   EXPECT_THAT(text, HasSubstr("kiln_training_samples_per_second" + labels + " 1000\n"));
   EXPECT_THAT(text, HasSubstr("kiln_training_step_duration_seconds_count" + labels + " 1\n"));
   EXPECT_THAT(text, HasSubstr("kiln_training_learning_rate" + labels));
-  EXPECT_THAT(text, HasSubstr("kiln_checkpoints_total{job=\"job-1\",kind=\"periodic\","
+  EXPECT_THAT(text, HasSubstr("kiln_checkpoints_total{job_id=\"job-1\",kind=\"periodic\","
                               "model=\"mnist-mlp\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("kiln_checkpoint_bytes" + labels + " 12345\n"));
   EXPECT_THAT(text, HasSubstr("kiln_checkpoint_write_duration_seconds_count" + labels + " 1\n"));
@@ -137,10 +224,10 @@ TEST(MetricsTest, FinishedJobSeriesAreRemovedAfterTheRetention) {
   metrics.TrainingStarted("live", "custom", 1);
   metrics.TrainingStep("live", Step(1, 1, 1, 1.0f), 8, 0.001);
   metrics.JobStateChanged("old", v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED);
-  EXPECT_THAT(metrics.Scrape(), HasSubstr("job=\"old\""));  // still within the retention
-  EXPECT_TRUE(testing::WaitFor([&] { return !absl::StrContains(metrics.Scrape(), "job=\"old\""); },
-                               absl::Seconds(5)));
-  EXPECT_THAT(metrics.Scrape(), HasSubstr("kiln_training_loss{job=\"live\""));
+  EXPECT_THAT(metrics.Scrape(), HasSubstr("job_id=\"old\""));  // still within the retention
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return !absl::StrContains(metrics.Scrape(), "job_id=\"old\""); }, absl::Seconds(5)));
+  EXPECT_THAT(metrics.Scrape(), HasSubstr("kiln_training_loss{job_id=\"live\""));
 }
 
 TEST(MetricsTest, EndedJobsBeyondTheCapLoseTheirSeriesFirstEndedFirst) {
@@ -158,10 +245,10 @@ TEST(MetricsTest, EndedJobsBeyondTheCapLoseTheirSeriesFirstEndedFirst) {
   metrics.ReapExpiredJobs();
   const std::string text = metrics.Scrape();
   for (const char* gone : {"j0", "j1", "j2"}) {
-    EXPECT_THAT(text, Not(HasSubstr(absl::StrCat("job=\"", gone, "\"")))) << gone;
+    EXPECT_THAT(text, Not(HasSubstr(absl::StrCat("job_id=\"", gone, "\"")))) << gone;
   }
   for (const char* kept : {"j3", "j4", "j5", "running"}) {
-    EXPECT_THAT(text, HasSubstr(absl::StrCat("job=\"", kept, "\""))) << kept;
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("job_id=\"", kept, "\""))) << kept;
   }
 }
 
@@ -175,7 +262,7 @@ TEST(MetricsTest, AResumedJobKeepsItsSeries) {
   absl::SleepFor(absl::Milliseconds(400));
   metrics.ReapExpiredJobs();
   EXPECT_THAT(metrics.Scrape(),
-              HasSubstr("kiln_training_target_epochs{job=\"j\",model=\"custom\"} 2"));
+              HasSubstr("kiln_training_target_epochs{job_id=\"j\",model=\"custom\"} 2"));
 }
 
 TEST(MetricsTest, InferenceRequestsAreRecordedByModelVersionAndCode) {
@@ -287,7 +374,7 @@ TEST(MetricsTest, ADaemonReportsItsJobsTrainingAndGrpcCalls) {
   ASSERT_TRUE(testing::WaitForState(*stub, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
 
   const std::string text = (*daemon)->metrics().Scrape();
-  const std::string labels = absl::StrCat("{job=\"", job.id(), "\",model=\"custom\"}");
+  const std::string labels = absl::StrCat("{job_id=\"", job.id(), "\",model=\"custom\"}");
   EXPECT_THAT(text, HasSubstr("kiln_jobs{state=\"succeeded\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("kiln_job_completions_total{state=\"succeeded\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("kiln_job_submissions_total 1\n"));
@@ -296,11 +383,59 @@ TEST(MetricsTest, ADaemonReportsItsJobsTrainingAndGrpcCalls) {
   EXPECT_THAT(text, HasSubstr("kiln_training_step_duration_seconds_count" + labels + " 8\n"));
   EXPECT_THAT(text, HasSubstr("kiln_training_epoch" + labels + " 2\n"));
   EXPECT_THAT(text, HasSubstr("kiln_training_test_accuracy" + labels));
-  EXPECT_THAT(text, HasSubstr("kiln_checkpoints_total{job=\"" + job.id()));
+  EXPECT_THAT(text, HasSubstr("kiln_checkpoints_total{job_id=\"" + job.id()));
   EXPECT_THAT(text, HasSubstr("kiln_grpc_requests_total{code=\"OK\","
                               "method=\"/kiln.v1.Training/SubmitJob\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("kiln_grpc_requests_total{code=\"OK\","
                               "method=\"/kiln.v1.Training/GetJob\"}"));
+  daemon->reset();
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+// The daemon reads each loaded version's batcher queue at scrape time: a series per version
+// while it is loaded, none once it is unloaded.
+TEST(MetricsTest, ADaemonReportsTheQueueOfEachLoadedVersion) {
+  const std::string root = testing::MakeTempDir("kilnd-metrics");
+  DaemonOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "";
+  options.state_dir = root + "/state";
+  options.data_dir = root + "/data";
+  options.device = "cpu";
+  options.log_stream = nullptr;
+  testing::WriteToyDataset(options.data_dir + "/toy", 128, 32);
+  auto daemon = Daemon::Start(options);
+  ASSERT_OK(daemon) << daemon.status();
+  auto channel = kiln::testing::ConnectedChannel(absl::StrCat("127.0.0.1:", (*daemon)->port()));
+  auto stub = v1::Training::NewStub(channel);
+  grpc::ClientContext context;
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = testing::SmallSpec("toy", 1);
+  v1::Job job;
+  ASSERT_OK(stub->SubmitJob(&context, request, &job));
+  ASSERT_TRUE(testing::WaitForState(*stub, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  EXPECT_THAT((*daemon)->metrics().Scrape(), Not(HasSubstr("kiln_inference_queue_depth{")));
+
+  auto inference = inference::GRPCInferenceService::NewStub(channel);
+  {
+    grpc::ClientContext load_context;
+    inference::RepositoryModelLoadRequest load;
+    load.set_model_name("toy");
+    (*load.mutable_parameters())["checkpoint"].set_string_param(job.id() + "@latest");
+    inference::RepositoryModelLoadResponse loaded;
+    ASSERT_OK(inference->RepositoryModelLoad(&load_context, load, &loaded));
+  }
+  EXPECT_THAT((*daemon)->metrics().Scrape(),
+              HasSubstr("kiln_inference_queue_depth{model=\"toy\",version=\"1\"} 0\n"));
+  {
+    grpc::ClientContext unload_context;
+    inference::RepositoryModelUnloadRequest unload;
+    unload.set_model_name("toy");
+    inference::RepositoryModelUnloadResponse unloaded;
+    ASSERT_OK(inference->RepositoryModelUnload(&unload_context, unload, &unloaded));
+  }
+  EXPECT_THAT((*daemon)->metrics().Scrape(), Not(HasSubstr("kiln_inference_queue_depth{")));
   daemon->reset();
   std::error_code ec;
   fs::remove_all(root, ec);

@@ -136,10 +136,10 @@ bool PrometheusProcess::Start(absl::Duration timeout) {
   fs::create_directories(dir_ + "/data");
   std::vector<std::string> quoted;
   for (const std::string& t : targets_) quoted.push_back(absl::StrCat("\"", t, "\""));
+  // As deploy/prometheus/prometheus.yml: job kilnd, without honor_labels (kilnd sets no `job`).
   std::ofstream(dir_ + "/prometheus.yml")
       << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
       << "scrape_configs:\n  - job_name: kilnd\n    scrape_interval: 1s\n"
-      << "    honor_labels: true\n"  // as deploy/prometheus/prometheus.yml
       << "    scrape_timeout: 1s\n    static_configs:\n      - targets: ["
       << absl::StrJoin(quoted, ", ") << "]\n";
   // The port is picked then bound by the child; a lost race is retried with another.

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -62,11 +63,26 @@ void CollectExprs(const nlohmann::json& node, std::vector<std::string>* out) {
   }
 }
 
+nlohmann::json Dashboard() {
+  return nlohmann::json::parse(ReadFile(SourcePath("deploy/grafana/dashboards/kiln.json")));
+}
+
 std::vector<std::string> DashboardExprs() {
-  const nlohmann::json dashboard =
-      nlohmann::json::parse(ReadFile(SourcePath("deploy/grafana/dashboards/kiln.json")));
   std::vector<std::string> exprs;
-  CollectExprs(dashboard["panels"], &exprs);
+  CollectExprs(Dashboard()["panels"], &exprs);
+  return exprs;
+}
+
+// The exprs of the panels titled as error rates, which must show 0, not "no data", while there
+// are no errors.
+std::vector<std::string> ErrorPanelExprs() {
+  const nlohmann::json dashboard = Dashboard();
+  std::vector<std::string> exprs;
+  for (const nlohmann::json& panel : dashboard["panels"]) {
+    if (absl::StrContains(absl::AsciiStrToLower(panel.value("title", "")), "error")) {
+      CollectExprs(panel, &exprs);
+    }
+  }
   return exprs;
 }
 
@@ -75,8 +91,8 @@ std::string ExpandGrafanaVariables(const std::string& expr) {
   return absl::StrReplaceAll(expr, {{"$__rate_interval", "1m"},
                                     {"$__interval", "15s"},
                                     {"$__range", "5m"},
-                                    {"${job:regex}", ".*"},
-                                    {"$job", ".*"},
+                                    {"${job_id:regex}", ".*"},
+                                    {"$job_id", ".*"},
                                     {"$model", ".*"}});
 }
 
@@ -189,7 +205,7 @@ class PrometheusIntegrationTest : public ::testing::Test {
     // series come from the real serving path.
     if (std::string err = ServeAndInfer(w); !err.empty()) return err;
     // Wait for a scrape after the job's end.
-    const std::string step = absl::StrCat("kiln_training_step{job=\"", w.job_id, "\"}");
+    const std::string step = absl::StrCat("kiln_training_step{job_id=\"", w.job_id, "\"}");
     if (!WaitForValue(w, step, [&](double v) { return v == kSteps; })) {
       return absl::StrCat("Prometheus never saw step ", kSteps, " of ", w.job_id);
     }
@@ -259,7 +275,7 @@ class PrometheusIntegrationTest : public ::testing::Test {
   }
 
   std::string ForJob(const std::string& metric) const {
-    return absl::StrCat(metric, "{job=\"", w_->job_id, "\",model=\"custom\"}");
+    return absl::StrCat(metric, "{job_id=\"", w_->job_id, "\",model=\"custom\"}");
   }
 
   static Workload* w_;
@@ -292,7 +308,7 @@ TEST_F(PrometheusIntegrationTest, PrometheusStoredTheLossAndAccuracyWatchJobStre
   EXPECT_GT(QueryOne(ForJob("kiln_training_samples_per_second")), 0);
   EXPECT_GT(last_sps, 0);
   EXPECT_NEAR(QueryOne(ForJob("kiln_training_learning_rate")), 0.05, 1e-6);
-  EXPECT_GE(QueryOne(absl::StrCat("sum(kiln_checkpoints_total{job=\"", w_->job_id, "\"})")), 1);
+  EXPECT_GE(QueryOne(absl::StrCat("sum(kiln_checkpoints_total{job_id=\"", w_->job_id, "\"})")), 1);
   EXPECT_GT(QueryOne(ForJob("kiln_checkpoint_bytes")), 0);
   EXPECT_EQ(QueryOne("kiln_jobs{state=\"succeeded\"}"), 1);
   EXPECT_EQ(QueryOne("kiln_jobs{state=\"running\"}"), 0);
@@ -305,6 +321,30 @@ TEST_F(PrometheusIntegrationTest, PrometheusStoredTheLossAndAccuracyWatchJobStre
             1);
   EXPECT_GT(QueryOne("kiln_device_memory_used_bytes{device=\"cpu\"}"), 0);
   EXPECT_EQ(QueryOne("kiln_build_info"), 1);
+  // The deployed model, idle now: its queue is there, and empty.
+  EXPECT_EQ(QueryOne("kiln_inference_queue_depth{model=\"toy\",version=\"1\"}"), 0);
+}
+
+// Scraped without honor_labels, as deploy/prometheus/prometheus.yml does: the per-job series
+// keep the kiln job id in job_id, and `job` is the scrape job's, as on every other series.
+TEST_F(PrometheusIntegrationTest, PerJobSeriesCarryJobIdBesideTheScrapeJob) {
+  EXPECT_EQ(QueryOne(absl::StrCat("kiln_training_step{job=\"kilnd\",job_id=\"", w_->job_id, "\"}")),
+            kSteps);
+  EXPECT_EQ(QueryOne("count({exported_job!=\"\"}) or vector(0)"), 0)
+      << "a `job` label of kilnd's own was renamed to exported_job";
+}
+
+TEST_F(PrometheusIntegrationTest, ProcessMetricsDescribeKilnd) {
+  const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  const double started = QueryOne("process_start_time_seconds{job=\"kilnd\"}");
+  EXPECT_LE(started, now);
+  EXPECT_GT(started, now - 600) << "kilnd started with this suite";
+  EXPECT_GT(QueryOne("process_cpu_seconds_total{job=\"kilnd\"}"), 0);  // it trained a job
+  EXPECT_GT(QueryOne("process_resident_memory_bytes{job=\"kilnd\"}"), 1 << 20);
+  EXPECT_GT(QueryOne("process_virtual_memory_bytes{job=\"kilnd\"}"), 1 << 20);
+  const double open = QueryOne("process_open_fds{job=\"kilnd\"}");
+  EXPECT_GE(open, 3);
+  EXPECT_GT(QueryOne("process_max_fds{job=\"kilnd\"}"), open);
 }
 
 TEST_F(PrometheusIntegrationTest, TheScrapePassesPromtoolCheckMetrics) {
@@ -313,7 +353,7 @@ TEST_F(PrometheusIntegrationTest, TheScrapePassesPromtoolCheckMetrics) {
   absl::StatusOr<std::string> scrape =
       testing::HttpGet(absl::StrCat("http://127.0.0.1:", w_->kilnd->metrics_port(), "/metrics"));
   ASSERT_OK(scrape) << scrape.status();
-  EXPECT_THAT(*scrape, HasSubstr("kiln_training_loss{job=\"" + w_->job_id));
+  EXPECT_THAT(*scrape, HasSubstr("kiln_training_loss{job_id=\"" + w_->job_id));
   const std::string path = w_->root + "/scrape.txt";
   std::ofstream(path) << *scrape;
   const testing::ProgramResult result = testing::RunProgram({promtool, "check", "metrics"}, path);
@@ -387,10 +427,31 @@ TEST(PrometheusServingPanelsTest, ServingPanelsReturnDataForRecordedInference) {
   const std::string root = testing::MakeTempDir("kiln-prometheus-serving");
   Metrics metrics;
   ASSERT_OK(metrics.Serve("127.0.0.1:0"));
+  metrics.SetInferenceQueueSource([] {
+    return std::vector<InferenceQueueDepth>{{"mnist-mlp", "1", 2}};
+  });
   testing::PrometheusProcess prometheus(
       PrometheusBinary(), root + "/prometheus",
       std::vector<std::string>{absl::StrCat("127.0.0.1:", metrics.port())});
   ASSERT_TRUE(prometheus.Start(absl::Seconds(60))) << prometheus.log();
+  // Before any request: the error panels show 0, not "no data".
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        absl::StatusOr<nlohmann::json> up = prometheus.Query("up{job=\"kilnd\"}");
+        absl::SleepFor(absl::Milliseconds(200));
+        return up.ok() && Values(*up) == std::vector<double>{1};
+      },
+      absl::Seconds(60)))
+      << prometheus.log();
+  const std::vector<std::string> error_exprs = ErrorPanelExprs();
+  EXPECT_GE(error_exprs.size(), 2u);
+  for (const std::string& raw : error_exprs) {
+    const std::string expr = ExpandGrafanaVariables(raw);
+    SCOPED_TRACE(expr);
+    absl::StatusOr<nlohmann::json> data = prometheus.Query(expr);
+    ASSERT_OK(data) << data.status();
+    EXPECT_EQ(Values(*data), std::vector<double>{0}) << data->dump();
+  }
   std::atomic<bool> stop{false};
   std::thread traffic([&] {
     for (int i = 0; !stop; ++i) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -217,6 +219,42 @@ TEST_F(DynamicBatcherTest, CallersAndTheWorkerShareTheSessionWithoutMixingAnswer
     for (auto& t : clients) t.join();
     EXPECT_EQ(batcher->stats().requests, 8 * 40);
   }
+}
+
+// A worker held busy (here: before its first batch) leaves requests queued; they count until
+// they run, and a request run on its caller never counts.
+TEST_F(DynamicBatcherTest, QueuedRequestsCountsRequestsWaitingForABatch) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  auto hold = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return released; });
+  };
+  auto batcher = MakeBatcher({4, 0}, hold);
+  EXPECT_EQ(batcher->queued_requests(), 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&, i] { RunAndCheck(*batcher, i * 2, 2, PixelEncoding::kU8); });
+  }
+  bool saw_six = false;
+  for (int i = 0; i < 1000 && !saw_six; ++i) {
+    saw_six = batcher->queued_requests() == 6;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(saw_six) << "queued: " << batcher->queued_requests();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(batcher->queued_requests(), 0);
+  EXPECT_EQ(batcher->stats().requests, 6);
+
+  auto idle = MakeBatcher({1, 0}, nullptr, /*callers_run_when_idle=*/true);
+  RunAndCheck(*idle, 0, 1, PixelEncoding::kU8);
+  EXPECT_EQ(idle->queued_requests(), 0);
 }
 
 TEST_F(DynamicBatcherTest, BadOptionsAreRefused) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <thread>
+#include <vector>
 
 #include "common/sha256.h"
 #include "tests/serving/serving_test_support.h"
@@ -44,6 +46,48 @@ TEST(ModelRepositoryTest, LoadsFilesAsNumberedVersionsAndServesTheLatestByDefaul
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Contains(missing.status(), "model \"m\" has no version \"9\" (versions: 1, 2)"))
       << missing.status();
+}
+
+TEST(ModelRepositoryTest, QueuesListTheRequestsEachLoadedVersionHoldsWaiting) {
+  ModelRepository repo;
+  LoadRequest slow = FileLoad("m", SharedCheckpoints().mlp_flat);
+  // A batch waits a second for company: requests stay queued meanwhile.
+  slow.options.batching = {64, 1000000};
+  ASSERT_OK(repo.Load(slow));
+  ASSERT_OK(repo.Load(FileLoad("m", SharedCheckpoints().mlp_flat_other)));
+  auto held = repo.Find("m", "1");
+  ASSERT_OK(held);
+  auto depth_of = [&](const std::string& version) -> int64_t {
+    for (const VersionQueue& q : repo.Queues()) {
+      if (q.model == "m" && q.version == version) return q.queued_requests;
+    }
+    return -1;  // not listed
+  };
+  EXPECT_EQ(depth_of("1"), 0);
+  EXPECT_EQ(depth_of("2"), 0);
+
+  const std::vector<uint8_t> images = testing::SampleImages(3, 1);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&, i] {
+      std::vector<int64_t> classes(1);
+      PixelInput input{PixelEncoding::kU8, images.data() + i * testing::kPixels, 1};
+      EXPECT_OK((*held)->batcher().Run(input, {nullptr, reinterpret_cast<char*>(classes.data())}));
+    });
+  }
+  bool saw_three = false;
+  for (int i = 0; i < 200 && !saw_three; ++i) {
+    saw_three = depth_of("1") == 3;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(saw_three) << "three requests never showed as queued";
+  EXPECT_EQ(depth_of("2"), 0);
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(depth_of("1"), 0);
+
+  ASSERT_OK(repo.Unload("m", "1"));
+  EXPECT_EQ(depth_of("1"), -1);
+  EXPECT_EQ(depth_of("2"), 0);
 }
 
 TEST(ModelRepositoryTest, AliasesFollowTheResolver) {
