@@ -1,5 +1,6 @@
 #include "server/observability/metrics.h"
 
+#include <httplib.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -263,12 +264,21 @@ Metrics::~Metrics() {
 
 absl::Status Metrics::Serve(const std::string& listen) {
   if (listen.empty()) return absl::OkStatus();
-  auto server = std::make_unique<MetricsHttpServer>([this] { return Scrape(); });
-  absl::StatusOr<int> port = server->Start(listen);
+  http::HttpServerOptions options;
+  options.listen = listen;
+  auto server = std::make_unique<http::HttpServer>(std::move(options));
+  AddMetricsRoute(server.get(), http::Access::kOpen);
+  absl::StatusOr<int> port = server->Start();
   if (!port.ok()) return port.status();
   port_ = *port;
   http_ = std::move(server);
   return absl::OkStatus();
+}
+
+void Metrics::AddMetricsRoute(http::HttpServer* server, http::Access access) {
+  server->Get("/metrics", access, [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+  });
 }
 
 std::string Metrics::Scrape() const {

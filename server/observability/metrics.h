@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
-#include "server/observability/metrics_http_server.h"
+#include "server/http/http_server.h"
 
 namespace prometheus {
 class Counter;
@@ -68,9 +68,12 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Serves the registry as text at http://`listen`/metrics (HOST:PORT, port 0 picks one).
-  // Unavailable when the address cannot be bound. Call at most once.
+  // Serves the registry alone as text at http://`listen`/metrics (HOST:PORT, port 0 picks one).
+  // Unavailable when the address cannot be bound. Call at most once. kilnd does not use this:
+  // its HTTP listener serves /metrics (AddMetricsRoute) beside the KServe v2 REST API.
   absl::Status Serve(const std::string& listen);
+  // Adds GET /metrics (the Prometheus text format) to `server`, open or behind its tokens.
+  void AddMetricsRoute(http::HttpServer* server, http::Access access);
   // The bound port after Serve, else 0.
   int port() const { return port_; }
   // The text exposition of everything, exactly as a scrape gets it.
@@ -136,7 +139,7 @@ class Metrics {
   const MetricsOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<DeviceCollector> devices_;
-  std::unique_ptr<MetricsHttpServer> http_;
+  std::unique_ptr<http::HttpServer> http_;
   int port_ = 0;
 
   // Process-wide families.
