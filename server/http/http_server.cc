@@ -184,7 +184,10 @@ void HttpServer::Post(const std::string& pattern, Access access, Handler handler
                              const httplib::Request& req, httplib::Response& res,
                              const httplib::ContentReader& read) {
     httplib::Request with_body = req;
-    const bool whole = read([&with_body](const char* data, size_t n) {
+    // Without Content-Length or Transfer-Encoding a request has no body (RFC 9112 6.3); httplib
+    // would try to read one and fail.
+    const bool has_body = req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
+    const bool whole = !has_body || read([&with_body](const char* data, size_t n) {
       with_body.body.append(data, n);
       return true;
     });

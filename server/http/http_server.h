@@ -42,7 +42,7 @@ struct HttpServerOptions {
   std::string listen;                            // HOST:PORT or [HOST]:PORT; port 0 picks one
   std::string listen_flag = "--metrics_listen";  // named in errors
   size_t max_body_bytes = 16 << 20;              // a larger request body is answered 413
-  int threads = 8;                               // connections answered at once
+  int threads = 16;                              // connections answered at once
   // TLS when set: asked at each handshake for the set in force, so renewed files reach new
   // connections without a restart. Null: plaintext.
   std::function<HttpTlsPems()> tls;

@@ -403,7 +403,8 @@ TEST_F(RestInferenceTest, ABodyOverTheMessageLimitIs413) {
 }
 
 TEST_F(RestInferenceTest, RepositoryExtensionOverRest) {
-  httplib::Result index = PostJson("/v2/repository/index", "");
+  // No body at all, as `curl -X POST` sends: the request's defaults.
+  httplib::Result index = client_->Post("/v2/repository/index");
   ASSERT_TRUE(index);
   ASSERT_EQ(index->status, 200) << index->body;
   json models = json::parse(index->body);
@@ -516,6 +517,10 @@ TEST_F(RestInferenceTest, CurlGetsTheGrpcAnswers) {
   };
   auto [live_body, live_status] = split(curl({base + "/v2/health/live"}));
   EXPECT_EQ(live_status, "200");
+  // A POST with no body at all (no Content-Length), as `curl -X POST` sends it.
+  auto [index_body, index_status] = split(curl({"-X", "POST", base + "/v2/repository/index"}));
+  EXPECT_EQ(index_status, "200") << index_body;
+  EXPECT_EQ(json::parse(index_body).size(), 2u);
   auto [infer_body, infer_status] =
       split(curl({"-H", "Content-Type: application/json", "--data-binary",
                   "@" + dir.file("request.json"), base + "/v2/models/mlp/infer"}));
