@@ -46,17 +46,6 @@ absl::StatusOr<json> ParseObject(absl::string_view text, absl::string_view what)
   return value;
 }
 
-// Appends the leaves of `data` (a number, bool or string, or arrays of them) to `out`.
-absl::Status Flatten(const json& data, int depth, std::vector<const json*>* out) {
-  if (!data.is_array()) {
-    out->push_back(&data);
-    return absl::OkStatus();
-  }
-  if (depth >= kMaxDataDepth) return Invalid("nested deeper than 32 arrays");
-  for (const json& item : data) KILN_RETURN_IF_ERROR(Flatten(item, depth + 1, out));
-  return absl::OkStatus();
-}
-
 template <typename T>
 absl::StatusOr<T> Integer(const json& v, absl::string_view datatype) {
   if (v.is_number_unsigned()) {
@@ -73,48 +62,61 @@ absl::StatusOr<T> Integer(const json& v, absl::string_view datatype) {
   return Invalid(absl::StrCat(v.dump(), " is not a ", datatype, " value"));
 }
 
+// Adds one element to the repeated field of `datatype`.
+absl::Status AddElement(const json& v, const std::string& datatype,
+                        inference::InferTensorContents* contents) {
+  if (datatype == "FP32" || datatype == "FP64") {
+    if (!v.is_number()) return Invalid(absl::StrCat(v.dump(), " is not a number"));
+    if (datatype == "FP32") {
+      contents->add_fp32_contents(v.get<float>());
+    } else {
+      contents->add_fp64_contents(v.get<double>());
+    }
+  } else if (datatype == "UINT8" || datatype == "UINT16" || datatype == "UINT32") {
+    KILN_ASSIGN_OR_RETURN(uint32_t u, Integer<uint32_t>(v, datatype));
+    contents->add_uint_contents(u);
+  } else if (datatype == "UINT64") {
+    KILN_ASSIGN_OR_RETURN(uint64_t u, Integer<uint64_t>(v, datatype));
+    contents->add_uint64_contents(u);
+  } else if (datatype == "INT8" || datatype == "INT16" || datatype == "INT32") {
+    KILN_ASSIGN_OR_RETURN(int32_t n, Integer<int32_t>(v, datatype));
+    contents->add_int_contents(n);
+  } else if (datatype == "INT64") {
+    KILN_ASSIGN_OR_RETURN(int64_t n, Integer<int64_t>(v, datatype));
+    contents->add_int64_contents(n);
+  } else if (datatype == "BOOL") {
+    if (!v.is_boolean()) return Invalid(absl::StrCat(v.dump(), " is not a BOOL value"));
+    contents->add_bool_contents(v.get<bool>());
+  } else if (datatype == "BYTES") {
+    if (!v.is_string()) return Invalid(absl::StrCat(v.dump(), " is not a BYTES string"));
+    contents->add_bytes_contents(v.get<std::string>());
+  }
+  // Any other datatype keeps no data: the model's own check names the datatype.
+  return absl::OkStatus();
+}
+
+// Adds the elements of `data` (a value, or arrays of them nested row-major) in order, straight
+// into the message: no list of the leaves, since a 16 MiB body can hold millions of them.
+absl::Status AddElements(const json& data, const std::string& datatype, int depth, int64_t* index,
+                         inference::InferTensorContents* contents) {
+  if (data.is_array()) {
+    if (depth >= kMaxDataDepth) return Invalid("nested deeper than 32 arrays");
+    for (const json& item : data) {
+      KILN_RETURN_IF_ERROR(AddElements(item, datatype, depth + 1, index, contents));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status added = AddElement(data, datatype, contents);
+  if (!added.ok()) return Invalid(absl::StrCat("data[", *index, "]: ", added.message()));
+  ++*index;
+  return absl::OkStatus();
+}
+
 // The typed contents of one input's "data", in the repeated field of its datatype.
 absl::Status FillContents(const json& data, const std::string& datatype,
                           inference::InferTensorContents* contents) {
-  std::vector<const json*> leaves;
-  KILN_RETURN_IF_ERROR(Flatten(data, 0, &leaves));
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    const json& v = *leaves[i];
-    absl::Status status = [&]() -> absl::Status {
-      if (datatype == "FP32" || datatype == "FP64") {
-        if (!v.is_number()) return Invalid(absl::StrCat(v.dump(), " is not a number"));
-        if (datatype == "FP32") {
-          contents->add_fp32_contents(v.get<float>());
-        } else {
-          contents->add_fp64_contents(v.get<double>());
-        }
-      } else if (datatype == "UINT8" || datatype == "UINT16" || datatype == "UINT32") {
-        KILN_ASSIGN_OR_RETURN(uint32_t u, Integer<uint32_t>(v, datatype));
-        contents->add_uint_contents(u);
-      } else if (datatype == "UINT64") {
-        KILN_ASSIGN_OR_RETURN(uint64_t u, Integer<uint64_t>(v, datatype));
-        contents->add_uint64_contents(u);
-      } else if (datatype == "INT8" || datatype == "INT16" || datatype == "INT32") {
-        KILN_ASSIGN_OR_RETURN(int32_t n, Integer<int32_t>(v, datatype));
-        contents->add_int_contents(n);
-      } else if (datatype == "INT64") {
-        KILN_ASSIGN_OR_RETURN(int64_t n, Integer<int64_t>(v, datatype));
-        contents->add_int64_contents(n);
-      } else if (datatype == "BOOL") {
-        if (!v.is_boolean()) return Invalid(absl::StrCat(v.dump(), " is not a BOOL value"));
-        contents->add_bool_contents(v.get<bool>());
-      } else if (datatype == "BYTES") {
-        if (!v.is_string()) return Invalid(absl::StrCat(v.dump(), " is not a BYTES string"));
-        contents->add_bytes_contents(v.get<std::string>());
-      }
-      // Any other datatype keeps no data: the model's own check names the datatype.
-      return absl::OkStatus();
-    }();
-    if (!status.ok()) {
-      return Invalid(absl::StrCat("data[", i, "]: ", status.message()));
-    }
-  }
-  return absl::OkStatus();
+  int64_t index = 0;
+  return AddElements(data, datatype, 0, &index, contents);
 }
 
 // A "parameters" object as the protocol's InferParameter map.
