@@ -194,12 +194,18 @@ void HttpServer::Post(const std::string& pattern, Access access, Handler handler
     // Without Content-Length or Transfer-Encoding a request has no body (RFC 9112 6.3); httplib
     // would try to read one and fail.
     const bool has_body = req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
-    const bool whole = !has_body || read([&with_body](const char* data, size_t n) {
+    bool too_large = false;
+    const bool whole = !has_body || read([&](const char* data, size_t n) {
+      // httplib checks a Content-Length against the limit, but not a chunked body's size.
+      if (with_body.body.size() + n > max_body) {
+        too_large = true;
+        return false;
+      }
       with_body.body.append(data, n);
       return true;
     });
     if (!whole) {
-      if (res.status == 413) {
+      if (too_large || res.status == 413) {
         ReplyError(res, 413, DefaultMessage(req, 413, max_body));
       } else {
         ReplyError(res, 400, "the request body did not arrive whole");

@@ -396,6 +396,18 @@ TEST_F(RestInferenceTest, ABodyOverTheMessageLimitIs413) {
   EXPECT_EQ(r->status, 413);
   EXPECT_THAT(json::parse(r->body).at("error").get<std::string>(),
               HasSubstr("over the limit of 4096 bytes (--max_message_bytes)"));
+  // A chunked body (no Content-Length to check up front) is held to the same limit.
+  httplib::Result chunked = client_->Post(
+      "/v2/models/mlp/infer",
+      [&body](size_t offset, httplib::DataSink& sink) {
+        const size_t n = std::min<size_t>(1000, body.size() - offset);
+        sink.write(body.data() + offset, n);
+        if (offset + n == body.size()) sink.done();
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(chunked);
+  EXPECT_EQ(chunked->status, 413) << chunked->body;
   // Within the limit, the same listener still answers.
   httplib::Result live = client_->Get("/v2/health/live");
   ASSERT_TRUE(live);
