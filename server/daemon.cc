@@ -329,6 +329,10 @@ absl::Status Daemon::StartHttp() {
                                             : kInvalidBearerTokenMessage);
     };
   }
+  http.on_request = [metrics = metrics_.get()](const std::string& path, int status,
+                                               double seconds) {
+    metrics->RecordHttp(http::RouteLabel(path), status, seconds);
+  };
   auto server = std::make_unique<http::HttpServer>(std::move(http));
   metrics_->AddMetricsRoute(
       server.get(), options_.metrics_require_token ? http::Access::kToken : http::Access::kOpen);

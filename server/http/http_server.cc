@@ -9,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -24,6 +25,9 @@ namespace {
 // connection is closed after it too.
 constexpr int kIoTimeoutSeconds = 5;
 constexpr int kKeepAliveRequests = 100;
+
+// When the request this thread is answering arrived (its head), for on_request.
+thread_local std::optional<std::chrono::steady_clock::time_point> request_start;
 
 // httplib's ThreadPool, with threads named for top -H and perf.
 class NamedThreadPool : public httplib::TaskQueue {
@@ -146,6 +150,24 @@ HttpServer::HttpServer(HttpServerOptions options) : options_(std::move(options))
         ReplyError(res, res.status, DefaultMessage(req, res.status, max_body));
         return httplib::Server::HandlerResponse::Handled;
       }));
+  if (options_.on_request) {
+    // A connection is answered on one thread, a request at a time: the start of the request
+    // being answered is the thread's.
+    server_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+      request_start = std::chrono::steady_clock::now();
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    server_->set_logger([on_request = options_.on_request](const httplib::Request& req,
+                                                           const httplib::Response& res) {
+      const auto now = std::chrono::steady_clock::now();
+      // A request httplib refused before routing (a malformed head) has no start of its own.
+      const double seconds = request_start.has_value()
+                                 ? std::chrono::duration<double>(now - *request_start).count()
+                                 : 0.0;
+      request_start.reset();
+      on_request(req.path, res.status, seconds);
+    });
+  }
   server_->set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
         ReplyError(res, 500, "internal error");

@@ -49,6 +49,9 @@ struct HttpServerOptions {
   // Bearer tokens when set: given a request's Authorization header values, OK or
   // Unauthenticated with the message to answer (401). Routes added with kToken call it.
   std::function<absl::Status(const std::vector<std::string_view>& authorization)> authorize;
+  // Called once per answered request (also those httplib answers itself: no route, a body over
+  // the limit) with its path, status and seconds from its head to the answer; thread-safe.
+  std::function<void(const std::string& path, int status, double seconds)> on_request;
 };
 
 // Who may call a route: anyone, or (when HttpServerOptions::authorize is set) only a request

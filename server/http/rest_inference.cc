@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <optional>
+#include <regex>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -58,6 +59,24 @@ void Infer(serving::InferenceService* service, const httplib::Request& req,
 }
 
 }  // namespace
+
+std::string RouteLabel(const std::string& path) {
+  static const std::regex* const kModel =
+      new std::regex(R"(/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?)");
+  static const std::regex* const kRepositoryModel =
+      new std::regex(R"(/v2/repository/models/[^/]+/(load|unload))");
+  for (const char* fixed :
+       {"/metrics", "/v2/health/live", "/v2/health/ready", "/v2/repository/index"}) {
+    if (path == fixed) return fixed;
+  }
+  if (path == "/v2" || path == "/v2/") return "/v2";
+  std::smatch m;
+  if (std::regex_match(path, m, *kModel)) return absl::StrCat("/v2/models/{model}", m[1].str());
+  if (std::regex_match(path, m, *kRepositoryModel)) {
+    return absl::StrCat("/v2/repository/models/{model}/", m[1].str());
+  }
+  return "other";
+}
 
 int HttpStatusOf(absl::StatusCode code) {
   switch (code) {

@@ -109,6 +109,11 @@ class Metrics {
   // (server/grpc/metrics_interceptor.h).
   void RecordGrpc(const std::string& method, int code, double seconds);
 
+  // --- HTTP (/metrics and KServe v2 REST) ------------------------------------------------------
+  // One answered HTTP request: `route` is one of a fixed set of labels (the path with names in
+  // braces, "other" for anything else), `status` its HTTP status.
+  void RecordHttp(std::string_view route, int status, double seconds);
+
   // --- auth ---------------------------------------------------------------------------------
   // A call refused for its bearer token; reason: "missing" or "invalid".
   void AuthFailed(std::string_view reason);
@@ -149,6 +154,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* job_completions_;
   prometheus::Family<prometheus::Counter>* grpc_requests_;
   prometheus::Family<prometheus::Histogram>* grpc_duration_;
+  prometheus::Family<prometheus::Counter>* http_requests_;
+  prometheus::Family<prometheus::Histogram>* http_duration_;
   prometheus::Family<prometheus::Counter>* auth_failures_;
   prometheus::Family<prometheus::Counter>* connections_refused_;
   prometheus::Family<prometheus::Gauge>* store_writable_;

@@ -118,6 +118,16 @@ TEST_F(RestSecurityTest, V2NeedsTheGrpcTokensWhileHealthAndMetricsStayOpen) {
   // Refusals count where gRPC's do; the token never reaches the log.
   EXPECT_EQ(SampleValue(*scrape, "kiln_auth_failures_total{reason=\"missing\"}"), 7);
   EXPECT_EQ(SampleValue(*scrape, "kiln_auth_failures_total{reason=\"invalid\"}"), 7);
+  // And in the HTTP port's own series, by route (names folded) and status.
+  EXPECT_EQ(
+      SampleValue(*scrape,
+                  "kiln_http_requests_total{code=\"401\",route=\"/v2/models/{model}/infer\"}"),
+      2);
+  EXPECT_EQ(SampleValue(*scrape, "kiln_http_requests_total{code=\"200\",route=\"/v2\"}"), 1);
+  EXPECT_EQ(SampleValue(*scrape,
+                        "kiln_http_requests_total{code=\"400\","
+                        "route=\"/v2/models/{model}/ready\"}"),
+            1);
   EXPECT_EQ(kilnd.Stderr().find(kToken), std::string::npos);
   EXPECT_EQ(kilnd.Stop(), 0);
 }

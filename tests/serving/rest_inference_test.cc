@@ -497,6 +497,26 @@ TEST_F(RestInferenceTest, BearerTokensGuardV2ButNotHealth) {
   }
 }
 
+// Metrics labels come from a fixed set, whatever names a client puts in the path.
+TEST(RestRouteLabelTest, NamesInPathsFoldIntoAFixedSet) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"/metrics", "/metrics"},
+      {"/v2", "/v2"},
+      {"/v2/", "/v2"},
+      {"/v2/health/live", "/v2/health/live"},
+      {"/v2/models/digits", "/v2/models/{model}"},
+      {"/v2/models/digits/versions/3", "/v2/models/{model}"},
+      {"/v2/models/x/versions/7/ready", "/v2/models/{model}/ready"},
+      {"/v2/models/random-123/infer", "/v2/models/{model}/infer"},
+      {"/v2/repository/index", "/v2/repository/index"},
+      {"/v2/repository/models/a/load", "/v2/repository/models/{model}/load"},
+      {"/v2/repository/models/a/unload", "/v2/repository/models/{model}/unload"},
+      {"/v2/models/a/b/c", "other"},
+      {"/favicon.ico", "other"},
+  };
+  for (const auto& [path, label] : cases) EXPECT_EQ(RouteLabel(path), label) << path;
+}
+
 // What a user types: curl against the REST port, side by side with gRPC.
 TEST_F(RestInferenceTest, CurlGetsTheGrpcAnswers) {
   if (access("/usr/bin/curl", X_OK) != 0) {
