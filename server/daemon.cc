@@ -414,10 +414,15 @@ absl::Status Daemon::Shutdown(absl::Duration deadline) {
   if (restore_thread_.joinable()) restore_thread_.join();
   absl::Status jobs = manager_->Shutdown(deadline);
   broadcaster_->CloseAll(absl::UnavailableError("kilnd is shutting down"));
-  // In-flight calls get a moment to finish; after it they are cancelled.
+  // In-flight calls get a moment to finish; after it they are cancelled. The HTTP port stops
+  // meanwhile (/metrics served until now): its requests being answered finish, and an idle
+  // kept-alive connection can hold it for its 5 s keep-alive.
+  std::thread http_stop([this] {
+    if (http_ != nullptr) http_->Stop();
+  });
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
-  if (http_ != nullptr) http_->Stop();
+  http_stop.join();
   return jobs;
 }
 
