@@ -169,7 +169,7 @@ HttpServer::HttpServer(HttpServerOptions options) : options_(std::move(options))
     });
   }
   server_->set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+      [](const httplib::Request&, httplib::Response& res, const std::exception_ptr&) {
         ReplyError(res, 500, "internal error");
       });
 }

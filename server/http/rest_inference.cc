@@ -52,9 +52,9 @@ void Infer(serving::InferenceService* service, const httplib::Request& req,
   RestBody body = WriteInferResponse(response, *request);
   if (body.json_size.has_value()) {
     res.set_header("Inference-Header-Content-Length", std::to_string(*body.json_size));
-    res.set_content(std::move(body.body), "application/octet-stream");
+    res.set_content(body.body, "application/octet-stream");
   } else {
-    res.set_content(std::move(body.body), kJson);
+    res.set_content(body.body, kJson);
   }
 }
 
