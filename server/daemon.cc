@@ -19,8 +19,10 @@
 #include "engine/backend_registry.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/grpc/auth_interceptor.h"
+#include "server/grpc/call_auth.h"
 #include "server/grpc/metrics_interceptor.h"
 #include "server/grpc/training_service.h"
+#include "server/http/rest_inference.h"
 #include "server/jobs/interrupted_writes.h"
 #include "server/serving/job_checkpoint_resolver.h"
 
@@ -176,10 +178,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!options.auth_tokens_file.empty()) {
     KILN_ASSIGN_OR_RETURN(d->auth_tokens_, AuthTokens::Load(options.auth_tokens_file));
   }
-  if (absl::Status served = d->metrics_->Serve(options.metrics_listen); !served.ok()) {
-    if (!options.metrics_optional) return served;
-    d->log_->Log(LogLevel::kWarning, "metrics_off", {{"reason", std::string(served.message())}});
-  }
   KILN_ASSIGN_OR_RETURN(
       d->store_, JobStore::Open(options.state_dir + "/kiln.db", {options.max_step_events_per_job}));
   // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
@@ -285,6 +283,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->inference_->SetReady(false);
   }
 
+  KILN_RETURN_IF_ERROR(d->StartHttp());
+
   // Our own grpc.health.v1 (server/grpc/health_service.h): Watch streams are capped.
   grpc::EnableDefaultHealthCheckService(false);
   d->health_service_ = std::make_unique<HealthService>(options.max_health_watches);
@@ -325,11 +325,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->health_->SetServingStatus(kInferenceServiceName, d->models_restored_);
     d->health_->SetServingStatus("", true);
   }
-  d->log_->ServerStarted(WithPort(options.listen, d->port_),
-                         options.metrics_listen.empty() || d->metrics_->port() == 0
-                             ? ""
-                             : WithPort(options.metrics_listen, d->metrics_->port()),
-                         options.device, absl::StrJoin(AvailableDevices(), ","));
+  d->log_->ServerStarted(
+      WithPort(options.listen, d->port_),
+      d->metrics_port() == 0 ? "" : WithPort(options.metrics_listen, d->metrics_port()),
+      options.device, absl::StrJoin(AvailableDevices(), ","));
   d->log_->Log(LogLevel::kInfo, "security",
                {{"tls", TlsModeName(TlsModeOf(options.tls))},
                 {"auth", d->auth_tokens_ == nullptr ? "off" : "bearer"},
@@ -339,6 +338,48 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         [raw = d.get(), records = std::move(to_restore)] { raw->RestoreModels(records); });
   }
   return d;
+}
+
+absl::Status Daemon::StartHttp() {
+  if (options_.metrics_listen.empty()) return absl::OkStatus();
+  http::HttpServerOptions http;
+  http.listen = options_.metrics_listen;
+  // The gRPC port's limits: the largest message is the largest body.
+  http.max_body_bytes = static_cast<size_t>(options_.max_message_bytes);
+  if (tls_ != nullptr) {
+    http.tls = [tls = tls_.get()] {
+      std::shared_ptr<const TlsPems> pems = tls->Served();
+      return http::HttpTlsPems{pems->cert_chain, pems->key, pems->client_ca};
+    };
+  }
+  if (auth_tokens_ != nullptr) {
+    http.authorize = [tokens = auth_tokens_.get(),
+                      metrics = metrics_.get()](const std::vector<std::string_view>& values) {
+      const AuthOutcome outcome = CheckAuthorization(values, *tokens);
+      if (outcome == AuthOutcome::kAccepted) return absl::OkStatus();
+      metrics->AuthFailed(AuthFailureReason(outcome));
+      return absl::UnauthenticatedError(outcome == AuthOutcome::kMissing
+                                            ? kMissingBearerTokenMessage
+                                            : kInvalidBearerTokenMessage);
+    };
+  }
+  http.on_request = [metrics = metrics_.get()](const std::string& path, int status,
+                                               double seconds) {
+    metrics->RecordHttp(http::RouteLabel(path), status, seconds);
+  };
+  auto server = std::make_unique<http::HttpServer>(std::move(http));
+  metrics_->AddMetricsRoute(
+      server.get(), options_.metrics_require_token ? http::Access::kToken : http::Access::kOpen);
+  http::AddKServeRoutes(inference_.get(), server.get());
+  absl::StatusOr<int> port = server->Start();
+  if (!port.ok()) {
+    if (!options_.metrics_optional) return port.status();
+    log_->Log(LogLevel::kWarning, "metrics_off",
+              {{"reason", std::string(port.status().message())}});
+    return absl::OkStatus();
+  }
+  http_ = std::move(server);
+  return absl::OkStatus();
 }
 
 void Daemon::RestoreModels(const std::vector<serving::DeploymentRecord>& records) {
@@ -409,9 +450,15 @@ absl::Status Daemon::Shutdown(absl::Duration deadline) {
   follower_->Stop();
   absl::Status jobs = manager_->Shutdown(deadline);
   broadcaster_->CloseAll(absl::UnavailableError("kilnd is shutting down"));
-  // In-flight calls get a moment to finish; after it they are cancelled.
+  // In-flight calls get a moment to finish; after it they are cancelled. The HTTP port stops
+  // meanwhile (/metrics served until now): its requests being answered finish, and an idle
+  // kept-alive connection can hold it for its 5 s keep-alive.
+  std::thread http_stop([this] {
+    if (http_ != nullptr) http_->Stop();
+  });
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
+  http_stop.join();
   return jobs;
 }
 

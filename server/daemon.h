@@ -21,6 +21,7 @@
 #include "server/grpc/health_service.h"
 #include "server/grpc/tls_credentials.h"
 #include "server/grpc/tls_reloader.h"
+#include "server/http/http_server.h"
 #include "server/jobs/dataset_catalog.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/job_store.h"
@@ -69,8 +70,12 @@ struct DaemonOptions {
   int watch_replay_page_events = 256;  // see JobManagerOptions; tests make it small
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only
-  // Prometheus /metrics on HOST:PORT (port 0 picks one); empty: not served.
+  // The HTTP listener on HOST:PORT (port 0 picks one): Prometheus /metrics and the KServe v2
+  // REST API under /v2, with the TLS and tokens of the gRPC port; empty: not served.
   std::string metrics_listen;
+  // Whether /metrics needs a bearer token too (when tokens are on); Prometheus scrapes
+  // usually send none, so it is open by default.
+  bool metrics_require_token = false;
   bool metrics_optional = false;  // true: an address that cannot be bound only warns
   absl::Duration metrics_job_retention = absl::Minutes(10);
   int metrics_max_ended_jobs = 500;  // ended jobs whose series are kept at most
@@ -96,8 +101,8 @@ class Daemon {
   // The metric families (also when not served), for serving and tests to feed and read.
   Metrics& metrics() { return *metrics_; }
   EventLog& event_log() { return *log_; }
-  // The /metrics port actually bound; 0 when not served.
-  int metrics_port() const { return metrics_->port(); }
+  // The HTTP port (/metrics and /v2) actually bound; 0 when not served.
+  int metrics_port() const { return http_ == nullptr ? 0 : http_->port(); }
 
   // Graceful stop: health goes NOT_SERVING, new jobs are refused, running jobs checkpoint and
   // stop (staying RUNNING in the store, to resume on the next start), watchers are told, and
@@ -141,6 +146,8 @@ class Daemon {
   std::unique_ptr<serving::InferenceService> inference_;
   // Loads new versions of models that follow a job's checkpoints; before models_ goes.
   std::unique_ptr<serving::ModelFollower> follower_;
+  // /metrics and KServe v2 REST; below inference_ and metrics_, so it stops before they go.
+  std::unique_ptr<http::HttpServer> http_;
   // Loads the recorded deployments after the server starts; joined by Shutdown.
   std::thread restore_thread_;
   std::unique_ptr<grpc::Server> server_;
@@ -151,6 +158,9 @@ class Daemon {
   // The store took (true) or refused (false) its last write: the training service's health
   // follows it. Called by the job manager, from Recover on, also before the server exists.
   void StoreWritable(bool writable);
+  // Serves /metrics and the KServe v2 REST API on metrics_listen, with the gRPC port's TLS,
+  // tokens and message limit. Unavailable when it cannot bind (a warning with metrics_optional).
+  absl::Status StartHttp();
   // Loads the deployments recorded before the last stop; serving's health and ServerReady stay
   // false until each has loaded or failed (failures are UNAVAILABLE in the index, with reasons).
   void RestoreModels(const std::vector<serving::DeploymentRecord>& records);

@@ -62,7 +62,10 @@ ABSL_FLAG(int64_t, max_step_events_per_job, 10'000,
 ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
           "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)");
+          "HOST:PORT of the HTTP port: Prometheus /metrics and KServe v2 REST under /v2, with "
+          "the gRPC port's TLS and tokens (port 0: any; empty: off)");
+ABSL_FLAG(bool, metrics_require_token, false,
+          "with --auth_tokens_file, /metrics needs a bearer token too (/v2 always does)");
 ABSL_FLAG(int, metrics_max_ended_jobs, 500,
           "ended jobs whose per-job series are kept at most; past it the first ended go first, "
           "before --metrics_job_retention");
@@ -153,6 +156,7 @@ int main(int argc, char** argv) {
   // The default address may be taken by another kilnd (a warning, then no metrics); one asked
   // for explicitly must work.
   const absl::CommandLineFlag* metrics_flag = absl::FindCommandLineFlag("metrics_listen");
+  options.metrics_require_token = absl::GetFlag(FLAGS_metrics_require_token);
   options.metrics_optional = metrics_flag->CurrentValue() == metrics_flag->DefaultValue();
   options.metrics_job_retention = absl::GetFlag(FLAGS_metrics_job_retention);
   options.metrics_max_ended_jobs = absl::GetFlag(FLAGS_metrics_max_ended_jobs);

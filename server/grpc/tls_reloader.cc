@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<TlsReloader>> TlsReloader::Start(const TlsFiles& 
   KILN_RETURN_IF_ERROR(reloader->Publish(pems));
   metrics->TlsCertificateServed(pems.not_after);
   reloader->served_ = std::move(pems);
+  reloader->served_snapshot_ = std::make_shared<const TlsPems>(reloader->served_);
 
   const bool mutual = !files.client_ca.empty();
   // The identity file holds the key and the chain: OpenSSL's PEM readers skip blocks of the
@@ -115,6 +116,10 @@ absl::StatusOr<bool> TlsReloader::ReloadLocked(bool log_repeated_failure) {
   last_failure_.clear();
   if (changed) {
     served_ = *std::move(pems);
+    {
+      std::lock_guard<std::mutex> served_lock(served_mu_);
+      served_snapshot_ = std::make_shared<const TlsPems>(served_);
+    }
     metrics_->TlsCertificateServed(served_.not_after);
     metrics_->TlsReloaded("ok");
     log_->Log(

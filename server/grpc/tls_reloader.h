@@ -42,6 +42,13 @@ class TlsReloader {
 
   std::shared_ptr<grpc::ServerCredentials> credentials() const { return credentials_; }
 
+  // The set in force (what gRPC's copies hold), for the HTTP listener's handshakes: cheap, and
+  // never waits for a reload's file reads.
+  std::shared_ptr<const TlsPems> Served() const {
+    std::lock_guard<std::mutex> lock(served_mu_);
+    return served_snapshot_;
+  }
+
   // Reads the files again (SIGHUP). Changed and sound: the copies are replaced, new connections
   // get the new set within a second, and it returns true (logged tls_reloaded); unchanged: false;
   // otherwise the error (logged tls_reload_failed) and the set in force stays.
@@ -65,8 +72,10 @@ class TlsReloader {
   std::shared_ptr<grpc::ServerCredentials> credentials_;
 
   std::mutex mu_;
-  TlsPems served_;            // what the copies hold
-  std::string last_failure_;  // the periodic check logs a failure once
+  TlsPems served_;  // what the copies hold
+  mutable std::mutex served_mu_;
+  std::shared_ptr<const TlsPems> served_snapshot_;  // guarded by served_mu_; a copy of served_
+  std::string last_failure_;                        // the periodic check logs a failure once
   bool stopping_ = false;
   std::condition_variable stop_;
   std::thread periodic_;

@@ -1,6 +1,7 @@
 #include "server/observability/metrics.h"
 
 #include <dirent.h>
+#include <httplib.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -277,9 +278,14 @@ Metrics::Metrics(MetricsOptions options)
                            "Finished gRPC calls, by method and status code.");
   grpc_duration_ = Declare(BuildHistogram(), r, "kiln_grpc_request_duration_seconds",
                            "Duration of gRPC calls (streams: until the status), by method.");
+  http_requests_ = Declare(BuildCounter(), r, "kiln_http_requests_total",
+                           "Answered HTTP requests (/metrics, KServe v2 REST), by route and "
+                           "status.");
+  http_duration_ = Declare(BuildHistogram(), r, "kiln_http_request_duration_seconds",
+                           "Duration of HTTP requests from their head to the answer, by route.");
   auth_failures_ = Declare(BuildCounter(), r, "kiln_auth_failures_total",
-                           "gRPC calls refused for their bearer token, by reason (missing, "
-                           "invalid).");
+                           "gRPC calls and HTTP requests refused for their bearer token, by "
+                           "reason (missing, invalid).");
   connections_refused_ =
       Declare(BuildCounter(), r, "kiln_grpc_connections_refused_total",
               "gRPC connections closed on accept, by reason (max_connections: --max_connections "
@@ -364,12 +370,21 @@ Metrics::~Metrics() {
 
 absl::Status Metrics::Serve(const std::string& listen) {
   if (listen.empty()) return absl::OkStatus();
-  auto server = std::make_unique<MetricsHttpServer>([this] { return Scrape(); });
-  absl::StatusOr<int> port = server->Start(listen);
+  http::HttpServerOptions options;
+  options.listen = listen;
+  auto server = std::make_unique<http::HttpServer>(std::move(options));
+  AddMetricsRoute(server.get(), http::Access::kOpen);
+  absl::StatusOr<int> port = server->Start();
   if (!port.ok()) return port.status();
   port_ = *port;
   http_ = std::move(server);
   return absl::OkStatus();
+}
+
+void Metrics::AddMetricsRoute(http::HttpServer* server, http::Access access) {
+  server->Get("/metrics", access, [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+  });
 }
 
 std::string Metrics::Scrape() const {
@@ -542,6 +557,12 @@ void Metrics::RecordGrpc(const std::string& method, int code, double seconds) {
   grpc_requests_->Add({{"method", name}, {"code", CodeLabel(static_cast<absl::StatusCode>(code))}})
       .Increment();
   grpc_duration_->Add({{"method", name}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::RecordHttp(std::string_view route, int status, double seconds) {
+  const std::string label(route);
+  http_requests_->Add({{"route", label}, {"code", std::to_string(status)}}).Increment();
+  http_duration_->Add({{"route", label}}, LatencyBuckets()).Observe(seconds);
 }
 
 void Metrics::AuthFailed(std::string_view reason) {

@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
-#include "server/observability/metrics_http_server.h"
+#include "server/http/http_server.h"
 
 namespace prometheus {
 class Counter;
@@ -90,9 +90,12 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Serves the registry as text at http://`listen`/metrics (HOST:PORT, port 0 picks one).
-  // Unavailable when the address cannot be bound. Call at most once.
+  // Serves the registry alone as text at http://`listen`/metrics (HOST:PORT, port 0 picks one).
+  // Unavailable when the address cannot be bound. Call at most once. kilnd does not use this:
+  // its HTTP listener serves /metrics (AddMetricsRoute) beside the KServe v2 REST API.
   absl::Status Serve(const std::string& listen);
+  // Adds GET /metrics (the Prometheus text format) to `server`, open or behind its tokens.
+  void AddMetricsRoute(http::HttpServer* server, http::Access access);
   // The bound port after Serve, else 0.
   int port() const { return port_; }
   // The text exposition of everything, exactly as a scrape gets it.
@@ -132,6 +135,11 @@ class Metrics {
   // (server/grpc/metrics_interceptor.h).
   void RecordGrpc(const std::string& method, int code, double seconds);
 
+  // --- HTTP (/metrics and KServe v2 REST) ------------------------------------------------------
+  // One answered HTTP request: `route` is one of a fixed set of labels (the path with names in
+  // braces, "other" for anything else), `status` its HTTP status.
+  void RecordHttp(std::string_view route, int status, double seconds);
+
   // --- auth ---------------------------------------------------------------------------------
   // A call refused for its bearer token; reason: "missing" or "invalid".
   void AuthFailed(std::string_view reason);
@@ -164,7 +172,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<DeviceCollector> devices_;
   std::shared_ptr<ProcessCollector> process_;
-  std::unique_ptr<MetricsHttpServer> http_;
+  std::unique_ptr<http::HttpServer> http_;
   int port_ = 0;
 
   // Process-wide families.
@@ -174,6 +182,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* job_completions_;
   prometheus::Family<prometheus::Counter>* grpc_requests_;
   prometheus::Family<prometheus::Histogram>* grpc_duration_;
+  prometheus::Family<prometheus::Counter>* http_requests_;
+  prometheus::Family<prometheus::Histogram>* http_duration_;
   prometheus::Family<prometheus::Counter>* auth_failures_;
   prometheus::Family<prometheus::Counter>* connections_refused_;
   prometheus::Family<prometheus::Gauge>* store_writable_;

@@ -239,6 +239,75 @@ absl::Status InferenceService::UnloadModel(const inference::RepositoryModelUnloa
                                    recorded.message()));
 }
 
+absl::StatusOr<bool> InferenceService::ModelIsReady(const std::string& model,
+                                                    const std::string& version) const {
+  if (model.empty()) return absl::InvalidArgumentError("name: required");
+  return repository_->Find(model, version).ok();
+}
+
+void InferenceService::ServerInfo(inference::ServerMetadataResponse* response) const {
+  response->set_name(options_.server_name);
+  response->set_version(options_.server_version);
+  response->add_extensions("model_repository");
+}
+
+void InferenceService::Index(const inference::RepositoryIndexRequest& request,
+                             inference::RepositoryIndexResponse* response) const {
+  for (const ModelIndexEntry& entry : repository_->Index()) {
+    if (request.ready() && entry.state != "READY") continue;
+    auto* model = response->add_models();
+    model->set_name(entry.name);
+    model->set_version(entry.version);
+    model->set_state(entry.state);
+    model->set_reason(entry.reason);
+  }
+}
+
+absl::Status InferenceService::InferCounted(const inference::ModelInferRequest& request,
+                                            inference::ModelInferResponse* response) const {
+  const auto start = std::chrono::steady_clock::now();
+  DynamicBatcher::RunInfo info;
+  absl::Status status = Infer(request, response, &info);
+  if (options_.on_infer) {
+    // Labels name only what is loaded: a client's random model and version names would each
+    // make series of their own.
+    std::string model = "unknown", version = "unknown";
+    if (status.ok()) {
+      model = request.model_name();
+      version = response->model_version();
+    } else if (auto served = repository_->Find(request.model_name(), request.model_version());
+               served.ok()) {
+      model = request.model_name();
+      version = (*served)->version();
+    }
+    options_.on_infer(
+        model, version, status.code(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        info.queue_seconds, info.batch_size);
+  }
+  return status;
+}
+
+absl::Status InferenceService::LoadAnnounced(const inference::RepositoryModelLoadRequest& request) {
+  absl::Status status = LoadModel(request);
+  if (status.ok() && options_.on_repository_change) {
+    auto it = request.parameters().find("checkpoint");
+    options_.on_repository_change(
+        request.model_name(),
+        it != request.parameters().end() ? it->second.string_param() : request.model_name(), true);
+  }
+  return status;
+}
+
+absl::Status InferenceService::UnloadAnnounced(
+    const inference::RepositoryModelUnloadRequest& request) {
+  absl::Status status = UnloadModel(request);
+  if (status.ok() && options_.on_repository_change) {
+    options_.on_repository_change(request.model_name(), "", false);
+  }
+  return status;
+}
+
 grpc::Status InferenceService::ServerLive(grpc::ServerContext* context,
                                           const inference::ServerLiveRequest*,
                                           inference::ServerLiveResponse* response) {
@@ -251,7 +320,7 @@ grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
                                            const inference::ServerReadyRequest*,
                                            inference::ServerReadyResponse* response) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  response->set_ready(ready_.load(std::memory_order_relaxed));
+  response->set_ready(Ready());
   return grpc::Status::OK;
 }
 
@@ -259,10 +328,9 @@ grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
                                           const inference::ModelReadyRequest* request,
                                           inference::ModelReadyResponse* response) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  if (request->name().empty()) {
-    return server::ToGrpcStatus(absl::InvalidArgumentError("name: required"));
-  }
-  response->set_ready(repository_->Find(request->name(), request->version()).ok());
+  absl::StatusOr<bool> ready = ModelIsReady(request->name(), request->version());
+  if (!ready.ok()) return server::ToGrpcStatus(ready.status());
+  response->set_ready(*ready);
   return grpc::Status::OK;
 }
 
@@ -270,9 +338,7 @@ grpc::Status InferenceService::ServerMetadata(grpc::ServerContext* context,
                                               const inference::ServerMetadataRequest*,
                                               inference::ServerMetadataResponse* response) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  response->set_name(options_.server_name);
-  response->set_version(options_.server_version);
-  response->add_extensions("model_repository");
+  ServerInfo(response);
   return grpc::Status::OK;
 }
 
@@ -289,26 +355,7 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
                                           const inference::ModelInferRequest* request,
                                           inference::ModelInferResponse* response) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  const auto start = std::chrono::steady_clock::now();
-  DynamicBatcher::RunInfo info;
-  absl::Status status = Infer(*request, response, &info);
-  if (options_.on_infer) {
-    // Labels name only what is loaded: a client's random model and version names would each
-    // make series of their own.
-    std::string model = "unknown", version = "unknown";
-    if (status.ok()) {
-      model = request->model_name();
-      version = response->model_version();
-    } else if (auto served = repository_->Find(request->model_name(), request->model_version());
-               served.ok()) {
-      model = request->model_name();
-      version = (*served)->version();
-    }
-    options_.on_infer(
-        model, version, status.code(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-        info.queue_seconds, info.batch_size);
-  }
+  absl::Status status = InferCounted(*request, response);
   if (!status.ok()) response->Clear();
   return server::ToGrpcStatus(status);
 }
@@ -317,14 +364,7 @@ grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext* context,
                                                const inference::RepositoryIndexRequest* request,
                                                inference::RepositoryIndexResponse* response) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  for (const ModelIndexEntry& entry : repository_->Index()) {
-    if (request->ready() && entry.state != "READY") continue;
-    auto* model = response->add_models();
-    model->set_name(entry.name);
-    model->set_version(entry.version);
-    model->set_state(entry.state);
-    model->set_reason(entry.reason);
-  }
+  Index(*request, response);
   return grpc::Status::OK;
 }
 
@@ -332,26 +372,14 @@ grpc::Status InferenceService::RepositoryModelLoad(
     grpc::ServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  absl::Status status = LoadModel(*request);
-  if (status.ok() && options_.on_repository_change) {
-    auto it = request->parameters().find("checkpoint");
-    options_.on_repository_change(
-        request->model_name(),
-        it != request->parameters().end() ? it->second.string_param() : request->model_name(),
-        true);
-  }
-  return server::ToGrpcStatus(status);
+  return server::ToGrpcStatus(LoadAnnounced(*request));
 }
 
 grpc::Status InferenceService::RepositoryModelUnload(
     grpc::ServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  absl::Status status = UnloadModel(*request);
-  if (status.ok() && options_.on_repository_change) {
-    options_.on_repository_change(request->model_name(), "", false);
-  }
-  return server::ToGrpcStatus(status);
+  return server::ToGrpcStatus(UnloadAnnounced(*request));
 }
 
 }  // namespace kiln::serving

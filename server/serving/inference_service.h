@@ -90,7 +90,21 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
                                      const inference::RepositoryModelUnloadRequest* request,
                                      inference::RepositoryModelUnloadResponse* response) override;
 
-  // The same calls without gRPC, for the daemon and tests.
+  // The same calls without gRPC, for other transports (server/http), the daemon and tests. A
+  // transport's handler calls these and nothing else, so every protocol answers alike.
+  bool Ready() const { return ready_.load(std::memory_order_relaxed); }
+  // False, not an error, for an unknown or unloaded model or version; InvalidArgument for no name.
+  absl::StatusOr<bool> ModelIsReady(const std::string& model, const std::string& version) const;
+  void ServerInfo(inference::ServerMetadataResponse* response) const;
+  void Index(const inference::RepositoryIndexRequest& request,
+             inference::RepositoryIndexResponse* response) const;
+  // Infer, and its outcome counted (on_infer) as ModelInfer counts it.
+  absl::Status InferCounted(const inference::ModelInferRequest& request,
+                            inference::ModelInferResponse* response) const;
+  // LoadModel / UnloadModel, announced (on_repository_change) as the RPCs announce them.
+  absl::Status LoadAnnounced(const inference::RepositoryModelLoadRequest& request);
+  absl::Status UnloadAnnounced(const inference::RepositoryModelUnloadRequest& request);
+
   absl::Status Infer(const inference::ModelInferRequest& request,
                      inference::ModelInferResponse* response,
                      DynamicBatcher::RunInfo* info = nullptr) const;

@@ -1,6 +1,7 @@
 #include "security_test_support.h"
 
 #include <arpa/inet.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <openssl/ec.h>
 #include <openssl/evp.h>
@@ -137,29 +138,22 @@ absl::Status WriteExpiredCertificate(const std::string& cert_path, const std::st
 }
 
 absl::StatusOr<std::string> ScrapeMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to /metrics on port ", port));
+  // With --tls_cert the port speaks TLS; these tests read metrics there without checking the
+  // certificate (the TLS tests check it).
+  httplib::ClientImpl plain("127.0.0.1", port);
+  httplib::SSLClient tls("127.0.0.1", port);
+  tls.enable_server_certificate_verification(false);
+  for (httplib::ClientImpl* client : {&plain, static_cast<httplib::ClientImpl*>(&tls)}) {
+    client->set_read_timeout(10, 0);
+    httplib::Result r = client->Get("/metrics");
+    if (!r) continue;
+    if (r->status != 200) {
+      return absl::UnknownError(
+          absl::StrCat("/metrics answered ", r->status, ": ", r->body.substr(0, 200)));
+    }
+    return r->body;
   }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return absl::UnavailableError("sending the /metrics request failed");
-  }
-  std::string response;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, n);
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (!absl::StartsWith(response, "HTTP/1.1 200") || body == std::string::npos) {
-    return absl::UnknownError(absl::StrCat("/metrics answered: ", response.substr(0, 200)));
-  }
-  return response.substr(body + 4);
+  return absl::UnavailableError(absl::StrCat("cannot read /metrics on port ", port));
 }
 
 double SampleValue(const std::string& scrape, const std::string& series) {

@@ -1,0 +1,187 @@
+#include "server/http/rest_inference.h"
+
+#include <httplib.h>
+
+#include <optional>
+#include <regex>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/grpc/status_mapping.h"
+#include "server/http/kserve_json.h"
+
+namespace kiln::http {
+namespace {
+
+constexpr char kJson[] = "application/json";
+// A model name, then optionally /versions/VERSION; httplib hands the path over decoded.
+constexpr char kModelPath[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+
+// The error as the gRPC path words it (server paths shown by their folder names, cut at 1 KiB).
+void ReplyStatus(httplib::Response& res, const absl::Status& status) {
+  ReplyError(res, HttpStatusOf(status.code()), server::ToGrpcStatus(status).error_message());
+}
+
+std::string VersionOf(const httplib::Request& req) {
+  return req.matches.size() > 2 ? std::string(req.matches[2]) : std::string();
+}
+
+void Infer(serving::InferenceService* service, const httplib::Request& req,
+           httplib::Response& res) {
+  std::optional<size_t> json_size;
+  if (req.has_header("Inference-Header-Content-Length")) {
+    size_t n;
+    if (!absl::SimpleAtoi(req.get_header_value("Inference-Header-Content-Length"), &n)) {
+      ReplyError(res, 400, "Inference-Header-Content-Length: must be a byte count");
+      return;
+    }
+    json_size = n;
+  }
+  absl::StatusOr<RestInferRequest> request =
+      ParseInferRequest(req.body, json_size, req.matches[1], VersionOf(req));
+  if (!request.ok()) {
+    ReplyStatus(res, request.status());
+    return;
+  }
+  inference::ModelInferResponse response;
+  if (absl::Status status = service->InferCounted(request->request, &response); !status.ok()) {
+    ReplyStatus(res, status);
+    return;
+  }
+  RestBody body = WriteInferResponse(response, *request);
+  if (body.json_size.has_value()) {
+    res.set_header("Inference-Header-Content-Length", std::to_string(*body.json_size));
+    res.set_content(body.body, "application/octet-stream");
+  } else {
+    res.set_content(body.body, kJson);
+  }
+}
+
+}  // namespace
+
+std::string RouteLabel(const std::string& path) {
+  static const std::regex* const kModel =
+      new std::regex(R"(/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?)");
+  static const std::regex* const kRepositoryModel =
+      new std::regex(R"(/v2/repository/models/[^/]+/(load|unload))");
+  for (const char* fixed :
+       {"/metrics", "/v2/health/live", "/v2/health/ready", "/v2/repository/index"}) {
+    if (path == fixed) return fixed;
+  }
+  if (path == "/v2" || path == "/v2/") return "/v2";
+  std::smatch m;
+  if (std::regex_match(path, m, *kModel)) return absl::StrCat("/v2/models/{model}", m[1].str());
+  if (std::regex_match(path, m, *kRepositoryModel)) {
+    return absl::StrCat("/v2/repository/models/{model}/", m[1].str());
+  }
+  return "other";
+}
+
+int HttpStatusOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+void AddKServeRoutes(serving::InferenceService* service, HttpServer* server) {
+  // Health answers by status alone (200, or 400 for "no"), with an empty body.
+  server->Get("/v2/health/live", Access::kOpen,
+              [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  server->Get("/v2/health/ready", Access::kOpen,
+              [service](const httplib::Request&, httplib::Response& res) {
+                res.status = service->Ready() ? 200 : 400;
+              });
+  server->Get("/v2/?", Access::kToken, [service](const httplib::Request&, httplib::Response& res) {
+    inference::ServerMetadataResponse metadata;
+    service->ServerInfo(&metadata);
+    res.set_content(ServerMetadataJson(metadata), kJson);
+  });
+  server->Get(absl::StrCat(kModelPath, "/ready"), Access::kToken,
+              [service](const httplib::Request& req, httplib::Response& res) {
+                absl::StatusOr<bool> ready = service->ModelIsReady(req.matches[1], VersionOf(req));
+                if (!ready.ok()) {
+                  ReplyStatus(res, ready.status());
+                  return;
+                }
+                res.status = *ready ? 200 : 400;
+              });
+  server->Get(kModelPath, Access::kToken,
+              [service](const httplib::Request& req, httplib::Response& res) {
+                inference::ModelMetadataRequest request;
+                request.set_name(req.matches[1]);
+                request.set_version(VersionOf(req));
+                inference::ModelMetadataResponse metadata;
+                if (absl::Status s = service->Metadata(request, &metadata); !s.ok()) {
+                  ReplyStatus(res, s);
+                  return;
+                }
+                res.set_content(ModelMetadataJson(metadata), kJson);
+              });
+  server->Post(
+      absl::StrCat(kModelPath, "/infer"), Access::kToken,
+      [service](const httplib::Request& req, httplib::Response& res) { Infer(service, req, res); });
+  // The repository extension, as Triton serves it over HTTP.
+  server->Post("/v2/repository/index", Access::kToken,
+               [service](const httplib::Request& req, httplib::Response& res) {
+                 absl::StatusOr<inference::RepositoryIndexRequest> request =
+                     ParseIndexRequest(req.body);
+                 if (!request.ok()) {
+                   ReplyStatus(res, request.status());
+                   return;
+                 }
+                 inference::RepositoryIndexResponse index;
+                 service->Index(*request, &index);
+                 res.set_content(RepositoryIndexJson(index), kJson);
+               });
+  server->Post(R"(/v2/repository/models/([^/]+)/load)", Access::kToken,
+               [service](const httplib::Request& req, httplib::Response& res) {
+                 absl::StatusOr<inference::RepositoryModelLoadRequest> request =
+                     ParseLoadRequest(req.body, req.matches[1]);
+                 absl::Status s =
+                     request.ok() ? service->LoadAnnounced(*request) : request.status();
+                 if (!s.ok()) {
+                   ReplyStatus(res, s);
+                   return;
+                 }
+                 res.status = 200;
+               });
+  server->Post(R"(/v2/repository/models/([^/]+)/unload)", Access::kToken,
+               [service](const httplib::Request& req, httplib::Response& res) {
+                 absl::StatusOr<inference::RepositoryModelUnloadRequest> request =
+                     ParseUnloadRequest(req.body, req.matches[1]);
+                 absl::Status s =
+                     request.ok() ? service->UnloadAnnounced(*request) : request.status();
+                 if (!s.ok()) {
+                   ReplyStatus(res, s);
+                   return;
+                 }
+                 res.status = 200;
+               });
+}
+
+}  // namespace kiln::http
