@@ -7,7 +7,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -86,6 +88,30 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "then needs 'authorization: Bearer TOKEN'. SIGHUP reloads it");
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
           "testing only: pause after every training step");
+
+namespace {
+
+// kilnd's own lines, outside the daemon's event log: "kilnd: ..." text, or with --log_format
+// json an event line like every other, so that a log collector reading stdout and stderr sees
+// nothing but JSON.
+class MainLines {
+ public:
+  explicit MainLines(kiln::server::LogFormat format) : format_(format) {}
+  void Say(std::FILE* out, kiln::server::LogLevel level, std::string_view event,
+           std::initializer_list<kiln::server::LogField> fields, const std::string& text) const {
+    if (format_ == kiln::server::LogFormat::kJson) {
+      kiln::server::EventLog(format_, out).Log(level, event, fields);
+    } else {
+      std::fprintf(out, "kilnd: %s\n", text.c_str());
+      std::fflush(out);
+    }
+  }
+
+ private:
+  const kiln::server::LogFormat format_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Memory a job frees goes back to the system. glibc raises its mmap threshold to the largest
@@ -171,31 +197,40 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.log_format = *log_format;
+  using kiln::server::LogLevel;
+  const MainLines lines(*log_format);
 
   auto daemon = kiln::server::Daemon::Start(options);
   if (!daemon.ok()) {
-    std::fprintf(stderr, "kilnd: %s\n", std::string(daemon.status().message()).c_str());
+    const std::string reason(daemon.status().message());
+    lines.Say(stderr, LogLevel::kError, "start_failed", {{"reason", reason}}, reason);
     return 1;
   }
-  // Tests and scripts read this line to learn the port.
-  std::printf("kilnd: listening on port %d\n", (*daemon)->port());
-  if ((*daemon)->metrics_port() != 0) {
-    std::printf("kilnd: metrics on port %d\n", (*daemon)->metrics_port());
+  // Tests and scripts read this line to learn the port ("kilnd: listening on port N", or the
+  // "listening" event's "port" with --log_format json).
+  const int port = (*daemon)->port(), metrics_port = (*daemon)->metrics_port();
+  lines.Say(stdout, LogLevel::kInfo, "listening", {{"port", port}},
+            "listening on port " + std::to_string(port));
+  if (metrics_port != 0) {
+    lines.Say(stdout, LogLevel::kInfo, "metrics_listening", {{"port", metrics_port}},
+              "metrics on port " + std::to_string(metrics_port));
   }
-  std::fflush(stdout);
 
   int signal_number = 0;
   // A reload logs its outcome (a bad file keeps the old tokens) and the daemon serves on.
   while (sigwait(&handled_signals, &signal_number) == 0 && signal_number == SIGHUP) {
     (*daemon)->Reload();
   }
-  std::fprintf(stderr, "kilnd: signal %d, shutting down\n", signal_number);
+  lines.Say(stderr, LogLevel::kInfo, "signal", {{"signal", signal_number}},
+            "signal " + std::to_string(signal_number) + ", shutting down");
   absl::Status stopped = (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_timeout));
   if (!stopped.ok()) {
     // Jobs still training are RUNNING in the store and resume from their last checkpoint.
-    std::fprintf(stderr, "kilnd: %s; exiting anyway\n", std::string(stopped.message()).c_str());
+    const std::string reason(stopped.message());
+    lines.Say(stderr, LogLevel::kError, "stop_timed_out", {{"reason", reason}},
+              reason + "; exiting anyway");
     std::_Exit(2);
   }
-  std::fprintf(stderr, "kilnd: stopped\n");
+  lines.Say(stderr, LogLevel::kInfo, "stopped", {}, "stopped");
   return 0;
 }

@@ -1,7 +1,10 @@
 // The structured event log: logfmt text and JSON lines, quoting, levels, and one line per event.
 #include "server/observability/logging.h"
 
+#include <signal.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -10,6 +13,8 @@
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server_test_support.h"
+#include "tests/support/kilnd_child.h"
 
 namespace kiln::server {
 namespace {
@@ -130,6 +135,31 @@ TEST(EventLogTest, TheFirstQueuedStateIsTheSubmissionsAndLogsNothing) {
   std::fclose(f);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_THAT(lines[0], HasSubstr(" info job_queued job=job-8 reason=\"resumed by request\""));
+}
+
+// With --log_format=json every line kilnd writes, on stdout (the ports) and stderr (events,
+// the signal, the stop), is one JSON object with an event name: log collectors read both.
+TEST(KilndLogLinesTest, WithJsonFormatEveryLineOnStdoutAndStderrIsJson) {
+  const std::string root = testing::MakeTempDir("kilnd-json-log");
+  kiln::testing::KilndChild kilnd;
+  ASSERT_TRUE(kilnd.Start(root + "/state", root + "/data", {"--log_format=json"}, true))
+      << kilnd.Stderr();
+  EXPECT_GT(kilnd.port(), 0);
+  EXPECT_GT(kilnd.metrics_port(), 0);
+  ASSERT_EQ(kilnd.Stop(SIGTERM, absl::Seconds(20)), 0);
+  const std::string out = kilnd.Stdout(), err = kilnd.Stderr();
+  std::vector<std::string> events;
+  for (const std::string& text : {out, err}) {
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(j.is_object()) << "not a JSON line: " << line;
+      ASSERT_TRUE(j.contains("event") && j.contains("ts") && j.contains("level")) << line;
+      events.push_back(j["event"].get<std::string>());
+    }
+  }
+  EXPECT_THAT(events, ::testing::IsSupersetOf({"listening", "metrics_listening", "server_started",
+                                               "signal", "stopped"}));
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

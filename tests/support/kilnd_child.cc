@@ -38,10 +38,23 @@ bool KilndChild::Start(const std::string& state_dir, const std::string& data_dir
   while (absl::Now() < end && !process_.Exited()) {
     const std::string out = process_.Stdout();
     if (static_cast<size_t>(std::count(out.begin(), out.end(), '\n')) >= lines_wanted) {
-      const bool listening = std::sscanf(out.c_str(), "kilnd: listening on port %d", &port_) == 1;
-      return listening &&
-             (!metrics || std::sscanf(out.c_str() + out.find('\n') + 1, "kilnd: metrics on port %d",
-                                      &metrics_port_) == 1);
+      const std::string second = out.substr(out.find('\n') + 1);
+      // Text ("kilnd: listening on port N") or, with --log_format json, the events'
+      // {"ts":...,"level":"info","event":"listening","port":N}.
+      const auto port_of = [](const std::string& line, const char* text, const char* event,
+                              int* port) {
+        if (std::sscanf(line.c_str(), text, port) == 1) return true;
+        const size_t at = line.find(event);
+        const size_t first_line_end = line.find('\n');
+        if (at == std::string::npos || at > first_line_end) return false;
+        const size_t p = line.find("\"port\":", at);
+        return p != std::string::npos && p < first_line_end &&
+               std::sscanf(line.c_str() + p, "\"port\":%d", port) == 1;
+      };
+      const bool listening =
+          port_of(out, "kilnd: listening on port %d", "\"event\":\"listening\"", &port_);
+      return listening && (!metrics || port_of(second, "kilnd: metrics on port %d",
+                                               "\"event\":\"metrics_listening\"", &metrics_port_));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -37,6 +37,7 @@ class KilndChild {
   pid_t pid() const { return process_.pid(); }        // -1 once it has exited and been reaped
 
   std::string Stderr() { return process_.Stderr(); }
+  std::string Stdout() { return process_.Stdout(); }
   // Polls until stderr holds `text` `count` times or more; false after `timeout`.
   bool WaitForStderr(const std::string& text, int count, absl::Duration timeout);
   void Signal(int signal) { process_.Signal(signal); }
