@@ -11,6 +11,7 @@
 #include "client/image_file.h"
 #include "client/job_ref.h"
 #include "client/npy_writer.h"
+#include "client/plain_enum_names.h"
 #include "client/progress_view.h"
 #include "client/spec_file.h"
 #include "client/table.h"
@@ -84,6 +85,48 @@ TEST(SpecFileTest, OverridesFillDefaultsAndSpellOutThePresetOptimizerForLr) {
   SpecOverrides lr_only;
   lr_only.lr = 0.1;
   EXPECT_EQ(ReportStatus(ApplyOverrides(lr_only, &custom), stderr), 2);
+}
+
+TEST(SpecFileTest, JsonTakesPlainEnumNamesInAnyCaseAndTheFullOnes) {
+  auto spec = ParseSpecJson(R"({"optimizer": {"kind": "adamw", "lr": 0.001},
+      "schedule": {"kind": "One_Cycle", "anneal": "linear"}, "loss": "cross_entropy",
+      "checkpoint_policy": {"keep_best": true}})",
+                            "a.json");
+  ASSERT_OK(spec) << spec.status();
+  EXPECT_EQ(spec->optimizer().kind(), v1::OptimizerSpec::KIND_ADAMW);
+  EXPECT_EQ(spec->schedule().kind(), v1::ScheduleSpec::KIND_ONE_CYCLE);
+  EXPECT_EQ(spec->schedule().anneal(), v1::ScheduleSpec::ANNEAL_LINEAR);
+  EXPECT_EQ(spec->loss(), v1::LOSS_KIND_CROSS_ENTROPY);
+  auto full = ParseSpecJson(R"({"optimizer": {"kind": "KIND_SGD"}, "loss": 1})", "b.json");
+  ASSERT_OK(full) << full.status();
+  EXPECT_EQ(full->optimizer().kind(), v1::OptimizerSpec::KIND_SGD);
+  EXPECT_EQ(full->loss(), v1::LOSS_KIND_MEAN_SQUARED_ERROR);
+}
+
+TEST(SpecFileTest, AnUnknownEnumNameIsAUsageErrorListingTheAcceptedOnes) {
+  auto bad = ParseSpecJson(R"({"optimizer": {"kind": "adamx"}})", "c.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(ReportStatus(bad.status(), stderr), 2);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("c.json: spec.optimizer.kind: unknown value \"adamx\"; expected sgd, "
+                        "adam or adamw"));
+  auto nested = ParseSpecJson(R"({"schedule": {"kind": "cos"}})", "d.json");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_THAT(std::string(nested.status().message()),
+              HasSubstr("expected constant, step, cosine or one_cycle"));
+  // Not JSON at all: protobuf's parser still says what is wrong.
+  EXPECT_FALSE(ParseSpecJson("{\"epochs\": ", "e.json").ok());
+}
+
+TEST(PlainEnumNameTest, IsTheLowerCaseNameWithoutTheSharedPrefix) {
+  EXPECT_EQ(PlainEnumName(v1::OptimizerSpec::Kind_descriptor()->FindValueByNumber(3)), "adamw");
+  EXPECT_EQ(PlainEnumName(v1::LossKind_descriptor()->FindValueByNumber(1)), "mean_squared_error");
+  EXPECT_EQ(PlainEnumName(
+                v1::CheckpointKind_descriptor()->FindValueByNumber(v1::CHECKPOINT_KIND_ON_DEMAND)),
+            "on_demand");
+  auto kind = ParsePlainEnumName(v1::CheckpointKind_descriptor(), "Final", "--kind");
+  ASSERT_OK(kind);
+  EXPECT_EQ((*kind)->number(), v1::CHECKPOINT_KIND_FINAL);
 }
 
 TEST(ImageFileTest, DecodesBinaryAndAsciiPgm) {

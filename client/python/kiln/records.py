@@ -21,7 +21,8 @@ def _time(ts):
 
 @dataclasses.dataclass
 class Checkpoint:
-    """One checkpoint file of a job. kind: "PERIODIC", "BEST", "ON_DEMAND", "SHUTDOWN", "FINAL"."""
+    """One checkpoint file of a job. kind: "periodic", "best", "on_demand", "shutdown", "final",
+    as kilnd's file names and metrics and the kiln CLI spell it."""
     id: int
     job_id: str
     kind: str
@@ -36,8 +37,8 @@ class Checkpoint:
 
     @classmethod
     def from_proto(cls, c):
-        return cls(c.id, c.job_id, enum_name(training_pb2.CheckpointKind, c.kind,
-                                             "CHECKPOINT_KIND_"),
+        return cls(c.id, c.job_id,
+                   enum_name(training_pb2.CheckpointKind, c.kind, "CHECKPOINT_KIND_").lower(),
                    c.epochs_done, c.global_step, c.test_accuracy, c.size_bytes, c.sha256, c.path,
                    _time(c.create_time), c)
 

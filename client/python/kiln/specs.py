@@ -17,6 +17,12 @@ _PRESET_OPTIMIZERS = {
 }
 
 
+def _shared_prefix(names):
+    """The prefix all `names` share up to a '_': "KIND_" for KIND_SGD, KIND_ADAM."""
+    prefix = os.path.commonprefix(list(names))
+    return prefix[:prefix.rfind("_") + 1]
+
+
 def _plain_enum_names(value, descriptor):
     """`value` (a dict of the JSON form of `descriptor`) with enum values also accepted by their
     plain names, any case: "adam" for "KIND_ADAM", "cross_entropy" for
@@ -33,7 +39,14 @@ def _plain_enum_names(value, descriptor):
             names = field.enum_type.values_by_name
             wanted = v.upper()
             matches = [n for n in names if n == wanted or n.endswith("_" + wanted)]
-            out[key] = matches[0] if len(matches) == 1 else v
+            if v not in names and len(matches) != 1:
+                # As the kiln CLI says it: the plain names, UNSPECIFIED left out.
+                plain = [n[len(_shared_prefix(names)):].lower() for n in names
+                         if not n.endswith("_UNSPECIFIED")]
+                raise KilnError("INVALID_ARGUMENT",
+                                f"{key}: unknown value \"{v}\"; expected "
+                                f"{', '.join(plain[:-1])} or {plain[-1]}")
+            out[key] = v if v in names else matches[0]
         elif field.message_type is not None:
             if field.label == field.LABEL_REPEATED and isinstance(v, list):
                 out[key] = [_plain_enum_names(x, field.message_type) for x in v]

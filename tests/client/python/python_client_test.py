@@ -165,7 +165,7 @@ def exercise(kiln, np, addr, tmp):
     expect_error("FAILED_PRECONDITION", c.checkpoint, job)
 
     ckpts = c.checkpoints(job)
-    check(ckpts and ckpts[-1].epochs_done == 3 and {"PERIODIC", "BEST"} <= {k.kind for k in ckpts},
+    check(ckpts and ckpts[-1].epochs_done == 3 and {"periodic", "best"} <= {k.kind for k in ckpts},
           f"checkpoints: {ckpts}")
     path = os.path.join(tmp, "model.safetensors")
     record = c.export(job, path)
