@@ -139,6 +139,16 @@ def exercise(kiln, np, addr, tmp):
                                  dataset="table", optimizer={"kind": "sgd", "lr": 0.1})
     check(spec.epochs == 2 and spec.dataset == "table" and len(spec.model.layers) == 7 and
           spec.optimizer.kind == kiln.stubs.spec_pb2.OptimizerSpec.KIND_SGD, f"spec: {spec}")
+    # Plain enum names as the CLI takes them; an unknown one lists the accepted names as it does.
+    plain = kiln.specs.build_spec({"schedule": {"kind": "One_Cycle", "anneal": "linear"}})
+    check(plain.schedule.kind == kiln.stubs.spec_pb2.ScheduleSpec.KIND_ONE_CYCLE and
+          plain.schedule.anneal == kiln.stubs.spec_pb2.ScheduleSpec.ANNEAL_LINEAR,
+          f"plain enum names: {plain}")
+    unknown = expect_error("INVALID_ARGUMENT", kiln.specs.build_spec,
+                           {"optimizer": {"kind": "rmsprop"}})
+    check('spec.optimizer.kind: unknown value "rmsprop"; expected sgd, adam or adamw' in
+          unknown.message,
+          f"unknown enum name: {unknown.message}")
 
     expect_error("INVALID_ARGUMENT", c.submit, SPEC, dataset="blocks", batch_size=0)
     job = c.submit(SPEC, dataset="blocks", epochs=3, batch_size=32)
