@@ -151,8 +151,14 @@ def exercise(kiln, np, addr, tmp):
           f"unknown enum name: {unknown.message}")
 
     expect_error("INVALID_ARGUMENT", c.submit, SPEC, dataset="blocks", batch_size=0)
-    job = c.submit(SPEC, dataset="blocks", epochs=3, batch_size=32)
+    job = c.submit(SPEC, dataset="blocks", epochs=3, batch_size=32, name="blocks run",
+                   labels={"team": "vision"})
     check(job.id.startswith("job-") and job.state in ("QUEUED", "RUNNING"), f"submit: {job}")
+    check(job.name == "blocks run" and job.labels == {"team": "vision"}, f"name, labels: {job}")
+    check([j.id for j in c.jobs(labels={"team": "vision"})] == [job.id] and
+          not c.jobs(labels={"team": "audio"}) and c.jobs(labels={"team": None}),
+          "jobs(labels=...)")
+    expect_error("INVALID_ARGUMENT", c.submit, SPEC, dataset="blocks", labels={"team": "a b"})
     steps, epochs, states = [], [], []
     for event in c.watch(job):
         {"step": steps, "epoch": epochs, "state": states}.get(event.kind, []).append(event)
