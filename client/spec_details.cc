@@ -79,8 +79,9 @@ std::string FieldsText(const Message& m, const std::string& skip) {
   for (const FieldDescriptor* field : fields) {
     if (field->name() == skip) continue;
     if (field->is_repeated()) {
-      std::vector<std::string> items;
       const int n = m.GetReflection()->FieldSize(m, field);
+      std::vector<std::string> items;
+      items.reserve(n);
       for (int i = 0; i < n; ++i) items.push_back(ValueText(m, field, i));
       words.push_back(absl::StrCat(field->name(), "=[", absl::StrJoin(items, ","), "]"));
     } else {
