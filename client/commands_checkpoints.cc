@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <set>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
@@ -13,6 +15,7 @@
 #include "client/format.h"
 #include "client/job_ref.h"
 #include "client/onnx/onnx_export.h"
+#include "client/plain_enum_names.h"
 #include "client/table.h"
 #include "common/atomic_file.h"
 #include "common/byte_size.h"
@@ -36,11 +39,27 @@ absl::StatusOr<v1::ListCheckpointsResponse> FetchCheckpoints(Connection& c,
   return response;
 }
 
-absl::Status ListCheckpoints(CommandEnv& env, const std::string& job_id) {
+absl::Status ListCheckpoints(CommandEnv& env, const std::string& job_id,
+                             const std::vector<std::string>& kind_names) {
+  // --kind takes the words the KIND column shows ("best", "on_demand"), as every enum flag does.
+  std::set<int> kinds;
+  for (const std::string& name : kind_names) {
+    KILN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* kind,
+                          ParsePlainEnumName(v1::CheckpointKind_descriptor(), name, "--kind"));
+    kinds.insert(kind->number());
+  }
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
-  KILN_ASSIGN_OR_RETURN(v1::ListCheckpointsResponse response, FetchCheckpoints(*c, job_id));
+  KILN_ASSIGN_OR_RETURN(v1::ListCheckpointsResponse all, FetchCheckpoints(*c, job_id));
+  v1::ListCheckpointsResponse response;
+  for (v1::Checkpoint& ck : *all.mutable_checkpoints()) {
+    if (kinds.empty() || kinds.count(ck.kind()) > 0) *response.add_checkpoints() = std::move(ck);
+  }
   if (env.json()) {
     PrintJson(env, response);
+    return absl::OkStatus();
+  }
+  if (response.checkpoints().empty() && !kinds.empty()) {
+    std::fprintf(env.out, "%s has no checkpoints of those kinds\n", job_id.c_str());
     return absl::OkStatus();
   }
   if (response.checkpoints().empty()) {
@@ -50,7 +69,7 @@ absl::Status ListCheckpoints(CommandEnv& env, const std::string& job_id) {
   }
   Table table({"ID", "KIND", "EPOCHS", "STEP", "TEST ACC", "SIZE", "CREATED", "PATH"});
   for (const v1::Checkpoint& ck : response.checkpoints()) {
-    table.AddRow({absl::StrCat(ck.id()), absl::AsciiStrToLower(CheckpointKindName(ck.kind())),
+    table.AddRow({absl::StrCat(ck.id()), CheckpointKindName(ck.kind()),
                   absl::StrCat(ck.epochs_done()), absl::StrCat(ck.global_step()),
                   ck.epochs_done() > 0 ? FormatPercent(ck.test_accuracy()) : "-",
                   FormatBytes(ck.size_bytes()), FormatTime(ck.create_time()), ck.path()});
@@ -226,11 +245,19 @@ absl::Status Export(CommandEnv& env, const ExportOptions& o) {
 
 void AddCheckpointCommands(CLI::App& app, CommandEnv& env, Action* action) {
   auto list_id = std::make_shared<std::string>();
+  auto list_kinds = std::make_shared<std::vector<std::string>>();
   CLI::App* l = app.add_subcommand("checkpoints", "List a job's checkpoints, oldest first");
   l->add_option("job", *list_id, "Job id")->required();
-  l->footer("Example:\n  kiln checkpoints job-3f9c2a1b7d04");
-  l->callback([&env, action, list_id] {
-    *action = [&env, list_id] { return ListCheckpoints(env, *list_id); };
+  l->add_option("--kind", *list_kinds,
+                "Only these kinds: periodic, best, on_demand, shutdown, final")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  l->footer(
+      "Examples:\n"
+      "  kiln checkpoints job-3f9c2a1b7d04\n"
+      "  kiln checkpoints job-3f9c2a1b7d04 --kind best,final");
+  l->callback([&env, action, list_id, list_kinds] {
+    *action = [&env, list_id, list_kinds] { return ListCheckpoints(env, *list_id, *list_kinds); };
   });
 
   auto take_id = std::make_shared<std::string>();

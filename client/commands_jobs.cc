@@ -16,6 +16,7 @@
 #include "client/format.h"
 #include "client/interrupt.h"
 #include "client/progress_view.h"
+#include "client/spec_details.h"
 #include "client/spec_file.h"
 #include "client/table.h"
 #include "common/status_macros.h"
@@ -28,10 +29,11 @@ struct SubmitOptions {
   std::string spec_file;
   SpecOverrides overrides;
   int epochs = 0, batch_size = 0;
-  double lr = 0;
+  double lr = 0, momentum = 0, weight_decay = 0;
   uint64_t seed = 0;
   bool watch = false;
   CLI::Option *epochs_opt = nullptr, *batch_opt = nullptr, *lr_opt = nullptr, *seed_opt = nullptr;
+  CLI::Option *momentum_opt = nullptr, *weight_decay_opt = nullptr;
 };
 
 bool IsFinal(v1::JobState s) {
@@ -127,6 +129,8 @@ absl::Status Submit(CommandEnv& env, SubmitOptions& o) {
   if (o.batch_opt->count() > 0) o.overrides.batch_size = o.batch_size;
   if (o.lr_opt->count() > 0) o.overrides.lr = o.lr;
   if (o.seed_opt->count() > 0) o.overrides.seed = o.seed;
+  if (o.momentum_opt->count() > 0) o.overrides.momentum = o.momentum;
+  if (o.weight_decay_opt->count() > 0) o.overrides.weight_decay = o.weight_decay;
   KILN_RETURN_IF_ERROR(ApplyOverrides(o.overrides, &spec));
 
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
@@ -151,7 +155,19 @@ absl::Status Submit(CommandEnv& env, SubmitOptions& o) {
   return WatchJob(env, job.id());
 }
 
-absl::Status ListJobs(CommandEnv& env, const std::vector<std::string>& states, int limit) {
+// Whether `job` carries every KEY=VALUE (or just KEY) of `labels`.
+bool HasLabels(const v1::Job& job, const std::vector<std::string>& labels) {
+  for (const std::string& label : labels) {
+    const size_t eq = label.find('=');
+    const auto it = job.spec().labels().find(label.substr(0, eq));
+    if (it == job.spec().labels().end()) return false;
+    if (eq != std::string::npos && it->second != label.substr(eq + 1)) return false;
+  }
+  return true;
+}
+
+absl::Status ListJobs(CommandEnv& env, const std::vector<std::string>& states, int limit,
+                      const std::vector<std::string>& labels) {
   v1::ListJobsRequest request;
   for (const std::string& s : states) {
     v1::JobState state;
@@ -172,21 +188,30 @@ absl::Status ListJobs(CommandEnv& env, const std::vector<std::string>& states, i
     auto context = c->NewContext();
     grpc::Status status = stub->ListJobs(context.get(), request, &page);
     if (!status.ok()) return ServerError(status);
-    for (v1::Job& job : *page.mutable_jobs()) *all.add_jobs() = std::move(job);
+    // Labels are filtered here: kilnd's ListJobs knows states only, and job lists are small.
+    for (v1::Job& job : *page.mutable_jobs()) {
+      if (HasLabels(job, labels)) *all.add_jobs() = std::move(job);
+    }
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty() && (limit <= 0 || all.jobs_size() < limit));
   if (env.json()) {
     PrintJson(env, all);
     return absl::OkStatus();
   }
+  if (all.jobs().empty() && !labels.empty()) {
+    std::fprintf(env.out, "no jobs with those labels\n");
+    return absl::OkStatus();
+  }
   if (all.jobs().empty()) {
     std::fprintf(env.out, "no jobs; start one with: kiln submit --preset mnist-mlp --watch\n");
     return absl::OkStatus();
   }
-  Table table({"JOB", "STATE", "MODEL", "DATASET", "DEVICE", "EPOCHS", "STEP", "TEST ACC", "AGE"});
+  Table table(
+      {"JOB", "NAME", "STATE", "MODEL", "DATASET", "DEVICE", "EPOCHS", "STEP", "TEST ACC", "AGE"});
   const absl::Time now = absl::Now();
   for (const v1::Job& job : all.jobs()) {
-    table.AddRow({job.id(), StateName(job.state()), ModelSummary(job.spec()), job.spec().dataset(),
+    table.AddRow({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                  StateName(job.state()), ModelSummary(job.spec()), job.spec().dataset(),
                   job.device(), absl::StrCat(job.epochs_done(), "/", job.epochs()),
                   absl::StrCat(job.global_step()),
                   job.epochs_done() > 0 && job.last_epoch().test_samples() > 0
@@ -205,12 +230,15 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   }
   KeyValueList kv;
   kv.Add("job", job.id());
+  if (!job.spec().name().empty()) kv.Add("name", job.spec().name());
+  if (!job.spec().labels().empty()) kv.Add("labels", LabelsText(job.spec()));
   kv.Add("state", StateName(job.state()));
   if (!job.reason().empty()) kv.Add("reason", job.reason());
   kv.Add("model", ModelSummary(job.spec()));
   kv.Add("parameters", absl::StrCat(job.parameter_count()));
   kv.Add("dataset", job.spec().dataset());
   kv.Add("device", job.device());
+  AddSpecDetails(job.spec(), &kv);
   kv.Add("epochs", absl::StrCat(job.epochs_done(), " of ", job.epochs(), " done"));
   kv.Add("steps", absl::StrCat(job.global_step()));
   if (job.epochs_done() > 0) {
@@ -290,16 +318,36 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
                            ->check(CLI::Range(1, 10000));
   submit->batch_opt = s->add_option("--batch-size", submit->batch_size, "Samples per batch")
                           ->check(CLI::Range(1, 65536));
+  s->add_option("--optimizer", submit->overrides.optimizer,
+                "Optimizer: sgd, adam or adamw (another kind than the spec's starts afresh, "
+                "keeping the rate and weight decay)");
   submit->lr_opt = s->add_option("--lr", submit->lr, "Learning rate")->check(CLI::PositiveNumber);
+  submit->momentum_opt = s->add_option("--momentum", submit->momentum, "SGD momentum in [0, 1)")
+                             ->check(CLI::Range(0.0, 1.0));
+  submit->weight_decay_opt =
+      s->add_option("--weight-decay", submit->weight_decay, "Weight decay, >= 0")
+          ->check(CLI::NonNegativeNumber);
+  s->add_option("--schedule", submit->overrides.schedule,
+                "Learning-rate schedule: KIND[:FIELD=VALUE,...] with KIND constant, step, cosine "
+                "or one_cycle and FIELDs of ScheduleSpec (step_size, gamma, t_max, eta_min, "
+                "pct_start, anneal, ...)");
   submit->seed_opt = s->add_option("--seed", submit->seed, "Seed of initialisation and shuffling");
   s->add_option("--device", submit->overrides.device,
                 "Device: cpu, cuda:N or auto (default: the daemon's --device)");
+  s->add_option("--name", submit->overrides.name,
+                "A display name for the job (kiln jobs shows it; the id stays the key)");
+  s->add_option("--label", submit->overrides.labels,
+                "KEY=VALUE to find the job by (kiln jobs --label); repeatable")
+      ->allow_extra_args(false);
   s->add_flag("--watch,-w", submit->watch, "Follow the job's progress until it ends");
   s->footer(
       "Examples:\n"
       "  kiln submit --preset mnist-cnn --epochs 1 --watch\n"
       "  kiln submit --preset mnist-mlp --epochs 5 --lr 0.01 --device cuda:0\n"
-      "  kiln submit my-model.json --dataset fashion-mnist\n"
+      "  kiln submit --preset mnist-mlp --optimizer adamw --lr 3e-4 --weight-decay 0.01\n"
+      "  kiln submit --preset mnist-cnn --epochs 10 --schedule cosine\n"
+      "  kiln submit --preset mnist-cnn --epochs 10 --schedule step:step_size=3,gamma=0.5\n"
+      "  kiln submit my-model.json --dataset fashion-mnist --name baseline --label team=vision\n"
       "  kiln submit my-model.textproto --watch --output json");
   s->callback(
       [&env, action, submit] { *action = [&env, submit] { return Submit(env, *submit); }; });
@@ -320,18 +368,24 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
 
   auto states = std::make_shared<std::vector<std::string>>();
   auto limit = std::make_shared<int>(0);
+  auto labels = std::make_shared<std::vector<std::string>>();
   CLI::App* j = app.add_subcommand("jobs", "List jobs, newest first");
   j->add_option("--state", *states, "Only jobs in these states (queued, running, ...)")
       ->delimiter(',');
+  j->add_option("--label", *labels,
+                "Only jobs with this label: KEY=VALUE, or KEY for any value; repeatable (all "
+                "must match)")
+      ->allow_extra_args(false);
   j->add_option("--limit", *limit, "At most this many jobs (default all)")
       ->check(CLI::NonNegativeNumber);
   j->footer(
       "Examples:\n"
       "  kiln jobs\n"
       "  kiln jobs --state running,queued\n"
+      "  kiln jobs --label team=vision --label baseline\n"
       "  kiln jobs --output json | jq -r '.jobs[].id'");
-  j->callback([&env, action, states, limit] {
-    *action = [&env, states, limit] { return ListJobs(env, *states, *limit); };
+  j->callback([&env, action, states, limit, labels] {
+    *action = [&env, states, limit, labels] { return ListJobs(env, *states, *limit, *labels); };
   });
 
   auto get_id = std::make_shared<std::string>();

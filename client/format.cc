@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "client/plain_enum_names.h"
 
 namespace kiln::client {
 
@@ -13,7 +14,8 @@ std::string StateName(v1::JobState state) {
 }
 
 std::string CheckpointKindName(v1::CheckpointKind kind) {
-  return std::string(absl::StripPrefix(v1::CheckpointKind_Name(kind), "CHECKPOINT_KIND_"));
+  const auto* value = v1::CheckpointKind_descriptor()->FindValueByNumber(kind);
+  return value == nullptr ? absl::StrCat(static_cast<int>(kind)) : PlainEnumName(value);
 }
 
 std::string FormatClock(absl::Duration d) {

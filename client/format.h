@@ -11,8 +11,9 @@
 
 namespace kiln::client {
 
-// "RUNNING" for JOB_STATE_RUNNING, "FINAL" for CHECKPOINT_KIND_FINAL.
+// "RUNNING" for JOB_STATE_RUNNING.
 std::string StateName(v1::JobState state);
+// "on_demand" for CHECKPOINT_KIND_ON_DEMAND: the plain name, as kilnd spells kinds too.
 std::string CheckpointKindName(v1::CheckpointKind kind);
 // "1:05", "12:03:09" (hours only when needed); negative or infinite shows "--:--".
 std::string FormatClock(absl::Duration d);

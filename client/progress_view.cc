@@ -93,9 +93,8 @@ void ProgressView::OnEvent(const v1::JobEvent& event) {
     case v1::JobEvent::kCheckpoint: {
       const v1::Checkpoint& c = event.checkpoint();
       PrintLineLocked(absl::StrFormat("checkpoint %d (%s): epoch %d, step %d, %s", c.id(),
-                                      absl::AsciiStrToLower(CheckpointKindName(c.kind())),
-                                      c.epochs_done(), c.global_step(),
-                                      FormatBytes(c.size_bytes())));
+                                      CheckpointKindName(c.kind()), c.epochs_done(),
+                                      c.global_step(), FormatBytes(c.size_bytes())));
       return;
     }
     case v1::JobEvent::EVENT_NOT_SET:

@@ -5,11 +5,16 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/cli_status.h"
+#include "client/plain_enum_names.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 
 namespace kiln::client {
 namespace {
@@ -30,7 +35,16 @@ absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::st
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  auto status = google::protobuf::util::JsonStringToMessage(text, &spec, options);
+  // Plain enum names ("adamw") become full ones ("KIND_ADAMW") before protobuf's parser, which
+  // knows only those. Text that is not JSON goes to it unchanged, for its error message.
+  std::string expanded = text;
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_discarded()) {
+    absl::Status names = ExpandPlainEnumNames(v1::JobSpec::descriptor(), "spec", &json);
+    if (!names.ok()) return UsageError(absl::StrCat(source, ": ", names.message()));
+    expanded = json.dump();
+  }
+  auto status = google::protobuf::util::JsonStringToMessage(expanded, &spec, options);
   if (!status.ok()) {
     return UsageError(
         absl::StrCat(source, ": not a valid JobSpec in JSON: ", std::string(status.message())));
@@ -65,6 +79,113 @@ absl::StatusOr<v1::JobSpec> ReadSpecFile(const std::string& path) {
   return ParseSpecText(text, path);
 }
 
+namespace {
+
+absl::Status ApplyOptimizerFlags(const SpecOverrides& o, v1::JobSpec* spec) {
+  const bool tweaks = o.lr.has_value() || o.momentum.has_value() || o.weight_decay.has_value();
+  if (o.optimizer.empty() && !tweaks) return absl::OkStatus();
+  v1::OptimizerSpec* opt = spec->mutable_optimizer();
+  if (opt->kind() == v1::OptimizerSpec::KIND_UNSPECIFIED && !spec->preset().empty()) {
+    absl::StatusOr<v1::JobSpec> preset = PresetDefaults(spec->preset());
+    if (preset.ok()) *opt = preset->optimizer();
+  }
+  if (!o.optimizer.empty()) {
+    KILN_ASSIGN_OR_RETURN(
+        const google::protobuf::EnumValueDescriptor* kind,
+        ParsePlainEnumName(v1::OptimizerSpec::Kind_descriptor(), o.optimizer, "--optimizer"));
+    if (kind->number() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
+      return UsageError("--optimizer: expected sgd, adam or adamw");
+    }
+    if (kind->number() != opt->kind()) {
+      // Another rule: its own fields (momentum, betas) do not carry over.
+      v1::OptimizerSpec fresh;
+      fresh.set_kind(static_cast<v1::OptimizerSpec::Kind>(kind->number()));
+      fresh.set_lr(opt->lr() > 0 ? opt->lr() : 0.001f);
+      fresh.set_weight_decay(opt->weight_decay());
+      *opt = fresh;
+    }
+  } else if (opt->kind() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
+    return UsageError(
+        "--lr, --momentum and --weight-decay need an optimizer: give --optimizer, a spec with "
+        "an optimizer.kind, or a preset");
+  }
+  if (o.lr.has_value()) opt->set_lr(static_cast<float>(*o.lr));
+  if (o.momentum.has_value()) opt->set_momentum(static_cast<float>(*o.momentum));
+  if (o.weight_decay.has_value()) opt->set_weight_decay(static_cast<float>(*o.weight_decay));
+  return absl::OkStatus();
+}
+
+absl::Status ApplyLabels(const std::vector<std::string>& labels, v1::JobSpec* spec) {
+  for (const std::string& label : labels) {
+    const size_t eq = label.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return UsageError(absl::StrCat("--label \"", label, "\": expected KEY=VALUE"));
+    }
+    (*spec->mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> PresetDefaults(const std::string& preset) {
+  v1::JobSpec spec;
+  v1::OptimizerSpec* opt = spec.mutable_optimizer();
+  v1::PixelNormSpec* norm = spec.mutable_normalization();
+  norm->set_scale(1.0f / 255.0f);
+  if (preset == "mnist-mlp") {
+    opt->set_kind(v1::OptimizerSpec::KIND_SGD);
+    opt->set_lr(0.001f);
+    opt->set_momentum(0.9f);
+    spec.set_batch_size(128);
+    norm->set_mean(0.5f);
+    norm->set_std(0.5f);
+  } else if (preset == "mnist-cnn") {
+    opt->set_kind(v1::OptimizerSpec::KIND_ADAM);
+    opt->set_lr(0.001f);
+    spec.set_batch_size(64);
+    norm->set_std(1.0f);
+  } else {
+    return absl::NotFoundError(absl::StrCat("no preset \"", preset, "\""));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::ScheduleSpec> ParseScheduleFlag(const std::string& text) {
+  const size_t colon = text.find(':');
+  // Built as the JSON form, so ScheduleSpec's own field names, types and enum names apply.
+  nlohmann::json json = {{"kind", text.substr(0, colon)}};
+  if (colon != std::string::npos) {
+    for (absl::string_view pair : absl::StrSplit(text.substr(colon + 1), ',', absl::SkipEmpty())) {
+      const size_t eq = pair.find('=');
+      if (eq == absl::string_view::npos || eq == 0) {
+        return UsageError(absl::StrCat("--schedule: \"", pair, "\" is not FIELD=VALUE"));
+      }
+      const std::string key(pair.substr(0, eq)), value(pair.substr(eq + 1));
+      int64_t integer = 0;
+      double number = 0;
+      if (value == "true" || value == "false") {
+        json[key] = value == "true";
+      } else if (absl::SimpleAtoi(value, &integer)) {
+        json[key] = integer;  // "2.0" would not do for an int64 field
+      } else if (absl::SimpleAtod(value, &number)) {
+        json[key] = number;
+      } else {
+        json[key] = value;
+      }
+    }
+  }
+  absl::Status names = ExpandPlainEnumNames(v1::ScheduleSpec::descriptor(), "--schedule", &json);
+  if (!names.ok()) return UsageError(names.message());
+  v1::ScheduleSpec schedule;
+  auto status = google::protobuf::util::JsonStringToMessage(json.dump(), &schedule);
+  if (!status.ok()) {
+    return UsageError(absl::StrCat("--schedule \"", text, "\": ", std::string(status.message()),
+                                   " (fields: see ScheduleSpec in model_spec.proto)"));
+  }
+  return schedule;
+}
+
 absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec) {
   if (!o.preset.empty()) spec->set_preset(o.preset);
   if (!o.dataset.empty()) spec->set_dataset(o.dataset);
@@ -74,22 +195,12 @@ absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec) {
   if (o.batch_size.has_value()) spec->set_batch_size(*o.batch_size);
   if (!o.device.empty()) spec->set_device(o.device);
   if (o.seed.has_value()) spec->set_seed(*o.seed);
-  if (o.lr.has_value()) {
-    v1::OptimizerSpec* opt = spec->mutable_optimizer();
-    if (opt->kind() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
-      // The presets' optimizers, as training.proto documents them.
-      if (spec->preset() == "mnist-mlp") {
-        opt->set_kind(v1::OptimizerSpec::KIND_SGD);
-        opt->set_momentum(0.9f);
-      } else if (spec->preset() == "mnist-cnn") {
-        opt->set_kind(v1::OptimizerSpec::KIND_ADAM);
-      } else {
-        return UsageError("--lr needs an optimizer: give the spec an optimizer.kind or a preset");
-      }
-    }
-    opt->set_lr(static_cast<float>(*o.lr));
+  KILN_RETURN_IF_ERROR(ApplyOptimizerFlags(o, spec));
+  if (!o.schedule.empty()) {
+    KILN_ASSIGN_OR_RETURN(*spec->mutable_schedule(), ParseScheduleFlag(o.schedule));
   }
-  return absl::OkStatus();
+  if (!o.name.empty()) spec->set_name(o.name);
+  return ApplyLabels(o.labels, spec);
 }
 
 }  // namespace kiln::client

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kiln/v1/model_spec.pb.h"
@@ -24,14 +25,31 @@ struct SpecOverrides {
   std::string dataset;
   std::optional<int> epochs;
   std::optional<int> batch_size;
+  std::string optimizer;  // a plain or full OptimizerSpec.Kind name: "adamw"
   std::optional<double> lr;
+  std::optional<double> momentum;
+  std::optional<double> weight_decay;
+  std::string schedule;  // KIND[:FIELD=VALUE,...], e.g. "step:step_size=2,gamma=0.5"
   std::string device;
   std::optional<uint64_t> seed;
+  std::string name;
+  std::vector<std::string> labels;  // KEY=VALUE each
 };
 
 // Applies `o` to `spec`. The dataset defaults to "mnist" and the epochs to 1 when neither the
-// spec nor the flags give them. --lr on a preset without an explicit optimizer spells out the
-// preset's optimizer (kilnd takes a partial optimizer as a whole one), so only the rate changes.
+// spec nor the flags give them. An optimizer flag on a preset without an explicit optimizer first
+// spells out the preset's optimizer (kilnd takes a partial optimizer as a whole one), so only
+// what the flags say changes. --optimizer naming another kind starts a fresh optimizer of that
+// kind that keeps the rate and weight decay (the rate defaults to 1e-3, PyTorch's). --schedule
+// replaces the schedule. --label adds to the spec's labels. Bad values are usage errors.
 absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec);
+
+// What a preset ("mnist-mlp", "mnist-cnn") sets as model_spec.proto documents it: the optimizer,
+// batch size and normalisation. NotFound for any other name.
+absl::StatusOr<v1::JobSpec> PresetDefaults(const std::string& preset);
+
+// Parses a --schedule value: a ScheduleSpec kind ("cosine", "one_cycle"), optionally followed by
+// ':' and comma-separated FIELD=VALUE pairs of ScheduleSpec's fields ("t_max=10,eta_min=1e-5").
+absl::StatusOr<v1::ScheduleSpec> ParseScheduleFlag(const std::string& text);
 
 }  // namespace kiln::client

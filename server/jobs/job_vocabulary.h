@@ -40,30 +40,16 @@ inline std::string JobStateLabel(v1::JobState state) {
   return name;
 }
 
-// "periodic", "best", "on-demand", "shutdown", "final", "cancel": a checkpoint kind as its file
-// names and the `kind` label of kiln_checkpoints_total spell it.
-inline const char* CheckpointKindName(v1::CheckpointKind kind) {
-  switch (kind) {
-    case v1::CHECKPOINT_KIND_PERIODIC:
-      return "periodic";
-    case v1::CHECKPOINT_KIND_BEST:
-      return "best";
-    case v1::CHECKPOINT_KIND_ON_DEMAND:
-      return "on-demand";
-    case v1::CHECKPOINT_KIND_SHUTDOWN:
-      return "shutdown";
-    case v1::CHECKPOINT_KIND_FINAL:
-      return "final";
-    case v1::CHECKPOINT_KIND_CANCEL:
-      return "cancel";
-    default:
-      return "checkpoint";
-  }
-}
-
-// "ON_DEMAND": the enum's name without its prefix, as the event log (and the CLI) spell a kind.
-inline std::string CheckpointKindEnumName(v1::CheckpointKind kind) {
-  return vocabulary_internal::WithoutPrefix(v1::CheckpointKind_Name(kind), "CHECKPOINT_KIND_");
+// "periodic", "best", "on_demand", "shutdown", "final", "cancel": a checkpoint kind as kiln spells it
+// everywhere people see it (file names, the `kind` label of kiln_checkpoints_total, the event
+// log, the CLI, the Python client): the enum's name without its prefix, lower-case, which is
+// also what spec files and flags accept for any enum.
+inline std::string CheckpointKindName(v1::CheckpointKind kind) {
+  std::string name =
+      vocabulary_internal::WithoutPrefix(v1::CheckpointKind_Name(kind), "CHECKPOINT_KIND_");
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name.empty() ? "checkpoint" : name;
 }
 
 }  // namespace kiln::server

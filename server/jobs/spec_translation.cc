@@ -11,6 +11,7 @@
 #include "engine/model.h"
 #include "engine/model_graph.h"
 #include "engine/reference_configs.h"
+#include "server/jobs/job_labels.h"
 
 namespace kiln::server {
 namespace {
@@ -396,6 +397,7 @@ absl::StatusOr<PixelNorm> TranslateNorm(const v1::PixelNormSpec& spec) {
 }  // namespace
 
 absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
+  KILN_RETURN_IF_ERROR(ValidateNameAndLabels(spec));
   TrainConfig config;
   config.norm = PixelNorm{1.0f / 255.0f, 0.0f, 1.0f};
   bool have_model = false, have_optimizer = false;

@@ -184,7 +184,7 @@ void EventLog::CheckpointWritten(const v1::Checkpoint& c, double seconds) {
   Log(LogLevel::kInfo, "checkpoint_written",
       {{"job", c.job_id()},
        {"checkpoint", c.id()},
-       {"kind", CheckpointKindEnumName(c.kind())},
+       {"kind", CheckpointKindName(c.kind())},
        {"step", c.global_step()},
        {"bytes", c.size_bytes()},
        {"seconds", seconds},

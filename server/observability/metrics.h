@@ -114,7 +114,7 @@ class Metrics {
   void TrainingStep(const std::string& job_id, const StepEvent& step, int64_t samples,
                     double step_seconds);
   void TrainingEpoch(const std::string& job_id, const EpochEvent& epoch);
-  // kind: "periodic", "best", "on-demand", "shutdown", "final".
+  // kind: CheckpointKindName's "periodic", "best", "on_demand", "shutdown", "final".
   void CheckpointWritten(const std::string& job_id, const std::string& kind, double seconds,
                          int64_t bytes);
 

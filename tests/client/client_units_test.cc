@@ -11,7 +11,9 @@
 #include "client/image_file.h"
 #include "client/job_ref.h"
 #include "client/npy_writer.h"
+#include "client/plain_enum_names.h"
 #include "client/progress_view.h"
+#include "client/spec_details.h"
 #include "client/spec_file.h"
 #include "client/table.h"
 #include "gmock/gmock.h"
@@ -97,6 +99,125 @@ TEST(SpecFileTest, OverridesFillDefaultsAndSpellOutThePresetOptimizerForLr) {
   SpecOverrides lr_only;
   lr_only.lr = 0.1;
   EXPECT_EQ(ReportStatus(ApplyOverrides(lr_only, &custom), stderr), 2);
+}
+
+TEST(SpecFileTest, JsonTakesPlainEnumNamesInAnyCaseAndTheFullOnes) {
+  auto spec = ParseSpecJson(R"({"optimizer": {"kind": "adamw", "lr": 0.001},
+      "schedule": {"kind": "One_Cycle", "anneal": "linear"}, "loss": "cross_entropy",
+      "checkpoint_policy": {"keep_best": true}})",
+                            "a.json");
+  ASSERT_OK(spec) << spec.status();
+  EXPECT_EQ(spec->optimizer().kind(), v1::OptimizerSpec::KIND_ADAMW);
+  EXPECT_EQ(spec->schedule().kind(), v1::ScheduleSpec::KIND_ONE_CYCLE);
+  EXPECT_EQ(spec->schedule().anneal(), v1::ScheduleSpec::ANNEAL_LINEAR);
+  EXPECT_EQ(spec->loss(), v1::LOSS_KIND_CROSS_ENTROPY);
+  auto full = ParseSpecJson(R"({"optimizer": {"kind": "KIND_SGD"}, "loss": 1})", "b.json");
+  ASSERT_OK(full) << full.status();
+  EXPECT_EQ(full->optimizer().kind(), v1::OptimizerSpec::KIND_SGD);
+  EXPECT_EQ(full->loss(), v1::LOSS_KIND_MEAN_SQUARED_ERROR);
+}
+
+TEST(SpecFileTest, AnUnknownEnumNameIsAUsageErrorListingTheAcceptedOnes) {
+  auto bad = ParseSpecJson(R"({"optimizer": {"kind": "adamx"}})", "c.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(ReportStatus(bad.status(), stderr), 2);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("c.json: spec.optimizer.kind: unknown value \"adamx\"; expected sgd, "
+                        "adam or adamw"));
+  auto nested = ParseSpecJson(R"({"schedule": {"kind": "cos"}})", "d.json");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_THAT(std::string(nested.status().message()),
+              HasSubstr("expected constant, step, cosine or one_cycle"));
+  // Not JSON at all: protobuf's parser still says what is wrong.
+  EXPECT_FALSE(ParseSpecJson("{\"epochs\": ", "e.json").ok());
+}
+
+TEST(SpecFileTest, ScheduleFlagTakesAKindAndScheduleSpecsOwnFields) {
+  auto cosine = ParseScheduleFlag("cosine:t_max=10,eta_min=1e-5");
+  ASSERT_OK(cosine) << cosine.status();
+  EXPECT_EQ(cosine->kind(), v1::ScheduleSpec::KIND_COSINE);
+  EXPECT_EQ(cosine->t_max(), 10);
+  EXPECT_FLOAT_EQ(cosine->eta_min(), 1e-5f);
+  auto cycle = ParseScheduleFlag("ONE_CYCLE:pct_start=0.25,anneal=linear,cycle_momentum=false");
+  ASSERT_OK(cycle) << cycle.status();
+  EXPECT_EQ(cycle->kind(), v1::ScheduleSpec::KIND_ONE_CYCLE);
+  EXPECT_FLOAT_EQ(cycle->pct_start(), 0.25f);
+  EXPECT_EQ(cycle->anneal(), v1::ScheduleSpec::ANNEAL_LINEAR);
+  ASSERT_TRUE(cycle->has_cycle_momentum());
+  EXPECT_FALSE(cycle->cycle_momentum());
+  EXPECT_EQ(ReportStatus(ParseScheduleFlag("step:gamma").status(), stderr), 2);
+  EXPECT_EQ(ReportStatus(ParseScheduleFlag("step:anneal=sideways").status(), stderr), 2);
+}
+
+TEST(SpecFileTest, AnotherOptimizerKindStartsAfreshKeepingTheRate) {
+  v1::JobSpec spec;
+  SpecOverrides o;
+  o.preset = "mnist-mlp";
+  o.optimizer = "Adam";
+  o.weight_decay = 0.01;
+  ASSERT_OK(ApplyOverrides(o, &spec));
+  EXPECT_EQ(spec.optimizer().kind(), v1::OptimizerSpec::KIND_ADAM);
+  EXPECT_FLOAT_EQ(spec.optimizer().lr(), 0.001f);
+  EXPECT_FLOAT_EQ(spec.optimizer().momentum(), 0.0f) << "SGD's momentum stays with SGD";
+  EXPECT_FLOAT_EQ(spec.optimizer().weight_decay(), 0.01f);
+
+  SpecOverrides same;
+  same.optimizer = "kind_adam";
+  same.lr = 0.003;
+  ASSERT_OK(ApplyOverrides(same, &spec));
+  EXPECT_FLOAT_EQ(spec.optimizer().lr(), 0.003f);
+  EXPECT_FLOAT_EQ(spec.optimizer().weight_decay(), 0.01f);
+
+  SpecOverrides labels;
+  labels.labels = {"team=vision", "note=a=b"};
+  labels.name = "run 1";
+  ASSERT_OK(ApplyOverrides(labels, &spec));
+  EXPECT_EQ(spec.labels().at("team"), "vision");
+  EXPECT_EQ(spec.labels().at("note"), "a=b");
+  EXPECT_EQ(spec.name(), "run 1");
+  labels.labels = {"=x"};
+  EXPECT_EQ(ReportStatus(ApplyOverrides(labels, &spec), stderr), 2);
+}
+
+TEST(PlainEnumNameTest, IsTheLowerCaseNameWithoutTheSharedPrefix) {
+  EXPECT_EQ(PlainEnumName(v1::OptimizerSpec::Kind_descriptor()->FindValueByNumber(3)), "adamw");
+  EXPECT_EQ(PlainEnumName(v1::LossKind_descriptor()->FindValueByNumber(1)), "mean_squared_error");
+  EXPECT_EQ(PlainEnumName(
+                v1::CheckpointKind_descriptor()->FindValueByNumber(v1::CHECKPOINT_KIND_ON_DEMAND)),
+            "on_demand");
+  auto kind = ParsePlainEnumName(v1::CheckpointKind_descriptor(), "Final", "--kind");
+  ASSERT_OK(kind);
+  EXPECT_EQ((*kind)->number(), v1::CHECKPOINT_KIND_FINAL);
+}
+
+TEST(SpecDetailsTest, ListsGraphNodesAndCustomHyperparametersByPlainName) {
+  auto spec = ParseSpecText(R"(
+    model {
+      input_shape: [1, 8, 8]
+      layers { name: "conv" conv2d { in_channels: 1 out_channels: 1 kernel_size: 3 padding: 1 } }
+      layers { name: "sum" add {} inputs: ["conv", "input"] }
+    }
+    optimizer { kind: KIND_SGD lr: 0.1 nesterov: true momentum: 0.9 }
+    schedule { kind: KIND_COSINE t_max: 4 }
+    loss: LOSS_KIND_MEAN_SQUARED_ERROR
+    normalization { scale: 1 channel_mean: [0.5] channel_std: [0.25] }
+    checkpoint_policy { every_n_epochs: 2 keep_best: true }
+  )",
+                            "g.textproto");
+  ASSERT_OK(spec) << spec.status();
+  KeyValueList kv;
+  AddSpecDetails(*spec, &kv);
+  const std::string text = kv.Render();
+  EXPECT_THAT(text, HasSubstr("input:          [1, 8, 8]\n"));
+  EXPECT_THAT(text,
+              HasSubstr("layer 1:        conv: conv2d(in_channels=1 out_channels=1 kernel_size=3 "
+                        "padding=1)\n"));
+  EXPECT_THAT(text, HasSubstr("layer 2:        sum: add <- conv, input\n"));
+  EXPECT_THAT(text, HasSubstr("optimizer:      sgd lr=0.1 momentum=0.9 nesterov=true\n"));
+  EXPECT_THAT(text, HasSubstr("schedule:       cosine t_max=4\n"));
+  EXPECT_THAT(text, HasSubstr("loss:           mean_squared_error\n"));
+  EXPECT_THAT(text, HasSubstr("normalisation:  scale=1 channel_mean=[0.5] channel_std=[0.25]\n"));
+  EXPECT_THAT(text, HasSubstr("checkpointing:  every_n_epochs=2 keep_best=true\n"));
 }
 
 TEST(ImageFileTest, DecodesBinaryAndAsciiPgm) {

@@ -48,6 +48,26 @@ constexpr char kSmallSpecJson[] = R"({
   "optimizer": {"kind": "KIND_SGD", "lr": 0.05, "momentum": 0.9}
 })";
 
+// kSmallSpecJson with plain enum names, as people write them.
+constexpr char kPlainNamesSpecJson[] = R"({
+  "dataset": "toy",
+  "epochs": 1,
+  "batch_size": 32,
+  "seed": 7,
+  "device": "cpu",
+  "loss": "Cross_Entropy",
+  "model": {
+    "input_shape": [784],
+    "layers": [
+      {"linear": {"in_features": 784, "out_features": 32}},
+      {"relu": {}},
+      {"linear": {"in_features": 32, "out_features": 10}}
+    ]
+  },
+  "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9},
+  "schedule": {"kind": "cosine"}
+})";
+
 constexpr char kSmallSpecText[] = R"(
 dataset: "toy"
 epochs: 1
@@ -72,6 +92,8 @@ class KilnCliTest : public ::testing::Test {
     ASSERT_TRUE(slow_->Start(*root_ + "/state-slow", *root_ + "/data", {"--step_delay=20ms"}));
     WriteFile(*root_ + "/small.json", kSmallSpecJson);
     WriteFile(*root_ + "/small.textproto", kSmallSpecText);
+    WriteFile(*root_ + "/plain.json", kPlainNamesSpecJson);
+    WriteFile(*root_ + "/unknown-enum.json", R"({"optimizer": {"kind": "rmsprop"}})");
   }
   static void TearDownTestSuite() {
     delete fast_;
@@ -116,6 +138,7 @@ TEST_F(KilnCliTest, SubmitWatchRunsToSuccessInPlainLinesWithoutControlCharacters
   EXPECT_THAT(r.out, HasSubstr("epoch 1/2  train loss"));
   EXPECT_THAT(r.out, HasSubstr("epoch 2/2  train loss"));
   EXPECT_THAT(r.out, HasSubstr("checkpoint "));
+  EXPECT_THAT(r.out, HasSubstr("(final): epoch 2"));
   EXPECT_THAT(r.out, HasSubstr("SUCCEEDED: 2 epochs, 16 steps"));
   EXPECT_FALSE(HasControlCharacters(r.out)) << r.out;
   EXPECT_FALSE(HasControlCharacters(r.err)) << r.err;
@@ -145,7 +168,8 @@ TEST_F(KilnCliTest, JobsAndGetPrintTablesAndJson) {
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("JOB"));
   EXPECT_THAT(table.out, HasSubstr("STATE"));
-  EXPECT_THAT(table.out, HasSubstr(id + "  SUCCEEDED"));
+  EXPECT_THAT(table.out, HasSubstr("NAME"));
+  EXPECT_THAT(table.out, ::testing::ContainsRegex(id + " +- +SUCCEEDED"));
 
   RunResult json = Kiln({"jobs", "--output", "json"});
   ASSERT_EQ(json.exit_code, 0) << json.err;
@@ -185,6 +209,128 @@ TEST_F(KilnCliTest, PresetFlagsOverrideThePresetsOptimizerRate) {
   EXPECT_NEAR(job.at("spec").at("optimizer").at("lr").get<double>(), 0.01, 1e-6);
   EXPECT_EQ(job.at("spec").at("batch_size"), 64);
   EXPECT_EQ(Kiln({"watch", job.at("id")}).exit_code, 0);
+}
+
+TEST_F(KilnCliTest, PlainEnumNamesAndSubmitOverridesReachTheJobAndGetShowsThem) {
+  RunResult r =
+      Kiln({"submit", *root_ + "/plain.json", "--optimizer", "adamw", "--lr", "0.002",
+            "--weight-decay", "0.01", "--schedule", "step:step_size=1,gamma=0.5", "--name",
+            "plain names", "--label", "team=vision", "--label", "run=1", "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json job = nlohmann::json::parse(r.out);
+  const nlohmann::json& spec = job.at("spec");
+  EXPECT_EQ(spec.at("optimizer").at("kind"), "KIND_ADAMW");
+  EXPECT_NEAR(spec.at("optimizer").at("lr").get<double>(), 0.002, 1e-7);
+  EXPECT_NEAR(spec.at("optimizer").at("weight_decay").get<double>(), 0.01, 1e-7);
+  EXPECT_EQ(spec.at("optimizer").at("momentum"), 0) << "SGD's momentum is not AdamW's";
+  EXPECT_EQ(spec.at("schedule").at("kind"), "KIND_STEP");
+  EXPECT_EQ(spec.at("schedule").at("step_size"), "1");
+  EXPECT_NEAR(spec.at("schedule").at("gamma").get<double>(), 0.5, 1e-7);
+  EXPECT_EQ(spec.at("name"), "plain names");
+  EXPECT_EQ(spec.at("labels"), (nlohmann::json{{"team", "vision"}, {"run", "1"}}));
+  const std::string id = job.at("id");
+  ASSERT_EQ(Kiln({"watch", id}).exit_code, 0);
+
+  RunResult get = Kiln({"get", id});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("name:           plain names\n"));
+  EXPECT_THAT(get.out, HasSubstr("labels:         run=1, team=vision\n"));
+  EXPECT_THAT(get.out, HasSubstr("input:          [784]\n"));
+  EXPECT_THAT(get.out, HasSubstr("layer 1:        linear(in_features=784 out_features=32)\n"));
+  EXPECT_THAT(get.out, HasSubstr("layer 2:        relu\n"));
+  EXPECT_THAT(get.out, HasSubstr("optimizer:      adamw lr=0.002 weight_decay=0.01\n"));
+  EXPECT_THAT(get.out, HasSubstr("schedule:       step step_size=1 gamma=0.5\n"));
+  EXPECT_THAT(get.out, HasSubstr("loss:           cross_entropy\n"));
+  EXPECT_THAT(get.out, HasSubstr("batch size:     32\n"));
+  EXPECT_THAT(get.out, HasSubstr("seed:           7\n"));
+  EXPECT_THAT(get.out, HasSubstr("normalisation:  scale=0.00392157"));
+  EXPECT_THAT(get.out, HasSubstr("checkpointing:  at the end, on demand and at shutdown\n"));
+
+  RunResult table = Kiln({"jobs"});
+  EXPECT_THAT(table.out, HasSubstr("NAME"));
+  EXPECT_THAT(table.out, HasSubstr(id + "  plain names"));
+  RunResult vision = Kiln({"jobs", "--label", "team=vision", "--label", "run", "--output", "json"});
+  ASSERT_EQ(vision.exit_code, 0) << vision.err;
+  const nlohmann::json listed = nlohmann::json::parse(vision.out).at("jobs");
+  ASSERT_EQ(listed.size(), 1u) << vision.out;
+  EXPECT_EQ(listed[0].at("id"), id);
+  RunResult nobody = Kiln({"jobs", "--label", "team=audio"});
+  EXPECT_EQ(nobody.exit_code, 0);
+  EXPECT_THAT(nobody.out, HasSubstr("no jobs with those labels"));
+}
+
+TEST_F(KilnCliTest, GetFillsInWhatThePresetSets) {
+  RunResult r = Kiln({"submit", "--preset", "mnist-mlp", "--dataset", "toy", "--momentum", "0.5",
+                      "--schedule", "one_cycle:anneal=linear", "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json job = nlohmann::json::parse(r.out);
+  EXPECT_EQ(job.at("spec").at("optimizer").at("kind"), "KIND_SGD");
+  EXPECT_NEAR(job.at("spec").at("optimizer").at("lr").get<double>(), 0.001, 1e-7);
+  EXPECT_EQ(job.at("spec").at("schedule").at("anneal"), "ANNEAL_LINEAR");
+  RunResult get = Kiln({"get", job.at("id")});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("optimizer:      sgd lr=0.001 momentum=0.5\n"));
+  EXPECT_THAT(get.out, HasSubstr("schedule:       one_cycle anneal=linear\n"));
+  EXPECT_THAT(get.out, HasSubstr("batch size:     128 (mnist-mlp's)\n"));
+  EXPECT_THAT(get.out,
+              HasSubstr("normalisation:  scale=0.00392157 mean=0.5 std=0.5 (mnist-mlp's)"));
+  EXPECT_EQ(Kiln({"watch", job.at("id")}).exit_code, 0);
+}
+
+TEST_F(KilnCliTest, BadNamesAndOverridesAreRefusedSayingWhatIsAccepted) {
+  RunResult unknown = Kiln({"submit", *root_ + "/unknown-enum.json"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("unknown-enum.json: spec.optimizer.kind: unknown value "
+                                     "\"rmsprop\"; expected sgd, adam or adamw"));
+  RunResult optimizer = Kiln({"submit", *root_ + "/small.json", "--optimizer", "rmsprop"});
+  EXPECT_EQ(optimizer.exit_code, 2);
+  EXPECT_THAT(optimizer.err, HasSubstr("--optimizer: unknown value \"rmsprop\"; expected sgd, "
+                                       "adam or adamw"));
+  RunResult schedule = Kiln({"submit", *root_ + "/small.json", "--schedule", "linear"});
+  EXPECT_EQ(schedule.exit_code, 2);
+  EXPECT_THAT(schedule.err, HasSubstr("expected constant, step, cosine or one_cycle"));
+  RunResult field = Kiln({"submit", *root_ + "/small.json", "--schedule", "step:size=2"});
+  EXPECT_EQ(field.exit_code, 2);
+  EXPECT_THAT(field.err, HasSubstr("--schedule \"step:size=2\""));
+  RunResult label = Kiln({"submit", *root_ + "/small.json", "--label", "team"});
+  EXPECT_EQ(label.exit_code, 2);
+  EXPECT_THAT(label.err, HasSubstr("--label \"team\": expected KEY=VALUE"));
+  RunResult name = Kiln({"submit", *root_ + "/small.json", "--name", "a;rm -rf"});
+  EXPECT_EQ(name.exit_code, 1);
+  EXPECT_THAT(name.err, HasSubstr("INVALID_ARGUMENT: spec.name: only letters, digits"));
+  RunResult value = Kiln({"submit", *root_ + "/small.json", "--label", "team=a b"});
+  EXPECT_EQ(value.exit_code, 1);
+  EXPECT_THAT(value.err, HasSubstr("INVALID_ARGUMENT: spec.labels[\"team\"]: a value is"));
+}
+
+TEST_F(KilnCliTest, ACheckpointKindIsSpelledTheSameInTheTableThePathTheWatchAndKind) {
+  const std::string id = Submit(*root_ + "/small.json", {"--epochs", "50"}, slow_);
+  ASSERT_FALSE(id.empty());
+  Subprocess watch;
+  ASSERT_TRUE(watch.Start({KILN_PATH, "watch", id}, {"KILN_SERVER=" + slow_->address()}));
+  ASSERT_TRUE(watch.WaitForStdout("step ", absl::Seconds(30))) << watch.Stdout();
+  ASSERT_EQ(Kiln({"checkpoint", id}, slow_).exit_code, 0);
+  ASSERT_EQ(Kiln({"cancel", id}, slow_).exit_code, 0);
+  EXPECT_EQ(watch.Wait(absl::Seconds(30)), 1);
+  EXPECT_THAT(watch.Stdout(), HasSubstr("(on_demand): epoch"));
+
+  RunResult table = Kiln({"checkpoints", id}, slow_);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("  on_demand  "));
+  EXPECT_THAT(table.out, HasSubstr("/on_demand-step"));
+  for (const std::string kind : {"on_demand", "ON_DEMAND", "CHECKPOINT_KIND_ON_DEMAND"}) {
+    RunResult only = Kiln({"checkpoints", id, "--kind", kind, "--output", "json"}, slow_);
+    ASSERT_EQ(only.exit_code, 0) << only.err;
+    const nlohmann::json listed = nlohmann::json::parse(only.out).at("checkpoints");
+    ASSERT_EQ(listed.size(), 1u) << kind << ": " << only.out;
+    EXPECT_EQ(listed[0].at("kind"), "CHECKPOINT_KIND_ON_DEMAND");
+  }
+  RunResult none = Kiln({"checkpoints", id, "--kind", "best,final"}, slow_);
+  EXPECT_EQ(none.exit_code, 0);
+  EXPECT_THAT(none.out, HasSubstr("no checkpoints of those kinds"));
+  RunResult hyphen = Kiln({"checkpoints", id, "--kind", "on-demand"}, slow_);
+  EXPECT_EQ(hyphen.exit_code, 2);
+  EXPECT_THAT(hyphen.err, HasSubstr("expected periodic, best, on_demand, shutdown or final"));
 }
 
 TEST_F(KilnCliTest, CancelStopsARunningJobAndWatchThenExitsOne) {

@@ -117,7 +117,7 @@ TEST(EventLogTest, EachEventIsOneLineWithTheJobId) {
   EXPECT_EQ(failed["level"], "error");
   EXPECT_EQ(failed["reason"], "out of\nmemory");
   EXPECT_EQ(nlohmann::json::parse(lines[2])["test_accuracy"], 0.9);
-  EXPECT_EQ(nlohmann::json::parse(lines[3])["kind"], "BEST");
+  EXPECT_EQ(nlohmann::json::parse(lines[3])["kind"], "best");
   EXPECT_EQ(nlohmann::json::parse(lines[6])["metrics"], "127.0.0.1:9464");
 }
 

@@ -557,6 +557,53 @@ TEST(SpecTranslationTest, HugeInputShapesAreRefusedWithoutOverflow) {
               ::testing::HasSubstr("elements per sample, over the limit of 1000000"));
 }
 
+// Moves the strings in: assigning a literal into a map entry trips GCC 12's -Wrestrict.
+void SetLabel(v1::JobSpec* spec, std::string key, std::string value) {
+  (*spec->mutable_labels())[std::move(key)] = std::move(value);
+}
+
+TEST(SpecTranslationTest, AJobNameAndLabelsWithinTheRulesTranslate) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-mlp");
+  spec.set_epochs(1);
+  spec.set_name("baseline run 2: lr/10");
+  SetLabel(&spec, "team", "vision");
+  SetLabel(&spec, "sweep.id", "2026-12-05_a:3");
+  SetLabel(&spec, "tag", "");
+  EXPECT_OK(TranslateSpec(spec, SpecLimits()));
+}
+
+TEST(SpecTranslationTest, BadJobNamesAndLabelsAreRefusedNamingTheField) {
+  const auto refused = [](const std::function<void(v1::JobSpec*)>& change) {
+    v1::JobSpec spec;
+    spec.set_preset("mnist-mlp");
+    spec.set_epochs(1);
+    change(&spec);
+    absl::Status s = TranslateSpec(spec, SpecLimits()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  using ::testing::HasSubstr;
+  EXPECT_THAT(refused([](v1::JobSpec* s) { s->set_name(std::string(65, 'a')); }),
+              HasSubstr("spec.name: at most 64 characters, got 65"));
+  EXPECT_THAT(refused([](v1::JobSpec* s) { s->set_name("a\nb"); }),
+              HasSubstr("spec.name: only letters, digits, spaces"));
+  EXPECT_THAT(refused([](v1::JobSpec* s) { s->set_name(" padded"); }),
+              HasSubstr("spec.name: must not start or end with a space"));
+  EXPECT_THAT(refused([](v1::JobSpec* s) {
+                for (int i = 0; i < 33; ++i) SetLabel(s, absl::StrCat("k", i), "v");
+              }),
+              HasSubstr("spec.labels: at most 32 labels, got 33"));
+  EXPECT_THAT(refused([](v1::JobSpec* s) { SetLabel(s, "-team", "x"); }),
+              HasSubstr("spec.labels[\"-team\"]: a key is letters, digits"));
+  EXPECT_THAT(refused([](v1::JobSpec* s) { SetLabel(s, std::string(64, 'k'), "x"); }),
+              HasSubstr("a key has 1..63 characters, got 64"));
+  EXPECT_THAT(refused([](v1::JobSpec* s) { SetLabel(s, "team", "a b"); }),
+              HasSubstr("spec.labels[\"team\"]: a value is letters, digits"));
+  EXPECT_THAT(refused([](v1::JobSpec* s) { SetLabel(s, "team", std::string(129, 'v')); }),
+              HasSubstr("a value has at most 128 characters, got 129"));
+}
+
 TEST(SpecTranslationTest, NamesAreCheckedForPathTricks) {
   EXPECT_TRUE(IsValidName("mnist"));
   EXPECT_TRUE(IsValidName("fashion-mnist_v1.2"));

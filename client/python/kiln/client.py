@@ -71,8 +71,10 @@ class Client:
         return Job.from_proto(
             self._call(self._training.GetJob, training_pb2.GetJobRequest(job_id=_job_id(job))))
 
-    def jobs(self, states=None):
-        """Every job, newest first; only those in `states` ("RUNNING", ...) when given."""
+    def jobs(self, states=None, labels=None):
+        """Every job, newest first; only those in `states` ("RUNNING", ...) when given, and only
+        those carrying every label of `labels` ({"team": "vision"}; a value of None: any value),
+        filtered here as `kiln jobs --label` does."""
         names = [s.upper() for s in states or ()]
         unknown = [s for s in names if "JOB_STATE_" + s not in training_pb2.JobState.keys()]
         if unknown:
@@ -83,7 +85,9 @@ class Client:
         while True:
             page = self._call(self._training.ListJobs, training_pb2.ListJobsRequest(
                 states=wanted, page_size=1000, page_token=token))
-            out.extend(Job.from_proto(j) for j in page.jobs)
+            out.extend(Job.from_proto(j) for j in page.jobs
+                       if all(k in j.spec.labels and (v is None or j.spec.labels[k] == v)
+                              for k, v in (labels or {}).items()))
             token = page.next_page_token
             if not token:
                 return out

@@ -21,7 +21,8 @@ def _time(ts):
 
 @dataclasses.dataclass
 class Checkpoint:
-    """One checkpoint file of a job. kind: "PERIODIC", "BEST", "ON_DEMAND", "SHUTDOWN", "FINAL"."""
+    """One checkpoint file of a job. kind: "periodic", "best", "on_demand", "shutdown", "final",
+    as kilnd's file names and metrics and the kiln CLI spell it."""
     id: int
     job_id: str
     kind: str
@@ -36,17 +37,20 @@ class Checkpoint:
 
     @classmethod
     def from_proto(cls, c):
-        return cls(c.id, c.job_id, enum_name(training_pb2.CheckpointKind, c.kind,
-                                             "CHECKPOINT_KIND_"),
+        return cls(c.id, c.job_id,
+                   enum_name(training_pb2.CheckpointKind, c.kind, "CHECKPOINT_KIND_").lower(),
                    c.epochs_done, c.global_step, c.test_accuracy, c.size_bytes, c.sha256, c.path,
                    _time(c.create_time), c)
 
 
 @dataclasses.dataclass
 class Job:
-    """A job as kilnd knows it. state: "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED";
-    last_epoch: the latest finished epoch's metrics (an EpochEvent's fields) or None."""
+    """A job as kilnd knows it. name, labels: the spec's display name and labels; state:
+    "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"; last_epoch: the latest finished
+    epoch's metrics (an EpochEvent's fields) or None."""
     id: str
+    name: str
+    labels: dict
     state: str
     reason: str
     device: str
@@ -77,7 +81,8 @@ class Job:
             last = dict(epoch=e.epoch, train_loss=e.train_loss, train_accuracy=e.train_accuracy,
                         test_loss=e.test_loss, test_accuracy=e.test_accuracy,
                         samples_per_sec=e.samples_per_sec)
-        return cls(j.id, enum_name(training_pb2.JobState, j.state, "JOB_STATE_"), j.reason,
+        return cls(j.id, j.spec.name, dict(j.spec.labels),
+                   enum_name(training_pb2.JobState, j.state, "JOB_STATE_"), j.reason,
                    j.device, j.epochs, j.epochs_done, j.global_step, j.best_test_accuracy,
                    j.parameter_count, j.attempts, last, _time(j.create_time),
                    _time(j.start_time), _time(j.end_time), j)

@@ -17,10 +17,17 @@ _PRESET_OPTIMIZERS = {
 }
 
 
-def _plain_enum_names(value, descriptor):
+def _shared_prefix(names):
+    """The prefix all `names` share up to a '_': "KIND_" for KIND_SGD, KIND_ADAM."""
+    prefix = os.path.commonprefix(list(names))
+    return prefix[:prefix.rfind("_") + 1]
+
+
+def _plain_enum_names(value, descriptor, path="spec"):
     """`value` (a dict of the JSON form of `descriptor`) with enum values also accepted by their
     plain names, any case: "adam" for "KIND_ADAM", "cross_entropy" for
-    "LOSS_KIND_CROSS_ENTROPY", as long as exactly one of the enum's names ends with it."""
+    "LOSS_KIND_CROSS_ENTROPY", as long as exactly one of the enum's names ends with it. An unknown
+    name is INVALID_ARGUMENT naming the field by `path` and the accepted names, as the CLI says it."""
     if not isinstance(value, dict):
         return value
     out = {}
@@ -33,12 +40,21 @@ def _plain_enum_names(value, descriptor):
             names = field.enum_type.values_by_name
             wanted = v.upper()
             matches = [n for n in names if n == wanted or n.endswith("_" + wanted)]
-            out[key] = matches[0] if len(matches) == 1 else v
+            if v not in names and len(matches) != 1:
+                # As the kiln CLI says it: the plain names, UNSPECIFIED left out.
+                ordered = [x.name for x in field.enum_type.values]  # by number, as declared
+                plain = [n[len(_shared_prefix(ordered)):].lower() for n in ordered
+                         if not n.endswith("_UNSPECIFIED")]
+                raise KilnError("INVALID_ARGUMENT",
+                                f"{path}.{field.name}: unknown value \"{v}\"; expected "
+                                f"{', '.join(plain[:-1])} or {plain[-1]}")
+            out[key] = v if v in names else matches[0]
         elif field.message_type is not None:
             if field.label == field.LABEL_REPEATED and isinstance(v, list):
-                out[key] = [_plain_enum_names(x, field.message_type) for x in v]
+                out[key] = [_plain_enum_names(x, field.message_type, f"{path}.{field.name}[{i}]")
+                            for i, x in enumerate(v)]
             else:
-                out[key] = _plain_enum_names(v, field.message_type)
+                out[key] = _plain_enum_names(v, field.message_type, f"{path}.{field.name}")
         else:
             out[key] = v
     return out

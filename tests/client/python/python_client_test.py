@@ -139,10 +139,26 @@ def exercise(kiln, np, addr, tmp):
                                  dataset="table", optimizer={"kind": "sgd", "lr": 0.1})
     check(spec.epochs == 2 and spec.dataset == "table" and len(spec.model.layers) == 7 and
           spec.optimizer.kind == kiln.stubs.spec_pb2.OptimizerSpec.KIND_SGD, f"spec: {spec}")
+    # Plain enum names as the CLI takes them; an unknown one lists the accepted names as it does.
+    plain = kiln.specs.build_spec({"schedule": {"kind": "One_Cycle", "anneal": "linear"}})
+    check(plain.schedule.kind == kiln.stubs.spec_pb2.ScheduleSpec.KIND_ONE_CYCLE and
+          plain.schedule.anneal == kiln.stubs.spec_pb2.ScheduleSpec.ANNEAL_LINEAR,
+          f"plain enum names: {plain}")
+    unknown = expect_error("INVALID_ARGUMENT", kiln.specs.build_spec,
+                           {"optimizer": {"kind": "rmsprop"}})
+    check('spec.optimizer.kind: unknown value "rmsprop"; expected sgd, adam or adamw' in
+          unknown.message,
+          f"unknown enum name: {unknown.message}")
 
     expect_error("INVALID_ARGUMENT", c.submit, SPEC, dataset="blocks", batch_size=0)
-    job = c.submit(SPEC, dataset="blocks", epochs=3, batch_size=32)
+    job = c.submit(SPEC, dataset="blocks", epochs=3, batch_size=32, name="blocks run",
+                   labels={"team": "vision"})
     check(job.id.startswith("job-") and job.state in ("QUEUED", "RUNNING"), f"submit: {job}")
+    check(job.name == "blocks run" and job.labels == {"team": "vision"}, f"name, labels: {job}")
+    check([j.id for j in c.jobs(labels={"team": "vision"})] == [job.id] and
+          not c.jobs(labels={"team": "audio"}) and c.jobs(labels={"team": None}),
+          "jobs(labels=...)")
+    expect_error("INVALID_ARGUMENT", c.submit, SPEC, dataset="blocks", labels={"team": "a b"})
     steps, epochs, states = [], [], []
     for event in c.watch(job):
         {"step": steps, "epoch": epochs, "state": states}.get(event.kind, []).append(event)
@@ -165,7 +181,7 @@ def exercise(kiln, np, addr, tmp):
     expect_error("FAILED_PRECONDITION", c.checkpoint, job)
 
     ckpts = c.checkpoints(job)
-    check(ckpts and ckpts[-1].epochs_done == 3 and {"PERIODIC", "BEST"} <= {k.kind for k in ckpts},
+    check(ckpts and ckpts[-1].epochs_done == 3 and {"periodic", "best"} <= {k.kind for k in ckpts},
           f"checkpoints: {ckpts}")
     path = os.path.join(tmp, "model.safetensors")
     record = c.export(job, path)
