@@ -473,6 +473,9 @@ void Daemon::StoreWritable(bool writable) {
 
 Daemon::~Daemon() {
   if (server_ != nullptr) Shutdown(absl::InfiniteDuration()).IgnoreError();
+  // A Start that failed after the follower existed: jobs the manager recovered may still write
+  // checkpoints until the manager goes, after the follower.
+  if (follow_observer_ != nullptr) follow_observer_->Attach(nullptr);
   if (metrics_ != nullptr) metrics_->SetInferenceQueueSource(nullptr);
 }
 
