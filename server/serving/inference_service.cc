@@ -94,6 +94,20 @@ absl::StatusOr<LoadRequest> ParseLoad(const inference::RepositoryModelLoadReques
 
 }  // namespace
 
+inference::RepositoryModelLoadRequest LoadRequestFor(const std::string& model,
+                                                     const std::string& source,
+                                                     const DeploymentOptions& options) {
+  inference::RepositoryModelLoadRequest request;
+  request.set_model_name(model);
+  auto& params = *request.mutable_parameters();
+  params["checkpoint"].set_string_param(source);
+  params["device"].set_string_param(options.device);
+  params["threads"].set_int64_param(options.threads);
+  params["max_batch_size"].set_int64_param(options.batching.max_batch_size);
+  params["max_queue_delay_us"].set_int64_param(options.batching.max_queue_delay_us);
+  return request;
+}
+
 InferenceService::InferenceService(ModelRepository* repository, InferenceServiceOptions options)
     : repository_(repository), options_(std::move(options)) {
   if (options_.server_version.empty()) options_.server_version = KILN_VERSION;
@@ -172,26 +186,17 @@ absl::Status InferenceService::LoadModel(const inference::RepositoryModelLoadReq
 std::vector<DeploymentRecord> InferenceService::RecordsOf(const std::string& model) const {
   std::vector<DeploymentRecord> records;
   absl::StatusOr<std::vector<std::string>> labels = repository_->Versions(model);
-  if (!labels.ok()) return records;  // nothing loaded
+  absl::StatusOr<VersionPolicy> policy = repository_->PolicyOf(model);
+  absl::StatusOr<std::string> follow = repository_->FollowOf(model);
+  if (!labels.ok() || !policy.ok() || !follow.ok()) return records;  // nothing loaded
   for (const std::string& label : *labels) {
     absl::StatusOr<std::shared_ptr<const ServedVersion>> v = repository_->Find(model, label);
     if (!v.ok()) continue;  // unloaded meanwhile by a request outside this service
-    const ServedVersion& served = **v;
-    DeploymentRecord record{model, label, {}};
-    record.request.set_model_name(model);
+    DeploymentRecord record{model, label, LoadRequestFor(model, (*v)->source(), (*v)->options())};
     auto& params = *record.request.mutable_parameters();
-    params["checkpoint"].set_string_param(served.source());
     params["version"].set_string_param(label);
-    params["device"].set_string_param(served.options().device);
-    params["threads"].set_int64_param(served.options().threads);
-    params["max_batch_size"].set_int64_param(served.options().batching.max_batch_size);
-    params["max_queue_delay_us"].set_int64_param(served.options().batching.max_queue_delay_us);
-    if (absl::StatusOr<VersionPolicy> policy = repository_->PolicyOf(model); policy.ok()) {
-      params["version_policy"].set_string_param(policy->ToString());
-    }
-    if (absl::StatusOr<std::string> follow = repository_->FollowOf(model); follow.ok()) {
-      params["follow"].set_string_param(follow->empty() ? "false" : *follow);
-    }
+    params["version_policy"].set_string_param(policy->ToString());
+    params["follow"].set_string_param(follow->empty() ? "false" : *follow);
     records.push_back(std::move(record));
   }
   return records;

@@ -29,6 +29,12 @@ struct DeploymentRecord {
   inference::RepositoryModelLoadRequest request;
 };
 
+// The RepositoryModelLoad that deploys `source` as `model` with `options` (checkpoint, device,
+// threads and batching): what a recorded deployment replays and what following a job sends.
+inference::RepositoryModelLoadRequest LoadRequestFor(const std::string& model,
+                                                     const std::string& source,
+                                                     const DeploymentOptions& options);
+
 struct InferenceServiceOptions {
   std::string server_name = "kiln";
   std::string server_version;           // empty: kiln's own version

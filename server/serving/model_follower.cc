@@ -67,16 +67,9 @@ void ModelFollower::Follow(const std::string& model, const std::string& source) 
     return;  // the checkpoint it serves is still the one the source names
   }
   // The new version keeps the current one's settings; the service records it like any load.
-  const DeploymentOptions& options = (*current)->options();
-  inference::RepositoryModelLoadRequest request;
-  request.set_model_name(model);
-  auto& params = *request.mutable_parameters();
-  params["checkpoint"].set_string_param(source);
-  params["follow"].set_string_param(source);
-  params["device"].set_string_param(options.device);
-  params["threads"].set_int64_param(options.threads);
-  params["max_batch_size"].set_int64_param(options.batching.max_batch_size);
-  params["max_queue_delay_us"].set_int64_param(options.batching.max_queue_delay_us);
+  inference::RepositoryModelLoadRequest request =
+      LoadRequestFor(model, source, (*current)->options());
+  (*request.mutable_parameters())["follow"].set_string_param(source);
   const absl::Status outcome = service_->LoadModel(request);
   if (on_follow_) on_follow_(model, source, outcome);
 }

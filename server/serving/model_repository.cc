@@ -158,11 +158,9 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
       number = next;
     }
     // A model under a specific policy takes only the numbers it lists.
-    const VersionPolicy& policy =
-        request.policy ? *request.policy
-        : it != models_.end()
-            ? it->second.policy
-            : VersionPolicy{VersionPolicy::Kind::kLatest, options_.max_versions_per_model, {}};
+    const VersionPolicy policy = request.policy        ? *request.policy
+                                 : it != models_.end() ? it->second.policy
+                                                       : DefaultPolicy();
     if (policy.kind == VersionPolicy::Kind::kSpecific && policy.specific.count(number) == 0) {
       return Prefixed(request.model,
                       absl::FailedPreconditionError(absl::StrCat(
@@ -257,8 +255,7 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, created] = models_.try_emplace(request.model);
     Model& model = it->second;
-    if (created)
-      model.policy.latest = std::clamp(options_.max_versions_per_model, 1, kMaxVersionsPerModel);
+    if (created) model.policy = DefaultPolicy();
     if (request.policy) model.policy = *request.policy;
     if (request.follow) model.follow = *request.follow;
     if (auto old = model.versions.find(number); old != model.versions.end()) {
@@ -309,16 +306,20 @@ void ModelRepository::RemoveVersion(Model& model, int64_t number) {
   }
 }
 
-const std::shared_ptr<const ServedVersion>* ModelRepository::FindVersionLocked(
-    const Model& model, const std::string& version) {
+int64_t ModelRepository::FindVersionLocked(const Model& model, const std::string& version) {
   int64_t number = 0;
   if (auto a = model.aliases.find(version); a != model.aliases.end()) {
     number = a->second;
   } else if (absl::StatusOr<int64_t> n = ParseVersionNumber(version); n.ok()) {
     number = *n;
   }
-  auto v = model.versions.find(number);
-  return v == model.versions.end() ? nullptr : &v->second;
+  return model.versions.count(number) > 0 ? number : 0;
+}
+
+VersionPolicy ModelRepository::DefaultPolicy() const {
+  VersionPolicy policy;
+  policy.latest = std::clamp(options_.max_versions_per_model, 1, kMaxVersionsPerModel);
+  return policy;
 }
 
 std::string ModelRepository::VersionList(const Model& model) {
@@ -353,13 +354,13 @@ absl::Status ModelRepository::Unload(const std::string& model, const std::string
     for (auto& [label, v] : m.versions) released.push_back(v);
     models_.erase(it);
   } else {
-    const std::shared_ptr<const ServedVersion>* found = FindVersionLocked(m, version);
-    if (found == nullptr) {
+    const int64_t found = FindVersionLocked(m, version);
+    if (found == 0) {
       return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
                                               "\" (versions: ", VersionList(m), ")"));
     }
-    released.push_back(*found);
-    RemoveVersion(m, std::stoll((*found)->version()));
+    released.push_back(m.versions[found]);
+    RemoveVersion(m, found);
     if (!m.versions.empty()) return absl::OkStatus();
     models_.erase(it);
   }
@@ -374,7 +375,7 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Find(
   KILN_ASSIGN_OR_RETURN(const Model* found, FindModelLocked(model));
   const Model& m = *found;
   if (version.empty()) return m.versions.rbegin()->second;
-  if (const auto* found = FindVersionLocked(m, version); found != nullptr) return *found;
+  if (const int64_t found = FindVersionLocked(m, version); found != 0) return m.versions.at(found);
   return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
                                           "\" (versions: ", VersionList(m), ")"));
 }

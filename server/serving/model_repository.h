@@ -199,9 +199,11 @@ class ModelRepository {
 
   // Drops a version from a model (caller holds mu_).
   static void RemoveVersion(Model& model, int64_t number);
-  // The loaded version `version` (a number or an alias) names, or null (caller holds mu_).
-  static const std::shared_ptr<const ServedVersion>* FindVersionLocked(const Model& model,
-                                                                       const std::string& version);
+  // The number of the loaded version `version` (a number or an alias) names, or 0 (caller holds
+  // mu_).
+  static int64_t FindVersionLocked(const Model& model, const std::string& version);
+  // latest:max_versions_per_model, for a model whose loads never named a policy.
+  VersionPolicy DefaultPolicy() const;
   static std::string VersionList(const Model& model);
   // The loaded model; Unavailable when it was unloaded, NotFound when never loaded (caller
   // holds mu_).

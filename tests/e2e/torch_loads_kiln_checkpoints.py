@@ -22,13 +22,12 @@ import os
 import random
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import time
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+from kilnd_child import start_kilnd  # noqa: E402
 PEER = os.path.join(ROOT, "bench", "torch_cifar_peer.py")
 SPECS = {"resnet": "examples/resnet-cifar.json", "table": "examples/table-mlp.json"}
 TEST_SAMPLES = 400
@@ -79,23 +78,6 @@ def make_table(d, rng):
     open(os.path.join(d, "test.csv"), "w").write(rows(TEST_SAMPLES))
 
 
-def start_kilnd(kilnd, tmp):
-    out = open(os.path.join(tmp, "kilnd.out"), "w+")
-    proc = subprocess.Popen(
-        [kilnd, "--listen", "127.0.0.1:0", "--state_dir", os.path.join(tmp, "state"),
-         "--data_dir", os.path.join(tmp, "data"), "--device", "cpu"],
-        stdout=out, stderr=open(os.path.join(tmp, "kilnd.log"), "w"))
-    for _ in range(600):
-        out.seek(0)
-        m = re.search(r"^kilnd: listening on port (\d+)$", out.read(), re.M)
-        if m:
-            return proc, "127.0.0.1:" + m.group(1)
-        if proc.poll() is not None:
-            fail("kilnd exited:\n" + open(os.path.join(tmp, "kilnd.log")).read())
-        time.sleep(0.1)
-    fail("kilnd did not report its port")
-
-
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -112,7 +94,10 @@ def main():
     rng = random.Random(19)
     make_cifar(os.path.join(tmp, "cifar"), rng)
     make_table(os.path.join(tmp, "table"), rng)
-    proc, addr = start_kilnd(kilnd, tmp)
+    try:
+        proc, addr = start_kilnd(kilnd, tmp)
+    except RuntimeError as e:
+        fail(str(e))
     env = dict(os.environ, KILN_SERVER=addr)
 
     def kiln(*args):

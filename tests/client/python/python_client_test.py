@@ -26,10 +26,12 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+import kilnd_child  # noqa: E402
+
 TOKEN = "9b1d6e0c4a7f2385d6e1c0b9a8f7e6d5"
 SIDE, CLASSES = 8, 4
 
@@ -68,21 +70,10 @@ def write_idx(d, prefix, images, labels, n):
 
 
 def start_kilnd(kilnd, tmp, name, *flags):
-    out = open(os.path.join(tmp, name + ".out"), "w+")
-    log = os.path.join(tmp, name + ".log")
-    proc = subprocess.Popen(
-        [kilnd, "--listen", "127.0.0.1:0", "--state_dir", os.path.join(tmp, name, "state"),
-         "--data_dir", os.path.join(tmp, name, "data"), "--device", "cpu", *flags],
-        stdout=out, stderr=open(log, "w"))
-    for _ in range(600):
-        out.seek(0)
-        m = re.search(r"^kilnd: listening on port (\d+)$", out.read(), re.M)
-        if m:
-            return proc, "127.0.0.1:" + m.group(1)
-        if proc.poll() is not None:
-            fail(f"kilnd exited:\n{open(log).read()}")
-        time.sleep(0.1)
-    fail("kilnd did not report its port")
+    try:
+        return kilnd_child.start_kilnd(kilnd, os.path.join(tmp, name), *flags)
+    except RuntimeError as e:
+        fail(str(e))
 
 
 def expect_error(code, fn, *args, **kwargs):
