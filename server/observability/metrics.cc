@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <fstream>
 #include <iterator>
@@ -540,6 +541,59 @@ void Metrics::ForgetInferenceModel(const std::string& model) {
       if (labels["model"] == model) inference_requests_->Remove(&inference_requests_->Add(labels));
     }
   }
+}
+
+std::vector<InferenceModelStats> Metrics::InferenceStats() const {
+  std::map<std::string, InferenceModelStats> by_model;
+  auto label = [](const prometheus::ClientMetric& m, const std::string& name) {
+    for (const prometheus::ClientMetric::Label& l : m.label) {
+      if (l.name == name) return l.value;
+    }
+    return std::string();
+  };
+  for (const prometheus::MetricFamily& f : inference_requests_->Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      InferenceModelStats& s = by_model[label(m, "model")];
+      s.requests += m.counter.value;
+      if (label(m, "code") != CodeLabel(absl::StatusCode::kOk))
+        s.failed_requests += m.counter.value;
+    }
+  }
+  for (const prometheus::MetricFamily& f : inference_duration_->Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::vector<std::pair<double, uint64_t>> buckets;
+      for (const prometheus::ClientMetric::Bucket& b : m.histogram.bucket) {
+        buckets.emplace_back(b.upper_bound, b.cumulative_count);
+      }
+      InferenceModelStats& s = by_model[label(m, "model")];
+      s.p50_seconds = BucketQuantile(0.5, buckets);
+      s.p90_seconds = BucketQuantile(0.9, buckets);
+      s.p99_seconds = BucketQuantile(0.99, buckets);
+    }
+  }
+  std::vector<InferenceModelStats> out;
+  for (auto& [model, stats] : by_model) {
+    stats.model = model;
+    out.push_back(std::move(stats));
+  }
+  return out;
+}
+
+double BucketQuantile(double q, const std::vector<std::pair<double, uint64_t>>& buckets) {
+  if (buckets.empty() || buckets.back().second == 0) return 0;
+  const double rank = q * static_cast<double>(buckets.back().second);
+  double lower = 0;
+  uint64_t below = 0;
+  for (const auto& [upper, count] : buckets) {
+    if (static_cast<double>(count) >= rank && count > below) {
+      if (std::isinf(upper)) return lower;  // past the last finite bound: the bound is all we know
+      return lower + (upper - lower) * (rank - static_cast<double>(below)) /
+                         static_cast<double>(count - below);
+    }
+    lower = upper;
+    below = count;
+  }
+  return lower;
 }
 
 void Metrics::RecordGrpc(const std::string& method, int code, double seconds) {

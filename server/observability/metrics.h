@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -70,6 +71,22 @@ struct InferenceQueueDepth {
   std::string model, version;
   int64_t requests = 0;
 };
+
+// One served model's numbers as the registry holds them (kiln_inference_*), read back for the
+// web page's Models view, so that it shows exactly what Prometheus scrapes.
+struct InferenceModelStats {
+  std::string model;
+  double requests = 0;         // kiln_inference_requests_total, every version and code
+  double failed_requests = 0;  // of those, the ones whose code is not OK
+  // Latency quantiles in seconds, estimated from the histogram's buckets as Prometheus's
+  // histogram_quantile estimates them; 0 before the first request.
+  double p50_seconds = 0, p90_seconds = 0, p99_seconds = 0;
+};
+
+// The q-quantile (0..1) of a histogram given as (upper bound, cumulative count) buckets in
+// increasing order, the last one +Inf: linear within the bucket the rank falls in, as
+// histogram_quantile; the highest finite bound when it falls in +Inf; 0 when empty.
+double BucketQuantile(double q, const std::vector<std::pair<double, uint64_t>>& buckets);
 
 struct MetricsOptions {
   // Job-labelled series are removed this long after their job ends,
@@ -129,6 +146,8 @@ class Metrics {
                        double seconds, double queue_seconds, int batch_size);
   // Drops the series of an undeployed model.
   void ForgetInferenceModel(const std::string& model);
+  // Every model with inference series, by name, read from the registry's families.
+  std::vector<InferenceModelStats> InferenceStats() const;
 
   // --- gRPC ---------------------------------------------------------------------------------
   // One finished call of `method` ("/pkg.Service/Method"); fed by the edge's interceptor
