@@ -25,6 +25,7 @@
 #include "server/http/rest_inference.h"
 #include "server/jobs/interrupted_writes.h"
 #include "server/serving/job_checkpoint_resolver.h"
+#include "server/web/web_page.h"
 
 namespace kiln::server {
 
@@ -203,7 +204,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
   d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());
   d->follow_observer_ = std::make_unique<CheckpointFollowObserver>();
-  manager_options.observers = {d->job_metrics_.get(), d->job_log_.get(), d->follow_observer_.get()};
+  d->jobs_feed_ = std::make_unique<web::JobsFeed>();
+  manager_options.observers = {d->job_metrics_.get(), d->job_log_.get(), d->follow_observer_.get(),
+                               d->jobs_feed_.get()};
   d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());
@@ -371,6 +374,13 @@ absl::Status Daemon::StartHttp() {
   metrics_->AddMetricsRoute(
       server.get(), options_.metrics_require_token ? http::Access::kToken : http::Access::kOpen);
   http::AddKServeRoutes(inference_.get(), server.get());
+  // The web page and its JSON API, behind the same TLS and tokens.
+  web::WebApiOptions web_options;
+  web_options.max_event_streams = options_.max_web_event_streams;
+  auto web_api = std::make_unique<web::WebApi>(manager_.get(), broadcaster_.get(), models_.get(),
+                                               metrics_.get(), jobs_feed_.get(), web_options);
+  web_api->AddRoutes(server.get());
+  web::AddWebPageRoutes(server.get());
   absl::StatusOr<int> port = server->Start();
   if (!port.ok()) {
     if (!options_.metrics_optional) return port.status();
@@ -378,6 +388,7 @@ absl::Status Daemon::StartHttp() {
               {{"reason", std::string(port.status().message())}});
     return absl::OkStatus();
   }
+  web_api_ = std::move(web_api);
   http_ = std::move(server);
   return absl::OkStatus();
 }
@@ -454,6 +465,7 @@ absl::Status Daemon::Shutdown(absl::Duration deadline) {
   // meanwhile (/metrics served until now): its requests being answered finish, and an idle
   // kept-alive connection can hold it for its 5 s keep-alive.
   std::thread http_stop([this] {
+    if (web_api_ != nullptr) web_api_->Stop();  // its open event streams end at their next turn
     if (http_ != nullptr) http_->Stop();
   });
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -34,6 +34,8 @@
 #include "server/serving/inference_service.h"
 #include "server/serving/model_follower.h"
 #include "server/serving/model_repository.h"
+#include "server/web/jobs_feed.h"
+#include "server/web/web_api.h"
 
 namespace grpc {
 class Server;
@@ -77,6 +79,9 @@ struct DaemonOptions {
   // usually send none, so it is open by default.
   bool metrics_require_token = false;
   bool metrics_optional = false;  // true: an address that cannot be bound only warns
+  // The web page's live event streams (/api/jobs/{id}/events, /api/events) open at once, each
+  // holding one of the HTTP listener's 16 threads; more are answered 503.
+  int max_web_event_streams = 4;
   absl::Duration metrics_job_retention = absl::Minutes(10);
   int metrics_max_ended_jobs = 500;  // ended jobs whose series are kept at most
   // Security: TLS from these PEM files (none: plaintext); bearer tokens, one per line, required
@@ -133,6 +138,8 @@ class Daemon {
   // Tells follower_ of checkpoints once serving exists; outlives the manager that calls it.
   class CheckpointFollowObserver;
   std::unique_ptr<CheckpointFollowObserver> follow_observer_;
+  // Tells the web page's jobs table which jobs changed; outlives the manager that calls it.
+  std::unique_ptr<web::JobsFeed> jobs_feed_;
   std::unique_ptr<AuthTokens> auth_tokens_;  // null: auth off; read by the server's interceptor
   std::unique_ptr<TlsReloader> tls_;         // null: plaintext
   std::unique_ptr<JobStore> store_;
@@ -148,6 +155,8 @@ class Daemon {
   std::unique_ptr<serving::ModelFollower> follower_;
   // /metrics and KServe v2 REST; below inference_ and metrics_, so it stops before they go.
   std::unique_ptr<http::HttpServer> http_;
+  // The web page's JSON API on http_ (null when http_ is); above http_, so it outlives its routes.
+  std::unique_ptr<web::WebApi> web_api_;
   // Loads the recorded deployments after the server starts; joined by Shutdown.
   std::thread restore_thread_;
   std::unique_ptr<grpc::Server> server_;

@@ -42,6 +42,9 @@ ABSL_FLAG(int, max_batch_size, 65'536, "largest training batch a job may ask for
 ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest gRPC message kilnd accepts, in bytes");
 ABSL_FLAG(int, max_streams, 256,
           "streaming calls (WatchJob, ExportCheckpoint, UploadDataset) open at once");
+ABSL_FLAG(int, max_web_streams, 4,
+          "the web page's live event streams open at once, each holding one of the 16 HTTP "
+          "threads (more are answered 503)");
 ABSL_FLAG(int, max_health_watches, 256,
           "grpc.health.v1 Watch streams open at once (they need no token, so they have their own "
           "limit)");
@@ -169,6 +172,7 @@ int main(int argc, char** argv) {
   options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_streams = absl::GetFlag(FLAGS_max_streams);
+  options.max_web_event_streams = absl::GetFlag(FLAGS_max_web_streams);
   options.max_health_watches = absl::GetFlag(FLAGS_max_health_watches);
   options.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.reserved_descriptors = absl::GetFlag(FLAGS_reserved_descriptors);

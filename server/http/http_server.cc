@@ -92,8 +92,10 @@ bool SplitHostPort(const std::string& listen, std::string* host, int* port) {
 std::string DefaultMessage(const httplib::Request& req, int status, size_t max_body_bytes) {
   switch (status) {
     case 404:
-      return absl::StrCat("no route for ", req.method, " ", req.path,
-                          "; kilnd serves /metrics and the KServe v2 API under /v2");
+      return absl::StrCat(
+          "no route for ", req.method, " ", req.path,
+          "; kilnd serves /metrics, the KServe v2 API under /v2, and its web page at / ",
+          "with its API under /api");
     case 413:
       return absl::StrCat("the request body is over the limit of ", max_body_bytes,
                           " bytes (--max_message_bytes)");

@@ -1,0 +1,22 @@
+#include "server/web/sse_stream_limit.h"
+
+namespace kiln::web {
+
+SseStreamLimit::Slot::~Slot() {
+  std::lock_guard<std::mutex> lock(limit_->mu_);
+  --limit_->open_;
+}
+
+std::unique_ptr<SseStreamLimit::Slot> SseStreamLimit::Acquire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_.load() || open_ >= max_streams_) return nullptr;
+  ++open_;
+  return std::make_unique<Slot>(this);
+}
+
+int SseStreamLimit::open_streams() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return open_;
+}
+
+}  // namespace kiln::web

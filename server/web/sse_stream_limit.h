@@ -1,0 +1,44 @@
+// How many Server-Sent-Event streams the web API holds open at once. Each stream holds one of
+// the HTTP pool's threads for its life, so a bound keeps threads free for /metrics and REST
+// inference; a request past it is answered 503. Also tells open streams when to end.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+namespace kiln::web {
+
+// Thread-safe.
+class SseStreamLimit {
+ public:
+  explicit SseStreamLimit(int max_streams) : max_streams_(max_streams) {}
+
+  // Held by one open stream; gives its place back when destroyed.
+  class Slot {
+   public:
+    explicit Slot(SseStreamLimit* limit) : limit_(limit) {}
+    ~Slot();
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+
+   private:
+    SseStreamLimit* limit_;
+  };
+
+  // A slot, or null when max_streams are open (or the limit is stopping).
+  std::unique_ptr<Slot> Acquire();
+  // Open streams see stopping() and end at their next turn; no new stream starts.
+  void Stop() { stopping_.store(true); }
+  bool stopping() const { return stopping_.load(); }
+  int open_streams() const;
+  int max_streams() const { return max_streams_; }
+
+ private:
+  const int max_streams_;
+  mutable std::mutex mu_;
+  int open_ = 0;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace kiln::web

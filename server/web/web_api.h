@@ -1,0 +1,64 @@
+// The JSON API behind kilnd's web page, on kilnd's HTTP listener under /api: jobs, their
+// checkpoints and actions, served models with their serving numbers, and live updates as
+// Server-Sent Events. A thin translator like the gRPC services: each route validates, calls the
+// same JobManager / ModelRepository / Metrics call the gRPC side calls, and maps absl::Status to
+// an HTTP status with a JSON error {"error": ...}. Messages are proto3 JSON (snake_case names,
+// enums by name, 64-bit integers as strings). Deploy, undeploy and inference use the KServe v2
+// REST routes (/v2/repository/..., /v2/models/.../infer), which already exist.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/http/http_server.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/metric_broadcaster.h"
+#include "server/observability/metrics.h"
+#include "server/serving/model_repository.h"
+#include "server/web/jobs_feed.h"
+#include "server/web/sse_stream_limit.h"
+
+namespace kiln::web {
+
+struct WebApiOptions {
+  // Event streams open at once (each holds an HTTP thread); more are answered 503.
+  int max_event_streams = 4;
+  // How long POST /api/jobs/{id}/checkpoint waits for the checkpoint (504 after).
+  absl::Duration checkpoint_timeout = absl::Seconds(60);
+};
+
+// One route, for documentation and for tests that must cover every route (e.g. that each is
+// refused without a token): its method, its pattern, and a path that matches it.
+struct WebApiRoute {
+  std::string method;  // "GET" or "POST"
+  std::string pattern;
+  std::string example_path;
+};
+const std::vector<WebApiRoute>& WebApiRoutes();
+
+// Every pointer must outlive the HttpServer the routes are added to. Thread-safe.
+class WebApi {
+ public:
+  WebApi(server::JobManager* jobs, server::MetricBroadcaster* broadcaster,
+         serving::ModelRepository* models, server::Metrics* metrics, JobsFeed* feed,
+         WebApiOptions options = {});
+
+  // Adds the /api routes (every one behind the server's bearer tokens) to `server`.
+  void AddRoutes(http::HttpServer* server);
+  // Open event streams end at their next turn (within a fraction of a second); new ones are
+  // refused. Call before HttpServer::Stop, which also ends them by itself.
+  void Stop() { streams_.Stop(); }
+  int open_event_streams() const { return streams_.open_streams(); }
+
+ private:
+  server::JobManager* jobs_;
+  server::MetricBroadcaster* broadcaster_;
+  serving::ModelRepository* models_;
+  server::Metrics* metrics_;
+  JobsFeed* feed_;
+  const WebApiOptions options_;
+  SseStreamLimit streams_;
+};
+
+}  // namespace kiln::web

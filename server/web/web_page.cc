@@ -1,0 +1,35 @@
+#include "server/web/web_page.h"
+
+#include <httplib.h>
+
+#include <string>
+
+#include "server/web/web_assets.h"
+
+namespace kiln::web {
+namespace {
+
+std::string ContentTypeOf(std::string_view path) {
+  if (path.ends_with(".js")) return "text/javascript; charset=utf-8";
+  if (path.ends_with(".css")) return "text/css; charset=utf-8";
+  if (path.ends_with(".txt")) return "text/plain; charset=utf-8";
+  return "text/html; charset=utf-8";  // "/"
+}
+
+}  // namespace
+
+void AddWebPageRoutes(http::HttpServer* server) {
+  for (const WebAsset& asset : WebAssets()) {
+    server->Get(
+        std::string(asset.path), http::Access::kOpen,
+        [asset, type = ContentTypeOf(asset.path)](const httplib::Request&, httplib::Response& res) {
+          res.status = 200;
+          // A new kilnd may serve a new page: the browser asks again each time.
+          res.set_header("Cache-Control", "no-cache");
+          res.set_header("X-Content-Type-Options", "nosniff");
+          res.set_content(asset.bytes.data(), asset.bytes.size(), type);
+        });
+  }
+}
+
+}  // namespace kiln::web
