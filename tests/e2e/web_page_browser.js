@@ -1,0 +1,130 @@
+// The browser half of tests/e2e/web_page_browser.py (read it first):
+//   node web_page_browser.js BASE_URL TOKEN JOB SECOND_JOB IMAGE.png ARTEFACTS_DIR
+// Drives Debian's chromium through puppeteer-core; prints one JSON line of findings last and
+// exits 1 naming the first check that failed.
+"use strict";
+const path = require("path");
+const puppeteer = require("puppeteer-core");
+
+const [base, token, job, second, image, artefacts] = process.argv.slice(2);
+const WAIT = { timeout: 60000 };
+
+function check(ok, message) {
+  if (!ok) throw new Error(message);
+}
+
+async function main() {
+  const browser = await puppeteer.launch({
+    executablePath: process.env.KILN_CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    // --no-sandbox: ctest may run as root (CI containers), where chromium's sandbox refuses.
+    args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+  });
+  const errors = [];
+  const page = await browser.newPage();
+  try {
+    page.on("pageerror", (e) => errors.push("page error: " + e.message));
+    page.on("console", (m) => { if (m.type() === "error") errors.push("console error: " + m.text()); });
+    await page.setViewport({ width: 1280, height: 800 });
+
+    // The token prompt, answered as a user would.
+    await page.goto(base + "/", { waitUntil: "domcontentloaded" });
+    await page.waitForSelector("#token-dialog[open]", WAIT);
+    await page.type("#token-input", token);
+    await page.click("#token-form button[type=submit]");
+    // These 401s were the prompt's cause, not errors of the page.
+    errors.length = 0;
+
+    // The jobs table, as `kiln jobs`, with our job and its state.
+    await page.waitForSelector(`#jobs tr[data-job-id="${job}"]`, WAIT);
+    const headers = await page.$$eval("#jobs thead th", (ths) => ths.map((t) => t.textContent));
+    for (const h of ["JOB", "NAME", "STATE", "MODEL", "DATASET", "DEVICE", "EPOCHS", "STEP", "TEST ACC", "AGE"]) {
+      check(headers.includes(h), `the jobs table has no ${h} column: ${headers}`);
+    }
+    // The table follows the job live: its step count grows without a reload.
+    const stepOf = () => page.$eval(`#jobs tr[data-job-id="${job}"] td:nth-child(10)`, (td) => Number(td.textContent));
+    const firstStep = await stepOf();
+    await page.waitForFunction((id, s) => {
+      const td = document.querySelector(`#jobs tr[data-job-id="${id}"] td:nth-child(10)`);
+      return td && Number(td.textContent) > s;
+    }, WAIT, job, firstStep);
+    await page.screenshot({ path: path.join(artefacts, "jobs-1280.png") });
+
+    // The job's page: the loss curve draws, and points arrive live while the job runs.
+    // Clicked in the page: the live table may replace the row between a lookup and a click.
+    await page.$eval(`#jobs tr[data-job-id="${job}"] td:nth-child(2)`, (td) => td.click());
+    await page.waitForSelector("#loss-chart canvas", WAIT);
+    await page.waitForFunction(() => {
+      const chart = document.querySelector("#loss-chart");
+      const state = document.querySelector('[data-fact="state"]');
+      return state && state.textContent === "RUNNING" && Number(chart.dataset.livePoints) > 0;
+    }, WAIT);
+    const livePointsWhileRunning = await page.$eval("#loss-chart", (c) => Number(c.dataset.livePoints));
+    await page.waitForFunction((n) => Number(document.querySelector("#loss-chart").dataset.livePoints) > n,
+                               WAIT, livePointsWhileRunning);
+    await page.screenshot({ path: path.join(artefacts, "job-running-1280.png"), fullPage: true });
+    await page.waitForFunction(() => document.querySelector('[data-fact="state"]').textContent === "SUCCEEDED",
+                               { timeout: 90000 });
+    await page.waitForSelector("#checkpoints tr[data-checkpoint-id]", WAIT);
+    const points = await page.$eval("#loss-chart", (c) => Number(c.dataset.points));
+    check(points >= 4 * 64, `the loss curve has ${points} points; 4 epochs of 64 steps were trained`);
+    await page.screenshot({ path: path.join(artefacts, "job-1280.png"), fullPage: true });
+
+    // The same page at 400 px wide: nothing wider than the window but the tables' own scrollers.
+    await page.setViewport({ width: 400, height: 800 });
+    await new Promise((r) => setTimeout(r, 300));
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth);
+    check(overflow <= 400, `at 400 px the page is ${overflow} px wide`);
+    await page.screenshot({ path: path.join(artefacts, "job-400.png"), fullPage: true });
+    await page.setViewport({ width: 1280, height: 800 });
+
+    // Two jobs on one chart, once the second has trained.
+    await page.goto(`${base}/#/jobs/${second}`, { waitUntil: "domcontentloaded" });
+    await page.waitForFunction(() => {
+      const s = document.querySelector('[data-fact="state"]');
+      return s && s.textContent === "SUCCEEDED";
+    }, { timeout: 90000 });
+    await page.goto(`${base}/#/compare/${job},${second}`, { waitUntil: "domcontentloaded" });
+    await page.waitForSelector("#compare-loss-chart[data-series='2'] canvas", WAIT);
+    const legend = await page.$$eval("#compare-loss-chart .u-legend .u-series", (s) => s.map((x) => x.textContent));
+    check(legend.some((t) => t.includes(job)) && legend.some((t) => t.includes(second)),
+          `the comparison's legend does not name both jobs: ${legend}`);
+    await page.screenshot({ path: path.join(artefacts, "compare-1280.png"), fullPage: true });
+
+    // Deploy the job's newest checkpoint from its page, then classify an image on Models.
+    await page.goto(`${base}/#/jobs/${job}`, { waitUntil: "domcontentloaded" });
+    await page.waitForSelector("#checkpoints tr[data-checkpoint-id] button.deploy", WAIT);
+    await page.$eval("#deploy-name", (i) => { i.value = "web-toy"; });
+    await page.$$eval("#checkpoints tr[data-checkpoint-id] button.deploy", (b) => b[b.length - 1].click());
+    await page.waitForSelector('#models tr[data-model="web-toy"] input[type=file]', WAIT);
+    const input = await page.$('#models tr[data-model="web-toy"] input[type=file]');
+    await input.uploadFile(image);
+    await page.waitForFunction(() => {
+      const r = document.querySelector('#models tr[data-model="web-toy"] .classify-result');
+      return r && /^class \d+ /.test(r.textContent);
+    }, WAIT);
+    const classified = await page.$eval('#models tr[data-model="web-toy"] .classify-result', (r) => r.textContent);
+    // The request just made shows in the serving numbers at the next refresh.
+    await page.waitForFunction(() => {
+      const td = document.querySelector('#models tr[data-model="web-toy"] td:nth-child(3)');
+      return td && Number(td.textContent) >= 1;
+    }, WAIT);
+    await page.screenshot({ path: path.join(artefacts, "models-1280.png"), fullPage: true });
+
+    check(errors.length === 0, "JavaScript errors: " + errors.join("; "));
+    console.log(JSON.stringify({ live_points: livePointsWhileRunning, points, classified }));
+  } catch (e) {
+    // What the page showed when a check failed, and what it said.
+    await page.screenshot({ path: path.join(artefacts, "failure.png"), fullPage: true }).catch(() => {});
+    const message = await page.$eval("#message", (m) => m.textContent).catch(() => "");
+    throw new Error(`${e.message}${message ? " (the page says: " + message + ")" : ""}` +
+                    (errors.length ? "; " + errors.join("; ") : ""));
+  } finally {
+    await browser.close();
+  }
+}
+
+main().catch((e) => {
+  console.error("FAIL: " + e.message);
+  process.exit(1);
+});
