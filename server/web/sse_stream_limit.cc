@@ -3,8 +3,17 @@
 namespace kiln::web {
 
 SseStreamLimit::Slot::~Slot() {
-  std::lock_guard<std::mutex> lock(limit_->mu_);
-  --limit_->open_;
+  {
+    std::lock_guard<std::mutex> lock(limit_->mu_);
+    --limit_->open_;
+  }
+  limit_->closed_cv_.notify_all();
+}
+
+void SseStreamLimit::Stop(absl::Duration grace) {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_.store(true);
+  closed_cv_.wait_for(lock, absl::ToChronoNanoseconds(grace), [this] { return open_ == 0; });
 }
 
 std::unique_ptr<SseStreamLimit::Slot> SseStreamLimit::Acquire() {

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
+
+#include "absl/time/time.h"
 
 namespace kiln::web {
 
@@ -28,8 +31,10 @@ class SseStreamLimit {
 
   // A slot, or null when max_streams are open (or the limit is stopping).
   std::unique_ptr<Slot> Acquire();
-  // Open streams see stopping() and end at their next turn; no new stream starts.
-  void Stop() { stopping_.store(true); }
+  // Open streams see stopping() and end at their next turn; no new stream starts. Waits up to
+  // `grace` for them to have ended, so that each ends with its last event rather than cut off
+  // by the server's own stop.
+  void Stop(absl::Duration grace);
   bool stopping() const { return stopping_.load(); }
   int open_streams() const;
   int max_streams() const { return max_streams_; }
@@ -37,6 +42,7 @@ class SseStreamLimit {
  private:
   const int max_streams_;
   mutable std::mutex mu_;
+  std::condition_variable closed_cv_;
   int open_ = 0;
   std::atomic<bool> stopping_{false};
 };

@@ -32,7 +32,7 @@ constexpr int kExportChunkBytes = 1 << 20;
 // A stream's provider returns at least this often, so it sees a stopping server or limit.
 constexpr absl::Duration kStreamTurn = absl::Milliseconds(250);
 // An idle stream writes a comment this often: a write is how a closed client is noticed.
-constexpr absl::Duration kKeepAlive = absl::Seconds(10);
+constexpr absl::Duration kKeepAlive = absl::Seconds(5);
 // The jobs feed sends at most one batch of changed jobs per this, so a job's steps (thousands a
 // second on a small model) cost a page one fetch a second.
 constexpr absl::Duration kFeedInterval = absl::Seconds(1);

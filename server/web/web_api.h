@@ -46,9 +46,10 @@ class WebApi {
 
   // Adds the /api routes (every one behind the server's bearer tokens) to `server`.
   void AddRoutes(http::HttpServer* server);
-  // Open event streams end at their next turn (within a fraction of a second); new ones are
-  // refused. Call before HttpServer::Stop, which also ends them by itself.
-  void Stop() { streams_.Stop(); }
+  // Open event streams end at their next turn (within a fraction of a second) with an "end"
+  // event; new ones are refused. Waits for them up to a second. Call before HttpServer::Stop,
+  // which would also end them, but cut off.
+  void Stop() { streams_.Stop(absl::Seconds(1)); }
   int open_event_streams() const { return streams_.open_streams(); }
 
  private:

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -281,6 +282,44 @@ TEST(MetricsTest, InferenceRequestsAreRecordedByModelVersionAndCode) {
   EXPECT_THAT(text, HasSubstr("kiln_inference_batch_size_sum{model=\"mnist\"} 16"));
   metrics.ForgetInferenceModel("mnist");
   EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("model=\"mnist\"")));
+}
+
+TEST(MetricsTest, InferenceStatsAreReadBackFromTheFamiliesPrometheusScrapes) {
+  Metrics metrics;
+  EXPECT_TRUE(metrics.InferenceStats().empty());
+  // Nine fast requests (in the 0.5-1 ms bucket) and one slow (in 5-10 ms), one of them refused.
+  for (int i = 0; i < 9; ++i) {
+    metrics.RecordInference("mnist", "1", absl::StatusCode::kOk, 0.0008, 0.0001, 4);
+  }
+  metrics.RecordInference("mnist", "2", absl::StatusCode::kInvalidArgument, 0.008, 0, 0);
+  metrics.RecordInference("fashion", "1", absl::StatusCode::kOk, 0.02, 0.001, 1);
+  const std::vector<InferenceModelStats> stats = metrics.InferenceStats();
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].model, "fashion");
+  EXPECT_EQ(stats[0].requests, 1);
+  const InferenceModelStats& mnist = stats[1];
+  EXPECT_EQ(mnist.model, "mnist");
+  EXPECT_EQ(mnist.requests, 10);  // both versions
+  EXPECT_EQ(mnist.failed_requests, 1);
+  EXPECT_GT(mnist.p50_seconds, 0.0005);
+  EXPECT_LE(mnist.p50_seconds, 0.001);
+  EXPECT_GT(mnist.p99_seconds, 0.005);
+  EXPECT_LE(mnist.p99_seconds, 0.01);
+  // The scrape shows the same count.
+  EXPECT_THAT(metrics.Scrape(),
+              HasSubstr("kiln_inference_request_duration_seconds_count{model=\"mnist\"} 10"));
+}
+
+TEST(MetricsTest, BucketQuantileInterpolatesAsHistogramQuantile) {
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(BucketQuantile(0.5, {}), 0);
+  EXPECT_EQ(BucketQuantile(0.5, {{1, 0}, {inf, 0}}), 0);
+  // 10 observations in (1, 2]: the median is halfway through that bucket.
+  EXPECT_DOUBLE_EQ(BucketQuantile(0.5, {{1, 0}, {2, 10}, {inf, 10}}), 1.5);
+  // In the first bucket, the lower bound is 0.
+  EXPECT_DOUBLE_EQ(BucketQuantile(0.5, {{4, 10}, {inf, 10}}), 2);
+  // Past the last finite bound, that bound is all that is known.
+  EXPECT_DOUBLE_EQ(BucketQuantile(0.99, {{1, 5}, {2, 5}, {inf, 10}}), 2);
 }
 
 TEST(MetricsTest, GrpcMethodsBeyondTheCapFoldIntoOther) {
