@@ -18,7 +18,8 @@ namespace kiln::http {
 void AddKServeRoutes(serving::InferenceService* service, HttpServer* server);
 
 // The route of a path for metrics labels, from a fixed set: "/metrics", "/v2/health/live",
-// "/v2/models/{model}/infer" (a version in the path folds into it), ...; "other" otherwise.
+// "/v2/models/{model}/infer" (a version in the path folds into it), the web page's "/",
+// "/web/{file}" and "/api/jobs/{job}/events", ...; "other" otherwise.
 std::string RouteLabel(const std::string& path);
 
 // 400 for a bad request, 404 for an unknown model or version, 401, 409, 429, 503 (a model being

@@ -513,6 +513,19 @@ TEST(RestRouteLabelTest, NamesInPathsFoldIntoAFixedSet) {
       {"/v2/repository/models/a/unload", "/v2/repository/models/{model}/unload"},
       {"/v2/models/a/b/c", "other"},
       {"/favicon.ico", "other"},
+      {"/", "/"},
+      {"/web/app.js", "/web/{file}"},
+      {"/web/anything-else", "/web/{file}"},
+      {"/api/jobs", "/api/jobs"},
+      {"/api/events", "/api/events"},
+      {"/api/models", "/api/models"},
+      {"/api/jobs/job-1", "/api/jobs/{job}"},
+      {"/api/jobs/job-1/events", "/api/jobs/{job}/events"},
+      {"/api/jobs/job-1/checkpoints", "/api/jobs/{job}/checkpoints"},
+      {"/api/jobs/job-1/checkpoints/12/file", "/api/jobs/{job}/checkpoints/{checkpoint}/file"},
+      {"/api/jobs/job-1/resume", "/api/jobs/{job}/resume"},
+      {"/api/jobs/job-1/whatever", "other"},
+      {"/api/other", "other"},
   };
   for (const auto& [path, label] : cases) EXPECT_EQ(RouteLabel(path), label) << path;
 }
