@@ -31,8 +31,9 @@ constexpr int kMaxPageSize = 1000;
 constexpr int kExportChunkBytes = 1 << 20;
 // A stream's provider returns at least this often, so it sees a stopping server or limit.
 constexpr absl::Duration kStreamTurn = absl::Milliseconds(250);
-// An idle stream writes a comment this often: a write is how a closed client is noticed.
-constexpr absl::Duration kKeepAlive = absl::Seconds(5);
+// An idle stream writes a comment this often: a write is how a closed client is surely noticed
+// (a page that moves on closes its stream), and its slot freed for the next one.
+constexpr absl::Duration kKeepAlive = absl::Seconds(2);
 // The jobs feed sends at most one batch of changed jobs per this, so a job's steps (thousands a
 // second on a small model) cost a page one fetch a second.
 constexpr absl::Duration kFeedInterval = absl::Seconds(1);
@@ -126,6 +127,7 @@ class JobEventStream {
 
   // One turn of httplib's write loop; false ends the connection.
   bool Provide(httplib::DataSink& sink) {
+    if (!sink.is_writable()) return false;  // the client has gone
     if (ended_) {
       sink.done();
       return true;
@@ -197,6 +199,7 @@ class JobsFeedStream {
   ~JobsFeedStream() { feed_->Forget(listener_); }
 
   bool Provide(httplib::DataSink& sink) {
+    if (!sink.is_writable()) return false;  // the client has gone
     std::string out;
     bool ended = false;
     const absl::Time now = absl::Now();

@@ -72,7 +72,17 @@ function askForToken() {
 // Reads a text/event-stream body: calls onEvent(name, data) per event ("message" when unnamed).
 // Resolves when the stream ends; rejects on an HTTP error or a broken connection.
 async function readEvents(path, onEvent, signal) {
-  const res = await request(path, { signal });
+  let res;
+  // kilnd bounds its open streams (503 past it); one a closed page held is freed within seconds.
+  for (let wait = 500; ; wait *= 2) {
+    try {
+      res = await request(path, { signal });
+      break;
+    } catch (e) {
+      if (e.status !== 503 || wait > 8000) throw e;
+      await new Promise((r) => setTimeout(r, wait));
+    }
+  }
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   setLive(true);
@@ -247,7 +257,9 @@ async function showJobs(signal) {
         .map((h, i) => el("th", { class: i >= 7 ? "num" : "" }, h)))),
       tbody)),
     el("p", { class: "note", id: "jobs-empty", hidden: true },
-      "No jobs yet; start one with: kiln submit --preset mnist-mlp --watch"));
+      "No jobs yet; start one with: kiln submit --preset mnist-mlp --watch"),
+    el("p", { class: "note", id: "jobs-more", hidden: true },
+      "The newest 100 jobs are shown; `kiln jobs` lists them all."));
   const rows = new Map();
   const render = (jobs) => {
     tbody.replaceChildren();
@@ -255,7 +267,11 @@ async function showJobs(signal) {
     for (const job of jobs) { const row = jobRow(job, selected); rows.set(job.id, row); tbody.append(row); }
     $("#jobs-empty").hidden = jobs.length > 0;
   };
-  const reload = async () => render((await api("/api/jobs", { signal })).jobs);
+  const reload = async () => {
+    const page = await api("/api/jobs", { signal });
+    render(page.jobs);
+    $("#jobs-more").hidden = !page.next_page_token;
+  };
   // The table is read when the stream opens, then each changed job is read again as the stream
   // names it: nothing polls.
   await readEvents("/api/events", async (name, data) => {
