@@ -112,6 +112,24 @@ async function main() {
     await page.screenshot({ path: path.join(artefacts, "models-1280.png"), fullPage: true });
 
     check(errors.length === 0, "JavaScript errors: " + errors.join("; "));
+
+    // A kilnd built without uPlot (npm unreachable at build time): the page says so where the
+    // charts would be, and its script still runs without an error.
+    const bare = await browser.newPage();
+    const bareErrors = [];
+    bare.on("pageerror", (e) => bareErrors.push(e.message));
+    // A new tab has its own session storage: the token as the prompt would have kept it.
+    await bare.evaluateOnNewDocument((t) => sessionStorage.setItem("kiln-token", t), token);
+    await bare.setRequestInterception(true);
+    bare.on("request", (r) => (r.url().includes("/web/uPlot") ? r.respond({ status: 404, body: "" }) : r.continue()));
+    await bare.goto(`${base}/#/jobs/${job}`, { waitUntil: "domcontentloaded" });
+    await bare.waitForFunction(() => {
+      const note = document.querySelector("#loss-chart .note");
+      return note && note.textContent.includes("without uPlot");
+    }, WAIT);
+    await bare.waitForSelector("#checkpoints tr[data-checkpoint-id]", WAIT);
+    check(bareErrors.length === 0, "JavaScript errors without uPlot: " + bareErrors.join("; "));
+    await bare.close();
     console.log(JSON.stringify({ live_points: livePointsWhileRunning, points, classified }));
   } catch (e) {
     // What the page showed when a check failed, and what it said.

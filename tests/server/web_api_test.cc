@@ -183,6 +183,44 @@ TEST_F(WebApiTest, JobsAndCheckpointsAreTheJobManagersAsJson) {
   EXPECT_EQ(json::parse(models->body), json::parse(R"({"models": []})"));
 }
 
+TEST_F(WebApiTest, CheckpointCancelAndResumeActOnTheJob) {
+  options_.step_delay = absl::Milliseconds(20);
+  StartDaemon();
+  const std::string job = daemon_->manager().Submit(SmallSpec("toy", 50))->id();
+  ASSERT_TRUE(WaitFor([&] { return daemon_->manager().Get(job)->state() == v1::JOB_STATE_RUNNING; },
+                      absl::Seconds(60)));
+  auto client = NewClient();
+  const std::string path = absl::StrCat("/api/jobs/", job);
+  auto checkpoint = client->Post(path + "/checkpoint", Auth(), "", "application/json");
+  ASSERT_TRUE(checkpoint);
+  ASSERT_EQ(checkpoint->status, 200) << checkpoint->body;
+  const json written = json::parse(checkpoint->body);
+  EXPECT_EQ(written.at("kind"), "CHECKPOINT_KIND_ON_DEMAND");
+  EXPECT_EQ(written.at("job_id"), job);
+  EXPECT_EQ(daemon_->manager().ListCheckpoints(job)->back().id(),
+            std::stoll(written.at("id").get<std::string>()));
+
+  auto cancelled = client->Post(path + "/cancel", Auth(), "", "application/json");
+  ASSERT_TRUE(cancelled);
+  ASSERT_EQ(cancelled->status, 200) << cancelled->body;
+  ASSERT_TRUE(
+      WaitFor([&] { return daemon_->manager().Get(job)->state() == v1::JOB_STATE_CANCELLED; },
+              absl::Seconds(60)));
+  auto resumed = client->Post(path + "/resume", Auth(), R"({"epochs": 60})", "application/json");
+  ASSERT_TRUE(resumed);
+  ASSERT_EQ(resumed->status, 200) << resumed->body;
+  EXPECT_EQ(json::parse(resumed->body).at("epochs"), 60);
+  EXPECT_EQ(daemon_->manager().Get(job)->epochs(), 60);
+  // Cancelling an ended job is the manager's refusal, as on gRPC.
+  ASSERT_TRUE(client->Post(path + "/cancel", Auth(), "", "application/json"));
+  ASSERT_TRUE(
+      WaitFor([&] { return daemon_->manager().Get(job)->state() == v1::JOB_STATE_CANCELLED; },
+              absl::Seconds(60)));
+  auto again = client->Post(path + "/cancel", Auth(), "", "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 400) << again->body;
+}
+
 TEST_F(WebApiTest, AJobsEventStreamReplaysItsHistoryThenEnds) {
   StartDaemon();
   const std::string job = daemon_->manager().Submit(SmallSpec("toy", 2))->id();
