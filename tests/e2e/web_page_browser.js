@@ -1,8 +1,10 @@
 // The browser half of tests/e2e/web_page_browser.py (read it first):
 //   node web_page_browser.js BASE_URL TOKEN JOB SECOND_JOB IMAGE.png ARTEFACTS_DIR
+// IMAGE.raw beside IMAGE.png holds its pixels, for asking kilnd's REST inference directly.
 // Drives Debian's chromium through puppeteer-core; prints one JSON line of findings last and
 // exits 1 naming the first check that failed.
 "use strict";
+const fs = require("fs");
 const path = require("path");
 const puppeteer = require("puppeteer-core");
 
@@ -21,6 +23,7 @@ async function main() {
     args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
   });
   const errors = [];
+  let expected = null;
   const page = await browser.newPage();
   try {
     page.on("pageerror", (e) => errors.push("page error: " + e.message));
@@ -110,6 +113,24 @@ async function main() {
       return td && Number(td.textContent) >= 1;
     }, WAIT);
     await page.screenshot({ path: path.join(artefacts, "models-1280.png"), fullPage: true });
+    // The class the page showed is the one kilnd's REST inference answers for the same pixels.
+    const pixels = [...fs.readFileSync(image.replace(/\.png$/, ".raw"))];
+    const side = Math.round(Math.sqrt(pixels.length));
+    const res = await fetch(`${base}/v2/models/web-toy/infer`, {
+      method: "POST",
+      headers: { Authorization: "Bearer " + token, "Content-Type": "application/json" },
+      body: JSON.stringify({ inputs: [{ name: "input", shape: [1, 1, side, side], datatype: "UINT8", data: pixels }] }),
+    });
+    check(res.ok, `REST inference answered ${res.status}`);
+    expected = (await res.json()).outputs.find((o) => o.name === "class").data[0];
+    check(classified.startsWith(`class ${expected} `),
+          `the page classified the image as "${classified}"; kilnd's REST inference says ${expected}`);
+    // Undeploy from the page: the model stays listed, unavailable, as the repository index says.
+    await page.$eval('#models tr[data-model="web-toy"] button.undeploy', (b) => b.click());
+    await page.waitForFunction(() => {
+      const row = document.querySelector('#models tr[data-model="web-toy"]');
+      return row && row.textContent.includes("UNAVAILABLE") && !row.textContent.includes("READY");
+    }, WAIT);
 
     check(errors.length === 0, "JavaScript errors: " + errors.join("; "));
 
@@ -130,7 +151,7 @@ async function main() {
     await bare.waitForSelector("#checkpoints tr[data-checkpoint-id]", WAIT);
     check(bareErrors.length === 0, "JavaScript errors without uPlot: " + bareErrors.join("; "));
     await bare.close();
-    console.log(JSON.stringify({ live_points: livePointsWhileRunning, points, classified }));
+    console.log(JSON.stringify({ live_points: livePointsWhileRunning, points, classified, expected }));
   } catch (e) {
     // What the page showed when a check failed, and what it said.
     await page.screenshot({ path: path.join(artefacts, "failure.png"), fullPage: true }).catch(() => {});

@@ -9,8 +9,8 @@ a job that trains for a few seconds (--step_delay) and a short second one, then 
 tests/e2e/web_page_browser.js, which opens the page, gives the token at its prompt, and checks
 that the job table lists the job, that the loss curve draws with live points arriving while the
 job runs, that two jobs compare on one chart, and that a deployed checkpoint classifies an image
-dropped on the Models page. The class the page shows must be the one kilnd's REST inference
-answers for the same pixels. No JavaScript error may occur. Before the browser, every /api route
+dropped on the Models page (the class the page shows must be the one kilnd's REST inference
+answers for the same pixels), then undeployed. No JavaScript error may occur. Before the browser, every /api route
 is called without a token and must be refused (401).
 
 Screenshots (1280x800 and 400 px wide) go to ARTEFACTS_DIR. Exits 77 (skipped) where chromium or
@@ -126,6 +126,8 @@ def main():
         pixels = toy_image(rng, label)
         png = os.path.join(work, "six.png")
         write_png(png, pixels)
+        with open(os.path.join(work, "six.raw"), "wb") as f:
+            f.write(pixels)
         tokens = os.path.join(work, "tokens")
         with open(tokens, "w") as f:
             f.write(TOKEN + "\n")
@@ -180,15 +182,10 @@ def main():
             fail("the browser checks failed (above)")
         result = json.loads(r.stdout.strip().splitlines()[-1])
 
-        # The class the page showed is what kilnd answers for the same pixels.
-        status, answer = http(base, "POST", "/v2/models/web-toy/infer", TOKEN, {
-            "inputs": [{"name": "input", "shape": [1, 1, SIDE, SIDE], "datatype": "UINT8",
-                        "data": list(pixels)}]})
-        if status != 200:
-            fail(f"REST inference: {status} {answer}")
-        expected = next(o for o in answer["outputs"] if o["name"] == "class")["data"][0]
-        if not result["classified"].startswith(f"class {expected} "):
-            fail(f"the page classified the image as {result['classified']!r}; kilnd says {expected}")
+        # The browser half compared the page's class with kilnd's REST answer for the pixels.
+        if result.get("expected") is None or not result["classified"].startswith(
+                f"class {result['expected']} "):
+            fail(f"the page's class {result.get('classified')!r} was not checked against kilnd's")
         print(f"ok: live points {result['live_points']}, classified {result['classified']} "
               f"(trained label {label})")
     finally:

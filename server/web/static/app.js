@@ -482,12 +482,13 @@ async function showModels(signal) {
       return el("tr", { "data-model": m.name },
         el("td", {}, m.name),
         el("td", {}, ...m.versions.map((v) => el("div", { class: "version" },
-          `v${v.version} ${v.state}` + (v.source ? ` (${v.source})` : "") + (v.reason ? ": " + v.reason : "")))),
+          (v.version ? `v${v.version} ` : "") + v.state + (v.source ? ` (${v.source})` : "") +
+          (v.reason ? ": " + v.reason : "")))),
         el("td", { class: "num" }, String(m.requests)), el("td", { class: "num" }, rate(m)),
         el("td", { class: "num" }, ms(m.latency_seconds.p50)), el("td", { class: "num" }, ms(m.latency_seconds.p90)),
         el("td", { class: "num" }, ms(m.latency_seconds.p99)),
         el("td", {}, zone),
-        el("td", {}, el("button", { type: "button", onclick: async () => {
+        el("td", {}, el("button", { type: "button", class: "undeploy", onclick: async () => {
           try {
             await post(`/v2/repository/models/${encodeURIComponent(m.name)}/unload`, {});
             showMessage("Undeployed " + m.name, true);
