@@ -135,6 +135,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(absl::StrCat(
         "watch_replay_page_events: must be at least 1, got ", options.watch_replay_page_events));
   }
+  // Each web event stream holds an HTTP thread for its life: at most half of them, so /metrics
+  // and REST inference always have the rest.
+  if (const int most = http::HttpServerOptions{}.threads / 2;
+      options.max_web_event_streams < 1 || options.max_web_event_streams > most) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_web_streams: must be in [1, ", most, "] (half the HTTP port's ",
+                     most * 2, " threads), got ", options.max_web_event_streams));
+  }
   // Clients see paths under these folders by the folders' names, not the server's layout.
   {
     std::vector<std::pair<std::string, std::string>> roots;

@@ -99,6 +99,17 @@ TEST_F(WebApiTest, EveryApiRouteRefusesARequestWithoutAValidToken) {
   }
 }
 
+TEST_F(WebApiTest, AStreamBoundOutsideHalfTheHttpThreadsStopsKilndAtStart) {
+  for (int streams : {0, 9}) {
+    options_.max_web_event_streams = streams;
+    absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options_);
+    ASSERT_FALSE(daemon.ok()) << streams;
+    EXPECT_EQ(daemon.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(daemon.status().message()),
+                HasSubstr(absl::StrCat("--max_web_streams: must be in [1, 8]")));
+  }
+}
+
 TEST_F(WebApiTest, ThePageItselfIsServedWithoutAToken) {
   StartDaemon();
   auto client = NewClient();
