@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <exception>
