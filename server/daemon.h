@@ -108,6 +108,8 @@ class Daemon {
   EventLog& event_log() { return *log_; }
   // The HTTP port (/metrics and /v2) actually bound; 0 when not served.
   int metrics_port() const { return http_ == nullptr ? 0 : http_->port(); }
+  // The web page's API on that port; null when it is not served.
+  const web::WebApi* web_api() const { return web_api_.get(); }
 
   // Graceful stop: health goes NOT_SERVING, new jobs are refused, running jobs checkpoint and
   // stop (staying RUNNING in the store, to resume on the next start), watchers are told, and

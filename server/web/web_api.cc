@@ -300,224 +300,221 @@ WebApi::WebApi(server::JobManager* jobs, server::MetricBroadcaster* broadcaster,
       streams_(options.max_event_streams) {}
 
 void WebApi::AddRoutes(http::HttpServer* server) {
-  server->Get(
-      "/api/jobs", Access::kToken, [this](const httplib::Request& req, httplib::Response& res) {
-        int page_size = kDefaultPageSize;
-        if (req.has_param("page_size") &&
-            (!absl::SimpleAtoi(req.get_param_value("page_size"), &page_size) || page_size < 1 ||
-             page_size > kMaxPageSize)) {
-          http::ReplyError(res, 400,
-                           absl::StrCat("page_size: must be an integer in [1, ", kMaxPageSize,
-                                        "], got \"", req.get_param_value("page_size"), "\""));
-          return;
-        }
-        absl::StatusOr<server::JobPage> page =
-            jobs_->List({}, page_size, req.get_param_value("page_token"));
-        if (!page.ok()) {
-          ReplyStatus(res, page.status());
-          return;
-        }
-        // Newest first, as ListJobs and `kiln jobs` order them.
-        std::string body = "{\"jobs\":[";
-        for (size_t i = 0; i < page->jobs.size(); ++i) {
-          absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson(page->jobs[i]));
-        }
-        absl::StrAppend(&body, "],\"next_page_token\":", json(page->next_page_token).dump(), "}");
-        ReplyJson(res, body);
-      });
+  // Every /api route needs a token (when tokens are on), and is recorded for registered_routes.
+  auto get = [this, server](const std::string& pattern, http::HttpServer::Handler handler) {
+    registered_.push_back({"GET", pattern});
+    server->Get(pattern, Access::kToken, std::move(handler));
+  };
+  auto post = [this, server](const std::string& pattern, http::HttpServer::Handler handler) {
+    registered_.push_back({"POST", pattern});
+    server->Post(pattern, Access::kToken, std::move(handler));
+  };
+  get("/api/jobs", [this](const httplib::Request& req, httplib::Response& res) {
+    int page_size = kDefaultPageSize;
+    if (req.has_param("page_size") &&
+        (!absl::SimpleAtoi(req.get_param_value("page_size"), &page_size) || page_size < 1 ||
+         page_size > kMaxPageSize)) {
+      http::ReplyError(res, 400,
+                       absl::StrCat("page_size: must be an integer in [1, ", kMaxPageSize,
+                                    "], got \"", req.get_param_value("page_size"), "\""));
+      return;
+    }
+    absl::StatusOr<server::JobPage> page =
+        jobs_->List({}, page_size, req.get_param_value("page_token"));
+    if (!page.ok()) {
+      ReplyStatus(res, page.status());
+      return;
+    }
+    // Newest first, as ListJobs and `kiln jobs` order them.
+    std::string body = "{\"jobs\":[";
+    for (size_t i = 0; i < page->jobs.size(); ++i) {
+      absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson(page->jobs[i]));
+    }
+    absl::StrAppend(&body, "],\"next_page_token\":", json(page->next_page_token).dump(), "}");
+    ReplyJson(res, body);
+  });
 
-  server->Get("/api/jobs/([^/]+)", Access::kToken,
-              [this](const httplib::Request& req, httplib::Response& res) {
-                absl::StatusOr<v1::Job> job = jobs_->Get(req.matches[1]);
-                if (!job.ok()) {
-                  ReplyStatus(res, job.status());
-                  return;
-                }
-                ReplyJson(res, ProtoJson(*job));
-              });
+  get("/api/jobs/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
+    absl::StatusOr<v1::Job> job = jobs_->Get(req.matches[1]);
+    if (!job.ok()) {
+      ReplyStatus(res, job.status());
+      return;
+    }
+    ReplyJson(res, ProtoJson(*job));
+  });
 
-  server->Get("/api/jobs/([^/]+)/checkpoints", Access::kToken,
-              [this](const httplib::Request& req, httplib::Response& res) {
-                absl::StatusOr<std::vector<v1::Checkpoint>> list =
-                    jobs_->ListCheckpoints(req.matches[1]);
-                if (!list.ok()) {
-                  ReplyStatus(res, list.status());
-                  return;
-                }
-                std::string body = "{\"checkpoints\":[";
-                for (size_t i = 0; i < list->size(); ++i) {
-                  absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson((*list)[i]));
-                }
-                ReplyJson(res, body + "]}");
-              });
+  get("/api/jobs/([^/]+)/checkpoints", [this](const httplib::Request& req, httplib::Response& res) {
+    absl::StatusOr<std::vector<v1::Checkpoint>> list = jobs_->ListCheckpoints(req.matches[1]);
+    if (!list.ok()) {
+      ReplyStatus(res, list.status());
+      return;
+    }
+    std::string body = "{\"checkpoints\":[";
+    for (size_t i = 0; i < list->size(); ++i) {
+      absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson((*list)[i]));
+    }
+    ReplyJson(res, body + "]}");
+  });
 
   // The checkpoint's file, streamed from the same export the gRPC ExportCheckpoint streams.
-  server->Get(R"(/api/jobs/([^/]+)/checkpoints/(\d+)/file)", Access::kToken,
-              [this](const httplib::Request& req, httplib::Response& res) {
-                int64_t checkpoint_id = 0;
-                if (!absl::SimpleAtoi(req.matches[2].str(), &checkpoint_id)) {
-                  http::ReplyError(res, 400, "checkpoint id: not a number");
-                  return;
-                }
-                const std::string job_id = req.matches[1];
-                absl::StatusOr<std::unique_ptr<server::CheckpointExport>> source =
-                    jobs_->ExportCheckpoint(job_id, checkpoint_id, kExportChunkBytes);
-                if (!source.ok()) {
-                  ReplyStatus(res, source.status());
-                  return;
-                }
-                std::shared_ptr<server::CheckpointExport> file = *std::move(source);
-                res.status = 200;
-                res.set_header("Content-Disposition",
-                               absl::StrCat("attachment; filename=\"", job_id, "-checkpoint-",
-                                            checkpoint_id, ".safetensors\""));
-                res.set_chunked_content_provider(
-                    "application/octet-stream", [file](size_t, httplib::DataSink& sink) {
-                      try {
-                        while (!file->done()) {
-                          v1::CheckpointChunk chunk;
-                          if (!file->Next(&chunk).ok()) return false;  // the client sees a cut body
-                          if (chunk.data().empty()) continue;
-                          return sink.write(chunk.data().data(), chunk.data().size());
-                        }
-                        sink.done();
-                        return true;
-                      } catch (...) {
-                        return false;
-                      }
-                    });
-              });
-
-  server->Get("/api/jobs/([^/]+)/events", Access::kToken,
-              [this](const httplib::Request& req, httplib::Response& res) {
-                absl::StatusOr<bool> steps = FlagParam(req, "steps", true);
-                absl::StatusOr<bool> follow = FlagParam(req, "follow", true);
-                for (const absl::Status& s : {steps.status(), follow.status()}) {
-                  if (!s.ok()) {
-                    ReplyStatus(res, s);
-                    return;
-                  }
-                }
-                std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
-                if (slot == nullptr) {
-                  http::ReplyError(res, 503,
-                                   absl::StrCat("too many event streams open (",
-                                                streams_.max_streams(), "); try again later"));
-                  return;
-                }
-                absl::StatusOr<server::JobWatch> watch =
-                    jobs_->Watch(req.matches[1], *steps, /*live_only=*/false);
-                if (!watch.ok()) {
-                  ReplyStatus(res, watch.status());
-                  return;
-                }
-                StartEventStream(res, Guard(std::make_shared<JobEventStream>(
-                                          *std::move(watch), broadcaster_, std::move(slot),
-                                          &streams_, *follow)));
-              });
-
-  server->Post("/api/jobs/([^/]+)/cancel", Access::kToken,
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 absl::StatusOr<v1::Job> job = jobs_->Cancel(req.matches[1]);
-                 if (!job.ok()) {
-                   ReplyStatus(res, job.status());
-                   return;
-                 }
-                 ReplyJson(res, ProtoJson(*job));
-               });
-
-  server->Post("/api/jobs/([^/]+)/resume", Access::kToken,
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 int epochs = 0;
-                 int64_t checkpoint_id = 0;
-                 if (absl::Status s = ParseResume(req.body, &epochs, &checkpoint_id); !s.ok()) {
-                   ReplyStatus(res, s);
-                   return;
-                 }
-                 absl::StatusOr<v1::Job> job = jobs_->Resume(req.matches[1], epochs, checkpoint_id);
-                 if (!job.ok()) {
-                   ReplyStatus(res, job.status());
-                   return;
-                 }
-                 ReplyJson(res, ProtoJson(*job));
-               });
-
-  // Answered once the checkpoint is on disk (after the job's current step), as CreateCheckpoint.
-  server->Post("/api/jobs/([^/]+)/checkpoint", Access::kToken,
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 // Shared with the training thread, which may call back after this request gave up.
-                 auto written = std::make_shared<std::promise<absl::StatusOr<v1::Checkpoint>>>();
-                 std::future<absl::StatusOr<v1::Checkpoint>> result = written->get_future();
-                 jobs_->RequestCheckpoint(req.matches[1],
-                                          [written](absl::StatusOr<v1::Checkpoint> c) {
-                                            written->set_value(std::move(c));
-                                          });
-                 if (result.wait_for(absl::ToChronoNanoseconds(options_.checkpoint_timeout)) !=
-                     std::future_status::ready) {
-                   http::ReplyError(res, 504,
-                                    absl::StrCat("the checkpoint was not written within ",
-                                                 absl::FormatDuration(options_.checkpoint_timeout),
-                                                 "; it may still be (see the job's checkpoints)"));
-                   return;
-                 }
-                 absl::StatusOr<v1::Checkpoint> checkpoint = result.get();
-                 if (!checkpoint.ok()) {
-                   ReplyStatus(res, checkpoint.status());
-                   return;
-                 }
-                 ReplyJson(res, ProtoJson(*checkpoint));
-               });
-
-  server->Get(
-      "/api/events", Access::kToken, [this](const httplib::Request&, httplib::Response& res) {
-        std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
-        if (slot == nullptr) {
-          http::ReplyError(res, 503,
-                           absl::StrCat("too many event streams open (", streams_.max_streams(),
-                                        "); try again later"));
+  get(R"(/api/jobs/([^/]+)/checkpoints/(\d+)/file)",
+      [this](const httplib::Request& req, httplib::Response& res) {
+        int64_t checkpoint_id = 0;
+        if (!absl::SimpleAtoi(req.matches[2].str(), &checkpoint_id)) {
+          http::ReplyError(res, 400, "checkpoint id: not a number");
           return;
         }
-        StartEventStream(
-            res, Guard(std::make_shared<JobsFeedStream>(feed_, std::move(slot), &streams_)));
+        const std::string job_id = req.matches[1];
+        absl::StatusOr<std::unique_ptr<server::CheckpointExport>> source =
+            jobs_->ExportCheckpoint(job_id, checkpoint_id, kExportChunkBytes);
+        if (!source.ok()) {
+          ReplyStatus(res, source.status());
+          return;
+        }
+        std::shared_ptr<server::CheckpointExport> file = *std::move(source);
+        res.status = 200;
+        res.set_header("Content-Disposition",
+                       absl::StrCat("attachment; filename=\"", job_id, "-checkpoint-",
+                                    checkpoint_id, ".safetensors\""));
+        res.set_chunked_content_provider(
+            "application/octet-stream", [file](size_t, httplib::DataSink& sink) {
+              try {
+                while (!file->done()) {
+                  v1::CheckpointChunk chunk;
+                  if (!file->Next(&chunk).ok()) return false;  // the client sees a cut body
+                  if (chunk.data().empty()) continue;
+                  return sink.write(chunk.data().data(), chunk.data().size());
+                }
+                sink.done();
+                return true;
+              } catch (...) {
+                return false;
+              }
+            });
       });
 
+  get("/api/jobs/([^/]+)/events", [this](const httplib::Request& req, httplib::Response& res) {
+    absl::StatusOr<bool> steps = FlagParam(req, "steps", true);
+    absl::StatusOr<bool> follow = FlagParam(req, "follow", true);
+    for (const absl::Status& s : {steps.status(), follow.status()}) {
+      if (!s.ok()) {
+        ReplyStatus(res, s);
+        return;
+      }
+    }
+    std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
+    if (slot == nullptr) {
+      http::ReplyError(res, 503,
+                       absl::StrCat("too many event streams open (", streams_.max_streams(),
+                                    "); try again later"));
+      return;
+    }
+    absl::StatusOr<server::JobWatch> watch =
+        jobs_->Watch(req.matches[1], *steps, /*live_only=*/false);
+    if (!watch.ok()) {
+      ReplyStatus(res, watch.status());
+      return;
+    }
+    StartEventStream(res,
+                     Guard(std::make_shared<JobEventStream>(*std::move(watch), broadcaster_,
+                                                            std::move(slot), &streams_, *follow)));
+  });
+
+  post("/api/jobs/([^/]+)/cancel", [this](const httplib::Request& req, httplib::Response& res) {
+    absl::StatusOr<v1::Job> job = jobs_->Cancel(req.matches[1]);
+    if (!job.ok()) {
+      ReplyStatus(res, job.status());
+      return;
+    }
+    ReplyJson(res, ProtoJson(*job));
+  });
+
+  post("/api/jobs/([^/]+)/resume", [this](const httplib::Request& req, httplib::Response& res) {
+    int epochs = 0;
+    int64_t checkpoint_id = 0;
+    if (absl::Status s = ParseResume(req.body, &epochs, &checkpoint_id); !s.ok()) {
+      ReplyStatus(res, s);
+      return;
+    }
+    absl::StatusOr<v1::Job> job = jobs_->Resume(req.matches[1], epochs, checkpoint_id);
+    if (!job.ok()) {
+      ReplyStatus(res, job.status());
+      return;
+    }
+    ReplyJson(res, ProtoJson(*job));
+  });
+
+  // Answered once the checkpoint is on disk (after the job's current step), as CreateCheckpoint.
+  post("/api/jobs/([^/]+)/checkpoint", [this](const httplib::Request& req, httplib::Response& res) {
+    // Shared with the training thread, which may call back after this request gave up.
+    auto written = std::make_shared<std::promise<absl::StatusOr<v1::Checkpoint>>>();
+    std::future<absl::StatusOr<v1::Checkpoint>> result = written->get_future();
+    jobs_->RequestCheckpoint(req.matches[1], [written](absl::StatusOr<v1::Checkpoint> c) {
+      written->set_value(std::move(c));
+    });
+    if (result.wait_for(absl::ToChronoNanoseconds(options_.checkpoint_timeout)) !=
+        std::future_status::ready) {
+      http::ReplyError(res, 504,
+                       absl::StrCat("the checkpoint was not written within ",
+                                    absl::FormatDuration(options_.checkpoint_timeout),
+                                    "; it may still be (see the job's checkpoints)"));
+      return;
+    }
+    absl::StatusOr<v1::Checkpoint> checkpoint = result.get();
+    if (!checkpoint.ok()) {
+      ReplyStatus(res, checkpoint.status());
+      return;
+    }
+    ReplyJson(res, ProtoJson(*checkpoint));
+  });
+
+  get("/api/events", [this](const httplib::Request&, httplib::Response& res) {
+    std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
+    if (slot == nullptr) {
+      http::ReplyError(res, 503,
+                       absl::StrCat("too many event streams open (", streams_.max_streams(),
+                                    "); try again later"));
+      return;
+    }
+    StartEventStream(res,
+                     Guard(std::make_shared<JobsFeedStream>(feed_, std::move(slot), &streams_)));
+  });
+
   // The repository's index with each model's serving numbers from the metrics registry.
-  server->Get(
-      "/api/models", Access::kToken, [this](const httplib::Request&, httplib::Response& res) {
-        std::map<std::string, json> by_name;
-        for (const serving::ModelIndexEntry& entry : models_->Index()) {
-          json& model = by_name[entry.name];
-          if (model.is_null()) {
-            model = {{"name", entry.name},
-                     {"versions", json::array()},
-                     {"requests", 0},
-                     {"failed_requests", 0},
-                     {"latency_seconds", {{"p50", 0}, {"p90", 0}, {"p99", 0}}}};
-          }
-          json version = {{"version", entry.version},
-                          {"state", entry.state},
-                          {"reason", entry.reason},
-                          {"source", ""}};
-          if (!entry.version.empty()) {
-            absl::StatusOr<std::shared_ptr<const serving::ServedVersion>> served =
-                models_->Find(entry.name, entry.version);
-            if (served.ok()) version["source"] = (*served)->source();
-          }
-          model["versions"].push_back(std::move(version));
-        }
-        for (const server::InferenceModelStats& stats : metrics_->InferenceStats()) {
-          auto it = by_name.find(stats.model);
-          if (it == by_name.end()) continue;  // undeployed; its series go with it
-          it->second["requests"] = stats.requests;
-          it->second["failed_requests"] = stats.failed_requests;
-          it->second["latency_seconds"] = {
-              {"p50", stats.p50_seconds}, {"p90", stats.p90_seconds}, {"p99", stats.p99_seconds}};
-        }
-        json models = json::array();
-        for (auto& [name, model] : by_name) models.push_back(std::move(model));
-        ReplyJson(res,
-                  json{{"models", models}}.dump(-1, ' ', false, json::error_handler_t::replace));
-      });
+  get("/api/models", [this](const httplib::Request&, httplib::Response& res) {
+    std::map<std::string, json> by_name;
+    for (const serving::ModelIndexEntry& entry : models_->Index()) {
+      json& model = by_name[entry.name];
+      if (model.is_null()) {
+        model = {{"name", entry.name},
+                 {"versions", json::array()},
+                 {"requests", 0},
+                 {"failed_requests", 0},
+                 {"latency_seconds", {{"p50", 0}, {"p90", 0}, {"p99", 0}}}};
+      }
+      json version = {{"version", entry.version},
+                      {"state", entry.state},
+                      {"reason", entry.reason},
+                      {"source", ""}};
+      if (!entry.version.empty()) {
+        absl::StatusOr<std::shared_ptr<const serving::ServedVersion>> served =
+            models_->Find(entry.name, entry.version);
+        if (served.ok()) version["source"] = (*served)->source();
+      }
+      model["versions"].push_back(std::move(version));
+    }
+    for (const server::InferenceModelStats& stats : metrics_->InferenceStats()) {
+      auto it = by_name.find(stats.model);
+      if (it == by_name.end()) continue;  // undeployed; its series go with it
+      it->second["requests"] = stats.requests;
+      it->second["failed_requests"] = stats.failed_requests;
+      it->second["latency_seconds"] = {
+          {"p50", stats.p50_seconds}, {"p90", stats.p90_seconds}, {"p99", stats.p99_seconds}};
+    }
+    json models = json::array();
+    for (auto& [name, model] : by_name) models.push_back(std::move(model));
+    ReplyJson(res, json{{"models", models}}.dump(-1, ' ', false, json::error_handler_t::replace));
+  });
 }
 
 }  // namespace kiln::web

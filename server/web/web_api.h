@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/http/http_server.h"
@@ -29,7 +30,8 @@ struct WebApiOptions {
 };
 
 // One route, for documentation and for tests that must cover every route (e.g. that each is
-// refused without a token): its method, its pattern, and a path that matches it.
+// refused without a token): its method, its pattern, and a path that matches it. Tests check
+// that this list is what AddRoutes registers.
 struct WebApiRoute {
   std::string method;  // "GET" or "POST"
   std::string pattern;
@@ -51,6 +53,10 @@ class WebApi {
   // which would also end them, but cut off.
   void Stop() { streams_.Stop(absl::Seconds(1)); }
   int open_event_streams() const { return streams_.open_streams(); }
+  // (method, pattern) of each route AddRoutes added, in order.
+  const std::vector<std::pair<std::string, std::string>>& registered_routes() const {
+    return registered_;
+  }
 
  private:
   server::JobManager* jobs_;
@@ -60,6 +66,7 @@ class WebApi {
   JobsFeed* feed_;
   const WebApiOptions options_;
   SseStreamLimit streams_;
+  std::vector<std::pair<std::string, std::string>> registered_;
 };
 
 }  // namespace kiln::web
