@@ -125,6 +125,21 @@ async function main() {
     expected = (await res.json()).outputs.find((o) => o.name === "class").data[0];
     check(classified.startsWith(`class ${expected} `),
           `the page classified the image as "${classified}"; kilnd's REST inference says ${expected}`);
+    // The Models and Jobs views at 400 px wide too.
+    await page.setViewport({ width: 400, height: 800 });
+    await new Promise((r) => setTimeout(r, 300));
+    for (const view of ["models", "jobs"]) {
+      if (view === "jobs") {
+        await page.goto(`${base}/#/jobs`, { waitUntil: "domcontentloaded" });
+        await page.waitForSelector(`#jobs tr[data-job-id="${job}"]`, WAIT);
+      }
+      const width = await page.evaluate(() => document.documentElement.scrollWidth);
+      check(width <= 400, `at 400 px the ${view} view is ${width} px wide`);
+      await page.screenshot({ path: path.join(artefacts, `${view}-400.png`), fullPage: true });
+    }
+    await page.setViewport({ width: 1280, height: 800 });
+    await page.goto(`${base}/#/models`, { waitUntil: "domcontentloaded" });
+    await page.waitForSelector('#models tr[data-model="web-toy"] button.undeploy', WAIT);
     // Undeploy from the page: the model stays listed, unavailable, as the repository index says.
     await page.$eval('#models tr[data-model="web-toy"] button.undeploy', (b) => b.click());
     await page.waitForFunction(() => {

@@ -479,15 +479,18 @@ async function showModels(signal) {
     tbody.replaceChildren(...models.map((m) => {
       const old = kept.get(m.name);
       const zone = old ? $(".dropzone", old) : dropZone(m.name);
+      // data-label: the column's name, shown beside each cell where the table stacks (narrow).
       return el("tr", { "data-model": m.name },
-        el("td", {}, m.name),
-        el("td", {}, ...m.versions.map((v) => el("div", { class: "version" },
+        el("td", { "data-label": "MODEL" }, m.name),
+        el("td", { "data-label": "VERSIONS" }, ...m.versions.map((v) => el("div", { class: "version" },
           (v.version ? `v${v.version} ` : "") + v.state + (v.source ? ` (${v.source})` : "") +
           (v.reason ? ": " + v.reason : "")))),
-        el("td", { class: "num" }, String(m.requests)), el("td", { class: "num" }, rate(m)),
-        el("td", { class: "num" }, ms(m.latency_seconds.p50)), el("td", { class: "num" }, ms(m.latency_seconds.p90)),
-        el("td", { class: "num" }, ms(m.latency_seconds.p99)),
-        el("td", {}, zone),
+        el("td", { class: "num", "data-label": "REQUESTS" }, String(m.requests)),
+        el("td", { class: "num", "data-label": "REQ/S" }, rate(m)),
+        el("td", { class: "num", "data-label": "P50" }, ms(m.latency_seconds.p50)),
+        el("td", { class: "num", "data-label": "P90" }, ms(m.latency_seconds.p90)),
+        el("td", { class: "num", "data-label": "P99" }, ms(m.latency_seconds.p99)),
+        el("td", { "data-label": "CLASSIFY" }, zone),
         el("td", {}, el("button", { type: "button", class: "undeploy", onclick: async () => {
           try {
             await post(`/v2/repository/models/${encodeURIComponent(m.name)}/unload`, {});
