@@ -24,7 +24,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import zlib
