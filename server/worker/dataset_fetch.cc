@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
-#include <set>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -65,15 +65,17 @@ class FileReceiver {
   Sha256 digest_;
 };
 
-absl::Status ReceiveFiles(CoordinatorConnection& connection, const std::string& job_id,
-                          const std::string& dir) {
+// Receives every file of the dataset into `dir`; returns their sha256 by name.
+absl::StatusOr<std::map<std::string, std::string>> ReceiveFiles(CoordinatorConnection& connection,
+                                                                const std::string& job_id,
+                                                                const std::string& dir) {
   v1::ReadDatasetRequest request;
   request.set_job_id(job_id);
   auto context = connection.NewContext(kFetchTimeout);
   std::unique_ptr<grpc::ClientReader<v1::DatasetFileChunk>> reader =
       connection.stub().ReadDataset(context.get(), request);
   std::unique_ptr<FileReceiver> file;
-  std::set<std::string> received;
+  std::map<std::string, std::string> received;
   v1::DatasetFileChunk chunk;
   absl::Status error;
   while (error.ok() && reader->Read(&chunk)) {
@@ -99,7 +101,7 @@ absl::Status ReceiveFiles(CoordinatorConnection& connection, const std::string& 
     error = file->Append(chunk.data());
     if (error.ok() && !chunk.sha256().empty()) {
       error = file->Finish(chunk.sha256());
-      received.insert(file->name());
+      received[file->name()] = chunk.sha256();
       file.reset();
     }
   }
@@ -114,7 +116,23 @@ absl::Status ReceiveFiles(CoordinatorConnection& connection, const std::string& 
         absl::StrCat("dataset file ", file->name(), " ended without its sha256"));
   }
   if (received.empty()) return absl::DataLossError("kilnd sent no dataset files");
-  return absl::OkStatus();
+  return received;
+}
+
+// Whether `dir` holds exactly the files of `digests`, each with its digest: another rank on
+// this machine fetched the same dataset first.
+bool HoldsTheSameFiles(const std::string& dir, const std::map<std::string, std::string>& digests) {
+  std::error_code ec;
+  size_t files = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    auto it = digests.find(name);
+    if (it == digests.end()) return false;
+    absl::StatusOr<std::string> digest = Sha256OfFile(entry.path().string());
+    if (!digest.ok() || *digest != it->second) return false;
+    ++files;
+  }
+  return !ec && files == digests.size();
 }
 
 }  // namespace
@@ -137,16 +155,27 @@ absl::StatusOr<std::string> FetchDataset(CoordinatorConnection& connection,
     return absl::PermissionDeniedError(
         absl::StrCat("cannot make the dataset cache folder ", partial_dir, ": ", ec.message()));
   }
-  absl::Status received = ReceiveFiles(connection, job_id, partial_dir);
+  absl::StatusOr<std::map<std::string, std::string>> received =
+      ReceiveFiles(connection, job_id, partial_dir);
   if (!received.ok()) {
     fs::remove_all(partial_dir, ec);
-    return absl::Status(received.code(),
-                        absl::StrCat("fetching dataset \"", dataset, "\": ", received.message()));
+    return absl::Status(
+        received.status().code(),
+        absl::StrCat("fetching dataset \"", dataset, "\": ", received.status().message()));
   }
-  fs::remove_all(final_dir, ec);  // an earlier attempt's copy
-  fs::rename(partial_dir, final_dir, ec);
-  if (ec) {
+  // Ranks on one machine may share the cache: a copy that is already there and the same stays
+  // (another rank may be reading it); anything else there (an older attempt's) is replaced.
+  if (fs::exists(final_dir, ec) && HoldsTheSameFiles(final_dir, *received)) {
     fs::remove_all(partial_dir, ec);
+    return data_dir;
+  }
+  const std::string stale_dir = absl::StrCat(data_dir, "/.stale-", getpid(), "-", dataset);
+  fs::rename(final_dir, stale_dir, ec);  // fails harmlessly when there is none
+  fs::rename(partial_dir, final_dir, ec);
+  std::error_code ignored;
+  fs::remove_all(stale_dir, ignored);
+  if (ec) {
+    fs::remove_all(partial_dir, ignored);
     return absl::InternalError(
         absl::StrCat("cannot move the fetched dataset into ", final_dir, ": ", ec.message()));
   }
