@@ -132,7 +132,9 @@ class RankRun {
 };
 
 absl::StatusOr<DatasetSplits> RankRun::LoadDataset() {
-  const std::string& name = joined_.dataset();
+  // The spec names it too; JoinJobResponse.dataset is the one kilnd resolved.
+  const std::string& name =
+      joined_.dataset().empty() ? joined_.spec().dataset() : joined_.dataset();
   std::string data_dir = flags_.data_dir;
   std::error_code ec;
   if (data_dir.empty() || !fs::is_directory(fs::path(data_dir) / name, ec)) {
@@ -349,6 +351,8 @@ absl::Status RankRun::Train() {
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(joined_.device(), backend_options);
   KILN_RETURN_IF_ERROR(WithContext(backend.status(), absl::StrCat("device ", joined_.device())));
+  // The staging word lives in the backend's memory: it goes before the backend does.
+  absl::Cleanup release_command_word = [this] { command_word_ = Tensor(); };
 
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend->get()));
   auto timed = std::make_unique<TimedCommunicator>(std::move(peers));
