@@ -8,8 +8,10 @@ externalWorkers: true), takes its token from `kiln worker-token`, and checks tha
 wrong token, one with a rank outside the job and one without a token are refused with a clear
 message; then starts ranks 0 (which fetches the dataset from kilnd) and 1 (which reads kilnd's
 data dir) by hand and checks that both exit 0, the job SUCCEEDED with an epoch event per epoch
-and a checkpoint at its last step, and the fetched files are the uploaded ones. Last, a job of
-two workers that kilnd starts itself (kiln-worker beside kilnd) succeeds the same way.
+and a checkpoint at its last step, and the fetched files are the uploaded ones. Then resumes the
+job for one more epoch with two new workers (rank 0 reads the final checkpoint from kilnd) and
+checks it continued from the final step. Last, a job of two workers that kilnd starts itself
+(kiln-worker beside kilnd) succeeds the same way.
 """
 import filecmp
 import os
@@ -32,13 +34,13 @@ def spec(external):
             "device": "cpu", "workers": 2, "externalWorkers": external}
 
 
-def check_succeeded(kiln, job):
+def check_succeeded(kiln, job, epochs=EPOCHS):
     state = kiln.wait_state(job, ["SUCCEEDED", "FAILED", "CANCELLED"])
     if "SUCCEEDED" not in state:
         fail(f"job {job} ended {state}:\n{kiln.run('get', job).stdout}")
-    epochs = [e.get("epoch") for e in kiln.epoch_events(job)]
-    if epochs != list(range(1, EPOCHS + 1)):
-        fail(f"job {job}: epoch events for epochs {epochs}, not 1..{EPOCHS}")
+    seen = [e.get("epoch") for e in kiln.epoch_events(job)]
+    if seen != list(range(1, epochs + 1)):
+        fail(f"job {job}: epoch events for epochs {seen}, not 1..{epochs}")
     got = kiln.json("get", job)
     checkpoints = kiln.json("checkpoints", job).get("checkpoints", [])
     steps = [int(c.get("globalStep", 0)) for c in checkpoints]
@@ -90,11 +92,16 @@ def main():
                              ["--cache_dir", cache])
         rank1 = start_worker(worker, address, job, 1, token, worker_log("rank1"),
                              ["--data_dir", os.path.join(tmp, "kilnd", "data")])
-        for rank, p in ((0, rank0), (1, rank1)):
-            code = wait_exit(p, 180, f"rank {rank}")
-            if code != 0:
-                fail(f"rank {rank} exited {code}:\n{read(worker_log(f'rank{rank}'))}")
+        def wait_ranks(ranks, log_suffix=""):
+            for rank, p in ranks:
+                code = wait_exit(p, 180, f"rank {rank}")
+                if code != 0:
+                    fail(f"rank {rank} exited {code}:\n"
+                         f"{read(worker_log(f'rank{rank}{log_suffix}'))}")
+
+        wait_ranks(((0, rank0), (1, rank1)))
         check_succeeded(kiln, job)
+        final_step = int(kiln.json("get", job)["globalStep"])
         fetched = os.path.join(cache, job, "tiny")
         for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
@@ -102,6 +109,20 @@ def main():
                                shallow=False):
                 fail(f"the fetched {name} differs from the uploaded one")
         print(f"external workers: job {job} succeeded", flush=True)
+
+        # One more epoch: a new attempt, whose rank 0 reads the final checkpoint from kilnd
+        # (ReadCheckpoint) and hands its state to rank 1.
+        kiln.run("resume", job, "--epochs", str(EPOCHS + 1))
+        ranks = [(r, start_worker(worker, address, job, r, token, worker_log(f"rank{r}-resumed"),
+                                  ["--cache_dir", cache])) for r in (0, 1)]
+        wait_ranks(ranks, "-resumed")
+        if "resumed from checkpoint" not in read(worker_log("rank0-resumed")):
+            fail("rank 0 did not resume:\n" + read(worker_log("rank0-resumed")))
+        check_succeeded(kiln, job, EPOCHS + 1)
+        resumed = kiln.json("get", job)
+        if int(resumed.get("resumedFromStep", 0)) != final_step:
+            fail(f"resumed from step {resumed.get('resumedFromStep')}, not {final_step}")
+        print(f"external workers: job {job} resumed for epoch {EPOCHS + 1}", flush=True)
 
         # Workers that kilnd starts on its own machine.
         job = kiln.submit(spec(external=False), tmp)
