@@ -31,10 +31,18 @@ struct SubmitOptions {
   int epochs = 0, batch_size = 0;
   double lr = 0, momentum = 0, weight_decay = 0;
   uint64_t seed = 0;
+  int workers = 1, max_retries = 0;
   bool watch = false;
   CLI::Option *epochs_opt = nullptr, *batch_opt = nullptr, *lr_opt = nullptr, *seed_opt = nullptr;
   CLI::Option *momentum_opt = nullptr, *weight_decay_opt = nullptr;
+  CLI::Option *workers_opt = nullptr, *max_retries_opt = nullptr;
 };
+
+// The job's device, with its worker count for a job of several ("cpu x2").
+std::string DeviceText(const v1::Job& job) {
+  if (job.spec().workers() <= 1) return job.device();
+  return absl::StrCat(job.device(), " x", job.spec().workers());
+}
 
 bool IsFinal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
@@ -131,6 +139,8 @@ absl::Status Submit(CommandEnv& env, SubmitOptions& o) {
   if (o.seed_opt->count() > 0) o.overrides.seed = o.seed;
   if (o.momentum_opt->count() > 0) o.overrides.momentum = o.momentum;
   if (o.weight_decay_opt->count() > 0) o.overrides.weight_decay = o.weight_decay;
+  if (o.workers_opt->count() > 0) o.overrides.workers = o.workers;
+  if (o.max_retries_opt->count() > 0) o.overrides.max_retries = o.max_retries;
   KILN_RETURN_IF_ERROR(ApplyOverrides(o.overrides, &spec));
 
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
@@ -147,7 +157,7 @@ absl::Status Submit(CommandEnv& env, SubmitOptions& o) {
     std::fprintf(env.out, "submitted %s: %s on %s, %s, %d epoch%s, device %s\n", job.id().c_str(),
                  ModelSummary(job.spec()).c_str(), job.spec().dataset().c_str(),
                  absl::StrCat(job.parameter_count(), " parameters").c_str(), job.epochs(),
-                 job.epochs() == 1 ? "" : "s", job.device().c_str());
+                 job.epochs() == 1 ? "" : "s", DeviceText(job).c_str());
     if (!o.watch) std::fprintf(env.out, "follow it with: kiln watch %s\n", job.id().c_str());
   }
   std::fflush(env.out);
@@ -212,7 +222,7 @@ absl::Status ListJobs(CommandEnv& env, const std::vector<std::string>& states, i
   for (const v1::Job& job : all.jobs()) {
     table.AddRow({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
                   StateName(job.state()), ModelSummary(job.spec()), job.spec().dataset(),
-                  job.device(), absl::StrCat(job.epochs_done(), "/", job.epochs()),
+                  DeviceText(job), absl::StrCat(job.epochs_done(), "/", job.epochs()),
                   absl::StrCat(job.global_step()),
                   job.epochs_done() > 0 && job.last_epoch().test_samples() > 0
                       ? FormatPercent(job.last_epoch().test_accuracy())
@@ -238,6 +248,12 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   kv.Add("parameters", absl::StrCat(job.parameter_count()));
   kv.Add("dataset", job.spec().dataset());
   kv.Add("device", job.device());
+  if (job.spec().workers() > 1 || job.spec().external_workers()) {
+    kv.Add("workers", absl::StrCat(std::max(1, job.spec().workers()), job.spec().external_workers()
+                                                                          ? " (started elsewhere)"
+                                                                          : " (started by kilnd)"));
+    kv.Add("retries", absl::StrCat(job.retries(), " of ", job.spec().max_retries()));
+  }
   AddSpecDetails(job.spec(), &kv);
   kv.Add("epochs", absl::StrCat(job.epochs_done(), " of ", job.epochs(), " done"));
   kv.Add("steps", absl::StrCat(job.global_step()));
@@ -254,6 +270,23 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   kv.Add("started", FormatTime(job.start_time()));
   kv.Add("ended", FormatTime(job.end_time()));
   kv.Print(env.out);
+}
+
+absl::Status PrintWorkerToken(CommandEnv& env, const std::string& job_id) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = v1::Training::NewStub(c->channel());
+  v1::GetWorkerTokenRequest request;
+  request.set_job_id(job_id);
+  v1::GetWorkerTokenResponse response;
+  auto context = c->NewContext();
+  grpc::Status status = stub->GetWorkerToken(context.get(), request, &response);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    PrintJson(env, response);
+  } else {
+    std::fprintf(env.out, "%s\n", response.token().c_str());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GetJobCommand(CommandEnv& env, const std::string& job_id) {
@@ -339,6 +372,18 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
   s->add_option("--label", submit->overrides.labels,
                 "KEY=VALUE to find the job by (kiln jobs --label); repeatable")
       ->allow_extra_args(false);
+  submit->workers_opt =
+      s->add_option("--workers", submit->workers,
+                    "Data-parallel workers (processes, one rank each; default 1: in kilnd)")
+          ->check(CLI::Range(1, 64));
+  submit->max_retries_opt =
+      s->add_option("--max-retries", submit->max_retries,
+                    "Times a job of several workers starts again from its latest checkpoint "
+                    "after a worker fails (default 0)")
+          ->check(CLI::Range(0, 100));
+  s->add_flag("--external-workers", submit->overrides.external_workers,
+              "Wait for workers started elsewhere (kiln-worker --job ID --rank R; token from "
+              "kiln worker-token) instead of starting them");
   s->add_flag("--watch,-w", submit->watch, "Follow the job's progress until it ends");
   s->footer(
       "Examples:\n"
@@ -348,7 +393,8 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "  kiln submit --preset mnist-cnn --epochs 10 --schedule cosine\n"
       "  kiln submit --preset mnist-cnn --epochs 10 --schedule step:step_size=3,gamma=0.5\n"
       "  kiln submit my-model.json --dataset fashion-mnist --name baseline --label team=vision\n"
-      "  kiln submit my-model.textproto --watch --output json");
+      "  kiln submit my-model.textproto --watch --output json\n"
+      "  kiln submit --preset mnist-cnn --workers 2 --device cpu --max-retries 1 --watch");
   s->callback(
       [&env, action, submit] { *action = [&env, submit] { return Submit(env, *submit); }; });
 
@@ -386,6 +432,20 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "  kiln jobs --output json | jq -r '.jobs[].id'");
   j->callback([&env, action, states, limit, labels] {
     *action = [&env, states, limit, labels] { return ListJobs(env, *states, *limit, *labels); };
+  });
+
+  auto token_id = std::make_shared<std::string>();
+  CLI::App* t = app.add_subcommand("worker-token", "Print the token a job's workers present");
+  t->add_option("job", *token_id, "Job id (a job of several workers)")->required();
+  t->footer(
+      "For workers started elsewhere (kiln submit --external-workers): give it to each\n"
+      "kiln-worker as KILN_WORKER_TOKEN, e.g. through a Kubernetes secret. It stays the job's\n"
+      "across retries and restarts of kilnd. Anyone holding it can act as the job's workers.\n\n"
+      "Example:\n"
+      "  kubectl create secret generic kiln-worker-token \\\n"
+      "      --from-literal=token=$(kiln worker-token job-3f9c2a1b7d04)");
+  t->callback([&env, action, token_id] {
+    *action = [&env, token_id] { return PrintWorkerToken(env, *token_id); };
   });
 
   auto get_id = std::make_shared<std::string>();

@@ -200,6 +200,9 @@ absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec) {
     KILN_ASSIGN_OR_RETURN(*spec->mutable_schedule(), ParseScheduleFlag(o.schedule));
   }
   if (!o.name.empty()) spec->set_name(o.name);
+  if (o.workers.has_value()) spec->set_workers(*o.workers);
+  if (o.max_retries.has_value()) spec->set_max_retries(*o.max_retries);
+  if (o.external_workers) spec->set_external_workers(true);
   return ApplyLabels(o.labels, spec);
 }
 

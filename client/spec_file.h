@@ -34,6 +34,9 @@ struct SpecOverrides {
   std::optional<uint64_t> seed;
   std::string name;
   std::vector<std::string> labels;  // KEY=VALUE each
+  std::optional<int> workers;       // data-parallel ranks
+  std::optional<int> max_retries;
+  bool external_workers = false;
 };
 
 // Applies `o` to `spec`. The dataset defaults to "mnist" and the epochs to 1 when neither the

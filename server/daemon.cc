@@ -22,6 +22,7 @@
 #include "server/grpc/call_auth.h"
 #include "server/grpc/metrics_interceptor.h"
 #include "server/grpc/training_service.h"
+#include "server/grpc/workers_service.h"
 #include "server/http/rest_inference.h"
 #include "server/jobs/interrupted_writes.h"
 #include "server/serving/job_checkpoint_resolver.h"
@@ -60,6 +61,24 @@ absl::Status MakeDir(const std::string& flag, const std::string& dir) {
 std::string WithPort(const std::string& listen, int port) {
   const size_t colon = listen.rfind(':');
   return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
+}
+
+// Where kilnd's own workers reach it: the listen address, or loopback when it listens on all.
+std::string LocalAddressFor(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "localhost") {
+    host = "127.0.0.1";
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+// kiln-worker is installed beside kilnd (build/server, /usr/local/bin in the image).
+std::string WorkerBinaryBesideKilnd() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "kiln-worker";
+  return (self.parent_path() / "kiln-worker").string();
 }
 
 int ClampedMillis(absl::Duration d) {
@@ -215,11 +234,53 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->jobs_feed_ = std::make_unique<web::JobsFeed>();
   manager_options.observers = {d->job_metrics_.get(), d->job_log_.get(), d->follow_observer_.get(),
                                d->jobs_feed_.get()};
+  // Jobs of several workers: a key in the state dir makes each job's worker token, so tokens
+  // handed to workers elsewhere stay good across restarts.
+  KILN_ASSIGN_OR_RETURN(const std::string worker_key,
+                        LoadOrCreateWorkerKey(options.state_dir + "/worker-token.key"));
+  d->worker_registry_ = std::make_unique<WorkerRegistry>(worker_key);
+  WorkerRunnerOptions& workers = manager_options.workers;
+  workers.state_dir = options.state_dir;
+  workers.data_dir = options.data_dir;
+  workers.worker_binary =
+      options.worker_binary.empty() ? WorkerBinaryBesideKilnd() : options.worker_binary;
+  workers.registry = d->worker_registry_.get();
+  workers.join_timeout = options.worker_join_timeout;
+  workers.external_join_timeout = options.external_worker_join_timeout;
+  workers.cpu_threads = CpuBackendThreads({0, std::max(1, options.max_jobs_per_device)});
+  workers.step_delay = options.step_delay;
+  const TlsMode tls_mode = TlsModeOf(options.tls);
+  if (tls_mode != TlsMode::kOff) {
+    if (options.worker_tls_ca.empty()) {
+      workers.local_workers_refusal =
+          "kilnd serves TLS (--tls_cert), and the workers it would start cannot verify it: start "
+          "kilnd with --worker_tls_ca (the CA that signed its certificate), or start the job's "
+          "workers elsewhere (external_workers)";
+    } else if (tls_mode == TlsMode::kMutualTls &&
+               (options.worker_tls_cert.empty() || options.worker_tls_key.empty())) {
+      workers.local_workers_refusal =
+          "kilnd asks clients for certificates (--tls_client_ca): start it with "
+          "--worker_tls_cert and --worker_tls_key for the workers it starts, or start the job's "
+          "workers elsewhere (external_workers)";
+    }
+    for (const auto& [flag, value] :
+         {std::pair<const char*, const std::string*>{"--tls_ca", &options.worker_tls_ca},
+          {"--tls_server_name", &options.worker_tls_server_name},
+          {"--tls_cert", &options.worker_tls_cert},
+          {"--tls_key", &options.worker_tls_key}}) {
+      if (value->empty()) continue;
+      workers.worker_args.push_back(flag);
+      workers.worker_args.push_back(*value);
+    }
+  }
   d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());
   d->service_ = std::make_unique<TrainingService>(d->manager_.get(), d->datasets_.get(),
                                                   d->broadcaster_.get(), options.max_streams);
+  d->workers_service_ = std::make_unique<WorkersService>(
+      d->worker_registry_.get(), d->manager_.get(), d->datasets_.get(), options.state_dir,
+      options.limits.max_job_memory_bytes);
 
   // Serving: deployments name a job's checkpoint ("JOB@best"), resolved through the manager.
   serving::ModelRepositoryOptions models;
@@ -305,6 +366,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.AddListeningPort(options.listen, credentials, &d->port_);
   builder.RegisterService(d->service_.get());
   builder.RegisterService(d->inference_.get());
+  builder.RegisterService(d->workers_service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   // A connection that never completes its handshake (or its HTTP/2 settings), or that makes no
   // call for a while, gives its descriptor back; gRPC clients reconnect when they call again.
@@ -324,6 +386,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (d->server_ == nullptr || d->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen=", options.listen, ": cannot listen"));
   }
+  d->worker_registry_->SetCoordinatorAddress(LocalAddressFor(options.listen, d->port_));
   d->connection_guard_ = ConnectionGuard::Install(
       d->port_, {options.max_connections, options.reserved_descriptors},
       [metrics](const char* reason) { metrics->ConnectionRefused(reason); });

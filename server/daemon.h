@@ -28,6 +28,7 @@
 #include "server/jobs/metric_broadcaster.h"
 #include "server/jobs/spec_translation.h"
 #include "server/jobs/state_dir_lock.h"
+#include "server/jobs/worker_attempt.h"
 #include "server/observability/job_observers.h"
 #include "server/observability/logging.h"
 #include "server/observability/metrics.h"
@@ -44,6 +45,7 @@ class Server;
 namespace kiln::server {
 
 class TrainingService;
+class WorkersService;
 
 struct DaemonOptions {
   std::string listen = "127.0.0.1:7070";  // HOST:PORT; port 0 picks a free one
@@ -72,6 +74,15 @@ struct DaemonOptions {
   int watch_replay_page_events = 256;  // see JobManagerOptions; tests make it small
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only
+  // Jobs of several workers: the kiln-worker executable started for local workers (empty: the
+  // one beside kilnd), and how long they (and external ones) may take to join.
+  std::string worker_binary;
+  absl::Duration worker_join_timeout = absl::Seconds(60);
+  absl::Duration external_worker_join_timeout = absl::Minutes(10);
+  // TLS of the workers kilnd starts, when it serves TLS: the CA that signed --tls_cert (and the
+  // name to verify, when the certificate does not name the listen address), and with mutual
+  // TLS a client certificate and key. Without them such jobs are refused at Submit.
+  std::string worker_tls_ca, worker_tls_server_name, worker_tls_cert, worker_tls_key;
   // The HTTP listener on HOST:PORT (port 0 picks one): Prometheus /metrics and the KServe v2
   // REST API under /v2, with the TLS and tokens of the gRPC port; empty: not served.
   std::string metrics_listen;
@@ -147,8 +158,11 @@ class Daemon {
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<MetricBroadcaster> broadcaster_;
   std::unique_ptr<DatasetCatalog> datasets_;
+  // Attempts of jobs of several workers and their tokens; outlives the manager and the service.
+  std::unique_ptr<WorkerRegistry> worker_registry_;
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<TrainingService> service_;
+  std::unique_ptr<WorkersService> workers_service_;
   std::unique_ptr<HealthService> health_service_;  // above server_: outlives its calls
   // Serving: above server_, so in-flight inference calls end before these go.
   std::unique_ptr<serving::ModelRepository> models_;

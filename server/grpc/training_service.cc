@@ -305,6 +305,21 @@ grpc::ServerUnaryReactor* TrainingService::GetJob(grpc::CallbackServerContext* c
   return FinishWith(context, manager_->Get(request->job_id()), response);
 }
 
+grpc::ServerUnaryReactor* TrainingService::GetWorkerToken(grpc::CallbackServerContext* context,
+                                                          const v1::GetWorkerTokenRequest* request,
+                                                          v1::GetWorkerTokenResponse* response) {
+  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
+    return FinishWithError(context, s);
+  }
+  absl::StatusOr<std::string> token = manager_->WorkerToken(request->job_id());
+  if (!token.ok()) return FinishWithError(context, token.status());
+  v1::GetWorkerTokenResponse answer;
+  answer.set_token(*std::move(token));
+  return FinishWith(context, absl::StatusOr<v1::GetWorkerTokenResponse>(std::move(answer)),
+                    response);
+}
+
 grpc::ServerUnaryReactor* TrainingService::ListJobs(grpc::CallbackServerContext* context,
                                                     const v1::ListJobsRequest* request,
                                                     v1::ListJobsResponse* response) {

@@ -36,6 +36,9 @@ class TrainingService final : public v1::Training::CallbackService {
   grpc::ServerUnaryReactor* CreateCheckpoint(grpc::CallbackServerContext* context,
                                              const v1::CreateCheckpointRequest* request,
                                              v1::Checkpoint* response) override;
+  grpc::ServerUnaryReactor* GetWorkerToken(grpc::CallbackServerContext* context,
+                                           const v1::GetWorkerTokenRequest* request,
+                                           v1::GetWorkerTokenResponse* response) override;
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
                                             const v1::ListCheckpointsRequest* request,
                                             v1::ListCheckpointsResponse* response) override;

@@ -33,6 +33,11 @@ class JobEventObserver {
   // One optimizer step of `samples` samples took `seconds`.
   virtual void OnStep(const std::string& /*job_id*/, const StepEvent& /*step*/, int64_t /*samples*/,
                       double /*seconds*/) {}
+  // Rank `rank` of a job of `world_size` workers stepped at `samples_per_sec` (its own slices),
+  // its gradient allreduce taking `allreduce_seconds` over `allreduce_bytes`.
+  virtual void OnWorkerStep(const std::string& /*job_id*/, int /*rank*/, int /*world_size*/,
+                            double /*samples_per_sec*/, double /*allreduce_seconds*/,
+                            int64_t /*allreduce_bytes*/) {}
   // An epoch of a run of `epochs` ended (with its evaluation).
   virtual void OnEpoch(const std::string& /*job_id*/, const EpochEvent& /*epoch*/, int /*epochs*/) {
   }

@@ -69,7 +69,8 @@ absl::Status JobEvents::StateChanged(const v1::Job& job, v1::JobState from, int6
 }
 
 absl::Status JobEvents::Step(const v1::Job& job, const StepEvent& e, int64_t samples,
-                             double seconds, int64_t* next_seq) {
+                             double seconds, int64_t* next_seq,
+                             const std::vector<double>* rank_samples_per_sec) {
   v1::JobEvent event;
   v1::StepMetrics* m = event.mutable_step();
   m->set_epoch(e.epoch);
@@ -79,9 +80,22 @@ absl::Status JobEvents::Step(const v1::Job& job, const StepEvent& e, int64_t sam
   m->set_loss(e.loss);
   m->set_lr(e.lr);
   m->set_samples_per_sec(e.samples_per_sec);
+  if (rank_samples_per_sec != nullptr) {
+    m->mutable_rank_samples_per_sec()->Add(rank_samples_per_sec->begin(),
+                                           rank_samples_per_sec->end());
+  }
   absl::Status status = Emit(job, std::move(event), Persist::kEventOnly, next_seq);
   for (JobEventObserver* observer : observers_) observer->OnStep(job.id(), e, samples, seconds);
   return status;
+}
+
+void JobEvents::WorkerStep(const std::string& job_id, int rank, int world_size,
+                           double samples_per_sec, double allreduce_seconds,
+                           int64_t allreduce_bytes) {
+  for (JobEventObserver* observer : observers_) {
+    observer->OnWorkerStep(job_id, rank, world_size, samples_per_sec, allreduce_seconds,
+                           allreduce_bytes);
+  }
 }
 
 absl::Status JobEvents::Epoch(const v1::Job& job, const EpochEvent& e, int epochs,

@@ -44,9 +44,14 @@ class JobEvents {
   // `job` is in its new state; persisted with a state event. A final state ends the job's live
   // streams. Not recorded, the change did not happen: the caller keeps the job as it was.
   absl::Status StateChanged(const v1::Job& job, v1::JobState from, int64_t* next_seq);
-  // A step event alone: the job's step count lives in memory until its next write.
+  // A step event alone: the job's step count lives in memory until its next write. A job of
+  // several workers adds each rank's samples a second.
   absl::Status Step(const v1::Job& job, const StepEvent& step, int64_t samples, double seconds,
-                    int64_t* next_seq);
+                    int64_t* next_seq, const std::vector<double>* rank_samples_per_sec = nullptr);
+  // One rank's step of a job of `world_size` workers: for the observers only (the job's own
+  // step event comes from rank 0 through Step).
+  void WorkerStep(const std::string& job_id, int rank, int world_size, double samples_per_sec,
+                  double allreduce_seconds, int64_t allreduce_bytes);
   // `job` already carries the epoch (epochs_done, last_epoch); persisted with an epoch event.
   absl::Status Epoch(const v1::Job& job, const EpochEvent& epoch, int epochs, int64_t* next_seq);
   // `checkpoint` is already in the store; the job is persisted with a checkpoint event.

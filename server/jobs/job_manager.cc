@@ -1,6 +1,7 @@
 #include "server/jobs/job_manager.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <exception>
@@ -18,6 +19,7 @@
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/data/augment.h"
+#include "engine/distributed/data_parallel.h"
 #include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
@@ -27,6 +29,27 @@
 
 namespace kiln::server {
 namespace {
+
+// Bounds of JobSpec.workers and JobSpec.max_retries.
+constexpr int kMaxWorkers = 64;
+constexpr int kMaxRetries = 100;
+
+absl::Status CheckWorkerFields(const v1::JobSpec& spec) {
+  if (spec.workers() < 0 || spec.workers() > kMaxWorkers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.workers: ", spec.workers(), " is outside 1..", kMaxWorkers));
+  }
+  if (spec.max_retries() < 0 || spec.max_retries() > kMaxRetries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.max_retries: ", spec.max_retries(), " is outside 0..", kMaxRetries));
+  }
+  if (spec.max_retries() > 0 && !RunsAsWorkers(spec)) {
+    return absl::InvalidArgumentError(
+        "spec.max_retries: only jobs of several workers retry (a job in kilnd's process resumes "
+        "after a restart instead)");
+  }
+  return absl::OkStatus();
+}
 
 std::string NewJobId() {
   std::random_device rd;
@@ -205,7 +228,9 @@ absl::Status JobManager::Recover() {
   });
   // Jobs that were running go first: they had their turn already.
   for (const auto& slot : resumed) {
-    absl::Status device = ValidateDevice(slot->job.device());
+    absl::Status device = RunsAsWorkers(slot->job.spec()) && slot->job.device() == "cuda"
+                              ? absl::OkStatus()
+                              : ValidateDevice(slot->job.device());
     if (!device.ok()) {
       SetOrQueueStateLocked(*slot, v1::JOB_STATE_FAILED,
                             absl::StrCat("device ", slot->job.device(),
@@ -229,6 +254,7 @@ absl::Status JobManager::Recover() {
 
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
+  KILN_RETURN_IF_ERROR(CheckWorkerFields(spec));
   if (spec.dataset().empty()) {
     return absl::InvalidArgumentError("spec.dataset: required (see ListDatasets)");
   }
@@ -263,11 +289,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       !batches.ok()) {
     return absl::Status(batches.code(), absl::StrCat("spec.batch_size: ", batches.message()));
   }
-  absl::StatusOr<std::string> device = ResolveDevice(spec.device());
+  absl::StatusOr<std::string> device =
+      RunsAsWorkers(spec) ? CheckWorkers(spec, config, *info) : ResolveDevice(spec.device());
   if (!device.ok()) {
+    if (RunsAsWorkers(spec)) return device.status();
     return absl::InvalidArgumentError(absl::StrCat("spec.device: ", device.status().message()));
   }
-  KILN_RETURN_IF_ERROR(CheckJobMemory(config, *info, *device));
+  // A worker's share of the batch needs less; the whole batch on one device is the bound kept.
+  KILN_RETURN_IF_ERROR(CheckJobMemory(config, *info, *device == "cpu" ? "cpu" : "cuda:0"));
 
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
@@ -301,6 +330,60 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   events_.Submitted(result);
   ScheduleLocked();
   return result;
+}
+
+absl::StatusOr<std::string> JobManager::CheckWorkers(const v1::JobSpec& spec,
+                                                     const TrainConfig& config,
+                                                     const DatasetInfo& info) const {
+  if (options_.workers.registry == nullptr) {
+    return absl::FailedPreconditionError(
+        "spec.workers: this kilnd does not run jobs of several workers");
+  }
+  const int workers = std::max(1, spec.workers());
+  if (!spec.external_workers() && !options_.workers.local_workers_refusal.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.workers: ", options_.workers.local_workers_refusal));
+  }
+  if (!spec.external_workers() && access(options_.workers.worker_binary.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.workers: kilnd cannot start workers: ", options_.workers.worker_binary,
+                     " is not an executable (--worker_binary)"));
+  }
+  if (absl::Status split =
+          CheckDataParallelBatches(config.model, config.batch_size, info.train_samples, workers);
+      !split.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.workers: ", split.message()));
+  }
+  std::string kind = spec.device().empty() ? options_.default_device : spec.device();
+  if (kind == "auto") kind = AvailableDevices().size() > 1 ? "cuda" : "cpu";
+  if (kind == "cpu") return kind;
+  if (kind != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.device: a job of ", workers,
+                     " workers takes \"cpu\" or \"cuda\" (one GPU each), "
+                     "not \"",
+                     kind, "\""));
+  }
+  if (spec.external_workers()) return kind;  // their GPUs are on their own machines
+  int gpus = 0;
+  for (const std::string& d : AvailableDevices()) gpus += d.starts_with("cuda:") ? 1 : 0;
+  if (gpus < workers) {
+    return absl::FailedPreconditionError(absl::StrCat("spec.workers: ", workers,
+                                                      " workers on \"cuda\" need as many GPUs; "
+                                                      "this machine has ",
+                                                      gpus));
+  }
+  return kind;
+}
+
+absl::StatusOr<std::string> JobManager::WorkerToken(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
+  if (!RunsAsWorkers(slot->job.spec()) || options_.workers.registry == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " runs in kilnd's process; it has no workers"));
+  }
+  return options_.workers.registry->TokenFor(job_id);
 }
 
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
@@ -554,11 +637,43 @@ void JobManager::ScheduleLocked() {
   ReapThreadsLocked();
   if (shutting_down_ || !store_writable_) return;  // read-only: the retry loop calls again
   for (auto& [device, queue] : queues_) {
-    while (!queue.empty() && running_[device] < options_.max_jobs_per_device) {
-      if (!StartLocked(jobs_[queue.front()])) return;
+    while (!queue.empty()) {
+      const std::shared_ptr<JobSlot>& slot = jobs_[queue.front()];
+      std::string why;
+      std::vector<std::string> devices = DevicesToStartLocked(*slot, &why);
+      if (devices.empty()) {
+        // FIFO: the head waits, and so does everything behind it; the queue says why.
+        if (!why.empty() && slot->job.reason() != why) {
+          slot->job.set_reason(why);
+          store_->PutJob(slot->job).IgnoreError();
+        }
+        break;
+      }
+      slot->devices = std::move(devices);
+      if (!StartLocked(slot)) return;
       queue.pop_front();
     }
   }
+}
+
+std::vector<std::string> JobManager::DevicesToStartLocked(const JobSlot& slot, std::string* why) {
+  const std::string& device = slot.job.device();
+  const int workers = std::max(1, slot.job.spec().workers());
+  if (device != "cuda" || slot.job.spec().external_workers()) {
+    if (running_[device] >= options_.max_jobs_per_device) return {};
+    return {device};
+  }
+  // Gang: every worker's GPU at once, or none; lowest numbers first.
+  std::vector<std::string> free;
+  for (const std::string& d : AvailableDevices()) {
+    if (d.starts_with("cuda:") && running_[d] < options_.max_jobs_per_device) free.push_back(d);
+  }
+  if (static_cast<int>(free.size()) < workers) {
+    *why = absl::StrCat("waiting for ", workers, " free GPUs (", free.size(), " free now)");
+    return {};
+  }
+  free.resize(workers);
+  return free;
 }
 
 bool JobManager::StartLocked(const std::shared_ptr<JobSlot>& slot) {
@@ -571,7 +686,7 @@ bool JobManager::StartLocked(const std::shared_ptr<JobSlot>& slot) {
     return false;
   }
   --queued_count_;
-  ++running_[slot->job.device()];
+  for (const std::string& d : slot->devices) ++running_[d];
   ++active_threads_;
   slot->stop = false;
   // Named after the job (Linux keeps 15 characters), so that top -H and perf tell jobs apart;
@@ -588,7 +703,9 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
   // abort it again): it becomes the job's FAILED reason.
   absl::Status status;
   try {
-    status = JobRunner(slot.get(), &mu_, store_, &events_, datasets_, runner_options_).Run();
+    status = RunsAsWorkers(slot->job.spec())
+                 ? RunWorkerAttempts(*slot)
+                 : JobRunner(slot.get(), &mu_, store_, &events_, datasets_, runner_options_).Run();
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError("out of memory while training (std::bad_alloc)");
   } catch (const std::exception& e) {
@@ -618,11 +735,39 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
                                                     JobStateName(slot->job.state()),
                                                     ") before the checkpoint was written")));
   }
-  --running_[slot->job.device()];
+  for (const std::string& d : slot->devices) --running_[d];
+  slot->devices.clear();
   --active_threads_;
   finished_threads_.push_back(std::move(slot->thread));
   ScheduleLocked();
   idle_cv_.notify_all();
+}
+
+absl::Status JobManager::RunWorkerAttempts(JobSlot& slot) {
+  while (true) {
+    std::vector<std::string> devices;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const int workers = std::max(1, slot.job.spec().workers());
+      if (slot.job.device() == "cuda" && !slot.job.spec().external_workers()) {
+        devices = slot.devices;  // the gang's GPUs
+      } else {
+        devices.assign(workers, slot.job.device() == "cuda" ? "cuda:0" : slot.job.device());
+      }
+    }
+    absl::Status status =
+        WorkerJobRunner(&slot, &mu_, store_, &events_, devices, options_.workers).Run();
+    if (status.ok() || slot.cancel || slot.stop) return status;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (slot.job.retries() >= slot.job.spec().max_retries() || shutting_down_) return status;
+    // Again from the latest checkpoint, as a new attempt with a state event saying why.
+    slot.job.set_retries(slot.job.retries() + 1);
+    slot.job.set_attempts(slot.job.attempts() + 1);
+    const std::string reason =
+        absl::StrCat("attempt failed: ", status.message(), "; retry ", slot.job.retries(), " of ",
+                     slot.job.spec().max_retries(), " from the latest checkpoint");
+    if (!SetStateLocked(slot, v1::JOB_STATE_RUNNING, reason).ok()) return status;
+  }
 }
 
 absl::Status JobManager::Shutdown(absl::Duration deadline) {

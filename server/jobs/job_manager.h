@@ -29,6 +29,7 @@
 #include "server/jobs/job_store.h"
 #include "server/jobs/metric_broadcaster.h"
 #include "server/jobs/spec_translation.h"
+#include "server/jobs/worker_job_runner.h"
 
 namespace kiln::server {
 
@@ -52,6 +53,9 @@ struct JobManagerOptions {
   std::function<void(bool writable)> on_store_writable;
   // While the store refuses writes: how often the unrecorded state changes are tried again.
   absl::Duration store_retry_interval = absl::Seconds(2);
+  // Jobs of several workers (JobSpec.workers): how they are started and coordinated. Without a
+  // registry (workers.registry null) such jobs are refused at Submit.
+  WorkerRunnerOptions workers;
 };
 
 // What WatchJob streams of one job, in this order: its current state (live_only), its recorded
@@ -103,6 +107,10 @@ class JobManager {
                                                                      int64_t checkpoint_id,
                                                                      int chunk_bytes);
 
+  // The token the workers of a job of several workers present (x-kiln-worker-token);
+  // FailedPrecondition for a job that runs in kilnd's process.
+  absl::StatusOr<std::string> WorkerToken(const std::string& job_id);
+
   // Whether the store took the last write tried (false: read-only until it does again).
   bool store_writable();
 
@@ -135,6 +143,17 @@ class JobManager {
   bool StartLocked(const std::shared_ptr<JobSlot>& slot);
   // Runs one attempt (JobRunner) on the slot's thread, then records how it ended.
   void RunJob(std::shared_ptr<JobSlot> slot);
+  // A job of several workers: attempts (WorkerJobRunner) until one ends in success, a cancel or
+  // a shutdown, or the job's max_retries are spent.
+  absl::Status RunWorkerAttempts(JobSlot& slot);
+  // Checks a job of several workers' fields (workers, max_retries, device) and resolves its
+  // device to the queue it waits in: "cpu" or "cuda" (any free GPUs, gang-scheduled).
+  absl::StatusOr<std::string> CheckWorkers(const v1::JobSpec& spec, const TrainConfig& config,
+                                           const DatasetInfo& info) const;
+  // The devices a queued job would hold if it started now: one for an ordinary job; for a gang
+  // job on "cuda", `workers` GPUs each with a free slot, or none (and `why` says what it waits
+  // for) when there are not that many.
+  std::vector<std::string> DevicesToStartLocked(const JobSlot& slot, std::string* why);
   void ReapThreadsLocked();
 
   JobStore* store_;

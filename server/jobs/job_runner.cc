@@ -1,75 +1,34 @@
 #include "server/jobs/job_runner.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <memory>
-#include <system_error>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/sha256.h"
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/trainer.h"
 #include "server/jobs/checkpoint_integrity.h"
 #include "server/jobs/checkpoint_policy.h"
+#include "server/jobs/checkpoint_record.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 
 namespace kiln::server {
-namespace fs = std::filesystem;
-namespace {
-
-void RemoveCheckpointFile(const v1::Checkpoint& c) {
-  std::error_code ec;
-  fs::remove(c.path(), ec);
-}
-
-}  // namespace
 
 absl::StatusOr<v1::Checkpoint> JobRunner::SaveCheckpoint(Trainer& trainer,
                                                          v1::CheckpointKind kind) {
-  const std::string dir = absl::StrCat(options_.state_dir, "/checkpoints/", slot_->job.id());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
   const TrainingPosition& position = trainer.position();
-  const std::string path = absl::StrCat(dir, "/", CheckpointKindName(kind), "-step",
-                                        position.global_step, "-", NowMillis(), ".safetensors");
+  const std::string path =
+      NewCheckpointPath(options_.state_dir, slot_->job.id(), kind, position.global_step);
   const absl::Time write_start = absl::Now();
   KILN_RETURN_IF_ERROR(trainer.SaveCheckpoint(path));
-  const double write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
-  v1::Checkpoint c;
-  c.set_job_id(slot_->job.id());
-  c.set_kind(kind);
-  c.set_epochs_done(position.epochs_done);
-  c.set_global_step(position.global_step);
-  c.set_size_bytes(static_cast<int64_t>(fs::file_size(path, ec)));
-  KILN_ASSIGN_OR_RETURN(const std::string sha256, Sha256OfFile(path));
-  c.set_sha256(sha256);
-  *c.mutable_create_time() = MillisToTimestamp(NowMillis());
-  c.set_path(path);
-  std::lock_guard<std::mutex> lock(*mu_);
-  c.set_test_accuracy(slot_->job.last_epoch().test_accuracy());
-  KILN_RETURN_IF_ERROR(store_->InsertCheckpoint(&c));
-  if (slot_->job.resume_checkpoint_id() != 0) {  // this run's own checkpoint is now the newest
-    slot_->job.set_resume_checkpoint_id(0);
-    KILN_RETURN_IF_ERROR(store_->PutJob(slot_->job));
-  }
-  KILN_RETURN_IF_ERROR(events_->CheckpointWritten(slot_->job, c, write_seconds, &slot_->next_seq));
-  PruneCheckpointsLocked(c);
-  return c;
-}
-
-void JobRunner::PruneCheckpointsLocked(const v1::Checkpoint& added) {
-  const CheckpointPolicy policy(slot_->job.spec().checkpoint_policy());
-  absl::StatusOr<std::vector<v1::Checkpoint>> all = store_->Checkpoints(slot_->job.id());
-  if (!all.ok()) return;
-  for (const v1::Checkpoint& c : policy.Redundant(*all, added)) {
-    if (store_->DeleteCheckpoint(c.id()).ok()) RemoveCheckpointFile(c);
-  }
+  return RecordCheckpoint(slot_, mu_, store_, events_, path,
+                          {kind, position.epochs_done, position.global_step,
+                           absl::ToDoubleSeconds(absl::Now() - write_start)});
 }
 
 absl::Status JobRunner::Run() {

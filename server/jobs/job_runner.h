@@ -47,7 +47,16 @@ struct JobSlot {
   // as in the store, until the change is recorded (JobManager retries it). Guarded.
   std::optional<std::pair<v1::JobState, std::string>> unrecorded_state;
   std::thread thread;  // the running attempt, if any
+  // The devices the running attempt holds a slot of (guarded): the job's device, or a gang
+  // job's GPUs.
+  std::vector<std::string> devices;
 };
+
+// Whether a job runs as kiln-worker processes (several workers, or workers started elsewhere)
+// rather than in kilnd's process.
+inline bool RunsAsWorkers(const v1::JobSpec& spec) {
+  return spec.workers() > 1 || spec.external_workers();
+}
 
 struct JobRunnerOptions {
   std::string state_dir;  // checkpoints go to state_dir/checkpoints/<job>/
@@ -76,7 +85,6 @@ class JobRunner {
  private:
   // Writes, records and announces a checkpoint of `kind`, then prunes what it makes redundant.
   absl::StatusOr<v1::Checkpoint> SaveCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
-  void PruneCheckpointsLocked(const v1::Checkpoint& added);
 
   JobSlot* slot_;
   std::mutex* mu_;

@@ -24,6 +24,13 @@ void JobMetricsObserver::OnStep(const std::string& job_id, const StepEvent& step
   metrics_->TrainingStep(job_id, step, samples, seconds);
 }
 
+void JobMetricsObserver::OnWorkerStep(const std::string& job_id, int rank, int world_size,
+                                      double samples_per_sec, double allreduce_seconds,
+                                      int64_t allreduce_bytes) {
+  metrics_->WorkerStep(job_id, rank, world_size, samples_per_sec, allreduce_seconds,
+                       allreduce_bytes);
+}
+
 void JobMetricsObserver::OnEpoch(const std::string& job_id, const EpochEvent& epoch, int) {
   metrics_->TrainingEpoch(job_id, epoch);
 }

@@ -22,6 +22,8 @@ class JobMetricsObserver final : public JobEventObserver {
   void OnTrainingStarted(const std::string& job_id, const v1::JobSpec& spec, int epochs) override;
   void OnStep(const std::string& job_id, const StepEvent& step, int64_t samples,
               double seconds) override;
+  void OnWorkerStep(const std::string& job_id, int rank, int world_size, double samples_per_sec,
+                    double allreduce_seconds, int64_t allreduce_bytes) override;
   void OnEpoch(const std::string& job_id, const EpochEvent& epoch, int epochs) override;
   void OnCheckpoint(const v1::Checkpoint& checkpoint, double seconds) override;
 

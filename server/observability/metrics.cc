@@ -243,6 +243,10 @@ struct Metrics::JobSeries {
   std::map<std::string, Counter*> checkpoints;  // by kind
   Histogram* checkpoint_duration = nullptr;
   Gauge* checkpoint_bytes = nullptr;
+  Gauge* workers = nullptr;
+  std::map<int, Gauge*> worker_samples_per_second;  // by rank
+  Histogram* allreduce_duration = nullptr;
+  Counter* allreduce_bytes = nullptr;
 
   template <typename T, typename... Args>
   T* Add(Family<T>* family, const Labels& labels_, Args&&... args) {
@@ -323,6 +327,16 @@ Metrics::Metrics(MetricsOptions options)
                            "Wall time of one optimizer step (forward, backward, update).");
   learning_rate_ =
       Declare(BuildGauge(), r, "kiln_training_learning_rate", "Current learning rate.");
+  workers_ = Declare(BuildGauge(), r, "kiln_job_workers",
+                     "Data-parallel ranks (worker processes) of a job of several workers.");
+  worker_samples_per_second_ =
+      Declare(BuildGauge(), r, "kiln_worker_samples_per_second",
+              "One rank's training throughput over its latest step (its slice of the batch).");
+  allreduce_duration_ =
+      Declare(BuildHistogram(), r, "kiln_allreduce_duration_seconds",
+              "Wall time of one step's gradient allreduce, per rank of a job of several workers.");
+  allreduce_bytes_ = Declare(BuildCounter(), r, "kiln_allreduce_bytes_total",
+                             "Bytes of gradients allreduced, summed over the job's ranks.");
   checkpoints_ = Declare(BuildCounter(), r, "kiln_checkpoints_total",
                          "Checkpoints written by this run of the job, by kind.");
   checkpoint_duration_ = Declare(BuildHistogram(), r, "kiln_checkpoint_write_duration_seconds",
@@ -467,6 +481,24 @@ void Metrics::TrainingStep(const std::string& job_id, const StepEvent& e, int64_
   s->Get(s->epoch, epoch_)->Set(e.epoch - 1 + within);
   s->Get(s->samples, samples_)->Increment(static_cast<double>(samples));
   s->Get(s->step_duration, step_duration_, StepBuckets())->Observe(step_seconds);
+}
+
+void Metrics::WorkerStep(const std::string& job_id, int rank, int world_size,
+                         double samples_per_sec, double allreduce_seconds,
+                         int64_t allreduce_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobSeries* s = FindJobLocked(job_id);
+  if (s == nullptr) return;
+  s->Get(s->workers, workers_)->Set(world_size);
+  Gauge*& rate = s->worker_samples_per_second[rank];
+  if (rate == nullptr) {
+    Labels labels = s->labels;
+    labels["rank"] = absl::StrCat(rank);
+    rate = s->Add(worker_samples_per_second_, labels);
+  }
+  rate->Set(samples_per_sec);
+  s->Get(s->allreduce_duration, allreduce_duration_, StepBuckets())->Observe(allreduce_seconds);
+  s->Get(s->allreduce_bytes, allreduce_bytes_)->Increment(static_cast<double>(allreduce_bytes));
 }
 
 void Metrics::TrainingEpoch(const std::string& job_id, const EpochEvent& e) {

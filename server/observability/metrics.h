@@ -131,6 +131,10 @@ class Metrics {
   void TrainingStep(const std::string& job_id, const StepEvent& step, int64_t samples,
                     double step_seconds);
   void TrainingEpoch(const std::string& job_id, const EpochEvent& epoch);
+  // One rank's step of a job of several workers: kiln_worker_samples_per_second{rank},
+  // kiln_allreduce_duration_seconds, kiln_allreduce_bytes_total, kiln_job_workers.
+  void WorkerStep(const std::string& job_id, int rank, int world_size, double samples_per_sec,
+                  double allreduce_seconds, int64_t allreduce_bytes);
   // kind: CheckpointKindName's "periodic", "best", "on_demand", "shutdown", "final".
   void CheckpointWritten(const std::string& job_id, const std::string& kind, double seconds,
                          int64_t bytes);
@@ -223,6 +227,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* checkpoints_;
   prometheus::Family<prometheus::Histogram>* checkpoint_duration_;
   prometheus::Family<prometheus::Gauge>* checkpoint_bytes_;
+  prometheus::Family<prometheus::Gauge>* workers_;
+  prometheus::Family<prometheus::Gauge>* worker_samples_per_second_;
+  prometheus::Family<prometheus::Histogram>* allreduce_duration_;
+  prometheus::Family<prometheus::Counter>* allreduce_bytes_;
   // Inference, per model.
   prometheus::Family<prometheus::Counter>* inference_requests_;
   prometheus::Family<prometheus::Histogram>* inference_duration_;

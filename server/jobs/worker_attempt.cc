@@ -1,0 +1,282 @@
+#include "server/jobs/worker_attempt.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
+
+namespace kiln::server {
+
+WorkerAttempt::WorkerAttempt(std::string job_id, v1::JoinJobResponse join,
+                             std::vector<std::string> devices, Hooks hooks)
+    : job_id_(std::move(job_id)),
+      join_(std::move(join)),
+      devices_(std::move(devices)),
+      hooks_(std::move(hooks)),
+      ranks_(join_.world_size(), RankState::kWaiting) {}
+
+absl::Status WorkerAttempt::CheckRankLocked(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside the job's ",
+                                                   ranks_.size(), " workers (0..",
+                                                   ranks_.size() - 1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JoinJobResponse> WorkerAttempt::Join(int rank, const std::string& host) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = CheckRankLocked(rank); !s.ok()) return s;
+  if (ended_ || !failure_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", join_.attempt(), " of job ", job_id_, " has ended"));
+  }
+  if (ranks_[rank] != RankState::kWaiting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " of job ", job_id_, " has joined already (another worker took it)"));
+  }
+  ranks_[rank] = RankState::kJoined;
+  (void)host;
+  cv_.notify_all();
+  v1::JoinJobResponse response = join_;
+  response.set_device(devices_[rank]);
+  if (rank != 0) response.clear_resume_from();
+  return response;
+}
+
+absl::Status WorkerAttempt::SetKey(const std::string& key, const std::string& value) {
+  if (key.empty() || key.size() > 512) {
+    return absl::InvalidArgumentError("a rendezvous key must be 1..512 bytes");
+  }
+  if (value.size() > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous value of ", value.size(),
+                                                   " bytes under \"", key,
+                                                   "\" is over the limit of 1 MiB"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ended_) return absl::AbortedError("the attempt has ended");
+  if (keys_.size() >= 4096 && !keys_.contains(key)) {
+    return absl::ResourceExhaustedError("the attempt holds 4096 rendezvous keys already");
+  }
+  keys_[key] = value;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> WorkerAttempt::GetKey(const std::string& key, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (auto it = keys_.find(key); it != keys_.end()) return it->second;
+    if (ended_ || !failure_.ok()) return absl::AbortedError("the attempt has ended");
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous key \"", key, "\" was not set within ", absl::FormatDuration(timeout)));
+    }
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(std::min(left, absl::Seconds(1))));
+  }
+}
+
+absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = CheckRankLocked(rank); !s.ok()) return s;
+    if (ended_) return absl::AbortedError("the attempt has ended");
+    RankState& state = ranks_[rank];
+    switch (report.report_case()) {
+      case v1::WorkerReport::kHello:
+        if (state != RankState::kJoined) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("rank ", rank, " said hello before joining, or twice"));
+        }
+        state = RankState::kReporting;
+        cv_.notify_all();
+        return absl::OkStatus();
+      case v1::WorkerReport::kDone:
+        state = RankState::kDone;
+        cv_.notify_all();
+        return absl::OkStatus();
+      case v1::WorkerReport::kFailed: {
+        state = RankState::kFailed;
+        const auto code = static_cast<absl::StatusCode>(report.failed().code());
+        FailLocked(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+                                report.failed().message()));
+        return absl::OkStatus();
+      }
+      case v1::WorkerReport::kStep:
+      case v1::WorkerReport::kEpoch:
+        if (state != RankState::kReporting) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("rank ", rank, " reported before its hello"));
+        }
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " sent an empty report"));
+    }
+  }
+  // Outside the lock: the hook takes the job manager's, and waits must not stall behind it.
+  absl::Status s = hooks_.on_report ? hooks_.on_report(rank, report) : absl::OkStatus();
+  if (!s.ok()) Fail(s);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+  return s;
+}
+
+void WorkerAttempt::StreamEnded(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
+  if (ranks_[rank] == RankState::kDone || ranks_[rank] == RankState::kFailed) return;
+  ranks_[rank] = RankState::kFailed;
+  FailLocked(absl::UnavailableError(
+      absl::StrCat("worker rank ", rank, " went away without reporting how it ended")));
+}
+
+std::optional<v1::WorkerCommand> WorkerAttempt::NextCommand(int rank, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (rank == 0 && !commands_.empty()) {
+      v1::WorkerCommand c = std::move(commands_.front());
+      commands_.pop_front();
+      return c;
+    }
+    if (ended_) return std::nullopt;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return std::nullopt;
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(left));
+  }
+}
+
+absl::StatusOr<v1::Checkpoint> WorkerAttempt::RecordCheckpoint(
+    const v1::WriteCheckpointHeader& header, const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return absl::AbortedError("the attempt has ended");
+  }
+  if (!hooks_.record_checkpoint) return absl::InternalError("the attempt records no checkpoints");
+  return hooks_.record_checkpoint(header, path);
+}
+
+void WorkerAttempt::Command(v1::WorkerCommand::Action action) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::WorkerCommand c;
+  c.set_action(action);
+  commands_.push_back(std::move(c));
+  cv_.notify_all();
+}
+
+void WorkerAttempt::FailLocked(absl::Status why) {
+  if (failure_.ok()) failure_ = std::move(why);
+  cv_.notify_all();
+}
+
+void WorkerAttempt::Fail(absl::Status why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FailLocked(std::move(why));
+}
+
+void WorkerAttempt::End() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ended_ = true;
+  cv_.notify_all();
+}
+
+bool WorkerAttempt::WaitForChange(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout)) == std::cv_status::no_timeout;
+}
+
+WorkerAttempt::Snapshot WorkerAttempt::State() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {ranks_, failure_, ended_};
+}
+
+WorkerRegistry::WorkerRegistry(std::string key) : key_(std::move(key)) {}
+
+std::string WorkerRegistry::TokenFor(const std::string& job_id) const {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()),
+       reinterpret_cast<const unsigned char*>(job_id.data()), job_id.size(), mac, &mac_len);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), mac_len));
+}
+
+absl::StatusOr<std::shared_ptr<WorkerAttempt>> WorkerRegistry::Find(const std::string& job_id,
+                                                                    const std::string& token) {
+  const std::string expected = TokenFor(job_id);
+  if (token.size() != expected.size() ||
+      CRYPTO_memcmp(token.data(), expected.data(), expected.size()) != 0) {
+    return absl::UnauthenticatedError(absl::StrCat("the worker token is not job ", job_id,
+                                                   "'s (x-kiln-worker-token; `kiln worker-token ",
+                                                   job_id, "` prints it)"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = attempts_.find(job_id);
+  if (it == attempts_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is not running an attempt that takes workers now"));
+  }
+  return it->second;
+}
+
+void WorkerRegistry::Add(const std::shared_ptr<WorkerAttempt>& attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  attempts_[attempt->job_id()] = attempt;
+}
+
+void WorkerRegistry::Remove(const WorkerAttempt* attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = attempts_.find(attempt->job_id());
+  if (it != attempts_.end() && it->second.get() == attempt) attempts_.erase(it);
+}
+
+void WorkerRegistry::SetCoordinatorAddress(std::string address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  address_ = std::move(address);
+  address_cv_.notify_all();
+}
+
+absl::StatusOr<std::string> WorkerRegistry::CoordinatorAddress(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  address_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                       [&] { return !address_.empty(); });
+  if (address_.empty()) {
+    return absl::UnavailableError("kilnd's gRPC address is not known yet to hand to workers");
+  }
+  return address_;
+}
+
+absl::StatusOr<std::string> LoadOrCreateWorkerKey(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (in) {
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    std::string key = bytes.str();
+    if (key.size() >= 32) return key;
+    return absl::DataLossError(absl::StrCat(path, " holds ", key.size(),
+                                            " bytes, fewer than a worker key's 32; delete it to "
+                                            "make a new one (workers then need new tokens)"));
+  }
+  std::string key(32, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), 32) != 1) {
+    return absl::InternalError("no random bytes for the worker key");
+  }
+  absl::StatusOr<std::unique_ptr<AtomicFileWriter>> file = AtomicFileWriter::Open(path, 0600);
+  if (!file.ok()) return file.status();
+  if (absl::Status s = (*file)->Append(key); !s.ok()) return s;
+  if (absl::Status s = (*file)->Commit(); !s.ok()) return s;
+  return key;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,141 @@
+// One attempt of a job of several workers (kiln-worker processes), as kilnd's Workers service
+// and the runner of the job (worker_job_runner.h) share it: which ranks have joined, the
+// attempt's rendezvous keys, the commands waiting for rank 0, and how each rank ended. The
+// service calls in with what workers send; the runner watches the state and decides.
+// WorkerRegistry finds an attempt by job and checks the job's worker token. No gRPC here.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kiln/v1/worker.pb.h"
+
+namespace kiln::server {
+
+// How one rank of the attempt stands.
+enum class RankState { kWaiting, kJoined, kReporting, kDone, kFailed };
+
+class WorkerAttempt {
+ public:
+  struct Hooks {
+    // A report of `rank` (steps and epochs), on the service's thread; an error ends the attempt.
+    std::function<absl::Status(int rank, const v1::WorkerReport& report)> on_report;
+    // Rank 0 handed over a checkpoint file at `path` (digest checked): record it as the job's.
+    std::function<absl::StatusOr<v1::Checkpoint>(const v1::WriteCheckpointHeader& header,
+                                                 const std::string& path)>
+        record_checkpoint;
+  };
+
+  // `join` is what JoinJob answers every rank, less its device (devices[rank]) and, for ranks
+  // other than 0, resume_from.
+  WorkerAttempt(std::string job_id, v1::JoinJobResponse join, std::vector<std::string> devices,
+                Hooks hooks);
+
+  const std::string& job_id() const { return job_id_; }
+  int world_size() const { return join_.world_size(); }
+  int attempt() const { return join_.attempt(); }
+  const std::string& dataset() const { return join_.dataset(); }
+  // Whether `checkpoint_id` is the one this attempt starts from (ReadCheckpoint's check).
+  bool StartsFrom(int64_t checkpoint_id) const {
+    return checkpoint_id != 0 && checkpoint_id == join_.resume_from().id();
+  }
+
+  // --- what the Workers service calls ---
+  // FailedPrecondition when the rank has joined already or the attempt has ended.
+  absl::StatusOr<v1::JoinJobResponse> Join(int rank, const std::string& host);
+  absl::Status SetKey(const std::string& key, const std::string& value);
+  // Waits up to `timeout` for the key, or until the attempt ends (Aborted).
+  absl::StatusOr<std::string> GetKey(const std::string& key, absl::Duration timeout);
+  // A report arrived from `rank`: hello, step, epoch, done or failed. An error (a report out of
+  // order, a failing hook) fails the attempt and is answered to the worker.
+  absl::Status Report(int rank, const v1::WorkerReport& report);
+  // The report stream of `rank` ended (a worker that ends it before done or failed has died).
+  void StreamEnded(int rank);
+  // The next command for `rank`, waiting up to `wait`; nullopt when none came or the attempt
+  // ended (then ended() is true).
+  std::optional<v1::WorkerCommand> NextCommand(int rank, absl::Duration wait);
+  absl::StatusOr<v1::Checkpoint> RecordCheckpoint(const v1::WriteCheckpointHeader& header,
+                                                  const std::string& path);
+
+  // --- what the runner calls ---
+  // Queues a command for rank 0 (the others hear it from rank 0's broadcast).
+  void Command(v1::WorkerCommand::Action action);
+  // Fails the attempt with `why` (the first failure wins) and wakes every waiter.
+  void Fail(absl::Status why);
+  // Ends the attempt: waits wake, later calls from its workers are refused.
+  void End();
+  // Waits up to `timeout` for a change (a join, a report, an end); false when none came.
+  bool WaitForChange(absl::Duration timeout);
+
+  struct Snapshot {
+    std::vector<RankState> ranks;
+    absl::Status failure;  // OK unless some rank failed or Fail was called
+    bool ended = false;
+  };
+  Snapshot State();
+
+ private:
+  // Locked: a rank in range, or InvalidArgument.
+  absl::Status CheckRankLocked(int rank) const;
+  void FailLocked(absl::Status why);
+
+  const std::string job_id_;
+  const v1::JoinJobResponse join_;
+  const std::vector<std::string> devices_;
+  const Hooks hooks_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<RankState> ranks_;
+  std::map<std::string, std::string> keys_;
+  std::deque<v1::WorkerCommand> commands_;  // for rank 0
+  absl::Status failure_;
+  bool ended_ = false;
+};
+
+// The attempts kilnd runs now, by job, and the tokens their workers present.
+class WorkerRegistry {
+ public:
+  // `key`: 32 or more secret bytes; a job's token is HMAC-SHA256(key, job id) in hex, so it
+  // survives restarts of kilnd (workers of an external job keep theirs) while the key does.
+  explicit WorkerRegistry(std::string key);
+
+  // The token workers of `job_id` present.
+  std::string TokenFor(const std::string& job_id) const;
+
+  // The attempt of `job_id` now running, if `token` is the job's: Unauthenticated when it is
+  // not, FailedPrecondition when the job runs no attempt now.
+  absl::StatusOr<std::shared_ptr<WorkerAttempt>> Find(const std::string& job_id,
+                                                      const std::string& token);
+
+  void Add(const std::shared_ptr<WorkerAttempt>& attempt);
+  void Remove(const WorkerAttempt* attempt);
+
+  // Where local workers reach kilnd's gRPC (HOST:PORT), once the server listens. Waits up to
+  // `timeout`; Unavailable when it is not known by then.
+  void SetCoordinatorAddress(std::string address);
+  absl::StatusOr<std::string> CoordinatorAddress(absl::Duration timeout);
+
+ private:
+  const std::string key_;
+  std::mutex mu_;
+  std::condition_variable address_cv_;
+  std::map<std::string, std::shared_ptr<WorkerAttempt>> attempts_;
+  std::string address_;
+};
+
+// Reads the registry's key from `path`, creating it (32 random bytes, mode 0600) when missing.
+absl::StatusOr<std::string> LoadOrCreateWorkerKey(const std::string& path);
+
+}  // namespace kiln::server

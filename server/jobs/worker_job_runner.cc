@@ -1,0 +1,376 @@
+#include "server/jobs/worker_job_runner.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/shown_paths.h"
+#include "common/status_macros.h"
+#include "engine/trainer.h"
+#include "server/jobs/checkpoint_integrity.h"
+#include "server/jobs/checkpoint_record.h"
+
+extern char** environ;
+
+namespace kiln::server {
+namespace fs = std::filesystem;
+namespace {
+
+// The engine's step as the job's events carry it, from rank 0's report.
+StepEvent StepEventOf(const v1::StepMetrics& m) {
+  StepEvent e;
+  e.epoch = m.epoch();
+  e.step_in_epoch = m.step_in_epoch();
+  e.steps_per_epoch = m.steps_per_epoch();
+  e.global_step = m.global_step();
+  e.loss = m.loss();
+  e.lr = m.lr();
+  e.samples_per_sec = m.samples_per_sec();
+  return e;
+}
+
+EpochEvent EpochEventOf(const v1::EpochMetrics& m) {
+  EpochEvent e;
+  e.epoch = m.epoch();
+  e.train_loss = m.train_loss();
+  e.train_accuracy = m.train_accuracy();
+  e.test.loss = m.test_loss();
+  e.test.accuracy = m.test_accuracy();
+  e.test.samples = m.test_samples();
+  e.train_seconds = m.train_seconds();
+  e.samples_per_sec = m.samples_per_sec();
+  e.lr = m.lr();
+  return e;
+}
+
+// The last non-empty line of a worker's log, to name in the job's reason.
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  if (last.size() > 300) last = last.substr(last.size() - 300);
+  return last;
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
+  return "stopped";
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Checkpoint> WorkerJobRunner::ChooseStart() {
+  std::string job_id;
+  int64_t pinned = 0;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    job_id = slot_->job.id();
+    pinned = slot_->job.resume_checkpoint_id();
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<v1::Checkpoint> checkpoints, store_->Checkpoints(job_id));
+  std::reverse(checkpoints.begin(), checkpoints.end());  // newest written first
+  if (pinned != 0) {
+    std::erase_if(checkpoints, [&](const v1::Checkpoint& c) { return c.id() != pinned; });
+    if (checkpoints.empty()) {
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint ", pinned, ", which the job was resumed from, was deleted"));
+    }
+  }
+  // As the in-process runner: a damaged checkpoint is passed over for the next one, saying so.
+  std::string passed_over;
+  for (const v1::Checkpoint& c : checkpoints) {
+    absl::Status verified = VerifyCheckpointFile(c);
+    if (verified.ok()) {
+      if (!passed_over.empty()) {
+        std::lock_guard<std::mutex> lock(*mu_);
+        slot_->job.set_reason(WithShownPaths(
+            absl::StrCat("resumed from checkpoint ", c.id(), ", passing over ", passed_over)));
+      }
+      return c;
+    }
+    if (pinned != 0 || &c == &checkpoints.back()) {
+      return absl::Status(verified.code(), absl::StrCat("resuming from checkpoint ", c.id(), ": ",
+                                                        verified.message()));
+    }
+    absl::StrAppend(&passed_over, passed_over.empty() ? "" : "; ", "checkpoint ", c.id(), ": ",
+                    verified.message());
+  }
+  return v1::Checkpoint();  // none: from scratch
+}
+
+absl::Status WorkerJobRunner::OnReport(int rank, const v1::WorkerReport& report) {
+  std::lock_guard<std::mutex> lock(*mu_);
+  if (report.has_step()) {
+    const v1::WorkerStep& step = report.step();
+    const double rate = step.seconds() > 0 ? step.rank_samples() / step.seconds() : 0;
+    rank_rates_[rank] = rate;
+    events_->WorkerStep(slot_->job.id(), rank, static_cast<int>(devices_.size()), rate,
+                        step.allreduce_seconds(), step.allreduce_bytes());
+    if (rank != 0) return absl::OkStatus();
+    slot_->job.set_global_step(step.metrics().global_step());
+    absl::Status s = events_->Step(slot_->job, StepEventOf(step.metrics()), step.samples(),
+                                   step.seconds(), &slot_->next_seq, &rank_rates_);
+    return s;
+  }
+  if (report.has_epoch() && rank == 0) {
+    const EpochEvent e = EpochEventOf(report.epoch().metrics());
+    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
+    improved_ = slot_->job.best_test_accuracy() < score || e.epoch == 1;
+    if (improved_) slot_->job.set_best_test_accuracy(score);
+    slot_->job.set_epochs_done(e.epoch);
+    *slot_->job.mutable_last_epoch() = report.epoch().metrics();
+    return events_->Epoch(slot_->job, e, epochs_, &slot_->next_seq);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Checkpoint> WorkerJobRunner::OnCheckpoint(
+    const v1::WriteCheckpointHeader& header, const std::string& path) {
+  absl::StatusOr<v1::Checkpoint> c = RecordCheckpoint(
+      slot_, mu_, store_, events_, path,
+      {header.kind(), header.epochs_done(), header.global_step(), header.write_seconds()});
+  if (header.kind() == v1::CHECKPOINT_KIND_ON_DEMAND) {
+    std::vector<CheckpointDone> waiters;
+    {
+      std::lock_guard<std::mutex> lock(*mu_);
+      waiters.swap(slot_->checkpoint_waiters);
+    }
+    for (CheckpointDone& done : waiters) done(c);
+  }
+  return c;
+}
+
+absl::Status WorkerJobRunner::StartLocalWorkers(const std::string& coordinator,
+                                                const std::string& token, int attempt) {
+  if (access(options_.worker_binary.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot start workers: ", options_.worker_binary,
+                     " is not an executable (--worker_binary)"));
+  }
+  const std::string log_dir = absl::StrCat(options_.state_dir, "/workers/", slot_->job.id());
+  std::error_code ec;
+  fs::create_directories(log_dir, ec);
+  // The token goes in the environment, never the command line (ps shows that to everyone).
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).starts_with("KILN_WORKER_TOKEN=")) continue;
+    env_strings.emplace_back(*e);
+  }
+  env_strings.push_back(absl::StrCat("KILN_WORKER_TOKEN=", token));
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (int rank = 0; rank < static_cast<int>(devices_.size()); ++rank) {
+    Worker w;
+    w.rank = rank;
+    w.log_path = absl::StrCat(log_dir, "/attempt-", attempt, "-rank-", rank, ".log");
+    std::vector<std::string> args = {
+        options_.worker_binary, "--coordinator", coordinator,        "--job",
+        slot_->job.id(),        "--rank",        absl::StrCat(rank), "--data_dir",
+        options_.data_dir};
+    args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, w.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    // Its own process group, so that a terminal's Ctrl-C reaches kilnd alone, which then stops
+    // the workers itself.
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+    const int err = posix_spawn(&w.pid, options_.worker_binary.c_str(), &actions, &attr,
+                                argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    if (err != 0) {
+      return absl::InternalError(absl::StrCat("starting worker rank ", rank, " (",
+                                              options_.worker_binary, "): ", strerror(err)));
+    }
+    workers_.push_back(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerJobRunner::ReapExited(const WorkerAttempt::Snapshot& state) {
+  for (Worker& w : workers_) {
+    if (w.reaped) continue;
+    int status = 0;
+    if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    w.reaped = true;
+    const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (clean && state.ranks[w.rank] == RankState::kDone) continue;
+    if (state.ranks[w.rank] == RankState::kFailed) continue;  // it said why; that is the reason
+    const std::string last = LastLine(w.log_path);
+    return absl::UnavailableError(
+        absl::StrCat("worker rank ", w.rank, " (pid ", w.pid, ") ", DescribeExit(status),
+                     last.empty() ? "" : absl::StrCat(": ", last), " (log: ", w.log_path, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerJobRunner::StopWorkers() {
+  auto alive = [&] {
+    int n = 0;
+    for (Worker& w : workers_) {
+      if (w.reaped) continue;
+      int status = 0;
+      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.reaped = true;
+      } else {
+        ++n;
+      }
+    }
+    return n;
+  };
+  if (alive() == 0) return;
+  for (Worker& w : workers_) {
+    if (!w.reaped) kill(w.pid, SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (alive() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  for (Worker& w : workers_) {
+    if (w.reaped) continue;
+    kill(w.pid, SIGKILL);
+    waitpid(w.pid, nullptr, 0);
+    w.reaped = true;
+  }
+}
+
+absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
+  const absl::Time join_deadline =
+      absl::Now() + (external ? options_.external_join_timeout : options_.join_timeout);
+  absl::Time stop_deadline = absl::InfiniteFuture();
+  bool told_to_stop = false;
+  while (true) {
+    const WorkerAttempt::Snapshot state = attempt.State();
+    if (!state.failure.ok()) return state.failure;
+    if (std::all_of(state.ranks.begin(), state.ranks.end(),
+                    [](RankState r) { return r == RankState::kDone; })) {
+      return absl::OkStatus();
+    }
+    KILN_RETURN_IF_ERROR(ReapExited(state));
+    const absl::Time now = absl::Now();
+    std::vector<int> missing;
+    for (int r = 0; r < static_cast<int>(state.ranks.size()); ++r) {
+      if (state.ranks[r] == RankState::kWaiting) missing.push_back(r);
+    }
+    if (!missing.empty() && now > join_deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "worker rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+          " did not join within ",
+          absl::FormatDuration(external ? options_.external_join_timeout : options_.join_timeout)));
+    }
+    if (!told_to_stop && (slot_->cancel || slot_->stop)) {
+      attempt.Command(slot_->cancel ? v1::WorkerCommand::ACTION_CANCEL
+                                    : v1::WorkerCommand::ACTION_STOP);
+      told_to_stop = true;
+      stop_deadline = now + options_.stop_grace;
+      // Workers still joining never hear it: there is nothing of theirs to keep.
+      if (!missing.empty()) {
+        return slot_->cancel ? absl::CancelledError("cancelled before every worker joined")
+                             : absl::AbortedError("kilnd is shutting down");
+      }
+    }
+    if (now > stop_deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("the workers did not stop within ",
+                                                      absl::FormatDuration(options_.stop_grace),
+                                                      " of being asked to"));
+    }
+    if (slot_->checkpoint_wanted.exchange(false)) {
+      attempt.Command(v1::WorkerCommand::ACTION_CHECKPOINT);
+    }
+    attempt.WaitForChange(absl::Milliseconds(200));
+  }
+}
+
+absl::Status WorkerJobRunner::Run() {
+  if (options_.registry == nullptr) return absl::InternalError("no worker registry");
+  v1::JobSpec spec;
+  std::string job_id;
+  int attempt_number = 0;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    spec = slot_->job.spec();
+    job_id = slot_->job.id();
+    epochs_ = slot_->job.epochs();
+    attempt_number = slot_->job.attempts();
+  }
+  KILN_ASSIGN_OR_RETURN(v1::Checkpoint start, ChooseStart());
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    slot_->job.set_resumed_from_step(start.global_step());
+    slot_->job.set_global_step(start.global_step());
+    slot_->job.set_epochs_done(start.epochs_done());
+    KILN_RETURN_IF_ERROR(store_->PutJob(slot_->job));
+    rank_rates_.assign(devices_.size(), 0);
+  }
+  if (slot_->stop) return absl::AbortedError("kilnd is shutting down");
+
+  const int world = static_cast<int>(devices_.size());
+  v1::JoinJobResponse join;
+  join.set_attempt(attempt_number);
+  join.set_world_size(world);
+  *join.mutable_spec() = spec;
+  join.set_epochs(epochs_);
+  const int threads = options_.cpu_threads > 0
+                          ? options_.cpu_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  join.set_cpu_threads(spec.external_workers() ? 0 : std::max(1, threads / world));
+  if (start.id() != 0) {
+    v1::Checkpoint shown = start;
+    shown.clear_path();  // kilnd's own file system is none of the workers' business
+    *join.mutable_resume_from() = shown;
+  }
+  join.set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
+  join.set_step_delay_ms(absl::ToInt64Milliseconds(options_.step_delay));
+  join.set_dataset(spec.dataset());
+
+  WorkerAttempt::Hooks hooks;
+  hooks.on_report = [this](int rank, const v1::WorkerReport& r) { return OnReport(rank, r); };
+  hooks.record_checkpoint = [this](const v1::WriteCheckpointHeader& h, const std::string& path) {
+    return OnCheckpoint(h, path);
+  };
+  auto attempt = std::make_shared<WorkerAttempt>(job_id, std::move(join), devices_, hooks);
+  options_.registry->Add(attempt);
+  events_->TrainingStarted(job_id, spec, epochs_);
+
+  absl::Status result;
+  if (!spec.external_workers()) {
+    absl::StatusOr<std::string> coordinator =
+        options_.registry->CoordinatorAddress(options_.join_timeout);
+    result = coordinator.status();
+    if (result.ok()) {
+      result = StartLocalWorkers(*coordinator, options_.registry->TokenFor(job_id), attempt_number);
+    }
+  }
+  if (result.ok()) result = Supervise(*attempt, spec.external_workers());
+  // Ends the attempt before the workers go, so that nothing they still send is taken.
+  attempt->End();
+  options_.registry->Remove(attempt.get());
+  StopWorkers();
+  return result;
+}
+
+}  // namespace kiln::server

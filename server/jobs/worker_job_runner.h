@@ -1,0 +1,101 @@
+// One attempt of a job of several workers: kilnd coordinates, the kiln-worker processes train.
+// It picks the checkpoint to start from, opens the attempt to its workers (WorkerRegistry),
+// starts them on this machine unless the job's workers come from elsewhere, turns their reports
+// into the job's events (rank 0's steps and epochs are the job's; every rank's throughput and
+// allreduce time go to the observers), records the checkpoints rank 0 hands over, passes on
+// cancel, shutdown and "checkpoint now", and ends the attempt at the first failure of any rank:
+// the other workers are stopped (SIGTERM, then SIGKILL), never left to hang.
+#pragma once
+
+#include <sys/types.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kiln/v1/worker.pb.h"
+#include "server/jobs/job_events.h"
+#include "server/jobs/job_runner.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/worker_attempt.h"
+
+namespace kiln::server {
+
+struct WorkerRunnerOptions {
+  std::string state_dir;  // checkpoints and the workers' logs go under it
+  std::string data_dir;   // handed to local workers, which read the dataset from it
+  // The kiln-worker executable kilnd starts for local workers, and arguments they all get
+  // after their own (TLS to kilnd).
+  std::string worker_binary;
+  std::vector<std::string> worker_args;
+  // Non-empty: why this kilnd cannot start local workers (its TLS needs worker flags it was not
+  // given); Submit refuses such jobs with it.
+  std::string local_workers_refusal;
+  WorkerRegistry* registry = nullptr;
+  // Local workers that have not all joined by then fail the attempt; external ones get longer
+  // (their pods may be scheduled and pulled first).
+  absl::Duration join_timeout = absl::Seconds(60);
+  absl::Duration external_join_timeout = absl::Minutes(10);
+  // How long a collective waits for a peer (JoinJobResponse.collective_timeout_ms).
+  absl::Duration collective_timeout = absl::Seconds(60);
+  // After cancel or shutdown is passed on: how long the workers get to checkpoint and stop.
+  absl::Duration stop_grace = absl::Seconds(60);
+  // CPU threads the job's local workers share (each takes its part); 0: the machine's cores.
+  int cpu_threads = 0;
+  absl::Duration step_delay = absl::ZeroDuration();  // tests only
+};
+
+class WorkerJobRunner {
+ public:
+  // Not owned; each must outlive Run. `devices`: one per rank ("cpu" or "cuda:N").
+  WorkerJobRunner(JobSlot* slot, std::mutex* mu, JobStore* store, JobEvents* events,
+                  std::vector<std::string> devices, const WorkerRunnerOptions& options)
+      : slot_(slot),
+        mu_(mu),
+        store_(store),
+        events_(events),
+        devices_(std::move(devices)),
+        options_(options) {}
+
+  // Runs the attempt: OK when every rank reached the job's epochs and rank 0's final checkpoint
+  // is recorded; else why it ended (Cancelled, Aborted for a shutdown, or the failure).
+  absl::Status Run();
+
+ private:
+  struct Worker {
+    int rank = 0;
+    pid_t pid = -1;
+    std::string log_path;
+    bool reaped = false;
+  };
+
+  // The newest checkpoint that verifies (or the one ResumeJob named); id 0 for none.
+  absl::StatusOr<v1::Checkpoint> ChooseStart();
+  absl::Status OnReport(int rank, const v1::WorkerReport& report);
+  absl::StatusOr<v1::Checkpoint> OnCheckpoint(const v1::WriteCheckpointHeader& header,
+                                              const std::string& path);
+  absl::Status StartLocalWorkers(const std::string& coordinator, const std::string& token,
+                                 int attempt);
+  // A local worker that exited, as a failure naming it (OK while all run or exited cleanly).
+  absl::Status ReapExited(const WorkerAttempt::Snapshot& state);
+  void StopWorkers();
+  // Waits for the attempt to end as the ranks and the slot's flags say.
+  absl::Status Supervise(WorkerAttempt& attempt, bool external);
+
+  JobSlot* slot_;
+  std::mutex* mu_;
+  JobStore* store_;
+  JobEvents* events_;
+  const std::vector<std::string> devices_;
+  const WorkerRunnerOptions& options_;
+  std::vector<Worker> workers_;
+  // Guarded by mu_: each rank's samples a second over its latest step; the epoch's "improved".
+  std::vector<double> rank_rates_;
+  bool improved_ = false;
+  int epochs_ = 0;
+};
+
+}  // namespace kiln::server

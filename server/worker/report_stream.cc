@@ -1,0 +1,105 @@
+#include "server/worker/report_stream.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace kiln::worker {
+
+absl::StatusOr<std::unique_ptr<ReportStream>> ReportStream::Open(CoordinatorConnection* connection,
+                                                                 const std::string& job_id,
+                                                                 int rank) {
+  // The stream lasts the whole training run, so no deadline: keepalives (the connection's) and
+  // kilnd ending the call are what end a dead one.
+  std::unique_ptr<ReportStream> stream(
+      new ReportStream(connection, connection->NewContext(absl::InfiniteDuration())));
+  stream->stream_ = connection->stub().Report(stream->context_.get());
+  v1::WorkerReport hello;
+  hello.mutable_hello()->set_rank(rank);
+  hello.mutable_hello()->set_job_id(job_id);
+  if (!stream->stream_->Write(hello)) {
+    stream->closed_ = true;
+    grpc::Status status = stream->stream_->Finish();
+    stream->stream_.reset();
+    return FromGrpc(
+        status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream closed") : status,
+        "opening the Report stream");
+  }
+  stream->reader_ = std::thread([s = stream.get()] { s->ReadCommands(); });
+  return stream;
+}
+
+ReportStream::~ReportStream() {
+  if (reader_.joinable()) {
+    context_->TryCancel();
+    reader_.join();
+    stream_->Finish().IgnoreError();
+  }
+}
+
+void ReportStream::ReadCommands() {
+  v1::WorkerCommand command;
+  while (stream_->Read(&command)) {
+    switch (command.action()) {
+      case v1::WorkerCommand::ACTION_CHECKPOINT:
+        commands_.checkpoint.store(true);
+        break;
+      case v1::WorkerCommand::ACTION_CANCEL:
+        commands_.cancel.store(true);
+        break;
+      case v1::WorkerCommand::ACTION_STOP:
+        commands_.stop.store(true);
+        break;
+      default:
+        break;  // an action this worker does not know: a newer kilnd's; nothing to do
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (!closed_) {
+      std::lock_guard<std::mutex> reason_lock(reason_mu_);
+      broken_reason_ = "kilnd ended the Report stream before this worker was done";
+      broken_.store(true);
+    }
+  }
+  reader_done_.store(true);
+}
+
+std::string ReportStream::broken_reason() const {
+  std::lock_guard<std::mutex> lock(reason_mu_);
+  return broken_reason_;
+}
+
+absl::Status ReportStream::Send(const v1::WorkerReport& report) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (closed_) return absl::FailedPreconditionError("the Report stream is closed");
+  if (broken_.load() || !stream_->Write(report)) {
+    return absl::UnavailableError("the Report stream to kilnd broke (kilnd went away?)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReportStream::Close(const v1::WorkerReport& last, absl::Duration timeout) {
+  bool sent = false;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (closed_) return absl::FailedPreconditionError("the Report stream is closed already");
+    closed_ = true;
+    sent = !broken_.load() && stream_->Write(last);
+    stream_->WritesDone();
+  }
+  // kilnd ends the call once it has taken the last report; one that does not is given up on.
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!reader_done_.load() && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!reader_done_.load()) context_->TryCancel();
+  reader_.join();
+  absl::Status status = FromGrpc(stream_->Finish(), "the Report stream");
+  if (!status.ok()) return status;
+  if (!sent) return absl::UnavailableError("the last report did not reach kilnd");
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::worker

@@ -1,0 +1,65 @@
+// A worker's Report stream to kilnd (worker.proto): reports go out from the training thread (and
+// a signal watcher's last word), commands come in on a reader thread of its own, which records
+// them for rank 0 to pick up between steps, and notices when the stream breaks.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/worker/coordinator_connection.h"
+
+namespace kiln::worker {
+
+// The commands received so far; each is a flag kilnd may raise at any time.
+struct ReceivedCommands {
+  std::atomic<bool> checkpoint{false};  // taken (reset) by the one that acts on it
+  std::atomic<bool> cancel{false};
+  std::atomic<bool> stop{false};
+};
+
+class ReportStream {
+ public:
+  // Opens the stream and sends hello{rank, job_id}. The connection must outlive the stream.
+  static absl::StatusOr<std::unique_ptr<ReportStream>> Open(CoordinatorConnection* connection,
+                                                            const std::string& job_id, int rank);
+  // Cancels the call if Close did not end it, and joins the reader.
+  ~ReportStream();
+  ReportStream(const ReportStream&) = delete;
+  ReportStream& operator=(const ReportStream&) = delete;
+
+  // Thread-safe. Unavailable once the stream is broken (kilnd went away or ended it).
+  absl::Status Send(const v1::WorkerReport& report);
+  // Sends done{} or failed{...} (`last`), half-closes and waits (at most `timeout`) for kilnd to
+  // end the call; returns its final status. Call once, from the training thread.
+  absl::Status Close(const v1::WorkerReport& last, absl::Duration timeout);
+
+  ReceivedCommands& commands() { return commands_; }
+  // Whether the stream ended while the worker still had things to say.
+  bool broken() const { return broken_.load(); }
+  // Why it broke, once broken() is true.
+  std::string broken_reason() const;
+
+ private:
+  ReportStream(CoordinatorConnection* connection, std::unique_ptr<grpc::ClientContext> context)
+      : connection_(connection), context_(std::move(context)) {}
+  void ReadCommands();
+
+  CoordinatorConnection* connection_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerReport, v1::WorkerCommand>> stream_;
+  std::mutex write_mu_;  // one writer at a time; guards closed_
+  bool closed_ = false;
+  ReceivedCommands commands_;
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> reader_done_{false};
+  mutable std::mutex reason_mu_;
+  std::string broken_reason_;
+  std::thread reader_;
+};
+
+}  // namespace kiln::worker

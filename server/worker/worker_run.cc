@@ -1,0 +1,433 @@
+#include "server/worker/worker_run.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "engine/backend_registry.h"
+#include "engine/distributed/data_parallel.h"
+#include "engine/distributed/gloo_communicator.h"
+#include "engine/distributed/timed_communicator.h"
+#include "engine/trainer.h"
+#include "server/jobs/checkpoint_policy.h"
+#include "server/jobs/dataset_catalog.h"
+#include "server/jobs/job_events.h"
+#include "server/jobs/job_vocabulary.h"
+#include "server/jobs/spec_translation.h"
+#include "server/worker/checkpoint_transfer.h"
+#include "server/worker/coordinator_connection.h"
+#include "server/worker/dataset_fetch.h"
+#include "server/worker/grpc_key_value_store.h"
+#include "server/worker/report_stream.h"
+#if defined(KILN_WITH_NCCL)
+#include "engine/cuda/cuda_backend.h"
+#include "engine/distributed/nccl_communicator.h"
+#endif
+
+namespace kiln::worker {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr absl::Duration kJoinTimeout = absl::Seconds(30);
+// How long kilnd may take to end the Report stream after the last report.
+constexpr absl::Duration kCloseTimeout = absl::Seconds(10);
+// When kilnd names none: the engine's own default for Gloo.
+constexpr absl::Duration kDefaultCollectiveTimeout = absl::Seconds(60);
+
+// The word rank 0 broadcasts after every step, so that every rank acts at the same step.
+enum CommandBits : int32_t {
+  kCheckpointBit = 1,  // write an on-demand checkpoint
+  kCancelBit = 2,      // the job was cancelled
+  kStopBit = 4,        // kilnd is shutting down
+  kAbortBit = 8,       // rank 0 cannot go on (SIGTERM, lost its stream): stop, writing nothing
+};
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown";
+  return name;
+}
+
+// kilnd checked the spec against its own limits (its --max_* flags) before the job ran; the
+// worker must build what kilnd accepted, so it imposes none of its own.
+server::SpecLimits AcceptedSpecLimits() {
+  server::SpecLimits limits;
+  limits.max_layers = std::numeric_limits<int>::max();
+  limits.max_parameters = std::numeric_limits<int64_t>::max();
+  limits.max_features = std::numeric_limits<int64_t>::max();
+  limits.max_activation_bytes = std::numeric_limits<int64_t>::max();
+  limits.max_job_memory_bytes = std::numeric_limits<int64_t>::max();
+  limits.max_epochs = std::numeric_limits<int>::max();
+  limits.max_batch_size = std::numeric_limits<int>::max();
+  return limits;
+}
+
+absl::Status WithContext(const absl::Status& status, const std::string& what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+// Everything one training run of this rank holds.
+class RankRun {
+ public:
+  RankRun(const WorkerFlags& flags, const std::atomic<bool>& terminate,
+          CoordinatorConnection* connection, ReportStream* report,
+          const v1::JoinJobResponse& joined)
+      : flags_(flags),
+        terminate_(terminate),
+        connection_(connection),
+        report_(report),
+        joined_(joined),
+        policy_(joined.spec().checkpoint_policy()) {}
+
+  ~RankRun() {
+    std::error_code ec;
+    if (!scratch_dir_.empty()) fs::remove_all(scratch_dir_, ec);
+  }
+
+  absl::Status Train();
+
+ private:
+  bool rank0() const { return flags_.rank == 0; }
+  absl::StatusOr<DatasetSplits> LoadDataset();
+  absl::StatusOr<std::unique_ptr<Communicator>> JoinPeers(Backend* backend);
+  absl::Status ResumeOnRank0(Trainer& trainer);
+  Trainer::Callbacks MakeCallbacks(const TrainConfig& config, int64_t train_size);
+  absl::Status AfterStep(Trainer& trainer);
+  // Rank 0's reasons to stop every rank without a checkpoint, or empty.
+  std::string Rank0AbortReason() const;
+  absl::StatusOr<int32_t> BroadcastCommandWord(Backend* backend, int32_t word);
+  // Rank 0 only: saves, hands the file to kilnd, deletes it.
+  absl::Status WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
+
+  const WorkerFlags& flags_;
+  const std::atomic<bool>& terminate_;
+  CoordinatorConnection* connection_;
+  ReportStream* report_;
+  const v1::JoinJobResponse& joined_;
+  const server::CheckpointPolicy policy_;
+  std::string scratch_dir_;  // rank 0's checkpoint files on their way to kilnd
+
+  TimedCommunicator* timed_ = nullptr;
+  Tensor command_word_;        // BroadcastCommandWord's staging in the backend's memory
+  absl::Status report_error_;  // from callbacks that cannot return one
+  absl::Time step_start_ = absl::Now();
+  int epoch_ended_ = 0;
+  bool improved_ = false;
+  double best_score_ = 0;  // as Job.best_test_accuracy starts
+  int64_t last_written_step_ = -1;
+};
+
+absl::StatusOr<DatasetSplits> RankRun::LoadDataset() {
+  // The spec names it too; JoinJobResponse.dataset is the one kilnd resolved.
+  const std::string& name =
+      joined_.dataset().empty() ? joined_.spec().dataset() : joined_.dataset();
+  std::string data_dir = flags_.data_dir;
+  std::error_code ec;
+  if (data_dir.empty() || !fs::is_directory(fs::path(data_dir) / name, ec)) {
+    std::fprintf(stderr, "kiln-worker: rank %d: fetching dataset \"%s\" from kilnd into %s\n",
+                 flags_.rank, name.c_str(), flags_.cache_dir.c_str());
+    KILN_ASSIGN_OR_RETURN(data_dir, FetchDataset(*connection_, flags_.job, name, flags_.cache_dir));
+  }
+  absl::StatusOr<DatasetSplits> data = server::DatasetCatalog(data_dir, 0).Load(name);
+  return data.ok() ? std::move(data)
+                   : WithContext(data.status(),
+                                 absl::StrCat("loading dataset \"", name, "\" from ", data_dir));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> RankRun::JoinPeers(Backend* backend) {
+  const absl::Duration timeout = joined_.collective_timeout_ms() > 0
+                                     ? absl::Milliseconds(joined_.collective_timeout_ms())
+                                     : kDefaultCollectiveTimeout;
+  GrpcKeyValueStore store(connection_, flags_.job);
+  if (backend->kind() == DeviceKind::kCuda) {
+#if defined(KILN_WITH_NCCL)
+    NcclOptions options;
+    options.timeout = timeout;
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> nccl,
+                          NcclCommunicator::Create(&store, flags_.rank, joined_.world_size(),
+                                                   static_cast<CudaBackend*>(backend), options));
+    return std::unique_ptr<Communicator>(std::move(nccl));
+#else
+    return absl::FailedPreconditionError(
+        "this kiln-worker was built without NCCL, so it cannot train on a CUDA device with "
+        "others");
+#endif
+  }
+  GlooOptions options;
+  options.hostname = flags_.gloo_host;
+  options.interface = flags_.gloo_interface;
+  options.timeout = timeout;
+  KILN_ASSIGN_OR_RETURN(
+      std::unique_ptr<GlooCommunicator> gloo,
+      GlooCommunicator::Create(&store, flags_.rank, joined_.world_size(), options));
+  return std::unique_ptr<Communicator>(std::move(gloo));
+}
+
+absl::Status RankRun::ResumeOnRank0(Trainer& trainer) {
+  const v1::Checkpoint& from = joined_.resume_from();
+  if (!rank0() || from.id() == 0) return absl::OkStatus();
+  const std::string path = absl::StrCat(scratch_dir_, "/resume-", from.id(), ".safetensors");
+  KILN_RETURN_IF_ERROR(DownloadCheckpoint(*connection_, flags_.job, from, path));
+  absl::Status loaded = trainer.LoadCheckpoint(path);
+  std::error_code ec;
+  fs::remove(path, ec);
+  KILN_RETURN_IF_ERROR(WithContext(loaded, absl::StrCat("resuming from checkpoint ", from.id())));
+  // Its position is written already: a run that ends there needs no final checkpoint.
+  last_written_step_ = trainer.position().global_step;
+  std::fprintf(stderr, "kiln-worker: rank 0: resumed from checkpoint %lld (step %lld)\n",
+               static_cast<long long>(from.id()), static_cast<long long>(last_written_step_));
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind) {
+  if (!rank0()) return absl::OkStatus();
+  const TrainingPosition& position = trainer.position();
+  const std::string path = absl::StrCat(scratch_dir_, "/", server::CheckpointKindName(kind),
+                                        "-step", position.global_step, ".safetensors");
+  absl::Cleanup remove_file = [&] {
+    std::error_code ec;
+    fs::remove(path, ec);
+  };
+  const absl::Time start = absl::Now();
+  KILN_RETURN_IF_ERROR(trainer.SaveCheckpoint(path));
+  v1::WriteCheckpointHeader header;
+  header.set_job_id(flags_.job);
+  header.set_kind(kind);
+  header.set_epochs_done(position.epochs_done);
+  header.set_global_step(position.global_step);
+  header.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  KILN_ASSIGN_OR_RETURN(v1::Checkpoint written, UploadCheckpoint(*connection_, header, path));
+  last_written_step_ = position.global_step;
+  std::fprintf(stderr, "kiln-worker: rank 0: wrote %s checkpoint %lld at step %lld\n",
+               server::CheckpointKindName(kind).c_str(), static_cast<long long>(written.id()),
+               static_cast<long long>(position.global_step));
+  return absl::OkStatus();
+}
+
+std::string RankRun::Rank0AbortReason() const {
+  if (terminate_.load()) return "rank 0 was stopped by a signal";
+  if (report_->broken()) return absl::StrCat("rank 0: ", report_->broken_reason());
+  if (!report_error_.ok()) return absl::StrCat("rank 0: ", report_error_.message());
+  return "";
+}
+
+absl::StatusOr<int32_t> RankRun::BroadcastCommandWord(Backend* backend, int32_t word) {
+  // Through the backend's memory: NCCL's collectives take device pointers only.
+  if (command_word_.capacity_bytes() < sizeof(word)) {
+    KILN_ASSIGN_OR_RETURN(command_word_, backend->Allocate(DType::kU8, {int64_t{sizeof(word)}}));
+  }
+  KILN_RETURN_IF_ERROR(backend->CopyFromHost(&word, sizeof(word), &command_word_));
+  KILN_RETURN_IF_ERROR(timed_->Broadcast(command_word_.raw(), sizeof(word), 0));
+  KILN_RETURN_IF_ERROR(backend->CopyToHost(command_word_, &word, sizeof(word)));
+  return word;
+}
+
+absl::Status RankRun::AfterStep(Trainer& trainer) {
+  absl::Cleanup next_step = [&] {
+    step_start_ = absl::Now();
+    timed_->Reset();  // the next step's allreduce numbers start from here
+  };
+  // Another rank's own trouble stops it alone; its peers then fail at their next collective.
+  if (!rank0()) {
+    if (terminate_.load()) return absl::AbortedError("stopped by a signal");
+    if (report_->broken()) return absl::UnavailableError(report_->broken_reason());
+    KILN_RETURN_IF_ERROR(report_error_);
+  }
+  int32_t word = 0;
+  std::string abort_reason;
+  if (rank0()) {
+    ReceivedCommands& commands = report_->commands();
+    if (commands.checkpoint.exchange(false)) word |= kCheckpointBit;
+    if (commands.cancel.load()) word |= kCancelBit;
+    if (commands.stop.load()) word |= kStopBit;
+    abort_reason = Rank0AbortReason();
+    if (!abort_reason.empty()) word |= kAbortBit;
+  }
+  KILN_ASSIGN_OR_RETURN(word, BroadcastCommandWord(trainer.backend(), word));
+  if (word & kAbortBit) {
+    return absl::AbortedError(abort_reason.empty() ? "rank 0 stopped the job" : abort_reason);
+  }
+
+  if (epoch_ended_ > 0) {
+    const int epoch = std::exchange(epoch_ended_, 0);
+    for (v1::CheckpointKind kind : policy_.AfterEpoch(epoch, improved_)) {
+      KILN_RETURN_IF_ERROR(WithContext(WriteCheckpoint(trainer, kind),
+                                       absl::StrCat("checkpoint after epoch ", epoch)));
+    }
+  }
+  if (word & kCheckpointBit) {
+    // kilnd learns of a failed on-demand checkpoint by its absence; training goes on, as a
+    // single-process job's does.
+    if (absl::Status s = WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_ON_DEMAND); !s.ok()) {
+      std::fprintf(stderr, "kiln-worker: rank 0: on-demand checkpoint failed: %s\n",
+                   std::string(s.message()).c_str());
+    }
+  }
+  if (word & kStopBit) {
+    if (policy_.OnShutdown()) {
+      WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
+    }
+    return absl::AbortedError("kilnd is shutting down");
+  }
+  if (word & kCancelBit) {
+    if (policy_.OnShutdown()) WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_CANCEL).IgnoreError();
+    return absl::CancelledError(
+        absl::StrCat("cancelled at global step ", trainer.position().global_step));
+  }
+  return absl::OkStatus();
+}
+
+Trainer::Callbacks RankRun::MakeCallbacks(const TrainConfig& config, int64_t train_size) {
+  Trainer::Callbacks callbacks;
+  callbacks.on_step = [this, &config, train_size](const StepEvent& e) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - step_start_);
+    const int64_t samples = std::min<int64_t>(
+        config.batch_size, train_size - int64_t{e.step_in_epoch - 1} * config.batch_size);
+    v1::WorkerReport report;
+    v1::WorkerStep* step = report.mutable_step();
+    v1::StepMetrics* m = step->mutable_metrics();
+    m->set_epoch(e.epoch);
+    m->set_step_in_epoch(e.step_in_epoch);
+    m->set_steps_per_epoch(e.steps_per_epoch);
+    m->set_global_step(e.global_step);
+    m->set_loss(e.loss);
+    m->set_lr(e.lr);
+    m->set_samples_per_sec(e.samples_per_sec);
+    step->set_samples(samples);
+    step->set_seconds(seconds);
+    step->set_rank_samples(SliceOf(samples, flags_.rank, joined_.world_size()).count);
+    step->set_allreduce_seconds(timed_->allreduce_seconds());
+    step->set_allreduce_bytes(timed_->allreduce_bytes());
+    if (absl::Status s = report_->Send(report); !s.ok() && report_error_.ok()) report_error_ = s;
+    if (joined_.step_delay_ms() > 0) absl::SleepFor(absl::Milliseconds(joined_.step_delay_ms()));
+  };
+  callbacks.on_epoch = [this](const EpochEvent& e) {
+    // Epoch metrics are global, so every rank decides alike (only rank 0 acts on it).
+    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
+    improved_ = best_score_ < score || e.epoch == 1;
+    if (improved_) best_score_ = score;
+    epoch_ended_ = e.epoch;
+    if (!rank0()) return;
+    v1::WorkerReport report;
+    *report.mutable_epoch()->mutable_metrics() = server::EpochMetricsOf(e);
+    if (absl::Status s = report_->Send(report); !s.ok() && report_error_.ok()) report_error_ = s;
+  };
+  callbacks.after_step = [this](Trainer& t) { return AfterStep(t); };
+  return callbacks;
+}
+
+absl::Status RankRun::Train() {
+  if (rank0()) {
+    scratch_dir_ = absl::StrCat(flags_.cache_dir, "/", flags_.job, "/.rank0-", getpid());
+    std::error_code ec;
+    fs::create_directories(scratch_dir_, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot make the checkpoint scratch folder ",
+                                                      scratch_dir_, ": ", ec.message()));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(DatasetSplits data, LoadDataset());
+  absl::StatusOr<TrainConfig> translated = TranslateSpec(joined_.spec(), AcceptedSpecLimits());
+  KILN_RETURN_IF_ERROR(WithContext(translated.status(), "the job's spec"));
+  TrainConfig config = *std::move(translated);
+  config.epochs = joined_.epochs();  // more than the spec's after a resume with more epochs
+
+  BackendOptions backend_options;
+  backend_options.threads = joined_.cpu_threads();
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(joined_.device(), backend_options);
+  KILN_RETURN_IF_ERROR(WithContext(backend.status(), absl::StrCat("device ", joined_.device())));
+  // The staging word lives in the backend's memory: it goes before the backend does.
+  absl::Cleanup release_command_word = [this] { command_word_ = Tensor(); };
+
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend->get()));
+  auto timed = std::make_unique<TimedCommunicator>(std::move(peers));
+  timed_ = timed.get();
+  config.communicator = timed_;
+  std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers\n", flags_.rank,
+               joined_.world_size() - 1);
+
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                        Trainer::Create(config, backend->get(), &data.train,
+                                        data.test.size > 0 ? &data.test : nullptr));
+  KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer));
+
+  step_start_ = absl::Now();
+  KILN_RETURN_IF_ERROR(trainer->Run(MakeCallbacks(config, data.train.size)));
+
+  // Always leave a checkpoint of the finished model, for export and serving.
+  if (last_written_step_ != trainer->position().global_step) {
+    KILN_RETURN_IF_ERROR(
+        WithContext(WriteCheckpoint(*trainer, v1::CHECKPOINT_KIND_FINAL), "final checkpoint"));
+  }
+  return report_error_;
+}
+
+}  // namespace
+
+absl::Status RunWorker(const WorkerFlags& flags, const std::atomic<bool>& terminate) {
+  CoordinatorOptions options;
+  options.address = flags.coordinator;
+  options.token = flags.token;
+  options.tls_ca = flags.tls_ca;
+  options.tls_cert = flags.tls_cert;
+  options.tls_key = flags.tls_key;
+  options.tls_server_name = flags.tls_server_name;
+  const std::string rank_name = absl::StrCat("rank ", flags.rank);
+  absl::StatusOr<std::unique_ptr<CoordinatorConnection>> connection =
+      CoordinatorConnection::Open(options);
+  KILN_RETURN_IF_ERROR(WithContext(connection.status(), rank_name));
+
+  v1::JoinJobRequest request;
+  request.set_job_id(flags.job);
+  request.set_rank(flags.rank);
+  request.set_host(HostName());
+  v1::JoinJobResponse joined;
+  {
+    auto context = (*connection)->NewContext(kJoinTimeout);
+    KILN_RETURN_IF_ERROR(FromGrpc((*connection)->stub().JoinJob(context.get(), request, &joined),
+                                  absl::StrCat(rank_name, ": joining job ", flags.job)));
+  }
+  std::fprintf(stderr,
+               "kiln-worker: rank %d joined job %s (attempt %d, %d ranks, device %s, %d "
+               "threads)\n",
+               flags.rank, flags.job.c_str(), joined.attempt(), joined.world_size(),
+               joined.device().c_str(), joined.cpu_threads());
+
+  absl::StatusOr<std::unique_ptr<ReportStream>> report =
+      ReportStream::Open(connection->get(), flags.job, flags.rank);
+  KILN_RETURN_IF_ERROR(WithContext(report.status(), rank_name));
+
+  absl::Status trained;
+  {
+    RankRun run(flags, terminate, connection->get(), report->get(), joined);
+    trained = run.Train();
+  }
+  v1::WorkerReport last;
+  if (trained.ok()) {
+    last.mutable_done();
+  } else {
+    trained = WithContext(trained, rank_name);
+    last.mutable_failed()->set_code(trained.raw_code());
+    last.mutable_failed()->set_message(std::string(trained.message()));
+  }
+  absl::Status closed = (*report)->Close(last, kCloseTimeout);
+  if (!trained.ok()) return trained;
+  return WithContext(closed, absl::StrCat(rank_name, ": training finished, but telling kilnd"));
+}
+
+}  // namespace kiln::worker
