@@ -157,6 +157,8 @@ function age(timestamp) {
   if (s < 86400) return Math.floor(s / 3600) + "h";
   return Math.floor(s / 86400) + "d";
 }
+// Ranks of a data-parallel job (spec.workers; 0 or 1: one, inside kilnd), as `kiln get` says.
+const workersText = (spec) => String(Math.max(1, spec.workers || 0)) + (spec.external_workers ? " (external)" : "");
 const ended = (job) => ["SUCCEEDED", "FAILED", "CANCELLED"].includes(stateName(job.state));
 
 // ---- charts ------------------------------------------------------------------------------------
@@ -233,7 +235,7 @@ function jobRow(job, selected) {
     el("td", {}, modelSummary(spec)),
     el("td", {}, spec.dataset || "-"),
     el("td", {}, job.device || "-"),
-    el("td", { class: "num" }, String(spec.workers || 1)),
+    el("td", { class: "num" }, workersText(spec)),
     el("td", { class: "num" }, `${job.epochs_done}/${job.epochs}`),
     el("td", { class: "num" }, String(job.global_step)),
     el("td", { class: "num" }, showAcc ? percent(job.last_epoch.test_accuracy) : "-"),
@@ -329,12 +331,12 @@ async function showJob(id, signal) {
     const entries = [
       ["state", stateName(job.state)], ["name", s.name || "-"], ["model", modelSummary(s)],
       ["parameters", job.parameter_count], ["dataset", s.dataset], ["device", job.device],
-      ["workers", s.workers || 1],
+      ["workers", workersText(s)],
       ["epochs", `${job.epochs_done}/${job.epochs}`], ["step", job.global_step],
       ["batch size", s.batch_size || "-"],
       ["optimizer", `${String(opt.kind || "-").replace("KIND_", "")} lr=${opt.lr ?? "-"} momentum=${opt.momentum ?? 0} weight_decay=${opt.weight_decay ?? 0}`],
       ["best test accuracy", job.best_test_accuracy > 0 ? percent(job.best_test_accuracy) : "-"],
-      ["attempts", job.attempts], ["created", job.create_time || "-"],
+      ["attempts", job.attempts], ["retries", job.retries || 0], ["created", job.create_time || "-"],
     ];
     facts.replaceChildren(...entries.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-fact": k }, String(v))]));
     reason.textContent = job.reason ? "Reason: " + job.reason : "";
