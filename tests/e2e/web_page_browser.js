@@ -73,6 +73,12 @@ async function main() {
     check(points >= 4 * 64, `the loss curve has ${points} points; 4 epochs of 64 steps were trained`);
     await page.screenshot({ path: path.join(artefacts, "job-1280.png"), fullPage: true });
 
+    // Resume to a fifth epoch from the page: the curve goes on from the job's last step.
+    await page.type('input[aria-label="epochs to resume to"]', "5");
+    await page.$$eval(".actions button", (bs) => bs.find((b) => b.textContent === "Resume").click());
+    await page.waitForFunction(() => Number(document.querySelector("#loss-chart").dataset.points) === 5 * 64 &&
+                               document.querySelector('[data-fact="state"]').textContent === "SUCCEEDED",
+                               { timeout: 90000 });
     // The same page at 400 px wide: nothing wider than the window but the tables' own scrollers.
     await page.setViewport({ width: 400, height: 800 });
     await new Promise((r) => setTimeout(r, 300));

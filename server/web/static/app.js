@@ -204,13 +204,23 @@ class JobCurves {
     this.epoch = []; this.testAccuracy = []; this.trainAccuracy = [];
     this.livePoints = 0;
   }
+  // A run resumed from an earlier checkpoint trains those steps and epochs again: its points
+  // replace the ones from there on, so each curve is the job's current history and its x stays
+  // increasing (as uPlot needs).
   add(event) {
     if (event.step) {
-      this.step.push(Number(event.step.global_step));
+      const step = Number(event.step.global_step);
+      while (this.step.length && this.step[this.step.length - 1] >= step) {
+        this.step.pop(); this.loss.pop(); this.lr.pop();
+      }
+      this.step.push(step);
       this.loss.push(event.step.loss);
       this.lr.push(event.step.lr);
       if (!event.replayed) this.livePoints++;
     } else if (event.epoch) {
+      while (this.epoch.length && this.epoch[this.epoch.length - 1] >= event.epoch.epoch) {
+        this.epoch.pop(); this.testAccuracy.pop(); this.trainAccuracy.pop();
+      }
       this.epoch.push(event.epoch.epoch);
       this.testAccuracy.push(event.epoch.test_accuracy);
       this.trainAccuracy.push(event.epoch.train_accuracy);
