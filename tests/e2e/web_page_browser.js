@@ -79,6 +79,24 @@ async function main() {
     await page.waitForFunction(() => Number(document.querySelector("#loss-chart").dataset.points) === 5 * 64 &&
                                document.querySelector('[data-fact="state"]').textContent === "SUCCEEDED",
                                { timeout: 90000 });
+    // Download the newest checkpoint from the page (a fetch with the token, saved as a file):
+    // the file is as long as kilnd says the checkpoint is.
+    const { checkpoints } = await (await fetch(`${base}/api/jobs/${job}/checkpoints`, {
+      headers: { Authorization: "Bearer " + token } })).json();
+    const newest = checkpoints[checkpoints.length - 1];
+    const downloads = fs.mkdtempSync(path.join(require("os").tmpdir(), "kiln-web-download-"));
+    const cdp = await page.createCDPSession();
+    await cdp.send("Browser.setDownloadBehavior", { behavior: "allow", downloadPath: downloads });
+    await page.waitForSelector(`#checkpoints tr[data-checkpoint-id="${newest.id}"] button`, WAIT);
+    await page.$eval(`#checkpoints tr[data-checkpoint-id="${newest.id}"] button`, (b) => b.click());
+    const saved = path.join(downloads, `${job}-checkpoint-${newest.id}.safetensors`);
+    for (let i = 0; i < 600 && !(fs.existsSync(saved) && fs.statSync(saved).size === Number(newest.size_bytes)); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    check(fs.existsSync(saved), `no file ${path.basename(saved)} was downloaded`);
+    check(fs.statSync(saved).size === Number(newest.size_bytes),
+          `the download has ${fs.statSync(saved).size} bytes; the checkpoint ${newest.size_bytes}`);
+    fs.rmSync(downloads, { recursive: true, force: true });
     // The same page at 400 px wide: nothing wider than the window but the tables' own scrollers.
     await page.setViewport({ width: 400, height: 800 });
     await new Promise((r) => setTimeout(r, 300));
