@@ -66,6 +66,10 @@ async function main() {
     await page.waitForFunction((n) => Number(document.querySelector("#loss-chart").dataset.livePoints) > n,
                                WAIT, livePointsWhileRunning);
     await page.screenshot({ path: path.join(artefacts, "job-running-1280.png"), fullPage: true });
+    // Checkpoint now, while it runs: the checkpoint shows in the table as on demand.
+    await page.$$eval(".actions button", (bs) => bs.find((b) => b.textContent === "Checkpoint now").click());
+    await page.waitForFunction(() => [...document.querySelectorAll("#checkpoints tr[data-checkpoint-id] td:nth-child(2)")]
+      .some((td) => td.textContent === "on_demand"), WAIT);
     await page.waitForFunction(() => document.querySelector('[data-fact="state"]').textContent === "SUCCEEDED",
                                { timeout: 90000 });
     await page.waitForSelector("#checkpoints tr[data-checkpoint-id]", WAIT);

@@ -7,10 +7,11 @@ Starts KILND with bearer tokens on (--auth_tokens_file) and its HTTP port, makes
 dataset (28x28 images whose label is where a bright block sits) and uploads it with KILN, submits
 a job that trains for a few seconds (--step_delay) and a short second one, then runs
 tests/e2e/web_page_browser.js, which opens the page, gives the token at its prompt, and checks
-that the job table lists the job, that the loss curve draws with live points arriving while the
-job runs, that two jobs compare on one chart, and that a deployed checkpoint classifies an image
+that the job table lists the job and follows it, that the loss curve draws with live points
+arriving while the job runs, Checkpoint now, Resume and a checkpoint's download from the job's
+page, that two jobs compare on one chart, and that a deployed checkpoint classifies an image
 dropped on the Models page (the class the page shows must be the one kilnd's REST inference
-answers for the same pixels), then undeployed. No JavaScript error may occur. Before the browser, every /api route
+answers for the same pixels), then undeploys. No JavaScript error may occur. Before the browser, every /api route
 is called without a token and must be refused (401).
 
 Screenshots (1280x800 and 400 px wide) go to ARTEFACTS_DIR. Exits 77 (skipped) where chromium or
