@@ -1,6 +1,8 @@
 // The browser half of tests/e2e/web_page_browser.py (read it first):
-//   node web_page_browser.js BASE_URL TOKEN JOB SECOND_JOB IMAGE.png ARTEFACTS_DIR
-// IMAGE.raw beside IMAGE.png holds its pixels, for asking kilnd's REST inference directly.
+//   node web_page_browser.js BASE_URL TOKEN IMAGE.png ARTEFACTS_DIR
+// Prints "ready" once the page shows its (empty) jobs table, then reads "JOB SECOND_JOB" from
+// stdin: the jobs submitted then, which the table must show without a reload. IMAGE.raw beside
+// IMAGE.png holds its pixels, for asking kilnd's REST inference directly.
 // Drives Debian's chromium through puppeteer-core; prints one JSON line of findings last and
 // exits 1 naming the first check that failed.
 "use strict";
@@ -8,7 +10,26 @@ const fs = require("fs");
 const path = require("path");
 const puppeteer = require("puppeteer-core");
 
-const [base, token, job, second, image, artefacts] = process.argv.slice(2);
+const [base, token, image, artefacts] = process.argv.slice(2);
+let job = null, second = null;
+
+// The next line of stdin.
+function readLine() {
+  return new Promise((resolve, reject) => {
+    let buffer = "";
+    const onData = (chunk) => {
+      buffer += chunk;
+      const end = buffer.indexOf("\n");
+      if (end < 0) return;
+      process.stdin.off("data", onData);
+      process.stdin.pause();
+      resolve(buffer.slice(0, end));
+    };
+    process.stdin.setEncoding("utf8");
+    process.stdin.on("data", onData);
+    process.stdin.once("end", () => reject(new Error("stdin ended before the job ids came")));
+  });
+}
 const WAIT = { timeout: 60000 };
 
 function check(ok, message) {
@@ -38,8 +59,12 @@ async function main() {
     // These 401s were the prompt's cause, not errors of the page.
     errors.length = 0;
 
-    // The jobs table, as `kiln jobs`, with our job and its state.
+    // The jobs table, empty, then the jobs submitted now appear in it without a reload.
+    await page.waitForSelector("#jobs-empty:not([hidden])", WAIT);
+    console.log("ready");
+    [job, second] = (await readLine()).trim().split(" ");
     await page.waitForSelector(`#jobs tr[data-job-id="${job}"]`, WAIT);
+    await page.waitForSelector(`#jobs tr[data-job-id="${second}"]`, WAIT);
     const headers = await page.$$eval("#jobs thead th", (ths) => ths.map((t) => t.textContent));
     for (const h of ["JOB", "NAME", "STATE", "MODEL", "DATASET", "DEVICE", "EPOCHS", "STEP", "TEST ACC", "AGE"]) {
       check(headers.includes(h), `the jobs table has no ${h} column: ${headers}`);

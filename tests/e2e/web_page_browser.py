@@ -4,15 +4,16 @@
   tests/e2e/web_page_browser.py KILND KILN ARTEFACTS_DIR
 
 Starts KILND with bearer tokens on (--auth_tokens_file) and its HTTP port, makes a small IDX
-dataset (28x28 images whose label is where a bright block sits) and uploads it with KILN, submits
-a job that trains for a few seconds (--step_delay) and a short second one, then runs
-tests/e2e/web_page_browser.js, which opens the page, gives the token at its prompt, and checks
-that the job table lists the job and follows it, that the loss curve draws with live points
-arriving while the job runs, Checkpoint now, Resume and a checkpoint's download from the job's
-page, that two jobs compare on one chart, and that a deployed checkpoint classifies an image
-dropped on the Models page (the class the page shows must be the one kilnd's REST inference
-answers for the same pixels), then undeploys. No JavaScript error may occur. Before the browser, every /api route
-is called without a token and must be refused (401).
+dataset (28x28 images whose label is where a bright block sits) and uploads it with KILN, and
+calls every /api route without a token, which must be refused (401). Then it runs
+tests/e2e/web_page_browser.js, which opens the page and gives the token at its prompt; once the
+page shows its empty jobs table, this submits a job that trains for several seconds
+(--step_delay) and a short second one. The browser half checks that the table shows them and
+follows them, that the loss curve draws with live points arriving while the job runs,
+Checkpoint now, Resume and a checkpoint's download from the job's page, that two jobs compare on
+one chart, that a deployed checkpoint classifies an image dropped on the Models page (the class
+the page shows must be the one kilnd's REST inference answers for the same pixels), and
+Undeploy. No JavaScript error may occur.
 
 Screenshots (1280x800 and 400 px wide) go to ARTEFACTS_DIR. Exits 77 (skipped) where chromium or
 puppeteer-core is missing (scripts/install-deps installs both).
@@ -133,7 +134,7 @@ def main():
             f.write(TOKEN + "\n")
         proc, address = start_kilnd(kilnd, os.path.join(work, "kilnd"), "--metrics_listen",
                                     "127.0.0.1:0", "--auth_tokens_file", tokens,
-                                    "--step_delay", "25ms")
+                                    "--step_delay", "40ms")
         out = open(os.path.join(work, "kilnd", "kilnd.out")).read()
         port = [line.rsplit(" ", 1)[1] for line in out.splitlines() if "metrics on port" in line]
         if not port:
@@ -151,15 +152,8 @@ def main():
                  "--train-labels", os.path.join(data, "train-labels-idx1-ubyte"),
                  "--test-images", os.path.join(data, "test-images-idx3-ubyte"),
                  "--test-labels", os.path.join(data, "test-labels-idx1-ubyte"))
-        # 64 steps an epoch at 25 ms or more each: the first job trains for several seconds.
-        job = json.loads(run_kiln("--output", "json", "submit", "--preset", "mnist-mlp",
-                                  "--dataset", "toy", "--epochs", "4", "--batch-size", "32",
-                                  "--lr", "0.05", "--name", "web-test"))["id"]
-        second = json.loads(run_kiln("--output", "json", "submit", "--preset", "mnist-mlp",
-                                     "--dataset", "toy", "--epochs", "1", "--batch-size", "64",
-                                     "--name", "web-test-2"))["id"]
-
         # Every /api call without a token (and with a wrong one) is refused.
+        job = "job-0"
         api_calls = [("GET", "/api/jobs"), ("GET", f"/api/jobs/{job}"),
                      ("GET", f"/api/jobs/{job}/checkpoints"),
                      ("GET", f"/api/jobs/{job}/checkpoints/1/file"),
@@ -175,12 +169,33 @@ def main():
         if status != 200:
             fail(f"GET / answered {status}")
 
-        r = subprocess.run([node, DRIVER, base, TOKEN, job, second, png, artefacts], env=env,
-                           capture_output=True, text=True, timeout=150)
-        print(r.stdout + r.stderr, flush=True)
-        if r.returncode != 0:
+        # The jobs are submitted once the page is open, so that it sees them arrive and train
+        # however long the browser took to start.
+        browser = subprocess.Popen([node, DRIVER, base, TOKEN, png, artefacts], env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        first_line = browser.stdout.readline()
+        if first_line.strip() != "ready":
+            browser.kill()
+            fail("the browser half did not get the page open: " + first_line)
+        # 64 steps an epoch at 40 ms or more each: the first job trains for several seconds.
+        job = json.loads(run_kiln("--output", "json", "submit", "--preset", "mnist-mlp",
+                                  "--dataset", "toy", "--epochs", "4", "--batch-size", "32",
+                                  "--lr", "0.05", "--name", "web-test"))["id"]
+        second = json.loads(run_kiln("--output", "json", "submit", "--preset", "mnist-mlp",
+                                     "--dataset", "toy", "--epochs", "1", "--batch-size", "64",
+                                     "--name", "web-test-2"))["id"]
+
+        browser.stdin.write(f"{job} {second}\n")
+        browser.stdin.flush()
+        try:
+            rest, _ = browser.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+            fail("the browser half did not finish within 180 s")
+        print(rest, flush=True)
+        if browser.returncode != 0:
             fail("the browser checks failed (above)")
-        result = json.loads(r.stdout.strip().splitlines()[-1])
+        result = json.loads(rest.strip().splitlines()[-1])
 
         # The browser half compared the page's class with kilnd's REST answer for the pixels.
         if result.get("expected") is None or not result["classified"].startswith(
