@@ -9,6 +9,10 @@
 namespace kiln::web {
 namespace {
 
+constexpr char kContentSecurityPolicy[] =
+    "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'";
+
 std::string ContentTypeOf(std::string_view path) {
   if (path.ends_with(".js")) return "text/javascript; charset=utf-8";
   if (path.ends_with(".css")) return "text/css; charset=utf-8";
@@ -27,6 +31,9 @@ void AddWebPageRoutes(http::HttpServer* server) {
           // A new kilnd may serve a new page: the browser asks again each time.
           res.set_header("Cache-Control", "no-cache");
           res.set_header("X-Content-Type-Options", "nosniff");
+          // The page holds a token: nothing but its own files may run or be fetched in it, and
+          // no other site may frame it.
+          res.set_header("Content-Security-Policy", kContentSecurityPolicy);
           res.set_content(asset.bytes.data(), asset.bytes.size(), type);
         });
   }

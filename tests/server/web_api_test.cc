@@ -129,6 +129,10 @@ TEST_F(WebApiTest, ThePageItselfIsServedWithoutAToken) {
   }
   EXPECT_THAT(client->Get("/")->get_header_value("Content-Type"), HasSubstr("text/html"));
   EXPECT_THAT(client->Get("/")->body, HasSubstr("/web/app.js"));
+  // It runs only its own files and no other site may frame it (it holds a token).
+  EXPECT_THAT(
+      client->Get("/")->get_header_value("Content-Security-Policy"),
+      ::testing::AllOf(HasSubstr("default-src 'self'"), HasSubstr("frame-ancestors 'none'")));
 }
 
 TEST_F(WebApiTest, BadInputGetsAJsonErrorNamingWhatIsWrong) {
