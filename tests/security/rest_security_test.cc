@@ -3,6 +3,7 @@
 // gRPC needs (refusals counted as gRPC's are), health and /metrics stay open unless
 // --metrics_require_token; with --tls_cert the port serves the gRPC port's certificate, mutual
 // TLS asks for a client certificate, and a renewal reaches new connections without a restart.
+// The web page and its /api share the port's TLS and tokens.
 #include <httplib.h>
 #include <signal.h>
 #include <unistd.h>
@@ -159,6 +160,33 @@ TEST_F(RestSecurityTest, TheHttpPortServesTheGrpcCertificate) {
   auto stranger = Https(kilnd.metrics_port());
   stranger->set_ca_cert_path(pki_->other_ca_cert.c_str());
   EXPECT_FALSE(stranger->Get("/v2/health/live"));
+}
+
+TEST_F(RestSecurityTest, TheWebPageAndItsApiAreBehindTheSameTlsAndTokens) {
+  KilndUnderTest kilnd(root_);
+  ASSERT_TRUE(kilnd.Start({"--tls_cert=" + pki_->server_cert, "--tls_key=" + pki_->server_key,
+                           "--auth_tokens_file=" + tokens_}));
+  auto https = Https(kilnd.metrics_port());
+  httplib::Result page = https->Get("/");
+  ASSERT_TRUE(page) << httplib::to_string(page.error());
+  EXPECT_EQ(page->status, 200);
+  EXPECT_THAT(page->body, HasSubstr("/web/app.js"));
+  httplib::Result refused = https->Get("/api/jobs");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  httplib::Result jobs =
+      https->Get("/api/jobs", {{"Authorization", absl::StrCat("Bearer ", kToken)}});
+  ASSERT_TRUE(jobs);
+  EXPECT_EQ(jobs->status, 200);
+  EXPECT_THAT(jobs->body, HasSubstr("\"jobs\":[]"));
+  // The event stream too: it opens over TLS with the token (and ends when kilnd stops).
+  std::string feed;
+  https->Get("/api/events", {{"Authorization", absl::StrCat("Bearer ", kToken)}},
+             [&](const char* data, size_t n) {
+               feed.append(data, n);
+               return feed.find("event: open") == std::string::npos;  // enough: stop reading
+             });
+  EXPECT_THAT(feed, HasSubstr("event: open"));
 }
 
 TEST_F(RestSecurityTest, MutualTlsWantsAClientCertificateOfTheCa) {
