@@ -74,8 +74,9 @@ def write_png(path, pixels):
         body = kind + data
         return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
     rows = b"".join(b"\x00" + pixels[y * SIDE:(y + 1) * SIDE] for y in range(SIDE))
+    header = struct.pack(">IIBBBBB", SIDE, SIDE, 8, 0, 0, 0, 0)  # 8-bit gray, no interlace
     with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", SIDE, SIDE, 8, 0, 0, 0, 0))
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
                 + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
