@@ -169,10 +169,10 @@ class Daemon {
   std::unique_ptr<serving::InferenceService> inference_;
   // Loads new versions of models that follow a job's checkpoints; before models_ goes.
   std::unique_ptr<serving::ModelFollower> follower_;
-  // /metrics and KServe v2 REST; below inference_ and metrics_, so it stops before they go.
-  std::unique_ptr<http::HttpServer> http_;
   // The web page's JSON API on http_ (null when http_ is); above http_, so it outlives its routes.
   std::unique_ptr<web::WebApi> web_api_;
+  // /metrics and KServe v2 REST; below inference_ and metrics_, so it stops before they go.
+  std::unique_ptr<http::HttpServer> http_;
   // Loads the recorded deployments after the server starts; joined by Shutdown.
   std::thread restore_thread_;
   std::unique_ptr<grpc::Server> server_;
