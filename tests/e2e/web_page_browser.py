@@ -16,7 +16,8 @@ the page shows must be the one kilnd's REST inference answers for the same pixel
 Undeploy. No JavaScript error may occur.
 
 Screenshots (1280x800 and 400 px wide) go to ARTEFACTS_DIR. Exits 77 (skipped) where chromium or
-puppeteer-core is missing (scripts/install-deps installs both).
+puppeteer-core is missing (scripts/install-deps installs both); KILN_CHROMIUM names another
+chromium binary.
 """
 import json
 import os
@@ -107,7 +108,7 @@ def main():
     if not chromium or not node:
         skip("needs Debian's chromium and node (scripts/install-deps)")
     npm_root = subprocess.run(["npm", "root", "-g"], capture_output=True, text=True).stdout.strip()
-    env = dict(os.environ, NODE_PATH=npm_root)
+    env = dict(os.environ, NODE_PATH=npm_root, KILN_CHROMIUM=chromium)
     if subprocess.run([node, "-e", "require('puppeteer-core')"], env=env,
                       capture_output=True).returncode != 0:
         skip("needs puppeteer-core from npm (scripts/install-deps)")
