@@ -38,6 +38,7 @@ const std::vector<StringFlag>& StringFlags() {
 
 // Flags that are not plain strings: --rank (an integer) and --token_file (read into `token`).
 constexpr const char* kRankFlag = "rank";
+constexpr const char* kJoinWaitFlag = "join_wait";
 constexpr const char* kTokenFileFlag = "token_file";
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& where, const std::string& path) {
@@ -93,7 +94,7 @@ absl::StatusOr<WorkerFlags> ParseWorkerFlags(const std::vector<std::string>& arg
           "--token: the worker token is never a flag (others can read a command line); set "
           "KILN_WORKER_TOKEN or pass --token_file FILE");
     }
-    bool known = name == kRankFlag || name == kTokenFileFlag;
+    bool known = name == kRankFlag || name == kTokenFileFlag || name == kJoinWaitFlag;
     for (const StringFlag& f : StringFlags()) known = known || name == f.name;
     if (!known) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
@@ -157,6 +158,14 @@ absl::StatusOr<WorkerFlags> ParseWorkerFlags(const std::vector<std::string>& arg
         absl::StrCat(where, " \"", *rank, "\" is not a rank (an integer from 0)"));
   }
 
+  if (std::optional<std::string> wait = lookup(kJoinWaitFlag, {"KILN_JOIN_WAIT"}, &where);
+      wait.has_value()) {
+    if (!absl::SimpleAtoi(*wait, &flags.join_wait_seconds) || flags.join_wait_seconds < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " \"", *wait, "\" is not a number of seconds (an integer from 0)"));
+    }
+  }
+
   if (std::optional<std::string> file = lookup(kTokenFileFlag, {}, &where); file.has_value()) {
     absl::StatusOr<std::string> token = ReadTokenFile(where, *file);
     if (!token.ok()) return token.status();
@@ -204,6 +213,8 @@ Every flag may instead come from the environment variable beside it; a flag wins
                                               dataset is not there, it is fetched from kilnd
   --cache_dir DIR          KILN_CACHE_DIR     where fetched datasets go
                                               (default $TMPDIR/kiln-worker-cache)
+  --join_wait SECONDS      KILN_JOIN_WAIT     how long to keep asking to join while the job is
+                                              not taking workers yet (default 60)
   --gloo_host ADDR         KILN_GLOO_HOST     the address this rank listens on for its peers
                                               (default 127.0.0.1: every rank on one machine)
   --gloo_interface NAME    KILN_GLOO_INTERFACE

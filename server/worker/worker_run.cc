@@ -80,6 +80,36 @@ absl::Status WithContext(const absl::Status& status, const std::string& what) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
+// Joins the job's current attempt. Workers may start before it takes workers (the job is still
+// queued, kilnd is between attempts or restarting), so FAILED_PRECONDITION and UNAVAILABLE are
+// asked again every second for flags.join_wait_seconds.
+absl::StatusOr<v1::JoinJobResponse> JoinJob(CoordinatorConnection& connection,
+                                            const WorkerFlags& flags,
+                                            const std::atomic<bool>& terminate) {
+  v1::JoinJobRequest request;
+  request.set_job_id(flags.job);
+  request.set_rank(flags.rank);
+  request.set_host(HostName());
+  const std::string what = absl::StrCat("rank ", flags.rank, ": joining job ", flags.job);
+  const absl::Time give_up = absl::Now() + absl::Seconds(flags.join_wait_seconds);
+  bool said_waiting = false;
+  while (true) {
+    v1::JoinJobResponse joined;
+    auto context = connection.NewContext(kJoinTimeout);
+    const grpc::Status status = connection.stub().JoinJob(context.get(), request, &joined);
+    if (status.ok()) return joined;
+    const bool retry = status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                       status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!retry || absl::Now() >= give_up || terminate.load()) return FromGrpc(status, what);
+    if (!said_waiting) {
+      std::fprintf(stderr, "kiln-worker: %s: %s; asking again for up to %d s\n", what.c_str(),
+                   status.error_message().c_str(), flags.join_wait_seconds);
+      said_waiting = true;
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
 // Everything one training run of this rank holds.
 class RankRun {
  public:
@@ -392,16 +422,7 @@ absl::Status RunWorker(const WorkerFlags& flags, const std::atomic<bool>& termin
       CoordinatorConnection::Open(options);
   KILN_RETURN_IF_ERROR(WithContext(connection.status(), rank_name));
 
-  v1::JoinJobRequest request;
-  request.set_job_id(flags.job);
-  request.set_rank(flags.rank);
-  request.set_host(HostName());
-  v1::JoinJobResponse joined;
-  {
-    auto context = (*connection)->NewContext(kJoinTimeout);
-    KILN_RETURN_IF_ERROR(FromGrpc((*connection)->stub().JoinJob(context.get(), request, &joined),
-                                  absl::StrCat(rank_name, ": joining job ", flags.job)));
-  }
+  KILN_ASSIGN_OR_RETURN(const v1::JoinJobResponse joined, JoinJob(**connection, flags, terminate));
   std::fprintf(stderr,
                "kiln-worker: rank %d joined job %s (attempt %d, %d ranks, device %s, %d "
                "threads)\n",

@@ -106,6 +106,21 @@ TEST(WorkerFlags, DefaultsListenOnLoopbackAndCacheUnderTmp) {
   EXPECT_EQ(flags->gloo_interface, "");
   EXPECT_EQ(flags->data_dir, "");
   EXPECT_EQ(flags->cache_dir, "/tmp/kiln-worker-cache");
+  EXPECT_EQ(flags->join_wait_seconds, 60);
+}
+
+TEST(WorkerFlags, JoinWaitIsSecondsFromTheFlagOrTheEnvironment) {
+  std::vector<std::string> args = kMinimal;
+  args.insert(args.end(), {"--join_wait", "300"});
+  auto flags = ParseWorkerFlags(args, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_JOIN_WAIT", "5"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->join_wait_seconds, 300);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_JOIN_WAIT", "5"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->join_wait_seconds, 5);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_JOIN_WAIT", "1m"}}));
+  ASSERT_FALSE(flags.ok());
+  EXPECT_THAT(flags.status().message(), HasSubstr("KILN_JOIN_WAIT \"1m\""));
 }
 
 TEST(WorkerFlags, RankFallsBackToTheIndexedJobsCompletionIndex) {
