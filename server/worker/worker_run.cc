@@ -142,6 +142,8 @@ class RankRun {
   absl::StatusOr<int32_t> BroadcastCommandWord(Backend* backend, int32_t word);
   // Rank 0 only: saves, hands the file to kilnd, deletes it.
   absl::Status WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
+  // The checkpoint of a run that stops anyway (cancel, shutdown): a failure is only told.
+  void WriteLastCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
 
   const WorkerFlags& flags_;
   const std::atomic<bool>& terminate_;
@@ -151,8 +153,14 @@ class RankRun {
   const server::CheckpointPolicy policy_;
   std::string scratch_dir_;  // rank 0's checkpoint files on their way to kilnd
 
-  TimedCommunicator* timed_ = nullptr;
-  Tensor command_word_;        // BroadcastCommandWord's staging in the backend's memory
+  // What training holds, alive until the run is destroyed, so that the last report goes out
+  // while the peers are still connected (kilnd then hears this rank's reason, not theirs of a
+  // vanished peer). Declared so that each goes before what it uses.
+  DatasetSplits data_;
+  std::unique_ptr<Backend> backend_;
+  Tensor command_word_;  // BroadcastCommandWord's staging in the backend's memory
+  std::unique_ptr<TimedCommunicator> timed_;
+  std::unique_ptr<Trainer> trainer_;
   absl::Status report_error_;  // from callbacks that cannot return one
   absl::Time step_start_ = absl::Now();
   int epoch_ended_ = 0;
@@ -248,6 +256,13 @@ absl::Status RankRun::WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind)
   return absl::OkStatus();
 }
 
+void RankRun::WriteLastCheckpoint(Trainer& trainer, v1::CheckpointKind kind) {
+  if (absl::Status s = WriteCheckpoint(trainer, kind); !s.ok()) {
+    std::fprintf(stderr, "kiln-worker: rank 0: %s checkpoint failed: %s\n",
+                 server::CheckpointKindName(kind).c_str(), std::string(s.message()).c_str());
+  }
+}
+
 std::string RankRun::Rank0AbortReason() const {
   if (terminate_.load()) return "rank 0 was stopped by a signal";
   if (report_->broken()) return absl::StrCat("rank 0: ", report_->broken_reason());
@@ -307,14 +322,16 @@ absl::Status RankRun::AfterStep(Trainer& trainer) {
                    std::string(s.message()).c_str());
     }
   }
-  if (word & kStopBit) {
+  if (word & (kStopBit | kCancelBit)) {
+    const bool stop = (word & kStopBit) != 0;
     if (policy_.OnShutdown()) {
-      WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
+      WriteLastCheckpoint(trainer,
+                          stop ? v1::CHECKPOINT_KIND_SHUTDOWN : v1::CHECKPOINT_KIND_CANCEL);
     }
-    return absl::AbortedError("kilnd is shutting down");
-  }
-  if (word & kCancelBit) {
-    if (policy_.OnShutdown()) WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_CANCEL).IgnoreError();
+    // kilnd ends the attempt at the first rank that reports how it ended; the others wait here
+    // until rank 0's last checkpoint is stored, so that it is not refused.
+    KILN_RETURN_IF_ERROR(timed_->Barrier());
+    if (stop) return absl::AbortedError("kilnd is shutting down");
     return absl::CancelledError(
         absl::StrCat("cancelled at global step ", trainer.position().global_step));
   }
@@ -370,7 +387,7 @@ absl::Status RankRun::Train() {
                                                       scratch_dir_, ": ", ec.message()));
     }
   }
-  KILN_ASSIGN_OR_RETURN(DatasetSplits data, LoadDataset());
+  KILN_ASSIGN_OR_RETURN(data_, LoadDataset());
   absl::StatusOr<TrainConfig> translated = TranslateSpec(joined_.spec(), AcceptedSpecLimits());
   KILN_RETURN_IF_ERROR(WithContext(translated.status(), "the job's spec"));
   TrainConfig config = *std::move(translated);
@@ -381,28 +398,25 @@ absl::Status RankRun::Train() {
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(joined_.device(), backend_options);
   KILN_RETURN_IF_ERROR(WithContext(backend.status(), absl::StrCat("device ", joined_.device())));
-  // The staging word lives in the backend's memory: it goes before the backend does.
-  absl::Cleanup release_command_word = [this] { command_word_ = Tensor(); };
+  backend_ = *std::move(backend);
 
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend->get()));
-  auto timed = std::make_unique<TimedCommunicator>(std::move(peers));
-  timed_ = timed.get();
-  config.communicator = timed_;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend_.get()));
+  timed_ = std::make_unique<TimedCommunicator>(std::move(peers));
+  config.communicator = timed_.get();
   std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers\n", flags_.rank,
                joined_.world_size() - 1);
 
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                        Trainer::Create(config, backend->get(), &data.train,
-                                        data.test.size > 0 ? &data.test : nullptr));
-  KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer));
+  KILN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, backend_.get(), &data_.train,
+                                                  data_.test.size > 0 ? &data_.test : nullptr));
+  KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer_));
 
   step_start_ = absl::Now();
-  KILN_RETURN_IF_ERROR(trainer->Run(MakeCallbacks(config, data.train.size)));
+  KILN_RETURN_IF_ERROR(trainer_->Run(MakeCallbacks(config, data_.train.size)));
 
   // Always leave a checkpoint of the finished model, for export and serving.
-  if (last_written_step_ != trainer->position().global_step) {
+  if (last_written_step_ != trainer_->position().global_step) {
     KILN_RETURN_IF_ERROR(
-        WithContext(WriteCheckpoint(*trainer, v1::CHECKPOINT_KIND_FINAL), "final checkpoint"));
+        WithContext(WriteCheckpoint(*trainer_, v1::CHECKPOINT_KIND_FINAL), "final checkpoint"));
   }
   return report_error_;
 }
@@ -433,11 +447,8 @@ absl::Status RunWorker(const WorkerFlags& flags, const std::atomic<bool>& termin
       ReportStream::Open(connection->get(), flags.job, flags.rank);
   KILN_RETURN_IF_ERROR(WithContext(report.status(), rank_name));
 
-  absl::Status trained;
-  {
-    RankRun run(flags, terminate, connection->get(), report->get(), joined);
-    trained = run.Train();
-  }
+  RankRun run(flags, terminate, connection->get(), report->get(), joined);
+  absl::Status trained = run.Train();
   v1::WorkerReport last;
   if (trained.ok()) {
     last.mutable_done();

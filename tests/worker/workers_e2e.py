@@ -43,9 +43,10 @@ def check_succeeded(kiln, job, epochs=EPOCHS):
         fail(f"job {job}: epoch events for epochs {seen}, not 1..{epochs}")
     got = kiln.json("get", job)
     checkpoints = kiln.json("checkpoints", job).get("checkpoints", [])
-    steps = [int(c.get("globalStep", 0)) for c in checkpoints]
-    if int(got.get("globalStep", -1)) not in steps:
-        fail(f"job {job}: no checkpoint at its last step {got.get('globalStep')}: {steps}")
+    steps = [int(c.get("global_step", 0)) for c in checkpoints]
+    if int(got.get("global_step", -1)) not in steps:
+        fail(f"job {job}: no checkpoint at its last step {got.get('global_step')}: {checkpoints}"
+             f"\n{got}")
 
 
 def main():
@@ -101,7 +102,7 @@ def main():
 
         wait_ranks(((0, rank0), (1, rank1)))
         check_succeeded(kiln, job)
-        final_step = int(kiln.json("get", job)["globalStep"])
+        final_step = int(kiln.json("get", job)["global_step"])
         fetched = os.path.join(cache, job, "tiny")
         for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
@@ -120,8 +121,8 @@ def main():
             fail("rank 0 did not resume:\n" + read(worker_log("rank0-resumed")))
         check_succeeded(kiln, job, EPOCHS + 1)
         resumed = kiln.json("get", job)
-        if int(resumed.get("resumedFromStep", 0)) != final_step:
-            fail(f"resumed from step {resumed.get('resumedFromStep')}, not {final_step}")
+        if int(resumed.get("resumed_from_step", 0)) != final_step:
+            fail(f"resumed from step {resumed.get('resumed_from_step')}, not {final_step}")
         print(f"external workers: job {job} resumed for epoch {EPOCHS + 1}", flush=True)
 
         # Workers that kilnd starts on its own machine.

@@ -34,7 +34,7 @@ def start_job(kiln, worker, address, tmp, name):
     ranks = [start_worker(worker, address, job, r, token, os.path.join(tmp, f"{name}{r}.log"),
                           ["--data_dir", data_dir]) for r in (0, 1)]
     deadline = time.time() + 120
-    while int(kiln.json("get", job).get("globalStep", 0)) < 3:
+    while int(kiln.json("get", job).get("global_step", 0)) < 3:
         if time.time() > deadline or any(p.poll() is not None for p in ranks):
             fail(f"job {job} did not train:\n" + "".join(
                 read(os.path.join(tmp, f"{name}{r}.log")) for r in (0, 1)))
@@ -71,7 +71,8 @@ def main():
             fail(f"cancelled job {job} ended {state}")
         kinds = [c.get("kind", "") for c in kiln.json("checkpoints", job).get("checkpoints", [])]
         if not any("ON_DEMAND" in k for k in kinds) or not any("CANCEL" in k for k in kinds):
-            fail(f"cancelled job {job} has checkpoints {kinds}")
+            fail(f"cancelled job {job} has checkpoints {kinds}:\n" +
+                 "".join(read(os.path.join(tmp, f"cancel{r}.log")) for r in (0, 1)))
         print(f"job {job}: checkpoint now and cancel reached both ranks", flush=True)
 
         # SIGTERM to one worker.
