@@ -394,7 +394,7 @@ absl::Status RankRun::Train() {
   config.epochs = joined_.epochs();  // more than the spec's after a resume with more epochs
 
   BackendOptions backend_options;
-  backend_options.threads = joined_.cpu_threads();
+  backend_options.threads = flags_.threads > 0 ? flags_.threads : joined_.cpu_threads();
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(joined_.device(), backend_options);
   KILN_RETURN_IF_ERROR(WithContext(backend.status(), absl::StrCat("device ", joined_.device())));
@@ -403,8 +403,11 @@ absl::Status RankRun::Train() {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend_.get()));
   timed_ = std::make_unique<TimedCommunicator>(std::move(peers));
   config.communicator = timed_.get();
-  std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers\n", flags_.rank,
-               joined_.world_size() - 1);
+  std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers (training on %s%s)\n", flags_.rank,
+               joined_.world_size() - 1, joined_.device().c_str(),
+               backend_->kind() == DeviceKind::kCpu
+                   ? absl::StrCat(", threads=", CpuBackendThreads(backend_options)).c_str()
+                   : "");
 
   KILN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, backend_.get(), &data_.train,
                                                   data_.test.size > 0 ? &data_.test : nullptr));
@@ -437,11 +440,9 @@ absl::Status RunWorker(const WorkerFlags& flags, const std::atomic<bool>& termin
   KILN_RETURN_IF_ERROR(WithContext(connection.status(), rank_name));
 
   KILN_ASSIGN_OR_RETURN(const v1::JoinJobResponse joined, JoinJob(**connection, flags, terminate));
-  std::fprintf(stderr,
-               "kiln-worker: rank %d joined job %s (attempt %d, %d ranks, device %s, %d "
-               "threads)\n",
+  std::fprintf(stderr, "kiln-worker: rank %d joined job %s (attempt %d, %d ranks, device %s)\n",
                flags.rank, flags.job.c_str(), joined.attempt(), joined.world_size(),
-               joined.device().c_str(), joined.cpu_threads());
+               joined.device().c_str());
 
   absl::StatusOr<std::unique_ptr<ReportStream>> report =
       ReportStream::Open(connection->get(), flags.job, flags.rank);

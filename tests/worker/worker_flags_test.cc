@@ -109,6 +109,22 @@ TEST(WorkerFlags, DefaultsListenOnLoopbackAndCacheUnderTmp) {
   EXPECT_EQ(flags->join_wait_seconds, 60);
 }
 
+TEST(WorkerFlags, ThreadsOverrideKilndsShare) {
+  std::vector<std::string> args = kMinimal;
+  args.insert(args.end(), {"--threads=2"});
+  auto flags = ParseWorkerFlags(args, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_THREADS", "8"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->threads, 2);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_THREADS", "8"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->threads, 8);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->threads, 0);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_THREADS", "all"}}));
+  EXPECT_THAT(flags.status().message(), HasSubstr("KILN_THREADS \"all\" is not a number"));
+}
+
 TEST(WorkerFlags, JoinWaitIsSecondsFromTheFlagOrTheEnvironment) {
   std::vector<std::string> args = kMinimal;
   args.insert(args.end(), {"--join_wait", "300"});
