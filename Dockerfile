@@ -28,13 +28,14 @@ ARG KILN_CUDA_ARCHS=90
 ARG KILN_CMAKE_ARGS=
 # KILN_CMAKE_ARGS is split into words on purpose: it may hold several cmake arguments.
 RUN scripts/build -DKILN_CUDA="${KILN_CUDA}" -DKILN_BUILD_TESTS=OFF ${KILN_CMAKE_ARGS} \
- && deploy/image/list-runtime-packages build/server/kilnd build/client/kiln >/runtime-packages
+ && deploy/image/list-runtime-packages build/server/kilnd build/server/kiln-worker build/client/kiln \
+      >/runtime-packages
 
 # ---- runtime bases: the matching CUDA runtime with cuDNN, or Debian 12 slim ----
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-ubuntu24.04 AS runtime-cuda
 FROM debian:12-slim AS runtime-cpu
 
-# ---- runtime: kilnd and kiln, run as an unprivileged user ----
+# ---- runtime: kilnd, kiln-worker (beside kilnd, where it starts them) and kiln, unprivileged ----
 FROM runtime-${KILN_DEVICE} AS runtime
 COPY --from=build /runtime-packages /tmp/kiln-image/runtime-packages
 COPY --from=build /src/deploy/image/install-runtime-packages /tmp/kiln-image/
@@ -43,7 +44,8 @@ RUN /tmp/kiln-image/install-runtime-packages /tmp/kiln-image/runtime-packages \
  && useradd --uid 10001 --user-group --no-create-home --home-dir /var/lib/kiln \
       --shell /usr/sbin/nologin kiln \
  && install -d -o kiln -g kiln -m 0750 /var/lib/kiln /var/lib/kiln/state /var/lib/kiln/data
-COPY --from=build /src/build/server/kilnd /src/build/client/kiln /usr/local/bin/
+COPY --from=build /src/build/server/kilnd /src/build/server/kiln-worker /src/build/client/kiln \
+     /usr/local/bin/
 COPY --from=build /src/deploy/image/kilnd-entrypoint /usr/local/bin/
 
 # Inside a container kilnd must listen on every interface, not on loopback (its defaults).

@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -176,11 +177,28 @@ CREATE TABLE IF NOT EXISTS deployments (
 CREATE INDEX IF NOT EXISTS deployments_by_model ON deployments(model);
 )sql";
 
+// Version 7: jobs of several workers: their retries (Job.retries), and each rank's samples a
+// second beside a step (StepMetrics.rank_samples_per_sec, packed doubles; NULL for one process).
+constexpr const char* kSchemaV7 = R"sql(
+ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE step_metrics ADD COLUMN rank_samples_per_sec BLOB;
+)sql";
+
+// Doubles as little-endian bytes (the machines kilnd runs on), and back.
+std::string PackDoubles(const google::protobuf::RepeatedField<double>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
+}
+void UnpackDoubles(const std::string& bytes, google::protobuf::RepeatedField<double>* values) {
+  const size_t n = bytes.size() / sizeof(double);
+  values->Resize(static_cast<int>(n), 0);
+  if (n > 0) std::memcpy(values->mutable_data(), bytes.data(), n * sizeof(double));
+}
+
 constexpr const char* kJobColumns =
     "j.rowid, j.id, j.state, j.reason, j.device, j.create_ms, j.start_ms, j.end_ms, j.epochs, "
     "j.epochs_done, j.global_step, j.best_test_accuracy, j.attempts, j.resumed_from_step, "
     "j.parameter_count, j.last_epoch, s.spec, j.crash_resumes, j.interrupted_by_shutdown, "
-    "j.resume_checkpoint_id";
+    "j.resume_checkpoint_id, j.retries";
 
 v1::Job JobFromRow(const Statement& s) {
   v1::Job job;
@@ -204,6 +222,7 @@ v1::Job JobFromRow(const Statement& s) {
   job.set_crash_resumes(static_cast<int32_t>(s.Int(17)));
   job.set_interrupted_by_shutdown(s.Int(18) != 0);
   job.set_resume_checkpoint_id(s.Int(19));
+  job.set_retries(static_cast<int32_t>(s.Int(20)));
   return job;
 }
 
@@ -298,6 +317,7 @@ absl::Status JobStore::Migrate() {
   if (status.ok() && version < 4) status = Exec(kSchemaV4);
   if (status.ok() && version < 5) status = Exec(kSchemaV5);
   if (status.ok() && version < 6) status = Exec(kSchemaV6);
+  if (status.ok() && version < 7) status = Exec(kSchemaV7);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
   if (status.ok()) {
     status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
@@ -322,13 +342,13 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
               "INSERT INTO jobs (id, state, reason, device, create_ms, start_ms, end_ms, epochs, "
               "epochs_done, global_step, best_test_accuracy, attempts, resumed_from_step, "
               "parameter_count, last_epoch, crash_resumes, interrupted_by_shutdown, "
-              "resume_checkpoint_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-              "?13, ?14, ?15, ?16, ?17, ?18) "
+              "resume_checkpoint_id, retries) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
+              "?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) "
               "ON CONFLICT(id) DO UPDATE SET state = ?2, reason = ?3, device = ?4, start_ms = ?6, "
               "end_ms = ?7, epochs = ?8, epochs_done = ?9, global_step = ?10, "
               "best_test_accuracy = ?11, attempts = ?12, resumed_from_step = ?13, "
               "parameter_count = ?14, last_epoch = ?15, crash_resumes = ?16, "
-              "interrupted_by_shutdown = ?17, resume_checkpoint_id = ?18");
+              "interrupted_by_shutdown = ?17, resume_checkpoint_id = ?18, retries = ?19");
   KILN_RETURN_IF_ERROR(s.status());
   s.Bind(1, job.id());
   s.Bind(2, static_cast<int>(job.state()));
@@ -348,6 +368,7 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
   s.Bind(16, job.crash_resumes());
   s.Bind(17, job.interrupted_by_shutdown() ? 1 : 0);
   s.Bind(18, job.resume_checkpoint_id());
+  s.Bind(19, job.retries());
   KILN_RETURN_IF_ERROR(s.Run());
   Statement spec(db_, "INSERT OR IGNORE INTO specs (job_id, spec) VALUES (?1, ?2)");
   KILN_RETURN_IF_ERROR(spec.status());
@@ -375,8 +396,8 @@ absl::Status JobStore::AppendEventLocked(const std::string& job_id, const v1::Jo
       const v1::StepMetrics& m = e.step();
       Statement s(db_,
                   "INSERT INTO step_metrics (job_id, seq, time_ms, epoch, step_in_epoch, "
-                  "steps_per_epoch, global_step, loss, lr, samples_per_sec) "
-                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+                  "steps_per_epoch, global_step, loss, lr, samples_per_sec, "
+                  "rank_samples_per_sec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
       KILN_RETURN_IF_ERROR(s.status());
       s.Bind(1, job_id);
       s.Bind(2, e.seq());
@@ -388,6 +409,7 @@ absl::Status JobStore::AppendEventLocked(const std::string& job_id, const v1::Jo
       s.Bind(8, static_cast<double>(m.loss()));
       s.Bind(9, static_cast<double>(m.lr()));
       s.Bind(10, m.samples_per_sec());
+      if (m.rank_samples_per_sec_size() > 0) s.BindBlob(11, PackDoubles(m.rank_samples_per_sec()));
       KILN_RETURN_IF_ERROR(s.Run());
       return StepAppendedLocked(job_id);
     }
@@ -678,7 +700,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::EventsPage(const std::string
   if (include_steps) {
     Statement s(db_,
                 "SELECT seq, time_ms, epoch, step_in_epoch, steps_per_epoch, global_step, loss, "
-                "lr, samples_per_sec FROM step_metrics WHERE job_id = ? AND seq > ? AND seq <= ?");
+                "lr, samples_per_sec, rank_samples_per_sec FROM step_metrics "
+                "WHERE job_id = ? AND seq > ? AND seq <= ?");
     KILN_RETURN_IF_ERROR(s.status());
     s.Bind(1, job_id);
     s.Bind(2, after_seq);
@@ -692,6 +715,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::EventsPage(const std::string
       m->set_loss(static_cast<float>(s.Real(6)));
       m->set_lr(static_cast<float>(s.Real(7)));
       m->set_samples_per_sec(s.Real(8));
+      UnpackDoubles(s.Blob(9), m->mutable_rank_samples_per_sec());
     }
     KILN_RETURN_IF_ERROR(status);
   }

@@ -41,7 +41,7 @@ struct JobStoreOptions {
 class JobStore {
  public:
   // The schema version this code reads and writes; older databases are migrated on open.
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = 7;
   static constexpr int64_t kMinStepEventsPerJob = 100;
 
   // Opens (creating if needed) the database at `path`, and thins the step history of every job

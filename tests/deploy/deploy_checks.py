@@ -17,6 +17,7 @@ DOCKERFILE = "Dockerfile"
 COMPOSE = "deploy/docker-compose.yml"
 COMPOSE_ENV = "deploy/.env"
 K8S = "deploy/k8s"
+K8S_DISTRIBUTED = "deploy/k8s/distributed"
 PROMETHEUS_CONFIG = "deploy/prometheus/prometheus.yml"
 GRAFANA_DASHBOARDS = "deploy/grafana/dashboards"
 GRPC_HEALTH_SERVICES = ("", "kiln.v1.Training")  # the names kilnd's grpc.health.v1 answers for
@@ -594,6 +595,76 @@ def check_grafana(root):
     return problems
 
 
+def check_kubernetes_distributed(root):
+    """The workers of a data-parallel job: an Indexed Job whose pods take their rank from the
+    completion index, reach kilnd's Service, present the job's token from a secret, publish an
+    address their peers can reach, and take one GPU each; a headless Service over them."""
+    problems = []
+    kustomization = f"{K8S_DISTRIBUTED}/kustomization.yaml"
+    if not os.path.isfile(os.path.join(root, kustomization)):
+        return [f"{kustomization}: missing"]
+    kust = load_yaml(root, kustomization)[0]
+    objects = {}
+    for rel in kust.get("resources") or []:
+        if not os.path.isfile(os.path.join(root, K8S_DISTRIBUTED, rel)):
+            problems.append(f"{kustomization}: resource {rel} does not exist")
+            continue
+        for doc in load_yaml(root, f"{K8S_DISTRIBUTED}/{rel}"):
+            objects.setdefault(doc.get("kind"), []).append((f"{K8S_DISTRIBUTED}/{rel}", doc))
+    if "Job" not in objects:
+        return problems + [f"{kustomization}: no Job among the resources"]
+    where, job = objects["Job"][0]
+    spec = job.get("spec") or {}
+    if spec.get("completionMode") != "Indexed":
+        problems.append(f"{where}: completionMode is not Indexed (no rank per pod)")
+    if spec.get("completions") != spec.get("parallelism"):
+        problems.append(f"{where}: completions and parallelism differ; every rank must run at once")
+    pod = (spec.get("template") or {}).get("spec") or {}
+    pod_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    container = (pod.get("containers") or [{}])[0]
+    if "kiln-worker" not in (container.get("command") or []):
+        problems.append(f"{where}: the container does not run kiln-worker")
+    env = {e.get("name"): e for e in container.get("env") or []}
+    if "KILN_RANK" in env:
+        problems.append(f"{where}: KILN_RANK is set; the rank must come from JOB_COMPLETION_INDEX")
+    coordinator = str((env.get("KILN_COORDINATOR") or {}).get("value", ""))
+    services = {doc.get("metadata", {}).get("name") for _, doc in load_k8s_services(root)}
+    if coordinator.split(":")[0] not in services:
+        problems.append(f"{where}: KILN_COORDINATOR {coordinator!r} is not kilnd's Service")
+    token = env.get("KILN_WORKER_TOKEN") or {}
+    if "secretKeyRef" not in (token.get("valueFrom") or {}):
+        problems.append(f"{where}: KILN_WORKER_TOKEN does not come from a secret")
+    if "KILN_JOB" not in env:
+        problems.append(f"{where}: no KILN_JOB")
+    if "KILN_GLOO_HOST" not in env and "KILN_GLOO_INTERFACE" not in env:
+        problems.append(f"{where}: neither KILN_GLOO_HOST nor KILN_GLOO_INTERFACE: peers "
+                        "would be told 127.0.0.1")
+    limits = (container.get("resources") or {}).get("limits") or {}
+    if int(limits.get("nvidia.com/gpu", 0) or 0) != 1:
+        problems.append(f"{where}: not one nvidia.com/gpu per worker")
+    headless = [(w, d) for w, d in objects.get("Service", [])
+                if (d.get("spec") or {}).get("clusterIP") == "None"]
+    if not headless:
+        problems.append(f"{kustomization}: no headless Service (clusterIP: None) over the workers")
+    else:
+        w, service = headless[0]
+        selector = (service.get("spec") or {}).get("selector") or {}
+        if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
+            problems.append(f"{w}: its selector does not match the worker pods' labels")
+        if pod.get("subdomain") != service.get("metadata", {}).get("name"):
+            problems.append(f"{where}: the pods' subdomain is not the headless Service's name")
+    return problems
+
+
+def load_k8s_services(root):
+    """kilnd's Services (deploy/k8s), as (file, object)."""
+    found = []
+    for f in sorted(os.listdir(os.path.join(root, K8S))):
+        if f.endswith((".yaml", ".yml")) and f != "kustomization.yaml":
+            found += [(f, d) for d in load_yaml(root, f"{K8S}/{f}") if d.get("kind") == "Service"]
+    return found
+
+
 def check_all(root):
     return (check_dockerfile(root) + check_compose(root) + check_kubernetes(root)
-            + check_grafana(root))
+            + check_kubernetes_distributed(root) + check_grafana(root))

@@ -82,6 +82,19 @@ DEPLOYMENT = "deploy/k8s/deployment.yaml"
 COMPOSE = "deploy/docker-compose.yml"
 KUSTOMIZATION = "deploy/k8s/kustomization.yaml"
 DASHBOARD = "deploy/grafana/dashboards/kiln.json"
+WORKERS_JOB = "deploy/k8s/distributed/workers-job.yaml"
+WORKERS_SERVICE = "deploy/k8s/distributed/workers-service.yaml"
+
+
+def worker_container(docs):
+    return docs[0]["spec"]["template"]["spec"]["containers"][0]
+
+
+def drop_worker_env(name):
+    def change(docs):
+        c = worker_container(docs)
+        c["env"] = [e for e in c["env"] if e["name"] != name]
+    return change
 
 
 def without(key):
@@ -106,6 +119,27 @@ def strip_zero_fallback(doc):
 
 # (case, edits, expected problem text)
 CASES = [
+    # The distributed example (deploy/k8s/distributed)
+    ("workers_not_indexed",
+     [yaml_edit(WORKERS_JOB, lambda d: d[0]["spec"].pop("completionMode"))],
+     "completionMode is not Indexed"),
+    ("workers_token_not_secret",
+     [yaml_edit(WORKERS_JOB, lambda d: next(
+         e for e in worker_container(d)["env"] if e["name"] == "KILN_WORKER_TOKEN").update(
+             {"value": "abc", "valueFrom": None}))],
+     "KILN_WORKER_TOKEN does not come from a secret"),
+    ("workers_no_gloo_host", [yaml_edit(WORKERS_JOB, drop_worker_env("KILN_GLOO_HOST"))],
+     "peers would be told 127.0.0.1"),
+    ("workers_no_gpu",
+     [yaml_edit(WORKERS_JOB,
+                lambda d: worker_container(d)["resources"]["limits"].pop("nvidia.com/gpu"))],
+     "not one nvidia.com/gpu per worker"),
+    ("workers_wrong_coordinator",
+     [text_edit(WORKERS_JOB, r"value: kilnd:7070", "value: kiln-coordinator:7070")],
+     "is not kilnd's Service"),
+    ("workers_service_not_headless",
+     [yaml_edit(WORKERS_SERVICE, lambda d: d[0]["spec"].pop("clusterIP"))],
+     "no headless Service"),
     # Dockerfile
     ("dockerfile_one_stage", [text_edit("Dockerfile", r"^# ---- runtime bases(.|\n)*", "")],
      "KILN_DEVICE=cuda runs on"),

@@ -36,6 +36,7 @@ using ::testing::HasSubstr;
 
 constexpr int kTrainSamples = 1024, kTestSamples = 256, kEpochs = 3, kBatch = 32;
 constexpr int kSteps = kEpochs * (kTrainSamples / kBatch);
+constexpr int kWorkerEpochs = 3;
 
 std::string SourcePath(const std::string& relative) {
   return absl::StrCat(KILN_SOURCE_DIR, "/", relative);
@@ -133,6 +134,7 @@ class PrometheusIntegrationTest : public ::testing::Test {
     std::unique_ptr<testing::KilndWithMetrics> kilnd;
     std::unique_ptr<testing::PrometheusProcess> prometheus;
     std::string job_id;
+    std::string workers_job_id;  // the job of two workers that ran after it
     std::vector<v1::JobEvent> events;
     std::string failure;  // set when the workload could not run
   };
@@ -196,6 +198,25 @@ class PrometheusIntegrationTest : public ::testing::Test {
     poller.join();
     if (!watch.status.ok()) return "WatchJob: " + watch.status.error_message();
     w.events = watch.events;
+    // A job of two workers, so the data-parallel panels have series (per rank, allreduce), long
+    // enough (kWorkerEpochs of 32 steps at 30 ms) for several scrapes to see its counters rise.
+    {
+      grpc::ClientContext workers_context;
+      v1::SubmitJobRequest workers;
+      *workers.mutable_spec() = testing::SmallSpec("toy", kWorkerEpochs);
+      workers.mutable_spec()->set_workers(2);
+      v1::Job workers_job;
+      status = stub->SubmitJob(&workers_context, workers, &workers_job);
+      if (!status.ok()) return "SubmitJob of 2 workers: " + status.error_message();
+      w.workers_job_id = workers_job.id();
+      testing::WatchResult done = testing::WatchToEnd(*stub, workers_job.id());
+      if (!done.status.ok()) return "WatchJob of 2 workers: " + done.status.error_message();
+      const v1::Job finished = testing::GetJob(*stub, workers_job.id());
+      if (finished.state() != v1::JOB_STATE_SUCCEEDED) {
+        return absl::StrCat("the job of 2 workers ended ", v1::JobState_Name(finished.state()),
+                            ": ", finished.reason());
+      }
+    }
     // A failing call, so the gRPC panels have more than one code.
     grpc::ClientContext missing_context;
     v1::GetJobRequest missing;
@@ -210,7 +231,7 @@ class PrometheusIntegrationTest : public ::testing::Test {
       return absl::StrCat("Prometheus never saw step ", kSteps, " of ", w.job_id);
     }
     if (!WaitForValue(w, "kiln_job_completions_total{state=\"succeeded\"}",
-                      [](double v) { return v == 1; })) {
+                      [](double v) { return v == 2; })) {
       return "Prometheus never saw the completion";
     }
     return "";
@@ -310,12 +331,12 @@ TEST_F(PrometheusIntegrationTest, PrometheusStoredTheLossAndAccuracyWatchJobStre
   EXPECT_NEAR(QueryOne(ForJob("kiln_training_learning_rate")), 0.05, 1e-6);
   EXPECT_GE(QueryOne(absl::StrCat("sum(kiln_checkpoints_total{job_id=\"", w_->job_id, "\"})")), 1);
   EXPECT_GT(QueryOne(ForJob("kiln_checkpoint_bytes")), 0);
-  EXPECT_EQ(QueryOne("kiln_jobs{state=\"succeeded\"}"), 1);
+  EXPECT_EQ(QueryOne("kiln_jobs{state=\"succeeded\"}"), 2);  // with the job of two workers
   EXPECT_EQ(QueryOne("kiln_jobs{state=\"running\"}"), 0);
-  EXPECT_EQ(QueryOne("kiln_job_submissions_total"), 1);
+  EXPECT_EQ(QueryOne("kiln_job_submissions_total"), 2);
   EXPECT_EQ(QueryOne("kiln_grpc_requests_total{method=\"/kiln.v1.Training/SubmitJob\","
                      "code=\"OK\"}"),
-            1);
+            2);
   EXPECT_EQ(QueryOne("kiln_grpc_requests_total{method=\"/kiln.v1.Training/GetJob\","
                      "code=\"NOT_FOUND\"}"),
             1);
@@ -323,6 +344,18 @@ TEST_F(PrometheusIntegrationTest, PrometheusStoredTheLossAndAccuracyWatchJobStre
   EXPECT_EQ(QueryOne("kiln_build_info"), 1);
   // The deployed model, idle now: its queue is there, and empty.
   EXPECT_EQ(QueryOne("kiln_inference_queue_depth{model=\"toy\",version=\"1\"}"), 0);
+}
+
+TEST_F(PrometheusIntegrationTest, AJobOfTwoWorkersHasSeriesPerRankAndForItsAllreduce) {
+  const std::string job = absl::StrCat("job_id=\"", w_->workers_job_id, "\"");
+  EXPECT_EQ(QueryOne(absl::StrCat("kiln_job_workers{", job, "}")), 2);
+  EXPECT_EQ(QueryOne(absl::StrCat("count(kiln_worker_samples_per_second{", job, "})")), 2);
+  EXPECT_GT(QueryOne(absl::StrCat("min(kiln_worker_samples_per_second{", job, "})")), 0);
+  // Every rank's allreduce of every step.
+  const int steps = kWorkerEpochs * (kTrainSamples / kBatch);
+  EXPECT_EQ(QueryOne(absl::StrCat("kiln_allreduce_duration_seconds_count{", job, "}")), 2 * steps);
+  EXPECT_GT(QueryOne(absl::StrCat("kiln_allreduce_bytes_total{", job, "}")), 0);
+  EXPECT_EQ(QueryOne(absl::StrCat("kiln_training_step{", job, "}")), steps);
 }
 
 // Scraped without honor_labels, as deploy/prometheus/prometheus.yml does: the per-job series

@@ -113,6 +113,31 @@ TEST(JobStoreTest, JobsAndEventsSurviveReopening) {
   std::filesystem::remove_all(dir);
 }
 
+// A job of several workers: its retries, and each rank's samples a second beside rank 0's steps.
+TEST(JobStoreTest, WorkerJobRetriesAndRankThroughputSurviveReopening) {
+  const std::string dir = testing::MakeTempDir("store");
+  {
+    auto store = JobStore::Open(dir + "/kiln.db");
+    ASSERT_OK(store);
+    v1::Job job = MakeJob("a", v1::JOB_STATE_RUNNING);
+    job.set_retries(2);
+    ASSERT_OK((*store)->PutJob(job));
+    v1::JobEvent step = StepEvent(1, 1);
+    step.mutable_step()->add_rank_samples_per_sec(1500.5);
+    step.mutable_step()->add_rank_samples_per_sec(1499.25);
+    ASSERT_OK((*store)->AppendEvent("a", step));
+    ASSERT_OK((*store)->AppendEvent("a", StepEvent(2, 2)));  // one process: none
+  }
+  auto store = JobStore::Open(dir + "/kiln.db");
+  ASSERT_OK(store);
+  EXPECT_EQ((*store)->GetJob("a")->retries(), 2);
+  std::vector<v1::JobEvent> events = AllEvents(**store, "a", /*steps=*/true);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_THAT(events[0].step().rank_samples_per_sec(), ::testing::ElementsAre(1500.5, 1499.25));
+  EXPECT_EQ(events[1].step().rank_samples_per_sec_size(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(JobStoreTest, CheckpointIndexHidesDeletedOnes) {
   const std::string dir = testing::MakeTempDir("store");
   auto store = JobStore::Open(dir + "/kiln.db");
@@ -328,6 +353,8 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
                           "ALTER TABLE jobs DROP COLUMN interrupted_by_shutdown",
                           "ALTER TABLE jobs DROP COLUMN resume_checkpoint_id",
                           "ALTER TABLE checkpoints DROP COLUMN sha256", "DROP TABLE deployments",
+                          "ALTER TABLE jobs DROP COLUMN retries",
+                          "ALTER TABLE step_metrics DROP COLUMN rank_samples_per_sec",
                           "UPDATE schema_version SET version = 1"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
   }
@@ -342,9 +369,11 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   job.set_crash_resumes(2);
   job.set_interrupted_by_shutdown(true);
   job.set_resume_checkpoint_id(7);
+  job.set_retries(1);
   ASSERT_OK((*store)->PutJob(job));
   jobs = (*store)->AllJobs();
   ASSERT_OK(jobs);
+  EXPECT_EQ((*jobs)[0].retries(), 1);
   EXPECT_EQ((*jobs)[0].crash_resumes(), 2);
   EXPECT_TRUE((*jobs)[0].interrupted_by_shutdown());
   EXPECT_EQ((*jobs)[0].resume_checkpoint_id(), 7);

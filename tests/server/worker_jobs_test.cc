@@ -3,6 +3,8 @@
 // and whole jobs run by a kilnd subprocess with real kiln-worker processes: a 2-worker job trains
 // to the same model as one process, a killed worker fails the job (or is retried), a cancel
 // stops every rank with a checkpoint, and the metrics carry each rank.
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -16,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -374,6 +377,212 @@ TEST_F(WorkerSubmitTest, AWorkerThatExitsAtOnceFailsTheJobWithItsStatusAndLog) {
   EXPECT_THAT(seen.reason(), HasSubstr("exited with status 3: bad flags: --coordinator "
                                        "127.0.0.1:1 --job "));
   EXPECT_THAT(seen.reason(), HasSubstr("(log: "));
+}
+
+// Whole jobs: a kilnd subprocess starts real kiln-worker processes (built beside it).
+class WorkerJobsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::MakeTempDir("worker-jobs");
+    testing::WriteToyDataset(root_ + "/data/toy", 256, 64);
+    const fs::path worker = fs::path(KILND_PATH).parent_path() / "kiln-worker";
+    ASSERT_TRUE(fs::exists(worker)) << worker << " is missing: build the kiln-worker target";
+  }
+  void TearDown() override {
+    kilnd_.reset();
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  // kilnd with /metrics, each worker step slowed by `step_delay` so tests can act mid-run.
+  void StartKilnd(const std::string& step_delay = "0s") {
+    kilnd_ = std::make_unique<kiln::testing::KilndChild>();
+    ASSERT_TRUE(
+        kilnd_->Start(root_ + "/state", root_ + "/data",
+                      {absl::StrCat("--step_delay=", step_delay), "--worker_join_timeout=60s"},
+                      /*metrics=*/true));
+    channel_ = grpc::CreateChannel(kilnd_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Training::NewStub(channel_);
+  }
+  static v1::JobSpec Workers(int workers, int epochs) {
+    v1::JobSpec spec = SmallSpec("toy", epochs);
+    spec.set_workers(workers);
+    return spec;
+  }
+  v1::Job Get(const std::string& id) { return testing::GetJob(*stub_, id); }
+  v1::Job WaitForEnd(const std::string& id) {
+    v1::Job job;
+    WaitFor(
+        [&] {
+          job = Get(id);
+          return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+                 job.state() == v1::JOB_STATE_CANCELLED;
+        },
+        kWait);
+    return job;
+  }
+  bool WaitForSteps(const std::string& id, int64_t steps) {
+    return WaitFor([&] { return Get(id).global_step() >= steps; }, kWait);
+  }
+  // The pids of the job's kiln-worker processes, by their command lines.
+  static std::vector<std::pair<int, pid_t>> WorkerPids(const std::string& job_id) {
+    std::vector<std::pair<int, pid_t>> found;
+    for (const fs::directory_entry& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(e.path() / "cmdline", std::ios::binary);
+      std::stringstream bytes;
+      bytes << in.rdbuf();
+      std::vector<std::string> args = absl::StrSplit(bytes.str(), '\0');
+      if (args.empty() || !absl::EndsWith(args[0], "kiln-worker")) continue;
+      auto job = std::find(args.begin(), args.end(), "--job");
+      auto rank = std::find(args.begin(), args.end(), "--rank");
+      if (job == args.end() || job + 1 == args.end() || *(job + 1) != job_id) continue;
+      if (rank == args.end() || rank + 1 == args.end()) continue;
+      found.emplace_back(std::stoi(*(rank + 1)), static_cast<pid_t>(std::stoi(name)));
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+  }
+  std::string Metrics() {
+    httplib::Client client("127.0.0.1", kilnd_->metrics_port());
+    httplib::Result r = client.Get("/metrics");
+    return r ? r->body : "";
+  }
+
+  std::string root_;
+  std::unique_ptr<kiln::testing::KilndChild> kilnd_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Training::Stub> stub_;
+};
+
+TEST_F(WorkerJobsTest, TwoWorkersTrainTheModelOneProcessTrainsWithEveryRankReporting) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  const std::string two = testing::SubmitJob(*stub_, Workers(2, 2));
+  const std::string one = testing::SubmitJob(*stub_, SmallSpec("toy", 2));
+  const v1::Job two_done = WaitForEnd(two);
+  const v1::Job one_done = WaitForEnd(one);
+  ASSERT_EQ(two_done.state(), v1::JOB_STATE_SUCCEEDED) << two_done.reason();
+  ASSERT_EQ(one_done.state(), v1::JOB_STATE_SUCCEEDED) << one_done.reason();
+  EXPECT_EQ(two_done.device(), "cpu");
+  EXPECT_EQ(two_done.epochs_done(), 2);
+  EXPECT_EQ(two_done.global_step(), one_done.global_step());
+  // The same mathematics: only the order of summing the samples' gradients differs.
+  EXPECT_NEAR(two_done.last_epoch().train_loss(), one_done.last_epoch().train_loss(), 1e-4);
+  EXPECT_NEAR(two_done.last_epoch().test_loss(), one_done.last_epoch().test_loss(), 1e-4);
+  EXPECT_NEAR(two_done.last_epoch().test_accuracy(), one_done.last_epoch().test_accuracy(),
+              1.0 / 64 + 1e-9);
+
+  testing::WatchResult watch = testing::WatchToEnd(*stub_, two, /*include_steps=*/true);
+  ASSERT_OK(watch.status);
+  int steps = 0, epochs = 0, checkpoints = 0;
+  int64_t last_seq = 0, last_step = 0;
+  for (const v1::JobEvent& e : watch.events) {
+    EXPECT_GT(e.seq(), last_seq);
+    last_seq = e.seq();
+    if (e.has_step()) {
+      ++steps;
+      EXPECT_EQ(e.step().global_step(), last_step + 1) << "rank 0's steps, each once, in order";
+      last_step = e.step().global_step();
+      EXPECT_EQ(e.step().rank_samples_per_sec_size(), 2);
+    }
+    epochs += e.has_epoch() ? 1 : 0;
+    if (e.has_checkpoint()) {
+      ++checkpoints;
+      EXPECT_EQ(e.checkpoint().kind(), v1::CHECKPOINT_KIND_FINAL);
+      EXPECT_EQ(e.checkpoint().global_step(), two_done.global_step());
+    }
+  }
+  EXPECT_EQ(steps, two_done.global_step());
+  EXPECT_EQ(epochs, 2);
+  EXPECT_EQ(checkpoints, 1);
+  EXPECT_TRUE(WorkerPids(two).empty()) << "the workers exited";
+
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr(absl::StrCat("kiln_job_workers{job_id=\"", two)));
+  EXPECT_THAT(metrics, HasSubstr("kiln_worker_samples_per_second{"));
+  EXPECT_THAT(metrics, HasSubstr("rank=\"1\""));
+  EXPECT_THAT(metrics, HasSubstr("kiln_allreduce_bytes_total{"));
+  EXPECT_THAT(metrics, HasSubstr("kiln_allreduce_duration_seconds_count{"));
+}
+
+TEST_F(WorkerJobsTest, AKilledWorkerFailsTheJobNamingARankAndNoWorkerIsLeft) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd("20ms"));
+  const std::string id = testing::SubmitJob(*stub_, Workers(2, 1000));
+  ASSERT_TRUE(WaitForSteps(id, 3)) << Get(id).reason();
+  std::vector<std::pair<int, pid_t>> pids = WorkerPids(id);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(kill(pids[1].second, SIGKILL), 0);
+  const v1::Job job = WaitForEnd(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("rank"));
+  EXPECT_EQ(job.retries(), 0);
+  EXPECT_TRUE(WaitFor([&] { return WorkerPids(id).empty(); }, absl::Seconds(30)))
+      << "rank 0 was stopped too";
+}
+
+TEST_F(WorkerJobsTest, AFailedAttemptIsRetriedFromTheLatestCheckpoint) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd("20ms"));
+  v1::JobSpec spec = Workers(2, 3);
+  spec.set_max_retries(1);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  // Into the second epoch (8 steps an epoch), after the first epoch's checkpoint.
+  ASSERT_TRUE(WaitFor([&] { return testing::ListCheckpoints(*stub_, id).size() >= 1; }, kWait));
+  ASSERT_TRUE(WaitForSteps(id, 10));
+  std::vector<std::pair<int, pid_t>> pids = WorkerPids(id);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(kill(pids[0].second, SIGKILL), 0);
+  const v1::Job job = WaitForEnd(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.retries(), 1);
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_GE(job.resumed_from_step(), 8) << "the second attempt started from a checkpoint";
+  EXPECT_EQ(job.epochs_done(), 3);
+  testing::WatchResult watch = testing::WatchToEnd(*stub_, id);
+  bool retried = false;
+  for (const v1::JobEvent& e : watch.events) {
+    if (e.has_state() && absl::StrContains(e.state().reason(), "retry 1 of 1")) retried = true;
+  }
+  EXPECT_TRUE(retried) << "a state event says why the job started again";
+}
+
+TEST_F(WorkerJobsTest, CancelAndCheckpointNowReachEveryRank) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd("20ms"));
+  const std::string id = testing::SubmitJob(*stub_, Workers(2, 1000));
+  ASSERT_TRUE(WaitForSteps(id, 3)) << Get(id).reason();
+  grpc::ClientContext context;
+  v1::CreateCheckpointRequest request;
+  request.set_job_id(id);
+  v1::Checkpoint made;
+  ASSERT_OK(stub_->CreateCheckpoint(&context, request, &made));
+  EXPECT_EQ(made.kind(), v1::CHECKPOINT_KIND_ON_DEMAND);
+  EXPECT_GT(made.global_step(), 0);
+
+  grpc::ClientContext cancel_context;
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(id);
+  v1::Job ignored;
+  ASSERT_OK(stub_->CancelJob(&cancel_context, cancel, &ignored));
+  const v1::Job job = WaitForEnd(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED) << job.reason();
+  std::vector<v1::Checkpoint> checkpoints = testing::ListCheckpoints(*stub_, id);
+  ASSERT_FALSE(checkpoints.empty());
+  EXPECT_EQ(checkpoints.back().kind(), v1::CHECKPOINT_KIND_CANCEL);
+  EXPECT_TRUE(WaitFor([&] { return WorkerPids(id).empty(); }, absl::Seconds(30)));
+}
+
+TEST_F(WorkerJobsTest, AShutdownStopsTheWorkersAndTheJobResumesOnRestart) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd("20ms"));
+  const std::string id = testing::SubmitJob(*stub_, Workers(2, 3));
+  ASSERT_TRUE(WaitForSteps(id, 3)) << Get(id).reason();
+  ASSERT_EQ(kilnd_->Stop(SIGTERM, absl::Seconds(60)), 0) << kilnd_->Stderr();
+  EXPECT_TRUE(WorkerPids(id).empty());
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  const v1::Job job = WaitForEnd(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.attempts(), 2);
+  EXPECT_GE(job.resumed_from_step(), 3) << "resumed from the shutdown checkpoint";
+  EXPECT_EQ(job.crash_resumes(), 0);
 }
 
 }  // namespace
