@@ -238,6 +238,30 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   workers.external_join_timeout = options.external_worker_join_timeout;
   workers.cpu_threads = CpuBackendThreads({0, std::max(1, options.max_jobs_per_device)});
   workers.step_delay = options.step_delay;
+  const TlsMode tls_mode = TlsModeOf(options.tls);
+  if (tls_mode != TlsMode::kOff) {
+    if (options.worker_tls_ca.empty()) {
+      workers.local_workers_refusal =
+          "kilnd serves TLS (--tls_cert), and the workers it would start cannot verify it: start "
+          "kilnd with --worker_tls_ca (the CA that signed its certificate), or start the job's "
+          "workers elsewhere (external_workers)";
+    } else if (tls_mode == TlsMode::kMutualTls &&
+               (options.worker_tls_cert.empty() || options.worker_tls_key.empty())) {
+      workers.local_workers_refusal =
+          "kilnd asks clients for certificates (--tls_client_ca): start it with "
+          "--worker_tls_cert and --worker_tls_key for the workers it starts, or start the job's "
+          "workers elsewhere (external_workers)";
+    }
+    for (const auto& [flag, value] :
+         {std::pair<const char*, const std::string*>{"--tls_ca", &options.worker_tls_ca},
+          {"--tls_server_name", &options.worker_tls_server_name},
+          {"--tls_cert", &options.worker_tls_cert},
+          {"--tls_key", &options.worker_tls_key}}) {
+      if (value->empty()) continue;
+      workers.worker_args.push_back(flag);
+      workers.worker_args.push_back(*value);
+    }
+  }
   d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
                                              d->datasets_.get(), manager_options);
   KILN_RETURN_IF_ERROR(d->manager_->Recover());

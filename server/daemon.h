@@ -77,6 +77,10 @@ struct DaemonOptions {
   std::string worker_binary;
   absl::Duration worker_join_timeout = absl::Seconds(60);
   absl::Duration external_worker_join_timeout = absl::Minutes(10);
+  // TLS of the workers kilnd starts, when it serves TLS: the CA that signed --tls_cert (and the
+  // name to verify, when the certificate does not name the listen address), and with mutual
+  // TLS a client certificate and key. Without them such jobs are refused at Submit.
+  std::string worker_tls_ca, worker_tls_server_name, worker_tls_cert, worker_tls_key;
   // The HTTP listener on HOST:PORT (port 0 picks one): Prometheus /metrics and the KServe v2
   // REST API under /v2, with the TLS and tokens of the gRPC port; empty: not served.
   std::string metrics_listen;

@@ -92,6 +92,15 @@ ABSL_FLAG(absl::Duration, worker_join_timeout, absl::Seconds(60),
           "how long the workers kilnd starts may take to join their job");
 ABSL_FLAG(absl::Duration, external_worker_join_timeout, absl::Minutes(10),
           "how long workers started elsewhere (JobSpec.external_workers) may take to join");
+ABSL_FLAG(std::string, worker_tls_ca, "",
+          "with --tls_cert: the CA the workers kilnd starts verify it with (else such jobs are "
+          "refused)");
+ABSL_FLAG(std::string, worker_tls_server_name, "",
+          "with --worker_tls_ca: the name workers verify when the certificate does not name "
+          "the listen address");
+ABSL_FLAG(std::string, worker_tls_cert, "",
+          "with --tls_client_ca: the client certificate the workers kilnd starts present");
+ABSL_FLAG(std::string, worker_tls_key, "", "the key of --worker_tls_cert");
 ABSL_FLAG(absl::Duration, step_delay, absl::ZeroDuration(),
           "testing only: pause after every training step");
 
@@ -187,6 +196,10 @@ int main(int argc, char** argv) {
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.worker_join_timeout = absl::GetFlag(FLAGS_worker_join_timeout);
   options.external_worker_join_timeout = absl::GetFlag(FLAGS_external_worker_join_timeout);
+  options.worker_tls_ca = absl::GetFlag(FLAGS_worker_tls_ca);
+  options.worker_tls_server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
+  options.worker_tls_cert = absl::GetFlag(FLAGS_worker_tls_cert);
+  options.worker_tls_key = absl::GetFlag(FLAGS_worker_tls_key);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   // The default address may be taken by another kilnd (a warning, then no metrics); one asked
   // for explicitly must work.

@@ -340,6 +340,10 @@ absl::StatusOr<std::string> JobManager::CheckWorkers(const v1::JobSpec& spec,
         "spec.workers: this kilnd does not run jobs of several workers");
   }
   const int workers = std::max(1, spec.workers());
+  if (!spec.external_workers() && !options_.workers.local_workers_refusal.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.workers: ", options_.workers.local_workers_refusal));
+  }
   if (!spec.external_workers() && access(options_.workers.worker_binary.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("spec.workers: kilnd cannot start workers: ", options_.workers.worker_binary,

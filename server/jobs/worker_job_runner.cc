@@ -184,6 +184,7 @@ absl::Status WorkerJobRunner::StartLocalWorkers(const std::string& coordinator,
         options_.worker_binary, "--coordinator", coordinator,        "--job",
         slot_->job.id(),        "--rank",        absl::StrCat(rank), "--data_dir",
         options_.data_dir};
+    args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -27,8 +27,13 @@ namespace kiln::server {
 struct WorkerRunnerOptions {
   std::string state_dir;  // checkpoints and the workers' logs go under it
   std::string data_dir;   // handed to local workers, which read the dataset from it
-  // The kiln-worker executable kilnd starts for local workers.
+  // The kiln-worker executable kilnd starts for local workers, and arguments they all get
+  // after their own (TLS to kilnd).
   std::string worker_binary;
+  std::vector<std::string> worker_args;
+  // Non-empty: why this kilnd cannot start local workers (its TLS needs worker flags it was not
+  // given); Submit refuses such jobs with it.
+  std::string local_workers_refusal;
   WorkerRegistry* registry = nullptr;
   // Local workers that have not all joined by then fail the attempt; external ones get longer
   // (their pods may be scheduled and pulled first).

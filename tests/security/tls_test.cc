@@ -227,6 +227,47 @@ TEST_F(TlsTest, MutualTlsRefusesClientsWithoutACertificateOfItsCa) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// The workers kilnd starts for a job of several connect to it with TLS too: with the CA given by
+// --worker_tls_ca (and under mutual TLS the certificate of --worker_tls_cert); without it such
+// jobs are refused at once, naming the flag, rather than failing in their workers.
+TEST_F(TlsTest, WorkersKilndStartsConnectWithTheWorkerTlsFlags) {
+  client::testing::WriteToyDataset(root_ + "/data/toy", 256, 64);
+  const std::vector<std::string> submit = {
+      "--tls-ca", pki_->ca_cert, "--tls-cert", pki_->client_cert, "--tls-key", pki_->client_key,
+      "submit",   "--preset",    "mnist-mlp",  "--dataset",       "toy",       "--workers",
+      "2",        "--device",    "cpu"};
+  std::vector<std::string> args = ServerTls();
+  args.push_back("--tls_client_ca=" + pki_->ca_cert);
+  {
+    KilndUnderTest kilnd(root_);
+    ASSERT_TRUE(kilnd.Start(args));
+    RunResult r = Kiln(kilnd, submit);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("start kilnd with --worker_tls_ca"));
+    ASSERT_EQ(kilnd.Stop(), 0);
+  }
+  {
+    KilndUnderTest kilnd(root_);
+    std::vector<std::string> with_ca = args;
+    with_ca.push_back("--worker_tls_ca=" + pki_->ca_cert);
+    ASSERT_TRUE(kilnd.Start(with_ca));
+    RunResult r = Kiln(kilnd, submit);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("--worker_tls_cert and --worker_tls_key"));
+    ASSERT_EQ(kilnd.Stop(), 0);
+  }
+  KilndUnderTest kilnd(root_);
+  args.push_back("--worker_tls_ca=" + pki_->ca_cert);
+  args.push_back("--worker_tls_cert=" + pki_->client_cert);
+  args.push_back("--worker_tls_key=" + pki_->client_key);
+  ASSERT_TRUE(kilnd.Start(args));
+  std::vector<std::string> watched = submit;
+  watched.push_back("--watch");
+  RunResult r = Kiln(kilnd, watched);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+}
+
 // Replaces `path` as renewal tools do: the new content in a file beside it, then a rename.
 void Renew(const std::string& path, const std::string& content) {
   WriteFile(path + ".new", content);
