@@ -156,6 +156,38 @@ TEST(WorkerAttemptTest, ReportsInOrderReachTheHookAndAFailureOrASilentEndFailsTh
   EXPECT_EQ(attempt.State().ranks[0], RankState::kFailed);
 }
 
+// The runner behind the hooks goes once End returns: a hook still running must finish first,
+// and none may start after.
+TEST(WorkerAttemptTest, EndWaitsForARunningHookAndRefusesLaterReports) {
+  std::atomic<bool> in_hook{false}, release{false}, hook_done{false};
+  WorkerAttempt::Hooks hooks;
+  hooks.on_report = [&](int, const v1::WorkerReport&) {
+    in_hook = true;
+    while (!release) absl::SleepFor(absl::Milliseconds(1));
+    hook_done = true;
+    return absl::OkStatus();
+  };
+  WorkerAttempt attempt("job-1", TwoRankJoin(), {"cpu", "cpu"}, hooks);
+  ASSERT_OK(attempt.Join(0, "a"));
+  ASSERT_OK(attempt.Report(0, Hello(0)));
+  v1::WorkerReport step;
+  step.mutable_step()->mutable_metrics()->set_global_step(1);
+  std::thread reporter([&] { EXPECT_OK(attempt.Report(0, step)); });
+  ASSERT_TRUE(WaitFor([&] { return in_hook.load(); }, kWait));
+  std::atomic<bool> ended{false};
+  std::thread ender([&] {
+    attempt.End();
+    ended = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(ended) << "End returned while a hook ran";
+  release = true;
+  ender.join();
+  EXPECT_TRUE(hook_done);
+  reporter.join();
+  EXPECT_THAT(attempt.Report(0, step), StatusIs(absl::StatusCode::kAborted));
+}
+
 TEST(WorkerAttemptTest, AWorkersOwnFailureIsTheAttemptsReason) {
   WorkerAttempt attempt("job-1", TwoRankJoin(), {"cpu", "cpu"}, {});
   ASSERT_OK(attempt.Join(1, "b"));
