@@ -121,7 +121,8 @@ class RankRun {
         connection_(connection),
         report_(report),
         joined_(joined),
-        policy_(joined.spec().checkpoint_policy()) {}
+        policy_(joined.spec().checkpoint_policy()),
+        best_score_(joined.best_test_accuracy()) {}
 
   ~RankRun() {
     std::error_code ec;
@@ -165,7 +166,7 @@ class RankRun {
   absl::Time step_start_ = absl::Now();
   int epoch_ended_ = 0;
   bool improved_ = false;
-  double best_score_ = 0;  // as Job.best_test_accuracy starts
+  double best_score_;  // the job's best so far, from kilnd (Job.best_test_accuracy)
   int64_t last_written_step_ = -1;
 };
 
