@@ -23,6 +23,20 @@ WorkerAttempt::WorkerAttempt(std::string job_id, v1::JoinJobResponse join,
       hooks_(std::move(hooks)),
       ranks_(join_.world_size(), RankState::kWaiting) {}
 
+template <typename Result, typename Call>
+Result WorkerAttempt::RunHook(Call call) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return absl::AbortedError("the attempt has ended");
+    ++hooks_running_;
+  }
+  Result result = call();
+  std::lock_guard<std::mutex> lock(mu_);
+  --hooks_running_;
+  cv_.notify_all();
+  return result;
+}
+
 absl::Status WorkerAttempt::CheckRankLocked(int rank) const {
   if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside the job's ",
@@ -124,12 +138,9 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
     }
   }
   // Outside the lock: the hook takes the job manager's, and waits must not stall behind it.
-  absl::Status s = hooks_.on_report ? hooks_.on_report(rank, report) : absl::OkStatus();
+  if (!hooks_.on_report) return absl::OkStatus();
+  absl::Status s = RunHook<absl::Status>([&] { return hooks_.on_report(rank, report); });
   if (!s.ok()) Fail(s);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
-  }
   return s;
 }
 
@@ -160,12 +171,9 @@ std::optional<v1::WorkerCommand> WorkerAttempt::NextCommand(int rank, absl::Dura
 
 absl::StatusOr<v1::Checkpoint> WorkerAttempt::RecordCheckpoint(
     const v1::WriteCheckpointHeader& header, const std::string& path) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ended_) return absl::AbortedError("the attempt has ended");
-  }
   if (!hooks_.record_checkpoint) return absl::InternalError("the attempt records no checkpoints");
-  return hooks_.record_checkpoint(header, path);
+  return RunHook<absl::StatusOr<v1::Checkpoint>>(
+      [&] { return hooks_.record_checkpoint(header, path); });
 }
 
 void WorkerAttempt::Command(v1::WorkerCommand::Action action) {
@@ -187,9 +195,10 @@ void WorkerAttempt::Fail(absl::Status why) {
 }
 
 void WorkerAttempt::End() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   ended_ = true;
   cv_.notify_all();
+  cv_.wait(lock, [&] { return hooks_running_ == 0; });
 }
 
 bool WorkerAttempt::WaitForChange(absl::Duration timeout) {

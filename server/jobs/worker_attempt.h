@@ -73,7 +73,8 @@ class WorkerAttempt {
   void Command(v1::WorkerCommand::Action action);
   // Fails the attempt with `why` (the first failure wins) and wakes every waiter.
   void Fail(absl::Status why);
-  // Ends the attempt: waits wake, later calls from its workers are refused.
+  // Ends the attempt: waits wake, later calls from its workers are refused, and hooks already
+  // running are waited for, so that whatever they reach may go once End returns.
   void End();
   // Waits up to `timeout` for a change (a join, a report, an end); false when none came.
   bool WaitForChange(absl::Duration timeout);
@@ -86,6 +87,9 @@ class WorkerAttempt {
   Snapshot State();
 
  private:
+  // Runs `call` (a hook) unless the attempt has ended, counted so that End waits for it.
+  template <typename Result, typename Call>
+  Result RunHook(Call call);
   // Locked: a rank in range, or InvalidArgument.
   absl::Status CheckRankLocked(int rank) const;
   void FailLocked(absl::Status why);
@@ -102,6 +106,7 @@ class WorkerAttempt {
   std::deque<v1::WorkerCommand> commands_;  // for rank 0
   absl::Status failure_;
   bool ended_ = false;
+  int hooks_running_ = 0;  // calls into hooks_ that End waits for
 };
 
 // The attempts kilnd runs now, by job, and the tokens their workers present.

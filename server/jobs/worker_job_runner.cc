@@ -346,6 +346,10 @@ absl::Status WorkerJobRunner::Run() {
   join.set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
   join.set_step_delay_ms(absl::ToInt64Milliseconds(options_.step_delay));
   join.set_dataset(spec.dataset());
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    join.set_best_test_accuracy(slot_->job.best_test_accuracy());
+  }
 
   WorkerAttempt::Hooks hooks;
   hooks.on_report = [this](int rank, const v1::WorkerReport& r) { return OnReport(rank, r); };

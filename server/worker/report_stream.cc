@@ -6,6 +6,12 @@
 #include "absl/time/clock.h"
 
 namespace kiln::worker {
+namespace {
+
+// How long one report may wait to be written before the stream counts as broken.
+constexpr absl::Duration kWriteTimeout = absl::Minutes(1);
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ReportStream>> ReportStream::Open(CoordinatorConnection* connection,
                                                                  const std::string& job_id,
@@ -27,15 +33,56 @@ absl::StatusOr<std::unique_ptr<ReportStream>> ReportStream::Open(CoordinatorConn
         "opening the Report stream");
   }
   stream->reader_ = std::thread([s = stream.get()] { s->ReadCommands(); });
+  stream->watchdog_ = std::thread([s = stream.get()] { s->WatchWrites(); });
   return stream;
 }
 
 ReportStream::~ReportStream() {
+  StopWatchdog();
   if (reader_.joinable()) {
     context_->TryCancel();
     reader_.join();
     stream_->Finish().IgnoreError();
   }
+}
+
+void ReportStream::SetBroken(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(reason_mu_);
+  if (broken_.load()) return;
+  broken_reason_ = reason;
+  broken_.store(true);
+}
+
+bool ReportStream::Watched(const std::function<bool()>& write) {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    write_since_ = absl::Now();
+  }
+  const bool written = write();
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  write_since_ = absl::InfiniteFuture();
+  return written;
+}
+
+void ReportStream::WatchWrites() {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!watch_stop_) {
+    if (absl::Now() - write_since_ > kWriteTimeout) {
+      SetBroken(absl::StrCat("kilnd took no report for ", absl::FormatDuration(kWriteTimeout)));
+      context_->TryCancel();  // the blocked Write returns false
+      return;
+    }
+    watch_cv_.wait_for(lock, std::chrono::seconds(1));
+  }
+}
+
+void ReportStream::StopWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watch_stop_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 void ReportStream::ReadCommands() {
@@ -57,11 +104,7 @@ void ReportStream::ReadCommands() {
   }
   {
     std::lock_guard<std::mutex> lock(write_mu_);
-    if (!closed_) {
-      std::lock_guard<std::mutex> reason_lock(reason_mu_);
-      broken_reason_ = "kilnd ended the Report stream before this worker was done";
-      broken_.store(true);
-    }
+    if (!closed_) SetBroken("kilnd ended the Report stream before this worker was done");
   }
   reader_done_.store(true);
 }
@@ -74,7 +117,7 @@ std::string ReportStream::broken_reason() const {
 absl::Status ReportStream::Send(const v1::WorkerReport& report) {
   std::lock_guard<std::mutex> lock(write_mu_);
   if (closed_) return absl::FailedPreconditionError("the Report stream is closed");
-  if (broken_.load() || !stream_->Write(report)) {
+  if (broken_.load() || !Watched([&] { return stream_->Write(report); })) {
     return absl::UnavailableError("the Report stream to kilnd broke (kilnd went away?)");
   }
   return absl::OkStatus();
@@ -86,8 +129,8 @@ absl::Status ReportStream::Close(const v1::WorkerReport& last, absl::Duration ti
     std::lock_guard<std::mutex> lock(write_mu_);
     if (closed_) return absl::FailedPreconditionError("the Report stream is closed already");
     closed_ = true;
-    sent = !broken_.load() && stream_->Write(last);
-    stream_->WritesDone();
+    sent = !broken_.load() && Watched([&] { return stream_->Write(last); });
+    Watched([&] { return stream_->WritesDone(); });
   }
   // kilnd ends the call once it has taken the last report; one that does not is given up on.
   const absl::Time deadline = absl::Now() + timeout;
@@ -96,6 +139,7 @@ absl::Status ReportStream::Close(const v1::WorkerReport& last, absl::Duration ti
   }
   if (!reader_done_.load()) context_->TryCancel();
   reader_.join();
+  StopWatchdog();
   absl::Status status = FromGrpc(stream_->Finish(), "the Report stream");
   if (!status.ok()) return status;
   if (!sent) return absl::UnavailableError("the last report did not reach kilnd");

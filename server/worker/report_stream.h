@@ -1,9 +1,13 @@
-// A worker's Report stream to kilnd (worker.proto): reports go out from the training thread (and
-// a signal watcher's last word), commands come in on a reader thread of its own, which records
-// them for rank 0 to pick up between steps, and notices when the stream breaks.
+// A worker's Report stream to kilnd (worker.proto): reports go out from the training thread,
+// commands come in on a reader thread of its own, which records them for rank 0 to pick up
+// between steps and notices when the stream breaks. A watchdog cancels the call when a report
+// cannot be written for a minute (kilnd alive on the network but not reading), so a worker
+// never waits on kilnd for ever.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -11,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/worker/coordinator_connection.h"
 
 namespace kiln::worker {
@@ -48,6 +53,12 @@ class ReportStream {
   ReportStream(CoordinatorConnection* connection, std::unique_ptr<grpc::ClientContext> context)
       : connection_(connection), context_(std::move(context)) {}
   void ReadCommands();
+  // Marks the stream broken for `reason`, unless it broke already.
+  void SetBroken(const std::string& reason);
+  // Runs `write` (a Write or WritesDone of stream_) under the watchdog's eye.
+  bool Watched(const std::function<bool()>& write);
+  void WatchWrites();
+  void StopWatchdog();
 
   CoordinatorConnection* connection_;
   std::unique_ptr<grpc::ClientContext> context_;
@@ -60,6 +71,12 @@ class ReportStream {
   mutable std::mutex reason_mu_;
   std::string broken_reason_;
   std::thread reader_;
+
+  std::mutex watch_mu_;  // guards write_since_ and watch_stop_
+  std::condition_variable watch_cv_;
+  absl::Time write_since_ = absl::InfiniteFuture();  // when the write in flight began
+  bool watch_stop_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace kiln::worker

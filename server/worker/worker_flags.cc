@@ -38,6 +38,8 @@ const std::vector<StringFlag>& StringFlags() {
 
 // Flags that are not plain strings: --rank (an integer) and --token_file (read into `token`).
 constexpr const char* kRankFlag = "rank";
+constexpr const char* kJoinWaitFlag = "join_wait";
+constexpr const char* kThreadsFlag = "threads";
 constexpr const char* kTokenFileFlag = "token_file";
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& where, const std::string& path) {
@@ -93,7 +95,8 @@ absl::StatusOr<WorkerFlags> ParseWorkerFlags(const std::vector<std::string>& arg
           "--token: the worker token is never a flag (others can read a command line); set "
           "KILN_WORKER_TOKEN or pass --token_file FILE");
     }
-    bool known = name == kRankFlag || name == kTokenFileFlag;
+    bool known = name == kRankFlag || name == kTokenFileFlag || name == kJoinWaitFlag ||
+                 name == kThreadsFlag;
     for (const StringFlag& f : StringFlags()) known = known || name == f.name;
     if (!known) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
@@ -157,6 +160,28 @@ absl::StatusOr<WorkerFlags> ParseWorkerFlags(const std::vector<std::string>& arg
         absl::StrCat(where, " \"", *rank, "\" is not a rank (an integer from 0)"));
   }
 
+  // Integer flags from 0: `what` says what the number counts, for the message.
+  auto count_flag = [&](const char* name, const char* var, const char* what,
+                        int* out) -> absl::Status {
+    std::string where;
+    const std::optional<std::string> value = lookup(name, {var}, &where);
+    if (!value.has_value()) return absl::OkStatus();
+    if (!absl::SimpleAtoi(*value, out) || *out < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " \"", *value, "\" is not a number of ",
+                                                     what, " (an integer from 0)"));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s =
+          count_flag(kJoinWaitFlag, "KILN_JOIN_WAIT", "seconds", &flags.join_wait_seconds);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = count_flag(kThreadsFlag, "KILN_THREADS", "threads", &flags.threads);
+      !s.ok()) {
+    return s;
+  }
+
   if (std::optional<std::string> file = lookup(kTokenFileFlag, {}, &where); file.has_value()) {
     absl::StatusOr<std::string> token = ReadTokenFile(where, *file);
     if (!token.ok()) return token.status();
@@ -204,6 +229,10 @@ Every flag may instead come from the environment variable beside it; a flag wins
                                               dataset is not there, it is fetched from kilnd
   --cache_dir DIR          KILN_CACHE_DIR     where fetched datasets go
                                               (default $TMPDIR/kiln-worker-cache)
+  --join_wait SECONDS      KILN_JOIN_WAIT     how long to keep asking to join while the job is
+                                              not taking workers yet (default 60)
+  --threads N              KILN_THREADS       CPU threads for this rank (default: kilnd's share,
+                                              else every core; set it under a CPU quota)
   --gloo_host ADDR         KILN_GLOO_HOST     the address this rank listens on for its peers
                                               (default 127.0.0.1: every rank on one machine)
   --gloo_interface NAME    KILN_GLOO_INTERFACE

@@ -17,9 +17,15 @@ struct WorkerFlags {
   std::string coordinator;  // kilnd's gRPC address, HOST:PORT
   std::string job;          // the job's id
   int rank = -1;            // 0-based
-  std::string token;        // the attempt's worker token
-  std::string data_dir;     // a folder holding the dataset's folder; empty: fetch it from kilnd
-  std::string cache_dir;    // where fetched datasets go
+  // How long to keep asking to join while kilnd has no attempt taking workers (the job is still
+  // queued, or between attempts) or cannot be reached.
+  int join_wait_seconds = 60;
+  // CPU threads for this rank; 0: what kilnd says (JoinJobResponse.cpu_threads), else every core
+  // the process may run on. A container's CPU quota is not among what it sees: set it there.
+  int threads = 0;
+  std::string token;      // the attempt's worker token
+  std::string data_dir;   // a folder holding the dataset's folder; empty: fetch it from kilnd
+  std::string cache_dir;  // where fetched datasets go
   // The address this rank listens on for its peers (Gloo), or the interface whose address it
   // takes when set.
   std::string gloo_host = "127.0.0.1";

@@ -80,6 +80,36 @@ absl::Status WithContext(const absl::Status& status, const std::string& what) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
+// Joins the job's current attempt. Workers may start before it takes workers (the job is still
+// queued, kilnd is between attempts or restarting), so FAILED_PRECONDITION and UNAVAILABLE are
+// asked again every second for flags.join_wait_seconds.
+absl::StatusOr<v1::JoinJobResponse> JoinJob(CoordinatorConnection& connection,
+                                            const WorkerFlags& flags,
+                                            const std::atomic<bool>& terminate) {
+  v1::JoinJobRequest request;
+  request.set_job_id(flags.job);
+  request.set_rank(flags.rank);
+  request.set_host(HostName());
+  const std::string what = absl::StrCat("rank ", flags.rank, ": joining job ", flags.job);
+  const absl::Time give_up = absl::Now() + absl::Seconds(flags.join_wait_seconds);
+  bool said_waiting = false;
+  while (true) {
+    v1::JoinJobResponse joined;
+    auto context = connection.NewContext(kJoinTimeout);
+    const grpc::Status status = connection.stub().JoinJob(context.get(), request, &joined);
+    if (status.ok()) return joined;
+    const bool retry = status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                       status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!retry || absl::Now() >= give_up || terminate.load()) return FromGrpc(status, what);
+    if (!said_waiting) {
+      std::fprintf(stderr, "kiln-worker: %s: %s; asking again for up to %d s\n", what.c_str(),
+                   status.error_message().c_str(), flags.join_wait_seconds);
+      said_waiting = true;
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
 // Everything one training run of this rank holds.
 class RankRun {
  public:
@@ -91,7 +121,8 @@ class RankRun {
         connection_(connection),
         report_(report),
         joined_(joined),
-        policy_(joined.spec().checkpoint_policy()) {}
+        policy_(joined.spec().checkpoint_policy()),
+        best_score_(joined.best_test_accuracy()) {}
 
   ~RankRun() {
     std::error_code ec;
@@ -112,6 +143,8 @@ class RankRun {
   absl::StatusOr<int32_t> BroadcastCommandWord(Backend* backend, int32_t word);
   // Rank 0 only: saves, hands the file to kilnd, deletes it.
   absl::Status WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
+  // The checkpoint of a run that stops anyway (cancel, shutdown): a failure is only told.
+  void WriteLastCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
 
   const WorkerFlags& flags_;
   const std::atomic<bool>& terminate_;
@@ -121,13 +154,19 @@ class RankRun {
   const server::CheckpointPolicy policy_;
   std::string scratch_dir_;  // rank 0's checkpoint files on their way to kilnd
 
-  TimedCommunicator* timed_ = nullptr;
-  Tensor command_word_;        // BroadcastCommandWord's staging in the backend's memory
+  // What training holds, alive until the run is destroyed, so that the last report goes out
+  // while the peers are still connected (kilnd then hears this rank's reason, not theirs of a
+  // vanished peer). Declared so that each goes before what it uses.
+  DatasetSplits data_;
+  std::unique_ptr<Backend> backend_;
+  Tensor command_word_;  // BroadcastCommandWord's staging in the backend's memory
+  std::unique_ptr<TimedCommunicator> timed_;
+  std::unique_ptr<Trainer> trainer_;
   absl::Status report_error_;  // from callbacks that cannot return one
   absl::Time step_start_ = absl::Now();
   int epoch_ended_ = 0;
   bool improved_ = false;
-  double best_score_ = 0;  // as Job.best_test_accuracy starts
+  double best_score_;  // the job's best so far, from kilnd (Job.best_test_accuracy)
   int64_t last_written_step_ = -1;
 };
 
@@ -218,6 +257,13 @@ absl::Status RankRun::WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind)
   return absl::OkStatus();
 }
 
+void RankRun::WriteLastCheckpoint(Trainer& trainer, v1::CheckpointKind kind) {
+  if (absl::Status s = WriteCheckpoint(trainer, kind); !s.ok()) {
+    std::fprintf(stderr, "kiln-worker: rank 0: %s checkpoint failed: %s\n",
+                 server::CheckpointKindName(kind).c_str(), std::string(s.message()).c_str());
+  }
+}
+
 std::string RankRun::Rank0AbortReason() const {
   if (terminate_.load()) return "rank 0 was stopped by a signal";
   if (report_->broken()) return absl::StrCat("rank 0: ", report_->broken_reason());
@@ -277,14 +323,16 @@ absl::Status RankRun::AfterStep(Trainer& trainer) {
                    std::string(s.message()).c_str());
     }
   }
-  if (word & kStopBit) {
+  if (word & (kStopBit | kCancelBit)) {
+    const bool stop = (word & kStopBit) != 0;
     if (policy_.OnShutdown()) {
-      WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
+      WriteLastCheckpoint(trainer,
+                          stop ? v1::CHECKPOINT_KIND_SHUTDOWN : v1::CHECKPOINT_KIND_CANCEL);
     }
-    return absl::AbortedError("kilnd is shutting down");
-  }
-  if (word & kCancelBit) {
-    if (policy_.OnShutdown()) WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_CANCEL).IgnoreError();
+    // kilnd ends the attempt at the first rank that reports how it ended; the others wait here
+    // until rank 0's last checkpoint is stored, so that it is not refused.
+    KILN_RETURN_IF_ERROR(timed_->Barrier());
+    if (stop) return absl::AbortedError("kilnd is shutting down");
     return absl::CancelledError(
         absl::StrCat("cancelled at global step ", trainer.position().global_step));
   }
@@ -340,39 +388,39 @@ absl::Status RankRun::Train() {
                                                       scratch_dir_, ": ", ec.message()));
     }
   }
-  KILN_ASSIGN_OR_RETURN(DatasetSplits data, LoadDataset());
+  KILN_ASSIGN_OR_RETURN(data_, LoadDataset());
   absl::StatusOr<TrainConfig> translated = TranslateSpec(joined_.spec(), AcceptedSpecLimits());
   KILN_RETURN_IF_ERROR(WithContext(translated.status(), "the job's spec"));
   TrainConfig config = *std::move(translated);
   config.epochs = joined_.epochs();  // more than the spec's after a resume with more epochs
 
   BackendOptions backend_options;
-  backend_options.threads = joined_.cpu_threads();
+  backend_options.threads = flags_.threads > 0 ? flags_.threads : joined_.cpu_threads();
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(joined_.device(), backend_options);
   KILN_RETURN_IF_ERROR(WithContext(backend.status(), absl::StrCat("device ", joined_.device())));
-  // The staging word lives in the backend's memory: it goes before the backend does.
-  absl::Cleanup release_command_word = [this] { command_word_ = Tensor(); };
+  backend_ = *std::move(backend);
 
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend->get()));
-  auto timed = std::make_unique<TimedCommunicator>(std::move(peers));
-  timed_ = timed.get();
-  config.communicator = timed_;
-  std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers\n", flags_.rank,
-               joined_.world_size() - 1);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend_.get()));
+  timed_ = std::make_unique<TimedCommunicator>(std::move(peers));
+  config.communicator = timed_.get();
+  std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers (training on %s%s)\n", flags_.rank,
+               joined_.world_size() - 1, joined_.device().c_str(),
+               backend_->kind() == DeviceKind::kCpu
+                   ? absl::StrCat(", threads=", CpuBackendThreads(backend_options)).c_str()
+                   : "");
 
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                        Trainer::Create(config, backend->get(), &data.train,
-                                        data.test.size > 0 ? &data.test : nullptr));
-  KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer));
+  KILN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, backend_.get(), &data_.train,
+                                                  data_.test.size > 0 ? &data_.test : nullptr));
+  KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer_));
 
   step_start_ = absl::Now();
-  KILN_RETURN_IF_ERROR(trainer->Run(MakeCallbacks(config, data.train.size)));
+  KILN_RETURN_IF_ERROR(trainer_->Run(MakeCallbacks(config, data_.train.size)));
 
   // Always leave a checkpoint of the finished model, for export and serving.
-  if (last_written_step_ != trainer->position().global_step) {
+  if (last_written_step_ != trainer_->position().global_step) {
     KILN_RETURN_IF_ERROR(
-        WithContext(WriteCheckpoint(*trainer, v1::CHECKPOINT_KIND_FINAL), "final checkpoint"));
+        WithContext(WriteCheckpoint(*trainer_, v1::CHECKPOINT_KIND_FINAL), "final checkpoint"));
   }
   return report_error_;
 }
@@ -392,31 +440,17 @@ absl::Status RunWorker(const WorkerFlags& flags, const std::atomic<bool>& termin
       CoordinatorConnection::Open(options);
   KILN_RETURN_IF_ERROR(WithContext(connection.status(), rank_name));
 
-  v1::JoinJobRequest request;
-  request.set_job_id(flags.job);
-  request.set_rank(flags.rank);
-  request.set_host(HostName());
-  v1::JoinJobResponse joined;
-  {
-    auto context = (*connection)->NewContext(kJoinTimeout);
-    KILN_RETURN_IF_ERROR(FromGrpc((*connection)->stub().JoinJob(context.get(), request, &joined),
-                                  absl::StrCat(rank_name, ": joining job ", flags.job)));
-  }
-  std::fprintf(stderr,
-               "kiln-worker: rank %d joined job %s (attempt %d, %d ranks, device %s, %d "
-               "threads)\n",
+  KILN_ASSIGN_OR_RETURN(const v1::JoinJobResponse joined, JoinJob(**connection, flags, terminate));
+  std::fprintf(stderr, "kiln-worker: rank %d joined job %s (attempt %d, %d ranks, device %s)\n",
                flags.rank, flags.job.c_str(), joined.attempt(), joined.world_size(),
-               joined.device().c_str(), joined.cpu_threads());
+               joined.device().c_str());
 
   absl::StatusOr<std::unique_ptr<ReportStream>> report =
       ReportStream::Open(connection->get(), flags.job, flags.rank);
   KILN_RETURN_IF_ERROR(WithContext(report.status(), rank_name));
 
-  absl::Status trained;
-  {
-    RankRun run(flags, terminate, connection->get(), report->get(), joined);
-    trained = run.Train();
-  }
+  RankRun run(flags, terminate, connection->get(), report->get(), joined);
+  absl::Status trained = run.Train();
   v1::WorkerReport last;
   if (trained.ok()) {
     last.mutable_done();

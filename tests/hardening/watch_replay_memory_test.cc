@@ -79,8 +79,9 @@ int64_t WriteFinishedJob(const std::string& db_path, int steps) {
   int64_t seq = 3;
   sqlite3_stmt* step = nullptr;
   EXPECT_EQ(sqlite3_prepare_v2(db,
-                               "INSERT INTO step_metrics VALUES ('long', ?, ?, ?, ?, ?, ?, ?, "
-                               "0.01, 50000)",
+                               "INSERT INTO step_metrics (job_id, seq, time_ms, epoch, "
+                               "step_in_epoch, steps_per_epoch, global_step, loss, lr, "
+                               "samples_per_sec) VALUES ('long', ?, ?, ?, ?, ?, ?, ?, 0.01, 50000)",
                                -1, &step, nullptr),
             SQLITE_OK);
   for (int s = 1; s <= steps; ++s) {

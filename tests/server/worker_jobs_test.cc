@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/v1/worker.grpc.pb.h"
 #include "server/jobs/dataset_catalog.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/job_store.h"
@@ -31,6 +32,7 @@
 #include "server/jobs/worker_attempt.h"
 #include "server_test_support.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/subprocess.h"
 
 namespace kiln::server {
 namespace {
@@ -154,6 +156,38 @@ TEST(WorkerAttemptTest, ReportsInOrderReachTheHookAndAFailureOrASilentEndFailsTh
   ASSERT_OK(attempt.Report(0, failed));
   EXPECT_THAT(attempt.State().failure, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(attempt.State().ranks[0], RankState::kFailed);
+}
+
+// The runner behind the hooks goes once End returns: a hook still running must finish first,
+// and none may start after.
+TEST(WorkerAttemptTest, EndWaitsForARunningHookAndRefusesLaterReports) {
+  std::atomic<bool> in_hook{false}, release{false}, hook_done{false};
+  WorkerAttempt::Hooks hooks;
+  hooks.on_report = [&](int, const v1::WorkerReport&) {
+    in_hook = true;
+    while (!release) absl::SleepFor(absl::Milliseconds(1));
+    hook_done = true;
+    return absl::OkStatus();
+  };
+  WorkerAttempt attempt("job-1", TwoRankJoin(), {"cpu", "cpu"}, hooks);
+  ASSERT_OK(attempt.Join(0, "a"));
+  ASSERT_OK(attempt.Report(0, Hello(0)));
+  v1::WorkerReport step;
+  step.mutable_step()->mutable_metrics()->set_global_step(1);
+  std::thread reporter([&] { EXPECT_OK(attempt.Report(0, step)); });
+  ASSERT_TRUE(WaitFor([&] { return in_hook.load(); }, kWait));
+  std::atomic<bool> ended{false};
+  std::thread ender([&] {
+    attempt.End();
+    ended = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(ended) << "End returned while a hook ran";
+  release = true;
+  ender.join();
+  EXPECT_TRUE(hook_done);
+  reporter.join();
+  EXPECT_THAT(attempt.Report(0, step), StatusIs(absl::StatusCode::kAborted));
 }
 
 TEST(WorkerAttemptTest, AWorkersOwnFailureIsTheAttemptsReason) {
@@ -583,6 +617,62 @@ TEST_F(WorkerJobsTest, AShutdownStopsTheWorkersAndTheJobResumesOnRestart) {
   EXPECT_EQ(job.attempts(), 2);
   EXPECT_GE(job.resumed_from_step(), 3) << "resumed from the shutdown checkpoint";
   EXPECT_EQ(job.crash_resumes(), 0);
+}
+
+// A resumed attempt must not take its first epoch for the best so far: kilnd tells its workers
+// the job's best, which their "best" checkpoints (keep_best) must beat.
+TEST_F(WorkerJobsTest, AResumedAttemptTellsItsWorkersTheJobsBestAccuracy) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  v1::JobSpec spec = Workers(2, 1);
+  spec.set_external_workers(true);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  grpc::ClientContext token_context;
+  v1::GetWorkerTokenRequest token_request;
+  token_request.set_job_id(id);
+  v1::GetWorkerTokenResponse token;
+  ASSERT_OK(stub_->GetWorkerToken(&token_context, token_request, &token));
+  const std::string worker = (fs::path(KILND_PATH).parent_path() / "kiln-worker").string();
+  std::vector<std::unique_ptr<kiln::testing::Subprocess>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(std::make_unique<kiln::testing::Subprocess>());
+    ASSERT_TRUE(ranks.back()->Start({worker, "--coordinator", kilnd_->address(), "--job", id,
+                                     "--rank", absl::StrCat(rank), "--data_dir", root_ + "/data"},
+                                    {"KILN_WORKER_TOKEN=" + token.token()}));
+  }
+  for (auto& r : ranks) EXPECT_EQ(r->Wait(kWait), 0);
+  const v1::Job first = WaitForEnd(id);
+  ASSERT_EQ(first.state(), v1::JOB_STATE_SUCCEEDED) << first.reason();
+  ASSERT_GT(first.best_test_accuracy(), 0);
+
+  grpc::ClientContext resume_context;
+  v1::ResumeJobRequest resume;
+  resume.set_job_id(id);
+  resume.set_epochs(2);
+  v1::Job resumed;
+  ASSERT_OK(stub_->ResumeJob(&resume_context, resume, &resumed));
+  // Joining as rank 0 of the new attempt, as a worker would.
+  auto workers = v1::Workers::NewStub(channel_);
+  v1::JoinJobResponse joined;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        grpc::ClientContext context;
+        context.AddMetadata("x-kiln-worker-token", token.token());
+        v1::JoinJobRequest join;
+        join.set_job_id(id);
+        join.set_rank(0);
+        return workers->JoinJob(&context, join, &joined).ok();
+      },
+      kWait));
+  EXPECT_EQ(joined.attempt(), 2);
+  EXPECT_EQ(joined.epochs(), 2);
+  EXPECT_DOUBLE_EQ(joined.best_test_accuracy(), first.best_test_accuracy());
+  EXPECT_GT(joined.resume_from().id(), 0);
+  grpc::ClientContext cancel_context;
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(id);
+  v1::Job ignored;
+  ASSERT_OK(stub_->CancelJob(&cancel_context, cancel, &ignored));
+  EXPECT_EQ(WaitForEnd(id).state(), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace

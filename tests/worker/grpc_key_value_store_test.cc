@@ -40,6 +40,13 @@ class GrpcKeyValueStoreTest : public ::testing::Test {
     grpc::Status status = training_->GetWorkerToken(&context, request, &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     token_ = response.token();
+    // RUNNING is announced a moment before the attempt takes workers (and serves its store).
+    auto connection = Connect(token_);
+    ASSERT_NE(connection, nullptr);
+    GrpcKeyValueStore store(connection.get(), job_);
+    ASSERT_TRUE(server::testing::WaitFor(
+        [&] { return store.Set("probe", "1").code() != absl::StatusCode::kFailedPrecondition; },
+        absl::Seconds(30)));
   }
 
   std::unique_ptr<CoordinatorConnection> Connect(const std::string& token) {
@@ -63,11 +70,13 @@ TEST_F(GrpcKeyValueStoreTest, SetThenGetReturnsTheValueFromAnotherConnection) {
   ASSERT_NE(reader, nullptr);
   GrpcKeyValueStore set_side(writer.get(), job_), get_side(reader.get(), job_);
   const std::string value("gloo\0address", 12);
-  ASSERT_TRUE(set_side.Set("rank_0", value).ok());
+  absl::Status set = set_side.Set("rank_0", value);
+  ASSERT_TRUE(set.ok()) << set;
   absl::StatusOr<std::string> got = get_side.Get("rank_0", absl::Seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, value);
-  ASSERT_TRUE(set_side.Set("rank_0", "replaced").ok());
+  set = set_side.Set("rank_0", "replaced");
+  ASSERT_TRUE(set.ok()) << set;
   EXPECT_EQ(*get_side.Get("rank_0", absl::Seconds(5)), "replaced");
   EXPECT_TRUE(get_side.Wait({"rank_0"}, absl::Seconds(5)).ok());
 }
@@ -79,7 +88,8 @@ TEST_F(GrpcKeyValueStoreTest, GetAndWaitTimeOutNamingTheKeys) {
   absl::StatusOr<std::string> missing = store.Get("nccl_unique_id", absl::Milliseconds(300));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(missing.status().message(), HasSubstr("nccl_unique_id"));
-  ASSERT_TRUE(store.Set("a", "1").ok());
+  absl::Status set = store.Set("a", "1");
+  ASSERT_TRUE(set.ok()) << set;
   absl::Status wait = store.Wait({"a", "b", "c"}, absl::Milliseconds(300));
   EXPECT_EQ(wait.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(wait.message(), HasSubstr("b, c"));

@@ -39,14 +39,16 @@ def make_idx_dataset(folder, train=320, test=100, seed=20):
 
 
 class Kiln:
-    """The kiln CLI against one kilnd; `prefix` runs it through a wrapper (ip netns exec NS)."""
+    """The kiln CLI against one kilnd; `prefix` runs it through a wrapper (ip netns exec NS),
+    `env` adds environment variables (KILN_TLS_CA)."""
 
-    def __init__(self, kiln, address, prefix=()):
+    def __init__(self, kiln, address, prefix=(), env=None):
         self.kiln, self.address, self.prefix = kiln, address, list(prefix)
+        self.env = dict(env or {})
 
     def run(self, *args, check=True):
         out = subprocess.run(self.prefix + [self.kiln, *args],
-                             env=dict(os.environ, KILN_SERVER=self.address),
+                             env=dict(os.environ, KILN_SERVER=self.address, **self.env),
                              capture_output=True, text=True, timeout=120)
         if check and out.returncode != 0:
             fail(f"kiln {' '.join(args)} exited {out.returncode}:\n{out.stdout}{out.stderr}")
@@ -80,9 +82,9 @@ class Kiln:
                 if line.startswith("{") and isinstance(json.loads(line).get("epoch"), dict)]
 
 
-def start_worker(worker, address, job, rank, token, log_path, extra=(), prefix=()):
+def start_worker(worker, address, job, rank, token, log_path, extra=(), prefix=(), env=None):
     """A kiln-worker as one started by hand; the token only in the environment."""
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     env.pop("KILN_WORKER_TOKEN", None)
     if token is not None:
         env["KILN_WORKER_TOKEN"] = token

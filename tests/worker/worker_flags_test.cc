@@ -106,6 +106,37 @@ TEST(WorkerFlags, DefaultsListenOnLoopbackAndCacheUnderTmp) {
   EXPECT_EQ(flags->gloo_interface, "");
   EXPECT_EQ(flags->data_dir, "");
   EXPECT_EQ(flags->cache_dir, "/tmp/kiln-worker-cache");
+  EXPECT_EQ(flags->join_wait_seconds, 60);
+}
+
+TEST(WorkerFlags, ThreadsOverrideKilndsShare) {
+  std::vector<std::string> args = kMinimal;
+  args.insert(args.end(), {"--threads=2"});
+  auto flags = ParseWorkerFlags(args, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_THREADS", "8"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->threads, 2);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_THREADS", "8"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->threads, 8);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->threads, 0);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_THREADS", "all"}}));
+  EXPECT_THAT(flags.status().message(), HasSubstr("KILN_THREADS \"all\" is not a number"));
+}
+
+TEST(WorkerFlags, JoinWaitIsSecondsFromTheFlagOrTheEnvironment) {
+  std::vector<std::string> args = kMinimal;
+  args.insert(args.end(), {"--join_wait", "300"});
+  auto flags = ParseWorkerFlags(args, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_JOIN_WAIT", "5"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->join_wait_seconds, 300);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_JOIN_WAIT", "5"}}));
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->join_wait_seconds, 5);
+  flags = ParseWorkerFlags(kMinimal, EnvOf({{"KILN_WORKER_TOKEN", "t"}, {"KILN_JOIN_WAIT", "1m"}}));
+  ASSERT_FALSE(flags.ok());
+  EXPECT_THAT(flags.status().message(), HasSubstr("KILN_JOIN_WAIT \"1m\""));
 }
 
 TEST(WorkerFlags, RankFallsBackToTheIndexedJobsCompletionIndex) {

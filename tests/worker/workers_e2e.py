@@ -8,7 +8,8 @@ externalWorkers: true), takes its token from `kiln worker-token`, and checks tha
 wrong token, one with a rank outside the job and one without a token are refused with a clear
 message; then starts ranks 0 (which fetches the dataset from kilnd) and 1 (which reads kilnd's
 data dir) by hand and checks that both exit 0, the job SUCCEEDED with an epoch event per epoch
-and a checkpoint at its last step, and the fetched files are the uploaded ones. Then resumes the
+and a checkpoint at its last step, and the fetched files are the uploaded ones, and that its
+epochs' losses and accuracy agree with the same spec trained in kilnd's process. Then resumes the
 job for one more epoch with two new workers (rank 0 reads the final checkpoint from kilnd) and
 checks it continued from the final step. Last, a job of two workers that kilnd starts itself
 (kiln-worker beside kilnd) succeeds the same way.
@@ -43,9 +44,10 @@ def check_succeeded(kiln, job, epochs=EPOCHS):
         fail(f"job {job}: epoch events for epochs {seen}, not 1..{epochs}")
     got = kiln.json("get", job)
     checkpoints = kiln.json("checkpoints", job).get("checkpoints", [])
-    steps = [int(c.get("globalStep", 0)) for c in checkpoints]
-    if int(got.get("globalStep", -1)) not in steps:
-        fail(f"job {job}: no checkpoint at its last step {got.get('globalStep')}: {steps}")
+    steps = [int(c.get("global_step", 0)) for c in checkpoints]
+    if int(got.get("global_step", -1)) not in steps:
+        fail(f"job {job}: no checkpoint at its last step {got.get('global_step')}: {checkpoints}"
+             f"\n{got}")
 
 
 def main():
@@ -89,9 +91,10 @@ def main():
         # The job's two ranks, started by hand as on other machines.
         cache = os.path.join(tmp, "cache")
         rank0 = start_worker(worker, address, job, 0, token, worker_log("rank0"),
-                             ["--cache_dir", cache])
+                             ["--cache_dir", cache, "--threads", "1"])
         rank1 = start_worker(worker, address, job, 1, token, worker_log("rank1"),
-                             ["--data_dir", os.path.join(tmp, "kilnd", "data")])
+                             ["--data_dir", os.path.join(tmp, "kilnd", "data")],
+                             env={"KILN_THREADS": "1"})
         def wait_ranks(ranks, log_suffix=""):
             for rank, p in ranks:
                 code = wait_exit(p, 180, f"rank {rank}")
@@ -101,7 +104,24 @@ def main():
 
         wait_ranks(((0, rank0), (1, rank1)))
         check_succeeded(kiln, job)
-        final_step = int(kiln.json("get", job)["globalStep"])
+        for rank in (0, 1):
+            if "training on cpu, threads=1" not in read(worker_log(f"rank{rank}")):
+                fail(f"rank {rank} did not take 1 thread:\n{read(worker_log(f'rank{rank}'))}")
+        final_step = int(kiln.json("get", job)["global_step"])
+        two_ranks = kiln.epoch_events(job)
+
+        # The same spec in kilnd's own process: data-parallel training is the same mathematics
+        # at the same global batch, so the epochs' numbers agree up to the order of float sums.
+        single = kiln.submit(dict(spec(external=False), workers=1), tmp)
+        check_succeeded(kiln, single)
+        for two, one in zip(two_ranks, kiln.epoch_events(single)):
+            for key in ("train_loss", "test_loss"):
+                if abs(two[key] - one[key]) > 1e-3 * max(1.0, abs(one[key])):
+                    fail(f"epoch {one['epoch']}: {key} {two[key]} over two workers, "
+                         f"{one[key]} in one process")
+            if abs(two["test_accuracy"] - one["test_accuracy"]) > 0.011:
+                fail(f"epoch {one['epoch']}: test accuracy {two['test_accuracy']} over two "
+                     f"workers, {one['test_accuracy']} in one process")
         fetched = os.path.join(cache, job, "tiny")
         for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                      "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
@@ -120,8 +140,8 @@ def main():
             fail("rank 0 did not resume:\n" + read(worker_log("rank0-resumed")))
         check_succeeded(kiln, job, EPOCHS + 1)
         resumed = kiln.json("get", job)
-        if int(resumed.get("resumedFromStep", 0)) != final_step:
-            fail(f"resumed from step {resumed.get('resumedFromStep')}, not {final_step}")
+        if int(resumed.get("resumed_from_step", 0)) != final_step:
+            fail(f"resumed from step {resumed.get('resumed_from_step')}, not {final_step}")
         print(f"external workers: job {job} resumed for epoch {EPOCHS + 1}", flush=True)
 
         # Workers that kilnd starts on its own machine.
