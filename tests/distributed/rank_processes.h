@@ -33,6 +33,10 @@ inline std::vector<RankExit> RunRanks(int size, const std::function<int(int rank
   for (int r = 0; r < size; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
+      // As kiln-worker: a write to a dead rank's socket is an error Gloo reports, not the end
+      // of this one. (Without it, a surviving rank of the kill tests was seen ended by a signal
+      // with no status written, 2 times in 10 runs of the suite; SIGPIPE is the likely one.)
+      signal(SIGPIPE, SIG_IGN);
       const int code = body(r);
       std::fflush(nullptr);
       _exit(code);
