@@ -204,6 +204,38 @@ inline absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g) {
   return absl::OkStatus();
 }
 
+// A fused max pooling records each window's winner as a byte: its position in scan order
+// (a * kernel_w + b), or this where the fused ReLU passes no gradient.
+inline constexpr uint8_t kMaskedWinner = 255;
+
+// Whether max pooling of geometry `pool` over the output of convolution `g` can run fused into
+// it (Backend::Conv2dMaxPoolForward): non-overlapping windows without padding, of fewer than
+// kMaskedWinner positions, over exactly the convolution's output. InvalidArgument naming what
+// differs otherwise.
+inline absl::Status CheckFusableMaxPool(const Conv2dGeometry& g, const Pool2dGeometry& pool) {
+  if (absl::Status s = CheckPool2d("maxpool2d", pool); !s.ok()) return s;
+  if (pool.stride_h != pool.kernel_h || pool.stride_w != pool.kernel_w || pool.padding_h != 0 ||
+      pool.padding_w != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "maxpool2d fused into conv2d: needs stride == kernel and no padding, got kernel ",
+        pool.kernel_h, "x", pool.kernel_w, " stride ", pool.stride_h, "x", pool.stride_w,
+        " padding ", pool.padding_h, "x", pool.padding_w));
+  }
+  if (int64_t{pool.kernel_h} * pool.kernel_w >= kMaskedWinner) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "maxpool2d fused into conv2d: a ", pool.kernel_h, "x", pool.kernel_w,
+        " window has more positions than a byte records (at most ", kMaskedWinner - 1, ")"));
+  }
+  if (pool.batch != g.batch || pool.channels != g.out_channels || pool.in_h != g.out_h() ||
+      pool.in_w != g.out_w()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("maxpool2d fused into conv2d: pools ", pool.batch, "x", pool.channels, "x",
+                     pool.in_h, "x", pool.in_w, " but the convolution gives ", g.batch, "x",
+                     g.out_channels, "x", g.out_h(), "x", g.out_w()));
+  }
+  return absl::OkStatus();
+}
+
 // What every backend checks before a softmax cross-entropy: at least one class, no negative row
 // count, a label smoothing in [0, 1]. Zero rows is allowed: the loss is NaN (a mean over nothing)
 // and correct is 0.
@@ -313,6 +345,30 @@ class Backend {
   // dx = scatter of dy to the recorded winners (dx fully overwritten).
   virtual absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                          const int32_t* argmax, float* dx) = 0;
+  // A max pooling of non-overlapping windows (stride == kernel, no padding: FusableMaxPool) run
+  // on a convolution's output inside the convolution, so that the output never leaves the
+  // backend's preferred layout: whether this backend does it (the model fuses only then).
+  virtual bool FusesConvMaxPool() const { return false; }
+  // y = maxpool(act(conv(x))) (`pool` over the convolution's output); `winners` (one byte per
+  // y value, in a layout of the backend's choosing) records each window's winner for the
+  // backward. Same values as Conv2dForward then MaxPool2dForward.
+  virtual absl::Status Conv2dMaxPoolForward(const Conv2dGeometry& /*g*/,
+                                            const Pool2dGeometry& /*pool*/, const float* /*x*/,
+                                            const float* /*w*/, const float* /*bias*/,
+                                            Activation /*act*/, uint8_t* /*winners*/,
+                                            float* /*y*/) {
+    return absl::UnimplementedError(absl::StrCat(name(), " does not fuse max pooling"));
+  }
+  // From dy (the pooled output's gradient) and the forward's winners: dw += d/dw, dbias +=
+  // d/dbias, dx = the input gradient (when not null); the same values as MaxPool2dBackward then
+  // Conv2dBackward.
+  virtual absl::Status Conv2dMaxPoolBackward(const Conv2dGeometry& /*g*/,
+                                             const Pool2dGeometry& /*pool*/, const float* /*x*/,
+                                             const float* /*w*/, const uint8_t* /*winners*/,
+                                             const float* /*dy*/, Activation /*act*/, float* /*dw*/,
+                                             float* /*dbias*/, float* /*dx*/) {
+    return absl::UnimplementedError(absl::StrCat(name(), " does not fuse max pooling"));
+  }
   // y = mean over each window, padded positions counted as zeros (the divisor is always
   // kernel_h * kernel_w). CheckPool2d's rules for both passes.
   virtual absl::Status AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) = 0;

@@ -63,6 +63,8 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
         [&](const auto& c) {
           using C = std::decay_t<decltype(c)>;
           if constexpr (std::is_same_v<C, MaxPool2dConfig>) {
+            // (Fused into the conv2d before it, a byte per value: its winners. The backend's
+            // scratch for the conv2d's output is within the fused layers' activations counted.)
             plan->needs.push_back({layer, "maxpool2d argmax", Mul(out, sizeof(int32_t))});
           } else if constexpr (std::is_same_v<C, DropoutConfig>) {
             plan->needs.push_back({layer, "dropout mask", Mul(out, kFloat)});

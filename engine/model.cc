@@ -113,9 +113,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
   KILN_ASSIGN_OR_RETURN(model->shapes_, ShapesOf(config, model->graph_));
   const ModelGraph& g = model->graph_;
   const size_t n = config.layers.size();
-  // A ReLU fuses into the conv2d whose output it reads when nothing else reads that output.
+  // A ReLU fuses into the conv2d whose output it reads when nothing else reads that output; a
+  // max pooling of non-overlapping windows then into that conv2d too (after the ReLU, if any),
+  // where the backend runs the pair (Backend::FusesConvMaxPool).
   model->fused_.assign(n, false);
   model->fused_into_.assign(n + 1, -1);
+  std::vector<int64_t> max_pool_of(n, 0);  // by conv2d layer: its fused pooling's kernel
   if (fusion == Fusion::kFuse) {
     for (size_t j = 0; j < n; ++j) {
       const int v = g.inputs[j][0];
@@ -124,6 +127,21 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
         model->fused_[j] = true;
         model->fused_into_[v] = static_cast<int>(j);
       }
+    }
+    for (size_t j = 0; j < n && backend->FusesConvMaxPool(); ++j) {
+      const auto* pool = std::get_if<MaxPool2dConfig>(&config.layers[j]);
+      const int v = g.inputs[j][0];
+      if (pool == nullptr || v == 0 || g.readers[v] != 1 || pool->padding != 0 ||
+          (pool->stride != 0 && pool->stride != pool->kernel_size) ||
+          pool->kernel_size * pool->kernel_size >= kMaskedWinner) {
+        continue;
+      }
+      // The conv2d producing v, directly or through its fused ReLU.
+      const int producer = model->fused_[v - 1] ? g.inputs[v - 1][0] - 1 : v - 1;
+      if (!std::holds_alternative<Conv2dConfig>(config.layers[producer])) continue;
+      model->fused_[j] = true;
+      model->fused_into_[v] = static_cast<int>(j);
+      max_pool_of[producer] = pool->kernel_size;
     }
   }
   Rng rng(seed);
@@ -136,7 +154,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
     ctx.rng = &rng;
     ctx.stream_seed = SplitMix64(seed + 0x51ED + i);
     // Only a conv2d fuses the ReLU after it (cuDNN's conv-bias-activation).
-    if (model->fused_into_[i + 1] >= 0) ctx.fused = Activation::kRelu;
+    const int fused_next = model->fused_into_[i + 1];
+    if (fused_next >= 0 && std::holds_alternative<ReluConfig>(config.layers[fused_next])) {
+      ctx.fused = Activation::kRelu;
+    }
+    ctx.fused_max_pool = max_pool_of[i];
     KILN_ASSIGN_OR_RETURN(
         std::unique_ptr<Layer> layer,
         std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, config.layers[i]));
@@ -163,7 +185,7 @@ absl::Status Model::EnsureActivations(int64_t batch) {
     for (size_t v = 1; v <= n; ++v) {
       if (!fused_[v - 1]) {
         KILN_ASSIGN_OR_RETURN(activations_[v],
-                              backend_->Allocate(DType::kF32, batched(shapes_[v])));
+                              backend_->Allocate(DType::kF32, batched(shapes_[ChainEnd(v)])));
       }
       if (has_grad(v)) {
         KILN_ASSIGN_OR_RETURN(grads_[v], backend_->Allocate(DType::kF32, batched(shapes_[v])));
@@ -180,16 +202,20 @@ absl::Status Model::EnsureActivations(int64_t batch) {
     if (fused_[v - 1]) {
       activations_[v] = activations_[graph_.inputs[v - 1][0]];
     } else {
-      activations_[v].Reshape(batched(shapes_[v]));
+      activations_[v].Reshape(batched(shapes_[ChainEnd(v)]));
     }
     if (has_grad(v)) grads_[v].Reshape(batched(shapes_[v]));
   }
   return absl::OkStatus();
 }
 
+size_t Model::ChainEnd(size_t v) const {
+  while (fused_into_[v] >= 0) v = static_cast<size_t>(fused_into_[v]) + 1;
+  return v;
+}
+
 const Tensor& Model::OutputGrad(size_t i, const Tensor& dout) const {
-  size_t v = i + 1;  // activations_[v] is layer i's output; a fused layer aliases it
-  if (fused_into_[v] >= 0) v = static_cast<size_t>(fused_into_[v]) + 1;
+  const size_t v = ChainEnd(i + 1);  // activations_[i+1] is layer i's output; fused layers alias it
   return v == layers_.size() ? dout : grads_[v];
 }
 

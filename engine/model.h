@@ -51,8 +51,9 @@ struct NamedBuffer {
 };
 
 // kFuse runs a ReLU that reads a conv2d's output inside the convolution when nothing else reads
-// that output (same results, one pass less over memory each way); kNone keeps every layer
-// separate.
+// that output (same results, one pass less over memory each way), and likewise a max pooling of
+// non-overlapping windows after it where the backend can (the CPU's keeps the convolution's
+// output in its blocked layout then); kNone keeps every layer separate.
 enum class Fusion { kFuse, kNone };
 
 // Wall time per layer of the training passes (kTrain forwards and backwards) made while attached
@@ -101,16 +102,20 @@ class Model {
  private:
   Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
   absl::Status EnsureActivations(int64_t batch);
-  // d loss / d (output of layer i): past a fused layer that aliases that output.
+  // d loss / d (output of layer i): past the fused layers that alias that output.
   const Tensor& OutputGrad(size_t i, const Tensor& dout) const;
+  // The last value of the chain of fused layers that starts at value v (v itself if none): what
+  // activations_[v] holds, and its shape.
+  size_t ChainEnd(size_t v) const;
 
   ModelConfig config_;
   Backend* backend_;
   ModelGraph graph_;
   std::vector<Shape> shapes_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  // fused_[i]: layer i (a ReLU) runs inside the conv2d whose output it reads, the only reader;
-  // its output aliases the conv2d's.
+  // fused_[i]: layer i (a ReLU, a max pooling) runs inside the conv2d whose output it reads
+  // (through a fused ReLU for the pooling), the only reader; its output aliases the conv2d's,
+  // which holds the last fused layer's output.
   std::vector<bool> fused_;
   // fused_into_[v]: the layer fused onto value v (its only reader), or -1.
   std::vector<int> fused_into_;

@@ -13,6 +13,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/dnnl_conv_plan.h"
 #include "engine/cpu/dnnl_primitives.h"
+#include "engine/cpu/fused_max_pool.h"
 #include "engine/cpu/im2col_conv.h"
 
 namespace kiln {
@@ -53,8 +54,8 @@ class ScopedTeamSize {
 };
 
 // The im2col fallback's scratch, in bytes (saturating: a hostile geometry's is beyond int64).
-int64_t Im2colBytes(const Conv2dGeometry& g, int threads, bool backward) {
-  const auto s = Im2colScratchFloats(g, std::max(1, threads), backward);
+int64_t Im2colBytes(const Conv2dGeometry& g, int threads, bool backward, bool pooled = false) {
+  const auto s = Im2colScratchFloats(g, std::max(1, threads), backward, pooled);
   const double bytes = (static_cast<double>(s.columns) + static_cast<double>(s.partials)) * 4;
   if (bytes >= 9.2e18) return std::numeric_limits<int64_t>::max();
   return static_cast<int64_t>(bytes);
@@ -125,6 +126,97 @@ absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x,
   char* workspace = ConvWorkspace(plan->workspace_bytes());
   if (workspace == nullptr) return WorkspaceError(g, plan->workspace_bytes());
   return plan->Run(dnnl_->stream(), x, w, y, dy, dw, dbias, dx, workspace);
+}
+
+// A max pooling fused into the convolution, so that the convolution's whole output is never
+// written out in plain NCHW and read back (5.5 MB a step for the reference CNN's conv1):
+// - im2col (where the backward is im2col's: one input channel): each sample is pooled while its
+//   output is in cache, and the backward expands each sample's pooled gradient there;
+// - nChw16c (where oneDNN writes the output and takes dy in 16-channel blocks): the output stays
+//   in the blocks for the pooling, and the pooling's backward writes the masked dy straight into
+//   the blocks the convolution's backward takes: two reorders and the ReLU's masking pass gone;
+// - plain otherwise: the same kernels on a plain output.
+// The output itself is not kept: the winners are (a sixteenth of its bytes for 2x2 windows).
+absl::StatusOr<CpuBackend::FusedPoolPath> CpuBackend::FusedPoolPathFor(const Conv2dGeometry& g,
+                                                                       bool bias, Activation act) {
+  if (Im2colBackward(g)) return FusedPoolPath::kIm2col;
+  const ConvKey key{g, bias, act};
+  KILN_ASSIGN_OR_RETURN(const ConvForwardPlan* forward, dnnl_->Forward(key));
+  if (forward->reference_kernel()) return FusedPoolPath::kIm2col;
+  if (!forward->dst_blocked16()) return FusedPoolPath::kPlain;
+  KILN_ASSIGN_OR_RETURN(const ConvBackwardPlan* backward, dnnl_->Backward(key));
+  return !backward->reference_kernel() && backward->diff_dst_blocked16() ? FusedPoolPath::kBlocked16
+                                                                         : FusedPoolPath::kPlain;
+}
+
+absl::Status CpuBackend::Conv2dMaxPoolForward(const Conv2dGeometry& g, const Pool2dGeometry& pool,
+                                              const float* x, const float* w, const float* bias,
+                                              Activation act, uint8_t* winners, float* y) {
+  KILN_RETURN_IF_ERROR(CheckFusableMaxPool(g, pool));
+  KILN_ASSIGN_OR_RETURN(const FusedPoolPath path, FusedPoolPathFor(g, bias != nullptr, act));
+  if (path == FusedPoolPath::kIm2col) {
+    const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/false, /*pooled=*/true);
+    float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
+    if (scratch == nullptr) return WorkspaceError(g, bytes);
+    const cpu_internal::FusedPool fused{pool, winners};
+    cpu_internal::Im2colConv2dForward(g, x, w, bias, act, y, threads_, scratch, &fused);
+    return absl::OkStatus();
+  }
+  const bool relu = act == Activation::kRelu;
+  const int64_t out_elems = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
+  float* out = Scratch(&conv_out_, static_cast<size_t>(out_elems));
+  if (out == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory for the conv2d's ", out_elems * 4, " bytes of output"));
+  }
+  if (path == FusedPoolPath::kPlain) {
+    KILN_RETURN_IF_ERROR(Conv2dForward(g, x, w, bias, act, out));
+    cpu_internal::MaxPoolPlainForward(pool, out, relu, y, winners, threads_);
+    return absl::OkStatus();
+  }
+  KILN_ASSIGN_OR_RETURN(const ConvForwardPlan* plan,
+                        dnnl_->Forward(ConvKey{g, bias != nullptr, act}));
+  char* workspace = ConvWorkspace(plan->workspace_bytes());
+  if (workspace == nullptr) return WorkspaceError(g, plan->workspace_bytes());
+  KILN_RETURN_IF_ERROR(plan->RunToBlocked16(dnnl_->stream(), x, w, bias, out, workspace));
+  cpu_internal::MaxPoolBlocked16Forward(pool, out, relu, y, winners, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Conv2dMaxPoolBackward(const Conv2dGeometry& g, const Pool2dGeometry& pool,
+                                               const float* x, const float* w,
+                                               const uint8_t* winners, const float* dy,
+                                               Activation act, float* dw, float* dbias, float* dx) {
+  KILN_RETURN_IF_ERROR(CheckFusableMaxPool(g, pool));
+  KILN_ASSIGN_OR_RETURN(const FusedPoolPath path, FusedPoolPathFor(g, dbias != nullptr, act));
+  if (path == FusedPoolPath::kIm2col) {
+    const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/true);
+    float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
+    if (scratch == nullptr) return WorkspaceError(g, bytes);
+    // The backward only reads the winners.
+    const cpu_internal::FusedPool fused{pool, const_cast<uint8_t*>(winners)};
+    cpu_internal::Im2colConv2dBackward(g, x, w, /*y=*/nullptr, dy, Activation::kNone, dw, dbias, dx,
+                                       threads_, scratch, &fused);
+    return absl::OkStatus();
+  }
+  if (path == FusedPoolPath::kBlocked16) {
+    KILN_ASSIGN_OR_RETURN(const ConvBackwardPlan* plan,
+                          dnnl_->Backward(ConvKey{g, dbias != nullptr, act}));
+    char* workspace = ConvWorkspace(plan->workspace_bytes());
+    if (workspace == nullptr) return WorkspaceError(g, plan->workspace_bytes());
+    cpu_internal::MaxPoolBlocked16Backward(pool, winners, dy, plan->BlockedDiffDst(workspace),
+                                           threads_);
+    return plan->RunFromBlockedDiffDst(dnnl_->stream(), x, w, dw, dbias, dx, workspace);
+  }
+  const int64_t out_elems = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
+  float* grad = Scratch(&pool_grad_, static_cast<size_t>(out_elems));
+  if (grad == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory for the max pooling's ", out_elems * 4, " bytes of gradient"));
+  }
+  cpu_internal::MaxPoolPlainBackward(pool, winners, dy, grad, threads_);
+  // The ReLU's mask is in the winners already: the convolution's backward runs without it.
+  return Conv2dBackward(g, x, w, /*y=*/nullptr, grad, Activation::kNone, dw, dbias, dx);
 }
 
 }  // namespace kiln

@@ -58,6 +58,14 @@ class CpuBackend final : public Backend {
   absl::Status Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
                               const float* y, const float* dy, Activation act, float* dw,
                               float* dbias, float* dx) override;
+  bool FusesConvMaxPool() const override { return true; }
+  absl::Status Conv2dMaxPoolForward(const Conv2dGeometry& g, const Pool2dGeometry& pool,
+                                    const float* x, const float* w, const float* bias,
+                                    Activation act, uint8_t* winners, float* y) override;
+  absl::Status Conv2dMaxPoolBackward(const Conv2dGeometry& g, const Pool2dGeometry& pool,
+                                     const float* x, const float* w, const uint8_t* winners,
+                                     const float* dy, Activation act, float* dw, float* dbias,
+                                     float* dx) override;
   absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                 int32_t* argmax) override;
   absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
@@ -126,8 +134,16 @@ class CpuBackend final : public Backend {
   // allocated.
   char* ConvWorkspace(size_t plan_bytes);
 
+  // How Conv2dMaxPool{Forward,Backward} run for convolution g (conv_ops.cc).
+  enum class FusedPoolPath { kIm2col, kBlocked16, kPlain };
+  absl::StatusOr<FusedPoolPath> FusedPoolPathFor(const Conv2dGeometry& g, bool bias,
+                                                 Activation act);
+
   int threads_;
   std::vector<float> workspace_;
+  // For a fused max pooling: the convolution's output, which only the pooling reads, and the
+  // pooling's input gradient where the convolution's backward takes it plain.
+  std::vector<float> conv_out_, pool_grad_;
   std::unique_ptr<cpu_internal::DnnlPrimitives> dnnl_;
 };
 

@@ -152,6 +152,8 @@ absl::StatusOr<std::unique_ptr<ConvForwardPlan>> ConvForwardPlan::Create(const C
     const auto pd = ForwardPd(d, act);
     auto plan = std::unique_ptr<ConvForwardPlan>(new ConvForwardPlan());
     plan->reference_kernel_ = IsReference(pd);
+    plan->dst_blocked16_ =
+        g.out_channels % 16 == 0 && pd.dst_desc() == memory::desc(d.dst.dims(), kF32, Tag::nChw16c);
     WorkspaceLayout layout;
     layout.NeedScratchpad(pd.scratchpad_desc());
     plan->bias_md_ = d.bias;
@@ -170,16 +172,31 @@ absl::StatusOr<std::unique_ptr<ConvForwardPlan>> ConvForwardPlan::Create(const C
 
 absl::Status ConvForwardPlan::Run(const dnnl::stream& stream, const float* x, const float* w,
                                   const float* bias, float* y, char* workspace) const {
+  return Execute(stream, x, w, bias, y, /*keep_blocked=*/false, workspace);
+}
+
+absl::Status ConvForwardPlan::RunToBlocked16(const dnnl::stream& stream, const float* x,
+                                             const float* w, const float* bias, float* y,
+                                             char* workspace) const {
+  if (!dst_blocked16_) {
+    return absl::FailedPreconditionError("conv2d forward: the output is not in nChw16c");
+  }
+  return Execute(stream, x, w, bias, y, /*keep_blocked=*/true, workspace);
+}
+
+absl::Status ConvForwardPlan::Execute(const dnnl::stream& stream, const float* x, const float* w,
+                                      const float* bias, float* y, bool keep_blocked,
+                                      char* workspace) const {
   try {
     const memory scratchpad = Wrap(scratchpad_md_, workspace + scratchpad_offset_);
     std::unordered_map<int, memory> args = {
         {DNNL_ARG_SRC, StageIn(stream, src_, x, workspace, scratchpad)},
         {DNNL_ARG_WEIGHTS, StageIn(stream, weights_, w, workspace, scratchpad)},
-        {DNNL_ARG_DST, OutputOf(dst_, y, workspace)},
+        {DNNL_ARG_DST, keep_blocked ? Wrap(dst_.staged, y) : OutputOf(dst_, y, workspace)},
         {DNNL_ARG_SCRATCHPAD, scratchpad}};
     if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, Wrap(bias_md_, bias));
     conv_.execute(stream, args);
-    StageOut(stream, dst_, y, workspace, scratchpad);
+    if (!keep_blocked) StageOut(stream, dst_, y, workspace, scratchpad);
   } catch (const dnnl::error& e) {
     return DnnlError("conv2d forward", e);
   }
@@ -216,9 +233,10 @@ absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Create(const
     plan->diff_dst_shared_ = data_pd.diff_dst_desc() == weights_pd.diff_dst_desc();
     // Where both primitives take dy in channel blocks of 16, the ReLU's mask is applied while
     // blocking it, in one pass instead of a masking pass and a reorder.
-    plan->mask_into_blocks_ =
-        act == Activation::kRelu && plan->diff_dst_shared_ && g.out_channels % 16 == 0 &&
+    plan->diff_dst_blocked16_ =
+        plan->diff_dst_shared_ && g.out_channels % 16 == 0 &&
         weights_pd.diff_dst_desc() == memory::desc(d.dst.dims(), kF32, Tag::nChw16c);
+    plan->mask_into_blocks_ = act == Activation::kRelu && plan->diff_dst_blocked16_;
     if (act == Activation::kRelu && !plan->mask_into_blocks_) {
       plan->masked_offset_ = layout.Add(d.dst.get_size());
     }
@@ -279,6 +297,32 @@ absl::Status ConvBackwardPlan::Run(const dnnl::stream& stream, const float* x, c
     const memory diff_dst_w = mask_into_blocks_
                                   ? Wrap(diff_dst_w_.staged, workspace + diff_dst_w_.offset)
                                   : StageIn(stream, diff_dst_w_, dy, workspace, scratchpad);
+    return Execute(stream, x, w, diff_dst_w, dy, dw, dbias, dx, workspace, scratchpad);
+  } catch (const dnnl::error& e) {
+    return DnnlError("conv2d backward", e);
+  }
+}
+
+absl::Status ConvBackwardPlan::RunFromBlockedDiffDst(const dnnl::stream& stream, const float* x,
+                                                     const float* w, float* dw, float* dbias,
+                                                     float* dx, char* workspace) const {
+  if (!diff_dst_blocked16_) {
+    return absl::FailedPreconditionError("conv2d backward: dy is not taken in nChw16c");
+  }
+  try {
+    const memory scratchpad = Wrap(scratchpad_md_, workspace + scratchpad_offset_);
+    const memory diff_dst_w = Wrap(diff_dst_w_.staged, workspace + diff_dst_w_.offset);
+    return Execute(stream, x, w, diff_dst_w, /*dy=*/nullptr, dw, dbias, dx, workspace, scratchpad);
+  } catch (const dnnl::error& e) {
+    return DnnlError("conv2d backward", e);
+  }
+}
+
+absl::Status ConvBackwardPlan::Execute(const dnnl::stream& stream, const float* x, const float* w,
+                                       const memory& diff_dst_w, const float* dy, float* dw,
+                                       float* dbias, float* dx, char* workspace,
+                                       const memory& scratchpad) const {
+  try {
     std::unordered_map<int, memory> args = {
         {DNNL_ARG_SRC, StageIn(stream, src_w_, x, workspace, scratchpad)},
         {DNNL_ARG_DIFF_DST, diff_dst_w},

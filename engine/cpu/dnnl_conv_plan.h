@@ -38,10 +38,19 @@ class ConvForwardPlan {
   // `workspace` is 64-byte aligned and of workspace_bytes().
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* bias,
                    float* y, char* workspace) const;
+  // Whether the convolution writes its output in nChw16c (channels a multiple of 16, so as many
+  // floats as plain), which RunToBlocked16 leaves it in.
+  bool dst_blocked16() const { return dst_blocked16_; }
+  // Run, with y left in nChw16c rather than reordered to NCHW; only where dst_blocked16().
+  absl::Status RunToBlocked16(const dnnl::stream& stream, const float* x, const float* w,
+                              const float* bias, float* y, char* workspace) const;
 
  private:
   ConvForwardPlan() = default;
+  absl::Status Execute(const dnnl::stream& stream, const float* x, const float* w,
+                       const float* bias, float* y, bool keep_blocked, char* workspace) const;
   bool reference_kernel_ = false;
+  bool dst_blocked16_ = false;
   dnnl::memory::desc bias_md_;
   dnnl::convolution_forward conv_;
   Staging src_, weights_, dst_;
@@ -59,15 +68,29 @@ class ConvBackwardPlan {
   bool reference_kernel() const { return reference_kernel_; }
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* y,
                    const float* dy, float* dw, float* dbias, float* dx, char* workspace) const;
+  // Whether both primitives take dy in nChw16c (channels a multiple of 16): a caller may then
+  // write dy, already masked, straight into BlockedDiffDst and call RunFromBlockedDiffDst (the
+  // fused max pooling's backward does), saving the reorder.
+  bool diff_dst_blocked16() const { return diff_dst_blocked16_; }
+  float* BlockedDiffDst(char* workspace) const {
+    return reinterpret_cast<float*>(workspace + diff_dst_w_.offset);
+  }
+  absl::Status RunFromBlockedDiffDst(const dnnl::stream& stream, const float* x, const float* w,
+                                     float* dw, float* dbias, float* dx, char* workspace) const;
 
  private:
   ConvBackwardPlan() = default;
+  // Both primitives, from dy in the weight gradient's layout (`diff_dst_w`) and, where the data
+  // gradient's differs, in plain (`dy`).
+  absl::Status Execute(const dnnl::stream& stream, const float* x, const float* w,
+                       const dnnl::memory& diff_dst_w, const float* dy, float* dw, float* dbias,
+                       float* dx, char* workspace, const dnnl::memory& scratchpad) const;
   // The ReLU's backward straight into dy's nChw16c copy: blocked = (y > 0 ? dy : 0), reordered.
   void MaskIntoBlocks(const float* y, const float* dy, float* blocked) const;
 
   Activation act_ = Activation::kNone;
   bool reference_kernel_ = false;
-  bool mask_into_blocks_ = false;
+  bool mask_into_blocks_ = false, diff_dst_blocked16_ = false;
   int64_t out_elems_ = 0, out_hw_ = 0;
   int out_channels_ = 0;
   dnnl::memory::desc bias_md_;

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 #include "engine/cpu/cpu_parallel.h"
 
@@ -122,46 +124,215 @@ void Col2Im(const Conv2dGeometry& g, const float* cols, float* dx) {
   }
 }
 
+// The convolution's output positions that a fused max pooling reads (CheckFusableMaxPool:
+// windows of pool.kernel_h x kernel_w, stride the same), window position by window position:
+// column p * windows + q is position p = (a, b) of window q = (i, j), which is output
+// (i * kernel_h + a, j * kernel_w + b). So each position's outputs are one contiguous run, which
+// the pooling and its backward take in whole vectors. Outputs outside every window are left out:
+// they are never pooled, and their gradient is zero.
+struct WindowOrder {
+  explicit WindowOrder(const Pool2dGeometry& pool)
+      : kernel_h(pool.kernel_h),
+        kernel_w(pool.kernel_w),
+        out_h(pool.out_h()),
+        out_w(pool.out_w()),
+        positions(kernel_h * kernel_w),
+        windows(out_h * out_w) {}
+  int kernel_h, kernel_w, out_h, out_w;
+  int positions, windows;
+  int64_t columns() const { return int64_t{positions} * windows; }
+};
+
+// Calls f(column run, input row, first input column, step) for each (im2col row r, position,
+// window row i) whose input row lies inside the plane (`row` < 0 otherwise): the run's window
+// columns j read input columns first + j * step.
+template <typename F>
+void ForEachWindowRun(const Conv2dGeometry& g, const WindowOrder& o, int r, F f) {
+  const int kw = r % g.kernel_w, kh = (r / g.kernel_w) % g.kernel_h;
+  const int step = o.kernel_w * g.stride_w;
+  for (int a = 0; a < o.kernel_h; ++a) {
+    for (int b = 0; b < o.kernel_w; ++b) {
+      const int64_t run0 = int64_t{a * o.kernel_w + b} * o.windows;
+      for (int i = 0; i < o.out_h; ++i) {
+        const int y = (i * o.kernel_h + a) * g.stride_h - g.padding_h + kh;
+        const int first = b * g.stride_w - g.padding_w + kw;
+        f(run0 + int64_t{i} * o.out_w, (y < 0 || y >= g.in_h) ? -1 : y, first, step);
+      }
+    }
+  }
+}
+
+// [lo, hi) of the n window columns j whose input column first + j * step lies in [0, size).
+void ValidStridedRange(int n, int first, int step, int size, int* lo, int* hi) {
+  *lo = first >= 0 ? 0 : std::min(n, (-first + step - 1) / step);
+  *hi = first >= size ? *lo : std::max(*lo, std::min(n, (size - first + step - 1) / step));
+}
+
+// im2col of one sample in window order: cols is (C*KH*KW, o.columns()).
+void WindowIm2Col(const Conv2dGeometry& g, const WindowOrder& o, const float* x, float* cols) {
+  const int rows = g.in_channels * g.kernel_h * g.kernel_w;
+  for (int r = 0; r < rows; ++r) {
+    const float* plane = x + static_cast<int64_t>(r / (g.kernel_w * g.kernel_h)) * g.in_h * g.in_w;
+    float* out = cols + r * o.columns();
+    ForEachWindowRun(g, o, r, [&](int64_t run, int y, int first, int step) {
+      float* dst = out + run;
+      if (y < 0) {
+        std::fill_n(dst, o.out_w, 0.0f);
+        return;
+      }
+      const float* src = plane + static_cast<int64_t>(y) * g.in_w + first;
+      int lo, hi;
+      ValidStridedRange(o.out_w, first, step, g.in_w, &lo, &hi);
+      for (int j = 0; j < lo; ++j) dst[j] = 0.0f;
+      if (step == 2) {  // 2-wide windows at stride 1 (the reference CNN): a constant stride
+        for (int j = lo; j < hi; ++j) dst[j] = src[2 * j];
+      } else {
+        for (int j = lo; j < hi; ++j) dst[j] = src[j * step];
+      }
+      for (int j = hi; j < o.out_w; ++j) dst[j] = 0.0f;
+    });
+  }
+}
+
+// col2im of one sample from window order: dx = scatter-add of dcols, in a fixed order.
+void WindowCol2Im(const Conv2dGeometry& g, const WindowOrder& o, const float* cols, float* dx) {
+  std::memset(dx, 0, sizeof(float) * g.in_channels * g.in_h * g.in_w);
+  const int rows = g.in_channels * g.kernel_h * g.kernel_w;
+  for (int r = 0; r < rows; ++r) {
+    float* plane = dx + static_cast<int64_t>(r / (g.kernel_w * g.kernel_h)) * g.in_h * g.in_w;
+    const float* in = cols + r * o.columns();
+    ForEachWindowRun(g, o, r, [&](int64_t run, int y, int first, int step) {
+      if (y < 0) return;
+      float* dst = plane + static_cast<int64_t>(y) * g.in_w + first;
+      int lo, hi;
+      ValidStridedRange(o.out_w, first, step, g.in_w, &lo, &hi);
+      for (int j = lo; j < hi; ++j) dst[j * step] += in[run + j];
+    });
+  }
+}
+
+// The calling thread's buffer of n values of T (for loops over the winners as ints: loops that
+// mix bytes with floats compile to scalar code).
+template <typename T>
+T* ThreadBuffer(int64_t n) {
+  static thread_local std::vector<T> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
+  return buffer.data();
+}
+
+// The pooling of one sample's output in window order (oc rows of o.columns()): y and winners
+// (plain, o.windows per channel) by MaxPool2dForward's rule, scan order being position order.
+void PoolWindows(const WindowOrder& o, int channels, const float* out, bool relu, float* y,
+                 uint8_t* winners) {
+  const int64_t windows = o.windows;
+  int* __restrict index = ThreadBuffer<int>(windows);
+  for (int c = 0; c < channels; ++c) {
+    const float* __restrict in = out + c * o.columns();
+    float* __restrict best = y + c * windows;
+    uint8_t* __restrict win = winners + c * windows;
+#pragma omp simd
+    for (int64_t q = 0; q < windows; ++q) {
+      best[q] = in[q];
+      index[q] = 0;
+    }
+    for (int p = 1; p < o.positions; ++p) {
+      const float* __restrict v = in + p * windows;
+#pragma omp simd
+      for (int64_t q = 0; q < windows; ++q) {
+        const bool wins = !(v[q] <= best[q]);  // strictly greater, or NaN
+        best[q] = wins ? v[q] : best[q];
+        index[q] = wins ? p : index[q];
+      }
+    }
+    // The ReLU's backward passes nothing where the winner is not positive.
+#pragma omp simd simdlen(8)
+    for (int64_t q = 0; q < windows; ++q) {
+      win[q] = relu && !(best[q] > 0.0f) ? kMaskedWinner : static_cast<uint8_t>(index[q]);
+    }
+  }
+}
+
+// The pooling's backward for one sample, into window order: each window's dy at its winner's
+// position (0 + dy, as MaxPool2dBackward's scatter into zeros gives), zeros elsewhere.
+void UnpoolWindows(const WindowOrder& o, int channels, const uint8_t* winners, const float* dy,
+                   float* grad) {
+  const int64_t windows = o.windows;
+  int* __restrict index = ThreadBuffer<int>(windows);
+  float* __restrict grads = ThreadBuffer<float>(windows);
+  for (int c = 0; c < channels; ++c) {
+    const uint8_t* __restrict win = winners + c * windows;
+    const float* __restrict d = dy + c * windows;
+#pragma omp simd simdlen(8)
+    for (int64_t q = 0; q < windows; ++q) {
+      index[q] = win[q];
+      grads[q] = 0.0f + d[q];  // here: GCC leaves a select of `0.0f + d[q]` scalar
+    }
+    for (int p = 0; p < o.positions; ++p) {
+      float* __restrict out = grad + c * o.columns() + p * windows;
+#pragma omp simd
+      for (int64_t q = 0; q < windows; ++q) out[q] = index[q] == p ? grads[q] : 0.0f;
+    }
+  }
+}
+
 }  // namespace
 
-Im2colScratch Im2colScratchFloats(const Conv2dGeometry& g, int threads, bool backward) {
+Im2colScratch Im2colScratchFloats(const Conv2dGeometry& g, int threads, bool backward,
+                                  bool pooled) {
   const int64_t ohw = int64_t{g.out_h()} * g.out_w();
   const int64_t k = int64_t{g.in_channels} * g.kernel_h * g.kernel_w;
   const int64_t team = SampleThreads(g.batch, threads);
+  const int64_t out_elems = int64_t{g.out_channels} * ohw;
   Im2colScratch s;
   if (!backward) {
-    s.columns = team * k * ohw;
+    s.columns = team * (k * ohw + (pooled ? out_elems : 0));
     return s;
   }
-  const int64_t out_elems = int64_t{g.out_channels} * ohw;
   s.columns = team * (2 * k * ohw + out_elems);
   s.partials = team * (int64_t{g.out_channels} * k + g.out_channels);
   return s;
 }
 
 void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w, const float* bias,
-                         Activation act, float* y, int threads, float* scratch) {
+                         Activation act, float* y, int threads, float* scratch,
+                         const FusedPool* pool) {
   const int ohw = g.out_h() * g.out_w();
   const int k = g.in_channels * g.kernel_h * g.kernel_w;
   const int64_t in_elems = int64_t{g.in_channels} * g.in_h * g.in_w;
   const int64_t out_elems = int64_t{g.out_channels} * ohw;
+  const int64_t pooled_elems =
+      pool != nullptr ? int64_t{g.out_channels} * pool->g.out_h() * pool->g.out_w() : 0;
   const int team = SampleThreads(g.batch, threads);
+  // A thread's scratch: the columns, then (pooled) the sample's output.
+  const int64_t per_thread = int64_t{k} * ohw + (pool != nullptr ? out_elems : 0);
+  // With a pooling, the sample's output in window order (WindowOrder), pooled in cache.
+  const std::optional<WindowOrder> order =
+      pool != nullptr ? std::optional<WindowOrder>(pool->g) : std::nullopt;
+  const int columns = order ? static_cast<int>(order->columns()) : ohw;
   auto sample = [&](int n, float* cols) {
-    float* yn = y + n * out_elems;
-    Im2Col(g, x + n * in_elems, cols);
-    // y_n (OC, OHW) = w (OC, K) * cols (K, OHW)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g.out_channels, ohw, k, 1.0f, w, k, cols,
-                ohw, 0.0f, yn, ohw);
+    float* yn = order ? cols + int64_t{k} * ohw : y + n * out_elems;
+    if (order) {
+      WindowIm2Col(g, *order, x + n * in_elems, cols);
+    } else {
+      Im2Col(g, x + n * in_elems, cols);
+    }
+    // y_n (OC, columns) = w (OC, K) * cols (K, columns)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g.out_channels, columns, k, 1.0f, w, k,
+                cols, columns, 0.0f, yn, columns);
     // Bias and activation while the sample's output is still in cache.
     const bool relu = act == Activation::kRelu;
     for (int oc = 0; oc < g.out_channels; ++oc) {
-      float* row = yn + int64_t{oc} * ohw;
+      float* row = yn + int64_t{oc} * columns;
       const float b = bias != nullptr ? bias[oc] : 0.0f;
 #pragma omp simd
-      for (int i = 0; i < ohw; ++i) {
+      for (int i = 0; i < columns; ++i) {
         const float v = row[i] + b;
         row[i] = relu && v < 0.0f ? 0.0f : v;
       }
+    }
+    if (order) {
+      PoolWindows(*order, g.out_channels, yn, relu, y + n * pooled_elems,
+                  pool->winners + n * pooled_elems);
     }
   };
   if (team == 1) {
@@ -176,7 +347,7 @@ void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w
   // OpenBLAS runs single-threaded.)
 #pragma omp parallel num_threads(team)
   {
-    float* cols = scratch + static_cast<int64_t>(omp_get_thread_num()) * k * ohw;
+    float* cols = scratch + omp_get_thread_num() * per_thread;
 #pragma omp for schedule(static)
     for (int n = 0; n < g.batch; ++n) sample(n, cols);
   }
@@ -184,7 +355,7 @@ void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w
 
 void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* w, const float* y,
                           const float* dy, Activation act, float* dw, float* dbias, float* dx,
-                          int threads, float* scratch) {
+                          int threads, float* scratch, const FusedPool* pool) {
   const int ohw = g.out_h() * g.out_w();
   const int k = g.in_channels * g.kernel_h * g.kernel_w;
   const int64_t in_elems = int64_t{g.in_channels} * g.in_h * g.in_w;
@@ -193,6 +364,10 @@ void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* 
   const int team = SampleThreads(g.batch, threads);
   // Per thread: im2col columns, their gradient, and the sample's masked output gradient.
   const int64_t per_thread = 2 * int64_t{k} * ohw + out_elems;
+  // With a pooling: window order (WindowOrder), the pooling's backward expanded in cache.
+  const std::optional<WindowOrder> order =
+      pool != nullptr ? std::optional<WindowOrder>(pool->g) : std::nullopt;
+  const int columns = order ? static_cast<int>(order->columns()) : ohw;
   // Per-thread partial weight and bias gradients (after the columns), summed in thread order.
   float* partial = scratch + Im2colScratchFloats(g, threads, /*backward=*/true).columns;
   std::fill_n(partial, team * (w_elems + g.out_channels), 0.0f);
@@ -204,7 +379,12 @@ void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* 
     float* dw_t = partial + t * (w_elems + g.out_channels);
     float* db_t = dw_t + w_elems;
     const float* dyn = dy + n * out_elems;
-    if (act == Activation::kRelu) {
+    if (order) {
+      // The pooled gradient at each window's winner (the ReLU's mask included), window order.
+      const int64_t pooled = int64_t{g.out_channels} * order->windows;
+      UnpoolWindows(*order, g.out_channels, pool->winners + n * pooled, dy + n * pooled, masked);
+      dyn = masked;
+    } else if (act == Activation::kRelu) {
       // The fused ReLU's backward: pass the gradient where the output was positive.
       const float* yn = y + n * out_elems;
 #pragma omp simd
@@ -214,22 +394,30 @@ void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* 
       }
       dyn = masked;
     }
-    Im2Col(g, x + n * in_elems, cols);
-    // dw (OC, K) += dy_n (OC, OHW) * cols^T (OHW, K)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.out_channels, k, ohw, 1.0f, dyn, ohw,
-                cols, ohw, 1.0f, dw_t, k);
+    if (order) {
+      WindowIm2Col(g, *order, x + n * in_elems, cols);
+    } else {
+      Im2Col(g, x + n * in_elems, cols);
+    }
+    // dw (OC, K) += dy_n (OC, columns) * cols^T (columns, K)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g.out_channels, k, columns, 1.0f, dyn,
+                columns, cols, columns, 1.0f, dw_t, k);
     for (int oc = 0; oc < g.out_channels; ++oc) {
-      const float* row = dyn + int64_t{oc} * ohw;
+      const float* row = dyn + int64_t{oc} * columns;
       float sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < ohw; ++i) sum += row[i];
+      for (int i = 0; i < columns; ++i) sum += row[i];
       db_t[oc] += sum;
     }
     if (dx != nullptr) {
-      // dcols (K, OHW) = w^T (K, OC) * dy_n (OC, OHW), then scattered back to the input.
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, ohw, g.out_channels, 1.0f, w, k, dyn,
-                  ohw, 0.0f, dcols, ohw);
-      Col2Im(g, dcols, dx + n * in_elems);
+      // dcols (K, columns) = w^T (K, OC) * dy_n (OC, columns), then scattered back to the input.
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, columns, g.out_channels, 1.0f, w, k,
+                  dyn, columns, 0.0f, dcols, columns);
+      if (order) {
+        WindowCol2Im(g, *order, dcols, dx + n * in_elems);
+      } else {
+        Col2Im(g, dcols, dx + n * in_elems);
+      }
     }
   };
   if (team == 1) {

@@ -15,12 +15,26 @@ namespace kiln::cpu_internal {
 struct Im2colScratch {
   int64_t columns = 0, partials = 0;
 };
-Im2colScratch Im2colScratchFloats(const Conv2dGeometry& g, int threads, bool backward);
+// `pooled`: with a fused max pooling (its forward keeps each sample's output in the scratch).
+Im2colScratch Im2colScratchFloats(const Conv2dGeometry& g, int threads, bool backward,
+                                  bool pooled = false);
 
+// A max pooling fused into the convolution (CheckFusableMaxPool): each sample is pooled while
+// its output is in cache, and the backward expands each sample's pooled gradient there; the
+// convolution's whole output is never written. `winners` as in fused_max_pool.h (plain).
+struct FusedPool {
+  Pool2dGeometry g;
+  uint8_t* winners;  // the forward writes them, the backward reads them
+};
+
+// With `pool`, y is the pooled output and the winners are written.
 void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w, const float* bias,
-                         Activation act, float* y, int threads, float* scratch);
+                         Activation act, float* y, int threads, float* scratch,
+                         const FusedPool* pool = nullptr);
+// With `pool`, dy is the pooled output's gradient (already masked by the winners: act must be
+// kNone) and y is not read.
 void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* w, const float* y,
                           const float* dy, Activation act, float* dw, float* dbias, float* dx,
-                          int threads, float* scratch);
+                          int threads, float* scratch, const FusedPool* pool = nullptr);
 
 }  // namespace kiln::cpu_internal

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "engine/layers/layer_rules.h"
 #include "engine/layers/parameter_init.h"
+#include "engine/layers/pool2d_rules.h"
 
 namespace kiln {
 
@@ -56,13 +57,14 @@ int64_t ParameterCount(const Conv2dConfig& c) {
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const Conv2dConfig& c, const LayerContext& ctx) {
-  return Conv2d::Create(c, ctx.backend, ctx.input, ctx.output, ctx.rng, ctx.fused);
+  return Conv2d::Create(c, ctx.backend, ctx.input, ctx.output, ctx.rng, ctx.fused,
+                        ctx.fused_max_pool);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> Conv2d::Create(const Conv2dConfig& config, Backend* backend,
                                                       const Shape& input, const Shape& output,
-                                                      Rng* rng, Activation act) {
-  auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output, act));
+                                                      Rng* rng, Activation act, int64_t max_pool) {
+  auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output, act, max_pool));
   const int64_t kh = config.KernelH(), kw = config.KernelW();
   const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_channels * kh * kw));
   KILN_RETURN_IF_ERROR(InitUniformParameter(backend, "weight",
@@ -100,12 +102,31 @@ Conv2dGeometry Conv2d::Geometry(int64_t batch) const {
   return MakeConv2dGeometry(config_, input_shape_, batch);
 }
 
+Pool2dGeometry Conv2d::PoolGeometry(int64_t batch) const {
+  return MakePool2dGeometry(max_pool_, max_pool_, 0, output_shape_, batch);
+}
+
 absl::Status Conv2d::Forward(const Tensor& x, Tensor* y, Mode) {
-  return backend_->Conv2dForward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(),
-                                 config_.bias ? bias_.value.f32() : nullptr, act_, y->f32());
+  const float* bias = config_.bias ? bias_.value.f32() : nullptr;
+  if (max_pool_ == 0) {
+    return backend_->Conv2dForward(Geometry(x.dim(0)), x.f32(), weight_.value.f32(), bias, act_,
+                                   y->f32());
+  }
+  // One byte per pooled value: the winners the backward scatters dy to.
+  if (!winners_.Reshape(y->shape())) {
+    KILN_ASSIGN_OR_RETURN(winners_, backend_->Allocate(DType::kU8, y->shape()));
+  }
+  return backend_->Conv2dMaxPoolForward(Geometry(x.dim(0)), PoolGeometry(x.dim(0)), x.f32(),
+                                        weight_.value.f32(), bias, act_, winners_.u8(), y->f32());
 }
 
 absl::Status Conv2d::Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
+  if (max_pool_ != 0) {
+    return backend_->Conv2dMaxPoolBackward(
+        Geometry(x.dim(0)), PoolGeometry(x.dim(0)), x.f32(), weight_.value.f32(), winners_.u8(),
+        dy.f32(), act_, weight_.grad.f32(), config_.bias ? bias_.grad.f32() : nullptr,
+        dx ? dx->f32() : nullptr);
+  }
   return backend_->Conv2dBackward(
       Geometry(x.dim(0)), x.f32(), weight_.value.f32(), y.f32(), dy.f32(), act_, weight_.grad.f32(),
       config_.bias ? bias_.grad.f32() : nullptr, dx ? dx->f32() : nullptr);

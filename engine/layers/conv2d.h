@@ -22,11 +22,13 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const Conv2dConfig& c, const La
 
 class Conv2d final : public Layer {
  public:
-  // `act` is an activation fused into this layer (the model fuses a following ReLU).
+  // `act` is an activation fused into this layer (the model fuses a following ReLU);
+  // `max_pool` > 0 a max pooling of that kernel size and stride fused after it, which the
+  // layer's output (Forward's y) then is; `output` stays the convolution's.
   static absl::StatusOr<std::unique_ptr<Layer>> Create(const Conv2dConfig& config, Backend* backend,
                                                        const Shape& input, const Shape& output,
-                                                       Rng* rng,
-                                                       Activation act = Activation::kNone);
+                                                       Rng* rng, Activation act = Activation::kNone,
+                                                       int64_t max_pool = 0);
   const char* type() const override { return "conv2d"; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
@@ -34,12 +36,15 @@ class Conv2d final : public Layer {
 
  private:
   Conv2d(const Conv2dConfig& config, Backend* backend, const Shape& input, const Shape& output,
-         Activation act)
-      : Layer(backend, input, output), config_(config), act_(act) {}
+         Activation act, int64_t max_pool)
+      : Layer(backend, input, output), config_(config), act_(act), max_pool_(max_pool) {}
   Conv2dGeometry Geometry(int64_t batch) const;
+  Pool2dGeometry PoolGeometry(int64_t batch) const;
   Conv2dConfig config_;
   Activation act_;
+  int64_t max_pool_;
   Parameter weight_, bias_;
+  Tensor winners_;  // with a fused max pooling, its winners (Backend::Conv2dMaxPoolForward)
 };
 
 }  // namespace kiln

@@ -59,6 +59,9 @@ struct LayerContext {
   Rng* rng = nullptr;                    // parameter initialisation, drawn in layer order
   uint64_t stream_seed = 0;              // the layer's own random stream (dropout)
   Activation fused = Activation::kNone;  // an activation fused into the layer's output
+  // A conv2d's fused max pooling (Backend::Conv2dMaxPoolForward): its kernel size, stride the
+  // same and no padding; 0 for none. The layer's output is then the pooled one.
+  int64_t fused_max_pool = 0;
 };
 
 class Layer {

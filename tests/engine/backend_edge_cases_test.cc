@@ -212,6 +212,46 @@ TEST(CpuBackendEdgeCases, AConvolutionWhoseWorkspaceCannotBeAllocatedIsResourceE
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("conv2d workspace"));
 }
 
+// A max pooling fused into a convolution must be of non-overlapping windows, without padding,
+// of fewer positions than a byte records, over exactly the convolution's output: anything else
+// is InvalidArgument naming what differs, before any memory is touched.
+TEST(CpuBackendEdgeCases, AFusedMaxPoolingThatDoesNotFitTheConvolutionIsInvalidArgument) {
+  auto backend = CreateBackend("cpu");
+  ASSERT_OK(backend);
+  ASSERT_TRUE((*backend)->FusesConvMaxPool());
+  Conv2dGeometry g;
+  g.batch = 2;
+  g.in_channels = 1;
+  g.in_h = g.in_w = 18;
+  g.out_channels = 3;
+  g.kernel_h = g.kernel_w = 3;  // 16x16 out
+  auto pool = [&](int kernel, int stride, int padding, int channels) {
+    Pool2dGeometry p = Pool(16, 16, kernel, stride);
+    p.channels = channels;
+    p.padding_h = p.padding_w = padding;
+    return p;
+  };
+  const struct {
+    Pool2dGeometry pool;
+    const char* says;
+  } cases[] = {{pool(3, 2, 0, 3), "needs stride == kernel"},
+               {pool(2, 2, 1, 3), "needs stride == kernel and no padding"},
+               {pool(16, 16, 0, 3), "more positions than a byte records"},
+               {pool(2, 2, 0, 4), "the convolution gives 2x3x16x16"}};
+  std::vector<float> x(2 * 18 * 18), w(27), y(2 * 4 * 8 * 8);
+  std::vector<uint8_t> winners(y.size());
+  for (const auto& c : cases) {
+    const absl::Status forward = (*backend)->Conv2dMaxPoolForward(
+        g, c.pool, x.data(), w.data(), nullptr, Activation::kRelu, winners.data(), y.data());
+    EXPECT_EQ(forward.code(), absl::StatusCode::kInvalidArgument) << forward;
+    EXPECT_THAT(std::string(forward.message()), ::testing::HasSubstr(c.says));
+    const absl::Status backward =
+        (*backend)->Conv2dMaxPoolBackward(g, c.pool, x.data(), w.data(), winners.data(), y.data(),
+                                          Activation::kRelu, w.data(), nullptr, nullptr);
+    EXPECT_EQ(backward.code(), absl::StatusCode::kInvalidArgument) << backward;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendEdgeCases, ::testing::Values("cpu", "cuda:0"),
                          testing::DeviceParamName);
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -277,7 +278,20 @@ namespace kiln {
 namespace {
 
 // A ReLU fused into the preceding conv2d gives exactly the unfused outputs and gradients.
-void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
+// Equal where the fused layers run the same kernels in the same order (`tolerance` 0), else
+// within `tolerance` relative (of at least 1).
+void ExpectNear(const std::vector<float>& a, const std::vector<float>& b, double tolerance) {
+  if (tolerance == 0) {
+    EXPECT_EQ(a, b);
+    return;
+  }
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], tolerance * std::max(1.0, std::abs(double{b[i]}))) << "at " << i;
+  }
+}
+
+void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch, double tolerance = 0) {
   auto backend = CreateBackend("cpu", {2});
   ASSERT_OK(backend);
   auto fused = Model::Build(c, backend->get(), 1, Fusion::kFuse);
@@ -287,8 +301,8 @@ void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
   in.insert(in.begin(), batch);
   const int64_t classes = (*fused)->output_shape()[0];
   Tensor x = testing::MakeTensor(**backend, in, testing::RandomValues(NumElements(in), 4));
-  Tensor dout = testing::MakeTensor(**backend, {batch, classes},
-                                    testing::RandomValues(batch * classes, 5));
+  Tensor dout =
+      testing::MakeTensor(**backend, {batch, classes}, testing::RandomValues(batch * classes, 5));
   std::vector<std::vector<float>> grads[2];
   std::vector<float> outs[2];
   int k = 0;
@@ -302,8 +316,9 @@ void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch) {
       grads[k].push_back(testing::ToHost(**backend, p.param->grad));
     ++k;
   }
-  EXPECT_EQ(outs[0], outs[1]);
-  EXPECT_EQ(grads[0], grads[1]);
+  ExpectNear(outs[0], outs[1], tolerance);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) ExpectNear(grads[0][i], grads[1][i], tolerance);
 }
 
 TEST(Model, FusedConvReluMatchesSeparateLayers) {
@@ -314,14 +329,84 @@ TEST(Model, FusedConvReluMatchesSeparateLayers) {
       3);
 }
 
-// One input channel, as the reference CNN's first layer.
+// One input channel, as the reference CNN's first layer: with its max pooling fused, that runs
+// as im2col in window order (sums in another order than oneDNN's forward: near, not equal).
 TEST(Model, FusedConvReluMatchesSeparateLayersForOneInputChannel) {
   ExpectFusedMatchesSeparate({{1, 10, 10},
                               {Conv2dConfig{1, 4, 3, 1, 1}, ReluConfig{}, MaxPool2dConfig{2},
                                FlattenConfig{}, LinearConfig{100, 5}}},
+                             3, 1e-5);
+}
+
+// The im2col path with an input gradient (a conv2d of one input channel that is not the first
+// layer), stride 2, padding and 3x3 windows that leave a row and a column out (7 -> 2).
+TEST(Model, FusedMaxPoolOnOneInputChannelWithStridePaddingAndInputGradient) {
+  ExpectFusedMatchesSeparate(
+      {{1, 13, 13},
+       {Conv2dConfig{1, 1, 3, 1, 1}, ReluConfig{}, Conv2dConfig{1, 6, 3, 2, 1}, ReluConfig{},
+        MaxPool2dConfig{3}, FlattenConfig{}, LinearConfig{24, 4}}},
+      3, 1e-5);
+}
+
+// The CPU backend fuses a max pooling of non-overlapping windows into the conv2d (and ReLU)
+// before it, keeping the convolution's output in oneDNN's blocked layout where it has one
+// (channels a multiple of 16): the reference CNN's layers, with odd sizes that leave rows and
+// columns outside every window (26 -> 13, 11 -> 5).
+TEST(Model, FusedMaxPoolMatchesSeparateLayersOnTheReferenceCnn) {
+  const ModelConfig c{
+      {1, 28, 28},
+      {Conv2dConfig{1, 32, 3}, ReluConfig{}, MaxPool2dConfig{2}, Conv2dConfig{32, 64, 3},
+       ReluConfig{}, MaxPool2dConfig{2}, FlattenConfig{}, LinearConfig{1600, 10}}};
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_OK(backend);
+  auto model = Model::Build(c, backend->get(), 1);
+  ASSERT_OK(model);
+  EXPECT_TRUE((*model)->layer_fused(1));   // relu1 into conv1
+  EXPECT_TRUE((*model)->layer_fused(2));   // pool1 into conv1
+  EXPECT_TRUE((*model)->layer_fused(5));   // pool2 into conv2
+  ExpectFusedMatchesSeparate(c, 3, 1e-5);  // conv1: im2col in window order
+  // conv2 alone (32 input channels: oneDNN's blocks both ways) gives exactly the same values.
+  ExpectFusedMatchesSeparate({{32, 13, 13},
+                              {Conv2dConfig{32, 64, 3}, ReluConfig{}, MaxPool2dConfig{2},
+                               FlattenConfig{}, LinearConfig{1600, 10}}},
                              3);
 }
 
+// Without a ReLU between them, with 3x3 windows, and with channels in several blocks of 16.
+TEST(Model, FusedMaxPoolMatchesSeparateLayersWithoutReluAndWiderWindows) {
+  ExpectFusedMatchesSeparate(
+      {{3, 11, 11},
+       {Conv2dConfig{3, 32, 3, 1, 1}, MaxPool2dConfig{3}, FlattenConfig{}, LinearConfig{288, 5}}},
+      4);
+}
+
+// Pooling that overlaps or pads is not fused, and a conv2d output read twice fuses nothing.
+TEST(Model, MaxPoolFusesOnlyOverNonOverlappingWindowsOfASingleReader) {
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_OK(backend);
+  const ModelConfig overlapping{{1, 8, 8},
+                                {Conv2dConfig{1, 16, 3}, ReluConfig{}, MaxPool2dConfig{3, 2},
+                                 FlattenConfig{}, LinearConfig{16 * 2 * 2, 3}}};
+  auto m = Model::Build(overlapping, backend->get(), 1);
+  ASSERT_OK(m);
+  EXPECT_TRUE((*m)->layer_fused(1));
+  EXPECT_FALSE((*m)->layer_fused(2));
+  ExpectFusedMatchesSeparate(overlapping, 2);
+  const ModelConfig padded{{1, 8, 8},
+                           {Conv2dConfig{1, 16, 3}, MaxPool2dConfig{2, 2, 1}, FlattenConfig{},
+                            LinearConfig{16 * 4 * 4, 3}}};
+  m = Model::Build(padded, backend->get(), 1);
+  ASSERT_OK(m);
+  EXPECT_FALSE((*m)->layer_fused(1));
+  // 16x16 windows have more positions than a byte of winner records.
+  const ModelConfig wide{
+      {1, 18, 18},
+      {Conv2dConfig{1, 16, 3}, MaxPool2dConfig{16}, FlattenConfig{}, LinearConfig{16, 3}}};
+  m = Model::Build(wide, backend->get(), 1);
+  ASSERT_OK(m);
+  EXPECT_FALSE((*m)->layer_fused(1));
+  ExpectFusedMatchesSeparate(wide, 2);
+}
 }  // namespace
 }  // namespace kiln
 
