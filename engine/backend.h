@@ -345,7 +345,7 @@ class Backend {
   // dx = scatter of dy to the recorded winners (dx fully overwritten).
   virtual absl::Status MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                          const int32_t* argmax, float* dx) = 0;
-  // A max pooling of non-overlapping windows (stride == kernel, no padding: FusableMaxPool) run
+  // A max pooling of non-overlapping windows (CheckFusableMaxPool) run
   // on a convolution's output inside the convolution, so that the output never leaves the
   // backend's preferred layout: whether this backend does it (the model fuses only then).
   virtual bool FusesConvMaxPool() const { return false; }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/layers/layers.h"
+#include "engine/layers/pool2d_rules.h"
 
 namespace kiln {
 
@@ -131,14 +132,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
     for (size_t j = 0; j < n && backend->FusesConvMaxPool(); ++j) {
       const auto* pool = std::get_if<MaxPool2dConfig>(&config.layers[j]);
       const int v = g.inputs[j][0];
-      if (pool == nullptr || v == 0 || g.readers[v] != 1 || pool->padding != 0 ||
-          (pool->stride != 0 && pool->stride != pool->kernel_size) ||
-          pool->kernel_size * pool->kernel_size >= kMaskedWinner) {
-        continue;
-      }
+      if (pool == nullptr || v == 0 || g.readers[v] != 1) continue;
       // The conv2d producing v, directly or through its fused ReLU.
       const int producer = model->fused_[v - 1] ? g.inputs[v - 1][0] - 1 : v - 1;
-      if (!std::holds_alternative<Conv2dConfig>(config.layers[producer])) continue;
+      const auto* conv = std::get_if<Conv2dConfig>(&config.layers[producer]);
+      if (conv == nullptr) continue;
+      // The backend's own rule (windows, padding, winner bytes), on a one-sample geometry.
+      const Shape& conv_input = model->shapes_[g.inputs[producer][0]];
+      if (!CheckFusableMaxPool(MakeConv2dGeometry(*conv, conv_input, 1),
+                               MakePool2dGeometry(pool->kernel_size, pool->stride, pool->padding,
+                                                  model->shapes_[v], 1))
+               .ok()) {
+        continue;
+      }
       model->fused_[j] = true;
       model->fused_into_[v] = static_cast<int>(j);
       max_pool_of[producer] = pool->kernel_size;

@@ -158,8 +158,7 @@ absl::Status CpuBackend::Conv2dMaxPoolForward(const Conv2dGeometry& g, const Poo
     const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/false, /*pooled=*/true);
     float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
     if (scratch == nullptr) return WorkspaceError(g, bytes);
-    const cpu_internal::FusedPool fused{pool, winners};
-    cpu_internal::Im2colConv2dForward(g, x, w, bias, act, y, threads_, scratch, &fused);
+    cpu_internal::Im2colConv2dForward(g, x, w, bias, act, y, threads_, scratch, &pool, winners);
     return absl::OkStatus();
   }
   const bool relu = act == Activation::kRelu;
@@ -193,10 +192,8 @@ absl::Status CpuBackend::Conv2dMaxPoolBackward(const Conv2dGeometry& g, const Po
     const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/true);
     float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
     if (scratch == nullptr) return WorkspaceError(g, bytes);
-    // The backward only reads the winners.
-    const cpu_internal::FusedPool fused{pool, const_cast<uint8_t*>(winners)};
     cpu_internal::Im2colConv2dBackward(g, x, w, /*y=*/nullptr, dy, Activation::kNone, dw, dbias, dx,
-                                       threads_, scratch, &fused);
+                                       threads_, scratch, &pool, winners);
     return absl::OkStatus();
   }
   if (path == FusedPoolPath::kBlocked16) {

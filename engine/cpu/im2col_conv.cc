@@ -295,19 +295,19 @@ Im2colScratch Im2colScratchFloats(const Conv2dGeometry& g, int threads, bool bac
 
 void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w, const float* bias,
                          Activation act, float* y, int threads, float* scratch,
-                         const FusedPool* pool) {
+                         const Pool2dGeometry* pool, uint8_t* winners) {
   const int ohw = g.out_h() * g.out_w();
   const int k = g.in_channels * g.kernel_h * g.kernel_w;
   const int64_t in_elems = int64_t{g.in_channels} * g.in_h * g.in_w;
   const int64_t out_elems = int64_t{g.out_channels} * ohw;
   const int64_t pooled_elems =
-      pool != nullptr ? int64_t{g.out_channels} * pool->g.out_h() * pool->g.out_w() : 0;
+      pool != nullptr ? int64_t{g.out_channels} * pool->out_h() * pool->out_w() : 0;
   const int team = SampleThreads(g.batch, threads);
   // A thread's scratch: the columns, then (pooled) the sample's output.
   const int64_t per_thread = int64_t{k} * ohw + (pool != nullptr ? out_elems : 0);
   // With a pooling, the sample's output in window order (WindowOrder), pooled in cache.
   const std::optional<WindowOrder> order =
-      pool != nullptr ? std::optional<WindowOrder>(pool->g) : std::nullopt;
+      pool != nullptr ? std::optional<WindowOrder>(*pool) : std::nullopt;
   const int columns = order ? static_cast<int>(order->columns()) : ohw;
   auto sample = [&](int n, float* cols) {
     float* yn = order ? cols + int64_t{k} * ohw : y + n * out_elems;
@@ -332,7 +332,7 @@ void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w
     }
     if (order) {
       PoolWindows(*order, g.out_channels, yn, relu, y + n * pooled_elems,
-                  pool->winners + n * pooled_elems);
+                  winners + n * pooled_elems);
     }
   };
   if (team == 1) {
@@ -355,7 +355,8 @@ void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w
 
 void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* w, const float* y,
                           const float* dy, Activation act, float* dw, float* dbias, float* dx,
-                          int threads, float* scratch, const FusedPool* pool) {
+                          int threads, float* scratch, const Pool2dGeometry* pool,
+                          const uint8_t* winners) {
   const int ohw = g.out_h() * g.out_w();
   const int k = g.in_channels * g.kernel_h * g.kernel_w;
   const int64_t in_elems = int64_t{g.in_channels} * g.in_h * g.in_w;
@@ -366,7 +367,7 @@ void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* 
   const int64_t per_thread = 2 * int64_t{k} * ohw + out_elems;
   // With a pooling: window order (WindowOrder), the pooling's backward expanded in cache.
   const std::optional<WindowOrder> order =
-      pool != nullptr ? std::optional<WindowOrder>(pool->g) : std::nullopt;
+      pool != nullptr ? std::optional<WindowOrder>(*pool) : std::nullopt;
   const int columns = order ? static_cast<int>(order->columns()) : ohw;
   // Per-thread partial weight and bias gradients (after the columns), summed in thread order.
   float* partial = scratch + Im2colScratchFloats(g, threads, /*backward=*/true).columns;
@@ -382,7 +383,7 @@ void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* 
     if (order) {
       // The pooled gradient at each window's winner (the ReLU's mask included), window order.
       const int64_t pooled = int64_t{g.out_channels} * order->windows;
-      UnpoolWindows(*order, g.out_channels, pool->winners + n * pooled, dy + n * pooled, masked);
+      UnpoolWindows(*order, g.out_channels, winners + n * pooled, dy + n * pooled, masked);
       dyn = masked;
     } else if (act == Activation::kRelu) {
       // The fused ReLU's backward: pass the gradient where the output was positive.

@@ -19,22 +19,20 @@ struct Im2colScratch {
 Im2colScratch Im2colScratchFloats(const Conv2dGeometry& g, int threads, bool backward,
                                   bool pooled = false);
 
-// A max pooling fused into the convolution (CheckFusableMaxPool): each sample is pooled while
-// its output is in cache, and the backward expands each sample's pooled gradient there; the
-// convolution's whole output is never written. `winners` as in fused_max_pool.h (plain).
-struct FusedPool {
-  Pool2dGeometry g;
-  uint8_t* winners;  // the forward writes them, the backward reads them
-};
+// With a max pooling fused into the convolution (`pool`, CheckFusableMaxPool), each sample is
+// pooled while its output is in cache, and the backward expands each sample's pooled gradient
+// there; the convolution's whole output is never written. `winners` as in fused_max_pool.h
+// (plain, one byte per pooled value).
 
 // With `pool`, y is the pooled output and the winners are written.
 void Im2colConv2dForward(const Conv2dGeometry& g, const float* x, const float* w, const float* bias,
                          Activation act, float* y, int threads, float* scratch,
-                         const FusedPool* pool = nullptr);
-// With `pool`, dy is the pooled output's gradient (already masked by the winners: act must be
-// kNone) and y is not read.
+                         const Pool2dGeometry* pool = nullptr, uint8_t* winners = nullptr);
+// With `pool`, dy is the pooled output's gradient (masked by the winners: act must be kNone)
+// and y is not read.
 void Im2colConv2dBackward(const Conv2dGeometry& g, const float* x, const float* w, const float* y,
                           const float* dy, Activation act, float* dw, float* dbias, float* dx,
-                          int threads, float* scratch, const FusedPool* pool = nullptr);
+                          int threads, float* scratch, const Pool2dGeometry* pool = nullptr,
+                          const uint8_t* winners = nullptr);
 
 }  // namespace kiln::cpu_internal
