@@ -23,9 +23,10 @@
 #include "server/grpc/metrics_interceptor.h"
 #include "server/grpc/training_service.h"
 #include "server/grpc/workers_service.h"
-#include "server/http/rest_inference.h"
+#include "server/http/route_label.h"
 #include "server/jobs/interrupted_writes.h"
 #include "server/serving/job_checkpoint_resolver.h"
+#include "server/serving/rest_inference.h"
 #include "server/web/web_page.h"
 
 namespace kiln::server {
@@ -444,7 +445,7 @@ absl::Status Daemon::StartHttp() {
   auto server = std::make_unique<http::HttpServer>(std::move(http));
   metrics_->AddMetricsRoute(
       server.get(), options_.metrics_require_token ? http::Access::kToken : http::Access::kOpen);
-  http::AddKServeRoutes(inference_.get(), server.get());
+  serving::AddKServeRoutes(inference_.get(), server.get());
   // The web page and its JSON API, behind the same TLS and tokens.
   web::WebApiOptions web_options;
   web_options.max_event_streams = options_.max_web_event_streams;

@@ -1,7 +1,7 @@
 // The one mapping from absl::Status, which everything inside kilnd returns, to grpc::Status, which
-// the services send: absl and gRPC share the canonical code numbering, and the message passes
-// unchanged up to 1 KiB (longer ones, echoing a client's huge input, keep their start). Used by
-// every service at the edge (kiln.v1.Training and the KServe v2 front end).
+// the services send: absl and gRPC share the canonical code numbering, and the message is the
+// client's (common/client_message.h). Used by every gRPC service at the edge. The HTTP port's
+// twin is server/http/status_mapping.h.
 #pragma once
 
 #include <grpcpp/support/status.h>

@@ -3,8 +3,8 @@
 #pragma once
 
 #include "kiln/v1/training.grpc.pb.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/grpc/stream_slots.h"
-#include "server/jobs/dataset_catalog.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/metric_broadcaster.h"
 

@@ -11,10 +11,10 @@
 #include "absl/time/clock.h"
 #include "common/atomic_file.h"
 #include "common/sha256.h"
+#include "server/checkpoints/checkpoint_export.h"
+#include "server/datasets/dataset_manifest.h"
 #include "server/grpc/status_mapping.h"
-#include "server/jobs/checkpoint_export.h"
 #include "server/jobs/checkpoint_record.h"
-#include "server/jobs/dataset_manifest.h"
 
 namespace kiln::server {
 namespace fs = std::filesystem;

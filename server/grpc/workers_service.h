@@ -9,7 +9,7 @@
 #include <string>
 
 #include "kiln/v1/worker.grpc.pb.h"
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/worker_attempt.h"
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
-#include "server/jobs/checkpoint_policy.h"
+#include "server/checkpoints/checkpoint_policy.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 

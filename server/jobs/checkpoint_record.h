@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "kiln/v1/training.pb.h"
 #include "server/jobs/job_events.h"
-#include "server/jobs/job_runner.h"
+#include "server/jobs/job_slot.h"
 #include "server/jobs/job_store.h"
 
 namespace kiln::server {

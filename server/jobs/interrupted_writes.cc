@@ -10,7 +10,7 @@
 #include <string>
 
 #include "engine/safetensors.h"
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_store.h"
 
 namespace kiln::server {

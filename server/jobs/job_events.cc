@@ -4,23 +4,10 @@
 
 #include "common/status_macros.h"
 #include "engine/trainer.h"
+#include "server/jobs/event_messages.h"
 #include "server/jobs/proto_time.h"
 
 namespace kiln::server {
-
-v1::EpochMetrics EpochMetricsOf(const EpochEvent& e) {
-  v1::EpochMetrics m;
-  m.set_epoch(e.epoch);
-  m.set_train_loss(e.train_loss);
-  m.set_train_accuracy(e.train_accuracy);
-  m.set_test_loss(e.test.loss);
-  m.set_test_accuracy(e.test.accuracy);
-  m.set_test_samples(e.test.samples);
-  m.set_train_seconds(e.train_seconds);
-  m.set_samples_per_sec(e.samples_per_sec);
-  m.set_lr(e.lr);
-  return m;
-}
 
 JobEvents::JobEvents(JobStore* store, MetricBroadcaster* broadcaster,
                      std::vector<JobEventObserver*> observers)
@@ -73,13 +60,7 @@ absl::Status JobEvents::Step(const v1::Job& job, const StepEvent& e, int64_t sam
                              const std::vector<double>* rank_samples_per_sec) {
   v1::JobEvent event;
   v1::StepMetrics* m = event.mutable_step();
-  m->set_epoch(e.epoch);
-  m->set_step_in_epoch(e.step_in_epoch);
-  m->set_steps_per_epoch(e.steps_per_epoch);
-  m->set_global_step(e.global_step);
-  m->set_loss(e.loss);
-  m->set_lr(e.lr);
-  m->set_samples_per_sec(e.samples_per_sec);
+  *m = StepMetricsOf(e);
   if (rank_samples_per_sec != nullptr) {
     m->mutable_rank_samples_per_sec()->Add(rank_samples_per_sec->begin(),
                                            rank_samples_per_sec->end());

@@ -17,9 +17,6 @@
 
 namespace kiln::server {
 
-// An epoch's metrics as job events and Job.last_epoch carry them.
-v1::EpochMetrics EpochMetricsOf(const EpochEvent& epoch);
-
 // Thread-safe as far as the store, the broadcaster and the observers are; callers serialise the
 // events of one job (the job manager holds its lock), since `next_seq` orders them.
 class JobEvents {

@@ -23,7 +23,7 @@
 #include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
-#include "server/jobs/checkpoint_integrity.h"
+#include "server/checkpoints/checkpoint_integrity.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 

@@ -4,16 +4,16 @@
 #include <memory>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/trainer.h"
-#include "server/jobs/checkpoint_integrity.h"
-#include "server/jobs/checkpoint_policy.h"
+#include "server/checkpoints/checkpoint_integrity.h"
+#include "server/checkpoints/checkpoint_policy.h"
 #include "server/jobs/checkpoint_record.h"
+#include "server/jobs/event_messages.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 
@@ -31,38 +31,14 @@ absl::StatusOr<v1::Checkpoint> JobRunner::SaveCheckpoint(Trainer& trainer,
                            absl::ToDoubleSeconds(absl::Now() - write_start)});
 }
 
-absl::Status JobRunner::Run() {
-  v1::JobSpec spec;
-  std::string job_id, device;
+absl::Status JobRunner::Resume(Trainer& trainer) {
+  std::string job_id;
   int64_t pinned_checkpoint = 0;  // ResumeJob named it
   {
     std::lock_guard<std::mutex> lock(*mu_);
-    spec = slot_->job.spec();
     job_id = slot_->job.id();
-    device = slot_->job.device();
     pinned_checkpoint = slot_->job.resume_checkpoint_id();
   }
-  if (!slot_->config.has_value()) {
-    return absl::InternalError(absl::StrCat("job ", job_id, " has no translated spec"));
-  }
-  const TrainConfig& config = *slot_->config;
-  const int epochs = config.epochs;
-  const CheckpointPolicy policy(spec.checkpoint_policy());
-  absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
-  if (!data.ok()) {
-    return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
-                                                           "\": ", data.status().message()));
-  }
-  // Jobs running side by side on a device share it: on the CPU each takes its share of the
-  // cores, so their thread teams never oversubscribe them (spin-waiting OpenMP teams slow down
-  // many times over when they do).
-  BackendOptions backend_options;
-  backend_options.shares = std::max(1, options_.max_jobs_per_device);
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                        Trainer::Create(config, backend.get(), &data->train,
-                                        data->test.size > 0 ? &data->test : nullptr));
-
   // Continue from the newest checkpoint written that verifies and loads; a damaged one (its
   // digest differs, the file is truncated) is passed over for the next, and the job says so.
   // Newest written, not most advanced: after a resume from an older checkpoint, the run's own
@@ -82,7 +58,7 @@ absl::Status JobRunner::Run() {
   bool resumed = checkpoints.empty();
   for (const v1::Checkpoint& c : checkpoints) {
     absl::Status loaded = VerifyCheckpointFile(c);
-    if (loaded.ok()) loaded = trainer->LoadCheckpoint(c.path());
+    if (loaded.ok()) loaded = trainer.LoadCheckpoint(c.path());
     if (loaded.ok()) {
       resumed = true;
       if (!passed_over.empty()) {
@@ -99,88 +75,98 @@ absl::Status JobRunner::Run() {
                     loaded.message());
   }
   if (!resumed) return first_error;
+  std::lock_guard<std::mutex> lock(*mu_);
+  if (!passed_over.empty()) slot_->job.set_reason(WithShownPaths(passed_over));
+  slot_->job.set_resumed_from_step(trainer.position().global_step);
+  slot_->job.set_global_step(trainer.position().global_step);
+  slot_->job.set_epochs_done(trainer.position().epochs_done);
+  return store_->PutJob(slot_->job);
+}
+
+absl::Status JobRunner::Run() {
+  v1::JobSpec spec;
+  std::string job_id, device;
+  double best_so_far = 0;
   {
     std::lock_guard<std::mutex> lock(*mu_);
-    if (!passed_over.empty()) slot_->job.set_reason(WithShownPaths(passed_over));
-    slot_->job.set_resumed_from_step(trainer->position().global_step);
-    slot_->job.set_global_step(trainer->position().global_step);
-    slot_->job.set_epochs_done(trainer->position().epochs_done);
-    KILN_RETURN_IF_ERROR(store_->PutJob(slot_->job));
+    spec = slot_->job.spec();
+    job_id = slot_->job.id();
+    device = slot_->job.device();
+    best_so_far = slot_->job.best_test_accuracy();
   }
+  if (!slot_->config.has_value()) {
+    return absl::InternalError(absl::StrCat("job ", job_id, " has no translated spec"));
+  }
+  const TrainConfig& config = *slot_->config;
+  epochs_ = config.epochs;
+  const CheckpointPolicy policy(spec.checkpoint_policy());
+  absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
+  if (!data.ok()) {
+    return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
+                                                           "\": ", data.status().message()));
+  }
+  // Jobs running side by side on a device share it: on the CPU each takes its share of the
+  // cores, so their thread teams never oversubscribe them (spin-waiting OpenMP teams slow down
+  // many times over when they do).
+  BackendOptions backend_options;
+  backend_options.shares = std::max(1, options_.max_jobs_per_device);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                        Trainer::Create(config, backend.get(), &data->train,
+                                        data->test.size > 0 ? &data->test : nullptr));
+  KILN_RETURN_IF_ERROR(Resume(*trainer));
   if (slot_->stop) return absl::AbortedError("kilnd is shutting down");
-  events_->TrainingStarted(job_id, spec, epochs);
+  events_->TrainingStarted(job_id, spec, epochs_);
 
-  absl::Status store_error;  // from callbacks that cannot return one; stops the run
-  int epoch_ended = 0;
-  bool improved = false;
-  absl::Time step_start = absl::Now();  // steps are timed from the end of the last after_step
-  Trainer::Callbacks callbacks;
-  callbacks.on_step = [&](const StepEvent& e) {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
-    const int64_t samples = std::min<int64_t>(
-        config.batch_size, data->train.size - int64_t{e.step_in_epoch - 1} * config.batch_size);
-    {
-      std::lock_guard<std::mutex> lock(*mu_);
-      slot_->job.set_global_step(e.global_step);
-      absl::Status s = events_->Step(slot_->job, e, samples, seconds, &slot_->next_seq);
-      if (!s.ok() && store_error.ok()) store_error = s;
-    }
-    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
-  };
-  callbacks.on_epoch = [&](const EpochEvent& e) {
+  TrainingRun run(policy, config.batch_size, data->train.size, best_so_far, this);
+  return run.Run(*trainer, &slot_->cancel);
+}
+
+absl::Status JobRunner::OnStep(const StepEvent& e, int64_t samples, double seconds) {
+  absl::Status s;
+  {
     std::lock_guard<std::mutex> lock(*mu_);
-    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
-    improved = slot_->job.best_test_accuracy() < score || e.epoch == 1;
-    if (improved) slot_->job.set_best_test_accuracy(score);
-    slot_->job.set_epochs_done(e.epoch);
-    *slot_->job.mutable_last_epoch() = EpochMetricsOf(e);
-    absl::Status s = events_->Epoch(slot_->job, e, epochs, &slot_->next_seq);
-    if (!s.ok() && store_error.ok()) store_error = s;
-    epoch_ended = e.epoch;
-  };
-  callbacks.after_step = [&](Trainer& t) -> absl::Status {
-    absl::Cleanup restart_step_clock = [&] { step_start = absl::Now(); };
-    KILN_RETURN_IF_ERROR(store_error);
-    if (epoch_ended > 0) {
-      const int epoch = std::exchange(epoch_ended, 0);
-      for (v1::CheckpointKind kind : policy.AfterEpoch(epoch, improved)) {
-        KILN_RETURN_IF_ERROR(SaveCheckpoint(t, kind).status());
-      }
-    }
-    if (slot_->checkpoint_wanted.exchange(false)) {
-      std::vector<CheckpointDone> waiters;
-      {
-        std::lock_guard<std::mutex> lock(*mu_);
-        waiters.swap(slot_->checkpoint_waiters);
-      }
-      absl::StatusOr<v1::Checkpoint> c = SaveCheckpoint(t, v1::CHECKPOINT_KIND_ON_DEMAND);
-      for (CheckpointDone& done : waiters) done(c);
-    }
-    if (slot_->stop) {
-      if (policy.OnShutdown()) SaveCheckpoint(t, v1::CHECKPOINT_KIND_SHUTDOWN).IgnoreError();
-      return absl::AbortedError("kilnd is shutting down");
-    }
-    // A cancelled job keeps where it got to (the same policy as a shutdown), so that a resume
-    // loses nothing; the trainer would stop before the next step anyway.
-    if (slot_->cancel.load()) {
-      if (policy.OnShutdown()) SaveCheckpoint(t, v1::CHECKPOINT_KIND_CANCEL).IgnoreError();
-      return absl::CancelledError(
-          absl::StrCat("cancelled at global step ", t.position().global_step));
-    }
-    return absl::OkStatus();
-  };
-  KILN_RETURN_IF_ERROR(trainer->Run(callbacks, &slot_->cancel));
-
-  // Always leave a checkpoint of the finished model, for export and serving.
-  KILN_ASSIGN_OR_RETURN(checkpoints, store_->Checkpoints(job_id));
-  const bool have_final = std::any_of(
-      checkpoints.begin(), checkpoints.end(),
-      [&](const v1::Checkpoint& c) { return c.global_step() == trainer->position().global_step; });
-  if (!have_final) {
-    absl::Status s = SaveCheckpoint(*trainer, v1::CHECKPOINT_KIND_FINAL).status();
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("final checkpoint: ", s.message()));
+    slot_->job.set_global_step(e.global_step);
+    s = events_->Step(slot_->job, e, samples, seconds, &slot_->next_seq);
   }
-  return absl::OkStatus();
+  if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
+  return s;
+}
+
+absl::Status JobRunner::OnEpoch(const EpochEvent& e, bool improved, double best) {
+  std::lock_guard<std::mutex> lock(*mu_);
+  if (improved) slot_->job.set_best_test_accuracy(best);
+  slot_->job.set_epochs_done(e.epoch);
+  *slot_->job.mutable_last_epoch() = EpochMetricsOf(e);
+  return events_->Epoch(slot_->job, e, epochs_, &slot_->next_seq);
+}
+
+absl::StatusOr<RunCommands> JobRunner::Commands(Trainer&) {
+  RunCommands commands;
+  commands.checkpoint = slot_->checkpoint_wanted.exchange(false);
+  commands.stop = slot_->stop.load();
+  commands.cancel = slot_->cancel.load();
+  return commands;
+}
+
+absl::Status JobRunner::WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind) {
+  if (kind != v1::CHECKPOINT_KIND_ON_DEMAND) return SaveCheckpoint(trainer, kind).status();
+  // Those who asked hear how it went, whichever way.
+  std::vector<CheckpointDone> waiters;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    waiters.swap(slot_->checkpoint_waiters);
+  }
+  absl::StatusOr<v1::Checkpoint> c = SaveCheckpoint(trainer, kind);
+  for (CheckpointDone& done : waiters) done(c);
+  return c.status();
+}
+
+bool JobRunner::HasCheckpointAt(int64_t global_step) {
+  absl::StatusOr<std::vector<v1::Checkpoint>> checkpoints = store_->Checkpoints(slot_->job.id());
+  if (!checkpoints.ok()) return false;  // writing one more is the safe side
+  return std::any_of(checkpoints->begin(), checkpoints->end(),
+                     [&](const v1::Checkpoint& c) { return c.global_step() == global_step; });
 }
 
 }  // namespace kiln::server

@@ -1,7 +1,7 @@
-// One training attempt of one job: builds the backend and the trainer, resumes from the job's
-// latest checkpoint, trains to the job's epochs, turns the engine's step and epoch events into
-// job events, and writes checkpoints as the job's policy and requests ask. It reports through
-// the store, JobEvents and the job's slot alone; it never calls back into the job manager.
+// One training attempt of one job in kilnd's process: builds the backend and the trainer, resumes
+// from the job's latest checkpoint, and drives the training run (training_run.h), turning its
+// step and epoch events into job events and writing the checkpoints it decides on. It reports
+// through the store, JobEvents and the job's slot alone; it never calls back into the job manager.
 #pragma once
 
 #include <atomic>
@@ -18,45 +18,18 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kiln/v1/training.pb.h"
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_events.h"
+#include "server/jobs/job_slot.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/spec_translation.h"
+#include "server/jobs/training_run.h"
 
 namespace kiln {
 class Trainer;
 }
 
 namespace kiln::server {
-
-using CheckpointDone = std::function<void(absl::StatusOr<v1::Checkpoint>)>;
-
-// One job as the job manager and the attempt running it share it. The fields marked guarded are
-// guarded by the manager's mutex, which the runner is handed for them.
-struct JobSlot {
-  v1::Job job;  // guarded; the store holds the same, less live step progress
-  // The job's spec as the engine takes it, translated once (at Submit, or at Recover after a
-  // restart) and fixed from then on.
-  std::optional<TrainConfig> config;
-  int64_t next_seq = 1;  // guarded
-  std::atomic<bool> cancel{false};
-  std::atomic<bool> stop{false};  // daemon shutdown: checkpoint and stop, stay RUNNING
-  std::atomic<bool> checkpoint_wanted{false};
-  std::vector<CheckpointDone> checkpoint_waiters;  // guarded
-  // A state change the store refused (a full disk): the job keeps its recorded state, in memory
-  // as in the store, until the change is recorded (JobManager retries it). Guarded.
-  std::optional<std::pair<v1::JobState, std::string>> unrecorded_state;
-  std::thread thread;  // the running attempt, if any
-  // The devices the running attempt holds a slot of (guarded): the job's device, or a gang
-  // job's GPUs.
-  std::vector<std::string> devices;
-};
-
-// Whether a job runs as kiln-worker processes (several workers, or workers started elsewhere)
-// rather than in kilnd's process.
-inline bool RunsAsWorkers(const v1::JobSpec& spec) {
-  return spec.workers() > 1 || spec.external_workers();
-}
 
 struct JobRunnerOptions {
   std::string state_dir;  // checkpoints go to state_dir/checkpoints/<job>/
@@ -66,7 +39,7 @@ struct JobRunnerOptions {
   absl::Duration step_delay = absl::ZeroDuration();
 };
 
-class JobRunner {
+class JobRunner : private TrainingRunHost {
  public:
   // Not owned but `options`; each must outlive Run. `mu` guards the slot's guarded fields.
   JobRunner(JobSlot* slot, std::mutex* mu, JobStore* store, JobEvents* events,
@@ -83,8 +56,20 @@ class JobRunner {
   absl::Status Run();
 
  private:
+  // Loads the newest checkpoint that verifies and loads (or the one ResumeJob named) into
+  // `trainer`, recording on the job where it resumed and what it passed over.
+  absl::Status Resume(Trainer& trainer);
   // Writes, records and announces a checkpoint of `kind`, then prunes what it makes redundant.
   absl::StatusOr<v1::Checkpoint> SaveCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
+
+  // TrainingRunHost: events go to the store and the job's watchers, commands come from the
+  // slot's flags, and an on-demand checkpoint's result goes to those who asked for it.
+  absl::Status OnStep(const StepEvent& step, int64_t samples, double seconds) override;
+  absl::Status OnEpoch(const EpochEvent& epoch, bool improved, double best) override;
+  absl::StatusOr<RunCommands> Commands(Trainer& trainer) override;
+  absl::Status WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind) override;
+  void CheckpointFailed(v1::CheckpointKind, const absl::Status&) override {}
+  bool HasCheckpointAt(int64_t global_step) override;
 
   JobSlot* slot_;
   std::mutex* mu_;
@@ -92,6 +77,7 @@ class JobRunner {
   JobEvents* events_;
   const DatasetCatalog* datasets_;
   const JobRunnerOptions options_;
+  int epochs_ = 0;  // the job's epochs, for its epoch events
 };
 
 }  // namespace kiln::server

@@ -504,23 +504,4 @@ int64_t ActivationBytes(const std::vector<Shape>& shapes, int64_t batch_size) {
   return bytes >= kMax ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
 }
 
-CheckpointSettings TranslateCheckpointPolicy(const v1::CheckpointPolicy& policy) {
-  CheckpointSettings s;
-  s.every_n_epochs = policy.every_n_epochs();
-  s.keep_last = policy.keep_last();
-  s.keep_best = policy.keep_best();
-  s.on_shutdown = !policy.has_on_shutdown() || policy.on_shutdown();
-  return s;
-}
-
-bool IsValidName(const std::string& name) {
-  if (name.empty() || name.size() > 64 || name[0] == '.') return false;
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 }  // namespace kiln::server

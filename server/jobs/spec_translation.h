@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/resource_name.h"
 #include "engine/tensor.h"
 #include "engine/trainer.h"
 #include "kiln/v1/model_spec.pb.h"
@@ -34,24 +35,11 @@ struct SpecLimits {
 // input first), saturating at INT64_MAX instead of overflowing.
 int64_t ActivationBytes(const std::vector<Shape>& shapes, int64_t batch_size);
 
-// The epochs, checkpoint policy and so on the engine does not see, with defaults applied.
-struct CheckpointSettings {
-  int every_n_epochs = 0;
-  int keep_last = 0;
-  bool keep_best = false;
-  bool on_shutdown = true;
-};
-
 // The preset names, for messages and the CLI: "mnist-mlp", "mnist-cnn".
 inline constexpr const char* kPresetNames[] = {"mnist-mlp", "mnist-cnn"};
 
 // Expands the preset, checks every field's range and the model's shapes end to end, and returns
 // the engine config. Does not check the dataset or the device (the caller knows those).
 absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLimits& limits);
-
-CheckpointSettings TranslateCheckpointPolicy(const v1::CheckpointPolicy& policy);
-
-// Checks a dataset or job name: 1..64 of [A-Za-z0-9._-], not starting with '.'.
-bool IsValidName(const std::string& name);
 
 }  // namespace kiln::server

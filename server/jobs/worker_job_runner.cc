@@ -20,41 +20,16 @@
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/trainer.h"
-#include "server/jobs/checkpoint_integrity.h"
+#include "server/checkpoints/checkpoint_integrity.h"
 #include "server/jobs/checkpoint_record.h"
+#include "server/jobs/event_messages.h"
+#include "server/jobs/training_run.h"
 
 extern char** environ;
 
 namespace kiln::server {
 namespace fs = std::filesystem;
 namespace {
-
-// The engine's step as the job's events carry it, from rank 0's report.
-StepEvent StepEventOf(const v1::StepMetrics& m) {
-  StepEvent e;
-  e.epoch = m.epoch();
-  e.step_in_epoch = m.step_in_epoch();
-  e.steps_per_epoch = m.steps_per_epoch();
-  e.global_step = m.global_step();
-  e.loss = m.loss();
-  e.lr = m.lr();
-  e.samples_per_sec = m.samples_per_sec();
-  return e;
-}
-
-EpochEvent EpochEventOf(const v1::EpochMetrics& m) {
-  EpochEvent e;
-  e.epoch = m.epoch();
-  e.train_loss = m.train_loss();
-  e.train_accuracy = m.train_accuracy();
-  e.test.loss = m.test_loss();
-  e.test.accuracy = m.test_accuracy();
-  e.test.samples = m.test_samples();
-  e.train_seconds = m.train_seconds();
-  e.samples_per_sec = m.samples_per_sec();
-  e.lr = m.lr();
-  return e;
-}
 
 // The last non-empty line of a worker's log, to name in the job's reason.
 std::string LastLine(const std::string& path) {
@@ -130,9 +105,8 @@ absl::Status WorkerJobRunner::OnReport(int rank, const v1::WorkerReport& report)
   }
   if (report.has_epoch() && rank == 0) {
     const EpochEvent e = EpochEventOf(report.epoch().metrics());
-    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
-    improved_ = slot_->job.best_test_accuracy() < score || e.epoch == 1;
-    if (improved_) slot_->job.set_best_test_accuracy(score);
+    BestEpoch best(slot_->job.best_test_accuracy());
+    if (best.Observe(e)) slot_->job.set_best_test_accuracy(best.best());
     slot_->job.set_epochs_done(e.epoch);
     *slot_->job.mutable_last_epoch() = report.epoch().metrics();
     return events_->Epoch(slot_->job, e, epochs_, &slot_->next_seq);

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "kiln/v1/worker.pb.h"
 #include "server/jobs/job_events.h"
-#include "server/jobs/job_runner.h"
+#include "server/jobs/job_slot.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/worker_attempt.h"
 
@@ -92,9 +92,8 @@ class WorkerJobRunner {
   const std::vector<std::string> devices_;
   const WorkerRunnerOptions& options_;
   std::vector<Worker> workers_;
-  // Guarded by mu_: each rank's samples a second over its latest step; the epoch's "improved".
+  // Guarded by mu_: each rank's samples a second over its latest step.
   std::vector<double> rank_rates_;
-  bool improved_ = false;
   int epochs_ = 0;
 };
 

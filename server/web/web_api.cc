@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "server/grpc/status_mapping.h"
-#include "server/http/rest_inference.h"
+#include "server/http/status_mapping.h"
 
 namespace kiln::web {
 namespace {

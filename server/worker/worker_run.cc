@@ -22,11 +22,12 @@
 #include "engine/distributed/gloo_communicator.h"
 #include "engine/distributed/timed_communicator.h"
 #include "engine/trainer.h"
-#include "server/jobs/checkpoint_policy.h"
-#include "server/jobs/dataset_catalog.h"
-#include "server/jobs/job_events.h"
+#include "server/checkpoints/checkpoint_policy.h"
+#include "server/datasets/dataset_catalog.h"
+#include "server/jobs/event_messages.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/spec_translation.h"
+#include "server/jobs/training_run.h"
 #include "server/worker/checkpoint_transfer.h"
 #include "server/worker/coordinator_connection.h"
 #include "server/worker/dataset_fetch.h"
@@ -110,8 +111,11 @@ absl::StatusOr<v1::JoinJobResponse> JoinJob(CoordinatorConnection& connection,
   }
 }
 
-// Everything one training run of this rank holds.
-class RankRun {
+// Everything one training run of this rank holds; the run's rules are the TrainingRun's, this
+// rank supplies what a worker does differently: reports go to kilnd over the Report stream, rank
+// 0 broadcasts kilnd's commands so that every rank acts at the same step, and rank 0 alone writes
+// checkpoints, handing them to kilnd.
+class RankRun : private server::TrainingRunHost {
  public:
   RankRun(const WorkerFlags& flags, const std::atomic<bool>& terminate,
           CoordinatorConnection* connection, ReportStream* report,
@@ -121,10 +125,9 @@ class RankRun {
         connection_(connection),
         report_(report),
         joined_(joined),
-        policy_(joined.spec().checkpoint_policy()),
-        best_score_(joined.best_test_accuracy()) {}
+        policy_(joined.spec().checkpoint_policy()) {}
 
-  ~RankRun() {
+  ~RankRun() override {
     std::error_code ec;
     if (!scratch_dir_.empty()) fs::remove_all(scratch_dir_, ec);
   }
@@ -136,15 +139,26 @@ class RankRun {
   absl::StatusOr<DatasetSplits> LoadDataset();
   absl::StatusOr<std::unique_ptr<Communicator>> JoinPeers(Backend* backend);
   absl::Status ResumeOnRank0(Trainer& trainer);
-  Trainer::Callbacks MakeCallbacks(const TrainConfig& config, int64_t train_size);
-  absl::Status AfterStep(Trainer& trainer);
   // Rank 0's reasons to stop every rank without a checkpoint, or empty.
   std::string Rank0AbortReason() const;
   absl::StatusOr<int32_t> BroadcastCommandWord(Backend* backend, int32_t word);
-  // Rank 0 only: saves, hands the file to kilnd, deletes it.
-  absl::Status WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
-  // The checkpoint of a run that stops anyway (cancel, shutdown): a failure is only told.
-  void WriteLastCheckpoint(Trainer& trainer, v1::CheckpointKind kind);
+  // Reports that cannot be sent are kept in report_error_ and stop the run at the step's end
+  // (rank 0 then tells its peers to stop too), so these never fail.
+  void Send(const v1::WorkerReport& report);
+
+  // TrainingRunHost.
+  absl::Status OnStep(const StepEvent& step, int64_t samples, double seconds) override;
+  absl::Status OnEpoch(const EpochEvent& epoch, bool improved, double best) override;
+  absl::StatusOr<server::RunCommands> Commands(Trainer& trainer) override;
+  // Rank 0 only (others write nothing): saves, hands the file to kilnd, deletes it.
+  absl::Status WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind) override;
+  void CheckpointFailed(v1::CheckpointKind kind, const absl::Status& error) override;
+  bool HasCheckpointAt(int64_t global_step) override { return global_step == last_written_step_; }
+  // kilnd ends the attempt at the first rank that reports how it ended; the others wait here
+  // until rank 0's last checkpoint is stored, so that it is not refused.
+  absl::Status BeforeStopping() override { return timed_->Barrier(); }
+  // The next step's allreduce numbers start from here.
+  void StepClockRestarted() override { timed_->Reset(); }
 
   const WorkerFlags& flags_;
   const std::atomic<bool>& terminate_;
@@ -162,11 +176,7 @@ class RankRun {
   Tensor command_word_;  // BroadcastCommandWord's staging in the backend's memory
   std::unique_ptr<TimedCommunicator> timed_;
   std::unique_ptr<Trainer> trainer_;
-  absl::Status report_error_;  // from callbacks that cannot return one
-  absl::Time step_start_ = absl::Now();
-  int epoch_ended_ = 0;
-  bool improved_ = false;
-  double best_score_;  // the job's best so far, from kilnd (Job.best_test_accuracy)
+  absl::Status report_error_;  // from reports that could not be sent
   int64_t last_written_step_ = -1;
 };
 
@@ -257,11 +267,9 @@ absl::Status RankRun::WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind)
   return absl::OkStatus();
 }
 
-void RankRun::WriteLastCheckpoint(Trainer& trainer, v1::CheckpointKind kind) {
-  if (absl::Status s = WriteCheckpoint(trainer, kind); !s.ok()) {
-    std::fprintf(stderr, "kiln-worker: rank 0: %s checkpoint failed: %s\n",
-                 server::CheckpointKindName(kind).c_str(), std::string(s.message()).c_str());
-  }
+void RankRun::CheckpointFailed(v1::CheckpointKind kind, const absl::Status& error) {
+  std::fprintf(stderr, "kiln-worker: rank 0: %s checkpoint failed: %s\n",
+               server::CheckpointKindName(kind).c_str(), std::string(error.message()).c_str());
 }
 
 std::string RankRun::Rank0AbortReason() const {
@@ -282,11 +290,7 @@ absl::StatusOr<int32_t> RankRun::BroadcastCommandWord(Backend* backend, int32_t 
   return word;
 }
 
-absl::Status RankRun::AfterStep(Trainer& trainer) {
-  absl::Cleanup next_step = [&] {
-    step_start_ = absl::Now();
-    timed_->Reset();  // the next step's allreduce numbers start from here
-  };
+absl::StatusOr<server::RunCommands> RankRun::Commands(Trainer& trainer) {
   // Another rank's own trouble stops it alone; its peers then fail at their next collective.
   if (!rank0()) {
     if (terminate_.load()) return absl::AbortedError("stopped by a signal");
@@ -307,75 +311,37 @@ absl::Status RankRun::AfterStep(Trainer& trainer) {
   if (word & kAbortBit) {
     return absl::AbortedError(abort_reason.empty() ? "rank 0 stopped the job" : abort_reason);
   }
+  server::RunCommands commands;
+  commands.checkpoint = (word & kCheckpointBit) != 0;
+  commands.cancel = (word & kCancelBit) != 0;
+  commands.stop = (word & kStopBit) != 0;
+  return commands;
+}
 
-  if (epoch_ended_ > 0) {
-    const int epoch = std::exchange(epoch_ended_, 0);
-    for (v1::CheckpointKind kind : policy_.AfterEpoch(epoch, improved_)) {
-      KILN_RETURN_IF_ERROR(WithContext(WriteCheckpoint(trainer, kind),
-                                       absl::StrCat("checkpoint after epoch ", epoch)));
-    }
-  }
-  if (word & kCheckpointBit) {
-    // kilnd learns of a failed on-demand checkpoint by its absence; training goes on, as a
-    // single-process job's does.
-    if (absl::Status s = WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_ON_DEMAND); !s.ok()) {
-      std::fprintf(stderr, "kiln-worker: rank 0: on-demand checkpoint failed: %s\n",
-                   std::string(s.message()).c_str());
-    }
-  }
-  if (word & (kStopBit | kCancelBit)) {
-    const bool stop = (word & kStopBit) != 0;
-    if (policy_.OnShutdown()) {
-      WriteLastCheckpoint(trainer,
-                          stop ? v1::CHECKPOINT_KIND_SHUTDOWN : v1::CHECKPOINT_KIND_CANCEL);
-    }
-    // kilnd ends the attempt at the first rank that reports how it ended; the others wait here
-    // until rank 0's last checkpoint is stored, so that it is not refused.
-    KILN_RETURN_IF_ERROR(timed_->Barrier());
-    if (stop) return absl::AbortedError("kilnd is shutting down");
-    return absl::CancelledError(
-        absl::StrCat("cancelled at global step ", trainer.position().global_step));
-  }
+void RankRun::Send(const v1::WorkerReport& report) {
+  if (absl::Status s = report_->Send(report); !s.ok() && report_error_.ok()) report_error_ = s;
+}
+
+absl::Status RankRun::OnStep(const StepEvent& e, int64_t samples, double seconds) {
+  v1::WorkerReport report;
+  v1::WorkerStep* step = report.mutable_step();
+  *step->mutable_metrics() = server::StepMetricsOf(e);
+  step->set_samples(samples);
+  step->set_seconds(seconds);
+  step->set_rank_samples(SliceOf(samples, flags_.rank, joined_.world_size()).count);
+  step->set_allreduce_seconds(timed_->allreduce_seconds());
+  step->set_allreduce_bytes(timed_->allreduce_bytes());
+  Send(report);
+  if (joined_.step_delay_ms() > 0) absl::SleepFor(absl::Milliseconds(joined_.step_delay_ms()));
   return absl::OkStatus();
 }
 
-Trainer::Callbacks RankRun::MakeCallbacks(const TrainConfig& config, int64_t train_size) {
-  Trainer::Callbacks callbacks;
-  callbacks.on_step = [this, &config, train_size](const StepEvent& e) {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - step_start_);
-    const int64_t samples = std::min<int64_t>(
-        config.batch_size, train_size - int64_t{e.step_in_epoch - 1} * config.batch_size);
-    v1::WorkerReport report;
-    v1::WorkerStep* step = report.mutable_step();
-    v1::StepMetrics* m = step->mutable_metrics();
-    m->set_epoch(e.epoch);
-    m->set_step_in_epoch(e.step_in_epoch);
-    m->set_steps_per_epoch(e.steps_per_epoch);
-    m->set_global_step(e.global_step);
-    m->set_loss(e.loss);
-    m->set_lr(e.lr);
-    m->set_samples_per_sec(e.samples_per_sec);
-    step->set_samples(samples);
-    step->set_seconds(seconds);
-    step->set_rank_samples(SliceOf(samples, flags_.rank, joined_.world_size()).count);
-    step->set_allreduce_seconds(timed_->allreduce_seconds());
-    step->set_allreduce_bytes(timed_->allreduce_bytes());
-    if (absl::Status s = report_->Send(report); !s.ok() && report_error_.ok()) report_error_ = s;
-    if (joined_.step_delay_ms() > 0) absl::SleepFor(absl::Milliseconds(joined_.step_delay_ms()));
-  };
-  callbacks.on_epoch = [this](const EpochEvent& e) {
-    // Epoch metrics are global, so every rank decides alike (only rank 0 acts on it).
-    const double score = e.test.samples > 0 ? e.test.accuracy : e.train_accuracy;
-    improved_ = best_score_ < score || e.epoch == 1;
-    if (improved_) best_score_ = score;
-    epoch_ended_ = e.epoch;
-    if (!rank0()) return;
-    v1::WorkerReport report;
-    *report.mutable_epoch()->mutable_metrics() = server::EpochMetricsOf(e);
-    if (absl::Status s = report_->Send(report); !s.ok() && report_error_.ok()) report_error_ = s;
-  };
-  callbacks.after_step = [this](Trainer& t) { return AfterStep(t); };
-  return callbacks;
+absl::Status RankRun::OnEpoch(const EpochEvent& e, bool, double) {
+  if (!rank0()) return absl::OkStatus();
+  v1::WorkerReport report;
+  *report.mutable_epoch()->mutable_metrics() = server::EpochMetricsOf(e);
+  Send(report);
+  return absl::OkStatus();
 }
 
 absl::Status RankRun::Train() {
@@ -414,14 +380,10 @@ absl::Status RankRun::Train() {
                                                   data_.test.size > 0 ? &data_.test : nullptr));
   KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer_));
 
-  step_start_ = absl::Now();
-  KILN_RETURN_IF_ERROR(trainer_->Run(MakeCallbacks(config, data_.train.size)));
-
-  // Always leave a checkpoint of the finished model, for export and serving.
-  if (last_written_step_ != trainer_->position().global_step) {
-    KILN_RETURN_IF_ERROR(
-        WithContext(WriteCheckpoint(*trainer_, v1::CHECKPOINT_KIND_FINAL), "final checkpoint"));
-  }
+  // The job's best so far comes from kilnd (Job.best_test_accuracy).
+  server::TrainingRun run(policy_, config.batch_size, data_.train.size,
+                          joined_.best_test_accuracy(), this);
+  KILN_RETURN_IF_ERROR(run.Run(*trainer_));
   return report_error_;
 }
 

@@ -1,4 +1,4 @@
-// Fuzzes the KServe v2 REST bodies (server/http/kserve_json.cc): the bytes as an inference
+// Fuzzes the KServe v2 REST bodies (server/serving/kserve_json.cc): the bytes as an inference
 // request body, without and with a binary part (the first byte, when the body is long enough,
 // splits JSON from binary data as Inference-Header-Content-Length would), and as repository
 // index, load and unload bodies; an accepted inference request's response is written back.
@@ -14,10 +14,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
-#include "server/http/kserve_json.h"
+#include "server/serving/kserve_json.h"
 #include "tests/fuzz/fuzz_check.h"
 
-namespace kiln::http {
+namespace kiln::serving {
 namespace {
 
 void CheckRejection(const absl::Status& status, const char* what) {
@@ -60,10 +60,10 @@ void CheckInfer(absl::string_view body, std::optional<size_t> json_size) {
 }
 
 }  // namespace
-}  // namespace kiln::http
+}  // namespace kiln::serving
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace kiln::http;
+  using namespace kiln::serving;
   const absl::string_view body(reinterpret_cast<const char*>(data), size);
   CheckInfer(body, std::nullopt);
   if (size > 1) CheckInfer(body.substr(1), std::min<size_t>(data[0], size - 1));

@@ -1,6 +1,6 @@
 // The checkpoint policy's decisions: what a run writes after each epoch and on shutdown, and
 // which checkpoints a new one makes redundant.
-#include "server/jobs/checkpoint_policy.h"
+#include "server/checkpoints/checkpoint_policy.h"
 
 #include <vector>
 

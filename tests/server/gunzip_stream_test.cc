@@ -1,6 +1,6 @@
 // GunzipStream: the same bytes whatever the pieces, gzip's own reading of concatenated members,
 // and DataLoss for anything that is not a whole gzip stream.
-#include "server/jobs/gunzip_stream.h"
+#include "server/datasets/gunzip_stream.h"
 
 #include <string>
 

@@ -1,6 +1,6 @@
 // IdxStreamFacts: an IDX file checked in pieces, with ParseIdxHeader's errors and the reader's
 // truncated and trailing-bytes errors, keeping the dims and the largest element.
-#include "server/jobs/idx_stream_facts.h"
+#include "server/datasets/idx_stream_facts.h"
 
 #include <string>
 

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/state_dir_lock.h"
 #include "server_test_support.h"

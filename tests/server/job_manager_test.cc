@@ -24,7 +24,7 @@
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_event_observer.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/job_vocabulary.h"

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "server/checkpoints/checkpoint_policy.h"
 #include "server_test_support.h"
 #include "tests/support/status_matchers.h"
 

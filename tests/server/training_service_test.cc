@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"

@@ -25,7 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/v1/worker.grpc.pb.h"
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/metric_broadcaster.h"

@@ -2,7 +2,7 @@
 // metadata, readiness, inference with JSON tensors and with binary tensor data, the repository
 // extension) and every error (status and message) the same on both paths; malformed and
 // oversized bodies, bearer tokens; and the same comparison driven by curl where it is installed.
-#include "server/http/rest_inference.h"
+#include "server/serving/rest_inference.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -19,6 +19,8 @@
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
 #include "server/http/http_server.h"
+#include "server/http/route_label.h"
+#include "server/http/status_mapping.h"
 #include "tests/serving/serving_test_support.h"
 #include "tests/support/status_matchers.h"
 
@@ -26,6 +28,7 @@ namespace kiln::http {
 namespace {
 
 using nlohmann::json;
+using serving::AddKServeRoutes;
 using serving::testing::Answer;
 using serving::testing::Form;
 using serving::testing::kClasses;

@@ -1,4 +1,4 @@
-#include "server/jobs/checkpoint_export.h"
+#include "server/checkpoints/checkpoint_export.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/jobs/checkpoint_integrity.h"
+#include "server/checkpoints/checkpoint_integrity.h"
 
 namespace kiln::server {
 

@@ -1,4 +1,4 @@
-#include "server/jobs/dataset_manifest.h"
+#include "server/datasets/dataset_manifest.h"
 
 #include <fstream>
 #include <sstream>

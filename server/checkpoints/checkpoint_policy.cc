@@ -1,6 +1,15 @@
-#include "server/jobs/checkpoint_policy.h"
+#include "server/checkpoints/checkpoint_policy.h"
 
 namespace kiln::server {
+
+CheckpointSettings TranslateCheckpointPolicy(const v1::CheckpointPolicy& policy) {
+  CheckpointSettings s;
+  s.every_n_epochs = policy.every_n_epochs();
+  s.keep_last = policy.keep_last();
+  s.keep_best = policy.keep_best();
+  s.on_shutdown = !policy.has_on_shutdown() || policy.on_shutdown();
+  return s;
+}
 
 std::vector<v1::CheckpointKind> CheckpointPolicy::AfterEpoch(int epoch, bool improved) const {
   std::vector<v1::CheckpointKind> kinds;

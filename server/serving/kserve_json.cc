@@ -1,4 +1,4 @@
-#include "server/http/kserve_json.h"
+#include "server/serving/kserve_json.h"
 
 #include <cmath>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
-namespace kiln::http {
+namespace kiln::serving {
 namespace {
 
 using nlohmann::json;
@@ -487,4 +487,4 @@ absl::StatusOr<inference::RepositoryModelUnloadRequest> ParseUnloadRequest(
   return request;
 }
 
-}  // namespace kiln::http
+}  // namespace kiln::serving

@@ -1,4 +1,4 @@
-#include "server/http/rest_inference.h"
+#include "server/serving/rest_inference.h"
 
 #include <httplib.h>
 
@@ -8,27 +8,26 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "server/grpc/status_mapping.h"
-#include "server/http/kserve_json.h"
+#include "server/http/status_mapping.h"
+#include "server/serving/kserve_json.h"
 
-namespace kiln::http {
+namespace kiln::serving {
+
+using http::Access;
+using http::HttpServer;
+using http::ReplyError;
+using http::ReplyStatus;
 namespace {
 
 constexpr char kJson[] = "application/json";
 // A model name, then optionally /versions/VERSION; httplib hands the path over decoded.
 constexpr char kModelPath[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
 
-// The error as the gRPC path words it (server paths shown by their folder names, cut at 1 KiB).
-void ReplyStatus(httplib::Response& res, const absl::Status& status) {
-  ReplyError(res, HttpStatusOf(status.code()), server::ToGrpcStatus(status).error_message());
-}
-
 std::string VersionOf(const httplib::Request& req) {
   return req.matches.size() > 2 ? std::string(req.matches[2]) : std::string();
 }
 
-void Infer(serving::InferenceService* service, const httplib::Request& req,
-           httplib::Response& res) {
+void Infer(InferenceService* service, const httplib::Request& req, httplib::Response& res) {
   std::optional<size_t> json_size;
   if (req.has_header("Inference-Header-Content-Length")) {
     size_t n;
@@ -60,66 +59,7 @@ void Infer(serving::InferenceService* service, const httplib::Request& req,
 
 }  // namespace
 
-std::string RouteLabel(const std::string& path) {
-  static const std::regex* const kModel =
-      new std::regex(R"(/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?)");
-  static const std::regex* const kRepositoryModel =
-      new std::regex(R"(/v2/repository/models/[^/]+/(load|unload))");
-  for (const char* fixed :
-       {"/metrics", "/v2/health/live", "/v2/health/ready", "/v2/repository/index"}) {
-    if (path == fixed) return fixed;
-  }
-  if (path == "/v2" || path == "/v2/") return "/v2";
-  std::smatch m;
-  // The web page (server/web): its files, and its API with the job id and checkpoint folded.
-  static const std::regex* const kApiJob = new std::regex(
-      R"(/api/jobs/[^/]+(/checkpoints(/[0-9]+/file)?|/events|/cancel|/resume|/checkpoint)?)");
-  for (const char* fixed : {"/", "/api/jobs", "/api/events", "/api/models"}) {
-    if (path == fixed) return fixed;
-  }
-  if (path.rfind("/web/", 0) == 0) return "/web/{file}";
-  if (std::regex_match(path, m, *kApiJob)) {
-    return absl::StrCat("/api/jobs/{job}",
-                        m[2].matched ? "/checkpoints/{checkpoint}/file" : m[1].str());
-  }
-  if (std::regex_match(path, m, *kModel)) return absl::StrCat("/v2/models/{model}", m[1].str());
-  if (std::regex_match(path, m, *kRepositoryModel)) {
-    return absl::StrCat("/v2/repository/models/{model}/", m[1].str());
-  }
-  return "other";
-}
-
-int HttpStatusOf(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-      return 200;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-      return 400;
-    case absl::StatusCode::kUnauthenticated:
-      return 401;
-    case absl::StatusCode::kPermissionDenied:
-      return 403;
-    case absl::StatusCode::kNotFound:
-      return 404;
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kAborted:
-      return 409;
-    case absl::StatusCode::kResourceExhausted:
-      return 429;
-    case absl::StatusCode::kUnimplemented:
-      return 501;
-    case absl::StatusCode::kUnavailable:
-      return 503;
-    case absl::StatusCode::kDeadlineExceeded:
-      return 504;
-    default:
-      return 500;
-  }
-}
-
-void AddKServeRoutes(serving::InferenceService* service, HttpServer* server) {
+void AddKServeRoutes(InferenceService* service, HttpServer* server) {
   // Health answers by status alone (200, or 400 for "no"), with an empty body.
   server->Get("/v2/health/live", Access::kOpen,
               [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
@@ -195,4 +135,4 @@ void AddKServeRoutes(serving::InferenceService* service, HttpServer* server) {
                });
 }
 
-}  // namespace kiln::http
+}  // namespace kiln::serving

@@ -6,9 +6,18 @@
 #include <vector>
 
 #include "kiln/v1/training.pb.h"
-#include "server/jobs/spec_translation.h"
 
 namespace kiln::server {
+
+// A policy's fields with its defaults applied.
+struct CheckpointSettings {
+  int every_n_epochs = 0;
+  int keep_last = 0;
+  bool keep_best = false;
+  bool on_shutdown = true;
+};
+
+CheckpointSettings TranslateCheckpointPolicy(const v1::CheckpointPolicy& policy);
 
 class CheckpointPolicy {
  public:

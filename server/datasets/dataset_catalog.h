@@ -20,9 +20,9 @@
 #include "engine/data/dataset.h"
 #include "engine/data/npy_reader.h"
 #include "kiln/v1/training.pb.h"
-#include "server/jobs/dataset_manifest.h"
-#include "server/jobs/gunzip_stream.h"
-#include "server/jobs/idx_stream_facts.h"
+#include "server/datasets/dataset_manifest.h"
+#include "server/datasets/gunzip_stream.h"
+#include "server/datasets/idx_stream_facts.h"
 
 namespace kiln::server {
 

@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "inference/grpc_service.pb.h"
 
-namespace kiln::http {
+namespace kiln::serving {
 
 // An infer request as ModelInfer takes it, and which outputs the client wants as binary data.
 struct RestInferRequest {
@@ -58,4 +58,4 @@ absl::StatusOr<inference::RepositoryModelLoadRequest> ParseLoadRequest(absl::str
 absl::StatusOr<inference::RepositoryModelUnloadRequest> ParseUnloadRequest(
     absl::string_view body, const std::string& model);
 
-}  // namespace kiln::http
+}  // namespace kiln::serving

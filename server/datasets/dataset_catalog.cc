@@ -1,4 +1,4 @@
-#include "server/jobs/dataset_catalog.h"
+#include "server/datasets/dataset_catalog.h"
 
 #include <fcntl.h>
 #include <stdio.h>  // renameat2
@@ -19,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/resource_name.h"
 #include "common/status_macros.h"
 #include "engine/data/idx_reader.h"
-#include "server/jobs/spec_translation.h"
 
 namespace kiln::server {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "server/jobs/gunzip_stream.h"
+#include "server/datasets/gunzip_stream.h"
 
 #include <memory>
 

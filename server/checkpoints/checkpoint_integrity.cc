@@ -1,4 +1,4 @@
-#include "server/jobs/checkpoint_integrity.h"
+#include "server/checkpoints/checkpoint_integrity.h"
 
 #include <string>
 

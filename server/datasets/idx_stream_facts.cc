@@ -1,4 +1,4 @@
-#include "server/jobs/idx_stream_facts.h"
+#include "server/datasets/idx_stream_facts.h"
 
 #include <algorithm>
 
