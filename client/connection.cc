@@ -7,12 +7,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/channel_credentials.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -78,30 +77,18 @@ std::string TcpFailure(const std::string& target, absl::Duration timeout) {
   return failure;
 }
 
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
-  std::ostringstream pem;
-  pem << in.rdbuf();
-  return pem.str();
-}
-
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(
     const ConnectionOptions& options) {
-  if (!options.tls()) return grpc::InsecureChannelCredentials();
-  if (options.tls_cert.empty() != options.tls_key.empty()) {
+  if (options.tls() && options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError(
         "--tls-cert and --tls-key go together: the client certificate and its private key");
   }
-  grpc::SslCredentialsOptions ssl;  // no CA given: gRPC's default roots
-  if (!options.tls_ca.empty()) {
-    KILN_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem("tls-ca", options.tls_ca));
-  }
-  if (!options.tls_cert.empty()) {
-    KILN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem("tls-cert", options.tls_cert));
-    KILN_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem("tls-key", options.tls_key));
-  }
-  return grpc::SslCredentials(ssl);
+  ClientTlsFiles tls;
+  tls.tls = options.tls();
+  tls.ca = options.tls_ca;
+  tls.cert = options.tls_cert;
+  tls.key = options.tls_key;
+  return MakeChannelCredentials(tls);
 }
 
 // What gRPC says about a channel that would not connect ("... Ssl handshake failed: ...

@@ -1,10 +1,9 @@
 #include "server/worker/coordinator_connection.h"
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_credentials.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -12,28 +11,6 @@
 
 namespace kiln::worker {
 namespace {
-
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
-  std::ostringstream pem;
-  pem << in.rdbuf();
-  return pem.str();
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(
-    const CoordinatorOptions& options) {
-  if (!options.tls()) return grpc::InsecureChannelCredentials();
-  grpc::SslCredentialsOptions ssl;  // no CA given: gRPC's default roots
-  if (!options.tls_ca.empty()) {
-    KILN_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem("tls_ca", options.tls_ca));
-  }
-  if (!options.tls_cert.empty()) {
-    KILN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem("tls_cert", options.tls_cert));
-    KILN_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem("tls_key", options.tls_key));
-  }
-  return grpc::SslCredentials(ssl);
-}
 
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
   return std::chrono::system_clock::now() +
@@ -44,8 +21,16 @@ std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorConnection>> CoordinatorConnection::Open(
     const CoordinatorOptions& options) {
+  ClientTlsFiles tls;
+  tls.tls = options.tls();
+  tls.ca = options.tls_ca;
+  tls.cert = options.tls_cert;
+  tls.key = options.tls_key;
+  tls.ca_flag = "tls_ca";
+  tls.cert_flag = "tls_cert";
+  tls.key_flag = "tls_key";
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                        MakeCredentials(options));
+                        MakeChannelCredentials(tls));
   grpc::ChannelArguments arguments;
   if (!options.tls_server_name.empty()) {
     arguments.SetSslTargetNameOverride(options.tls_server_name);
