@@ -1,7 +1,6 @@
 #include "server/jobs/job_manager.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <exception>
@@ -18,9 +17,6 @@
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
-#include "engine/data/augment.h"
-#include "engine/distributed/data_parallel.h"
-#include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "engine/trainer.h"
 #include "server/checkpoints/checkpoint_integrity.h"
@@ -29,27 +25,6 @@
 
 namespace kiln::server {
 namespace {
-
-// Bounds of JobSpec.workers and JobSpec.max_retries.
-constexpr int kMaxWorkers = 64;
-constexpr int kMaxRetries = 100;
-
-absl::Status CheckWorkerFields(const v1::JobSpec& spec) {
-  if (spec.workers() < 0 || spec.workers() > kMaxWorkers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.workers: ", spec.workers(), " is outside 1..", kMaxWorkers));
-  }
-  if (spec.max_retries() < 0 || spec.max_retries() > kMaxRetries) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.max_retries: ", spec.max_retries(), " is outside 0..", kMaxRetries));
-  }
-  if (spec.max_retries() > 0 && !RunsAsWorkers(spec)) {
-    return absl::InvalidArgumentError(
-        "spec.max_retries: only jobs of several workers retry (a job in kilnd's process resumes "
-        "after a restart instead)");
-  }
-  return absl::OkStatus();
-}
 
 std::string NewJobId() {
   std::random_device rd;
@@ -67,6 +42,8 @@ JobManager::JobManager(JobStore* store, MetricBroadcaster* broadcaster, DatasetC
       options_(std::move(options)),
       runner_options_{options_.state_dir, options_.limits, options_.max_jobs_per_device,
                       options_.step_delay},
+      admission_(datasets, options_.limits, options_.default_device, options_.max_jobs_per_device,
+                 &options_.workers),
       store_retry_([this] { StoreRetryLoop(); }) {}
 
 JobManager::~JobManager() {
@@ -81,27 +58,6 @@ JobManager::~JobManager() {
   for (std::thread& t : finished_threads_) {
     if (t.joinable()) t.join();
   }
-}
-
-absl::StatusOr<std::string> JobManager::ResolveDevice(const std::string& requested) const {
-  return kiln::ResolveDevice(requested.empty() ? options_.default_device : requested);
-}
-
-absl::Status JobManager::CheckJobMemory(const TrainConfig& config, const DatasetInfo& info,
-                                        const std::string& device) const {
-  MemoryTarget target;
-  target.device = device == "cpu" ? DeviceKind::kCpu : DeviceKind::kCuda;
-  // Jobs side by side on the CPU each take their share of the cores (JobRunner).
-  target.threads = CpuBackendThreads({0, std::max(1, options_.max_jobs_per_device)});
-  KILN_ASSIGN_OR_RETURN(MemoryPlan plan,
-                        PlanTrainingMemory(config, info.train_samples, info.test_samples, target));
-  const int64_t need = plan.total_bytes();
-  const int64_t limit = options_.limits.max_job_memory_bytes;
-  if (need <= limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
-      absl::StrCat("spec: the job needs ", FormatBytes(need),
-                   " of memory (the most: ", plan.largest().Describe(), "), over the limit of ",
-                   FormatBytes(limit), " (", limit, " bytes, --max_job_memory_bytes)"));
 }
 
 absl::StatusOr<std::shared_ptr<JobSlot>> JobManager::FindLocked(const std::string& job_id) {
@@ -253,50 +209,9 @@ absl::Status JobManager::Recover() {
 }
 
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
-  KILN_ASSIGN_OR_RETURN(TrainConfig config, TranslateSpec(spec, options_.limits));
-  KILN_RETURN_IF_ERROR(CheckWorkerFields(spec));
-  if (spec.dataset().empty()) {
-    return absl::InvalidArgumentError("spec.dataset: required (see ListDatasets)");
-  }
-  absl::StatusOr<DatasetInfo> info = datasets_->Inspect(spec.dataset());
-  if (!info.ok()) {
-    const absl::StatusCode code = absl::IsNotFound(info.status())
-                                      ? absl::StatusCode::kNotFound
-                                      : absl::StatusCode::kInvalidArgument;
-    return absl::Status(code, absl::StrCat("spec.dataset: ", info.status().message()));
-  }
-  ModelPart culprit;
-  if (absl::Status fit =
-          CheckModelFitsData(config.model, info->sample_shape, info->num_classes,
-                             absl::StrCat("dataset \"", spec.dataset(), "\""), &culprit);
-      !fit.ok()) {
-    return absl::Status(fit.code(),
-                        absl::StrCat(culprit == ModelPart::kInputShape ? "spec.model.input_shape: "
-                                                                       : "spec.model: ",
-                                     fit.message()));
-  }
-  if (config.augment.enabled()) {
-    absl::StatusOr<AugmentGeometry> images =
-        AugmentImageGeometry(config.augment, info->sample_shape,
-                             info->format == DatasetFormat::kCsv, config.norm.channels());
-    if (!images.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.augment: dataset \"", spec.dataset(),
-                                                     "\": ", images.status().message()));
-    }
-  }
-  if (absl::Status batches =
-          CheckBatchNormBatches(config.model, config.batch_size, info->train_samples);
-      !batches.ok()) {
-    return absl::Status(batches.code(), absl::StrCat("spec.batch_size: ", batches.message()));
-  }
-  absl::StatusOr<std::string> device =
-      RunsAsWorkers(spec) ? CheckWorkers(spec, config, *info) : ResolveDevice(spec.device());
-  if (!device.ok()) {
-    if (RunsAsWorkers(spec)) return device.status();
-    return absl::InvalidArgumentError(absl::StrCat("spec.device: ", device.status().message()));
-  }
-  // A worker's share of the batch needs less; the whole batch on one device is the bound kept.
-  KILN_RETURN_IF_ERROR(CheckJobMemory(config, *info, *device == "cpu" ? "cpu" : "cuda:0"));
+  KILN_ASSIGN_OR_RETURN(AdmittedJob admitted, admission_.Admit(spec));
+  TrainConfig& config = admitted.config;
+  const std::string& device = admitted.device;
 
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return absl::UnavailableError("kilnd is shutting down");
@@ -317,7 +232,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     job.set_id(NewJobId());
   } while (jobs_.count(job.id()) > 0);
   *job.mutable_spec() = spec;
-  job.set_device(*device);
+  job.set_device(device);
   *job.mutable_create_time() = MillisToTimestamp(NowMillis());
   job.set_epochs(config.epochs);
   job.set_parameter_count(CountParameters(config.model));
@@ -330,50 +245,6 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   events_.Submitted(result);
   ScheduleLocked();
   return result;
-}
-
-absl::StatusOr<std::string> JobManager::CheckWorkers(const v1::JobSpec& spec,
-                                                     const TrainConfig& config,
-                                                     const DatasetInfo& info) const {
-  if (options_.workers.registry == nullptr) {
-    return absl::FailedPreconditionError(
-        "spec.workers: this kilnd does not run jobs of several workers");
-  }
-  const int workers = std::max(1, spec.workers());
-  if (!spec.external_workers() && !options_.workers.local_workers_refusal.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("spec.workers: ", options_.workers.local_workers_refusal));
-  }
-  if (!spec.external_workers() && access(options_.workers.worker_binary.c_str(), X_OK) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("spec.workers: kilnd cannot start workers: ", options_.workers.worker_binary,
-                     " is not an executable (--worker_binary)"));
-  }
-  if (absl::Status split =
-          CheckDataParallelBatches(config.model, config.batch_size, info.train_samples, workers);
-      !split.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.workers: ", split.message()));
-  }
-  std::string kind = spec.device().empty() ? options_.default_device : spec.device();
-  if (kind == "auto") kind = AvailableDevices().size() > 1 ? "cuda" : "cpu";
-  if (kind == "cpu") return kind;
-  if (kind != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.device: a job of ", workers,
-                     " workers takes \"cpu\" or \"cuda\" (one GPU each), "
-                     "not \"",
-                     kind, "\""));
-  }
-  if (spec.external_workers()) return kind;  // their GPUs are on their own machines
-  int gpus = 0;
-  for (const std::string& d : AvailableDevices()) gpus += d.starts_with("cuda:") ? 1 : 0;
-  if (gpus < workers) {
-    return absl::FailedPreconditionError(absl::StrCat("spec.workers: ", workers,
-                                                      " workers on \"cuda\" need as many GPUs; "
-                                                      "this machine has ",
-                                                      gpus));
-  }
-  return kind;
 }
 
 absl::StatusOr<std::string> JobManager::WorkerToken(const std::string& job_id) {

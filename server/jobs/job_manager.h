@@ -23,6 +23,7 @@
 #include "server/checkpoints/checkpoint_export.h"
 #include "server/datasets/dataset_catalog.h"
 #include "server/jobs/event_replay.h"
+#include "server/jobs/job_admission.h"
 #include "server/jobs/job_event_observer.h"
 #include "server/jobs/job_events.h"
 #include "server/jobs/job_runner.h"
@@ -120,12 +121,6 @@ class JobManager {
   absl::Status Shutdown(absl::Duration deadline);
 
  private:
-  // Resolves "auto" and "" and checks the device exists.
-  absl::StatusOr<std::string> ResolveDevice(const std::string& device) const;
-  // RESOURCE_EXHAUSTED when the job's memory plan is over --max_job_memory_bytes, naming the
-  // need, its largest part (and the layer) and the limit.
-  absl::Status CheckJobMemory(const TrainConfig& config, const DatasetInfo& info,
-                              const std::string& device) const;
   absl::StatusOr<std::shared_ptr<JobSlot>> FindLocked(const std::string& job_id);
   // Records the change, then announces it and applies it to the slot; on a store error nothing
   // changes and the store is marked unwritable.
@@ -146,10 +141,6 @@ class JobManager {
   // A job of several workers: attempts (WorkerJobRunner) until one ends in success, a cancel or
   // a shutdown, or the job's max_retries are spent.
   absl::Status RunWorkerAttempts(JobSlot& slot);
-  // Checks a job of several workers' fields (workers, max_retries, device) and resolves its
-  // device to the queue it waits in: "cpu" or "cuda" (any free GPUs, gang-scheduled).
-  absl::StatusOr<std::string> CheckWorkers(const v1::JobSpec& spec, const TrainConfig& config,
-                                           const DatasetInfo& info) const;
   // The devices a queued job would hold if it started now: one for an ordinary job; for a gang
   // job on "cuda", `workers` GPUs each with a free slot, or none (and `why` says what it waits
   // for) when there are not that many.
@@ -161,6 +152,7 @@ class JobManager {
   DatasetCatalog* datasets_;
   const JobManagerOptions options_;
   const JobRunnerOptions runner_options_;
+  const JobAdmission admission_;
 
   std::mutex mu_;
   std::condition_variable idle_cv_;
