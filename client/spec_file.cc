@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "client/cli_status.h"
 #include "client/plain_enum_names.h"
+#include "common/json_bounds.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -38,6 +39,9 @@ absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::st
   // Plain enum names ("adamw") become full ones ("KIND_ADAMW") before protobuf's parser, which
   // knows only those. Text that is not JSON goes to it unchanged, for its error message.
   std::string expanded = text;
+  if (absl::Status depth = CheckJsonDepth(text, source); !depth.ok()) {
+    return UsageError(std::string(depth.message()));
+  }
   nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_discarded()) {
     absl::Status names = ExpandPlainEnumNames(v1::JobSpec::descriptor(), "spec", &json);

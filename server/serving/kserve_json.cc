@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_bounds.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -25,18 +26,9 @@ absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError
 // replaced rather than thrown on.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// Parses `text` as one JSON value; the error names where it broke. Exceptions stay in here.
+// Parses `text` as one JSON value, its nesting bounded before a tree is built.
 absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
-  json value = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (!value.is_discarded()) return value;
-  // Parse again with exceptions only to name the position for the client.
-  try {
-    json again = json::parse(text.begin(), text.end());
-    (void)again;
-  } catch (const json::exception& e) {
-    return Invalid(absl::StrCat(what, " is not valid JSON: ", e.what()));
-  }
-  return Invalid(absl::StrCat(what, " is not valid JSON"));
+  return ParseJsonWithin(text, what);
 }
 
 absl::StatusOr<json> ParseObject(absl::string_view text, absl::string_view what) {
@@ -59,14 +51,14 @@ absl::StatusOr<T> Integer(const json& v, absl::string_view datatype) {
       return static_cast<T>(i);
     }
   }
-  return Invalid(absl::StrCat(v.dump(), " is not a ", datatype, " value"));
+  return Invalid(absl::StrCat(JsonPreview(v), " is not a ", datatype, " value"));
 }
 
 // Adds one element to the repeated field of `datatype`.
 absl::Status AddElement(const json& v, const std::string& datatype,
                         inference::InferTensorContents* contents) {
   if (datatype == "FP32" || datatype == "FP64") {
-    if (!v.is_number()) return Invalid(absl::StrCat(v.dump(), " is not a number"));
+    if (!v.is_number()) return Invalid(absl::StrCat(JsonPreview(v), " is not a number"));
     if (datatype == "FP32") {
       contents->add_fp32_contents(v.get<float>());
     } else {
@@ -85,10 +77,10 @@ absl::Status AddElement(const json& v, const std::string& datatype,
     KILN_ASSIGN_OR_RETURN(int64_t n, Integer<int64_t>(v, datatype));
     contents->add_int64_contents(n);
   } else if (datatype == "BOOL") {
-    if (!v.is_boolean()) return Invalid(absl::StrCat(v.dump(), " is not a BOOL value"));
+    if (!v.is_boolean()) return Invalid(absl::StrCat(JsonPreview(v), " is not a BOOL value"));
     contents->add_bool_contents(v.get<bool>());
   } else if (datatype == "BYTES") {
-    if (!v.is_string()) return Invalid(absl::StrCat(v.dump(), " is not a BYTES string"));
+    if (!v.is_string()) return Invalid(absl::StrCat(JsonPreview(v), " is not a BYTES string"));
     contents->add_bytes_contents(v.get<std::string>());
   }
   // Any other datatype keeps no data: the model's own check names the datatype.
@@ -305,7 +297,7 @@ absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
     }
     for (const json& d : *shape) {
       if (!d.is_number_integer()) {
-        return Invalid(absl::StrCat(named, ": shape: ", d.dump(), " is not an integer"));
+        return Invalid(absl::StrCat(named, ": shape: ", JsonPreview(d), " is not an integer"));
       }
       tensor->add_shape(d.get<int64_t>());
     }

@@ -69,6 +69,11 @@ TEST(SpecFileTest, ParsesJsonAndTextAndNamesTheFileOnErrors) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("b.textproto"));
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 1"));
   EXPECT_FALSE(ParseSpecJson(R"({"no_such_field": 1})", "c.json").ok());
+  // Nesting is refused before a tree is built (serialising one 80,000 deep overflows the stack).
+  auto deep = ParseSpecJson("{\"a\": " + std::string(80'000, '[') + std::string(80'000, ']') + "}",
+                            "d.json");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_THAT(deep.status().message(), ::testing::HasSubstr("d.json nests arrays and objects"));
 }
 
 // The README's augmentation snippet, as a spec file gives it, and its camelCase JSON name.

@@ -386,6 +386,35 @@ TEST_F(RestInferenceTest, MalformedBodiesAre400NamingTheProblem) {
   EXPECT_THAT(json::parse(r->body).at("error").get<std::string>(), HasSubstr("no route"));
 }
 
+// A body nested deeper than any tensor (as an element of shape, of data, or the whole body) is a
+// 400 naming the depth, never a crash: the error never serialises the client's value whole.
+TEST_F(RestInferenceTest, DeeplyNestedBodiesAre400AndTheDaemonLives) {
+  const std::string deep = std::string(80'000, '[') + std::string(80'000, ']');
+  const std::vector<std::string> bodies = {
+      R"({"inputs": [{"name": "input", "datatype": "FP32", "shape": [)" + deep + "]}]}",
+      R"({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": )" + deep +
+          "}]}",
+      deep,
+  };
+  for (const std::string& body : bodies) {
+    httplib::Result r = PostJson("/v2/models/mlp/infer", body);
+    ASSERT_TRUE(r) << "kilnd's HTTP port answered nothing";
+    EXPECT_EQ(r->status, 400);
+    EXPECT_THAT(r->body, HasSubstr("deeper than 64 levels"));
+    EXPECT_LT(r->body.size(), 2000u);
+  }
+  // An element that is a (shallow) array is named by its kind, not dumped.
+  httplib::Result r = PostJson(
+      "/v2/models/mlp/infer",
+      R"({"inputs": [{"name": "input", "datatype": "FP32", "shape": [[1, 2, 3]], "data": [1]}]})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_THAT(r->body, HasSubstr("shape: an array of 3 elements is not an integer"));
+  httplib::Result live = client_->Get("/v2/health/live");
+  ASSERT_TRUE(live);
+  EXPECT_EQ(live->status, 200);
+}
+
 TEST_F(RestInferenceTest, ABodyOverTheMessageLimitIs413) {
   HttpServerOptions options;
   options.max_body_bytes = 4096;
