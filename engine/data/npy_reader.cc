@@ -168,19 +168,34 @@ absl::Status NpyStreamCheck::Consume(std::string_view bytes) {
                                             " bytes of data but the file has more"));
   }
   data_bytes_ += static_cast<int64_t>(bytes.size());
-  if (role_ != Role::kLabels) return absl::OkStatus();
+  // Labels must be class ids and float samples finite (a NaN would fail every job later); uint8
+  // pixels are any byte.
+  const bool floats = role_ == Role::kSamples && header_.kind == 'f';
+  if (role_ != Role::kLabels && !floats) return absl::OkStatus();
   const size_t item = static_cast<size_t>(header_.item_bytes);
   while (!bytes.empty()) {
     const size_t take = std::min(item - partial_.size(), bytes.size());
     partial_.append(bytes.data(), take);
     bytes.remove_prefix(take);
     if (partial_.size() < item) break;
+    const int64_t element =
+        (data_bytes_ - static_cast<int64_t>(bytes.size())) / header_.item_bytes - 1;
+    if (floats) {
+      float value;
+      std::memcpy(&value, partial_.data(), sizeof(value));
+      if (!std::isfinite(value)) {
+        return absl::InvalidArgumentError(absl::StrCat(name_, ": the value at element ", element,
+                                                       " is not finite (", value,
+                                                       "); float samples must be finite numbers"));
+      }
+      partial_.clear();
+      continue;
+    }
     const int64_t label = LabelAt(header_, partial_.data());
     if (label < 0 || label > kMaxLabel) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name_, ": label ", label, " at element ",
-                       (data_bytes_ - static_cast<int64_t>(bytes.size())) / header_.item_bytes - 1,
-                       " is not a class id (0..", kMaxLabel, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": label ", label, " at element ",
+                                                     element, " is not a class id (0..", kMaxLabel,
+                                                     ")"));
     }
     max_label_ = std::max(max_label_, static_cast<int>(label));
     partial_.clear();

@@ -32,7 +32,7 @@ struct NpyHeader {
 
 // Checks an .npy file's bytes as they stream past: the header (magic, version, dtype, order,
 // shape), then exactly the data it announces; with `labels`, a rank-1 integer array whose values
-// are class ids 0..65535. Errors name the file: InvalidArgument for a header or dtype refused,
+// are class ids 0..65535; float32 samples must be finite. Errors name the file: InvalidArgument for a header or dtype refused,
 // DataLoss for short or overlong data. Not thread-safe.
 class NpyStreamCheck {
  public:

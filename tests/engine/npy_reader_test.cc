@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,31 @@ TEST(NpyReaderTest, TheStreamCheckAgreesWhateverThePieces) {
     EXPECT_EQ(check.max_label(), 7);
     EXPECT_THAT(check.header().shape, ElementsAre(5));
   }
+}
+
+// A float table with NaN or inf is refused as its bytes stream past at upload (as a CSV table's
+// are), naming the file and the element, wherever the pieces split a value.
+TEST(NpyReaderTest, TheStreamCheckRefusesFloatsThatAreNotFinite) {
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  for (float v : bad) {
+    const std::string x = Npy("<f4", {2, 2}, Bytes(std::vector<float>{1, 2, v, 4}));
+    for (size_t piece : {size_t{1}, size_t{3}, x.size()}) {
+      NpyStreamCheck check("train_x.npy", NpyStreamCheck::Role::kSamples);
+      absl::Status s;
+      for (size_t at = 0; at < x.size() && s.ok(); at += piece) {
+        s = check.Consume(std::string_view(x).substr(at, piece));
+      }
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << v << " in pieces of " << piece;
+      EXPECT_THAT(s.message(),
+                  AllOf(HasSubstr("train_x.npy"), HasSubstr("element 2"), HasSubstr("not finite")));
+    }
+  }
+  const std::string good = Npy("<f4", {2, 2}, Bytes(std::vector<float>{1, 2, 3, 4}));
+  NpyStreamCheck check("train_x.npy", NpyStreamCheck::Role::kSamples);
+  ASSERT_OK(check.Consume(good));
+  ASSERT_OK(check.Finish());
 }
 
 TEST(NpyReaderTest, AFolderLoadsBothSplits) {
