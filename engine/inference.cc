@@ -30,8 +30,18 @@ absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromCheckpoi
                                                    "; serving needs a flat output"));
   }
   KILN_RETURN_IF_ERROR(ReadCheckpoint(path, *model, nullptr, nullptr));
+  // Whether a non-finite answer later is the weights' fault or the input's.
+  bool weights_finite = true;
+  std::vector<float> host;
+  for (const NamedParameter& p : model->parameters()) {
+    host.resize(static_cast<size_t>(p.param->value.bytes() / sizeof(float)));
+    KILN_RETURN_IF_ERROR(backend->CopyToHost(p.param->value, host.data(), p.param->value.bytes()));
+    weights_finite = weights_finite && std::all_of(host.begin(), host.end(),
+                                                   [](float v) { return std::isfinite(v); });
+  }
   auto session = std::unique_ptr<InferenceSession>(
       new InferenceSession(std::move(model), backend, norm, max_batch));
+  session->weights_finite_ = weights_finite;
   session->outputs_probabilities_ = std::holds_alternative<SoftmaxConfig>(config.layers.back());
   KILN_RETURN_IF_ERROR(session->Allocate());
   return session;
@@ -66,10 +76,22 @@ absl::Status InferenceSession::PredictU8(const uint8_t* pixels, int batch, float
 
 absl::Status InferenceSession::PredictF32(const float* pixels01, int batch, float* probs,
                                           int32_t* classes) {
-  const int64_t n = static_cast<int64_t>(std::max(batch, 0)) * input_elems();
+  const int64_t elems = input_elems();
+  const int64_t n = static_cast<int64_t>(std::max(batch, 0)) * elems;
+  // The model sees a * x + b per channel (Predict's normalisation); a finite x that this takes
+  // past float32's range is the request's fault, said here rather than as a broken answer.
+  KILN_ASSIGN_OR_RETURN(
+      const FoldedNorm fold,
+      FoldPixelNorm(norm_, elems, norm_.input == NormInput::kPixels ? 255.0f : 1.0f));
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(pixels01[i])) {
       return absl::InvalidArgumentError(absl::StrCat("input element ", i, " is not finite"));
+    }
+    const int64_t channel = fold.plane > 0 ? (i % elems) / fold.plane : 0;
+    if (!std::isfinite(pixels01[i] * fold.a[channel] + fold.b[channel])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample ", i / elems, ": input element ", i % elems, " (", pixels01[i],
+          ") is too large: the model's input normalisation takes it past float32's range"));
     }
   }
   return Predict({nullptr, 0, pixels01, batch}, probs, classes);
@@ -114,14 +136,20 @@ absl::Status InferenceSession::Predict(const Rows& rows, float* probs, int32_t* 
   if (probs != nullptr) {
     Tensor view = outputs_probabilities_ ? *out : probs_;
     KILN_RETURN_IF_ERROR(backend_->CopyToHost(view, probs, sizeof(float) * batch * cols));
-    // Finite inputs and a sound model give finite probabilities; anything else is never an
-    // answer (damaged or diverged weights).
+    // A non-finite probability is never an answer: the weights' fault where they are not
+    // finite (a diverged or damaged checkpoint), else the input's (values too large for float32
+    // arithmetic inside the model).
     for (int64_t i = 0; i < int64_t{batch} * cols; ++i) {
-      if (!std::isfinite(probs[i])) {
+      if (std::isfinite(probs[i])) continue;
+      if (!weights_finite_) {
         return absl::DataLossError(
             absl::StrCat("the model answered a non-finite probability for sample ", i / cols,
                          ": its weights are not finite (a diverged or damaged checkpoint)"));
       }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample ", i / cols,
+          ": the model's output is not finite for this input (its values are too large for "
+          "float32 arithmetic inside the model)"));
     }
   }
   if (classes != nullptr) {

@@ -18,8 +18,9 @@ class InferenceSession {
   // Builds the model the checkpoint describes (CheckpointInfo) on `backend`, loads its weights and
   // takes its normalisation. Buffers for up to max_batch samples are allocated here, so
   // requests allocate nothing.
-  static absl::StatusOr<std::unique_ptr<InferenceSession>> FromCheckpoint(
-      const std::string& path, Backend* backend, int max_batch);
+  static absl::StatusOr<std::unique_ptr<InferenceSession>> FromCheckpoint(const std::string& path,
+                                                                          Backend* backend,
+                                                                          int max_batch);
 
   const ModelConfig& config() const { return model_->config(); }
   const Shape& input_shape() const { return model_->config().input_shape; }
@@ -57,6 +58,7 @@ class InferenceSession {
   PixelNorm norm_;
   int max_batch_;
   bool outputs_probabilities_ = false;  // the model ends in a softmax layer
+  bool weights_finite_ = true;          // every parameter as loaded is finite
   // Device buffers for max_batch samples: raw uint8 and float inputs as they arrive, the
   // identity index GatherNormalize reads them through, the normalised model input, the outputs.
   Tensor u8_, f32_, index_, x_, probs_, classes_;

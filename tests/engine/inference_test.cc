@@ -127,6 +127,24 @@ TEST_F(InferenceTest, NonFiniteWeightsAreDataLossNeverAnAnswer) {
   EXPECT_NE(status.message().find("non-finite probability"), absl::string_view::npos) << status;
 }
 
+// Finite inputs so large that float32 overflows inside the model are the request's fault, not
+// the model's: InvalidArgument naming the sample, while sound weights stay servable.
+TEST_F(InferenceTest, InputsThatOverflowTheModelAreInvalidArgumentNotDataLoss) {
+  auto s = InferenceSession::FromCheckpoint(dir_.file("m.safetensors"), backend_.get(), 4);
+  ASSERT_OK(s);
+  const int64_t elems = (*s)->input_elems();
+  std::vector<float> x(2 * elems, 0.5f);
+  for (int64_t i = elems; i < 2 * elems; ++i) x[i] = 3e38f;  // sample 1
+  std::vector<float> probs(2 * 4);
+  std::vector<int32_t> cls(2);
+  const absl::Status status = (*s)->PredictF32(x.data(), 2, probs.data(), cls.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("sample 1"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("too large"), absl::string_view::npos) << status;
+  for (int64_t i = elems; i < 2 * elems; ++i) x[i] = 0.5f;
+  ASSERT_OK((*s)->PredictF32(x.data(), 2, probs.data(), cls.data()));
+}
+
 // 3x4x4 colour samples whose label (0..2) is the brightest channel.
 Dataset BrightestChannel(int n, uint32_t seed) {
   Dataset d;
