@@ -60,9 +60,12 @@ absl::Status ValidateDevice(std::string_view device_view) {
 }
 
 int CpuBackendThreads(const BackendOptions& options) {
-  if (options.threads > 0) return options.threads;
-  // omp_get_num_procs: the count CpuBackend takes for "every core".
-  return std::max(1, omp_get_num_procs() / std::max(1, options.shares));
+  // omp_get_num_procs: the count CpuBackend takes for "every core". More threads than cores only
+  // slow the team down (and a client's threads=1024 would make a thousand), so asked for counts
+  // are capped to it.
+  const int cores = std::max(1, omp_get_num_procs());
+  if (options.threads > 0) return std::min(options.threads, cores);
+  return std::max(1, cores / std::max(1, options.shares));
 }
 
 absl::StatusOr<std::string> ResolveDevice(std::string_view device) {

@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device,
 absl::StatusOr<std::string> ResolveDevice(std::string_view device);
 
 // The threads CreateBackend gives a CPU backend made with `options` (what the memory plan of a
-// job on the CPU counts its per-thread workspace for).
+// job on the CPU counts its per-thread workspace for): the threads asked for, at most the
+// machine's cores, or the cores' share.
 int CpuBackendThreads(const BackendOptions& options);
 
 // Checks a device string without creating anything: InvalidArgument for a malformed one,

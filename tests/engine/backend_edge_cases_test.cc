@@ -212,6 +212,17 @@ TEST(CpuBackendEdgeCases, AConvolutionWhoseWorkspaceCannotBeAllocatedIsResourceE
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("conv2d workspace"));
 }
 
+// A CPU backend asked for more threads than the machine has (a deployment's threads=1024) gets
+// one per core: a thread team larger than the cores only slows every job and model down.
+TEST(CpuBackendEdgeCases, ThreadsAskedBeyondTheMachinesCoresAreCappedToThem) {
+  const int cores = CpuBackendThreads(BackendOptions{});  // every core, as "0" asks
+  BackendOptions options;
+  options.threads = 1024;
+  EXPECT_EQ(CpuBackendThreads(options), std::min(1024, cores));
+  options.threads = 1;
+  EXPECT_EQ(CpuBackendThreads(options), 1);
+}
+
 // A max pooling fused into a convolution must be of non-overlapping windows, without padding,
 // of fewer positions than a byte records, over exactly the convolution's output: anything else
 // is InvalidArgument naming what differs, before any memory is touched.
