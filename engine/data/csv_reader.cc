@@ -159,10 +159,10 @@ absl::Status CsvStreamCheck::Finish() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
-                                 const CsvOptions& options) {
-  CsvStreamCheck check(name, options, CsvStreamCheck::Keep::kValues);
-  KILN_RETURN_IF_ERROR(check.Consume(text));
+namespace {
+
+// The table a check that kept its values has read, once its input has ended.
+absl::StatusOr<Dataset> FinishedDataset(CsvStreamCheck& check) {
   KILN_RETURN_IF_ERROR(check.Finish());
   Dataset ds;
   ds.sample_shape = {check.features()};
@@ -171,6 +171,15 @@ absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
   ds.features = std::move(check.values());
   ds.labels = std::move(check.labels());
   return ds;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
+                                 const CsvOptions& options) {
+  CsvStreamCheck check(name, options, CsvStreamCheck::Keep::kValues);
+  KILN_RETURN_IF_ERROR(check.Consume(text));
+  return FinishedDataset(check);
 }
 
 namespace {
@@ -185,14 +194,7 @@ absl::StatusOr<Dataset> ReadCsvFile(const std::string& path, const CsvOptions& o
     if (got < buf.size()) break;
   }
   if (std::ferror(file.get())) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  KILN_RETURN_IF_ERROR(check.Finish());
-  Dataset ds;
-  ds.sample_shape = {check.features()};
-  ds.size = check.rows();
-  ds.num_classes = check.max_label() + 1;
-  ds.features = std::move(check.values());
-  ds.labels = std::move(check.labels());
-  return ds;
+  return FinishedDataset(check);
 }
 
 // Moves the last `n` samples of `from` into a new dataset.
