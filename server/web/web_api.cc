@@ -4,9 +4,7 @@
 #include <httplib.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <exception>
 #include <future>
 #include <map>
 #include <set>
@@ -18,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "server/grpc/status_mapping.h"
 #include "server/http/rest_inference.h"
+#include "server/web/sse_stream.h"
 
 namespace kiln::web {
 namespace {
@@ -26,19 +25,13 @@ using http::Access;
 using nlohmann::json;
 
 constexpr char kJson[] = "application/json";
-constexpr char kEventStream[] = "text/event-stream";
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
 constexpr int kExportChunkBytes = 1 << 20;
-// A stream's provider returns at least this often, so it sees a stopping server or limit.
-constexpr absl::Duration kStreamTurn = absl::Milliseconds(250);
-// An idle stream writes a comment this often: a write is how a closed client is surely noticed
-// (a page that moves on closes its stream), and its slot freed for the next one.
-constexpr absl::Duration kKeepAlive = absl::Seconds(2);
 // The jobs feed sends at most one batch of changed jobs per this, so a job's steps (thousands a
 // second on a small model) cost a page one fetch a second.
 constexpr absl::Duration kFeedInterval = absl::Seconds(1);
-// History events written per provider turn, to bound what one write buffers.
+// History events written per turn, to bound what one write buffers.
 constexpr int kHistoryEventsPerTurn = 256;
 
 const std::vector<WebApiRoute>& Routes() {
@@ -87,32 +80,21 @@ absl::StatusOr<bool> FlagParam(const httplib::Request& req, const char* name, bo
   return absl::InvalidArgumentError(absl::StrCat(name, ": must be 0 or 1, got \"", value, "\""));
 }
 
-std::string SseEvent(const std::string& name, const std::string& data) {
-  std::string out = name.empty() ? "" : absl::StrCat("event: ", name, "\n");
-  absl::StrAppend(&out, "data: ", data, "\n\n");
-  return out;
-}
-
-// The last event of a stream: why it ended (code "OK" when the job ended or the history was
-// all that was asked for).
-std::string EndEvent(const absl::Status& status) {
-  const grpc::Status mapped = server::ToGrpcStatus(status);
-  return SseEvent("end", json{{"code", absl::StatusCodeToString(status.code())},
-                              {"message", mapped.error_message()}}
-                             .dump(-1, ' ', false, json::error_handler_t::replace));
-}
-
-void StartEventStream(httplib::Response& res, httplib::ContentProviderWithoutLength provider) {
-  res.status = 200;
-  // Proxies (nginx) would otherwise buffer the stream.
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(kEventStream, std::move(provider));
+// A place for one more event stream, or null with `res` answered 503.
+std::unique_ptr<SseStreamLimit::Slot> AcquireStreamSlot(SseStreamLimit& streams,
+                                                        httplib::Response& res) {
+  std::unique_ptr<SseStreamLimit::Slot> slot = streams.Acquire();
+  if (slot == nullptr) {
+    http::ReplyError(
+        res, 503,
+        absl::StrCat("too many event streams open (", streams.max_streams(), "); try again later"));
+  }
+  return slot;
 }
 
 // One job's events as a stream: its recorded history, a "history_end" event, then (with
 // follow) its live events until the job ends, kilnd stops or the client goes.
-class JobEventStream {
+class JobEventStream final : public SseStream {
  public:
   JobEventStream(server::JobWatch watch, server::MetricBroadcaster* broadcaster,
                  std::unique_ptr<SseStreamLimit::Slot> slot, const SseStreamLimit* limit,
@@ -122,22 +104,17 @@ class JobEventStream {
         slot_(std::move(slot)),
         limit_(limit),
         follow_(follow) {}
-  ~JobEventStream() {
+  ~JobEventStream() override {
     if (watch_.live) broadcaster_->Unsubscribe(watch_.live);
   }
 
-  // One turn of httplib's write loop; false ends the connection.
-  bool Provide(httplib::DataSink& sink) {
-    if (!sink.is_writable()) return false;  // the client has gone
-    if (ended_) {
-      sink.done();
-      return true;
-    }
+ private:
+  std::string NextEvents(bool* last) override {
     std::string out;
     v1::JobEvent event;
     if (limit_->stopping()) {
-      out = EndEvent(absl::UnavailableError("kilnd is stopping"));
-      ended_ = true;
+      out = SseEndEvent(absl::UnavailableError("kilnd is stopping"));
+      *last = true;
     } else if (watch_.current_state) {
       out = SseEvent("", ProtoJson(*watch_.current_state));
       watch_.current_state.reset();
@@ -145,8 +122,8 @@ class JobEventStream {
       for (int i = 0; i < kHistoryEventsPerTurn; ++i) {
         absl::StatusOr<bool> next = watch_.history->Next(&event);
         if (!next.ok()) {
-          out += EndEvent(next.status());
-          ended_ = true;
+          out += SseEndEvent(next.status());
+          *last = true;
           break;
         }
         if (!*next) {
@@ -157,99 +134,66 @@ class JobEventStream {
         out += SseEvent("", ProtoJson(event));
       }
     } else if (!follow_ || !watch_.live) {
-      out = EndEvent(absl::OkStatus());
-      ended_ = true;
+      out = SseEndEvent(absl::OkStatus());
+      *last = true;
     } else if (watch_.live->WaitPop(&event, kStreamTurn)) {
       out = SseEvent("", ProtoJson(event));
       for (int i = 1; i < kHistoryEventsPerTurn && watch_.live->Pop(&event); ++i) {
         out += SseEvent("", ProtoJson(event));
       }
     } else if (absl::Status closed; watch_.live->Finished(&closed)) {
-      out = EndEvent(closed);
-      ended_ = true;
-    } else if (absl::Now() - last_write_ > kKeepAlive) {
-      out = ": keep-alive\n\n";
+      out = SseEndEvent(closed);
+      *last = true;
     }
-    // httplib takes an empty write for the end of the body: write only bytes.
-    if (!out.empty()) {
-      if (!sink.write(out.data(), out.size())) return false;
-      last_write_ = absl::Now();
-    }
-    if (ended_) sink.done();
-    return true;
+    return out;
   }
 
- private:
   server::JobWatch watch_;
   server::MetricBroadcaster* broadcaster_;
   std::unique_ptr<SseStreamLimit::Slot> slot_;
   const SseStreamLimit* limit_;
   const bool follow_;
-  bool ended_ = false;
-  absl::Time last_write_ = absl::Now();
 };
 
 // Which jobs changed: an "open" event at once (the page then reads the table, missing nothing),
 // then "jobs" events {"job_ids": [...]} at most once per kFeedInterval, until kilnd stops or the
 // client goes.
-class JobsFeedStream {
+class JobsFeedStream final : public SseStream {
  public:
   JobsFeedStream(JobsFeed* feed, std::unique_ptr<SseStreamLimit::Slot> slot,
                  const SseStreamLimit* limit)
       : feed_(feed), listener_(feed->Listen()), slot_(std::move(slot)), limit_(limit) {}
-  ~JobsFeedStream() { feed_->Forget(listener_); }
+  ~JobsFeedStream() override { feed_->Forget(listener_); }
 
-  bool Provide(httplib::DataSink& sink) {
-    if (!sink.is_writable()) return false;  // the client has gone
-    std::string out;
-    bool ended = false;
+ private:
+  std::string NextEvents(bool* last) override {
     const absl::Time now = absl::Now();
     std::set<std::string> changed;
     if (!opened_) {
-      out = SseEvent("open", "{}");
       opened_ = true;
-    } else if (limit_->stopping()) {
-      out = EndEvent(absl::UnavailableError("kilnd is stopping"));
-      ended = true;
-    } else if (now < next_send_) {
+      return SseEvent("open", "{}");
+    }
+    if (limit_->stopping()) {
+      *last = true;
+      return SseEndEvent(absl::UnavailableError("kilnd is stopping"));
+    }
+    if (now < next_send_) {
       std::this_thread::sleep_for(
           absl::ToChronoNanoseconds(std::min(next_send_ - now, kStreamTurn)));
-    } else if (listener_->WaitTake(&changed, kStreamTurn)) {
-      out = SseEvent("jobs", json{{"job_ids", changed}}.dump());
-      next_send_ = now + kFeedInterval;
-    } else if (now - last_write_ > kKeepAlive) {
-      out = ": keep-alive\n\n";
+      return "";
     }
-    if (!out.empty()) {
-      if (!sink.write(out.data(), out.size())) return false;
-      last_write_ = absl::Now();
-    }
-    if (ended) sink.done();
-    return true;
+    if (!listener_->WaitTake(&changed, kStreamTurn)) return "";
+    next_send_ = now + kFeedInterval;
+    return SseEvent("jobs", json{{"job_ids", changed}}.dump());
   }
 
- private:
   JobsFeed* feed_;
   std::shared_ptr<JobsFeed::Listener> listener_;
   std::unique_ptr<SseStreamLimit::Slot> slot_;
   const SseStreamLimit* limit_;
   bool opened_ = false;
   absl::Time next_send_ = absl::InfinitePast();
-  absl::Time last_write_ = absl::Now();
 };
-
-// Runs a stream's turn; an exception (none is expected) ends the connection rather than kilnd:
-// the handler's own guard has returned by the time the body is written.
-template <typename Stream>
-httplib::ContentProviderWithoutLength Guard(std::shared_ptr<Stream> stream) {
-  return [stream](size_t, httplib::DataSink& sink) {
-    try {
-      return stream->Provide(sink);
-    } catch (...) {
-      return false;
-    }
-  };
-}
 
 // The resume request's body: empty, or {"epochs": N, "checkpoint_id": M}, both optional.
 absl::Status ParseResume(const std::string& body, int* epochs, int64_t* checkpoint_id) {
@@ -402,22 +346,16 @@ void WebApi::AddRoutes(http::HttpServer* server) {
         return;
       }
     }
-    std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
-    if (slot == nullptr) {
-      http::ReplyError(res, 503,
-                       absl::StrCat("too many event streams open (", streams_.max_streams(),
-                                    "); try again later"));
-      return;
-    }
+    std::unique_ptr<SseStreamLimit::Slot> slot = AcquireStreamSlot(streams_, res);
+    if (slot == nullptr) return;
     absl::StatusOr<server::JobWatch> watch =
         jobs_->Watch(req.matches[1], *steps, /*live_only=*/false);
     if (!watch.ok()) {
       ReplyStatus(res, watch.status());
       return;
     }
-    StartEventStream(res,
-                     Guard(std::make_shared<JobEventStream>(*std::move(watch), broadcaster_,
-                                                            std::move(slot), &streams_, *follow)));
+    SseStream::Start(res, std::make_shared<JobEventStream>(*std::move(watch), broadcaster_,
+                                                           std::move(slot), &streams_, *follow));
   });
 
   post("/api/jobs/([^/]+)/cancel", [this](const httplib::Request& req, httplib::Response& res) {
@@ -469,15 +407,9 @@ void WebApi::AddRoutes(http::HttpServer* server) {
   });
 
   get("/api/events", [this](const httplib::Request&, httplib::Response& res) {
-    std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
-    if (slot == nullptr) {
-      http::ReplyError(res, 503,
-                       absl::StrCat("too many event streams open (", streams_.max_streams(),
-                                    "); try again later"));
-      return;
-    }
-    StartEventStream(res,
-                     Guard(std::make_shared<JobsFeedStream>(feed_, std::move(slot), &streams_)));
+    std::unique_ptr<SseStreamLimit::Slot> slot = AcquireStreamSlot(streams_, res);
+    if (slot == nullptr) return;
+    SseStream::Start(res, std::make_shared<JobsFeedStream>(feed_, std::move(slot), &streams_));
   });
 
   // The repository's index with each model's serving numbers from the metrics registry.
