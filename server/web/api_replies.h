@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace google::protobuf {
 class Message;
@@ -22,5 +23,14 @@ std::string ProtoJson(const google::protobuf::Message& message);
 void ReplyJson(httplib::Response& res, const std::string& body);
 // The error as the gRPC path words it (server paths shown by their folder names).
 void ReplyStatus(httplib::Response& res, const absl::Status& status);
+// The message as JSON, or the error.
+template <typename Message>
+void ReplyMessage(httplib::Response& res, const absl::StatusOr<Message>& message) {
+  if (!message.ok()) {
+    ReplyStatus(res, message.status());
+    return;
+  }
+  ReplyJson(res, ProtoJson(*message));
+}
 
 }  // namespace kiln::web

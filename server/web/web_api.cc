@@ -132,22 +132,12 @@ void WebApi::AddJobRoutes(http::HttpServer* server) {
   });
 
   Get(server, "/api/jobs/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::StatusOr<v1::Job> job = jobs_->Get(req.matches[1]);
-    if (!job.ok()) {
-      ReplyStatus(res, job.status());
-      return;
-    }
-    ReplyJson(res, ProtoJson(*job));
+    ReplyMessage(res, jobs_->Get(req.matches[1]));
   });
 
   Post(server, "/api/jobs/([^/]+)/cancel",
        [this](const httplib::Request& req, httplib::Response& res) {
-         absl::StatusOr<v1::Job> job = jobs_->Cancel(req.matches[1]);
-         if (!job.ok()) {
-           ReplyStatus(res, job.status());
-           return;
-         }
-         ReplyJson(res, ProtoJson(*job));
+         ReplyMessage(res, jobs_->Cancel(req.matches[1]));
        });
 
   Post(server, "/api/jobs/([^/]+)/resume",
@@ -158,12 +148,7 @@ void WebApi::AddJobRoutes(http::HttpServer* server) {
            ReplyStatus(res, s);
            return;
          }
-         absl::StatusOr<v1::Job> job = jobs_->Resume(req.matches[1], epochs, checkpoint_id);
-         if (!job.ok()) {
-           ReplyStatus(res, job.status());
-           return;
-         }
-         ReplyJson(res, ProtoJson(*job));
+         ReplyMessage(res, jobs_->Resume(req.matches[1], epochs, checkpoint_id));
        });
 }
 
@@ -236,12 +221,7 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
                                          "; it may still be (see the job's checkpoints)"));
            return;
          }
-         absl::StatusOr<v1::Checkpoint> checkpoint = result.get();
-         if (!checkpoint.ok()) {
-           ReplyStatus(res, checkpoint.status());
-           return;
-         }
-         ReplyJson(res, ProtoJson(*checkpoint));
+         ReplyMessage(res, result.get());
        });
 }
 
