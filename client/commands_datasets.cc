@@ -120,6 +120,13 @@ bool IsGzip(const std::string& bytes) {
          static_cast<unsigned char>(bytes[1]) == 0x8b;
 }
 
+// Whether any of --train-images, --train-labels, --test-images and --test-labels is given: the
+// files of idx and npy, which the other formats refuse.
+bool GivesIdxFiles(const UploadOptions& o) {
+  return !o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
+         !o.test_labels.empty();
+}
+
 // The files to send, as (server name, local path), after checking the options fit the format.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     const UploadOptions& o) {
@@ -132,8 +139,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     return UsageError("--resize and --grayscale are for --format folder");
   }
   if (o.format == "folder") {
-    if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
-        !o.test_labels.empty()) {
+    if (GivesIdxFiles(o)) {
       return UsageError(
           "--format folder takes --train DIR and --test DIR, not --*-images or --*-labels");
     }
@@ -141,8 +147,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     return files;  // none to read as they are: DecodeFolderFiles makes them
   }
   if (o.format == "cifar10") {
-    if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
-        !o.test_labels.empty()) {
+    if (GivesIdxFiles(o)) {
       return UsageError(
           "--format cifar10 takes --train FILE... and --test FILE, not --*-images "
           "or --*-labels");
@@ -156,8 +161,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     return files;
   }
   if (o.format == "csv") {
-    if (!o.train_images.empty() || !o.train_labels.empty() || !o.test_images.empty() ||
-        !o.test_labels.empty()) {
+    if (GivesIdxFiles(o)) {
       return UsageError(
           "--format csv takes --train FILE and --test FILE, not --*-images or "
           "--*-labels");

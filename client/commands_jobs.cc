@@ -336,9 +336,7 @@ absl::Status Resume(CommandEnv& env, const std::string& job_id, int epochs, int6
   return watch ? WatchJob(env, job_id) : absl::OkStatus();
 }
 
-}  // namespace
-
-void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
+void AddSubmitCommand(CLI::App& app, CommandEnv& env, Action* action) {
   auto submit = std::make_shared<SubmitOptions>();
   CLI::App* s = app.add_subcommand("submit", "Submit a training job");
   s->add_option("spec", submit->spec_file,
@@ -397,7 +395,9 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "  kiln submit --preset mnist-cnn --workers 2 --device cpu --max-retries 1 --watch");
   s->callback(
       [&env, action, submit] { *action = [&env, submit] { return Submit(env, *submit); }; });
+}
 
+void AddWatchCommand(CLI::App& app, CommandEnv& env, Action* action) {
   auto watch_id = std::make_shared<std::string>();
   CLI::App* w = app.add_subcommand("watch", "Follow a job's progress until it ends");
   w->add_option("job", *watch_id, "Job id")->required();
@@ -411,7 +411,9 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
   w->callback([&env, action, watch_id] {
     *action = [&env, watch_id] { return WatchJob(env, *watch_id); };
   });
+}
 
+void AddJobsCommand(CLI::App& app, CommandEnv& env, Action* action) {
   auto states = std::make_shared<std::vector<std::string>>();
   auto limit = std::make_shared<int>(0);
   auto labels = std::make_shared<std::vector<std::string>>();
@@ -433,7 +435,9 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
   j->callback([&env, action, states, limit, labels] {
     *action = [&env, states, limit, labels] { return ListJobs(env, *states, *limit, *labels); };
   });
+}
 
+void AddWorkerTokenCommand(CLI::App& app, CommandEnv& env, Action* action) {
   auto token_id = std::make_shared<std::string>();
   CLI::App* t = app.add_subcommand("worker-token", "Print the token a job's workers present");
   t->add_option("job", *token_id, "Job id (a job of several workers)")->required();
@@ -447,7 +451,9 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
   t->callback([&env, action, token_id] {
     *action = [&env, token_id] { return PrintWorkerToken(env, *token_id); };
   });
+}
 
+void AddGetCommand(CLI::App& app, CommandEnv& env, Action* action) {
   auto get_id = std::make_shared<std::string>();
   CLI::App* g = app.add_subcommand("get", "Show one job");
   g->add_option("job", *get_id, "Job id")->required();
@@ -457,7 +463,9 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "  kiln get job-3f9c2a1b7d04 --output json | jq .state");
   g->callback(
       [&env, action, get_id] { *action = [&env, get_id] { return GetJobCommand(env, *get_id); }; });
+}
 
+void AddCancelCommand(CLI::App& app, CommandEnv& env, Action* action) {
   auto cancel_id = std::make_shared<std::string>();
   CLI::App* c = app.add_subcommand("cancel", "Cancel a queued or running job");
   c->add_option("job", *cancel_id, "Job id")->required();
@@ -466,7 +474,9 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
   c->callback([&env, action, cancel_id] {
     *action = [&env, cancel_id] { return Cancel(env, *cancel_id); };
   });
+}
 
+void AddResumeCommand(CLI::App& app, CommandEnv& env, Action* action) {
   auto resume_id = std::make_shared<std::string>();
   auto resume_epochs = std::make_shared<int>(0);
   auto resume_watch = std::make_shared<bool>(false);
@@ -490,6 +500,19 @@ void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
       return Resume(env, *resume_id, *resume_epochs, *resume_from, *resume_watch);
     };
   });
+}
+
+}  // namespace
+
+void AddJobCommands(CLI::App& app, CommandEnv& env, Action* action) {
+  // In this order in kiln --help.
+  AddSubmitCommand(app, env, action);
+  AddWatchCommand(app, env, action);
+  AddJobsCommand(app, env, action);
+  AddWorkerTokenCommand(app, env, action);
+  AddGetCommand(app, env, action);
+  AddCancelCommand(app, env, action);
+  AddResumeCommand(app, env, action);
 }
 
 }  // namespace kiln::client

@@ -86,23 +86,9 @@ int ClampedMillis(absl::Duration d) {
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
-  KILN_RETURN_IF_ERROR(MakeDir("state_dir", options.state_dir));
-  KILN_RETURN_IF_ERROR(MakeDir("data_dir", options.data_dir));
-  if (options.device != "auto") {
-    absl::Status device = ValidateDevice(options.device);
-    if (!device.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--device: ", device.message()));
-    }
-  }
-  if (options.max_crash_resumes < 0) {
-    return absl::InvalidArgumentError("--max_crash_resumes: must be at least 0");
-  }
-  if (options.max_jobs_per_device < 1) {
-    return absl::InvalidArgumentError("--max_jobs_per_device: must be at least 1");
-  }
+// The limits and sizes a client or the machine bounds; raises the open-file limit to its hard
+// limit on the way.
+absl::Status CheckLimits(const DaemonOptions& options) {
   // Every limit must let something through; a zero would refuse all work in confusing ways.
   const std::pair<const char*, int64_t> limits[] = {
       {"max_queued_jobs", options.max_queued_jobs},
@@ -163,138 +149,203 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         absl::StrCat("--max_web_streams: must be in [1, ", most, "] (half the HTTP port's ",
                      most * 2, " threads), got ", options.max_web_event_streams));
   }
-  // Clients see paths under these folders by the folders' names, not the server's layout.
-  {
-    std::vector<std::pair<std::string, std::string>> roots;
-    for (const auto& [dir, name] :
-         {std::pair<std::string, const char*>{options.state_dir, "$state_dir"},
-          {options.data_dir, "$data_dir"}}) {
-      roots.emplace_back(dir, name);
-      std::error_code ec;
-      const std::string absolute = std::filesystem::absolute(dir, ec).lexically_normal().string();
-      if (!ec && absolute != dir) roots.emplace_back(absolute, name);
+  return absl::OkStatus();
+}
+
+// The flags, all checked before anything is opened or bound; makes the state and data folders.
+absl::Status CheckOptions(const DaemonOptions& options) {
+  KILN_RETURN_IF_ERROR(MakeDir("state_dir", options.state_dir));
+  KILN_RETURN_IF_ERROR(MakeDir("data_dir", options.data_dir));
+  if (options.device != "auto") {
+    absl::Status device = ValidateDevice(options.device);
+    if (!device.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--device: ", device.message()));
     }
-    SetShownPathRoots(std::move(roots));
   }
-  std::unique_ptr<Daemon> d(new Daemon());
-  d->options_ = options;
-  d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
-  KILN_ASSIGN_OR_RETURN(d->state_dir_lock_, StateDirLock::Acquire(options.state_dir));
-  // A kilnd killed mid-write left these; with the lock held, no other daemon is writing here.
-  const InterruptedWrites swept = RemoveInterruptedWrites(options.state_dir, options.data_dir);
-  if (swept.checkpoint_temps > 0 || swept.upload_dirs > 0) {
-    d->log_->Log(
-        LogLevel::kInfo, "interrupted_writes_removed",
-        {{"checkpoint_temp_files", swept.checkpoint_temps}, {"upload_dirs", swept.upload_dirs}});
+  if (options.max_crash_resumes < 0) {
+    return absl::InvalidArgumentError("--max_crash_resumes: must be at least 0");
   }
-  d->metrics_ = std::make_unique<Metrics>(
-      MetricsOptions{options.metrics_job_retention, options.metrics_max_ended_jobs, {}});
-  // Security settings are checked before anything is opened or bound.
-  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
-  if (TlsModeOf(options.tls) != TlsMode::kOff) {
-    if (options.tls_reload_interval < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tls_reload_interval: must not be negative, got ",
-                       absl::FormatDuration(options.tls_reload_interval)));
-    }
-    // kilnd's own copies of the files, which only ever hold a sound set
-    // (server/grpc/tls_reloader.h).
-    KILN_ASSIGN_OR_RETURN(
-        d->tls_, TlsReloader::Start(options.tls, options.state_dir + "/tls",
-                                    options.tls_reload_interval, d->log_.get(), d->metrics_.get()));
-    credentials = d->tls_->credentials();
+  if (options.max_jobs_per_device < 1) {
+    return absl::InvalidArgumentError("--max_jobs_per_device: must be at least 1");
   }
-  if (!options.auth_tokens_file.empty()) {
-    KILN_ASSIGN_OR_RETURN(d->auth_tokens_, AuthTokens::Load(options.auth_tokens_file));
+  return CheckLimits(options);
+}
+
+// Clients see paths under these folders by the folders' names, not the server's layout.
+void ShowPathsByFolderName(const DaemonOptions& options) {
+  std::vector<std::pair<std::string, std::string>> roots;
+  for (const auto& [dir, name] :
+       {std::pair<std::string, const char*>{options.state_dir, "$state_dir"},
+        {options.data_dir, "$data_dir"}}) {
+    roots.emplace_back(dir, name);
+    std::error_code ec;
+    const std::string absolute = std::filesystem::absolute(dir, ec).lexically_normal().string();
+    if (!ec && absolute != dir) roots.emplace_back(absolute, name);
   }
-  KILN_ASSIGN_OR_RETURN(
-      d->store_, JobStore::Open(options.state_dir + "/kiln.db", {options.max_step_events_per_job}));
-  // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
-  if (const int unrecorded = RemoveUnrecordedCheckpoints(options.state_dir, *d->store_);
-      unrecorded > 0) {
-    d->log_->Log(LogLevel::kInfo, "unrecorded_checkpoints_removed", {{"files", unrecorded}});
-  }
-  d->broadcaster_ = std::make_unique<MetricBroadcaster>(options.watch_buffer_events);
-  d->datasets_ = std::make_unique<DatasetCatalog>(options.data_dir, options.max_upload_bytes);
-  JobManagerOptions manager_options;
-  manager_options.state_dir = options.state_dir;
-  manager_options.default_device = options.device;
-  manager_options.max_jobs_per_device = options.max_jobs_per_device;
-  manager_options.max_crash_resumes = options.max_crash_resumes;
-  manager_options.max_queued_jobs = options.max_queued_jobs;
-  manager_options.limits = options.limits;
-  manager_options.step_delay = options.step_delay;
-  manager_options.on_store_writable = [raw = d.get()](bool writable) {
-    raw->StoreWritable(writable);
-  };
-  manager_options.replay_page_events = options.watch_replay_page_events;
-  // Job events reach the metric families and the event log through these, and only these.
-  d->job_metrics_ = std::make_unique<JobMetricsObserver>(d->metrics_.get());
-  d->job_log_ = std::make_unique<JobLogObserver>(d->log_.get());
-  d->follow_observer_ = std::make_unique<CheckpointFollowObserver>();
-  d->jobs_feed_ = std::make_unique<web::JobsFeed>();
-  manager_options.observers = {d->job_metrics_.get(), d->job_log_.get(), d->follow_observer_.get(),
-                               d->jobs_feed_.get()};
-  // Jobs of several workers: a key in the state dir makes each job's worker token, so tokens
-  // handed to workers elsewhere stay good across restarts.
-  KILN_ASSIGN_OR_RETURN(const std::string worker_key,
-                        LoadOrCreateWorkerKey(options.state_dir + "/worker-token.key"));
-  d->worker_registry_ = std::make_unique<WorkerRegistry>(worker_key);
-  WorkerRunnerOptions& workers = manager_options.workers;
+  SetShownPathRoots(std::move(roots));
+}
+
+// How kilnd starts the workers of a job of several: its own kiln-worker processes, with the TLS
+// flags they need to reach it (or why it cannot start them, when it serves TLS without them).
+WorkerRunnerOptions LocalWorkerOptions(const DaemonOptions& options, WorkerRegistry* registry) {
+  WorkerRunnerOptions workers;
   workers.state_dir = options.state_dir;
   workers.data_dir = options.data_dir;
   workers.worker_binary =
       options.worker_binary.empty() ? WorkerBinaryBesideKilnd() : options.worker_binary;
-  workers.registry = d->worker_registry_.get();
+  workers.registry = registry;
   workers.join_timeout = options.worker_join_timeout;
   workers.external_join_timeout = options.external_worker_join_timeout;
   workers.cpu_threads = CpuBackendThreads({0, std::max(1, options.max_jobs_per_device)});
   workers.step_delay = options.step_delay;
   const TlsMode tls_mode = TlsModeOf(options.tls);
-  if (tls_mode != TlsMode::kOff) {
-    if (options.worker_tls_ca.empty()) {
-      workers.local_workers_refusal =
-          "kilnd serves TLS (--tls_cert), and the workers it would start cannot verify it: start "
-          "kilnd with --worker_tls_ca (the CA that signed its certificate), or start the job's "
-          "workers elsewhere (external_workers)";
-    } else if (tls_mode == TlsMode::kMutualTls &&
-               (options.worker_tls_cert.empty() || options.worker_tls_key.empty())) {
-      workers.local_workers_refusal =
-          "kilnd asks clients for certificates (--tls_client_ca): start it with "
-          "--worker_tls_cert and --worker_tls_key for the workers it starts, or start the job's "
-          "workers elsewhere (external_workers)";
-    }
-    for (const auto& [flag, value] :
-         {std::pair<const char*, const std::string*>{"--tls_ca", &options.worker_tls_ca},
-          {"--tls_server_name", &options.worker_tls_server_name},
-          {"--tls_cert", &options.worker_tls_cert},
-          {"--tls_key", &options.worker_tls_key}}) {
-      if (value->empty()) continue;
-      workers.worker_args.push_back(flag);
-      workers.worker_args.push_back(*value);
-    }
+  if (tls_mode == TlsMode::kOff) return workers;
+  if (options.worker_tls_ca.empty()) {
+    workers.local_workers_refusal =
+        "kilnd serves TLS (--tls_cert), and the workers it would start cannot verify it: start "
+        "kilnd with --worker_tls_ca (the CA that signed its certificate), or start the job's "
+        "workers elsewhere (external_workers)";
+  } else if (tls_mode == TlsMode::kMutualTls &&
+             (options.worker_tls_cert.empty() || options.worker_tls_key.empty())) {
+    workers.local_workers_refusal =
+        "kilnd asks clients for certificates (--tls_client_ca): start it with "
+        "--worker_tls_cert and --worker_tls_key for the workers it starts, or start the job's "
+        "workers elsewhere (external_workers)";
   }
-  d->manager_ = std::make_unique<JobManager>(d->store_.get(), d->broadcaster_.get(),
-                                             d->datasets_.get(), manager_options);
-  KILN_RETURN_IF_ERROR(d->manager_->Recover());
-  d->service_ = std::make_unique<TrainingService>(d->manager_.get(), d->datasets_.get(),
-                                                  d->broadcaster_.get(), options.max_streams);
-  d->workers_service_ = std::make_unique<WorkersService>(
-      d->worker_registry_.get(), d->manager_.get(), d->datasets_.get(), options.state_dir,
-      options.limits.max_job_memory_bytes);
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string*>{"--tls_ca", &options.worker_tls_ca},
+        {"--tls_server_name", &options.worker_tls_server_name},
+        {"--tls_cert", &options.worker_tls_cert},
+        {"--tls_key", &options.worker_tls_key}}) {
+    if (value->empty()) continue;
+    workers.worker_args.push_back(flag);
+    workers.worker_args.push_back(*value);
+  }
+  return workers;
+}
 
+}  // namespace
+
+// The order matters: each phase uses what the ones before it made, and Shutdown and ~Daemon undo
+// them in reverse (daemon.h declares the members in that order).
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  KILN_RETURN_IF_ERROR(CheckOptions(options));
+  ShowPathsByFolderName(options);
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->options_ = options;
+  d->log_ = std::make_unique<EventLog>(options.log_format, options.log_stream);
+  KILN_RETURN_IF_ERROR(d->LockStateDir());
+  d->metrics_ = std::make_unique<Metrics>(
+      MetricsOptions{options.metrics_job_retention, options.metrics_max_ended_jobs, {}});
+  KILN_RETURN_IF_ERROR(d->StartSecurity());
+  KILN_RETURN_IF_ERROR(d->OpenStore());
+  KILN_RETURN_IF_ERROR(d->StartJobs());
+  d->StartServing();
+  KILN_ASSIGN_OR_RETURN(std::vector<serving::DeploymentRecord> to_restore,
+                        d->DeploymentsToRestore());
+  KILN_RETURN_IF_ERROR(d->StartHttp());
+  KILN_RETURN_IF_ERROR(d->StartGrpc());
+  d->AnnounceServing();
+  if (!to_restore.empty()) {
+    d->restore_thread_ = std::thread(
+        [raw = d.get(), records = std::move(to_restore)] { raw->RestoreModels(records); });
+  }
+  return d;
+}
+
+absl::Status Daemon::LockStateDir() {
+  KILN_ASSIGN_OR_RETURN(state_dir_lock_, StateDirLock::Acquire(options_.state_dir));
+  // A kilnd killed mid-write left these; with the lock held, no other daemon is writing here.
+  const InterruptedWrites swept = RemoveInterruptedWrites(options_.state_dir, options_.data_dir);
+  if (swept.checkpoint_temps > 0 || swept.upload_dirs > 0) {
+    log_->Log(
+        LogLevel::kInfo, "interrupted_writes_removed",
+        {{"checkpoint_temp_files", swept.checkpoint_temps}, {"upload_dirs", swept.upload_dirs}});
+  }
+  return absl::OkStatus();
+}
+
+// Security settings are checked before anything is opened or bound.
+absl::Status Daemon::StartSecurity() {
+  if (TlsModeOf(options_.tls) != TlsMode::kOff) {
+    if (options_.tls_reload_interval < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls_reload_interval: must not be negative, got ",
+                       absl::FormatDuration(options_.tls_reload_interval)));
+    }
+    // kilnd's own copies of the files, which only ever hold a sound set
+    // (server/grpc/tls_reloader.h).
+    KILN_ASSIGN_OR_RETURN(
+        tls_, TlsReloader::Start(options_.tls, options_.state_dir + "/tls",
+                                 options_.tls_reload_interval, log_.get(), metrics_.get()));
+  }
+  if (!options_.auth_tokens_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(auth_tokens_, AuthTokens::Load(options_.auth_tokens_file));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::OpenStore() {
+  KILN_ASSIGN_OR_RETURN(
+      store_, JobStore::Open(options_.state_dir + "/kiln.db", {options_.max_step_events_per_job}));
+  // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
+  if (const int unrecorded = RemoveUnrecordedCheckpoints(options_.state_dir, *store_);
+      unrecorded > 0) {
+    log_->Log(LogLevel::kInfo, "unrecorded_checkpoints_removed", {{"files", unrecorded}});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartJobs() {
+  broadcaster_ = std::make_unique<MetricBroadcaster>(options_.watch_buffer_events);
+  datasets_ = std::make_unique<DatasetCatalog>(options_.data_dir, options_.max_upload_bytes);
+  JobManagerOptions manager_options;
+  manager_options.state_dir = options_.state_dir;
+  manager_options.default_device = options_.device;
+  manager_options.max_jobs_per_device = options_.max_jobs_per_device;
+  manager_options.max_crash_resumes = options_.max_crash_resumes;
+  manager_options.max_queued_jobs = options_.max_queued_jobs;
+  manager_options.limits = options_.limits;
+  manager_options.step_delay = options_.step_delay;
+  manager_options.on_store_writable = [this](bool writable) { StoreWritable(writable); };
+  manager_options.replay_page_events = options_.watch_replay_page_events;
+  // Job events reach the metric families and the event log through these, and only these.
+  job_metrics_ = std::make_unique<JobMetricsObserver>(metrics_.get());
+  job_log_ = std::make_unique<JobLogObserver>(log_.get());
+  follow_observer_ = std::make_unique<CheckpointFollowObserver>();
+  jobs_feed_ = std::make_unique<web::JobsFeed>();
+  manager_options.observers = {job_metrics_.get(), job_log_.get(), follow_observer_.get(),
+                               jobs_feed_.get()};
+  // Jobs of several workers: a key in the state dir makes each job's worker token, so tokens
+  // handed to workers elsewhere stay good across restarts.
+  KILN_ASSIGN_OR_RETURN(const std::string worker_key,
+                        LoadOrCreateWorkerKey(options_.state_dir + "/worker-token.key"));
+  worker_registry_ = std::make_unique<WorkerRegistry>(worker_key);
+  manager_options.workers = LocalWorkerOptions(options_, worker_registry_.get());
+  manager_ = std::make_unique<JobManager>(store_.get(), broadcaster_.get(), datasets_.get(),
+                                          manager_options);
+  KILN_RETURN_IF_ERROR(manager_->Recover());
+  service_ = std::make_unique<TrainingService>(manager_.get(), datasets_.get(), broadcaster_.get(),
+                                               options_.max_streams);
+  workers_service_ =
+      std::make_unique<WorkersService>(worker_registry_.get(), manager_.get(), datasets_.get(),
+                                       options_.state_dir, options_.limits.max_job_memory_bytes);
+  return absl::OkStatus();
+}
+
+void Daemon::StartServing() {
   // Serving: deployments name a job's checkpoint ("JOB@best"), resolved through the manager.
   serving::ModelRepositoryOptions models;
   models.resolver = serving::MakeJobCheckpointResolver(
-      [m = d->manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
-  models.max_batch_size_limit = options.max_deploy_batch_size;
-  models.max_memory_bytes = options.limits.max_job_memory_bytes;
-  d->models_ = std::make_unique<serving::ModelRepository>(std::move(models));
+      [m = manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
+  models.max_batch_size_limit = options_.max_deploy_batch_size;
+  models.max_memory_bytes = options_.limits.max_job_memory_bytes;
+  models_ = std::make_unique<serving::ModelRepository>(std::move(models));
   serving::InferenceServiceOptions inference;
-  inference.max_request_samples = options.max_inference_batch;
-  inference.default_deployment.device = options.device;
-  Metrics* metrics = d->metrics_.get();
-  EventLog* log = d->log_.get();
+  inference.max_request_samples = options_.max_inference_batch;
+  inference.default_deployment.device = options_.device;
+  Metrics* metrics = metrics_.get();
+  EventLog* log = log_.get();
   inference.on_infer = [metrics](const std::string& model, const std::string& version,
                                  absl::StatusCode code, double seconds, double queue_seconds,
                                  int batch_size) {
@@ -310,7 +361,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   };
   // Deployments are recorded on every change and loaded again at start.
-  inference.record_deployments = [store = d->store_.get()](
+  inference.record_deployments = [store = store_.get()](
                                      const std::string& model,
                                      const std::vector<serving::DeploymentRecord>& versions) {
     std::vector<StoredDeployment> rows;
@@ -319,17 +370,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     return store->SetModelDeployments(model, rows);
   };
-  d->inference_ = std::make_unique<serving::InferenceService>(d->models_.get(), inference);
+  inference_ = std::make_unique<serving::InferenceService>(models_.get(), inference);
   // Unset in ~Daemon, before models_ goes: /metrics is served until metrics_ goes.
-  metrics->SetInferenceQueueSource([models = d->models_.get()] {
+  metrics->SetInferenceQueueSource([models = models_.get()] {
     std::vector<InferenceQueueDepth> depths;
     for (const serving::VersionQueue& q : models->Queues()) {
       depths.push_back({q.model, q.version, q.queued_requests});
     }
     return depths;
   });
-  d->follower_ = std::make_unique<serving::ModelFollower>(
-      d->models_.get(), d->inference_.get(), d->models_->options().resolver,
+  follower_ = std::make_unique<serving::ModelFollower>(
+      models_.get(), inference_.get(), models_->options().resolver,
       [log](const std::string& model, const std::string& source, const absl::Status& outcome) {
         if (outcome.ok()) {
           log->Log(LogLevel::kInfo, "model_followed", {{"model", model}, {"source", source}});
@@ -339,80 +390,84 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
               {{"model", model}, {"source", source}, {"reason", std::string(outcome.message())}});
         }
       });
-  d->follow_observer_->Attach(d->follower_.get());
-  KILN_ASSIGN_OR_RETURN(std::vector<StoredDeployment> stored, d->store_->Deployments());
+  follow_observer_->Attach(follower_.get());
+}
+
+absl::StatusOr<std::vector<serving::DeploymentRecord>> Daemon::DeploymentsToRestore() {
+  KILN_ASSIGN_OR_RETURN(std::vector<StoredDeployment> stored, store_->Deployments());
   std::vector<serving::DeploymentRecord> to_restore;
   for (StoredDeployment& row : stored) {
     serving::DeploymentRecord record{row.model, row.version, {}};
     if (!record.request.ParseFromString(row.load_request)) {
-      d->models_->MarkUnavailable(row.model, row.version,
-                                  "its record in the store is unreadable; deploy it again");
+      models_->MarkUnavailable(row.model, row.version,
+                               "its record in the store is unreadable; deploy it again");
       continue;
     }
     to_restore.push_back(std::move(record));
   }
   if (!to_restore.empty()) {
-    d->models_restored_ = false;
-    d->inference_->SetReady(false);
+    models_restored_ = false;
+    inference_->SetReady(false);
   }
+  return to_restore;
+}
 
-  KILN_RETURN_IF_ERROR(d->StartHttp());
-
+absl::Status Daemon::StartGrpc() {
   // Our own grpc.health.v1 (server/grpc/health_service.h): Watch streams are capped.
   grpc::EnableDefaultHealthCheckService(false);
-  d->health_service_ = std::make_unique<HealthService>(options.max_health_watches);
+  health_service_ = std::make_unique<HealthService>(options_.max_health_watches);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.RegisterService(d->health_service_.get());
-  builder.AddListeningPort(options.listen, credentials, &d->port_);
-  builder.RegisterService(d->service_.get());
-  builder.RegisterService(d->inference_.get());
-  builder.RegisterService(d->workers_service_.get());
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.RegisterService(health_service_.get());
+  builder.AddListeningPort(
+      options_.listen, tls_ == nullptr ? grpc::InsecureServerCredentials() : tls_->credentials(),
+      &port_);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(inference_.get());
+  builder.RegisterService(workers_service_.get());
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   // A connection that never completes its handshake (or its HTTP/2 settings), or that makes no
   // call for a while, gives its descriptor back; gRPC clients reconnect when they call again.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                             ClampedMillis(options.connection_handshake_timeout));
+                             ClampedMillis(options_.connection_handshake_timeout));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                             ClampedMillis(options.connection_idle_timeout));
+                             ClampedMillis(options_.connection_idle_timeout));
+  Metrics* metrics = metrics_.get();
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-  if (d->auth_tokens_ != nullptr) {  // first, so the metrics see the calls it refuses as refused
+  if (auth_tokens_ != nullptr) {  // first, so the metrics see the calls it refuses as refused
     creators.push_back(NewBearerAuthInterceptor(
-        d->auth_tokens_.get(),
-        [metrics](std::string_view reason) { metrics->AuthFailed(reason); }));
+        auth_tokens_.get(), [metrics](std::string_view reason) { metrics->AuthFailed(reason); }));
   }
-  creators.push_back(NewGrpcMetricsInterceptor(d->metrics_.get()));
+  creators.push_back(NewGrpcMetricsInterceptor(metrics));
   builder.experimental().SetInterceptorCreators(std::move(creators));
-  d->server_ = builder.BuildAndStart();
-  if (d->server_ == nullptr || d->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("--listen=", options.listen, ": cannot listen"));
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen=", options_.listen, ": cannot listen"));
   }
-  d->worker_registry_->SetCoordinatorAddress(LocalAddressFor(options.listen, d->port_));
-  d->connection_guard_ = ConnectionGuard::Install(
-      d->port_, {options.max_connections, options.reserved_descriptors},
+  worker_registry_->SetCoordinatorAddress(LocalAddressFor(options_.listen, port_));
+  connection_guard_ = ConnectionGuard::Install(
+      port_, {options_.max_connections, options_.reserved_descriptors},
       [metrics](const char* reason) { metrics->ConnectionRefused(reason); });
+  return absl::OkStatus();
+}
+
+void Daemon::AnnounceServing() {
   {
-    std::lock_guard<std::mutex> lock(d->health_mu_);
-    d->health_ = d->health_service_.get();
+    std::lock_guard<std::mutex> lock(health_mu_);
+    health_ = health_service_.get();
     // Read-only (a full disk) training is NOT_SERVING until the store takes writes again;
     // serving and the server as a whole are unaffected.
-    d->health_->SetServingStatus(kServiceName, d->store_writable_);
-    d->health_->SetServingStatus(kInferenceServiceName, d->models_restored_);
-    d->health_->SetServingStatus("", true);
+    health_->SetServingStatus(kServiceName, store_writable_);
+    health_->SetServingStatus(kInferenceServiceName, models_restored_);
+    health_->SetServingStatus("", true);
   }
-  d->log_->ServerStarted(
-      WithPort(options.listen, d->port_),
-      d->metrics_port() == 0 ? "" : WithPort(options.metrics_listen, d->metrics_port()),
-      options.device, absl::StrJoin(AvailableDevices(), ","));
-  d->log_->Log(LogLevel::kInfo, "security",
-               {{"tls", TlsModeName(TlsModeOf(options.tls))},
-                {"auth", d->auth_tokens_ == nullptr ? "off" : "bearer"},
-                {"tokens", d->auth_tokens_ == nullptr ? 0 : d->auth_tokens_->size()}});
-  if (!to_restore.empty()) {
-    d->restore_thread_ = std::thread(
-        [raw = d.get(), records = std::move(to_restore)] { raw->RestoreModels(records); });
-  }
-  return d;
+  log_->ServerStarted(WithPort(options_.listen, port_),
+                      metrics_port() == 0 ? "" : WithPort(options_.metrics_listen, metrics_port()),
+                      options_.device, absl::StrJoin(AvailableDevices(), ","));
+  log_->Log(LogLevel::kInfo, "security",
+            {{"tls", TlsModeName(TlsModeOf(options_.tls))},
+             {"auth", auth_tokens_ == nullptr ? "off" : "bearer"},
+             {"tokens", auth_tokens_ == nullptr ? 0 : auth_tokens_->size()}});
 }
 
 absl::Status Daemon::StartHttp() {

@@ -180,12 +180,34 @@ class Daemon {
   int port_ = 0;
   bool shut_down_ = false;
 
-  // The store took (true) or refused (false) its last write: the training service's health
-  // follows it. Called by the job manager, from Recover on, also before the server exists.
-  void StoreWritable(bool writable);
+  // Start's phases, in its order; each uses the members the ones before it made.
+  // Takes the state dir (FailedPrecondition when another kilnd holds it) and removes what an
+  // interrupted write left there.
+  absl::Status LockStateDir();
+  // TLS (tls_) and bearer tokens (auth_tokens_), where the options ask for them.
+  absl::Status StartSecurity();
+  // The store, with checkpoint files it does not record removed.
+  absl::Status OpenStore();
+  // The job manager with what it reports to, its recovered jobs, and the gRPC services on it.
+  absl::Status StartJobs();
+  // The model repository, the inference service and the follower of checkpoints.
+  void StartServing();
+  // The deployments recorded before the last stop that can be read; while there are any,
+  // serving is not ready (RestoreModels loads them once the server is up).
+  absl::StatusOr<std::vector<serving::DeploymentRecord>> DeploymentsToRestore();
   // Serves /metrics and the KServe v2 REST API on metrics_listen, with the gRPC port's TLS,
   // tokens and message limit. Unavailable when it cannot bind (a warning with metrics_optional).
   absl::Status StartHttp();
+  // The gRPC server on options_.listen with its services, interceptors and connection guard.
+  // Unavailable when it cannot listen.
+  absl::Status StartGrpc();
+  // Health goes SERVING (training as the store allows, serving once deployments are restored)
+  // and the log says where kilnd listens and with which security.
+  void AnnounceServing();
+
+  // The store took (true) or refused (false) its last write: the training service's health
+  // follows it. Called by the job manager, from Recover on, also before the server exists.
+  void StoreWritable(bool writable);
   // Loads the deployments recorded before the last stop; serving's health and ServerReady stay
   // false until each has loaded or failed (failures are UNAVAILABLE in the index, with reasons).
   void RestoreModels(const std::vector<serving::DeploymentRecord>& records);

@@ -16,6 +16,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "server/daemon.h"
@@ -129,30 +130,9 @@ class MainLines {
   const kiln::server::LogFormat format_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Memory a job frees goes back to the system. glibc raises its mmap threshold to the largest
-  // block freed so far (up to 32 MiB); from then on a job's tensors and dataset come from
-  // per-thread arenas of 64 MiB that keep their pages when freed, so every arena ends up
-  // resident: 200 short jobs left kilnd at 449 MB RSS (1,137 jobs: 922 MB) while its heap never
-  // held more than 24 MB (heaptrack). A fixed threshold keeps blocks of 128 KiB and more in
-  // mappings of their own, unmapped on free: 44 MB after the same 200 jobs.
-  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-  // Our flags live in this file, which absl's --help would not list by default.
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "server/main.cc");
-  };
-  absl::SetFlagsUsageConfig(usage);
-  absl::SetProgramUsageMessage(
-      "kilnd --listen HOST:PORT --state_dir DIR --data_dir DIR [--device auto|cpu|cuda:N] "
-      "[--max_jobs_per_device N] [--tls_cert F --tls_key F [--tls_client_ca F]] "
-      "[--auth_tokens_file F]");
-  absl::ParseCommandLine(argc, argv);
-
-  // Block the signals main acts on in every thread (threads inherit the mask) and take them in
-  // main: TERM and INT stop, HUP reloads the token file.
+// The signals main acts on (TERM and INT stop, HUP reloads), blocked in every thread (threads
+// inherit the mask) so that main takes them with sigwait; and those the daemon ignores.
+sigset_t BlockSignals() {
   sigset_t handled_signals;
   sigemptyset(&handled_signals);
   sigaddset(&handled_signals, SIGTERM);
@@ -164,7 +144,11 @@ int main(int argc, char** argv) {
   // Past a file-size limit (RLIMIT_FSIZE) a write must fail with EFBIG, failing that checkpoint,
   // not kill the daemon.
   signal(SIGXFSZ, SIG_IGN);
+  return handled_signals;
+}
 
+// The daemon's options from the flags; InvalidArgument for an unknown --log_format.
+absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   kiln::server::DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
@@ -218,15 +202,43 @@ int main(int argc, char** argv) {
   options.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   auto log_format = kiln::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
-  if (!log_format.ok()) {
-    std::fprintf(stderr, "kilnd: %s\n", std::string(log_format.status().message()).c_str());
+  if (!log_format.ok()) return log_format.status();
+  options.log_format = *log_format;
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Memory a job frees goes back to the system. glibc raises its mmap threshold to the largest
+  // block freed so far (up to 32 MiB); from then on a job's tensors and dataset come from
+  // per-thread arenas of 64 MiB that keep their pages when freed, so every arena ends up
+  // resident: 200 short jobs left kilnd at 449 MB RSS (1,137 jobs: 922 MB) while its heap never
+  // held more than 24 MB (heaptrack). A fixed threshold keeps blocks of 128 KiB and more in
+  // mappings of their own, unmapped on free: 44 MB after the same 200 jobs.
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  // Our flags live in this file, which absl's --help would not list by default.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "kilnd --listen HOST:PORT --state_dir DIR --data_dir DIR [--device auto|cpu|cuda:N] "
+      "[--max_jobs_per_device N] [--tls_cert F --tls_key F [--tls_client_ca F]] "
+      "[--auth_tokens_file F]");
+  absl::ParseCommandLine(argc, argv);
+
+  const sigset_t handled_signals = BlockSignals();
+  absl::StatusOr<kiln::server::DaemonOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "kilnd: %s\n", std::string(options.status().message()).c_str());
     return 1;
   }
-  options.log_format = *log_format;
   using kiln::server::LogLevel;
-  const MainLines lines(*log_format);
+  const MainLines lines(options->log_format);
 
-  auto daemon = kiln::server::Daemon::Start(options);
+  auto daemon = kiln::server::Daemon::Start(*options);
   if (!daemon.ok()) {
     const std::string reason(daemon.status().message());
     lines.Say(stderr, LogLevel::kError, "start_failed", {{"reason", reason}}, reason);

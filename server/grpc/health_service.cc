@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/grpc/status_mapping.h"
+#include "server/grpc/write_reactors.h"
 
 namespace kiln::server {
 
@@ -13,7 +13,7 @@ using grpc::health::v1::HealthCheckResponse;
 
 // One Watch: the service's status now, then each change, latest first: a watcher that reads
 // slowly sees the newest status, not a backlog.
-class HealthService::WatchReactor : public grpc::ServerWriteReactor<HealthCheckResponse> {
+class HealthService::WatchReactor final : public StreamWriterReactor<HealthCheckResponse> {
  public:
   WatchReactor(HealthService* owner, std::string service, StreamSlots::Slot slot)
       : owner_(owner), service_(std::move(service)), slot_(std::move(slot)) {}
@@ -26,29 +26,14 @@ class HealthService::WatchReactor : public grpc::ServerWriteReactor<HealthCheckR
     WriteLocked();
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-    if (!ok) {
-      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
-      return;
-    }
-    WriteLocked();
-  }
-
-  void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-  }
-
   void OnDone() override {
     owner_->Unregister(this);  // after this no Update can reach it
     delete this;
   }
 
  private:
-  void WriteLocked() {
-    if (finished_ || writing_ || !pending_.has_value()) return;
+  void WriteNextLocked() override {
+    if (!pending_.has_value()) return;
     if (sent_.has_value() && *sent_ == *pending_) {
       pending_.reset();
       return;
@@ -56,23 +41,14 @@ class HealthService::WatchReactor : public grpc::ServerWriteReactor<HealthCheckR
     response_.set_status(*pending_);
     sent_ = *pending_;
     pending_.reset();
-    writing_ = true;
-    StartWrite(&response_);
-  }
-  void FinishLocked(const grpc::Status& status) {
-    if (finished_) return;
-    finished_ = true;
-    Finish(status);
+    StartWriteLocked(&response_);
   }
 
   HealthService* const owner_;
   const std::string service_;
   StreamSlots::Slot slot_;  // given back when the reactor goes
-  std::mutex mu_;
   std::optional<Status> pending_, sent_;
   HealthCheckResponse response_;
-  bool writing_ = false;
-  bool finished_ = false;
 };
 
 HealthService::HealthService(int max_watches) : watch_slots_(max_watches, "--max_health_watches") {}
@@ -112,15 +88,8 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
 grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
     grpc::CallbackServerContext* /*context*/, const HealthCheckRequest* request) {
   absl::StatusOr<StreamSlots::Slot> slot = watch_slots_.Acquire();
-  if (!slot.ok()) {
-    // A reactor that only finishes: the call is refused with the limit named.
-    class Refused : public grpc::ServerWriteReactor<HealthCheckResponse> {
-     public:
-      explicit Refused(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(slot.status());
-  }
+  // Refused with the limit named.
+  if (!slot.ok()) return new RefusedWrite<HealthCheckResponse>(slot.status());
   auto* reactor = new WatchReactor(this, request->service(), *std::move(slot));
   std::lock_guard<std::mutex> lock(mu_);
   watchers_.insert(reactor);

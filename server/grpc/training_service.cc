@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/status_mapping.h"
+#include "server/grpc/write_reactors.h"
 
 namespace kiln::server {
 
@@ -40,15 +41,7 @@ absl::Status RequireJobId(const std::string& job_id) {
   return absl::OkStatus();
 }
 
-// A write reactor that only finishes with an error, for requests refused up front.
-template <typename T>
-class RefusedWrite : public grpc::ServerWriteReactor<T> {
- public:
-  explicit RefusedWrite(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
-  void OnDone() override { delete this; }
-};
-
-// The same for client-streaming calls: nothing is read.
+// As RefusedWrite (write_reactors.h), for client-streaming calls: nothing is read.
 template <typename T>
 class RefusedRead : public grpc::ServerReadReactor<T> {
  public:
@@ -59,7 +52,7 @@ class RefusedRead : public grpc::ServerReadReactor<T> {
 // Streams a job's history, then its live events until the job ends, the client cancels, or the
 // daemon shuts down. Writes are one at a time; the history is pulled a page at a time as writes
 // complete, and new events wake it from the publishing thread.
-class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
+class WatchReactor final : public StreamWriterReactor<v1::JobEvent> {
  public:
   WatchReactor(JobWatch watch, MetricBroadcaster* broadcaster, StreamSlots::Slot slot)
       : current_state_(std::move(watch.current_state)),
@@ -69,23 +62,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
         slot_(std::move(slot)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (live_) live_->SetNotify([this] { OnEventAvailable(); });
-    WriteNextLocked();
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-    if (!ok) {
-      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
-      return;
-    }
-    WriteNextLocked();
-  }
-
-  void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancelled_ = true;
-    if (!writing_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    WriteLocked();
   }
 
   void OnDone() override {
@@ -97,20 +74,15 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
  private:
   void OnEventAvailable() {
     std::lock_guard<std::mutex> lock(mu_);
-    WriteNextLocked();
+    WriteLocked();
   }
 
-  void WriteNextLocked() {
-    if (finished_ || writing_) return;
-    if (cancelled_) {
-      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-      return;
-    }
+  void WriteNextLocked() override {
     if (current_state_) {
       current_ = *std::move(current_state_);
       current_state_.reset();
     } else if (!history_ || !NextFromHistoryLocked()) {
-      if (finished_) return;  // the history could not be read
+      if (finished_locked()) return;  // the history could not be read
       if (!live_) {
         FinishLocked(grpc::Status::OK);
         return;
@@ -121,8 +93,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
         return;  // woken again by the next event
       }
     }
-    writing_ = true;
-    StartWrite(&current_);
+    StartWriteLocked(&current_);
   }
 
   // True with the next recorded event in current_; false once the history is done (dropped) or
@@ -135,22 +106,12 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
     return false;
   }
 
-  void FinishLocked(const grpc::Status& status) {
-    if (finished_) return;
-    finished_ = true;
-    Finish(status);
-  }
-
-  std::mutex mu_;
   std::optional<v1::JobEvent> current_state_;
   std::unique_ptr<EventReplay> history_;  // null once replayed
   std::shared_ptr<Subscription> live_;
   MetricBroadcaster* broadcaster_;
   StreamSlots::Slot slot_;
   v1::JobEvent current_;
-  bool writing_ = false;
-  bool finished_ = false;
-  bool cancelled_ = false;
 };
 
 // Writes the chunks of a checkpoint export; the core reads and hashes them.

@@ -54,6 +54,19 @@ absl::Status Prefixed(const std::string& model, const absl::Status& status) {
                       absl::StrCat("model \"", model, "\": ", std::string(status.message())));
 }
 
+// A checkpoint damaged on disk must not be served (it may answer NaN, or worse, plausibly).
+absl::Status CheckSha256(const ResolvedCheckpoint& resolved) {
+  if (resolved.sha256.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> actual = Sha256OfFile(resolved.path);
+  if (!actual.ok()) return actual.status();
+  if (*actual != resolved.sha256) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", resolved.path, " has sha256 ",
+                                            *actual, " but ", resolved.sha256,
+                                            " when it was written: the file was damaged on disk"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<VersionPolicy> VersionPolicy::Parse(const std::string& text) {
@@ -134,7 +147,7 @@ absl::Status ModelRepository::CheckOptions(const DeploymentOptions& options) con
 absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
     const LoadRequest& request) {
   KILN_RETURN_IF_ERROR(CheckName("model name", request.model));
-  int64_t number = 0;
+  int64_t number = 0;  // 0: the model's next number
   if (!request.version.empty()) {
     absl::StatusOr<int64_t> n = ParseVersionNumber(request.version);
     if (!n.ok()) return Prefixed(request.model, n.status());
@@ -148,155 +161,159 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Load(
   for (const std::string& alias : resolved->aliases) {
     if (absl::Status s = CheckName("alias", alias); !s.ok()) return Prefixed(request.model, s);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = models_.find(request.model);
-    int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
-    if (number == 0) {
-      // Numbers keep counting across unloads, so a number never names two checkpoints.
-      while (it != models_.end() && it->second.versions.count(next) > 0) ++next;
-      number = next;
-    }
-    // A model under a specific policy takes only the numbers it lists.
-    const VersionPolicy policy = request.policy        ? *request.policy
-                                 : it != models_.end() ? it->second.policy
-                                                       : DefaultPolicy();
-    if (policy.kind == VersionPolicy::Kind::kSpecific && policy.specific.count(number) == 0) {
-      return Prefixed(request.model,
-                      absl::FailedPreconditionError(absl::StrCat(
-                          "version ", number, " is not in the model's version policy ",
-                          policy.ToString(), "; give one of those numbers as the version")));
-    }
-    if (policy.kind == VersionPolicy::Kind::kLatest && it != models_.end() &&
-        it->second.versions.count(number) == 0) {
-      int higher = 0;
-      for (const auto& [n, v] : it->second.versions) higher += n > number ? 1 : 0;
-      if (higher >= policy.latest) {
-        return Prefixed(
-            request.model,
-            absl::FailedPreconditionError(absl::StrCat(
-                "version ", number,
-                " would not stay loaded: the model's version "
-                "policy ",
-                policy.ToString(), " keeps higher ones (loaded: ", VersionList(it->second), ")")));
-      }
-    }
-    if (policy.kind == VersionPolicy::Kind::kAll && it != models_.end() &&
-        it->second.versions.count(number) == 0 &&
-        static_cast<int>(it->second.versions.size()) >= kMaxVersionsPerModel) {
-      return Prefixed(request.model, absl::ResourceExhaustedError(absl::StrCat(
-                                         "the model has ", kMaxVersionsPerModel,
-                                         " versions loaded, the most one model keeps; unload "
-                                         "one or choose a latest:N policy")));
-    }
-  }
-  const std::string label = std::to_string(number);
+  KILN_ASSIGN_OR_RETURN(number, NumberToLoad(request, number));
+  if (absl::Status s = CheckSha256(*resolved); !s.ok()) return Prefixed(request.model, s);
 
-  if (!resolved->sha256.empty()) {
-    // A checkpoint damaged on disk must not be served (it may answer NaN, or worse, plausibly).
-    absl::StatusOr<std::string> actual = Sha256OfFile(resolved->path);
-    if (!actual.ok()) return Prefixed(request.model, actual.status());
-    if (*actual != resolved->sha256) {
-      return Prefixed(request.model,
-                      absl::DataLossError(absl::StrCat(
-                          "checkpoint file ", resolved->path, " has sha256 ", *actual, " but ",
-                          resolved->sha256, " when it was written: the file was damaged on disk")));
-    }
-  }
   auto version = std::shared_ptr<ServedVersion>(new ServedVersion());
   version->model_ = request.model;
-  version->version_ = label;
+  version->version_ = std::to_string(number);
   version->checkpoint_path_ = resolved->path;
   version->source_ = resolved->pinned_source.empty() ? source : resolved->pinned_source;
   version->options_ = request.options;
-  const std::string who = absl::StrCat("model \"", request.model, "\" version \"", label, "\"");
-  BackendOptions backend_options;
-  backend_options.threads = request.options.threads;
-
   // Creating a backend binds this thread to it, which suits the session's warm-up forward pass
   // below; when this call returns, the thread gets its own binding back.
   const ScopedThreadBinding caller_binding;
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      options_.backend_factory ? options_.backend_factory(request.options.device, backend_options)
-                               : CreateBackend(request.options.device, backend_options);
-  if (!backend.ok()) {
-    return absl::Status(backend.status().code(),
-                        absl::StrCat(who, ": device \"", request.options.device,
-                                     "\": ", std::string(backend.status().message())));
-  }
-  version->backend_ = std::move(*backend);
-  if (absl::Status fits =
-          CheckMemory(resolved->path, request.options, version->backend_->kind(), backend_options);
-      !fits.ok()) {
-    return absl::Status(fits.code(), absl::StrCat(who, ": ", fits.message()));
-  }
-  absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
-      resolved->path, version->backend_.get(), request.options.batching.max_batch_size);
-  if (!session.ok()) {
-    return absl::Status(session.status().code(),
-                        absl::StrCat(who, ": ", std::string(session.status().message())));
-  }
-  version->input_shape_ = (*session)->input_shape();
-  version->input_elems_ = (*session)->input_elems();
-  version->num_classes_ = (*session)->num_classes();
-  // A thread binds itself to the backend before it runs a forward pass; where any thread may
-  // issue ops (the CPU), idle requests run on their gRPC thread. The backend outlives the batcher.
-  Backend* const served_backend = version->backend_.get();
-  std::function<void()> prepare_thread = [served_backend] { served_backend->BindCallingThread(); };
-  const bool callers_run_when_idle = served_backend->IssuesFromAnyThread();
-  KILN_ASSIGN_OR_RETURN(version->batcher_,
-                        DynamicBatcher::Create(std::move(*session), request.options.batching, who,
-                                               std::move(prepare_thread), callers_run_when_idle));
+  KILN_RETURN_IF_ERROR(StartVersion(*version));
 
   // Versions replaced or pushed out are released after the lock, where the last reference may
   // stop a batcher's worker thread.
   std::vector<std::shared_ptr<const ServedVersion>> released;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto [it, created] = models_.try_emplace(request.model);
-    Model& model = it->second;
-    if (created) model.policy = DefaultPolicy();
-    if (request.policy) model.policy = *request.policy;
-    if (request.follow) model.follow = *request.follow;
-    if (auto old = model.versions.find(number); old != model.versions.end()) {
-      released.push_back(old->second);
-      RemoveVersion(model, number);
-    }
-    model.versions[number] = version;
-    int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
-    next = std::max(next, number + 1);
-    for (const std::string& alias : resolved->aliases) model.aliases[alias] = number;
-    // The policy decides what stays: the highest numbers, or the listed ones. The version just
-    // loaded may itself go (a lower number than `latest` keeps); it was still loaded and checked.
-    std::vector<int64_t> drop;
-    if (model.policy.kind == VersionPolicy::Kind::kLatest) {
-      int kept = 0;
-      for (auto v = model.versions.rbegin(); v != model.versions.rend(); ++v) {
-        if (++kept > model.policy.latest) drop.push_back(v->first);
-      }
-    } else if (model.policy.kind == VersionPolicy::Kind::kSpecific) {
-      for (const auto& [n, v] : model.versions) {
-        if (model.policy.specific.count(n) == 0) drop.push_back(n);
-      }
-    }
-    for (int64_t n : drop) {
-      released.push_back(model.versions[n]);
-      RemoveVersion(model, n);
-    }
-    if (model.versions.count(number) == 0) {
+  KILN_RETURN_IF_ERROR(AddVersion(request, resolved->aliases, number, version, &released));
+  return std::shared_ptr<const ServedVersion>(version);
+}
+
+absl::StatusOr<int64_t> ModelRepository::NumberToLoad(const LoadRequest& request, int64_t number) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = models_.find(request.model);
+  int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
+  if (number == 0) {
+    // Numbers keep counting across unloads, so a number never names two checkpoints.
+    while (it != models_.end() && it->second.versions.count(next) > 0) ++next;
+    number = next;
+  }
+  // A model under a specific policy takes only the numbers it lists.
+  const VersionPolicy policy = request.policy        ? *request.policy
+                               : it != models_.end() ? it->second.policy
+                                                     : DefaultPolicy();
+  if (policy.kind == VersionPolicy::Kind::kSpecific && policy.specific.count(number) == 0) {
+    return Prefixed(request.model,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "version ", number, " is not in the model's version policy ",
+                        policy.ToString(), "; give one of those numbers as the version")));
+  }
+  if (policy.kind == VersionPolicy::Kind::kLatest && it != models_.end() &&
+      it->second.versions.count(number) == 0) {
+    int higher = 0;
+    for (const auto& [n, v] : it->second.versions) higher += n > number ? 1 : 0;
+    if (higher >= policy.latest) {
       return Prefixed(
           request.model,
           absl::FailedPreconditionError(absl::StrCat(
-              "version ", number, " loaded but the model's version policy ",
-              model.policy.ToString(), " keeps higher ones (loaded: ", VersionList(model), ")")));
-    }
-    unloaded_.erase(request.model);
-    if (auto failed = unavailable_.find(request.model); failed != unavailable_.end()) {
-      failed->second.erase(label);
-      if (failed->second.empty()) unavailable_.erase(failed);
+              "version ", number,
+              " would not stay loaded: the model's version "
+              "policy ",
+              policy.ToString(), " keeps higher ones (loaded: ", VersionList(it->second), ")")));
     }
   }
-  return std::shared_ptr<const ServedVersion>(version);
+  if (policy.kind == VersionPolicy::Kind::kAll && it != models_.end() &&
+      it->second.versions.count(number) == 0 &&
+      static_cast<int>(it->second.versions.size()) >= kMaxVersionsPerModel) {
+    return Prefixed(request.model, absl::ResourceExhaustedError(absl::StrCat(
+                                       "the model has ", kMaxVersionsPerModel,
+                                       " versions loaded, the most one model keeps; unload "
+                                       "one or choose a latest:N policy")));
+  }
+  return number;
+}
+
+absl::Status ModelRepository::StartVersion(ServedVersion& version) const {
+  const DeploymentOptions& options = version.options_;
+  const std::string who =
+      absl::StrCat("model \"", version.model_, "\" version \"", version.version_, "\"");
+  BackendOptions backend_options;
+  backend_options.threads = options.threads;
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      options_.backend_factory ? options_.backend_factory(options.device, backend_options)
+                               : CreateBackend(options.device, backend_options);
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat(who, ": device \"", options.device,
+                                     "\": ", std::string(backend.status().message())));
+  }
+  version.backend_ = std::move(*backend);
+  if (absl::Status fits =
+          CheckMemory(version.checkpoint_path_, options, version.backend_->kind(), backend_options);
+      !fits.ok()) {
+    return absl::Status(fits.code(), absl::StrCat(who, ": ", fits.message()));
+  }
+  absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
+      version.checkpoint_path_, version.backend_.get(), options.batching.max_batch_size);
+  if (!session.ok()) {
+    return absl::Status(session.status().code(),
+                        absl::StrCat(who, ": ", std::string(session.status().message())));
+  }
+  version.input_shape_ = (*session)->input_shape();
+  version.input_elems_ = (*session)->input_elems();
+  version.num_classes_ = (*session)->num_classes();
+  // A thread binds itself to the backend before it runs a forward pass; where any thread may
+  // issue ops (the CPU), idle requests run on their gRPC thread. The backend outlives the batcher.
+  Backend* const served_backend = version.backend_.get();
+  std::function<void()> prepare_thread = [served_backend] { served_backend->BindCallingThread(); };
+  const bool callers_run_when_idle = served_backend->IssuesFromAnyThread();
+  KILN_ASSIGN_OR_RETURN(version.batcher_,
+                        DynamicBatcher::Create(std::move(*session), options.batching, who,
+                                               std::move(prepare_thread), callers_run_when_idle));
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::AddVersion(
+    const LoadRequest& request, const std::vector<std::string>& aliases, int64_t number,
+    std::shared_ptr<const ServedVersion> version,
+    std::vector<std::shared_ptr<const ServedVersion>>* released) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, created] = models_.try_emplace(request.model);
+  Model& model = it->second;
+  if (created) model.policy = DefaultPolicy();
+  if (request.policy) model.policy = *request.policy;
+  if (request.follow) model.follow = *request.follow;
+  if (auto old = model.versions.find(number); old != model.versions.end()) {
+    released->push_back(old->second);
+    RemoveVersion(model, number);
+  }
+  model.versions[number] = std::move(version);
+  int64_t& next = next_number_.try_emplace(request.model, 1).first->second;
+  next = std::max(next, number + 1);
+  for (const std::string& alias : aliases) model.aliases[alias] = number;
+  // The policy decides what stays: the highest numbers, or the listed ones. The version just
+  // loaded may itself go (a lower number than `latest` keeps); it was still loaded and checked.
+  std::vector<int64_t> drop;
+  if (model.policy.kind == VersionPolicy::Kind::kLatest) {
+    int kept = 0;
+    for (auto v = model.versions.rbegin(); v != model.versions.rend(); ++v) {
+      if (++kept > model.policy.latest) drop.push_back(v->first);
+    }
+  } else if (model.policy.kind == VersionPolicy::Kind::kSpecific) {
+    for (const auto& [n, v] : model.versions) {
+      if (model.policy.specific.count(n) == 0) drop.push_back(n);
+    }
+  }
+  for (int64_t n : drop) {
+    released->push_back(model.versions[n]);
+    RemoveVersion(model, n);
+  }
+  if (model.versions.count(number) == 0) {
+    return Prefixed(
+        request.model,
+        absl::FailedPreconditionError(absl::StrCat(
+            "version ", number, " loaded but the model's version policy ", model.policy.ToString(),
+            " keeps higher ones (loaded: ", VersionList(model), ")")));
+  }
+  unloaded_.erase(request.model);
+  if (auto failed = unavailable_.find(request.model); failed != unavailable_.end()) {
+    failed->second.erase(std::to_string(number));
+    if (failed->second.empty()) unavailable_.erase(failed);
+  }
+  return absl::OkStatus();
 }
 
 void ModelRepository::RemoveVersion(Model& model, int64_t number) {

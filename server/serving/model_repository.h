@@ -213,6 +213,17 @@ class ModelRepository {
   absl::Status CheckMemory(const std::string& checkpoint, const DeploymentOptions& options,
                            DeviceKind device, const BackendOptions& backend_options) const;
   absl::Status CheckOptions(const DeploymentOptions& options) const;
+  // Load's steps after the request is checked and resolved. The number to load as (`number`, or
+  // the model's next when 0), if the model's version policy and limit admit it.
+  absl::StatusOr<int64_t> NumberToLoad(const LoadRequest& request, int64_t number);
+  // Makes `version`'s backend, session and batcher; the error names the version.
+  absl::Status StartVersion(ServedVersion& version) const;
+  // Makes `version` the model's `number` under its (new) policy; versions replaced or dropped go
+  // to *released, for the caller to let go after the lock. FailedPrecondition when the policy
+  // drops `version` itself.
+  absl::Status AddVersion(const LoadRequest& request, const std::vector<std::string>& aliases,
+                          int64_t number, std::shared_ptr<const ServedVersion> version,
+                          std::vector<std::shared_ptr<const ServedVersion>>* released);
 
   const ModelRepositoryOptions options_;
   mutable std::mutex mu_;

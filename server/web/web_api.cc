@@ -1,23 +1,17 @@
 #include "server/web/web_api.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <httplib.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <exception>
 #include <future>
 #include <map>
-#include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/json_bounds.h"
 #include "nlohmann/json.hpp"
-#include "server/grpc/status_mapping.h"
-#include "server/http/status_mapping.h"
+#include "server/web/api_replies.h"
 
 namespace kiln::web {
 namespace {
@@ -25,235 +19,30 @@ namespace {
 using http::Access;
 using nlohmann::json;
 
-constexpr char kJson[] = "application/json";
-constexpr char kEventStream[] = "text/event-stream";
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
 constexpr int kExportChunkBytes = 1 << 20;
-// A stream's provider returns at least this often, so it sees a stopping server or limit.
-constexpr absl::Duration kStreamTurn = absl::Milliseconds(250);
-// An idle stream writes a comment this often: a write is how a closed client is surely noticed
-// (a page that moves on closes its stream), and its slot freed for the next one.
-constexpr absl::Duration kKeepAlive = absl::Seconds(2);
-// The jobs feed sends at most one batch of changed jobs per this, so a job's steps (thousands a
-// second on a small model) cost a page one fetch a second.
-constexpr absl::Duration kFeedInterval = absl::Seconds(1);
-// History events written per provider turn, to bound what one write buffers.
-constexpr int kHistoryEventsPerTurn = 256;
 
 const std::vector<WebApiRoute>& Routes() {
   static const auto* routes = new std::vector<WebApiRoute>{
       {"GET", "/api/jobs", "/api/jobs"},
       {"GET", "/api/jobs/([^/]+)", "/api/jobs/job-0"},
-      {"GET", "/api/jobs/([^/]+)/checkpoints", "/api/jobs/job-0/checkpoints"},
-      {"GET", R"(/api/jobs/([^/]+)/checkpoints/(\d+)/file)", "/api/jobs/job-0/checkpoints/1/file"},
-      {"GET", "/api/jobs/([^/]+)/events", "/api/jobs/job-0/events"},
       {"POST", "/api/jobs/([^/]+)/cancel", "/api/jobs/job-0/cancel"},
       {"POST", "/api/jobs/([^/]+)/resume", "/api/jobs/job-0/resume"},
+      {"GET", "/api/jobs/([^/]+)/checkpoints", "/api/jobs/job-0/checkpoints"},
+      {"GET", R"(/api/jobs/([^/]+)/checkpoints/(\d+)/file)", "/api/jobs/job-0/checkpoints/1/file"},
       {"POST", "/api/jobs/([^/]+)/checkpoint", "/api/jobs/job-0/checkpoint"},
+      {"GET", "/api/jobs/([^/]+)/events", "/api/jobs/job-0/events"},
       {"GET", "/api/events", "/api/events"},
       {"GET", "/api/models", "/api/models"},
   };
   return *routes;
 }
 
-std::string ProtoJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string out;
-  // Our own messages always convert; an error would leave "{}" rather than a broken body.
-  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) return "{}";
-  return out;
-}
-
-// The error as the gRPC path words it (server paths shown by their folder names).
-void ReplyStatus(httplib::Response& res, const absl::Status& status) {
-  http::ReplyError(res, http::HttpStatusOf(status.code()),
-                   server::ToGrpcStatus(status).error_message());
-}
-
-void ReplyJson(httplib::Response& res, const std::string& body) {
-  res.status = 200;
-  res.set_content(body, kJson);
-}
-
-// A query parameter that must be 0 or 1 (absent: `absent`).
-absl::StatusOr<bool> FlagParam(const httplib::Request& req, const char* name, bool absent) {
-  if (!req.has_param(name)) return absent;
-  const std::string value = req.get_param_value(name);
-  if (value == "1" || value == "true") return true;
-  if (value == "0" || value == "false") return false;
-  return absl::InvalidArgumentError(absl::StrCat(name, ": must be 0 or 1, got \"", value, "\""));
-}
-
-std::string SseEvent(const std::string& name, const std::string& data) {
-  std::string out = name.empty() ? "" : absl::StrCat("event: ", name, "\n");
-  absl::StrAppend(&out, "data: ", data, "\n\n");
-  return out;
-}
-
-// The last event of a stream: why it ended (code "OK" when the job ended or the history was
-// all that was asked for).
-std::string EndEvent(const absl::Status& status) {
-  const grpc::Status mapped = server::ToGrpcStatus(status);
-  return SseEvent("end", json{{"code", absl::StatusCodeToString(status.code())},
-                              {"message", mapped.error_message()}}
-                             .dump(-1, ' ', false, json::error_handler_t::replace));
-}
-
-void StartEventStream(httplib::Response& res, httplib::ContentProviderWithoutLength provider) {
-  res.status = 200;
-  // Proxies (nginx) would otherwise buffer the stream.
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(kEventStream, std::move(provider));
-}
-
-// One job's events as a stream: its recorded history, a "history_end" event, then (with
-// follow) its live events until the job ends, kilnd stops or the client goes.
-class JobEventStream {
- public:
-  JobEventStream(server::JobWatch watch, server::MetricBroadcaster* broadcaster,
-                 std::unique_ptr<SseStreamLimit::Slot> slot, const SseStreamLimit* limit,
-                 bool follow)
-      : watch_(std::move(watch)),
-        broadcaster_(broadcaster),
-        slot_(std::move(slot)),
-        limit_(limit),
-        follow_(follow) {}
-  ~JobEventStream() {
-    if (watch_.live) broadcaster_->Unsubscribe(watch_.live);
-  }
-
-  // One turn of httplib's write loop; false ends the connection.
-  bool Provide(httplib::DataSink& sink) {
-    if (!sink.is_writable()) return false;  // the client has gone
-    if (ended_) {
-      sink.done();
-      return true;
-    }
-    std::string out;
-    v1::JobEvent event;
-    if (limit_->stopping()) {
-      out = EndEvent(absl::UnavailableError("kilnd is stopping"));
-      ended_ = true;
-    } else if (watch_.current_state) {
-      out = SseEvent("", ProtoJson(*watch_.current_state));
-      watch_.current_state.reset();
-    } else if (watch_.history) {
-      for (int i = 0; i < kHistoryEventsPerTurn; ++i) {
-        absl::StatusOr<bool> next = watch_.history->Next(&event);
-        if (!next.ok()) {
-          out += EndEvent(next.status());
-          ended_ = true;
-          break;
-        }
-        if (!*next) {
-          watch_.history.reset();
-          out += SseEvent("history_end", "{}");
-          break;
-        }
-        out += SseEvent("", ProtoJson(event));
-      }
-    } else if (!follow_ || !watch_.live) {
-      out = EndEvent(absl::OkStatus());
-      ended_ = true;
-    } else if (watch_.live->WaitPop(&event, kStreamTurn)) {
-      out = SseEvent("", ProtoJson(event));
-      for (int i = 1; i < kHistoryEventsPerTurn && watch_.live->Pop(&event); ++i) {
-        out += SseEvent("", ProtoJson(event));
-      }
-    } else if (absl::Status closed; watch_.live->Finished(&closed)) {
-      out = EndEvent(closed);
-      ended_ = true;
-    } else if (absl::Now() - last_write_ > kKeepAlive) {
-      out = ": keep-alive\n\n";
-    }
-    // httplib takes an empty write for the end of the body: write only bytes.
-    if (!out.empty()) {
-      if (!sink.write(out.data(), out.size())) return false;
-      last_write_ = absl::Now();
-    }
-    if (ended_) sink.done();
-    return true;
-  }
-
- private:
-  server::JobWatch watch_;
-  server::MetricBroadcaster* broadcaster_;
-  std::unique_ptr<SseStreamLimit::Slot> slot_;
-  const SseStreamLimit* limit_;
-  const bool follow_;
-  bool ended_ = false;
-  absl::Time last_write_ = absl::Now();
-};
-
-// Which jobs changed: an "open" event at once (the page then reads the table, missing nothing),
-// then "jobs" events {"job_ids": [...]} at most once per kFeedInterval, until kilnd stops or the
-// client goes.
-class JobsFeedStream {
- public:
-  JobsFeedStream(JobsFeed* feed, std::unique_ptr<SseStreamLimit::Slot> slot,
-                 const SseStreamLimit* limit)
-      : feed_(feed), listener_(feed->Listen()), slot_(std::move(slot)), limit_(limit) {}
-  ~JobsFeedStream() { feed_->Forget(listener_); }
-
-  bool Provide(httplib::DataSink& sink) {
-    if (!sink.is_writable()) return false;  // the client has gone
-    std::string out;
-    bool ended = false;
-    const absl::Time now = absl::Now();
-    std::set<std::string> changed;
-    if (!opened_) {
-      out = SseEvent("open", "{}");
-      opened_ = true;
-    } else if (limit_->stopping()) {
-      out = EndEvent(absl::UnavailableError("kilnd is stopping"));
-      ended = true;
-    } else if (now < next_send_) {
-      std::this_thread::sleep_for(
-          absl::ToChronoNanoseconds(std::min(next_send_ - now, kStreamTurn)));
-    } else if (listener_->WaitTake(&changed, kStreamTurn)) {
-      out = SseEvent("jobs", json{{"job_ids", changed}}.dump());
-      next_send_ = now + kFeedInterval;
-    } else if (now - last_write_ > kKeepAlive) {
-      out = ": keep-alive\n\n";
-    }
-    if (!out.empty()) {
-      if (!sink.write(out.data(), out.size())) return false;
-      last_write_ = absl::Now();
-    }
-    if (ended) sink.done();
-    return true;
-  }
-
- private:
-  JobsFeed* feed_;
-  std::shared_ptr<JobsFeed::Listener> listener_;
-  std::unique_ptr<SseStreamLimit::Slot> slot_;
-  const SseStreamLimit* limit_;
-  bool opened_ = false;
-  absl::Time next_send_ = absl::InfinitePast();
-  absl::Time last_write_ = absl::Now();
-};
-
-// Runs a stream's turn; an exception (none is expected) ends the connection rather than kilnd:
-// the handler's own guard has returned by the time the body is written.
-template <typename Stream>
-httplib::ContentProviderWithoutLength Guard(std::shared_ptr<Stream> stream) {
-  return [stream](size_t, httplib::DataSink& sink) {
-    try {
-      return stream->Provide(sink);
-    } catch (...) {
-      return false;
-    }
-  };
-}
-
 // The resume request's body: empty, or {"epochs": N, "checkpoint_id": M}, both optional.
 absl::Status ParseResume(const std::string& body, int* epochs, int64_t* checkpoint_id) {
   if (body.empty()) return absl::OkStatus();
+  if (absl::Status depth = CheckJsonDepth(body, "the request body"); !depth.ok()) return depth;
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError("the request body: not a JSON object");
@@ -300,16 +89,26 @@ WebApi::WebApi(server::JobManager* jobs, server::MetricBroadcaster* broadcaster,
       streams_(options.max_event_streams) {}
 
 void WebApi::AddRoutes(http::HttpServer* server) {
-  // Every /api route needs a token (when tokens are on), and is recorded for registered_routes.
-  auto get = [this, server](const std::string& pattern, http::HttpServer::Handler handler) {
-    registered_.push_back({"GET", pattern});
-    server->Get(pattern, Access::kToken, std::move(handler));
-  };
-  auto post = [this, server](const std::string& pattern, http::HttpServer::Handler handler) {
-    registered_.push_back({"POST", pattern});
-    server->Post(pattern, Access::kToken, std::move(handler));
-  };
-  get("/api/jobs", [this](const httplib::Request& req, httplib::Response& res) {
+  AddJobRoutes(server);
+  AddCheckpointRoutes(server);
+  AddEventRoutes(server);
+  AddModelRoutes(server);
+}
+
+void WebApi::Get(http::HttpServer* server, const std::string& pattern,
+                 http::HttpServer::Handler handler) {
+  registered_.push_back({"GET", pattern});
+  server->Get(pattern, Access::kToken, std::move(handler));
+}
+
+void WebApi::Post(http::HttpServer* server, const std::string& pattern,
+                  http::HttpServer::Handler handler) {
+  registered_.push_back({"POST", pattern});
+  server->Post(pattern, Access::kToken, std::move(handler));
+}
+
+void WebApi::AddJobRoutes(http::HttpServer* server) {
+  Get(server, "/api/jobs", [this](const httplib::Request& req, httplib::Response& res) {
     int page_size = kDefaultPageSize;
     if (req.has_param("page_size") &&
         (!absl::SimpleAtoi(req.get_param_value("page_size"), &page_size) || page_size < 1 ||
@@ -334,30 +133,44 @@ void WebApi::AddRoutes(http::HttpServer* server) {
     ReplyJson(res, body);
   });
 
-  get("/api/jobs/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::StatusOr<v1::Job> job = jobs_->Get(req.matches[1]);
-    if (!job.ok()) {
-      ReplyStatus(res, job.status());
-      return;
-    }
-    ReplyJson(res, ProtoJson(*job));
+  Get(server, "/api/jobs/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
+    ReplyMessage(res, jobs_->Get(req.matches[1]));
   });
 
-  get("/api/jobs/([^/]+)/checkpoints", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::StatusOr<std::vector<v1::Checkpoint>> list = jobs_->ListCheckpoints(req.matches[1]);
-    if (!list.ok()) {
-      ReplyStatus(res, list.status());
-      return;
-    }
-    std::string body = "{\"checkpoints\":[";
-    for (size_t i = 0; i < list->size(); ++i) {
-      absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson((*list)[i]));
-    }
-    ReplyJson(res, body + "]}");
-  });
+  Post(server, "/api/jobs/([^/]+)/cancel",
+       [this](const httplib::Request& req, httplib::Response& res) {
+         ReplyMessage(res, jobs_->Cancel(req.matches[1]));
+       });
+
+  Post(server, "/api/jobs/([^/]+)/resume",
+       [this](const httplib::Request& req, httplib::Response& res) {
+         int epochs = 0;
+         int64_t checkpoint_id = 0;
+         if (absl::Status s = ParseResume(req.body, &epochs, &checkpoint_id); !s.ok()) {
+           ReplyStatus(res, s);
+           return;
+         }
+         ReplyMessage(res, jobs_->Resume(req.matches[1], epochs, checkpoint_id));
+       });
+}
+
+void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
+  Get(server, "/api/jobs/([^/]+)/checkpoints",
+      [this](const httplib::Request& req, httplib::Response& res) {
+        absl::StatusOr<std::vector<v1::Checkpoint>> list = jobs_->ListCheckpoints(req.matches[1]);
+        if (!list.ok()) {
+          ReplyStatus(res, list.status());
+          return;
+        }
+        std::string body = "{\"checkpoints\":[";
+        for (size_t i = 0; i < list->size(); ++i) {
+          absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson((*list)[i]));
+        }
+        ReplyJson(res, body + "]}");
+      });
 
   // The checkpoint's file, streamed from the same export the gRPC ExportCheckpoint streams.
-  get(R"(/api/jobs/([^/]+)/checkpoints/(\d+)/file)",
+  Get(server, R"(/api/jobs/([^/]+)/checkpoints/(\d+)/file)",
       [this](const httplib::Request& req, httplib::Response& res) {
         int64_t checkpoint_id = 0;
         if (!absl::SimpleAtoi(req.matches[2].str(), &checkpoint_id)) {
@@ -393,95 +206,30 @@ void WebApi::AddRoutes(http::HttpServer* server) {
             });
       });
 
-  get("/api/jobs/([^/]+)/events", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::StatusOr<bool> steps = FlagParam(req, "steps", true);
-    absl::StatusOr<bool> follow = FlagParam(req, "follow", true);
-    for (const absl::Status& s : {steps.status(), follow.status()}) {
-      if (!s.ok()) {
-        ReplyStatus(res, s);
-        return;
-      }
-    }
-    std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
-    if (slot == nullptr) {
-      http::ReplyError(res, 503,
-                       absl::StrCat("too many event streams open (", streams_.max_streams(),
-                                    "); try again later"));
-      return;
-    }
-    absl::StatusOr<server::JobWatch> watch =
-        jobs_->Watch(req.matches[1], *steps, /*live_only=*/false);
-    if (!watch.ok()) {
-      ReplyStatus(res, watch.status());
-      return;
-    }
-    StartEventStream(res,
-                     Guard(std::make_shared<JobEventStream>(*std::move(watch), broadcaster_,
-                                                            std::move(slot), &streams_, *follow)));
-  });
-
-  post("/api/jobs/([^/]+)/cancel", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::StatusOr<v1::Job> job = jobs_->Cancel(req.matches[1]);
-    if (!job.ok()) {
-      ReplyStatus(res, job.status());
-      return;
-    }
-    ReplyJson(res, ProtoJson(*job));
-  });
-
-  post("/api/jobs/([^/]+)/resume", [this](const httplib::Request& req, httplib::Response& res) {
-    int epochs = 0;
-    int64_t checkpoint_id = 0;
-    if (absl::Status s = ParseResume(req.body, &epochs, &checkpoint_id); !s.ok()) {
-      ReplyStatus(res, s);
-      return;
-    }
-    absl::StatusOr<v1::Job> job = jobs_->Resume(req.matches[1], epochs, checkpoint_id);
-    if (!job.ok()) {
-      ReplyStatus(res, job.status());
-      return;
-    }
-    ReplyJson(res, ProtoJson(*job));
-  });
-
   // Answered once the checkpoint is on disk (after the job's current step), as CreateCheckpoint.
-  post("/api/jobs/([^/]+)/checkpoint", [this](const httplib::Request& req, httplib::Response& res) {
-    // Shared with the training thread, which may call back after this request gave up.
-    auto written = std::make_shared<std::promise<absl::StatusOr<v1::Checkpoint>>>();
-    std::future<absl::StatusOr<v1::Checkpoint>> result = written->get_future();
-    jobs_->RequestCheckpoint(req.matches[1], [written](absl::StatusOr<v1::Checkpoint> c) {
-      written->set_value(std::move(c));
-    });
-    if (result.wait_for(absl::ToChronoNanoseconds(options_.checkpoint_timeout)) !=
-        std::future_status::ready) {
-      http::ReplyError(res, 504,
-                       absl::StrCat("the checkpoint was not written within ",
-                                    absl::FormatDuration(options_.checkpoint_timeout),
-                                    "; it may still be (see the job's checkpoints)"));
-      return;
-    }
-    absl::StatusOr<v1::Checkpoint> checkpoint = result.get();
-    if (!checkpoint.ok()) {
-      ReplyStatus(res, checkpoint.status());
-      return;
-    }
-    ReplyJson(res, ProtoJson(*checkpoint));
-  });
+  Post(server, "/api/jobs/([^/]+)/checkpoint",
+       [this](const httplib::Request& req, httplib::Response& res) {
+         // Shared with the training thread, which may call back after this request gave up.
+         auto written = std::make_shared<std::promise<absl::StatusOr<v1::Checkpoint>>>();
+         std::future<absl::StatusOr<v1::Checkpoint>> result = written->get_future();
+         jobs_->RequestCheckpoint(req.matches[1], [written](absl::StatusOr<v1::Checkpoint> c) {
+           written->set_value(std::move(c));
+         });
+         if (result.wait_for(absl::ToChronoNanoseconds(options_.checkpoint_timeout)) !=
+             std::future_status::ready) {
+           http::ReplyError(res, 504,
+                            absl::StrCat("the checkpoint was not written within ",
+                                         absl::FormatDuration(options_.checkpoint_timeout),
+                                         "; it may still be (see the job's checkpoints)"));
+           return;
+         }
+         ReplyMessage(res, result.get());
+       });
+}
 
-  get("/api/events", [this](const httplib::Request&, httplib::Response& res) {
-    std::unique_ptr<SseStreamLimit::Slot> slot = streams_.Acquire();
-    if (slot == nullptr) {
-      http::ReplyError(res, 503,
-                       absl::StrCat("too many event streams open (", streams_.max_streams(),
-                                    "); try again later"));
-      return;
-    }
-    StartEventStream(res,
-                     Guard(std::make_shared<JobsFeedStream>(feed_, std::move(slot), &streams_)));
-  });
-
+void WebApi::AddModelRoutes(http::HttpServer* server) {
   // The repository's index with each model's serving numbers from the metrics registry.
-  get("/api/models", [this](const httplib::Request&, httplib::Response& res) {
+  Get(server, "/api/models", [this](const httplib::Request&, httplib::Response& res) {
     std::map<std::string, json> by_name;
     for (const serving::ModelIndexEntry& entry : models_->Index()) {
       json& model = by_name[entry.name];

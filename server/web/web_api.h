@@ -59,6 +59,17 @@ class WebApi {
   }
 
  private:
+  // The routes of each resource; AddRoutes adds them all.
+  void AddJobRoutes(http::HttpServer* server);         // list, get, cancel, resume
+  void AddCheckpointRoutes(http::HttpServer* server);  // list, download, create
+  void AddEventRoutes(http::HttpServer* server);       // event_routes.cc: the live streams
+  void AddModelRoutes(http::HttpServer* server);       // the served models with their numbers
+  // Adds a route behind the server's bearer tokens (when tokens are on) and records it for
+  // registered_routes.
+  void Get(http::HttpServer* server, const std::string& pattern, http::HttpServer::Handler handler);
+  void Post(http::HttpServer* server, const std::string& pattern,
+            http::HttpServer::Handler handler);
+
   server::JobManager* jobs_;
   server::MetricBroadcaster* broadcaster_;
   serving::ModelRepository* models_;

@@ -153,7 +153,8 @@ TEST_F(WebApiTest, BadInputGetsAJsonErrorNamingWhatIsWrong) {
            {"{", "not a JSON object"},
            {R"({"epochs": "3"})", "epochs: must be an integer"},
            {R"({"checkpoint_id": -1})", "checkpoint_id: must be 0"},
-           {R"({"epoch": 3})", "epoch: not a field"}}) {
+           {R"({"epoch": 3})", "epoch: not a field"},
+           {std::string(80'000, '[') + std::string(80'000, ']'), "deeper than 64 levels"}}) {
     auto res = client->Post(resume, Auth(), body, "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 400) << body;

@@ -1,0 +1,51 @@
+// One Server-Sent-Events stream as an httplib chunked body: the turn every event stream of the
+// web API takes (stop when the client has gone, write the stream's events or, idle, a keep-alive
+// comment, end the body after the last event), and how events are written.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace httplib {
+class DataSink;
+struct Response;
+}  // namespace httplib
+
+namespace kiln::web {
+
+// A stream's turn returns at least this often, so it sees a stopping server or limit.
+inline constexpr absl::Duration kStreamTurn = absl::Milliseconds(250);
+
+// One event: `event: name` (none when empty: the page's "message") and `data: data`.
+std::string SseEvent(const std::string& name, const std::string& data);
+// The last event of a stream: why it ended (code "OK" when the job ended or the history was
+// all that was asked for).
+std::string SseEndEvent(const absl::Status& status);
+
+// A stream says what each turn writes; httplib runs one stream's turns on one thread.
+class SseStream {
+ public:
+  virtual ~SseStream() = default;
+
+  // Answers `res` (200) with `stream`'s events as its body. An exception from a turn (none is
+  // expected) ends the connection rather than kilnd: the handler's own guard has returned by
+  // the time the body is written.
+  static void Start(httplib::Response& res, std::shared_ptr<SseStream> stream);
+
+ protected:
+  // This turn's events, whole (empty: none this turn; a turn may wait up to kStreamTurn for
+  // one). Sets *last when they end the stream.
+  virtual std::string NextEvents(bool* last) = 0;
+
+ private:
+  // One turn of httplib's write loop; false ends the connection.
+  bool Provide(httplib::DataSink& sink);
+
+  bool ended_ = false;
+  absl::Time last_write_ = absl::Now();
+};
+
+}  // namespace kiln::web
