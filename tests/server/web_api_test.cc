@@ -129,6 +129,16 @@ TEST_F(WebApiTest, ThePageItselfIsServedWithoutAToken) {
   }
   EXPECT_THAT(client->Get("/")->get_header_value("Content-Type"), HasSubstr("text/html"));
   EXPECT_THAT(client->Get("/")->body, HasSubstr("/web/app.js"));
+  // Compressed from the cache (once per file and encoding), never per request: the answer says
+  // so, and decodes to the same file.
+  const std::string plain = client->Get("/web/app.js")->body;
+  for (const char* accept : {"br", "gzip"}) {
+    auto res = client->Get("/web/app.js", {{"Accept-Encoding", accept}});
+    ASSERT_TRUE(res) << accept;
+    EXPECT_EQ(res->get_header_value("Content-Encoding"), accept);
+    EXPECT_EQ(res->get_header_value("Vary"), "Accept-Encoding");
+    EXPECT_EQ(res->body, plain) << accept;  // httplib's client decodes it
+  }
   // It runs only its own files and no other site may frame it (it holds a token).
   EXPECT_THAT(
       client->Get("/")->get_header_value("Content-Security-Policy"),
