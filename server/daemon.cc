@@ -476,6 +476,7 @@ absl::Status Daemon::StartHttp() {
   http.listen = options_.metrics_listen;
   // The gRPC port's limits: the largest message is the largest body.
   http.max_body_bytes = static_cast<size_t>(options_.max_message_bytes);
+  http.origin.allowed_hosts = options_.http_allowed_hosts;
   if (tls_ != nullptr) {
     http.tls = [tls = tls_.get()] {
       std::shared_ptr<const TlsPems> pems = tls->Served();

@@ -90,6 +90,9 @@ struct DaemonOptions {
   // usually send none, so it is open by default.
   bool metrics_require_token = false;
   bool metrics_optional = false;  // true: an address that cannot be bound only warns
+  // Host names the HTTP port serves besides IP addresses and localhost, when it asks no token
+  // (server/http/request_origin.h).
+  std::vector<std::string> http_allowed_hosts;
   // The web page's live event streams (/api/jobs/{id}/events, /api/events) open at once, each
   // holding one of the HTTP listener's 16 threads; more are answered 503.
   int max_web_event_streams = 4;

@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -17,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "server/daemon.h"
@@ -70,6 +72,9 @@ ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "HOST:PORT of the HTTP port: Prometheus /metrics and KServe v2 REST under /v2, with "
           "the gRPC port's TLS and tokens (port 0: any; empty: off)");
+ABSL_FLAG(std::vector<std::string>, http_allowed_hosts, {},
+          "comma-separated Host names the HTTP port answers besides IP addresses and localhost "
+          "when it asks no token (others are refused: DNS rebinding); e.g. kilnd.example.com");
 ABSL_FLAG(bool, metrics_require_token, false,
           "with --auth_tokens_file, /metrics needs a bearer token too (/v2 always does)");
 ABSL_FLAG(int, metrics_max_ended_jobs, 500,
@@ -172,6 +177,9 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_streams = absl::GetFlag(FLAGS_max_streams);
   options.max_web_event_streams = absl::GetFlag(FLAGS_max_web_streams);
+  for (const std::string& host : absl::GetFlag(FLAGS_http_allowed_hosts)) {
+    options.http_allowed_hosts.push_back(absl::AsciiStrToLower(host));
+  }
   options.max_health_watches = absl::GetFlag(FLAGS_max_health_watches);
   options.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.reserved_descriptors = absl::GetFlag(FLAGS_reserved_descriptors);

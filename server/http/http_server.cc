@@ -181,6 +181,17 @@ HttpServer::~HttpServer() { Stop(); }
 HttpServer::Handler HttpServer::Guarded(Access access, Handler handler) const {
   return [this, access, handler = std::move(handler)](const httplib::Request& req,
                                                       httplib::Response& res) {
+    // With tokens a rebinding page has none to send: only cross-site requests are refused then.
+    const std::string host = req.get_header_value("Host");
+    const std::string origin_header = req.get_header_value("Origin");
+    const std::string fetch_site = req.get_header_value("Sec-Fetch-Site");
+    if (absl::Status origin = CheckRequestOrigin(host, origin_header, fetch_site, options_.origin,
+                                                 /*check_host_name=*/!options_.authorize);
+        !origin.ok()) {
+      res.set_header("Connection", "close");
+      ReplyError(res, 403, std::string(origin.message()));
+      return;
+    }
     if (access == Access::kToken && options_.authorize) {
       std::vector<std::string_view> values;
       const auto [begin, end] = req.headers.equal_range("Authorization");

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/http/request_origin.h"
 
 namespace httplib {
 class Server;
@@ -49,6 +50,9 @@ struct HttpServerOptions {
   // Bearer tokens when set: given a request's Authorization header values, OK or
   // Unauthenticated with the message to answer (401). Routes added with kToken call it.
   std::function<absl::Status(const std::vector<std::string_view>& authorization)> authorize;
+  // Checked on every routed request (request_origin.h): cross-site requests always refused; the
+  // Host header too when `authorize` is unset (without tokens, DNS rebinding could read).
+  OriginPolicy origin;
   // Called once per answered request (also those httplib answers itself: no route, a body over
   // the limit) with its path, status and seconds from its head to the answer; thread-safe.
   std::function<void(const std::string& path, int status, double seconds)> on_request;

@@ -415,6 +415,26 @@ TEST_F(RestInferenceTest, DeeplyNestedBodiesAre400AndTheDaemonLives) {
   EXPECT_EQ(live->status, 200);
 }
 
+// Without tokens, a page of another site cannot act through a browser (a text/plain form POST
+// that unloads a model) and a DNS name that is not kilnd's (rebinding) reads nothing.
+TEST_F(RestInferenceTest, OtherSitesAndRebindingNamesAreRefusedWithoutTokens) {
+  httplib::Result unload = client_->Post("/v2/repository/models/mlp/unload",
+                                         {{"Origin", "http://evil.example"}}, "{}", "text/plain");
+  ASSERT_TRUE(unload);
+  EXPECT_EQ(unload->status, 403);
+  EXPECT_THAT(unload->body, HasSubstr("another site"));
+  httplib::Result ready = client_->Get("/v2/models/mlp/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 200) << "the model is still loaded";
+
+  httplib::Result rebound = client_->Get("/v2/models/mlp", {{"Host", "evil.example"}});
+  ASSERT_TRUE(rebound);
+  EXPECT_EQ(rebound->status, 403);
+  httplib::Result local = client_->Get("/v2/models/mlp", {{"Host", "localhost"}});
+  ASSERT_TRUE(local);
+  EXPECT_EQ(local->status, 200);
+}
+
 TEST_F(RestInferenceTest, ABodyOverTheMessageLimitIs413) {
   HttpServerOptions options;
   options.max_body_bytes = 4096;
