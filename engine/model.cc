@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/layers/layers.h"
 #include "engine/layers/pool2d_rules.h"
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
 

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/cuda/conv_cudnn.h"
 #include "engine/cuda/cublas_library.h"
 #include "engine/cuda/cuda_allocator.h"
