@@ -73,10 +73,6 @@ struct AdamHyper {
   int64_t step = 1;  // 1-based step count, for bias correction.
 };
 
-// The most workspace a CUDA backend lets one cuDNN convolution use (CudaBackendOptions), here so
-// that the memory plan counts it without CUDA headers.
-inline constexpr size_t kCudaConvWorkspaceLimit = size_t{256} << 20;
-
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
+// Plain C++ in every build: its defaults are what CreateBackend gives a CUDA backend.
+#include "engine/cuda/cuda_backend_options.h"
 #if KILN_WITH_CUDA
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_device.h"
@@ -95,6 +97,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requeste
   // ValidateDevice has already answered NotFound for every cuda:N in a build without CUDA.
   return absl::InternalError(absl::StrCat("device ", device, " has no backend in this build"));
 #endif
+}
+
+int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass) {
+  // cuDNN algorithms are picked to fit the backend's fixed limit.
+  if (device == DeviceKind::kCuda) {
+    return static_cast<int64_t>(CudaBackendOptions{}.conv_workspace_limit);
+  }
+  return CpuBackend::ConvWorkspaceBytes(g, threads, /*backward=*/pass == ConvPass::kBackward);
 }
 
 std::vector<std::string> AvailableDevices() {

@@ -1,6 +1,7 @@
 // Picks the backend for a device string: "auto", "cpu" or "cuda:N".
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -51,6 +52,15 @@ int CpuBackendThreads(const BackendOptions& options);
 // Checks a device string without creating anything: InvalidArgument for a malformed one,
 // NotFound for a device this machine lacks.
 absl::Status ValidateDevice(std::string_view device);
+
+// The pass a convolution's workspace is sized for: a forward alone, or a training step's backward.
+enum class ConvPass { kForward, kBackward };
+
+// The workspace, in bytes, that a backend of kind `device` made by CreateBackend holds for
+// convolution `g` in `pass`: on the CPU, for `threads` threads (CpuBackend::ConvWorkspaceBytes;
+// the largest int64 for a geometry it cannot run); on CUDA, cuDNN's fixed limit whatever the
+// shape. What the memory plan counts, without including any backend.
+int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass);
 
 // "cpu" plus "cuda:0".. for every CUDA device found.
 std::vector<std::string> AvailableDevices();
