@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/adam_constants.h"
 #include "engine/backend_checks.h"
 #include "engine/cuda/conv_cudnn.h"
 #include "engine/cuda/cublas_library.h"
@@ -547,21 +548,8 @@ absl::Status CudaBackend::SgdUpdate(int64_t n, const SgdHyper& h, MomentumBuffer
 absl::Status CudaBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param, const float* grad,
                                      float* exp_avg, float* exp_avg_sq) {
   KILN_RETURN_IF_ERROR(Activate());
-  // Folded exactly as CpuBackend::AdamUpdate folds them, so both run the same float arithmetic.
-  const double t = static_cast<double>(h.step);
-  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t));
-  const float bias2_sqrt =
-      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
-  const bool decoupled = h.decay == WeightDecayMode::kDecoupled;
-  ck::AdamConstants c;
-  c.step_size = h.lr / bias1;
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.eps = h.eps;
-  c.bias2_sqrt = bias2_sqrt;
-  c.param_scale = decoupled ? 1.0f - h.lr * h.weight_decay : 1.0f;
-  c.grad_decay = decoupled ? 0.0f : h.weight_decay;
-  KILN_CUDA_CHECK(ck::adam_update(stream_, n, c, param, grad, exp_avg, exp_avg_sq));
+  // The CPU backend's constants (FoldAdamHyper), so both run the same float arithmetic.
+  KILN_CUDA_CHECK(ck::adam_update(stream_, n, FoldAdamHyper(h), param, grad, exp_avg, exp_avg_sq));
   return absl::OkStatus();
 }
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "engine/adam_constants.h"
+
 namespace kiln::cuda_kernels {
 
 // Bad input a kernel found, written to host-mapped memory with the first failure winning, and
@@ -91,10 +93,7 @@ struct SgdConstants {
 };
 cudaError_t sgd_update(cudaStream_t stream, int64_t n, const SgdConstants& c, float* param,
                        const float* grad, float* momentum_buf);
-// Constants of one Adam/AdamW step, folded on the host exactly as the CPU backend folds them.
-struct AdamConstants {
-  float step_size, beta1, beta2, eps, bias2_sqrt, param_scale, grad_decay;
-};
+// One Adam/AdamW step with the constants FoldAdamHyper gives (engine/adam_constants.h).
 cudaError_t adam_update(cudaStream_t stream, int64_t n, const AdamConstants& c, float* param,
                         const float* grad, float* exp_avg, float* exp_avg_sq);
 
