@@ -1,14 +1,28 @@
-// Pooling. Max pooling records winners: forward keeps each window's argmax (flat index within
-// the input plane, the CPU backend's order and NaN rule); backward gathers, for each input pixel,
-// the gradients of the windows it won, in output order, so it needs no atomics and sums as the
-// CPU. Average pooling counts padding as zeros (PyTorch's count_include_pad=True) and its
-// backward gathers likewise. Windows are clipped to the input: padding is never read.
-#include "engine/cuda/cuda_kernels.h"
+// CudaBackend's pooling with its kernels. Max pooling records winners: forward keeps each window's
+// argmax (flat index within the input plane, the CPU backend's order and NaN rule); backward
+// gathers, for each input pixel, the gradients of the windows it won, in output order, so it needs
+// no atomics and sums as the CPU. Average pooling counts padding as zeros (PyTorch's
+// count_include_pad=True) and its backward gathers likewise. Windows are clipped to the input:
+// padding is never read.
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "engine/backend_checks.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_math.cuh"
 
 namespace kiln::cuda_kernels {
 
 namespace {
+
+// A Pool2dGeometry as the kernels take it, by value.
+struct PoolShape {
+  int planes, in_h, in_w;  // planes = batch * channels
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+  int out_h, out_w;
+};
 
 // The input rows [*lo, *hi) of output row o along one axis, clipped to [0, size).
 __device__ __forceinline__ void WindowRange(int o, int stride, int pad, int kernel, int size,
@@ -124,8 +138,8 @@ __global__ void avgpool_backward_kernel(PoolShape s, const float* dy, float* dx)
   }
 }
 
-}  // namespace
-
+// y = window maxima, argmax = the winner's flat index within its input plane (the CPU backend's
+// order and NaN rule; padded positions never win).
 cudaError_t maxpool_forward(cudaStream_t stream, const PoolShape& s, const float* x, float* y,
                             int32_t* argmax) {
   const int64_t n = static_cast<int64_t>(s.planes) * s.out_h * s.out_w;
@@ -134,6 +148,7 @@ cudaError_t maxpool_forward(cudaStream_t stream, const PoolShape& s, const float
   return cudaGetLastError();
 }
 
+// dx = sum of dy over the windows whose argmax is that pixel (overwrites dx, fixed order).
 cudaError_t maxpool_backward(cudaStream_t stream, const PoolShape& s, const float* dy,
                              const int32_t* argmax, float* dx) {
   const int64_t n = static_cast<int64_t>(s.planes) * s.in_h * s.in_w;
@@ -142,6 +157,7 @@ cudaError_t maxpool_backward(cudaStream_t stream, const PoolShape& s, const floa
   return cudaGetLastError();
 }
 
+// y = window sums / (kernel_h * kernel_w), padding counted as zeros (the CPU backend's order).
 cudaError_t avgpool_forward(cudaStream_t stream, const PoolShape& s, const float* x, float* y) {
   const int64_t n = static_cast<int64_t>(s.planes) * s.out_h * s.out_w;
   if (n <= 0 || s.out_h <= 0 || s.out_w <= 0) return cudaSuccess;
@@ -149,6 +165,7 @@ cudaError_t avgpool_forward(cudaStream_t stream, const PoolShape& s, const float
   return cudaGetLastError();
 }
 
+// dx = sum of dy / (kernel_h * kernel_w) over the windows holding each pixel, in output order.
 cudaError_t avgpool_backward(cudaStream_t stream, const PoolShape& s, const float* dy, float* dx) {
   const int64_t n = static_cast<int64_t>(s.planes) * s.in_h * s.in_w;
   if (n <= 0) return cudaSuccess;
@@ -156,4 +173,50 @@ cudaError_t avgpool_backward(cudaStream_t stream, const PoolShape& s, const floa
   return cudaGetLastError();
 }
 
+}  // namespace
+
 }  // namespace kiln::cuda_kernels
+
+namespace kiln {
+
+namespace {
+namespace ck = cuda_kernels;
+
+ck::PoolShape ToPoolShape(const Pool2dGeometry& g) {
+  return {g.batch * g.channels, g.in_h,      g.in_w,      g.kernel_h, g.kernel_w, g.stride_h,
+          g.stride_w,           g.padding_h, g.padding_w, g.out_h(),  g.out_w()};
+}
+
+}  // namespace
+
+absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
+                                           int32_t* argmax) {
+  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::maxpool_forward(stream_, ToPoolShape(g), x, y, argmax));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
+                                            const int32_t* argmax, float* dx) {
+  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::maxpool_backward(stream_, ToPoolShape(g), dy, argmax, dx));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
+  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::avgpool_forward(stream_, ToPoolShape(g), x, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
+  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::avgpool_backward(stream_, ToPoolShape(g), dy, dx));
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

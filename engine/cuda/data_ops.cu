@@ -1,12 +1,28 @@
-// Batch assembly on the device: gathers samples of a uint8 dataset by index and normalises them
-// to float32 (x = u8 * a[c] + b[c], c the element's channel), with their labels, so only the index
-// list ever crosses the bus.
-#include "engine/cuda/cuda_kernels.h"
+// CudaBackend's batch assembly on the device, with its kernels: gathers samples of a uint8 dataset
+// by index and normalises them to float32 (x = u8 * a[c] + b[c], c the element's channel), with
+// their labels, so only the index list ever crosses the bus.
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "engine/backend_checks.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_math.cuh"
+#include "engine/pixel_norm.h"
 
 namespace kiln::cuda_kernels {
 
 namespace {
+
+// A FoldedNorm (engine/pixel_norm.h) passed by value (2 KiB of kernel parameters): element j of a
+// sample is in channel (j / plane) % channels and becomes x * a[c] + b[c].
+struct NormFold {
+  int channels;
+  int64_t plane;
+  float a[kMaxNormChannels];
+  float b[kMaxNormChannels];
+};
 
 // grid.y = sample, grid.x * blockDim.x covers the sample's elements (four at a time when every
 // sample starts 4-byte aligned, i.e. sample_elems % 4 == 0: MNIST's 784).
@@ -60,17 +76,16 @@ __global__ void gather_normalize_f32_kernel(int64_t sample_elems, const int32_t*
 // padded pixel (y + dy, dx + (flip ? W - 1 - x : x)), i.e. source (that - padding), or 0 outside.
 // Positions within a sample are 32-bit (CheckAugmentGeometry bounds C*H*W): 64-bit division is
 // several times slower on the GPU.
-__global__ void gather_augment_normalize_kernel(AugmentShape s, const int32_t* index,
+__global__ void gather_augment_normalize_kernel(AugmentGeometry s, const int32_t* index,
                                                 const uint8_t* pixels, const int32_t* labels,
-                                                const CropFlipDecision* decisions,
-                                                const NormFold norm, float* out,
-                                                int32_t* labels_out) {
+                                                const CropFlip* decisions, const NormFold norm,
+                                                float* out, int32_t* labels_out) {
   const int sample = blockIdx.y;
   const int64_t src_row = index[sample];
   if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     labels_out[sample] = labels[src_row];
   }
-  const CropFlipDecision d = decisions[sample];
+  const CropFlip d = decisions[sample];
   const int plane = s.height * s.width;
   const int elems = plane * s.channels;
   const int norm_plane = static_cast<int>(norm.plane);  // plane or elems: 1 or C channels
@@ -96,8 +111,7 @@ __global__ void normalize_kernel(int64_t n, const float* x, const NormFold norm,
   }
 }
 
-}  // namespace
-
+// out(n) = x * a[c] + b[c] over whole samples (n a multiple of channels * plane); out may be x.
 cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, const NormFold& norm,
                       float* out) {
   if (n <= 0 || norm.plane <= 0) return cudaSuccess;
@@ -105,6 +119,8 @@ cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, const Norm
   return cudaGetLastError();
 }
 
+// out(count, sample_elems) = pixels[index[i]] * a[c] + b[c]; labels_out[i] = labels[index[i]]
+// when labels_out is not null.
 cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
                              const int32_t* index, const uint8_t* pixels, const int32_t* labels,
                              const NormFold& norm, float* out, int32_t* labels_out) {
@@ -136,9 +152,11 @@ cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elem
   return cudaSuccess;
 }
 
-cudaError_t gather_augment_normalize(cudaStream_t stream, int count, const AugmentShape& shape,
+// out(count, C*H*W) = norm(padded pixels[index[i]] cropped at decisions[i], mirrored when its
+// flip is set); a padded pixel is norm(0). labels_out[i] = labels[index[i]] when not null.
+cudaError_t gather_augment_normalize(cudaStream_t stream, int count, const AugmentGeometry& shape,
                                      const int32_t* index, const uint8_t* pixels,
-                                     const int32_t* labels, const CropFlipDecision* decisions,
+                                     const int32_t* labels, const CropFlip* decisions,
                                      const NormFold& norm, float* out, int32_t* labels_out) {
   if (count <= 0 || norm.plane <= 0) return cudaSuccess;
   constexpr int kMaxSamplesPerLaunch = 65535;  // grid.y's limit
@@ -158,6 +176,7 @@ cudaError_t gather_augment_normalize(cudaStream_t stream, int count, const Augme
   return cudaSuccess;
 }
 
+// The same from a float dataset (features).
 cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_elems,
                                  const int32_t* index, const float* features, const int32_t* labels,
                                  const NormFold& norm, float* out, int32_t* labels_out) {
@@ -178,4 +197,71 @@ cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_
   return cudaSuccess;
 }
 
+}  // namespace
+
 }  // namespace kiln::cuda_kernels
+
+namespace kiln {
+
+namespace {
+namespace ck = cuda_kernels;
+
+// The folded normalisation as the kernels take it, by value.
+absl::StatusOr<ck::NormFold> KernelNorm(const PixelNorm& norm, int64_t sample_elems) {
+  KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, sample_elems));
+  ck::NormFold k{};
+  k.channels = static_cast<int>(f.a.size());
+  k.plane = f.plane;
+  for (int c = 0; c < k.channels; ++c) {
+    k.a[c] = f.a[c];
+    k.b[c] = f.b[c];
+  }
+  return k;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
+                                          const uint8_t* pixels, const int32_t* labels,
+                                          const PixelNorm& norm, float* out, int32_t* labels_out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  // x = (u8 * scale - mean[c]) / std[c], folded into one multiply-add per pixel as on the CPU.
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
+  KILN_CUDA_CHECK(ck::gather_normalize(stream_, count, sample_elems, index, pixels, labels, k, out,
+                                       labels_out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
+                                             const float* features, const int32_t* labels,
+                                             const PixelNorm& norm, float* out,
+                                             int32_t* labels_out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
+  KILN_CUDA_CHECK(ck::gather_normalize_f32(stream_, count, sample_elems, index, features, labels, k,
+                                           out, labels_out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GatherAugmentNormalize(int count, const AugmentGeometry& g,
+                                                 const int32_t* index, const uint8_t* pixels,
+                                                 const int32_t* labels, const CropFlip* decisions,
+                                                 const PixelNorm& norm, float* out,
+                                                 int32_t* labels_out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_RETURN_IF_ERROR(CheckAugmentGeometry(g, norm.channels()));
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, g.sample_elems()));
+  KILN_CUDA_CHECK(ck::gather_augment_normalize(stream_, count, g, index, pixels, labels, decisions,
+                                               k, out, labels_out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Normalize(int count, int64_t sample_elems, const float* x,
+                                    const PixelNorm& norm, float* out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));  // as Gather...
+  KILN_CUDA_CHECK(ck::normalize(stream_, int64_t{count} * sample_elems, x, k, out));
+  return absl::OkStatus();
+}
+
+}  // namespace kiln
