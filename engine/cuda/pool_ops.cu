@@ -12,6 +12,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_math.cuh"
+#include "engine/pool_window.h"
 
 namespace kiln::cuda_kernels {
 
@@ -24,21 +25,40 @@ struct PoolShape {
   int out_h, out_w;
 };
 
-// The input rows [*lo, *hi) of output row o along one axis, clipped to [0, size).
-__device__ __forceinline__ void WindowRange(int o, int stride, int pad, int kernel, int size,
-                                            int* lo, int* hi) {
-  const int start = o * stride - pad;
-  *lo = max(start, 0);
-  *hi = min(start + kernel, size);
+// Output element i of (planes, out_h, out_w): its plane and its window, clipped to the input.
+struct OutputWindow {
+  int64_t plane;
+  PoolSpan rows, cols;
+};
+__device__ __forceinline__ OutputWindow WindowOf(const PoolShape& s, int64_t i) {
+  const int64_t out_plane = static_cast<int64_t>(s.out_h) * s.out_w;
+  const int64_t p = i / out_plane;
+  const int o = static_cast<int>(i - p * out_plane);
+  return {p, PoolWindow(o / s.out_w, s.stride_h, s.pad_h, s.kernel_h, s.in_h),
+          PoolWindow(o % s.out_w, s.stride_w, s.pad_w, s.kernel_w, s.in_w)};
 }
 
-// The output rows [*lo, *hi] whose windows hold input row i along one axis: those with
+// The output rows [lo, hi) whose windows hold input row i along one axis: those with
 // o * stride - pad <= i < o * stride - pad + kernel.
-__device__ __forceinline__ void OutputRange(int i, int stride, int pad, int kernel, int out,
-                                            int* lo, int* hi) {
+__device__ __forceinline__ PoolSpan OutputRange(int i, int stride, int pad, int kernel, int out) {
   const int shifted = i + pad;  // >= 0
-  *lo = shifted >= kernel ? (shifted - kernel) / stride + 1 : 0;
-  *hi = min(shifted / stride, out - 1);
+  return {shifted >= kernel ? (shifted - kernel) / stride + 1 : 0,
+          min(shifted / stride, out - 1) + 1};
+}
+
+// Input pixel i of (planes, in_h, in_w): its plane, its place in the plane, and the output rows and
+// columns whose windows hold it.
+struct InputWindows {
+  int64_t plane;
+  int pixel;
+  PoolSpan rows, cols;
+};
+__device__ __forceinline__ InputWindows WindowsHolding(const PoolShape& s, int64_t i) {
+  const int64_t in_plane = static_cast<int64_t>(s.in_h) * s.in_w;
+  const int64_t p = i / in_plane;
+  const int pixel = static_cast<int>(i - p * in_plane);
+  return {p, pixel, OutputRange(pixel / s.in_w, s.stride_h, s.pad_h, s.kernel_h, s.out_h),
+          OutputRange(pixel % s.in_w, s.stride_w, s.pad_w, s.kernel_w, s.out_w)};
 }
 
 // One thread per output element; x and y are (planes, in_h, in_w) and (planes, out_h, out_w).
@@ -46,17 +66,12 @@ __global__ void maxpool_forward_kernel(PoolShape s, const float* x, float* y, in
   const int64_t out_plane = static_cast<int64_t>(s.out_h) * s.out_w;
   const int64_t n = out_plane * s.planes;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
-    const int64_t p = i / out_plane;
-    const int o = static_cast<int>(i - p * out_plane);
-    const int oi = o / s.out_w, oj = o % s.out_w;
-    const float* in = x + p * s.in_h * s.in_w;
-    int r0, r1, c0, c1;
-    WindowRange(oi, s.stride_h, s.pad_h, s.kernel_h, s.in_h, &r0, &r1);
-    WindowRange(oj, s.stride_w, s.pad_w, s.kernel_w, s.in_w, &c0, &c1);
-    int best = r0 * s.in_w + c0;
+    const OutputWindow w = WindowOf(s, i);
+    const float* in = x + w.plane * s.in_h * s.in_w;
+    int best = w.rows.lo * s.in_w + w.cols.lo;
     float best_v = in[best];
-    for (int a = r0; a < r1; ++a) {
-      for (int b = c0; b < c1; ++b) {
+    for (int a = w.rows.lo; a < w.rows.hi; ++a) {
+      for (int b = w.cols.lo; b < w.cols.hi; ++b) {
         const int q = a * s.in_w + b;
         const float v = in[q];
         // `!(v <= best_v)` also takes a NaN, exactly as the CPU backend does.
@@ -78,19 +93,14 @@ __global__ void maxpool_backward_kernel(PoolShape s, const float* dy, const int3
   const int64_t out_plane = static_cast<int64_t>(s.out_h) * s.out_w;
   const int64_t n = in_plane * s.planes;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
-    const int64_t p = i / in_plane;
-    const int pixel = static_cast<int>(i - p * in_plane);
-    const int ih = pixel / s.in_w, iw = pixel % s.in_w;
-    int oi_lo, oi_hi, oj_lo, oj_hi;
-    OutputRange(ih, s.stride_h, s.pad_h, s.kernel_h, s.out_h, &oi_lo, &oi_hi);
-    OutputRange(iw, s.stride_w, s.pad_w, s.kernel_w, s.out_w, &oj_lo, &oj_hi);
-    const float* g = dy + p * out_plane;
-    const int32_t* am = argmax + p * out_plane;
+    const InputWindows w = WindowsHolding(s, i);
+    const float* g = dy + w.plane * out_plane;
+    const int32_t* am = argmax + w.plane * out_plane;
     float sum = 0.0f;
-    for (int oi = oi_lo; oi <= oi_hi; ++oi) {
-      for (int oj = oj_lo; oj <= oj_hi; ++oj) {
+    for (int oi = w.rows.lo; oi < w.rows.hi; ++oi) {
+      for (int oj = w.cols.lo; oj < w.cols.hi; ++oj) {
         const int o = oi * s.out_w + oj;
-        if (am[o] == pixel) sum += g[o];
+        if (am[o] == w.pixel) sum += g[o];
       }
     }
     dx[i] = sum;
@@ -102,16 +112,11 @@ __global__ void avgpool_forward_kernel(PoolShape s, const float* x, float* y) {
   const int64_t n = out_plane * s.planes;
   const float divisor = static_cast<float>(s.kernel_h * s.kernel_w);
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
-    const int64_t p = i / out_plane;
-    const int o = static_cast<int>(i - p * out_plane);
-    const int oi = o / s.out_w, oj = o % s.out_w;
-    const float* in = x + p * s.in_h * s.in_w;
-    int r0, r1, c0, c1;
-    WindowRange(oi, s.stride_h, s.pad_h, s.kernel_h, s.in_h, &r0, &r1);
-    WindowRange(oj, s.stride_w, s.pad_w, s.kernel_w, s.in_w, &c0, &c1);
+    const OutputWindow w = WindowOf(s, i);
+    const float* in = x + w.plane * s.in_h * s.in_w;
     float sum = 0.0f;
-    for (int a = r0; a < r1; ++a) {
-      for (int b = c0; b < c1; ++b) sum += in[a * s.in_w + b];
+    for (int a = w.rows.lo; a < w.rows.hi; ++a) {
+      for (int b = w.cols.lo; b < w.cols.hi; ++b) sum += in[a * s.in_w + b];
     }
     y[i] = sum / divisor;
   }
@@ -123,16 +128,11 @@ __global__ void avgpool_backward_kernel(PoolShape s, const float* dy, float* dx)
   const int64_t n = in_plane * s.planes;
   const float divisor = static_cast<float>(s.kernel_h * s.kernel_w);
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
-    const int64_t p = i / in_plane;
-    const int pixel = static_cast<int>(i - p * in_plane);
-    const int ih = pixel / s.in_w, iw = pixel % s.in_w;
-    int oi_lo, oi_hi, oj_lo, oj_hi;
-    OutputRange(ih, s.stride_h, s.pad_h, s.kernel_h, s.out_h, &oi_lo, &oi_hi);
-    OutputRange(iw, s.stride_w, s.pad_w, s.kernel_w, s.out_w, &oj_lo, &oj_hi);
-    const float* g = dy + p * out_plane;
+    const InputWindows w = WindowsHolding(s, i);
+    const float* g = dy + w.plane * out_plane;
     float sum = 0.0f;
-    for (int oi = oi_lo; oi <= oi_hi; ++oi) {
-      for (int oj = oj_lo; oj <= oj_hi; ++oj) sum += g[oi * s.out_w + oj] / divisor;
+    for (int oi = w.rows.lo; oi < w.rows.hi; ++oi) {
+      for (int oj = w.cols.lo; oj < w.cols.hi; ++oj) sum += g[oi * s.out_w + oj] / divisor;
     }
     dx[i] = sum;
   }
