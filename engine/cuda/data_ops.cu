@@ -2,6 +2,7 @@
 // by index and normalises them to float32 (x = u8 * a[c] + b[c], c the element's channel), with
 // their labels, so only the index list ever crosses the bus.
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
@@ -24,18 +25,20 @@ struct NormFold {
   float b[kMaxNormChannels];
 };
 
-// grid.y = sample, grid.x * blockDim.x covers the sample's elements (four at a time when every
-// sample starts 4-byte aligned, i.e. sample_elems % 4 == 0: MNIST's 784).
-template <int kVec>
-__global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* index,
-                                        const uint8_t* pixels, const int32_t* labels,
-                                        const NormFold norm, float* out, int32_t* labels_out) {
+// grid.y = sample, grid.x * blockDim.x covers the sample's elements of T (uint8 pixels, float
+// features); kVec = 4 takes four pixels at a time, where every sample starts 4-byte aligned
+// (sample_elems % 4 == 0: MNIST's 784).
+template <typename T, int kVec>
+__global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* index, const T* data,
+                                        const int32_t* labels, const NormFold norm, float* out,
+                                        int32_t* labels_out) {
+  static_assert(kVec == 1 || std::is_same_v<T, uint8_t>, "vectors of four are uint8 pixels");
   const int sample = blockIdx.y;
   const int64_t src_row = index[sample];
   if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     labels_out[sample] = labels[src_row];
   }
-  const uint8_t* src = pixels + src_row * sample_elems;
+  const T* src = data + src_row * sample_elems;
   float* dst = out + static_cast<int64_t>(sample) * sample_elems;
   const int64_t vecs = sample_elems / kVec;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs;
@@ -51,24 +54,6 @@ __global__ void gather_normalize_kernel(int64_t sample_elems, const int32_t* ind
     } else {
       dst[v] = static_cast<float>(src[v]) * a + b;
     }
-  }
-}
-
-// grid.y = sample, as gather_normalize_kernel<1>, reading floats.
-__global__ void gather_normalize_f32_kernel(int64_t sample_elems, const int32_t* index,
-                                            const float* features, const int32_t* labels,
-                                            const NormFold norm, float* out, int32_t* labels_out) {
-  const int sample = blockIdx.y;
-  const int64_t src_row = index[sample];
-  if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    labels_out[sample] = labels[src_row];
-  }
-  const float* src = features + src_row * sample_elems;
-  float* dst = out + static_cast<int64_t>(sample) * sample_elems;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < sample_elems;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(j / norm.plane);
-    dst[j] = src[j] * norm.a[c] + norm.b[c];
   }
 }
 
@@ -119,37 +104,56 @@ cudaError_t normalize(cudaStream_t stream, int64_t n, const float* x, const Norm
   return cudaGetLastError();
 }
 
-// out(count, sample_elems) = pixels[index[i]] * a[c] + b[c]; labels_out[i] = labels[index[i]]
-// when labels_out is not null.
-cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
-                             const int32_t* index, const uint8_t* pixels, const int32_t* labels,
-                             const NormFold& norm, float* out, int32_t* labels_out) {
-  if (count <= 0) return cudaSuccess;
-  // Samples go along grid.y, which holds at most 65535.
+// Samples go along grid.y, which holds at most 65535: runs launch(first, grid) for each run of
+// at most that many samples from `first`, with `blocks_x` blocks along x, and returns the first
+// launch's error.
+template <typename Launch>
+cudaError_t LaunchBySamples(int count, unsigned blocks_x, Launch launch) {
   constexpr int kMaxSamplesPerLaunch = 65535;
-  const bool vec4 = norm.plane % 4 == 0 && reinterpret_cast<uintptr_t>(pixels) % 4 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  const int64_t work = vec4 ? sample_elems / 4 : sample_elems;
-  const unsigned blocks_x = static_cast<unsigned>(work <= 0 ? 1
-                                                  : (work + kThreads - 1) / kThreads < 64
-                                                      ? (work + kThreads - 1) / kThreads
-                                                      : 64);
   for (int first = 0; first < count; first += kMaxSamplesPerLaunch) {
     const int n = count - first < kMaxSamplesPerLaunch ? count - first : kMaxSamplesPerLaunch;
-    const dim3 grid(blocks_x, static_cast<unsigned>(n));
-    float* dst = out + static_cast<int64_t>(first) * sample_elems;
-    int32_t* lab = labels_out != nullptr ? labels_out + first : nullptr;
-    if (vec4) {
-      gather_normalize_kernel<4><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
-                                                                labels, norm, dst, lab);
-    } else {
-      gather_normalize_kernel<1><<<grid, kThreads, 0, stream>>>(sample_elems, index + first, pixels,
-                                                                labels, norm, dst, lab);
-    }
+    launch(first, dim3(blocks_x, static_cast<unsigned>(n)));
     const cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return rc;
   }
   return cudaSuccess;
+}
+
+// Blocks along x for `work` items of one sample: enough of kThreads to cover them, 1 to 64.
+unsigned SampleBlocks(int64_t work) {
+  const int64_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks < 64 ? blocks : 64);
+}
+
+// out(count, sample_elems) = data[index[i]] * a[c] + b[c] from uint8 pixels or float features;
+// labels_out[i] = labels[index[i]] when labels_out is not null.
+template <typename T>
+cudaError_t gather_normalize(cudaStream_t stream, int count, int64_t sample_elems,
+                             const int32_t* index, const T* data, const int32_t* labels,
+                             const NormFold& norm, float* out, int32_t* labels_out) {
+  constexpr bool kPixels = std::is_same_v<T, uint8_t>;
+  // Empty float samples launch nothing, so their labels stay unwritten, unlike the pixels' and
+  // the CPU's; kept as it was.
+  if (count <= 0 || (!kPixels && norm.plane <= 0)) return cudaSuccess;
+  bool vec4 = false;
+  if constexpr (kPixels) {
+    vec4 = norm.plane % 4 == 0 && reinterpret_cast<uintptr_t>(data) % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  }
+  const unsigned blocks_x = SampleBlocks(vec4 ? sample_elems / 4 : sample_elems);
+  return LaunchBySamples(count, blocks_x, [&](int first, dim3 grid) {
+    float* dst = out + static_cast<int64_t>(first) * sample_elems;
+    int32_t* lab = labels_out != nullptr ? labels_out + first : nullptr;
+    if constexpr (kPixels) {
+      if (vec4) {
+        gather_normalize_kernel<T, 4><<<grid, kThreads, 0, stream>>>(sample_elems, index + first,
+                                                                     data, labels, norm, dst, lab);
+        return;
+      }
+    }
+    gather_normalize_kernel<T, 1>
+        <<<grid, kThreads, 0, stream>>>(sample_elems, index + first, data, labels, norm, dst, lab);
+  });
 }
 
 // out(count, C*H*W) = norm(padded pixels[index[i]] cropped at decisions[i], mirrored when its
@@ -159,42 +163,13 @@ cudaError_t gather_augment_normalize(cudaStream_t stream, int count, const Augme
                                      const int32_t* labels, const CropFlip* decisions,
                                      const NormFold& norm, float* out, int32_t* labels_out) {
   if (count <= 0 || norm.plane <= 0) return cudaSuccess;
-  constexpr int kMaxSamplesPerLaunch = 65535;  // grid.y's limit
   const int64_t elems = static_cast<int64_t>(shape.channels) * shape.height * shape.width;
-  const int64_t blocks = (elems + kThreads - 1) / kThreads;
-  const unsigned blocks_x = static_cast<unsigned>(blocks < 1 ? 1 : blocks < 64 ? blocks : 64);
-  for (int first = 0; first < count; first += kMaxSamplesPerLaunch) {
-    const int n = count - first < kMaxSamplesPerLaunch ? count - first : kMaxSamplesPerLaunch;
-    const dim3 grid(blocks_x, static_cast<unsigned>(n));
+  return LaunchBySamples(count, SampleBlocks(elems), [&](int first, dim3 grid) {
     gather_augment_normalize_kernel<<<grid, kThreads, 0, stream>>>(
         shape, index + first, pixels, labels, decisions + first, norm,
         out + static_cast<int64_t>(first) * elems,
         labels_out != nullptr ? labels_out + first : nullptr);
-    const cudaError_t rc = cudaGetLastError();
-    if (rc != cudaSuccess) return rc;
-  }
-  return cudaSuccess;
-}
-
-// The same from a float dataset (features).
-cudaError_t gather_normalize_f32(cudaStream_t stream, int count, int64_t sample_elems,
-                                 const int32_t* index, const float* features, const int32_t* labels,
-                                 const NormFold& norm, float* out, int32_t* labels_out) {
-  if (count <= 0 || norm.plane <= 0) return cudaSuccess;
-  constexpr int kMaxSamplesPerLaunch = 65535;
-  const int64_t blocks = (sample_elems + kThreads - 1) / kThreads;
-  const unsigned blocks_x = static_cast<unsigned>(blocks < 1 ? 1 : blocks < 64 ? blocks : 64);
-  for (int first = 0; first < count; first += kMaxSamplesPerLaunch) {
-    const int n = count - first < kMaxSamplesPerLaunch ? count - first : kMaxSamplesPerLaunch;
-    const dim3 grid(blocks_x, static_cast<unsigned>(n));
-    gather_normalize_f32_kernel<<<grid, kThreads, 0, stream>>>(
-        sample_elems, index + first, features, labels, norm,
-        out + static_cast<int64_t>(first) * sample_elems,
-        labels_out != nullptr ? labels_out + first : nullptr);
-    const cudaError_t rc = cudaGetLastError();
-    if (rc != cudaSuccess) return rc;
-  }
-  return cudaSuccess;
+  });
 }
 
 }  // namespace
@@ -238,8 +213,8 @@ absl::Status CudaBackend::GatherNormalizeF32(int count, int64_t sample_elems, co
                                              int32_t* labels_out) {
   KILN_RETURN_IF_ERROR(Activate());
   KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
-  KILN_CUDA_CHECK(ck::gather_normalize_f32(stream_, count, sample_elems, index, features, labels, k,
-                                           out, labels_out));
+  KILN_CUDA_CHECK(ck::gather_normalize(stream_, count, sample_elems, index, features, labels, k,
+                                       out, labels_out));
   return absl::OkStatus();
 }
 
