@@ -159,11 +159,10 @@ absl::Status CsvStreamCheck::Finish() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
-                                 const CsvOptions& options) {
-  CsvStreamCheck check(name, options, CsvStreamCheck::Keep::kValues);
-  KILN_RETURN_IF_ERROR(check.Consume(text));
-  KILN_RETURN_IF_ERROR(check.Finish());
+namespace {
+
+// The dataset a finished check kept the values of (Keep::kValues); takes them.
+Dataset DatasetOf(CsvStreamCheck& check) {
   Dataset ds;
   ds.sample_shape = {check.features()};
   ds.size = check.rows();
@@ -171,6 +170,16 @@ absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
   ds.features = std::move(check.values());
   ds.labels = std::move(check.labels());
   return ds;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
+                                 const CsvOptions& options) {
+  CsvStreamCheck check(name, options, CsvStreamCheck::Keep::kValues);
+  KILN_RETURN_IF_ERROR(check.Consume(text));
+  KILN_RETURN_IF_ERROR(check.Finish());
+  return DatasetOf(check);
 }
 
 namespace {
@@ -186,13 +195,7 @@ absl::StatusOr<Dataset> ReadCsvFile(const std::string& path, const CsvOptions& o
   }
   if (std::ferror(file.get())) return absl::DataLossError(absl::StrCat(path, ": read error"));
   KILN_RETURN_IF_ERROR(check.Finish());
-  Dataset ds;
-  ds.sample_shape = {check.features()};
-  ds.size = check.rows();
-  ds.num_classes = check.max_label() + 1;
-  ds.features = std::move(check.values());
-  ds.labels = std::move(check.labels());
-  return ds;
+  return DatasetOf(check);
 }
 
 // Moves the last `n` samples of `from` into a new dataset.
