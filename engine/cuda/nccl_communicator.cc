@@ -1,4 +1,4 @@
-#include "engine/distributed/nccl_communicator.h"
+#include "engine/cuda/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -25,17 +25,11 @@ constexpr auto kPoll = std::chrono::microseconds(20);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    KeyValueStore* store, int rank, int size, Backend* device_backend, const NcclOptions& options) {
+    KeyValueStore* store, int rank, int size, CudaBackend* backend, const NcclOptions& options) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl: rank ", rank, " of ", size, " ranks is not a rank"));
   }
-  if (device_backend->kind() != DeviceKind::kCuda) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nccl: needs a CUDA backend, not ", device_backend->name()));
-  }
-  // CudaBackend is the one backend of kind kCuda.
-  auto* backend = static_cast<CudaBackend*>(device_backend);
   KILN_ASSIGN_OR_RETURN(const NcclLibrary* nccl, Nccl());
   CudaDeviceGuard guard(backend->device());
   KILN_RETURN_IF_ERROR(guard.status());

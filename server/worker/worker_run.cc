@@ -34,7 +34,7 @@
 #include "server/worker/report_stream.h"
 #if defined(KILN_WITH_NCCL)
 #include "engine/cuda/cuda_backend.h"
-#include "engine/distributed/nccl_communicator.h"
+#include "engine/cuda/nccl_communicator.h"
 #endif
 
 namespace kiln::worker {

@@ -3,9 +3,7 @@
 // KeyValueStore (rank 0 publishes NCCL's unique id). NCCL has no timeout of its own, so every
 // call waits for its work under one: past it, the communicator is aborted (ncclCommAbort) and
 // the call fails, naming the operation and this rank, instead of hanging the process.
-//
-// Built with the CUDA backend whose stream it runs on (engine/cuda/nccl_communicator.cc); ranks
-// usually get one through CreateCommunicator (communicator_factory.h).
+// Ranks get one through CreateCommunicator (engine/backend_registry.h).
 #pragma once
 
 #include <memory>
@@ -34,11 +32,11 @@ struct NcclOptions {
 
 class NcclCommunicator final : public Communicator {
  public:
-  // Rank `rank` of `size` on `backend`'s device and stream (a CUDA backend, which must outlive
-  // this; InvalidArgument for another). FailedPrecondition when NCCL cannot be loaded;
-  // DeadlineExceeded when the others do not join within the timeout.
+  // Rank `rank` of `size` on `backend`'s device and stream (the backend must outlive this).
+  // FailedPrecondition when NCCL cannot be loaded; DeadlineExceeded when the others do not join
+  // within the timeout.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(KeyValueStore* store, int rank,
-                                                                  int size, Backend* backend,
+                                                                  int size, CudaBackend* backend,
                                                                   const NcclOptions& options = {});
   ~NcclCommunicator() override;
 

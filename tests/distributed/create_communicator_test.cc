@@ -1,10 +1,9 @@
 // CreateCommunicator: Gloo for ranks on CPU backends (2 ranks as processes meeting through a
 // FileKeyValueStore), and the refusal of a CUDA backend in a build without NCCL.
-#include "engine/distributed/communicator_factory.h"
-
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "engine/backend_registry.h"
