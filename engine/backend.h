@@ -4,7 +4,8 @@
 // Conventions: every array is float32 unless said otherwise, row-major, images NCHW. Pointers are
 // device memory of this backend. Ops are issued in order on the backend's stream; results are
 // visible to later ops at once and to the host after Synchronize() (or a Copy*Host). Gradients of
-// parameters accumulate (+=); gradients of activations overwrite (=).
+// parameters accumulate (+=); gradients of activations overwrite (=). The checks an op's inputs
+// must pass on every backend ("CheckPool2d's rules") are in engine/backend_checks.h.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "engine/augment_geometry.h"
+#include "engine/pixel_norm.h"
 #include "engine/tensor.h"
 
 namespace kiln {
@@ -56,21 +59,6 @@ struct BatchNormGeometry {
   int64_t values_per_channel() const { return int64_t{batch} * spatial; }
 };
 
-// What every backend checks before a batch normalisation: a non-negative geometry, eps > 0 and,
-// in training, more than one value per channel (an unbiased variance needs two), as PyTorch.
-inline absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training) {
-  if (g.batch < 0 || g.channels < 1 || g.spatial < 1 || !(eps > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("batchnorm: invalid geometry ", g.batch, "x",
-                                                   g.channels, "x", g.spatial, " eps ", eps));
-  }
-  if (training && g.values_per_channel() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batchnorm: expected more than 1 value per channel when training, got ",
-                     g.values_per_channel(), " (batch ", g.batch, " x ", g.spatial, ")"));
-  }
-  return absl::OkStatus();
-}
-
 struct SgdHyper {
   float lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
@@ -84,183 +72,6 @@ struct AdamHyper {
   WeightDecayMode decay = WeightDecayMode::kL2;
   int64_t step = 1;  // 1-based step count, for bias correction.
 };
-
-// The most workspace a CUDA backend lets one cuDNN convolution use (CudaBackendOptions), here so
-// that the memory plan counts it without CUDA headers.
-inline constexpr size_t kCudaConvWorkspaceLimit = size_t{256} << 20;
-
-// Normalisation of raw uint8 pixels: x = (u8 * scale - mean) / std; or per channel, when
-// channel_mean and channel_std hold C values each (1..kMaxNormChannels), x = (u8 * scale -
-// channel_mean[c]) / channel_std[c] with c = j / (sample_elems / C) for sample element j (CHW).
-inline constexpr int kMaxNormChannels = 256;
-// What a model's inputs are: uint8 pixels (FP32 serving inputs then mean pixel / 255), or float
-// features (CSV tables; scale 1, per-feature channels, FP32 inputs taken as they are).
-enum class NormInput { kPixels, kFeatures };
-struct PixelNorm {
-  PixelNorm() = default;
-  // The scalar form, as {scale, mean, std}.
-  PixelNorm(float scale_, float mean_, float std_) : scale(scale_), mean(mean_), std(std_) {}
-
-  float scale = 1.0f / 255.0f, mean = 0.0f, std = 1.0f;
-  std::vector<float> channel_mean, channel_std;  // both empty: the scalar mean and std apply
-  NormInput input = NormInput::kPixels;
-
-  int channels() const { return channel_mean.empty() ? 1 : static_cast<int>(channel_mean.size()); }
-};
-
-// A PixelNorm folded for samples of `sample_elems`: x = u8 * a[c] + b[c] over planes of `plane`
-// elements (one per channel), with the raw value first multiplied by `input_scale`. What every
-// backend applies; InvalidArgument when the channels do not divide the sample or are malformed.
-struct FoldedNorm {
-  int64_t plane = 0;
-  std::vector<float> a, b;
-};
-inline absl::StatusOr<FoldedNorm> FoldPixelNorm(const PixelNorm& n, int64_t sample_elems,
-                                                float input_scale = 1.0f) {
-  const int c = n.channels();
-  if (n.channel_mean.size() != n.channel_std.size() || c > kMaxNormChannels || sample_elems < 0 ||
-      (sample_elems > 0 && sample_elems % c != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("normalisation: ", n.channel_mean.size(), " channel means and ",
-                     n.channel_std.size(), " channel stds do not fit samples of ", sample_elems,
-                     " values (at most ", kMaxNormChannels, " channels, dividing the sample)"));
-  }
-  FoldedNorm f;
-  f.plane = sample_elems / c;
-  for (int i = 0; i < c; ++i) {
-    const float mean = n.channel_mean.empty() ? n.mean : n.channel_mean[i];
-    const float std = n.channel_std.empty() ? n.std : n.channel_std[i];
-    f.a.push_back(n.scale * input_scale / std);
-    f.b.push_back(-mean / std);
-  }
-  return f;
-}
-
-// Crop-and-flip augmentation of uint8 images as a batch is gathered (GatherAugmentNormalize):
-// samples are channels x height x width (CHW), cropped from the image padded by `padding` zeros
-// on each side.
-struct AugmentGeometry {
-  int channels = 1, height = 0, width = 0, padding = 0;
-  int64_t sample_elems() const { return int64_t{channels} * height * width; }
-};
-// One sample's augmentation: the crop window's top-left corner in the padded image (dy, dx in
-// [0, 2 padding]; dy = dx = padding is the image unmoved), and whether the crop is then mirrored
-// left to right (flip != 0). Drawn on the host (engine/data/augment.h), read by the op from device
-// memory.
-struct CropFlip {
-  int32_t dy = 0, dx = 0, flip = 0;
-  bool operator==(const CropFlip&) const = default;
-};
-static_assert(sizeof(CropFlip) == 3 * sizeof(int32_t), "CropFlip is three int32s on every device");
-
-// What every backend checks before GatherAugmentNormalize: a geometry of whole images, and a
-// normalisation of one channel or one per image channel (torchvision normalises per channel).
-inline absl::Status CheckAugmentGeometry(const AugmentGeometry& g, int norm_channels) {
-  // Within int32 (CUDA indexes within a sample in 32 bits), padding included.
-  constexpr int64_t kMax = int64_t{1} << 30;
-  if (g.channels < 1 || g.height < 1 || g.width < 1 || g.padding < 0 ||
-      int64_t{g.height} + 2 * int64_t{g.padding} > kMax ||
-      int64_t{g.width} + 2 * int64_t{g.padding} > kMax || g.sample_elems() > kMax) {
-    return absl::InvalidArgumentError(absl::StrCat("augment: invalid geometry ", g.channels, "x",
-                                                   g.height, "x", g.width, " padding ", g.padding));
-  }
-  if (norm_channels != 1 && norm_channels != g.channels) {
-    return absl::InvalidArgumentError(absl::StrCat("augment: the normalisation has ", norm_channels,
-                                                   " channels but the images have ", g.channels,
-                                                   "; it needs one, or one per image channel"));
-  }
-  return absl::OkStatus();
-}
-
-// What every backend's copies check: `bytes` must fit the `capacity` of the tensors involved.
-// InvalidArgument naming the op otherwise.
-inline absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity) {
-  if (bytes <= capacity) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": ", bytes, " bytes do not fit a tensor of ", capacity, " bytes"));
-}
-
-// What every backend checks before pooling (`op` names it: "maxpool2d", "avgpool2d"): a window
-// of at least 1 that fits the padded input, and padding at most half the window (PyTorch's rule;
-// it also keeps a real pixel in every window). InvalidArgument naming the geometry.
-inline absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g) {
-  if (g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.padding_h < 0 ||
-      g.padding_w < 0 || g.batch < 0 || g.channels < 0 || g.in_h < 0 || g.in_w < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": invalid geometry kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
-                     g.stride_h, "x", g.stride_w, " padding ", g.padding_h, "x", g.padding_w,
-                     " over ", g.batch, "x", g.channels, "x", g.in_h, "x", g.in_w));
-  }
-  if (2 * g.padding_h > g.kernel_h || 2 * g.padding_w > g.kernel_w) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": padding ", g.padding_h, "x", g.padding_w,
-                                                   " is more than half the ", g.kernel_h, "x",
-                                                   g.kernel_w, " window"));
-  }
-  if (g.in_h + 2 * g.padding_h < g.kernel_h || g.in_w + 2 * g.padding_w < g.kernel_w) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": padded input ", g.in_h + 2 * g.padding_h, "x", g.in_w + 2 * g.padding_w,
-                     " is smaller than the ", g.kernel_h, "x", g.kernel_w, " window"));
-  }
-  return absl::OkStatus();
-}
-
-// A fused max pooling records each window's winner as a byte: its position in scan order
-// (a * kernel_w + b), or this where the fused ReLU passes no gradient.
-inline constexpr uint8_t kMaskedWinner = 255;
-
-// Whether max pooling of geometry `pool` over the output of convolution `g` can run fused into
-// it (Backend::Conv2dMaxPoolForward): non-overlapping windows without padding, of fewer than
-// kMaskedWinner positions, over exactly the convolution's output. InvalidArgument naming what
-// differs otherwise.
-inline absl::Status CheckFusableMaxPool(const Conv2dGeometry& g, const Pool2dGeometry& pool) {
-  if (absl::Status s = CheckPool2d("maxpool2d", pool); !s.ok()) return s;
-  if (pool.stride_h != pool.kernel_h || pool.stride_w != pool.kernel_w || pool.padding_h != 0 ||
-      pool.padding_w != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "maxpool2d fused into conv2d: needs stride == kernel and no padding, got kernel ",
-        pool.kernel_h, "x", pool.kernel_w, " stride ", pool.stride_h, "x", pool.stride_w,
-        " padding ", pool.padding_h, "x", pool.padding_w));
-  }
-  if (int64_t{pool.kernel_h} * pool.kernel_w >= kMaskedWinner) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "maxpool2d fused into conv2d: a ", pool.kernel_h, "x", pool.kernel_w,
-        " window has more positions than a byte records (at most ", kMaskedWinner - 1, ")"));
-  }
-  if (pool.batch != g.batch || pool.channels != g.out_channels || pool.in_h != g.out_h() ||
-      pool.in_w != g.out_w()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("maxpool2d fused into conv2d: pools ", pool.batch, "x", pool.channels, "x",
-                     pool.in_h, "x", pool.in_w, " but the convolution gives ", g.batch, "x",
-                     g.out_channels, "x", g.out_h(), "x", g.out_w()));
-  }
-  return absl::OkStatus();
-}
-
-// What every backend checks before a softmax cross-entropy: at least one class, no negative row
-// count, a label smoothing in [0, 1]. Zero rows is allowed: the loss is NaN (a mean over nothing)
-// and correct is 0.
-inline absl::Status CheckSoftmaxCrossEntropy(int rows, int cols, float label_smoothing = 0) {
-  if (rows < 0 || cols < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("softmax cross-entropy over ", rows, " rows of ",
-                                                   cols, " classes: needs at least one class"));
-  }
-  if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("label smoothing must be in [0, 1], got ", label_smoothing));
-  }
-  return absl::OkStatus();
-}
-
-// What every backend checks before a Copy2D: no negative size, rows no longer than either stride.
-inline absl::Status CheckCopy2D(int64_t rows, int64_t cols, int64_t src_stride,
-                                int64_t dst_stride) {
-  if (rows < 0 || cols < 0 || cols > src_stride || cols > dst_stride) {
-    return absl::InvalidArgumentError(absl::StrCat("Copy2D: ", rows, " rows of ", cols,
-                                                   " floats do not fit strides ", src_stride,
-                                                   " and ", dst_stride));
-  }
-  return absl::OkStatus();
-}
 
 class Backend {
  public:

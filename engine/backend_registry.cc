@@ -5,15 +5,21 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/cuda_backend_options.h"  // no CUDA headers: in every build
+#include "engine/distributed/gloo_communicator.h"
 #if KILN_WITH_CUDA
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_device.h"
+#endif
+#if defined(KILN_WITH_NCCL)
+#include "engine/cuda/nccl_communicator.h"
 #endif
 
 namespace kiln {
@@ -98,6 +104,41 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requeste
   // ValidateDevice has already answered NotFound for every cuda:N in a build without CUDA.
   return absl::InternalError(absl::StrCat("device ", device, " has no backend in this build"));
 #endif
+}
+
+int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass) {
+  // cuDNN algorithms are picked to fit the backend's fixed limit.
+  if (device == DeviceKind::kCuda) {
+    return static_cast<int64_t>(CudaBackendOptions{}.conv_workspace_limit);
+  }
+  return CpuBackend::ConvWorkspaceBytes(g, threads, /*backward=*/pass == ConvPass::kBackward);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
+    Backend* backend, KeyValueStore* store, int rank, int world_size,
+    const CommunicatorOptions& options) {
+  if (backend->kind() == DeviceKind::kCuda) {
+#if defined(KILN_WITH_NCCL)
+    NcclOptions nccl;
+    nccl.timeout = options.timeout;
+    // CudaBackend is the one backend of kind kCuda.
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
+                          NcclCommunicator::Create(store, rank, world_size,
+                                                   static_cast<CudaBackend*>(backend), nccl));
+    return std::unique_ptr<Communicator>(std::move(comm));
+#else
+    return absl::FailedPreconditionError(
+        "this kiln-worker was built without NCCL, so it cannot train on a CUDA device with "
+        "others");
+#endif
+  }
+  GlooOptions gloo;
+  gloo.hostname = options.gloo_hostname;
+  gloo.interface = options.gloo_interface;
+  gloo.timeout = options.timeout;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                        GlooCommunicator::Create(store, rank, world_size, gloo));
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 std::vector<std::string> AvailableDevices() {

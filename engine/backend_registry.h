@@ -1,13 +1,19 @@
-// Picks the backend for a device string: "auto", "cpu" or "cuda:N".
+// Picks the backend for a device string ("auto", "cpu" or "cuda:N"), and what goes with a backend:
+// the communicator of data-parallel training, the convolution workspace the memory plan counts.
+// The one place that knows the concrete backends.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/backend.h"
+#include "engine/distributed/communicator.h"
+#include "engine/distributed/key_value_store.h"
 
 namespace kiln {
 
@@ -52,6 +58,34 @@ int CpuBackendThreads(const BackendOptions& options);
 // Checks a device string without creating anything: InvalidArgument for a malformed one,
 // NotFound for a device this machine lacks.
 absl::Status ValidateDevice(std::string_view device);
+
+// The pass a convolution's workspace is sized for: a forward alone, or a training step's backward.
+enum class ConvPass { kForward, kBackward };
+
+// The workspace, in bytes, that a backend of kind `device` made by CreateBackend holds for
+// convolution `g` in `pass`: on the CPU, for `threads` threads (CpuBackend::ConvWorkspaceBytes;
+// the largest int64 for a geometry it cannot run); on CUDA, cuDNN's fixed limit whatever the
+// shape. What the memory plan counts, without including any backend.
+int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass);
+
+struct CommunicatorOptions {
+  // Bounds the rendezvous and every collective: a peer that has not answered by then is taken
+  // for dead.
+  absl::Duration timeout = absl::Seconds(60);
+  // Gloo only (GlooOptions): the address this rank listens on and publishes, a host name or IP,
+  // or, when `gloo_interface` is set, that network interface's address ("eth0").
+  std::string gloo_hostname = "127.0.0.1";
+  std::string gloo_interface;
+};
+
+// Joins rank `rank` of `world_size` through `store` (used only during the call) with the
+// communicator for `backend` (which must outlive it): NCCL on a CUDA backend's device memory and
+// stream, Gloo over TCP otherwise. Blocks until every rank has joined or the timeout passes.
+// FailedPrecondition for a CUDA backend in a build without NCCL; the communicators' own errors
+// otherwise.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
+    Backend* backend, KeyValueStore* store, int rank, int world_size,
+    const CommunicatorOptions& options = {});
 
 // "cpu" plus "cuda:0".. for every CUDA device found.
 std::vector<std::string> AvailableDevices();

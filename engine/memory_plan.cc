@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
 #include "common/status_macros.h"
-#include "engine/cpu/cpu_backend.h"
+#include "engine/backend_registry.h"
 #include "engine/layers/conv2d.h"
 #include "engine/model.h"
 #include "engine/model_graph.h"
@@ -28,21 +28,18 @@ int64_t Mul(int64_t a, int64_t b) {
 int64_t Add(int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; }
 
 // The convolution workspace of layer `i` on `target`, for a training batch and an evaluation
-// (forward-only) batch.
-int64_t ConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64_t train_batch,
-                           int64_t eval_batch, const MemoryTarget& target) {
-  // cuDNN algorithms are picked to fit the backend's fixed limit.
-  if (target.device == DeviceKind::kCuda) return static_cast<int64_t>(kCudaConvWorkspaceLimit);
-  // The backend keeps one workspace grown to the largest plan: the training batch's backward or
-  // the forward at the larger batch.
+// (forward-only) batch. The backend keeps one workspace grown to the largest plan: the training
+// batch's backward or the forward at the larger batch (on CUDA, the fixed limit either way).
+int64_t LayerConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64_t train_batch,
+                                int64_t eval_batch, const MemoryTarget& target) {
   int64_t bytes = 0;
   if (train_batch > 0) {
-    bytes = CpuBackend::ConvWorkspaceBytes(MakeConv2dGeometry(c, input, train_batch),
-                                           target.threads, /*backward=*/true);
+    bytes = ConvWorkspaceBytes(target.device, MakeConv2dGeometry(c, input, train_batch),
+                               target.threads, ConvPass::kBackward);
   }
   const int64_t batch = std::max(train_batch, eval_batch);
-  return std::max(bytes, CpuBackend::ConvWorkspaceBytes(MakeConv2dGeometry(c, input, batch),
-                                                        target.threads, /*backward=*/false));
+  return std::max(bytes, ConvWorkspaceBytes(target.device, MakeConv2dGeometry(c, input, batch),
+                                            target.threads, ConvPass::kForward));
 }
 
 // Per layer: activations and their gradients at `capacity` samples (the model keeps both at
@@ -75,8 +72,8 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
                                    absl::StrCat(LayerTypeName(model.layers[i]), " statistics"),
                                    Mul(Mul(c.affine ? 4 : 8, c.num_features), kFloat)});
           } else if constexpr (std::is_same_v<C, Conv2dConfig>) {
-            const int64_t bytes =
-                ConvWorkspaceBytes(c, shapes[graph.inputs[i][0]], train_batch, eval_batch, target);
+            const int64_t bytes = LayerConvWorkspaceBytes(c, shapes[graph.inputs[i][0]],
+                                                          train_batch, eval_batch, target);
             if (bytes > workspace.bytes) workspace = {layer, "conv2d workspace", bytes};
           }
         },

@@ -1,11 +1,13 @@
 #include "engine/model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <type_traits>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/layers/layers.h"
 #include "engine/layers/pool2d_rules.h"
 
@@ -102,6 +104,27 @@ absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_s
   if (num_classes > out[0]) {
     return at_odds(ModelPart::kOutputs, absl::StrCat("model has ", out[0], " outputs but the ",
                                                      which, " labels go up to ", num_classes - 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size, int64_t samples) {
+  if (batch_size < 1 || samples < 1) return absl::OkStatus();  // other checks refuse these
+  const int64_t last = samples % batch_size == 0 ? batch_size : samples % batch_size;
+  const int64_t smallest = std::min({batch_size, samples, last});
+  if (smallest != 1) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(model));
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const auto* bn2d = std::get_if<BatchNorm2dConfig>(&model.layers[i]);
+    const auto* bn1d = std::get_if<BatchNorm1dConfig>(&model.layers[i]);
+    if (bn2d == nullptr && bn1d == nullptr) continue;
+    const int64_t features = bn2d != nullptr ? bn2d->num_features : bn1d->num_features;
+    if (NumElements(shapes[i]) / features > 1) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", i, " ", LayerTypeName(model.layers[i]), ": ", samples,
+        " training samples in batches of ", batch_size,
+        " make a batch of 1 sample, and batch normalisation needs more than 1 value per channel "
+        "in training; change batch_size"));
   }
   return absl::OkStatus();
 }

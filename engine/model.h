@@ -40,6 +40,13 @@ absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_s
                                 int64_t num_classes, std::string_view which,
                                 ModelPart* culprit = nullptr);
 
+// Batch normalisation in training needs more than one value per channel (PyTorch raises
+// otherwise), so `samples` split into batches of `batch_size` must not leave a batch of one sample
+// where a batchnorm layer's channel holds one value per sample (batchnorm1d over features).
+// InvalidArgument naming the layer; used by Trainer::Create, CheckDataParallelBatches and by kilnd
+// before queueing a job.
+absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size, int64_t samples);
+
 struct NamedParameter {
   std::string name;  // PyTorch state_dict key, StateDictName's: "3.weight", "layer1.0.conv1.weight"
   Parameter* param;

@@ -74,27 +74,6 @@ Shape WithBatch(int64_t batch, const Shape& s) {
 
 }  // namespace
 
-absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size, int64_t samples) {
-  if (batch_size < 1 || samples < 1) return absl::OkStatus();  // other checks refuse these
-  const int64_t last = samples % batch_size == 0 ? batch_size : samples % batch_size;
-  const int64_t smallest = std::min({batch_size, samples, last});
-  if (smallest != 1) return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(model));
-  for (size_t i = 0; i < model.layers.size(); ++i) {
-    const auto* bn2d = std::get_if<BatchNorm2dConfig>(&model.layers[i]);
-    const auto* bn1d = std::get_if<BatchNorm1dConfig>(&model.layers[i]);
-    if (bn2d == nullptr && bn1d == nullptr) continue;
-    const int64_t features = bn2d != nullptr ? bn2d->num_features : bn1d->num_features;
-    if (NumElements(shapes[i]) / features > 1) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer ", i, " ", LayerTypeName(model.layers[i]), ": ", samples,
-        " training samples in batches of ", batch_size,
-        " make a batch of 1 sample, and batch normalisation needs more than 1 value per channel "
-        "in training; change batch_size"));
-  }
-  return absl::OkStatus();
-}
-
 Trainer::Trainer(const TrainConfig& config, Backend* backend, const Dataset* train,
                  const Dataset* test)
     : config_(config), backend_(backend), train_(train), test_(test) {}
@@ -276,11 +255,10 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
     const int count = static_cast<int>(std::min<int64_t>(bs, n - int64_t{s} * bs));
     // Data-parallel, this rank trains its slice of the batch.
     const BatchSlice mine = dp_ != nullptr ? dp_->Slice(count) : BatchSlice{0, count};
-    KILN_RETURN_IF_ERROR(LoadBatch(train_pixels_, train_labels_, train_->sample_elems(),
-                                   perm_.i32() + int64_t{s} * bs + mine.offset,
-                                   static_cast<int>(mine.count),
-                                   augment != nullptr ? augment + int64_t{s} * bs + mine.offset
-                                                      : nullptr));
+    KILN_RETURN_IF_ERROR(
+        LoadBatch(train_pixels_, train_labels_, train_->sample_elems(),
+                  perm_.i32() + int64_t{s} * bs + mine.offset, static_cast<int>(mine.count),
+                  augment != nullptr ? augment + int64_t{s} * bs + mine.offset : nullptr));
     if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BeginStep(mine));
     KILN_RETURN_IF_ERROR(model_->ZeroGrad());
     KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kTrain));

@@ -51,12 +51,6 @@ struct TrainConfig {
   Communicator* communicator = nullptr;
 };
 
-// Batch normalisation in training needs more than one value per channel (PyTorch raises
-// otherwise), so `samples` split into batches of `batch_size` must not leave a batch of one sample
-// where a batchnorm layer's channel holds one value per sample (batchnorm1d over features).
-// InvalidArgument naming the layer; used by Trainer::Create and by kilnd before queueing a job.
-absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size, int64_t samples);
-
 struct StepEvent {
   int epoch = 0;          // 1-based
   int step_in_epoch = 0;  // 1-based

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/dnnl_conv_plan.h"
 #include "engine/cpu/dnnl_primitives.h"

@@ -12,6 +12,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_parallel.h"
 #include "engine/cpu/dnnl_primitives.h"
 

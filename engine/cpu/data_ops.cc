@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
 
@@ -12,15 +13,25 @@ namespace kiln {
 
 using cpu_internal::kParallelMin;
 
-absl::Status CpuBackend::GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
-                                         const uint8_t* pixels, const int32_t* labels,
-                                         const PixelNorm& norm, float* out, int32_t* labels_out) {
-  // x = (u8 * scale - mean[c]) / std[c], folded into one multiply-add per pixel.
+namespace {
+
+// labels_out[i] = labels[index[i]] when labels_out is not null.
+void GatherLabels(int count, const int32_t* index, const int32_t* labels, int32_t* labels_out) {
+  if (labels_out == nullptr) return;
+  for (int i = 0; i < count; ++i) labels_out[i] = labels[index[i]];
+}
+
+// GatherNormalize over samples of T (uint8 pixels, float features), on `threads` threads: each
+// value x becomes x * a[c] + b[c], one multiply-add.
+template <typename T>
+absl::Status GatherFolded(int threads, int count, int64_t sample_elems, const int32_t* index,
+                          const T* data, const int32_t* labels, const PixelNorm& norm, float* out,
+                          int32_t* labels_out) {
   KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, sample_elems));
   const int channels = static_cast<int>(f.a.size());
-#pragma omp parallel for num_threads(threads_) if (count * sample_elems > kParallelMin)
+#pragma omp parallel for num_threads(threads) if (count * sample_elems > kParallelMin)
   for (int i = 0; i < count; ++i) {
-    const uint8_t* src = pixels + static_cast<int64_t>(index[i]) * sample_elems;
+    const T* src = data + static_cast<int64_t>(index[i]) * sample_elems;
     float* dst = out + static_cast<int64_t>(i) * sample_elems;
     for (int c = 0; c < channels; ++c) {
       const float a = f.a[c], b = f.b[c];
@@ -29,33 +40,25 @@ absl::Status CpuBackend::GatherNormalize(int count, int64_t sample_elems, const 
       for (int64_t j = first; j < first + f.plane; ++j) dst[j] = static_cast<float>(src[j]) * a + b;
     }
   }
-  if (labels_out != nullptr) {
-    for (int i = 0; i < count; ++i) labels_out[i] = labels[index[i]];
-  }
+  GatherLabels(count, index, labels, labels_out);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
+                                         const uint8_t* pixels, const int32_t* labels,
+                                         const PixelNorm& norm, float* out, int32_t* labels_out) {
+  // x = (u8 * scale - mean[c]) / std[c], folded into one multiply-add per pixel.
+  return GatherFolded(threads_, count, sample_elems, index, pixels, labels, norm, out, labels_out);
 }
 
 absl::Status CpuBackend::GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
                                             const float* features, const int32_t* labels,
                                             const PixelNorm& norm, float* out,
                                             int32_t* labels_out) {
-  KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, sample_elems));
-  const int channels = static_cast<int>(f.a.size());
-#pragma omp parallel for num_threads(threads_) if (count * sample_elems > kParallelMin)
-  for (int i = 0; i < count; ++i) {
-    const float* src = features + static_cast<int64_t>(index[i]) * sample_elems;
-    float* dst = out + static_cast<int64_t>(i) * sample_elems;
-    for (int c = 0; c < channels; ++c) {
-      const float a = f.a[c], b = f.b[c];
-      const int64_t first = c * f.plane;
-#pragma omp simd
-      for (int64_t j = first; j < first + f.plane; ++j) dst[j] = src[j] * a + b;
-    }
-  }
-  if (labels_out != nullptr) {
-    for (int i = 0; i < count; ++i) labels_out[i] = labels[index[i]];
-  }
-  return absl::OkStatus();
+  return GatherFolded(threads_, count, sample_elems, index, features, labels, norm, out,
+                      labels_out);
 }
 
 absl::Status CpuBackend::GatherAugmentNormalize(int count, const AugmentGeometry& g,
@@ -101,9 +104,7 @@ absl::Status CpuBackend::GatherAugmentNormalize(int count, const AugmentGeometry
       }
     }
   }
-  if (labels_out != nullptr) {
-    for (int i = 0; i < count; ++i) labels_out[i] = labels[index[i]];
-  }
+  GatherLabels(count, index, labels, labels_out);
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_parallel.h"
 
 namespace kiln::cpu_internal {

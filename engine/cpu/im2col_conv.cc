@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_parallel.h"
 
 namespace kiln::cpu_internal {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 
 namespace kiln {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
 
@@ -47,6 +48,17 @@ int ChannelBlocks(const BatchNormGeometry& g) {
   return (g.channels + kChannelBlock - 1) / kChannelBlock;
 }
 
+// y = x * scale[j] + shift[j] over the rows of channels [c0, c0 + width) of (batch, channels).
+void ScaleShiftRows(const BatchNormGeometry& g, int c0, int width, const float* scale,
+                    const float* shift, const float* x, float* y) {
+  for (int i = 0; i < g.batch; ++i) {
+    const float* __restrict in = x + int64_t{i} * g.channels + c0;
+    float* __restrict out = y + int64_t{i} * g.channels + c0;
+#pragma omp simd
+    for (int j = 0; j < width; ++j) out[j] = in[j] * scale[j] + shift[j];
+  }
+}
+
 void ForwardTrainingRows(const BatchNormGeometry& g, int block, double eps, double momentum,
                          const float* x, const float* gamma, const float* beta, float* y,
                          float* running_mean, float* running_var, float* saved_mean,
@@ -81,12 +93,7 @@ void ForwardTrainingRows(const BatchNormGeometry& g, int block, double eps, doub
     scale[j] = static_cast<float>(s);
     shift[j] = static_cast<float>(beta[c] - mean[j] * s);
   }
-  for (int i = 0; i < g.batch; ++i) {
-    const float* __restrict in = x + int64_t{i} * g.channels + c0;
-    float* __restrict out = y + int64_t{i} * g.channels + c0;
-#pragma omp simd
-    for (int j = 0; j < width; ++j) out[j] = in[j] * scale[j] + shift[j];
-  }
+  ScaleShiftRows(g, c0, width, scale, shift, x, y);
 }
 
 void InferenceRows(const BatchNormGeometry& g, int block, double eps, const float* x,
@@ -100,12 +107,7 @@ void InferenceRows(const BatchNormGeometry& g, int block, double eps, const floa
     scale[j] = static_cast<float>(s);
     shift[j] = static_cast<float>(beta[c] - running_mean[c] * s);
   }
-  for (int i = 0; i < g.batch; ++i) {
-    const float* __restrict in = x + int64_t{i} * g.channels + c0;
-    float* __restrict out = y + int64_t{i} * g.channels + c0;
-#pragma omp simd
-    for (int j = 0; j < width; ++j) out[j] = in[j] * scale[j] + shift[j];
-  }
+  ScaleShiftRows(g, c0, width, scale, shift, x, y);
 }
 
 void BackwardRows(const BatchNormGeometry& g, int block, const float* x, const float* gamma,

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "engine/adam_constants.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
 
@@ -55,17 +56,11 @@ absl::Status CpuBackend::SgdUpdate(int64_t n, const SgdHyper& h, MomentumBuffer 
 
 absl::Status CpuBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param, const float* grad,
                                     float* exp_avg, float* exp_avg_sq) {
-  const double t = static_cast<double>(h.step);
-  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t));
-  const float bias2_sqrt =
-      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
-  const float step_size = h.lr / bias1;
-  const bool decoupled = h.decay == WeightDecayMode::kDecoupled;
-  const float param_scale = decoupled ? 1.0f - h.lr * h.weight_decay : 1.0f;
-  const float grad_decay = decoupled ? 0.0f : h.weight_decay;
-  // Locals and restrict pointers, as in SgdUpdate: loads through `h` inside the loop keep GCC
-  // from vectorising it well.
-  const float beta1 = h.beta1, beta2 = h.beta2, eps = h.eps;
+  const AdamConstants c = FoldAdamHyper(h);
+  // Locals and restrict pointers, as in SgdUpdate: loads through a struct inside the loop keep
+  // GCC from vectorising it well.
+  const float step_size = c.step_size, bias2_sqrt = c.bias2_sqrt, param_scale = c.param_scale;
+  const float grad_decay = c.grad_decay, beta1 = c.beta1, beta2 = c.beta2, eps = c.eps;
   float* __restrict pr = param;
   const float* __restrict gr = grad;
   float* __restrict m1 = exp_avg;

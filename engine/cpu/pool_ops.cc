@@ -2,11 +2,12 @@
 // its count_include_pad=True divisor; both with implicit padding.
 #include <omp.h>
 
-#include <algorithm>
 #include <cstring>
 
+#include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
+#include "engine/pool_window.h"
 
 namespace kiln {
 
@@ -55,17 +56,14 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
         }
         continue;
       }
-      // The window clipped to the input: padded positions never win. CheckPool2d's padding
-      // rule leaves at least one real pixel in every window.
-      const int r0 = std::max(0, i * stride_h - pad_h);
-      const int r1 = std::min(in_h, i * stride_h - pad_h + kernel_h);
+      // The window clipped to the input: padded positions never win.
+      const PoolSpan rows = PoolWindow(i, stride_h, pad_h, kernel_h, in_h);
       for (int j = 0; j < ow; ++j) {
-        const int c0 = std::max(0, j * stride_w - pad_w);
-        const int c1 = std::min(in_w, j * stride_w - pad_w + kernel_w);
-        int best = r0 * in_w + c0;
+        const PoolSpan cols = PoolWindow(j, stride_w, pad_w, kernel_w, in_w);
+        int best = rows.lo * in_w + cols.lo;
         float best_v = in[best];
-        for (int a = r0; a < r1; ++a) {
-          for (int b = c0; b < c1; ++b) {
+        for (int a = rows.lo; a < rows.hi; ++a) {
+          for (int b = cols.lo; b < cols.hi; ++b) {
             const int q = a * in_w + b;
             if (!(in[q] <= best_v)) best_v = in[best = q];
           }
@@ -106,14 +104,12 @@ absl::Status CpuBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* 
     const float* in = x + static_cast<int64_t>(p) * in_h * in_w;
     float* out = y + static_cast<int64_t>(p) * oh * ow;
     for (int i = 0; i < oh; ++i) {
-      const int r0 = std::max(0, i * stride_h - pad_h);
-      const int r1 = std::min(in_h, i * stride_h - pad_h + kernel_h);
+      const PoolSpan rows = PoolWindow(i, stride_h, pad_h, kernel_h, in_h);
       for (int j = 0; j < ow; ++j) {
-        const int c0 = std::max(0, j * stride_w - pad_w);
-        const int c1 = std::min(in_w, j * stride_w - pad_w + kernel_w);
+        const PoolSpan cols = PoolWindow(j, stride_w, pad_w, kernel_w, in_w);
         float sum = 0.0f;
-        for (int a = r0; a < r1; ++a) {
-          for (int b = c0; b < c1; ++b) sum += in[a * in_w + b];
+        for (int a = rows.lo; a < rows.hi; ++a) {
+          for (int b = cols.lo; b < cols.hi; ++b) sum += in[a * in_w + b];
         }
         out[i * ow + j] = sum / divisor;
       }
@@ -136,14 +132,12 @@ absl::Status CpuBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float*
     // Windows in output order, so each pixel sums its windows' shares in the order the CUDA
     // kernel (which gathers per pixel) does.
     for (int i = 0; i < oh; ++i) {
-      const int r0 = std::max(0, i * stride_h - pad_h);
-      const int r1 = std::min(in_h, i * stride_h - pad_h + kernel_h);
+      const PoolSpan rows = PoolWindow(i, stride_h, pad_h, kernel_h, in_h);
       for (int j = 0; j < ow; ++j) {
-        const int c0 = std::max(0, j * stride_w - pad_w);
-        const int c1 = std::min(in_w, j * stride_w - pad_w + kernel_w);
+        const PoolSpan cols = PoolWindow(j, stride_w, pad_w, kernel_w, in_w);
         const float share = src[i * ow + j] / divisor;
-        for (int a = r0; a < r1; ++a) {
-          for (int b = c0; b < c1; ++b) d[a * in_w + b] += share;
+        for (int a = rows.lo; a < rows.hi; ++a) {
+          for (int b = cols.lo; b < cols.hi; ++b) d[a * in_w + b] += share;
         }
       }
     }

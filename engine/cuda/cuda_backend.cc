@@ -1,5 +1,6 @@
-// CudaBackend's memory, stream, handles, GEMM and the dispatch of every other op to cuDNN
-// (conv_cudnn.cc) or to kiln's kernels (the *_kernels.cu files).
+// CudaBackend's construction, memory, stream, handles and GEMM. Every other op sits with its
+// kernels, one file per op family as on the CPU: elementwise_ops.cu, conv_ops.cu, pool_ops.cu,
+// norm_ops.cc (cuDNN), loss_ops.cu, optimizer_ops.cu, data_ops.cu.
 #include "engine/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -7,12 +8,12 @@
 #include <cudnn.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/cuda/conv_cudnn.h"
 #include "engine/cuda/cublas_library.h"
 #include "engine/cuda/cuda_allocator.h"
@@ -32,30 +33,6 @@ namespace ck = cuda_kernels;
 // caller's memory.
 constexpr size_t kStagingBytes = 64 << 10;
 
-// Prefixes an error with what the op was working on; OK passes through.
-absl::Status Annotate(absl::Status s, const std::string& context) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
-}
-
-std::string ConvContext(const Conv2dGeometry& g, const char* pass) {
-  return absl::StrCat("conv2d ", pass, " ", g.batch, "x", g.in_channels, "x", g.in_h, "x", g.in_w,
-                      " -> ", g.out_channels, " kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
-                      g.stride_h, "x", g.stride_w, " padding ", g.padding_h, "x", g.padding_w);
-}
-
-static_assert(static_cast<int>(ActivationKind::kTanh) == ck::kTanh &&
-                  static_cast<int>(ActivationKind::kSigmoid) == ck::kSigmoid &&
-                  static_cast<int>(ActivationKind::kGelu) == ck::kGelu &&
-                  static_cast<int>(ActivationKind::kLeakyRelu) == ck::kLeakyRelu &&
-                  static_cast<int>(ActivationKind::kSilu) == ck::kSilu,
-              "cuda_kernels' activation codes follow ActivationKind");
-
-ck::PoolShape ToPoolShape(const Pool2dGeometry& g) {
-  return {g.batch * g.channels, g.in_h,      g.in_w,      g.kernel_h, g.kernel_w, g.stride_h,
-          g.stride_w,           g.padding_h, g.padding_w, g.out_h(),  g.out_w()};
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -68,7 +45,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
                      " not found: ", count == 0 ? why : absl::StrCat(count, " CUDA devices")));
   }
   auto backend = std::unique_ptr<CudaBackend>(new CudaBackend(device, options));
-  KILN_RETURN_IF_ERROR(Annotate(backend->Init(), backend->name()));
+  KILN_RETURN_IF_ERROR(cuda_internal::Annotate(backend->Init(), backend->name()));
   return backend;
 }
 
@@ -298,333 +275,6 @@ absl::Status CudaBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, 
   KILN_CUDA_CHECK(blas_->Sgemm(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
                                at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
                                &beta, c, n));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::BiasForward(int rows, int cols, const float* bias, float* y) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::bias_forward(stream_, rows, cols, bias, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::BiasBackward(int rows, int cols, const float* dy, float* dbias) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::bias_backward(stream_, rows, cols, dy, dbias));
-  return absl::OkStatus();
-}
-
-// --- element-wise ---------------------------------------------------------------------------
-
-absl::Status CudaBackend::ReluForward(int64_t n, const float* x, float* y) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::relu_forward(stream_, n, x, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::relu_backward(stream_, n, y, dy, dx));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::DropoutForward(int64_t n, float p, uint64_t seed, uint64_t offset,
-                                         const float* x, float* mask, float* y) {
-  KILN_RETURN_IF_ERROR(Activate());
-  const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  KILN_CUDA_CHECK(ck::dropout_forward(stream_, n, p, keep_scale, seed, offset, x, mask, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::DropoutBackward(int64_t n, const float* mask, const float* dy,
-                                          float* dx) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::multiply(stream_, n, dy, mask, dx));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::SoftmaxForward(int rows, int cols, const float* x, float* y) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::softmax_forward(stream_, rows, cols, x, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::ActivationForward(ActivationKind kind, float param, int64_t n,
-                                            const float* x, float* y) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::activation_forward(stream_, static_cast<int>(kind), param, n, x, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::ActivationBackward(ActivationKind kind, float param, int64_t n,
-                                             const float* x, const float* y, const float* dy,
-                                             float* dx) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::activation_backward(stream_, static_cast<int>(kind), param, n, x, y, dy, dx));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Add(int64_t n, const float* a, const float* b, float* y) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::add(stream_, n, a, b, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Scale(int64_t n, float alpha, float* x) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::scale(stream_, n, alpha, x));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Copy2D(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
-                                 float* dst, int64_t dst_stride) {
-  KILN_RETURN_IF_ERROR(CheckCopy2D(rows, cols, src_stride, dst_stride));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  KILN_RETURN_IF_ERROR(Activate());
-  constexpr size_t kF = sizeof(float);
-  KILN_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * kF, src,
-                                    static_cast<size_t>(src_stride) * kF,
-                                    static_cast<size_t>(cols) * kF, static_cast<size_t>(rows),
-                                    cudaMemcpyDeviceToDevice, stream_));
-  return absl::OkStatus();
-}
-
-// --- convolution and pooling ----------------------------------------------------------------
-
-absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
-                                        const float* bias, Activation act, float* y) {
-  if (g.batch == 0) return absl::OkStatus();  // as on the CPU: nothing to do
-  KILN_RETURN_IF_ERROR(Activate());
-  const WorkspaceFn workspace = [this](size_t bytes) {
-    return GetScratch(Scratch::kWorkspace, bytes);
-  };
-  if (absl::Status s = convs_->Forward(g, x, w, y, workspace); !s.ok()) {
-    return Annotate(s, ConvContext(g, "forward"));
-  }
-  const int64_t plane = int64_t{g.out_h()} * g.out_w();
-  KILN_CUDA_CHECK(ck::conv_bias_act_forward(
-      stream_, g.batch, g.out_channels, plane, bias,
-      act == Activation::kRelu ? ck::ConvActivation::kRelu : ck::ConvActivation::kNone, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
-                                         const float* y, const float* dy, Activation act, float* dw,
-                                         float* dbias, float* dx) {
-  if (g.batch == 0) return absl::OkStatus();
-  KILN_RETURN_IF_ERROR(Activate());
-  const int64_t plane = int64_t{g.out_h()} * g.out_w();
-  const int64_t out_elems = int64_t{g.batch} * g.out_channels * plane;
-  // The gradient at the convolution's output: dy through the fused ReLU's mask when there is one.
-  const float* grad = dy;
-  if (act == Activation::kRelu) {
-    KILN_ASSIGN_OR_RETURN(void* tmp, GetScratch(Scratch::kTemp, out_elems * sizeof(float)));
-    float* masked = static_cast<float*>(tmp);
-    if (dbias != nullptr) {
-      KILN_CUDA_CHECK(ck::conv_bias_act_backward(stream_, g.batch, g.out_channels, plane, y, dy,
-                                                 masked, dbias));
-    } else {
-      KILN_CUDA_CHECK(ck::relu_backward(stream_, out_elems, y, dy, masked));
-    }
-    grad = masked;
-  } else if (dbias != nullptr) {
-    KILN_CUDA_CHECK(ck::conv_bias_act_backward(stream_, g.batch, g.out_channels, plane, nullptr, dy,
-                                               nullptr, dbias));
-  }
-  const WorkspaceFn workspace = [this](size_t bytes) {
-    return GetScratch(Scratch::kWorkspace, bytes);
-  };
-  if (dw != nullptr) {
-    if (absl::Status s = convs_->BackwardFilter(g, x, grad, dw, workspace); !s.ok()) {
-      return Annotate(s, ConvContext(g, "backward-filter"));
-    }
-  }
-  if (dx != nullptr) {
-    if (absl::Status s = convs_->BackwardData(g, w, grad, dx, workspace); !s.ok()) {
-      return Annotate(s, ConvContext(g, "backward-data"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
-                                           int32_t* argmax) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::maxpool_forward(stream_, ToPoolShape(g), x, y, argmax));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
-                                            const int32_t* argmax, float* dx) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::maxpool_backward(stream_, ToPoolShape(g), dy, argmax, dx));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::avgpool_forward(stream_, ToPoolShape(g), x, y));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::avgpool_backward(stream_, ToPoolShape(g), dy, dx));
-  return absl::OkStatus();
-}
-
-// --- losses ---------------------------------------------------------------------------------
-
-absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
-                                              const int32_t* labels, float label_smoothing,
-                                              float* loss, int32_t* correct, float* dlogits) {
-  KILN_RETURN_IF_ERROR(CheckSoftmaxCrossEntropy(rows, cols, label_smoothing));
-  KILN_RETURN_IF_ERROR(Activate());
-  if (rows == 0) {
-    // As on the CPU: the mean over no rows is NaN, and no row is correct.
-    KILN_CUDA_CHECK(ck::fill_u32(stream_, 1, 0x7fc00000u, loss));
-    KILN_CUDA_CHECK(cudaMemsetAsync(correct, 0, sizeof(int32_t), stream_));
-    return absl::OkStatus();
-  }
-  KILN_ASSIGN_OR_RETURN(void* scratch,
-                        GetScratch(Scratch::kTemp, static_cast<size_t>(std::max(rows, 1)) * 8));
-  kernel_error_pending_ = true;
-  KILN_CUDA_CHECK(ck::softmax_xent(stream_, rows, cols, logits, labels, label_smoothing, loss,
-                                   correct, dlogits, scratch,
-                                   static_cast<ck::KernelErrorRecord*>(kernel_error_)));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::MeanSquaredError(int64_t n, const float* y, const float* target,
-                                           float* loss, float* dy) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_ASSIGN_OR_RETURN(
-      void* scratch, GetScratch(Scratch::kTemp, static_cast<size_t>(std::max<int64_t>(
-                                                    ck::mean_squared_error_scratch_bytes(n), 8))));
-  KILN_CUDA_CHECK(ck::mean_squared_error(stream_, n, y, target, loss, dy, scratch));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::OneHot(int rows, int cols, const int32_t* labels, float* onehot) {
-  KILN_RETURN_IF_ERROR(Activate());
-  kernel_error_pending_ = true;
-  KILN_CUDA_CHECK(ck::one_hot(stream_, rows, cols, labels, onehot,
-                              static_cast<ck::KernelErrorRecord*>(kernel_error_)));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Argmax(int rows, int cols, const float* x, int32_t* out) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::argmax_rows(stream_, rows, cols, x, out));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CountCorrect(int rows, int cols, const float* x, const int32_t* labels,
-                                       int32_t* correct) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::count_correct(stream_, rows, cols, x, labels, correct));
-  return absl::OkStatus();
-}
-
-// --- optimizers -----------------------------------------------------------------------------
-
-absl::Status CudaBackend::SgdUpdate(int64_t n, const SgdHyper& h, MomentumBuffer buffer,
-                                    float* param, const float* grad, float* momentum_buf) {
-  if (h.momentum != 0.0f && momentum_buf == nullptr) {
-    return absl::InvalidArgumentError("SgdUpdate: momentum needs a momentum buffer");
-  }
-  KILN_RETURN_IF_ERROR(Activate());
-  const ck::SgdConstants c{h.lr,           h.momentum, h.dampening,
-                           h.weight_decay, h.nesterov, buffer == MomentumBuffer::kSeed};
-  KILN_CUDA_CHECK(ck::sgd_update(stream_, n, c, param, grad, momentum_buf));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param, const float* grad,
-                                     float* exp_avg, float* exp_avg_sq) {
-  KILN_RETURN_IF_ERROR(Activate());
-  // Folded exactly as CpuBackend::AdamUpdate folds them, so both run the same float arithmetic.
-  const double t = static_cast<double>(h.step);
-  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t));
-  const float bias2_sqrt =
-      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
-  const bool decoupled = h.decay == WeightDecayMode::kDecoupled;
-  ck::AdamConstants c;
-  c.step_size = h.lr / bias1;
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.eps = h.eps;
-  c.bias2_sqrt = bias2_sqrt;
-  c.param_scale = decoupled ? 1.0f - h.lr * h.weight_decay : 1.0f;
-  c.grad_decay = decoupled ? 0.0f : h.weight_decay;
-  KILN_CUDA_CHECK(ck::adam_update(stream_, n, c, param, grad, exp_avg, exp_avg_sq));
-  return absl::OkStatus();
-}
-
-// --- data -----------------------------------------------------------------------------------
-
-// The folded normalisation as the kernels take it, by value.
-absl::StatusOr<ck::NormFold> KernelNorm(const PixelNorm& norm, int64_t sample_elems) {
-  static_assert(ck::kMaxFoldChannels == kMaxNormChannels);
-  KILN_ASSIGN_OR_RETURN(const FoldedNorm f, FoldPixelNorm(norm, sample_elems));
-  ck::NormFold k{};
-  k.channels = static_cast<int>(f.a.size());
-  k.plane = f.plane;
-  for (int c = 0; c < k.channels; ++c) {
-    k.a[c] = f.a[c];
-    k.b[c] = f.b[c];
-  }
-  return k;
-}
-
-absl::Status CudaBackend::GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
-                                          const uint8_t* pixels, const int32_t* labels,
-                                          const PixelNorm& norm, float* out, int32_t* labels_out) {
-  KILN_RETURN_IF_ERROR(Activate());
-  // x = (u8 * scale - mean[c]) / std[c], folded into one multiply-add per pixel as on the CPU.
-  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
-  KILN_CUDA_CHECK(ck::gather_normalize(stream_, count, sample_elems, index, pixels, labels, k, out,
-                                       labels_out));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::GatherNormalizeF32(int count, int64_t sample_elems, const int32_t* index,
-                                             const float* features, const int32_t* labels,
-                                             const PixelNorm& norm, float* out,
-                                             int32_t* labels_out) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));
-  KILN_CUDA_CHECK(ck::gather_normalize_f32(stream_, count, sample_elems, index, features, labels, k,
-                                           out, labels_out));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::GatherAugmentNormalize(int count, const AugmentGeometry& g,
-                                                 const int32_t* index, const uint8_t* pixels,
-                                                 const int32_t* labels, const CropFlip* decisions,
-                                                 const PixelNorm& norm, float* out,
-                                                 int32_t* labels_out) {
-  static_assert(sizeof(ck::CropFlipDecision) == sizeof(CropFlip) &&
-                offsetof(ck::CropFlipDecision, dx) == offsetof(CropFlip, dx) &&
-                offsetof(ck::CropFlipDecision, flip) == offsetof(CropFlip, flip));
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_RETURN_IF_ERROR(CheckAugmentGeometry(g, norm.channels()));
-  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, g.sample_elems()));
-  const ck::AugmentShape shape{g.channels, g.height, g.width, g.padding};
-  KILN_CUDA_CHECK(ck::gather_augment_normalize(
-      stream_, count, shape, index, pixels, labels,
-      reinterpret_cast<const ck::CropFlipDecision*>(decisions), k, out, labels_out));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Normalize(int count, int64_t sample_elems, const float* x,
-                                    const PixelNorm& norm, float* out) {
-  KILN_RETURN_IF_ERROR(Activate());
-  KILN_ASSIGN_OR_RETURN(const ck::NormFold k, KernelNorm(norm, sample_elems));  // as Gather...
-  KILN_CUDA_CHECK(ck::normalize(stream_, int64_t{count} * sample_elems, x, k, out));
   return absl::OkStatus();
 }
 

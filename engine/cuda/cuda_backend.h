@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
+#include "engine/cuda/cuda_backend_options.h"
 
 // The CUDA handle types, declared so that this header needs no CUDA headers.
 struct CUstream_st;
@@ -30,18 +31,6 @@ namespace kiln {
 
 class CudaCachingAllocator;
 class CudnnConvolutions;
-
-struct CudaBackendOptions {
-  // TF32 tensor cores for GEMMs and convolutions: about 3x the matrix throughput of float32 with
-  // a 10-bit mantissa. Off, results match the CPU backend to ~1e-6.
-  bool allow_tf32 = false;
-  // Deterministic cuDNN algorithms chosen by heuristics (shape and device only), so every backend
-  // and process on this machine computes the same bits; false times each algorithm once per shape
-  // and keeps the fastest.
-  bool deterministic = true;
-  // Most workspace a cuDNN convolution algorithm may take.
-  size_t conv_workspace_limit = kCudaConvWorkspaceLimit;
-};
 
 class CudaBackend final : public Backend {
  public:

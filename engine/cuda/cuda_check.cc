@@ -61,4 +61,9 @@ absl::Status CallError(cudnnStatus_t rc, const char* call, const char* file, int
   return Make(oom, call, file, line, what);
 }
 
+absl::Status Annotate(absl::Status s, const std::string& context) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
 }  // namespace kiln::cuda_internal

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <string>
+
 #include "absl/status/status.h"
 
 namespace kiln::cuda_internal {
@@ -19,6 +21,9 @@ inline bool Succeeded(cudnnStatus_t rc) { return rc == CUDNN_STATUS_SUCCESS; }
 absl::Status CallError(cudaError_t rc, const char* call, const char* file, int line);
 absl::Status CallError(cublasStatus_t rc, const char* call, const char* file, int line);
 absl::Status CallError(cudnnStatus_t rc, const char* call, const char* file, int line);
+
+// `s` with `context` (what the op was working on) before its message; OK passes through.
+absl::Status Annotate(absl::Status s, const std::string& context);
 
 }  // namespace kiln::cuda_internal
 

@@ -161,9 +161,8 @@ absl::Status CsvStreamCheck::Finish() {
 
 namespace {
 
-// The table a check that kept its values has read, once its input has ended.
-absl::StatusOr<Dataset> FinishedDataset(CsvStreamCheck& check) {
-  KILN_RETURN_IF_ERROR(check.Finish());
+// The dataset a finished check kept the values of (Keep::kValues); takes them.
+Dataset DatasetOf(CsvStreamCheck& check) {
   Dataset ds;
   ds.sample_shape = {check.features()};
   ds.size = check.rows();
@@ -179,7 +178,8 @@ absl::StatusOr<Dataset> ParseCsv(std::string_view text, const std::string& name,
                                  const CsvOptions& options) {
   CsvStreamCheck check(name, options, CsvStreamCheck::Keep::kValues);
   KILN_RETURN_IF_ERROR(check.Consume(text));
-  return FinishedDataset(check);
+  KILN_RETURN_IF_ERROR(check.Finish());
+  return DatasetOf(check);
 }
 
 namespace {
@@ -194,7 +194,8 @@ absl::StatusOr<Dataset> ReadCsvFile(const std::string& path, const CsvOptions& o
     if (got < buf.size()) break;
   }
   if (std::ferror(file.get())) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return FinishedDataset(check);
+  KILN_RETURN_IF_ERROR(check.Finish());
+  return DatasetOf(check);
 }
 
 // Moves the last `n` samples of `from` into a new dataset.

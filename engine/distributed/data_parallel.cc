@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/trainer.h"
 
 namespace kiln {
 

@@ -19,7 +19,6 @@
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
 #include "engine/distributed/data_parallel.h"
-#include "engine/distributed/gloo_communicator.h"
 #include "engine/distributed/timed_communicator.h"
 #include "engine/trainer.h"
 #include "server/checkpoints/checkpoint_policy.h"
@@ -33,10 +32,6 @@
 #include "server/worker/dataset_fetch.h"
 #include "server/worker/grpc_key_value_store.h"
 #include "server/worker/report_stream.h"
-#if defined(KILN_WITH_NCCL)
-#include "engine/cuda/cuda_backend.h"
-#include "engine/distributed/nccl_communicator.h"
-#endif
 
 namespace kiln::worker {
 namespace fs = std::filesystem;
@@ -198,32 +193,14 @@ absl::StatusOr<DatasetSplits> RankRun::LoadDataset() {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> RankRun::JoinPeers(Backend* backend) {
-  const absl::Duration timeout = joined_.collective_timeout_ms() > 0
-                                     ? absl::Milliseconds(joined_.collective_timeout_ms())
-                                     : kDefaultCollectiveTimeout;
+  CommunicatorOptions options;
+  options.timeout = joined_.collective_timeout_ms() > 0
+                        ? absl::Milliseconds(joined_.collective_timeout_ms())
+                        : kDefaultCollectiveTimeout;
+  options.gloo_hostname = flags_.gloo_host;
+  options.gloo_interface = flags_.gloo_interface;
   GrpcKeyValueStore store(connection_, flags_.job);
-  if (backend->kind() == DeviceKind::kCuda) {
-#if defined(KILN_WITH_NCCL)
-    NcclOptions options;
-    options.timeout = timeout;
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> nccl,
-                          NcclCommunicator::Create(&store, flags_.rank, joined_.world_size(),
-                                                   static_cast<CudaBackend*>(backend), options));
-    return std::unique_ptr<Communicator>(std::move(nccl));
-#else
-    return absl::FailedPreconditionError(
-        "this kiln-worker was built without NCCL, so it cannot train on a CUDA device with "
-        "others");
-#endif
-  }
-  GlooOptions options;
-  options.hostname = flags_.gloo_host;
-  options.interface = flags_.gloo_interface;
-  options.timeout = timeout;
-  KILN_ASSIGN_OR_RETURN(
-      std::unique_ptr<GlooCommunicator> gloo,
-      GlooCommunicator::Create(&store, flags_.rank, joined_.world_size(), options));
-  return std::unique_ptr<Communicator>(std::move(gloo));
+  return CreateCommunicator(backend, &store, flags_.rank, joined_.world_size(), options);
 }
 
 absl::Status RankRun::ResumeOnRank0(Trainer& trainer) {

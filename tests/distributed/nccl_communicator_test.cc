@@ -2,7 +2,7 @@
 // the parent never does). NcclSingleGpu needs one device, NcclMultiGpu two; each skips, saying
 // why, where the machine has fewer. Not run where this was written (no GPU): scripts/device-check
 // runs them on the device machine.
-#include "engine/distributed/nccl_communicator.h"
+#include "engine/cuda/nccl_communicator.h"
 
 #include <cstdio>
 #include <fstream>

@@ -1,8 +1,16 @@
-// Loss kernels: fused softmax cross-entropy (forward and backward in one pass, with the correct
-// count), mean squared error, one-hot targets, row argmax and accuracy counting. Reductions run in
+// CudaBackend's losses with their kernels: fused softmax cross-entropy (forward and backward in
+// one pass, with the correct count), mean squared error, one-hot targets, row argmax and accuracy
+// counting. Reductions run in
 // a fixed order, in double where the CPU sums in double, so every run gives the same bits.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "engine/backend_checks.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/device_math.cuh"
 
@@ -138,8 +146,10 @@ unsigned RowBlocks(int rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-}  // namespace
-
+// Fused log-softmax cross-entropy over logits(rows, cols): loss[0] = mean row loss (summed in
+// double, in a fixed order), correct[0] = rows whose first maximum is the label, dlogits =
+// (softmax - target) / rows when not null, the target smoothed as Backend::SoftmaxCrossEntropy
+// says. scratch holds 8 * rows bytes.
 cudaError_t softmax_xent(cudaStream_t stream, int rows, int cols, const float* logits,
                          const int32_t* labels, float label_smoothing, float* loss,
                          int32_t* correct, float* dlogits, void* scratch,
@@ -156,10 +166,13 @@ cudaError_t softmax_xent(cudaStream_t stream, int rows, int cols, const float* l
   return cudaGetLastError();
 }
 
+// Bytes of scratch mean_squared_error needs.
 int64_t mean_squared_error_scratch_bytes(int64_t n) {
   return static_cast<int64_t>(GridFor(n)) * static_cast<int64_t>(sizeof(double));
 }
 
+// loss[0] = mean of (y - target)^2 (summed in double, fixed order); dy = 2 (y - target) / n
+// when not null.
 cudaError_t mean_squared_error(cudaStream_t stream, int64_t n, const float* y, const float* target,
                                float* loss, float* dy, void* scratch) {
   if (n <= 0) return cudaSuccess;
@@ -182,6 +195,7 @@ cudaError_t one_hot(cudaStream_t stream, int rows, int cols, const int32_t* labe
   return cudaGetLastError();
 }
 
+// out[r] = index of the first maximum of row r (std::max_element's choice).
 cudaError_t argmax_rows(cudaStream_t stream, int rows, int cols, const float* x, int32_t* out) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   argmax_rows_kernel<<<RowBlocks(rows), kThreads, 0, stream>>>(rows, cols, x, out);
@@ -196,4 +210,63 @@ cudaError_t count_correct(cudaStream_t stream, int rows, int cols, const float* 
   return cudaGetLastError();
 }
 
+}  // namespace
+
 }  // namespace kiln::cuda_kernels
+
+namespace kiln {
+
+namespace ck = cuda_kernels;
+
+absl::Status CudaBackend::SoftmaxCrossEntropy(int rows, int cols, const float* logits,
+                                              const int32_t* labels, float label_smoothing,
+                                              float* loss, int32_t* correct, float* dlogits) {
+  KILN_RETURN_IF_ERROR(CheckSoftmaxCrossEntropy(rows, cols, label_smoothing));
+  KILN_RETURN_IF_ERROR(Activate());
+  if (rows == 0) {
+    // As on the CPU: the mean over no rows is NaN, and no row is correct.
+    KILN_CUDA_CHECK(ck::fill_u32(stream_, 1, 0x7fc00000u, loss));
+    KILN_CUDA_CHECK(cudaMemsetAsync(correct, 0, sizeof(int32_t), stream_));
+    return absl::OkStatus();
+  }
+  KILN_ASSIGN_OR_RETURN(void* scratch,
+                        GetScratch(Scratch::kTemp, static_cast<size_t>(std::max(rows, 1)) * 8));
+  kernel_error_pending_ = true;
+  KILN_CUDA_CHECK(ck::softmax_xent(stream_, rows, cols, logits, labels, label_smoothing, loss,
+                                   correct, dlogits, scratch,
+                                   static_cast<ck::KernelErrorRecord*>(kernel_error_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MeanSquaredError(int64_t n, const float* y, const float* target,
+                                           float* loss, float* dy) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_ASSIGN_OR_RETURN(
+      void* scratch, GetScratch(Scratch::kTemp, static_cast<size_t>(std::max<int64_t>(
+                                                    ck::mean_squared_error_scratch_bytes(n), 8))));
+  KILN_CUDA_CHECK(ck::mean_squared_error(stream_, n, y, target, loss, dy, scratch));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::OneHot(int rows, int cols, const int32_t* labels, float* onehot) {
+  KILN_RETURN_IF_ERROR(Activate());
+  kernel_error_pending_ = true;
+  KILN_CUDA_CHECK(ck::one_hot(stream_, rows, cols, labels, onehot,
+                              static_cast<ck::KernelErrorRecord*>(kernel_error_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Argmax(int rows, int cols, const float* x, int32_t* out) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::argmax_rows(stream_, rows, cols, x, out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CountCorrect(int rows, int cols, const float* x, const int32_t* labels,
+                                       int32_t* correct) {
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::count_correct(stream_, rows, cols, x, labels, correct));
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,4 +1,4 @@
-#include "engine/distributed/nccl_communicator.h"
+#include "engine/cuda/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -13,7 +13,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_guard.h"
-#include "engine/distributed/nccl_library.h"
+#include "engine/cuda/nccl_library.h"
 
 namespace kiln {
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cudnn_library.h"

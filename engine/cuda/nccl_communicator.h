@@ -3,6 +3,7 @@
 // KeyValueStore (rank 0 publishes NCCL's unique id). NCCL has no timeout of its own, so every
 // call waits for its work under one: past it, the communicator is aborted (ncclCommAbort) and
 // the call fails, naming the operation and this rank, instead of hanging the process.
+// Ranks get one through CreateCommunicator (engine/backend_registry.h).
 #pragma once
 
 #include <memory>

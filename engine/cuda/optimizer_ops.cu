@@ -1,11 +1,24 @@
-// Optimizer updates, one fused pass over a parameter and its state: SGD (momentum, dampening,
-// Nesterov, weight decay) and Adam/AdamW, with PyTorch's formulas as the CPU backend writes them.
-#include "engine/cuda/cuda_kernels.h"
+// CudaBackend's optimizer updates with their kernels, one fused pass over a parameter and its
+// state: SGD (momentum, dampening, Nesterov, weight decay) and Adam/AdamW, with PyTorch's formulas
+// as the CPU backend writes them.
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "engine/adam_constants.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_math.cuh"
 
 namespace kiln::cuda_kernels {
 
 namespace {
+
+struct SgdConstants {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool seed_buffer;  // first step: the momentum buffer becomes the gradient
+};
 
 __global__ void sgd_update_kernel(int64_t n, SgdConstants h, float* param, const float* grad,
                                   float* momentum_buf) {
@@ -33,8 +46,6 @@ __global__ void adam_update_kernel(int64_t n, AdamConstants h, float* param, con
   }
 }
 
-}  // namespace
-
 cudaError_t sgd_update(cudaStream_t stream, int64_t n, const SgdConstants& c, float* param,
                        const float* grad, float* momentum_buf) {
   if (n <= 0) return cudaSuccess;
@@ -42,6 +53,7 @@ cudaError_t sgd_update(cudaStream_t stream, int64_t n, const SgdConstants& c, fl
   return cudaGetLastError();
 }
 
+// One Adam/AdamW step with the constants FoldAdamHyper gives (engine/adam_constants.h).
 cudaError_t adam_update(cudaStream_t stream, int64_t n, const AdamConstants& c, float* param,
                         const float* grad, float* exp_avg, float* exp_avg_sq) {
   if (n <= 0) return cudaSuccess;
@@ -49,4 +61,32 @@ cudaError_t adam_update(cudaStream_t stream, int64_t n, const AdamConstants& c, 
   return cudaGetLastError();
 }
 
+}  // namespace
+
 }  // namespace kiln::cuda_kernels
+
+namespace kiln {
+
+namespace ck = cuda_kernels;
+
+absl::Status CudaBackend::SgdUpdate(int64_t n, const SgdHyper& h, MomentumBuffer buffer,
+                                    float* param, const float* grad, float* momentum_buf) {
+  if (h.momentum != 0.0f && momentum_buf == nullptr) {
+    return absl::InvalidArgumentError("SgdUpdate: momentum needs a momentum buffer");
+  }
+  KILN_RETURN_IF_ERROR(Activate());
+  const ck::SgdConstants c{h.lr,           h.momentum, h.dampening,
+                           h.weight_decay, h.nesterov, buffer == MomentumBuffer::kSeed};
+  KILN_CUDA_CHECK(ck::sgd_update(stream_, n, c, param, grad, momentum_buf));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AdamUpdate(int64_t n, const AdamHyper& h, float* param, const float* grad,
+                                     float* exp_avg, float* exp_avg_sq) {
+  KILN_RETURN_IF_ERROR(Activate());
+  // The CPU backend's constants (FoldAdamHyper), so both run the same float arithmetic.
+  KILN_CUDA_CHECK(ck::adam_update(stream_, n, FoldAdamHyper(h), param, grad, exp_avg, exp_avg_sq));
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,4 +1,4 @@
-#include "engine/distributed/nccl_library.h"
+#include "engine/cuda/nccl_library.h"
 
 #include <string>
 

@@ -1,0 +1,47 @@
+// The input checks every backend makes before an op, so that the CPU and CUDA backends refuse the
+// same inputs with the same messages. Each returns InvalidArgument naming the op and what is
+// wrong, or OK.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/augment_geometry.h"
+#include "engine/backend.h"
+
+namespace kiln {
+
+// Before a batch normalisation: a non-negative geometry, eps > 0 and, in training, more than one
+// value per channel (an unbiased variance needs two), as PyTorch.
+absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training);
+
+// Before GatherAugmentNormalize: a geometry of whole images, and a normalisation of one channel or
+// one per image channel (torchvision normalises per channel).
+absl::Status CheckAugmentGeometry(const AugmentGeometry& g, int norm_channels);
+
+// Before a copy: `bytes` must fit the `capacity` of the tensors involved.
+absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity);
+
+// Before pooling (`op` names it: "maxpool2d", "avgpool2d"): a window of at least 1 that fits the
+// padded input, and padding at most half the window (PyTorch's rule; it also keeps a real pixel in
+// every window).
+absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g);
+
+// A fused max pooling records each window's winner as a byte: its position in scan order
+// (a * kernel_w + b), or this where the fused ReLU passes no gradient.
+inline constexpr uint8_t kMaskedWinner = 255;
+
+// Whether max pooling of geometry `pool` over the output of convolution `g` can run fused into
+// it (Backend::Conv2dMaxPoolForward): non-overlapping windows without padding, of fewer than
+// kMaskedWinner positions, over exactly the convolution's output.
+absl::Status CheckFusableMaxPool(const Conv2dGeometry& g, const Pool2dGeometry& pool);
+
+// Before a softmax cross-entropy: at least one class, no negative row count, a label smoothing in
+// [0, 1]. Zero rows is allowed: the loss is NaN (a mean over nothing) and correct is 0.
+absl::Status CheckSoftmaxCrossEntropy(int rows, int cols, float label_smoothing = 0);
+
+// Before a Copy2D: no negative size, rows no longer than either stride.
+absl::Status CheckCopy2D(int64_t rows, int64_t cols, int64_t src_stride, int64_t dst_stride);
+
+}  // namespace kiln

@@ -1,0 +1,143 @@
+// CudaBackend's convolutions: cuDNN convolves (conv_cudnn.h picks and caches its algorithms), and
+// the bias and the fused ReLU that ride along are kiln's kernels here. The CPU's counterpart is
+// engine/cpu/conv_ops.cc.
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/cuda/conv_cudnn.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/device_math.cuh"
+
+namespace kiln::cuda_kernels {
+
+namespace {
+
+__global__ void conv_bias_act_forward_kernel(int64_t n, int channels, int64_t plane,
+                                             const float* bias, bool relu, float* y) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const float b = bias != nullptr ? bias[(i / plane) % channels] : 0.0f;
+    const float v = y[i] + b;
+    y[i] = relu && v < 0.0f ? 0.0f : v;
+  }
+}
+
+// One block per channel: walks the channel's planes sample by sample.
+__global__ void conv_bias_act_backward_kernel(int batch, int channels, int64_t plane,
+                                              const float* relu_y, const float* dy, float* masked,
+                                              float* dbias) {
+  const int c = blockIdx.x;
+  float sum = 0.0f;
+  for (int n = 0; n < batch; ++n) {
+    const int64_t base = (static_cast<int64_t>(n) * channels + c) * plane;
+    for (int64_t j = threadIdx.x; j < plane; j += kThreads) {
+      float d = dy[base + j];
+      if (relu_y != nullptr) d = relu_y[base + j] > 0.0f ? d : 0.0f;
+      if (masked != nullptr) masked[base + j] = d;
+      sum += d;
+    }
+  }
+  if (dbias == nullptr) return;  // uniform across the block: no thread waits in BlockSum
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0) dbias[c] += sum;
+}
+
+// y(batch, channels, plane) = act(y + bias[channel]); bias may be null.
+cudaError_t conv_bias_act_forward(cudaStream_t stream, int batch, int channels, int64_t plane,
+                                  const float* bias, Activation act, float* y) {
+  const int64_t n = static_cast<int64_t>(batch) * channels * plane;
+  if (n <= 0 || (bias == nullptr && act == Activation::kNone)) return cudaSuccess;
+  conv_bias_act_forward_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, channels, plane, bias,
+                                                                    act == Activation::kRelu, y);
+  return cudaGetLastError();
+}
+
+// Per channel of dy(batch, channels, plane): d = relu_y ? (relu_y > 0 ? dy : 0) : dy; writes d to
+// masked (when not null) and adds its sum over batch and plane to dbias (when not null), in a
+// fixed order.
+cudaError_t conv_bias_act_backward(cudaStream_t stream, int batch, int channels, int64_t plane,
+                                   const float* relu_y, const float* dy, float* masked,
+                                   float* dbias) {
+  if (batch <= 0 || channels <= 0 || plane <= 0) return cudaSuccess;
+  conv_bias_act_backward_kernel<<<channels, kThreads, 0, stream>>>(batch, channels, plane, relu_y,
+                                                                   dy, masked, dbias);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+}  // namespace kiln::cuda_kernels
+
+namespace kiln {
+
+namespace {
+namespace ck = cuda_kernels;
+
+// What a failed cuDNN call was working on: "conv2d forward 64x1x28x28 -> 32 kernel 3x3 ...".
+std::string ConvContext(const Conv2dGeometry& g, const char* pass) {
+  return absl::StrCat("conv2d ", pass, " ", g.batch, "x", g.in_channels, "x", g.in_h, "x", g.in_w,
+                      " -> ", g.out_channels, " kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
+                      g.stride_h, "x", g.stride_w, " padding ", g.padding_h, "x", g.padding_w);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
+                                        const float* bias, Activation act, float* y) {
+  if (g.batch == 0) return absl::OkStatus();  // as on the CPU: nothing to do
+  KILN_RETURN_IF_ERROR(Activate());
+  const WorkspaceFn workspace = [this](size_t bytes) {
+    return GetScratch(Scratch::kWorkspace, bytes);
+  };
+  if (absl::Status s = convs_->Forward(g, x, w, y, workspace); !s.ok()) {
+    return cuda_internal::Annotate(s, ConvContext(g, "forward"));
+  }
+  const int64_t plane = int64_t{g.out_h()} * g.out_w();
+  KILN_CUDA_CHECK(ck::conv_bias_act_forward(stream_, g.batch, g.out_channels, plane, bias, act, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                                         const float* y, const float* dy, Activation act, float* dw,
+                                         float* dbias, float* dx) {
+  if (g.batch == 0) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  const int64_t plane = int64_t{g.out_h()} * g.out_w();
+  const int64_t out_elems = int64_t{g.batch} * g.out_channels * plane;
+  // The gradient at the convolution's output: dy through the fused ReLU's mask when there is one.
+  const float* grad = dy;
+  if (act == Activation::kRelu) {
+    KILN_ASSIGN_OR_RETURN(void* tmp, GetScratch(Scratch::kTemp, out_elems * sizeof(float)));
+    float* masked = static_cast<float*>(tmp);
+    if (dbias != nullptr) {
+      KILN_CUDA_CHECK(ck::conv_bias_act_backward(stream_, g.batch, g.out_channels, plane, y, dy,
+                                                 masked, dbias));
+    } else {
+      KILN_CUDA_CHECK(ck::relu_backward(stream_, out_elems, y, dy, masked));
+    }
+    grad = masked;
+  } else if (dbias != nullptr) {
+    KILN_CUDA_CHECK(ck::conv_bias_act_backward(stream_, g.batch, g.out_channels, plane, nullptr, dy,
+                                               nullptr, dbias));
+  }
+  const WorkspaceFn workspace = [this](size_t bytes) {
+    return GetScratch(Scratch::kWorkspace, bytes);
+  };
+  if (dw != nullptr) {
+    if (absl::Status s = convs_->BackwardFilter(g, x, grad, dw, workspace); !s.ok()) {
+      return cuda_internal::Annotate(s, ConvContext(g, "backward-filter"));
+    }
+  }
+  if (dx != nullptr) {
+    if (absl::Status s = convs_->BackwardData(g, w, grad, dx, workspace); !s.ok()) {
+      return cuda_internal::Annotate(s, ConvContext(g, "backward-data"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln
