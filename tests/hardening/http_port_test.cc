@@ -5,6 +5,9 @@
 //   connection closed), chunked or not; a chunked body stops at the limit; Range is ignored, so a
 //   request of thousands of ranges gets the file once. Memory is measured (this process's RSS)
 //   with a stated bound.
+// - Connections are bounded like the gRPC port's: a flood of them, under a 256-descriptor limit,
+//   leaves gRPC and /metrics answering and kilnd's descriptors out of the reserve kept for files
+//   (kilnd as a child).
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -59,6 +62,18 @@ int Connect(int port) {
     close(fd);
     return -1;
   }
+  return fd;
+}
+
+// A connection made without waiting for it, never written to; -1 if no socket was left.
+int SilentConnection(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));  // EINPROGRESS is fine
   return fd;
 }
 
@@ -332,6 +347,63 @@ TEST_F(HttpPortTest, RangesAreIgnoredSoAFileComesOnce) {
     EXPECT_EQ(got.status, 200) << range.size() << " bytes of ranges";
     EXPECT_EQ(got.body.size(), largest->bytes.size()) << range.size() << " bytes of ranges";
   }
+}
+
+// Finding 2: kilnd as a child under a 256-descriptor limit. httplib accepted every connection
+// into an unbounded queue, each with its descriptor (22,300 in 31 s), until kilnd had none left
+// and gRPC failed too. Now the HTTP port keeps the gRPC port's rule: a cap on connections and
+// the reserve below the limit; a flood of 600 silent connections (past 16 trickling ones that
+// hold threads) leaves gRPC, health and /metrics answering, and kilnd under its reserve.
+TEST(HttpPortFloodTest, AFloodOfConnectionsLeavesGrpcAndMetricsTheirDescriptors) {
+  if (access("/usr/bin/prlimit", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/prlimit (util-linux)";
+  const std::string root = server::testing::MakeTempDir("kilnd-http-flood");
+  server::testing::WriteToyDataset(root + "/data/toy", 64, 16);
+  testing::KilndChild kilnd;
+  kilnd.set_launcher({"/usr/bin/prlimit", "--nofile=256:256", "--"});
+  ASSERT_TRUE(kilnd.Start(root + "/state", root + "/data", {}, /*metrics=*/true));
+  std::vector<int> held;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> trickles;
+  for (int i = 0; i < 16; ++i) {
+    const int fd = Connect(kilnd.metrics_port());
+    ASSERT_GE(fd, 0);
+    held.push_back(fd);
+    trickles.emplace_back([fd, &stop] {
+      const std::string head = "GET /metrics HTTP/1.1\r\nX-Pad: ";
+      for (size_t b = 0; !stop; ++b) {
+        if (send(fd, &head[b % head.size()], 1, MSG_NOSIGNAL) != 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  const int before = server::hardening::OpenDescriptors(kilnd.pid());
+  for (int i = 0; i < 600; ++i) {
+    const int fd = SilentConnection(kilnd.metrics_port());
+    ASSERT_GE(fd, 0) << "the test ran out of sockets after " << i;
+    held.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int during = server::hardening::OpenDescriptors(kilnd.pid());
+  const bool grpc = server::hardening::HealthServing(kilnd.port());
+  int metrics = 0;
+  const int probe = Connect(kilnd.metrics_port());
+  if (probe >= 0 && SendAll(probe, "GET /metrics HTTP/1.1\r\nHost: kiln\r\n\r\n")) {
+    metrics = ReadAnswer(probe, absl::Seconds(5)).status;
+  }
+  if (probe >= 0) close(probe);
+  std::printf(
+      "[ flood    ] kilnd descriptors: %d before the flood of 600, %d during; gRPC health "
+      "%s, /metrics %d\n",
+      before, during, grpc ? "SERVING" : "not answering", metrics);
+  stop = true;
+  for (std::thread& t : trickles) t.join();
+  for (int fd : held) close(fd);
+  EXPECT_TRUE(grpc) << "gRPC health did not answer a new channel during the flood";
+  EXPECT_EQ(metrics, 200) << "/metrics did not answer during the flood";
+  EXPECT_LE(during, 256 - 64 + 8) << "connections ate into the descriptors kept for files";
+  EXPECT_EQ(kilnd.Stop(SIGTERM, absl::Seconds(30)), 0);
+  std::error_code ec;
+  fs::remove_all(root, ec);
 }
 
 }  // namespace
