@@ -8,6 +8,10 @@
 // - Connections are bounded like the gRPC port's: a flood of them, under a 256-descriptor limit,
 //   leaves gRPC and /metrics answering and kilnd's descriptors out of the reserve kept for files
 //   (kilnd as a child).
+// - Slow clients hold no thread: heads and bodies trickled, requests whose handlers wait, and
+//   hundreds of idle connections leave /metrics and health answering within a second; a head or a
+//   body must arrive within its deadline however it trickles; Stop() (and SIGTERM) ends within
+//   the grace whatever the clients do.
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -128,6 +132,19 @@ Answer ReadAnswer(int fd, absl::Duration timeout) {
   }
   if (head_end != std::string::npos) answer.body = in.substr(head_end + 4);
   return answer;
+}
+
+// True when the server ends the connection within `timeout` (what it sends is read and dropped).
+bool ClosedWithin(int fd, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    char buf[65536];
+    const ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+  }
 }
 
 int64_t Rss() { return server::hardening::ResidentBytes(getpid()); }
@@ -402,6 +419,186 @@ TEST(HttpPortFloodTest, AFloodOfConnectionsLeavesGrpcAndMetricsTheirDescriptors)
   EXPECT_EQ(metrics, 200) << "/metrics did not answer during the flood";
   EXPECT_LE(during, 256 - 64 + 8) << "connections ate into the descriptors kept for files";
   EXPECT_EQ(kilnd.Stop(SIGTERM, absl::Seconds(30)), 0);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+// Finding 3: 16 clients trickling heads, 16 trickling bodies, 16 requests whose handler waits and
+// 300 idle connections took every thread (httplib's 16) and queued the rest: /metrics, health,
+// REST and the page stopped answering. Now the probes have their own lane and the slow ones hold
+// no thread (heads are waited for off the threads); the probes answer within a second
+// throughout, past the head deadline (the trickling clients come back when dropped).
+TEST_F(HttpPortTest, ProbesAnswerWhileSlowClientsHoldEveryOtherThread) {
+  Start();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> attackers;
+  auto trickle = [&](std::string head, std::string body) {
+    while (!stop) {
+      const int fd = Connect(port_);
+      if (fd < 0) break;
+      std::string all = head + body;
+      for (size_t i = 0; i < all.size() && !stop; ++i) {
+        if (send(fd, &all[i], 1, MSG_NOSIGNAL) != 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      close(fd);
+    }
+  };
+  for (int i = 0; i < 16; ++i) {
+    attackers.emplace_back(
+        trickle, "GET /v2/health/ready HTTP/1.1\r\nHost: kiln\r\nX-Pad: " + std::string(1000, 'p'),
+        "");
+    attackers.emplace_back(
+        [&](std::string head) {
+          while (!stop) {
+            const int fd = Connect(port_);
+            if (fd < 0 || !SendAll(fd, head)) break;
+            for (int b = 0; b < 1000 && !stop; ++b) {
+              if (send(fd, "x", 1, MSG_NOSIGNAL) != 1) break;
+              std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            }
+            close(fd);
+          }
+        },
+        std::string("POST /v2/echo HTTP/1.1\r\nHost: kiln\r\nContent-Length: 1000\r\n\r\n"));
+    const int waiting = Keep(Connect(port_));
+    ASSERT_TRUE(SendAll(waiting, "GET /slow HTTP/1.1\r\nHost: kiln\r\n\r\n"));
+  }
+  for (int i = 0; i < 300; ++i) Keep(SilentConnection(port_));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int answered = 0, asked = 0;
+  absl::Duration slowest;
+  const absl::Time end = absl::Now() + absl::Seconds(12);
+  while (absl::Now() < end) {
+    for (const char* path : {"/metrics", "/v2/health/ready"}) {
+      const absl::Time t0 = absl::Now();
+      ++asked;
+      if (Probe(path, absl::Seconds(1)) == 200) ++answered;
+      slowest = std::max(slowest, absl::Now() - t0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  stop = true;
+  Release();
+  for (std::thread& t : attackers) t.join();
+  std::printf("[ slow     ] probes answered within 1 s: %d of %d (slowest %s)\n", answered, asked,
+              absl::FormatDuration(slowest).c_str());
+  EXPECT_EQ(answered, asked);
+}
+
+// Finding 3: each read of a head or body had to progress within 5 s, but a request could trickle
+// for ever; now the head must arrive within --http_header_timeout of its first byte, and head
+// and body within --http_request_timeout, however they trickle.
+TEST_F(HttpPortTest, AHeadOrABodyMustArriveWithinItsDeadlineHoweverItTrickles) {
+  HttpServerOptions options;
+  options.limits.header_timeout = absl::Seconds(2);
+  options.limits.request_timeout = absl::Seconds(4);
+  Start(options);
+  auto trickle = [&](const std::string& first, const std::string& then) {
+    const int fd = Keep(Connect(port_));
+    EXPECT_TRUE(SendAll(fd, first));
+    const absl::Time start = absl::Now();
+    std::atomic<bool> closed{false};
+    std::thread drip([&] {
+      for (int i = 0; i < 100 && !closed; ++i) {
+        if (send(fd, &then[i % then.size()], 1, MSG_NOSIGNAL) != 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      }
+    });
+    const bool ended = ClosedWithin(fd, absl::Seconds(15));
+    closed = true;
+    drip.join();
+    return ended ? absl::Now() - start : absl::InfiniteDuration();
+  };
+  const absl::Duration head = trickle("GET /metrics HTTP/1.1\r\nX-Pad: ", "p");
+  const absl::Duration body =
+      trickle("POST /v2/echo HTTP/1.1\r\nHost: kiln\r\nContent-Length: 1000\r\n\r\n", "x");
+  std::printf("[ deadline ] trickled head closed after %s, trickled body after %s\n",
+              absl::FormatDuration(head).c_str(), absl::FormatDuration(body).c_str());
+  EXPECT_LT(head, absl::Seconds(3)) << "a 2 s head deadline";
+  EXPECT_LT(body, absl::Seconds(5)) << "a 4 s request deadline";
+}
+
+// Finding 3: Stop() joined httplib's threads, which waited on trickling clients for ever (and
+// answered every queued connection first); --shutdown_timeout was not honoured. Now it ends
+// within its grace, whatever the clients do: trickling heads and bodies, a client that does not
+// read a large answer, idle connections, queued requests.
+TEST_F(HttpPortTest, StopEndsWithinItsGraceWhateverTheClientsDo) {
+  HttpServerOptions options;
+  options.limits.stop_grace = absl::Seconds(1);
+  Start(options);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = Keep(Connect(port_));
+    const bool body = i % 2 == 1;
+    clients.emplace_back([fd, body, &stop] {
+      if (body) SendAll(fd, "POST /v2/echo HTTP/1.1\r\nHost: kiln\r\nContent-Length: 100\r\n\r\n");
+      const std::string drip = body ? "x" : "GET /metrics HTTP/1.1\r\nX-Pad: ppppppppppppp";
+      for (size_t b = 0; !stop; ++b) {
+        if (send(fd, &drip[b % drip.size()], 1, MSG_NOSIGNAL) != 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  for (int i = 0; i < 4; ++i) {
+    // Asks for 64 MiB and reads none of it.
+    const int fd = Keep(Connect(port_));
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    SendAll(fd, "GET /big HTTP/1.1\r\nHost: kiln\r\n\r\n");
+  }
+  for (int i = 0; i < 50; ++i) Keep(SilentConnection(port_));
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const absl::Time asked = absl::Now();
+  std::future<void> stopped = std::async(std::launch::async, [this] { server_->Stop(); });
+  const bool in_time = stopped.wait_for(std::chrono::seconds(4)) == std::future_status::ready;
+  const absl::Duration took = absl::Now() - asked;
+  stop = true;
+  for (int fd : fds_) shutdown(fd, SHUT_RDWR);  // lets a Stop that did not end, end
+  stopped.wait();
+  for (std::thread& t : clients) t.join();
+  std::printf("[ stop     ] Stop() took %s\n", absl::FormatDuration(took).c_str());
+  EXPECT_TRUE(in_time) << "Stop() took " << took << " with a 1 s grace";
+}
+
+// Finding 3: SIGTERM waited for httplib's threads, held by trickling clients, for ever; kilnd
+// now exits within --shutdown_timeout whatever its HTTP clients do.
+TEST(HttpPortFloodTest, SigtermEndsKilndWithinTheShutdownTimeoutWhateverHttpClientsDo) {
+  const std::string root = server::testing::MakeTempDir("kilnd-http-term");
+  server::testing::WriteToyDataset(root + "/data/toy", 64, 16);
+  testing::KilndChild kilnd;
+  ASSERT_TRUE(
+      kilnd.Start(root + "/state", root + "/data", {"--shutdown_timeout=5s"}, /*metrics=*/true));
+  std::vector<int> held;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> trickles;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = Connect(kilnd.metrics_port());
+    ASSERT_GE(fd, 0);
+    held.push_back(fd);
+    trickles.emplace_back([fd, i, &stop] {
+      if (i % 2 == 1) {
+        SendAll(fd, "POST /v2/models/m/infer HTTP/1.1\r\nHost: kiln\r\nContent-Length: 99\r\n\r\n");
+      }
+      const std::string drip = i % 2 == 1 ? "x" : "GET /metrics HTTP/1.1\r\nX-Pad: ";
+      for (size_t b = 0; !stop; ++b) {
+        if (send(fd, &drip[b % drip.size()], 1, MSG_NOSIGNAL) != 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const absl::Time asked = absl::Now();
+  const int code = kilnd.Stop(SIGTERM, absl::Seconds(20));
+  const absl::Duration took = absl::Now() - asked;
+  stop = true;
+  for (int fd : held) shutdown(fd, SHUT_RDWR);
+  for (std::thread& t : trickles) t.join();
+  for (int fd : held) close(fd);
+  std::printf("[ sigterm  ] kilnd exited %d after %s\n", code, absl::FormatDuration(took).c_str());
+  EXPECT_EQ(code, 0);
+  EXPECT_LT(took, absl::Seconds(5 + 5)) << "--shutdown_timeout=5s";
   std::error_code ec;
   fs::remove_all(root, ec);
 }
