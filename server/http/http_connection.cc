@@ -99,19 +99,22 @@ Connection::Io Connection::ReadSome(size_t most) {
     input_.erase(0, consumed_);
     consumed_ = 0;
   }
-  const size_t old = input_.size();
-  input_.resize(old + most);
+  // Read onto the stack and appended: growing input_ to read into would zero-fill it first.
+  char buffer[kReadChunk];
+  most = std::min(most, sizeof(buffer));
   if (ssl_ != nullptr) {
     ERR_clear_error();
-    const int n =
-        SSL_read(ssl_, input_.data() + old, static_cast<int>(std::min<size_t>(most, INT_MAX)));
-    input_.resize(old + (n > 0 ? n : 0));
-    return n > 0 ? Io::kDone : SslIo(ssl_, n);
+    const int n = SSL_read(ssl_, buffer, static_cast<int>(most));
+    if (n <= 0) return SslIo(ssl_, n);
+    input_.append(buffer, static_cast<size_t>(n));
+    return Io::kDone;
   }
   for (;;) {
-    const ssize_t n = recv(fd_, input_.data() + old, most, MSG_DONTWAIT);
-    input_.resize(old + (n > 0 ? n : 0));
-    if (n > 0) return Io::kDone;
+    const ssize_t n = recv(fd_, buffer, most, MSG_DONTWAIT);
+    if (n > 0) {
+      input_.append(buffer, static_cast<size_t>(n));
+      return Io::kDone;
+    }
     if (n == 0) return Io::kClosed;
     if (errno == EINTR) continue;
     return errno == EAGAIN || errno == EWOULDBLOCK ? Io::kWantRead : Io::kError;

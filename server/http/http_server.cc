@@ -124,7 +124,7 @@ namespace {
 constexpr int kKeepAliveRequests = 100;
 // How long a request thread waits for a kept-alive client's next request before it hands the
 // connection to the listener.
-constexpr auto kNextRequestWait = std::chrono::milliseconds(1);
+constexpr auto kNextRequestWait = std::chrono::milliseconds(10);
 
 // The connection and stream of the request this thread is answering (set by Serve).
 thread_local Connection* current_connection = nullptr;
@@ -498,6 +498,11 @@ HttpServer::NextHead HttpServer::AwaitNextHead(Connection& c) {
   c.meter.reset();
   const Clock::time_point deadline = Clock::now() + kNextRequestWait;
   size_t fed = 0;
+  // Nothing pipelined: wait before the first read rather than after a read that finds nothing.
+  if (c.unconsumed() == 0 && (c.ssl() == nullptr || SSL_pending(c.ssl()) == 0) &&
+      !c.Wait(POLLIN, deadline)) {
+    return NextHead::kNone;
+  }
   for (;;) {
     if (c.unconsumed() > fed) {
       if (!c.meter.has_value()) {
