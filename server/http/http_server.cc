@@ -202,14 +202,21 @@ std::string DefaultMessage(const httplib::Request& req, int status, size_t max_b
   }
 }
 
-absl::Status CheckLimits(const HttpServerOptions& o) {
-  const HttpLimits& l = o.limits;
+absl::Status CheckThreads(const HttpServerOptions& o) {
+  if (o.threads < 1 || o.limits.probe_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the HTTP port needs threads: ", o.threads,
+                                                   " and ", o.limits.probe_threads, " probe"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateHttpLimits(const HttpLimits& l) {
   for (const auto& [name, value] :
        {std::pair<const char*, int64_t>{"--http_max_connections", l.max_connections},
         {"--http_max_header_bytes", static_cast<int64_t>(l.max_header_bytes)},
-        {"--http_max_headers", l.max_headers},
-        {"the HTTP port's threads", o.threads},
-        {"the HTTP port's probe threads", l.probe_threads}}) {
+        {"--http_max_headers", l.max_headers}}) {
     if (value < 1) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": must be at least 1, got ", value));
     }
@@ -226,8 +233,6 @@ absl::Status CheckLimits(const HttpServerOptions& o) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 void ReplyError(httplib::Response& res, int status, std::string_view message) {
   res.status = status;
@@ -587,7 +592,8 @@ absl::StatusOr<int> HttpServer::Start() {
     return absl::UnavailableError(
         absl::StrCat(options_.listen_flag, "=", options_.listen, ": not HOST:PORT"));
   }
-  if (absl::Status valid = CheckLimits(options_); !valid.ok()) return valid;
+  if (absl::Status valid = ValidateHttpLimits(options_.limits); !valid.ok()) return valid;
+  if (absl::Status valid = CheckThreads(options_); !valid.ok()) return valid;
   if (tls_ != nullptr) {
     ssl_ctx_ = SSL_CTX_new(TLS_method());
     if (ssl_ctx_ == nullptr) return absl::InternalError("TLS: OpenSSL made no context");

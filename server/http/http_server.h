@@ -175,6 +175,10 @@ class HttpServer {
   std::vector<Connection*> active_;  // guarded by active_mu_
 };
 
+// OK, or InvalidArgument naming the flag of the first limit that lets nothing through (a count
+// below 1, a timeout below 1 ms).
+absl::Status ValidateHttpLimits(const HttpLimits& limits);
+
 // Writes a JSON error body {"error": message} with `status`.
 void ReplyError(httplib::Response& res, int status, std::string_view message);
 
