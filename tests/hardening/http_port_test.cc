@@ -603,5 +603,59 @@ TEST(HttpPortFloodTest, SigtermEndsKilndWithinTheShutdownTimeoutWhateverHttpClie
   fs::remove_all(root, ec);
 }
 
+// kilnd's --http_* flags reach the listener, each named in what its limit answers; a limit that
+// lets nothing through stops kilnd at start.
+TEST(HttpPortFlagsTest, TheHttpFlagsReachTheListener) {
+  const std::string root = server::testing::MakeTempDir("kilnd-http-flags");
+  server::testing::WriteToyDataset(root + "/data/toy", 64, 16);
+  {
+    testing::KilndChild zero;
+    EXPECT_FALSE(zero.Start(root + "/state", root + "/data", {"--http_max_headers=0"},
+                            /*metrics=*/true));
+    EXPECT_TRUE(absl::StrContains(zero.Stderr(), "--http_max_headers: must be at least 1"))
+        << zero.Stderr();
+  }
+  testing::KilndChild kilnd;
+  ASSERT_TRUE(kilnd.Start(root + "/state", root + "/data",
+                          {"--http_max_headers=5", "--http_max_header_bytes=2048",
+                           "--http_header_timeout=1s", "--http_request_timeout=2s"},
+                          /*metrics=*/true));
+  const int port = kilnd.metrics_port();
+  auto ask = [&](const std::string& request) {
+    const int fd = Connect(port);
+    Answer answer;
+    if (fd >= 0 && SendAll(fd, request)) answer = ReadAnswer(fd, absl::Seconds(10));
+    if (fd >= 0) close(fd);
+    return answer;
+  };
+  std::string fields;
+  for (int i = 0; i < 6; ++i) absl::StrAppend(&fields, "X-", i, ": v\r\n");
+  const Answer many = ask("GET /metrics HTTP/1.1\r\n" + fields + "\r\n");
+  EXPECT_EQ(many.status, 431);
+  EXPECT_TRUE(absl::StrContains(many.body, "--http_max_headers")) << many.body;
+  const Answer large =
+      ask("GET /metrics HTTP/1.1\r\nX-Pad: " + std::string(3000, 'p') + "\r\n\r\n");
+  EXPECT_EQ(large.status, 431);
+  EXPECT_TRUE(absl::StrContains(large.body, "--http_max_header_bytes")) << large.body;
+  // A head that never ends is closed at its 1 s deadline; a body that never ends is 408 at the
+  // 2 s one.
+  const int head = Connect(port);
+  ASSERT_TRUE(SendAll(head, "GET /metrics HTTP/1.1\r\nX-Pad: p"));
+  const absl::Time sent = absl::Now();
+  EXPECT_TRUE(ClosedWithin(head, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(3));
+  close(head);
+  const int body = Connect(port);
+  ASSERT_TRUE(SendAll(body, "POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"));
+  const Answer late = ReadAnswer(body, absl::Seconds(10));
+  EXPECT_EQ(late.status, 408);
+  EXPECT_TRUE(absl::StrContains(late.body, "--http_request_timeout")) << late.body;
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(5));
+  close(body);
+  EXPECT_EQ(kilnd.Stop(SIGTERM, absl::Seconds(30)), 0);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 }  // namespace
 }  // namespace kiln::http
