@@ -1,6 +1,9 @@
 // kiln-bench-serve: N concurrent KServe v2 gRPC clients on loopback against a deployed MNIST model,
 // for a fixed time each, with dynamic batching off and on; prints throughput and p50/p99 latency.
+// With --protocol rest the clients speak KServe v2 REST (JSON bodies, keep-alive) to kilnd's HTTP
+// listener instead, so that the HTTP port's own cost shows.
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -26,8 +29,11 @@
 #include "engine/rng.h"
 #include "engine/trainer.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "server/http/http_server.h"
 #include "server/serving/inference_service.h"
 #include "server/serving/model_repository.h"
+#include "server/serving/rest_inference.h"
 
 namespace {
 
@@ -88,7 +94,24 @@ inference::ModelInferRequest MakeRequest(const std::string& model, const uint8_t
   return request;
 }
 
-enum class ClientKind { kAsync, kSync };
+enum class ClientKind { kAsync, kSync, kRest };
+
+// The REST body of the same request: typed JSON data, as a KServe v2 REST client sends it.
+std::string RestBody(const uint8_t* pixels, InputForm form) {
+  nlohmann::json data = nlohmann::json::array();
+  for (int i = 0; i < 784; ++i) {
+    if (form == InputForm::kU8Raw) {
+      data.push_back(pixels[i]);
+    } else {
+      data.push_back(pixels[i] / 255.0f);
+    }
+  }
+  nlohmann::json input = {{"name", "input"},
+                          {"datatype", form == InputForm::kU8Raw ? "UINT8" : "FP32"},
+                          {"shape", {1, 784}},
+                          {"data", data}};
+  return nlohmann::json{{"inputs", {input}}}.dump();
+}
 
 // One client of the callback (async) API: a request in flight at a time, the next one sent from
 // the completion of the last, on gRPC's own threads.
@@ -149,14 +172,16 @@ double ProcessCpuSeconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-Result RunScenario(const Scenario& s, int port, const kiln::Dataset& images, double seconds,
-                   InputForm form, ClientKind kind, kiln::serving::ModelRepository& repo) {
+Result RunScenario(const Scenario& s, int port, int rest_port, const kiln::Dataset& images,
+                   double seconds, InputForm form, ClientKind kind,
+                   kiln::serving::ModelRepository& repo) {
   std::atomic<bool> measuring{false}, stop{false};
   std::vector<std::vector<float>> latencies(s.clients);
   std::vector<int64_t> errors(s.clients, 0);
   std::vector<std::thread> threads;
   std::vector<std::unique_ptr<inference::GRPCInferenceService::Stub>> stubs;
   std::vector<std::vector<inference::ModelInferRequest>> requests(s.clients);
+  std::vector<std::vector<std::string>> rest_bodies(s.clients);
   for (int c = 0; c < s.clients; ++c) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection per client
@@ -166,6 +191,8 @@ Result RunScenario(const Scenario& s, int port, const kiln::Dataset& images, dou
     for (int k = 0; k < 8; ++k) {
       const int64_t i = (int64_t{c} * 8 + k) % images.size;
       requests[c].push_back(MakeRequest(s.name, images.pixels.data() + i * 784, form));
+      if (kind == ClientKind::kRest)
+        rest_bodies[c].push_back(RestBody(images.pixels.data() + i * 784, form));
     }
   }
   std::mutex mu;
@@ -182,6 +209,34 @@ Result RunScenario(const Scenario& s, int port, const kiln::Dataset& images, dou
           }));
     }
     for (auto& client : async_clients) client->Send();
+  } else if (kind == ClientKind::kRest) {
+    const std::string path = "/v2/models/" + s.name + "/infer";
+    for (int c = 0; c < s.clients; ++c) {
+      threads.emplace_back([&, c, path] {
+        latencies[c].reserve(1 << 20);
+        httplib::Client http("127.0.0.1", rest_port);
+        http.set_keep_alive(true);
+        // httplib's client writes a request's head and body apart: without this, Nagle holds the
+        // body for the server's delayed ACK (40 ms).
+        http.set_tcp_nodelay(true);
+        http.set_read_timeout(20, 0);
+        for (int64_t n = 0; !stop.load(std::memory_order_relaxed); ++n) {
+          const auto t0 = Clock::now();
+          httplib::Result r = http.Post(path.c_str(), rest_bodies[c][n % rest_bodies[c].size()],
+                                        "application/json");
+          const auto t1 = Clock::now();
+          if (!measuring.load(std::memory_order_relaxed)) continue;
+          if (!r || r->status != 200) {
+            if (errors[c]++ == 0) {
+              std::fprintf(stderr, "kiln-bench-serve: REST %s\n",
+                           r ? r->body.c_str() : httplib::to_string(r.error()).c_str());
+            }
+            continue;
+          }
+          latencies[c].push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
+        }
+      });
+    }
   } else {
     for (int c = 0; c < s.clients; ++c) {
       threads.emplace_back([&, c] {
@@ -261,7 +316,8 @@ double MedianMicros(int n, Fn fn) {
 // Where the batch-1 time goes: the engine's forward pass alone, the batcher's hand-off to its
 // worker on top of it, and an empty gRPC round trip (ServerLive) on this loopback.
 void PrintBaselines(const std::string& checkpoint, kiln::Backend* backend,
-                    const kiln::Dataset& images, kiln::serving::ModelRepository& repo, int port) {
+                    const kiln::Dataset& images, kiln::serving::ModelRepository& repo, int port,
+                    int rest_port) {
   auto session = kiln::InferenceSession::FromCheckpoint(checkpoint, backend, 1);
   if (!session.ok()) return;
   float probs[16];
@@ -287,6 +343,13 @@ void PrintBaselines(const std::string& checkpoint, kiln::Backend* backend,
       "# batch-1 medians: engine forward %.1f us, through the batcher %.1f us, "
       "empty gRPC call %.1f us\n",
       forward, batcher, rpc);
+  if (rest_port > 0) {
+    httplib::Client http("127.0.0.1", rest_port);
+    http.set_keep_alive(true);
+    http.set_tcp_nodelay(true);
+    const double live = MedianMicros(2000, [&] { http.Get("/v2/health/live"); });
+    std::printf("# empty REST call (GET /v2/health/live, kept alive) %.1f us\n", live);
+  }
 }
 
 }  // namespace
@@ -294,7 +357,7 @@ void PrintBaselines(const std::string& checkpoint, kiln::Backend* backend,
 int main(int argc, char** argv) {
   CLI::App app{"kiln-bench-serve: KServe v2 gRPC serving throughput and latency on loopback"};
   std::string model = "mlp", data = "data/mnist", checkpoint, device = "cpu", input = "u8raw";
-  std::string runs = "off1,offN,on1,onN", client = "async";
+  std::string runs = "off1,offN,on1,onN", client = "async", protocol = "grpc";
   int clients = 64, epochs = 1, max_batch = 64, threads = 1;
   int64_t delay_us = kiln::serving::BatchingOptions{}.max_queue_delay_us;
   double seconds = 3;
@@ -319,6 +382,9 @@ int main(int argc, char** argv) {
   app.add_option("--client", client,
                  "async: clients on gRPC's callback API (few threads); sync: a thread each")
       ->check(CLI::IsMember({"async", "sync"}));
+  app.add_option("--protocol", protocol,
+                 "grpc, or rest: KServe v2 REST over kilnd's HTTP listener (a thread per client)")
+      ->check(CLI::IsMember({"grpc", "rest"}));
   app.add_option("--runs", runs, "which runs, of off1,offN,on1,onN (N: --clients)");
   CLI11_PARSE(app, argc, argv);
 
@@ -394,14 +460,30 @@ int main(int argc, char** argv) {
   }
 
   const InputForm form = input == "u8raw" ? InputForm::kU8Raw : InputForm::kF32Typed;
-  const ClientKind client_kind = client == "async" ? ClientKind::kAsync : ClientKind::kSync;
+  ClientKind client_kind = client == "async" ? ClientKind::kAsync : ClientKind::kSync;
+  std::unique_ptr<kiln::http::HttpServer> http;
+  int rest_port = 0;
+  if (protocol == "rest") {
+    client_kind = ClientKind::kRest;
+    client = "rest";
+    kiln::http::HttpServerOptions options;
+    options.listen = "127.0.0.1:0";
+    http = std::make_unique<kiln::http::HttpServer>(std::move(options));
+    kiln::serving::AddKServeRoutes(&service, http.get());
+    absl::StatusOr<int> bound = http->Start();
+    if (!bound.ok()) {
+      std::fprintf(stderr, "kiln-bench-serve: %s\n", std::string(bound.status().message()).c_str());
+      return 1;
+    }
+    rest_port = *bound;
+  }
   std::printf(
       "# kiln-bench-serve model=%s device=%s threads=%d input=%s client=%s seconds=%.1f cores=%u\n",
       model.c_str(), device.c_str(), threads, input.c_str(), client.c_str(), seconds,
       std::thread::hardware_concurrency());
   {
     auto backend = kiln::CreateBackend(device, {threads});
-    if (backend.ok()) PrintBaselines(checkpoint, backend->get(), test, repo, port);
+    if (backend.ok()) PrintBaselines(checkpoint, backend->get(), test, repo, port, rest_port);
   }
   std::printf("%-9s %-22s %8s %10s %12s %10s %10s %10s %12s\n", "batching", "options", "clients",
               "requests", "req/s", "p50_us", "p99_us", "mean_batch", "cpu_us/req");
@@ -410,7 +492,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const Scenario& s = scenarios[i];
     if (runs.find(run_names[i]) == std::string::npos) continue;
-    Result& r = results[i] = RunScenario(s, port, test, seconds, form, client_kind, repo);
+    Result& r = results[i] =
+        RunScenario(s, port, rest_port, test, seconds, form, client_kind, repo);
     const std::string opts =
         "max_batch=" + std::to_string(s.batching.max_batch_size) +
         (s.batching.max_batch_size > 1 ? " delay=" + std::to_string(s.batching.max_queue_delay_us)
@@ -430,6 +513,7 @@ int main(int argc, char** argv) {
       "\"batching_speedup\":%.2f}\n",
       model.c_str(), input.c_str(), results[0].p50_us, results[0].p99_us, clients, rate(results[1]),
       clients, rate(results[3]), clients, results[3].p50_us, speedup);
+  if (http != nullptr) http->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
   if (!dir.empty()) std::filesystem::remove_all(dir);

@@ -113,6 +113,7 @@ absl::Status CheckLimits(const DaemonOptions& options) {
           absl::StrCat("--", flag, ": must be at least 1, got ", value));
     }
   }
+  KILN_RETURN_IF_ERROR(http::ValidateHttpLimits(options.http_limits));
   if (options.reserved_descriptors < 0) {
     return absl::InvalidArgumentError("--reserved_descriptors: must be at least 0");
   }
@@ -474,9 +475,11 @@ absl::Status Daemon::StartHttp() {
   if (options_.metrics_listen.empty()) return absl::OkStatus();
   http::HttpServerOptions http;
   http.listen = options_.metrics_listen;
-  // The gRPC port's limits: the largest message is the largest body.
+  // The gRPC port's limits: the largest message is the largest body, and the same reserve.
   http.max_body_bytes = static_cast<size_t>(options_.max_message_bytes);
   http.origin.allowed_hosts = options_.http_allowed_hosts;
+  http.limits = options_.http_limits;
+  http.limits.reserved_descriptors = options_.reserved_descriptors;
   if (tls_ != nullptr) {
     http.tls = [tls = tls_.get()] {
       std::shared_ptr<const TlsPems> pems = tls->Served();

@@ -64,6 +64,8 @@ struct DaemonOptions {
   int reserved_descriptors = 64;
   absl::Duration connection_handshake_timeout = absl::Seconds(10);
   absl::Duration connection_idle_timeout = absl::Minutes(5);
+  // The HTTP port's (server/http/http_server.h); its reserved_descriptors is the one above.
+  http::HttpLimits http_limits;
   int max_streams = 256;                // WatchJob/ExportCheckpoint/UploadDataset open at once
   int max_health_watches = 256;         // grpc.health.v1 Watch streams open at once (no token)
   int64_t max_inference_batch = 16384;  // samples in one ModelInfer

@@ -60,6 +60,17 @@ ABSL_FLAG(absl::Duration, connection_handshake_timeout, absl::Seconds(10),
           "a connection that has not completed its TLS and HTTP/2 handshake by then is closed");
 ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Minutes(5),
           "a connection with no call for this long is closed (clients reconnect on their next)");
+ABSL_FLAG(int, http_max_connections, 512,
+          "HTTP connections open at once; at the cap the one waiting longest without a request "
+          "under way is closed to make room, else the new one");
+ABSL_FLAG(int64_t, http_max_header_bytes, 64 << 10,
+          "largest HTTP request line and header fields, in bytes (431 past it)");
+ABSL_FLAG(int, http_max_headers, 100, "most header fields of an HTTP request (431 past them)");
+ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
+          "an HTTP request's line and headers (and a TLS handshake) must arrive within this of "
+          "the first byte, or the connection is closed");
+ABSL_FLAG(absl::Duration, http_request_timeout, absl::Seconds(60),
+          "an HTTP request's head and body must arrive within this of the first byte (408)");
 ABSL_FLAG(int64_t, max_inference_batch, 16384, "most samples one ModelInfer request may carry");
 ABSL_FLAG(int, max_deploy_batch_size, 1024,
           "largest dynamic-batching max_batch_size a deployment may ask for");
@@ -185,6 +196,12 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.reserved_descriptors = absl::GetFlag(FLAGS_reserved_descriptors);
   options.connection_handshake_timeout = absl::GetFlag(FLAGS_connection_handshake_timeout);
   options.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
+  options.http_limits.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  const int64_t http_head = absl::GetFlag(FLAGS_http_max_header_bytes);
+  options.http_limits.max_header_bytes = http_head < 0 ? 0 : static_cast<size_t>(http_head);
+  options.http_limits.max_headers = absl::GetFlag(FLAGS_http_max_headers);
+  options.http_limits.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
+  options.http_limits.request_timeout = absl::GetFlag(FLAGS_http_request_timeout);
   options.max_inference_batch = absl::GetFlag(FLAGS_max_inference_batch);
   options.max_deploy_batch_size = absl::GetFlag(FLAGS_max_deploy_batch_size);
   options.max_step_events_per_job = absl::GetFlag(FLAGS_max_step_events_per_job);

@@ -1,9 +1,7 @@
 #include "server/grpc/connection_guard.h"
 
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,7 +34,6 @@ std::vector<ConnectionGuard::State*>& Registry() {
   return *guards;
 }
 std::atomic<int> installed{0};
-int spare_descriptor = -1;  // guarded by registry_mu; given up to drain a pending connection
 
 using Accept4Fn = int (*)(int, sockaddr*, socklen_t*, int);
 Accept4Fn RealAccept4() {
@@ -69,15 +66,10 @@ void PruneClosed(ConnectionGuard::State* guard) {
 // Called with registry_mu held for a connection `fd` accepted on `guard`'s port: keeps it
 // (returns true) or says why it must be closed.
 bool Admit(ConnectionGuard::State* guard, int fd, const char** reason) {
-  if (fd >= guard->descriptor_limit - guard->limits.reserved_descriptors) {
-    *reason = "descriptors";  // the lowest free descriptor is this high: the reserve is reached
-    return false;
-  }
   PruneClosed(guard);
-  if (static_cast<int>(guard->open.size()) >= guard->limits.max_connections) {
-    *reason = "max_connections";
-    return false;
-  }
+  *reason = RefuseConnection(fd, static_cast<int>(guard->open.size()), guard->descriptor_limit,
+                             guard->limits);
+  if (*reason != nullptr) return false;
   guard->open.emplace_back(fd, InodeOf(fd));
   return true;
 }
@@ -92,31 +84,11 @@ ConnectionGuard::State* GuardOf(int listen_fd) {
 
 }  // namespace
 
-int RaiseOpenFileLimit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
-  if (limit.rlim_cur < limit.rlim_max) {
-    rlimit raised = limit;
-    raised.rlim_cur = limit.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
-  }
-  return limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur > (1u << 30)
-             ? (1 << 30)
-             : static_cast<int>(limit.rlim_cur);
-}
-
 std::unique_ptr<ConnectionGuard> ConnectionGuard::Install(int port, ConnectionLimits limits,
                                                           RefusedFn on_refused) {
-  rlimit limit{};
-  getrlimit(RLIMIT_NOFILE, &limit);
-  auto* state =
-      new State{port,
-                limits,
-                std::move(on_refused),
-                limit.rlim_cur > (1u << 30) ? (1 << 30) : static_cast<int>(limit.rlim_cur),
-                {}};
+  auto* state = new State{port, limits, std::move(on_refused), OpenFileLimit(), {}};
+  KeepSpareDescriptor();
   std::lock_guard<std::mutex> lock(registry_mu);
-  if (spare_descriptor < 0) spare_descriptor = open("/dev/null", O_RDONLY | O_CLOEXEC);
   Registry().push_back(state);
   installed.fetch_add(1);
   return std::unique_ptr<ConnectionGuard>(new ConnectionGuard(state));
@@ -163,21 +135,10 @@ extern "C" int accept4(int fd, sockaddr* __restrict addr, socklen_t* __restrict 
     if (conn >= 0) {
       if (kiln::server::Admit(guard, conn, &reason)) return conn;
       close(conn);
-    } else {
-      // Out of descriptors: the spare one makes room to take the connection off the queue.
-      int& spare = kiln::server::spare_descriptor;
-      if (spare < 0) {
-        errno = EAGAIN;
-        return -1;
-      }
-      close(spare);
-      const int drained = real(fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (drained >= 0) close(drained);
-      spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
-      if (drained < 0) {
-        errno = EAGAIN;
-        return -1;
-      }
+    } else if (!kiln::DrainPendingConnection(fd, real)) {
+      // Out of descriptors, and the spare one could not take the connection off the queue.
+      errno = EAGAIN;
+      return -1;
     }
     if (guard->on_refused) guard->on_refused(reason);
   }

@@ -10,21 +10,19 @@
 // - on EMFILE, frees its one spare descriptor to accept and close the pending connection, so the
 //   listener never sees the error and accepting resumes as soon as descriptors free up.
 // The refused client sees its connection closed and retries (gRPC channels back off). Newer gRPC
-// retries accept after EMFILE and has a connection cap; with it this can go.
+// retries accept after EMFILE and has a connection cap; with it this can go. The rule itself (cap,
+// reserve, spare descriptor) is common/descriptor_budget.h, which the HTTP port applies too.
 #pragma once
 
 #include <functional>
 #include <memory>
 
+#include "common/descriptor_budget.h"
+
 namespace kiln::server {
 
-// Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit in force after.
-int RaiseOpenFileLimit();
-
-struct ConnectionLimits {
-  int max_connections = 1000;     // connections open at once on the port
-  int reserved_descriptors = 64;  // below the open-file limit, never used for connections
-};
+using ::kiln::RaiseOpenFileLimit;
+using ConnectionLimits = ::kiln::ListenerLimits;
 
 class ConnectionGuard {
  public:

@@ -4,8 +4,11 @@
 // --metrics_require_token; with --tls_cert the port serves the gRPC port's certificate, mutual
 // TLS asks for a client certificate, and a renewal reaches new connections without a restart.
 // The web page and its /api share the port's TLS and tokens.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -235,6 +238,52 @@ TEST_F(RestSecurityTest, ARenewedCertificateReachesNewHttpsConnections) {
   EXPECT_EQ(after.exit_code, 0) << after.err;
   EXPECT_THAT(after.out, HasSubstr("\"name\":\"kiln\""));
   EXPECT_NE(curl("127.0.0.1").exit_code, 0);  // the renewed certificate does not name it
+}
+
+// The HTTP port's TLS handshakes are waited for off its request threads: clients that connect
+// and never finish a handshake (silent, or a few bytes of one) hold no thread, so HTTPS probes
+// and token-guarded REST answer at once while they are open, and each is closed once its
+// handshake has not finished within --http_header_timeout (10 s) of connecting.
+TEST_F(RestSecurityTest, StalledTlsHandshakesHoldNoThread) {
+  KilndUnderTest kilnd(root_);
+  ASSERT_TRUE(kilnd.Start({"--tls_cert=" + pki_->server_cert, "--tls_key=" + pki_->server_key,
+                           "--auth_tokens_file=" + tokens_}));
+  std::vector<int> stalled;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(kilnd.metrics_port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    // Half of them send the start of a ClientHello (a TLS record header) and stop.
+    if (i % 2 == 1) send(fd, "\x16\x03\x01\x02\x00", 5, MSG_NOSIGNAL);
+    stalled.push_back(fd);
+  }
+  const absl::Time asked = absl::Now();
+  auto https = Https(kilnd.metrics_port());
+  httplib::Result ready = https->Get("/v2/health/ready");
+  httplib::Result v2 = https->Get("/v2", {{"Authorization", absl::StrCat("Bearer ", kToken)}});
+  httplib::Result refused = https->Get("/v2");
+  const absl::Duration took = absl::Now() - asked;
+  ASSERT_TRUE(ready) << httplib::to_string(ready.error());
+  ASSERT_TRUE(v2) << httplib::to_string(v2.error());
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(v2->status, 200);
+  EXPECT_EQ(refused->status, 401);  // tokens hold as before
+  EXPECT_LT(took, absl::Seconds(3)) << "three HTTPS calls past 64 stalled handshakes";
+  // kilnd closes them at the handshake deadline: each reads the end of the stream.
+  int closed = 0;
+  for (int fd : stalled) {
+    timeval wait{20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+    char byte;
+    if (recv(fd, &byte, 1, 0) <= 0) ++closed;
+    close(fd);
+  }
+  EXPECT_EQ(closed, 64);
+  EXPECT_EQ(kilnd.Stop(), 0);
 }
 
 }  // namespace
