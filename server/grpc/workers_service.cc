@@ -103,7 +103,11 @@ grpc::Status WorkersService::Report(
   v1::WorkerReport report;
   while (stream->Read(&report)) {
     status = attempt->Report(rank, report);
-    if (!status.ok()) break;
+    if (!status.ok()) {
+      // The attempt fails for what was wrong, not for the stream that ends because of it.
+      attempt->Fail(status);
+      break;
+    }
     if (report.has_done() || report.has_failed()) ended_well = true;
   }
   reading = false;

@@ -91,11 +91,19 @@ class JobStore {
   // Every recorded deployment: models in the order they were last written, versions oldest first.
   absl::StatusOr<std::vector<StoredDeployment>> Deployments();
 
+  // The jobs whose rows Open found damaged, each with what is wrong: a negative or non-integer
+  // step, epoch, position or size (values kilnd never writes), or a step history that could not be
+  // thinned. Their rows stay as they are, for a person to look at; JobManager::Recover fails
+  // such jobs instead of running them.
+  std::map<std::string, std::string> DamagedJobs();
+
  private:
   JobStore(sqlite3* db, JobStoreOptions options) : db_(db), options_(options) {}
   absl::Status Migrate();
-  // Thins every job's steps that are over the bound (at open).
-  absl::Status ThinAllJobs();
+  // At open: finds the jobs whose rows hold values kilnd never writes (DamagedJobs), and thins
+  // every job's steps that are over the bound. Only a store that cannot be read or written fails
+  // it: one job's rows never stop kilnd from starting.
+  absl::Status CheckAndThinAllJobs();
   absl::Status Exec(const char* sql);
   // While alive (mu_ held), commits sync the write-ahead log (synchronous=FULL): for what is
   // announced to clients once committed (job states, checkpoint records), which a power failure
@@ -125,6 +133,7 @@ class JobStore {
   const JobStoreOptions options_;
   // Step events stored per job, counted once per job and then kept up to date (under mu_).
   std::map<std::string, int64_t> step_counts_;
+  std::map<std::string, std::string> damaged_;  // by job; found at open (under mu_)
 };
 
 }  // namespace kiln::server

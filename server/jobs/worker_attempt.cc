@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/client_message.h"
 
 namespace kiln::server {
 
@@ -121,9 +122,13 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
         return absl::OkStatus();
       case v1::WorkerReport::kFailed: {
         state = RankState::kFailed;
-        const auto code = static_cast<absl::StatusCode>(report.failed().code());
-        FailLocked(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                                report.failed().message()));
+        // The worker's words become the job's reason: a known code, and cut as a client's are.
+        const int code = report.failed().code();
+        FailLocked(
+            absl::Status(code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                             ? static_cast<absl::StatusCode>(code)
+                             : absl::StatusCode::kUnknown,
+                         ClientMessage(report.failed().message())));
         return absl::OkStatus();
       }
       case v1::WorkerReport::kStep:
@@ -134,7 +139,8 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
         }
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " sent an empty report"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, " sent an empty report, or one of a kind this kilnd does not know"));
     }
   }
   // Outside the lock: the hook takes the job manager's, and waits must not stall behind it.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -89,11 +90,32 @@ absl::StatusOr<v1::Checkpoint> WorkerJobRunner::ChooseStart() {
   return v1::Checkpoint();  // none: from scratch
 }
 
+absl::StatusOr<WorkerPlan> WorkerJobRunner::Plan(const v1::Checkpoint& start) {
+  WorkerPlan plan;
+  std::string dataset;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    if (!slot_->config.has_value()) return absl::InternalError("the job's spec is not translated");
+    plan.batch_size = slot_->config->batch_size;
+    dataset = slot_->job.spec().dataset();
+  }
+  KILN_ASSIGN_OR_RETURN(const DatasetInfo info, datasets_->Inspect(dataset));
+  plan.world_size = static_cast<int>(devices_.size());
+  plan.epochs = epochs_;
+  plan.steps_per_epoch = StepsPerEpoch(info.train_samples, std::max(1, plan.batch_size));
+  plan.test_samples = info.test_samples;
+  plan.start_epochs_done = start.epochs_done();
+  plan.start_global_step = start.global_step();
+  return plan;
+}
+
 absl::Status WorkerJobRunner::OnReport(int rank, const v1::WorkerReport& report) {
   std::lock_guard<std::mutex> lock(*mu_);
+  KILN_RETURN_IF_ERROR(check_->Check(rank, report));
   if (report.has_step()) {
     const v1::WorkerStep& step = report.step();
-    const double rate = step.seconds() > 0 ? step.rank_samples() / step.seconds() : 0;
+    double rate = step.seconds() > 0 ? step.rank_samples() / step.seconds() : 0;
+    if (!std::isfinite(rate)) rate = 0;  // a step of a denormal second
     rank_rates_[rank] = rate;
     events_->WorkerStep(slot_->job.id(), rank, static_cast<int>(devices_.size()), rate,
                         step.allreduce_seconds(), step.allreduce_bytes());
@@ -108,7 +130,8 @@ absl::Status WorkerJobRunner::OnReport(int rank, const v1::WorkerReport& report)
     BestEpoch best(slot_->job.best_test_accuracy());
     if (best.Observe(e)) slot_->job.set_best_test_accuracy(best.best());
     slot_->job.set_epochs_done(e.epoch);
-    *slot_->job.mutable_last_epoch() = report.epoch().metrics();
+    // Its known fields only: what else a worker put in the message is not the job's to keep.
+    *slot_->job.mutable_last_epoch() = EpochMetricsOf(e);
     return events_->Epoch(slot_->job, e, epochs_, &slot_->next_seq);
   }
   return absl::OkStatus();
@@ -292,6 +315,7 @@ absl::Status WorkerJobRunner::Run() {
     attempt_number = slot_->job.attempts();
   }
   KILN_ASSIGN_OR_RETURN(v1::Checkpoint start, ChooseStart());
+  KILN_ASSIGN_OR_RETURN(const WorkerPlan plan, Plan(start));
   {
     std::lock_guard<std::mutex> lock(*mu_);
     slot_->job.set_resumed_from_step(start.global_step());
@@ -299,6 +323,7 @@ absl::Status WorkerJobRunner::Run() {
     slot_->job.set_epochs_done(start.epochs_done());
     KILN_RETURN_IF_ERROR(store_->PutJob(slot_->job));
     rank_rates_.assign(devices_.size(), 0);
+    check_.emplace(plan);
   }
   if (slot_->stop) return absl::AbortedError("kilnd is shutting down");
 

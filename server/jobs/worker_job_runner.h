@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,10 +18,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kiln/v1/worker.pb.h"
+#include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_events.h"
 #include "server/jobs/job_slot.h"
 #include "server/jobs/job_store.h"
 #include "server/jobs/worker_attempt.h"
+#include "server/jobs/worker_reports.h"
 
 namespace kiln::server {
 
@@ -50,13 +53,16 @@ struct WorkerRunnerOptions {
 
 class WorkerJobRunner {
  public:
-  // Not owned; each must outlive Run. `devices`: one per rank ("cpu" or "cuda:N").
+  // Not owned; each must outlive Run. `devices`: one per rank ("cpu" or "cuda:N"). `datasets`
+  // tells the steps of an epoch the workers' reports must agree with.
   WorkerJobRunner(JobSlot* slot, std::mutex* mu, JobStore* store, JobEvents* events,
-                  std::vector<std::string> devices, const WorkerRunnerOptions& options)
+                  const DatasetCatalog* datasets, std::vector<std::string> devices,
+                  const WorkerRunnerOptions& options)
       : slot_(slot),
         mu_(mu),
         store_(store),
         events_(events),
+        datasets_(datasets),
         devices_(std::move(devices)),
         options_(options) {}
 
@@ -74,6 +80,9 @@ class WorkerJobRunner {
 
   // The newest checkpoint that verifies (or the one ResumeJob named); id 0 for none.
   absl::StatusOr<v1::Checkpoint> ChooseStart();
+  // What the attempt starting from `start` trains, as its workers' reports must agree.
+  absl::StatusOr<WorkerPlan> Plan(const v1::Checkpoint& start);
+  // Checks a report against the plan (WorkerReportCheck), then records it.
   absl::Status OnReport(int rank, const v1::WorkerReport& report);
   absl::StatusOr<v1::Checkpoint> OnCheckpoint(const v1::WriteCheckpointHeader& header,
                                               const std::string& path);
@@ -89,11 +98,13 @@ class WorkerJobRunner {
   std::mutex* mu_;
   JobStore* store_;
   JobEvents* events_;
+  const DatasetCatalog* datasets_;
   const std::vector<std::string> devices_;
   const WorkerRunnerOptions& options_;
   std::vector<Worker> workers_;
   // Guarded by mu_: each rank's samples a second over its latest step.
   std::vector<double> rank_rates_;
+  std::optional<WorkerReportCheck> check_;  // guarded by mu_
   int epochs_ = 0;
 };
 

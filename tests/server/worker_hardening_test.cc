@@ -1,0 +1,349 @@
+// The Workers service against a hostile holder of a job's worker token: whatever it sends fails
+// at most that job's attempt, with a reason naming the rank and what was wrong, and never
+// crashes, bricks or exhausts kilnd. A kilnd subprocess runs jobs of external workers; the test
+// speaks kiln.v1.Workers to it as a worker would, and as one should not.
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kiln/v1/worker.grpc.pb.h"
+#include "server_test_support.h"
+#include "tests/support/connected_channel.h"
+#include "tests/support/status_matchers.h"
+
+namespace kiln::server {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+constexpr char kTokenHeader[] = "x-kiln-worker-token";
+// The toy dataset's 256 training samples in batches of 32.
+constexpr int kStepsPerEpoch = 8;
+
+// A step as rank `rank` of 2 would report it at `global_step` of a 1-epoch job.
+v1::WorkerReport GoodStep(int64_t global_step) {
+  v1::WorkerReport r;
+  v1::WorkerStep* step = r.mutable_step();
+  v1::StepMetrics* m = step->mutable_metrics();
+  m->set_epoch(1);
+  m->set_step_in_epoch(static_cast<int32_t>(global_step));
+  m->set_steps_per_epoch(kStepsPerEpoch);
+  m->set_global_step(global_step);
+  m->set_loss(2.3f);
+  m->set_lr(0.05f);
+  m->set_samples_per_sec(1000);
+  step->set_samples(32);
+  step->set_seconds(0.05);
+  step->set_rank_samples(16);
+  step->set_allreduce_seconds(0.001);
+  step->set_allreduce_bytes(100'000);
+  return r;
+}
+
+v1::WorkerReport GoodEpoch() {
+  v1::WorkerReport r;
+  v1::EpochMetrics* m = r.mutable_epoch()->mutable_metrics();
+  m->set_epoch(1);
+  m->set_train_loss(1.5);
+  m->set_train_accuracy(0.5);
+  m->set_test_loss(1.6);
+  m->set_test_accuracy(0.4);
+  m->set_test_samples(64);
+  m->set_train_seconds(2);
+  m->set_samples_per_sec(128);
+  m->set_lr(0.05f);
+  return r;
+}
+
+class HostileWorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::MakeTempDir("hostile-worker");
+    testing::WriteToyDataset(root_ + "/data/toy", 256, 64);
+  }
+  void TearDown() override {
+    kilnd_.reset();
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  void StartKilnd(std::vector<std::string> args = {}) {
+    kilnd_ =
+        std::make_unique<testing::KilndProcess>(root_ + "/state", root_ + "/data", std::move(args));
+    ASSERT_TRUE(kilnd_->Start()) << kilnd_->Stderr();
+    training_ = kilnd_->NewStub();
+    workers_ = v1::Workers::NewStub(kiln::testing::ConnectedChannel(kilnd_->address()));
+  }
+  // A job of two external workers, RUNNING and taking workers; its token in *token.
+  std::string SubmitExternal(int epochs, std::string* token) {
+    v1::JobSpec spec = testing::SmallSpec("toy", epochs);
+    spec.set_workers(2);
+    spec.set_external_workers(true);
+    const std::string id = testing::SubmitJob(*training_, spec);
+    grpc::ClientContext context;
+    v1::GetWorkerTokenRequest request;
+    request.set_job_id(id);
+    v1::GetWorkerTokenResponse response;
+    EXPECT_OK(training_->GetWorkerToken(&context, request, &response));
+    *token = response.token();
+    // RUNNING is announced a moment before the attempt takes workers.
+    EXPECT_TRUE(testing::WaitFor(
+        [&] {
+          grpc::ClientContext c;
+          c.AddMetadata(kTokenHeader, *token);
+          v1::GetKeyRequest get;
+          get.set_job_id(id);
+          get.set_key("probe");
+          v1::GetKeyResponse ignored;
+          return workers_->GetKey(&c, get, &ignored).error_code() !=
+                 grpc::StatusCode::FAILED_PRECONDITION;
+        },
+        kWait));
+    return id;
+  }
+  std::unique_ptr<grpc::ClientContext> Context(const std::string& token) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata(kTokenHeader, token);
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return context;
+  }
+  v1::JoinJobResponse Join(const std::string& job, const std::string& token, int rank) {
+    auto context = Context(token);
+    v1::JoinJobRequest request;
+    request.set_job_id(job);
+    request.set_rank(rank);
+    v1::JoinJobResponse joined;
+    EXPECT_OK(workers_->JoinJob(context.get(), request, &joined));
+    return joined;
+  }
+  // A Report stream of `rank`, its hello sent.
+  struct ReportCall {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerReport, v1::WorkerCommand>> stream;
+  };
+  ReportCall OpenReport(const std::string& job, const std::string& token, int rank,
+                        const v1::JoinJobResponse& joined) {
+    ReportCall call;
+    call.context = Context(token);
+    call.stream = workers_->Report(call.context.get());
+    v1::WorkerReport hello;
+    hello.mutable_hello()->set_rank(rank);
+    hello.mutable_hello()->set_job_id(job);
+    (void)joined;
+    EXPECT_TRUE(call.stream->Write(hello));
+    return call;
+  }
+  v1::Job WaitForEnd(const std::string& id, absl::Duration timeout = kWait) {
+    v1::Job job;
+    testing::WaitFor(
+        [&] {
+          job = testing::GetJob(*training_, id);
+          return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+                 job.state() == v1::JOB_STATE_CANCELLED;
+        },
+        timeout);
+    return job;
+  }
+
+  std::string root_;
+  std::unique_ptr<testing::KilndProcess> kilnd_;
+  std::unique_ptr<v1::Training::Stub> training_;
+  std::unique_ptr<v1::Workers::Stub> workers_;
+};
+
+// One hostile report: which rank sends it, what it is, and what the job's reason must name.
+struct BadReport {
+  std::string name;
+  int rank;
+  std::function<void(v1::WorkerReport*)> spoil;
+  std::vector<std::string> reason;
+};
+
+TEST_F(HostileWorkerTest, EveryFieldOfAReportIsCheckedAndABadOneFailsTheAttemptNamingIt) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  auto step = [](std::function<void(v1::WorkerStep*)> f) {
+    return [f](v1::WorkerReport* r) {
+      *r = GoodStep(1);
+      f(r->mutable_step());
+    };
+  };
+  auto epoch = [](std::function<void(v1::EpochMetrics*)> f) {
+    return [f](v1::WorkerReport* r) {
+      *r = GoodEpoch();
+      f(r->mutable_epoch()->mutable_metrics());
+    };
+  };
+  const std::vector<BadReport> cases = {
+      {"global_step INT64_MIN",
+       1,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_global_step(INT64_MIN); }),
+       {"rank 1", "global_step"}},
+      {"global_step past the plan",
+       0,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_global_step(9); }),
+       {"rank 0", "global_step"}},
+      {"epoch 0",
+       0,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_epoch(0); }),
+       {"rank 0", "step.metrics.epoch"}},
+      {"epoch past the job's",
+       1,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_epoch(2); }),
+       {"rank 1", "step.metrics.epoch"}},
+      {"step_in_epoch 0",
+       0,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_step_in_epoch(0); }),
+       {"rank 0", "step_in_epoch"}},
+      {"step_in_epoch past the epoch",
+       0,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_step_in_epoch(9); }),
+       {"rank 0", "step_in_epoch"}},
+      {"steps_per_epoch not the dataset's",
+       0,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_steps_per_epoch(1'000'000); }),
+       {"rank 0", "steps_per_epoch"}},
+      {"NaN loss",
+       0,
+       step([nan](v1::WorkerStep* s) { s->mutable_metrics()->set_loss(nan); }),
+       {"rank 0: loss became NaN at epoch 1 step 1"}},
+      {"infinite loss",
+       1,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_loss(HUGE_VALF); }),
+       {"rank 1: loss became Inf at epoch 1 step 1"}},
+      {"NaN lr",
+       0,
+       step([nan](v1::WorkerStep* s) { s->mutable_metrics()->set_lr(nan); }),
+       {"rank 0", "step.metrics.lr"}},
+      {"negative lr",
+       0,
+       step([](v1::WorkerStep* s) { s->mutable_metrics()->set_lr(-1); }),
+       {"rank 0", "step.metrics.lr"}},
+      {"infinite samples_per_sec",
+       0,
+       step([inf](v1::WorkerStep* s) { s->mutable_metrics()->set_samples_per_sec(inf); }),
+       {"rank 0", "samples_per_sec"}},
+      {"samples over the batch",
+       0,
+       step([](v1::WorkerStep* s) { s->set_samples(33); }),
+       {"rank 0", "step.samples"}},
+      {"rank_samples over the batch",
+       1,
+       step([](v1::WorkerStep* s) { s->set_rank_samples(33); }),
+       {"rank 1", "step.rank_samples"}},
+      {"negative seconds",
+       1,
+       step([](v1::WorkerStep* s) { s->set_seconds(-1); }),
+       {"rank 1", "step.seconds"}},
+      {"NaN allreduce_seconds",
+       1,
+       step([](v1::WorkerStep* s) { s->set_allreduce_seconds(std::nan("")); }),
+       {"rank 1", "step.allreduce_seconds"}},
+      {"negative allreduce_bytes",
+       1,
+       step([](v1::WorkerStep* s) { s->set_allreduce_bytes(-1); }),
+       {"rank 1", "step.allreduce_bytes"}},
+      {"epoch 20000 of 1",
+       0,
+       epoch([](v1::EpochMetrics* m) { m->set_epoch(20'000); }),
+       {"rank 0", "epoch.metrics.epoch"}},
+      {"epoch accuracy over 1",
+       0,
+       epoch([](v1::EpochMetrics* m) { m->set_train_accuracy(1.5); }),
+       {"rank 0", "train_accuracy"}},
+      {"epoch NaN test loss",
+       0,
+       epoch([](v1::EpochMetrics* m) { m->set_test_loss(std::nan("")); }),
+       {"rank 0", "test_loss"}},
+      {"epoch negative test samples",
+       0,
+       epoch([](v1::EpochMetrics* m) { m->set_test_samples(-1); }),
+       {"rank 0", "test_samples"}},
+      {"epoch infinite seconds",
+       0,
+       epoch([inf](v1::EpochMetrics* m) { m->set_train_seconds(inf); }),
+       {"rank 0", "train_seconds"}},
+      {"an empty report", 1, [](v1::WorkerReport* r) { r->Clear(); }, {"rank 1", "empty"}},
+      {"a huge failure message",
+       1,
+       [](v1::WorkerReport* r) {
+         r->mutable_failed()->set_code(13);
+         r->mutable_failed()->set_message(std::string(1 << 20, 'x'));
+       },
+       {"cut short"}},
+  };
+  for (const BadReport& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string token;
+    const std::string job = SubmitExternal(1, &token);
+    const v1::JoinJobResponse zero = Join(job, token, 0);
+    const v1::JoinJobResponse one = Join(job, token, 1);
+    ReportCall calls[2] = {OpenReport(job, token, 0, zero), OpenReport(job, token, 1, one)};
+    v1::WorkerReport report;
+    c.spoil(&report);
+    calls[c.rank].stream->Write(report);
+    const v1::Job ended = WaitForEnd(job, absl::Seconds(15));
+    EXPECT_EQ(ended.state(), v1::JOB_STATE_FAILED) << ended.reason();
+    for (const std::string& part : c.reason) EXPECT_THAT(ended.reason(), HasSubstr(part));
+    EXPECT_LT(ended.reason().size(), 2048u);
+    for (ReportCall& call : calls) call.context->TryCancel();
+  }
+}
+
+TEST_F(HostileWorkerTest, StepsMustMoveForwardAndStayWithinTheJobsSteps) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  const v1::JoinJobResponse zero = Join(job, token, 0);
+  ReportCall call = OpenReport(job, token, 0, zero);
+  ASSERT_TRUE(call.stream->Write(GoodStep(1)));
+  ASSERT_TRUE(call.stream->Write(GoodStep(2)));
+  call.stream->Write(GoodStep(2));  // again
+  const v1::Job ended = WaitForEnd(job, absl::Seconds(15));
+  EXPECT_EQ(ended.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(ended.reason(), HasSubstr("rank 0"));
+  EXPECT_THAT(ended.reason(), HasSubstr("global_step 2"));
+  EXPECT_EQ(ended.global_step(), 2);
+  call.context->TryCancel();
+}
+
+// What the hostile test did: a step numbered INT64_MIN, then enough steps to thin the history.
+// Before reports were checked, the thinning overflowed (abs(INT64_MIN)), failing the job and every
+// later start of kilnd.
+TEST_F(HostileWorkerTest, AStepNumberedInt64MinNeitherBricksTheStoreNorKilnd) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd({"--max_step_events_per_job=100"}));
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  const v1::JoinJobResponse zero = Join(job, token, 0);
+  ReportCall call = OpenReport(job, token, 0, zero);
+  v1::WorkerReport bad = GoodStep(1);
+  bad.mutable_step()->mutable_metrics()->set_global_step(INT64_MIN);
+  call.stream->Write(bad);
+  for (int i = 1; i <= 150; ++i) {
+    if (!call.stream->Write(GoodStep(i))) break;
+  }
+  const v1::Job ended = WaitForEnd(job);
+  EXPECT_EQ(ended.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(ended.reason(), HasSubstr("rank 0"));
+  EXPECT_THAT(ended.reason(), HasSubstr("global_step -9223372036854775808"));
+  call.context->TryCancel();
+  ASSERT_EQ(kilnd_->Stop(SIGTERM, absl::Seconds(60)), 0);
+  ASSERT_NO_FATAL_FAILURE(StartKilnd({"--max_step_events_per_job=100"}));
+  EXPECT_EQ(testing::GetJob(*training_, job).state(), v1::JOB_STATE_FAILED);
+}
+
+}  // namespace
+}  // namespace kiln::server
