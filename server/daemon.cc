@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {"max_job_memory_bytes", options.limits.max_job_memory_bytes},
       {"max_epochs", options.limits.max_epochs},
       {"max_batch_size", options.limits.max_batch_size},
+      {"max_epoch_events_per_job", options.max_epoch_events_per_job},
   };
   for (const auto& [flag, value] : limits) {
     if (value < 1) {
@@ -207,8 +208,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!options.auth_tokens_file.empty()) {
     KILN_ASSIGN_OR_RETURN(d->auth_tokens_, AuthTokens::Load(options.auth_tokens_file));
   }
-  KILN_ASSIGN_OR_RETURN(
-      d->store_, JobStore::Open(options.state_dir + "/kiln.db", {options.max_step_events_per_job}));
+  KILN_ASSIGN_OR_RETURN(d->store_, JobStore::Open(options.state_dir + "/kiln.db",
+                                                  {options.max_step_events_per_job,
+                                                   options.max_epoch_events_per_job}));
   // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
   if (const int unrecorded = RemoveUnrecordedCheckpoints(options.state_dir, *d->store_);
       unrecorded > 0) {

@@ -71,6 +71,7 @@ struct DaemonOptions {
   size_t watch_buffer_events = 1024;
   // Step events kept per job (JobStoreOptions); older steps are thinned past it.
   int64_t max_step_events_per_job = 10'000;
+  int64_t max_epoch_events_per_job = 20'000;  // epoch events kept per job; the oldest go
   int watch_replay_page_events = 256;  // see JobManagerOptions; tests make it small
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only

@@ -62,8 +62,10 @@ ABSL_FLAG(int, max_deploy_batch_size, 1024,
           "largest dynamic-batching max_batch_size a deployment may ask for");
 ABSL_FLAG(int64_t, max_step_events_per_job, 10'000,
           "step events kept per job (at least 100): the newest half whole, older ones thinned "
-          "to a power-of-two stride of the step number; states, epochs and checkpoints are "
-          "always kept");
+          "to a power-of-two stride of the step number; states and checkpoints are always kept");
+ABSL_FLAG(int64_t, max_epoch_events_per_job, 20'000,
+          "epoch events kept per job (a job retried or resumed repeats its epochs); past it the "
+          "oldest go");
 ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
           "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -196,6 +198,7 @@ int main(int argc, char** argv) {
   options.max_inference_batch = absl::GetFlag(FLAGS_max_inference_batch);
   options.max_deploy_batch_size = absl::GetFlag(FLAGS_max_deploy_batch_size);
   options.max_step_events_per_job = absl::GetFlag(FLAGS_max_step_events_per_job);
+  options.max_epoch_events_per_job = absl::GetFlag(FLAGS_max_epoch_events_per_job);
   options.step_delay = absl::GetFlag(FLAGS_step_delay);
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.worker_join_timeout = absl::GetFlag(FLAGS_worker_join_timeout);

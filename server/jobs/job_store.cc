@@ -255,6 +255,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
         absl::StrCat("job store: max_step_events_per_job must be at least ", kMinStepEventsPerJob,
                      ", got ", options.max_step_events_per_job));
   }
+  if (options.max_epoch_events_per_job < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job store: max_epoch_events_per_job must be at least 1, got ",
+                     options.max_epoch_events_per_job));
+  }
   sqlite3* db = nullptr;
   int rc =
       sqlite3_open_v2(path.c_str(), &db,
@@ -433,7 +438,8 @@ absl::Status JobStore::AppendEventLocked(const std::string& job_id, const v1::Jo
       s.Bind(10, m.train_seconds());
       s.Bind(11, m.samples_per_sec());
       s.Bind(12, static_cast<double>(m.lr()));
-      return s.Run();
+      KILN_RETURN_IF_ERROR(s.Run());
+      return EpochAppendedLocked(job_id);
     }
     case v1::JobEvent::kCheckpoint: {
       // The checkpoint row itself is the record; it carries the event's seq.
@@ -458,7 +464,9 @@ absl::Status JobStore::PutJob(const v1::Job& job, const v1::JobEvent* event) {
   if (status.ok()) status = Exec("COMMIT");
   if (!status.ok()) {
     Exec("ROLLBACK").IgnoreError();
-    step_counts_.erase(job.id());  // a step may have been counted; count again next time
+    // A step or an epoch may have been counted; count again next time.
+    step_counts_.erase(job.id());
+    epoch_counts_.erase(job.id());
   }
   return status;
 }
@@ -466,7 +474,10 @@ absl::Status JobStore::PutJob(const v1::Job& job, const v1::JobEvent* event) {
 absl::Status JobStore::AppendEvent(const std::string& job_id, const v1::JobEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status status = AppendEventLocked(job_id, event);
-  if (!status.ok()) step_counts_.erase(job_id);
+  if (!status.ok()) {
+    step_counts_.erase(job_id);
+    epoch_counts_.erase(job_id);
+  }
   return status;
 }
 
@@ -496,6 +507,35 @@ absl::Status JobStore::StepAppendedLocked(const std::string& job_id) {
   }
   it->second = *kept;
   return absl::OkStatus();
+}
+
+absl::Status JobStore::EpochAppendedLocked(const std::string& job_id) {
+  auto it = epoch_counts_.find(job_id);
+  if (it != epoch_counts_.end()) {
+    ++it->second;
+  } else {
+    Statement s(db_, "SELECT COUNT(*) FROM epoch_metrics WHERE job_id = ?");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    absl::Status status;
+    const int64_t count = s.Step(&status) ? s.Int(0) : 0;
+    KILN_RETURN_IF_ERROR(status);
+    it = epoch_counts_.emplace(job_id, count).first;
+  }
+  if (it->second <= options_.max_epoch_events_per_job) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(DropOldestEpochsLocked(job_id, it->second));
+  it->second = options_.max_epoch_events_per_job;
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::DropOldestEpochsLocked(const std::string& job_id, int64_t count) {
+  Statement s(db_,
+              "DELETE FROM epoch_metrics WHERE job_id = ?1 AND seq IN (SELECT seq FROM "
+              "epoch_metrics WHERE job_id = ?1 ORDER BY seq LIMIT ?2)");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  s.Bind(2, count - options_.max_epoch_events_per_job);
+  return s.Run();
 }
 
 absl::StatusOr<int64_t> JobStore::ThinStepsLocked(const std::string& job_id, int64_t count) {
@@ -620,7 +660,8 @@ absl::StatusOr<std::string> DescribeDamage(sqlite3* db, const RowRule& rule,
 
 absl::Status JobStore::CheckAndThinAllJobs() {
   std::lock_guard<std::mutex> lock(mu_);
-  // One pass over each table, by job: the steps to count, and the rows no kilnd writes.
+  // One pass over each table, by job: the steps and epochs to count, and the rows no kilnd
+  // writes.
   for (const RowRule& rule : kRowRules) {
     const bool steps = &rule == &kRowRules[0];
     Statement s(db_, absl::StrCat("SELECT job_id, COUNT(*), SUM(", BadValueSql(rule), ") FROM ",
@@ -631,6 +672,7 @@ absl::Status JobStore::CheckAndThinAllJobs() {
     std::vector<std::pair<std::string, int64_t>> bad;
     while (s.Step(&status)) {
       if (steps) step_counts_[s.Text(0)] = s.Int(1);
+      if (&rule == &kRowRules[1]) epoch_counts_[s.Text(0)] = s.Int(1);
       if (s.Int(2) > 0) bad.emplace_back(s.Text(0), s.Int(2));
     }
     KILN_RETURN_IF_ERROR(status);
@@ -639,6 +681,17 @@ absl::Status JobStore::CheckAndThinAllJobs() {
       std::string& reason = damaged_[job_id];
       absl::StrAppend(&reason, reason.empty() ? "" : "; ", what);
     }
+  }
+  for (auto& [job_id, count] : epoch_counts_) {
+    if (count <= options_.max_epoch_events_per_job) continue;
+    if (absl::Status s = DropOldestEpochsLocked(job_id, count); !s.ok()) {
+      if (s.code() == absl::StatusCode::kUnavailable) return s;
+      std::string& reason = damaged_[job_id];
+      absl::StrAppend(&reason, reason.empty() ? "" : "; ",
+                      "its epoch history cannot be trimmed: ", s.message());
+      continue;
+    }
+    count = options_.max_epoch_events_per_job;
   }
   for (auto& [job_id, count] : step_counts_) {
     if (count <= options_.max_step_events_per_job) continue;

@@ -109,6 +109,63 @@ TEST(JobStoreHardeningTest, StepNumbersAtTheEndsOfInt64AreThinnedWithoutOverflow
   fs::remove_all(dir, ec);
 }
 
+int64_t CountEpochs(JobStore& store, const std::string& job_id, int* last_epoch) {
+  absl::StatusOr<std::vector<v1::JobEvent>> events =
+      store.EventsPage(job_id, 0, INT64_MAX, /*include_steps=*/false, 1'000'000);
+  EXPECT_OK(events);
+  int64_t epochs = 0;
+  for (const v1::JobEvent& e : events.value_or(std::vector<v1::JobEvent>{})) {
+    if (!e.has_epoch()) continue;
+    ++epochs;
+    *last_epoch = e.epoch().epoch();
+  }
+  return epochs;
+}
+
+// Epoch events were never thinned: 20,000 of them in 10 s from one worker. However they come
+// (a job retried or resumed many times repeats its epochs), a job keeps at most the bound, the
+// newest.
+TEST(JobStoreHardeningTest, EpochHistoryStaysWithinItsBoundKeepingTheNewest) {
+  const std::string dir = testing::MakeTempDir("store-epochs");
+  {
+    auto store = JobStore::Open(dir + "/kiln.db", {.max_epoch_events_per_job = 100});
+    ASSERT_OK(store);
+    const v1::JobEvent running = StateAt(1, v1::JOB_STATE_RUNNING);
+    v1::Job job = MakeJob("a", v1::JOB_STATE_RUNNING);
+    ASSERT_OK((*store)->PutJob(job, &running));
+    for (int epoch = 1; epoch <= 250; ++epoch) {
+      v1::JobEvent e;
+      e.set_seq(1 + epoch);
+      e.mutable_epoch()->set_epoch(epoch);
+      job.set_epochs_done(epoch);
+      ASSERT_OK((*store)->PutJob(job, &e));  // as JobEvents records an epoch
+    }
+    int last = 0;
+    EXPECT_EQ(CountEpochs(**store, "a", &last), 100);
+    EXPECT_EQ(last, 250);
+    ASSERT_OK((*store)->AppendEvent("a", StateAt(300, v1::JOB_STATE_SUCCEEDED)));
+  }
+  // A store from before the bound, or opened with a lower one, is trimmed at open.
+  auto store = JobStore::Open(dir + "/kiln.db", {.max_epoch_events_per_job = 10});
+  ASSERT_OK(store);
+  int last = 0;
+  EXPECT_EQ(CountEpochs(**store, "a", &last), 10);
+  EXPECT_EQ(last, 250);
+  EXPECT_THAT(JobStore::Open(dir + "/other.db", {.max_epoch_events_per_job = 0}).status(),
+              ::testing::Property(&absl::Status::message, HasSubstr("max_epoch_events_per_job")));
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST(JobStoreHardeningTest, KilndRefusesAnEpochBoundBelowOneNamingTheFlag) {
+  const std::string root = testing::MakeTempDir("epoch-bound-flag");
+  testing::KilndProcess kilnd(root + "/state", root + "/data", {"--max_epoch_events_per_job=0"});
+  EXPECT_FALSE(kilnd.Start());
+  EXPECT_THAT(kilnd.Stderr(), HasSubstr("--max_epoch_events_per_job: must be at least 1"));
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 // A store as a worker's INT64_MIN step left it, and more: kilnd must start, failing that job with
 // the reason, and serve the others.
 class DamagedStoreTest : public ::testing::Test {
