@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {"max_epochs", options.limits.max_epochs},
       {"max_batch_size", options.limits.max_batch_size},
       {"max_epoch_events_per_job", options.max_epoch_events_per_job},
+      {"max_rendezvous_waiters_per_job", options.worker_limits.max_key_waiters_per_job},
   };
   for (const auto& [flag, value] : limits) {
     if (value < 1) {
@@ -241,7 +242,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // handed to workers elsewhere stay good across restarts.
   KILN_ASSIGN_OR_RETURN(const std::string worker_key,
                         LoadOrCreateWorkerKey(options.state_dir + "/worker-token.key"));
-  d->worker_registry_ = std::make_unique<WorkerRegistry>(worker_key);
+  d->worker_registry_ = std::make_unique<WorkerRegistry>(worker_key, options.worker_limits);
   WorkerRunnerOptions& workers = manager_options.workers;
   workers.state_dir = options.state_dir;
   workers.data_dir = options.data_dir;

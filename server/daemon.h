@@ -80,6 +80,8 @@ struct DaemonOptions {
   std::string worker_binary;
   absl::Duration worker_join_timeout = absl::Seconds(60);
   absl::Duration external_worker_join_timeout = absl::Minutes(10);
+  // What a job's workers may hold of kilnd (rendezvous waits), whatever they send.
+  WorkerLimits worker_limits;
   // TLS of the workers kilnd starts, when it serves TLS: the CA that signed --tls_cert (and the
   // name to verify, when the certificate does not name the listen address), and with mutual
   // TLS a client certificate and key. Without them such jobs are refused at Submit.

@@ -97,6 +97,9 @@ ABSL_FLAG(absl::Duration, worker_join_timeout, absl::Seconds(60),
           "how long the workers kilnd starts may take to join their job");
 ABSL_FLAG(absl::Duration, external_worker_join_timeout, absl::Minutes(10),
           "how long workers started elsewhere (JobSpec.external_workers) may take to join");
+ABSL_FLAG(int, max_rendezvous_waiters_per_job, 256,
+          "rendezvous waits (Workers.GetKey) one job's workers may have open at once; more are "
+          "refused");
 ABSL_FLAG(std::string, worker_tls_ca, "",
           "with --tls_cert: the CA the workers kilnd starts verify it with (else such jobs are "
           "refused)");
@@ -203,6 +206,8 @@ int main(int argc, char** argv) {
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.worker_join_timeout = absl::GetFlag(FLAGS_worker_join_timeout);
   options.external_worker_join_timeout = absl::GetFlag(FLAGS_external_worker_join_timeout);
+  options.worker_limits.max_key_waiters_per_job =
+      absl::GetFlag(FLAGS_max_rendezvous_waiters_per_job);
   options.worker_tls_ca = absl::GetFlag(FLAGS_worker_tls_ca);
   options.worker_tls_server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
   options.worker_tls_cert = absl::GetFlag(FLAGS_worker_tls_cert);

@@ -5,10 +5,12 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
@@ -17,11 +19,12 @@
 namespace kiln::server {
 
 WorkerAttempt::WorkerAttempt(std::string job_id, v1::JoinJobResponse join,
-                             std::vector<std::string> devices, Hooks hooks)
+                             std::vector<std::string> devices, Hooks hooks, WorkerLimits limits)
     : job_id_(std::move(job_id)),
       join_(std::move(join)),
       devices_(std::move(devices)),
       hooks_(std::move(hooks)),
+      limits_(limits),
       ranks_(join_.world_size(), RankState::kWaiting) {}
 
 template <typename Result, typename Call>
@@ -76,32 +79,98 @@ absl::Status WorkerAttempt::SetKey(const std::string& key, const std::string& va
                                                    " bytes under \"", key,
                                                    "\" is over the limit of 1 MiB"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (ended_) return absl::AbortedError("the attempt has ended");
-  if (keys_.size() >= 4096 && !keys_.contains(key)) {
-    return absl::ResourceExhaustedError("the attempt holds 4096 rendezvous keys already");
+  std::vector<KeyReady> woken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return absl::AbortedError("the attempt has ended");
+    if (keys_.size() >= 4096 && !keys_.contains(key)) {
+      return absl::ResourceExhaustedError("the attempt holds 4096 rendezvous keys already");
+    }
+    keys_[key] = value;
+    woken = TakeWaitsLocked(&key);
+    cv_.notify_all();
   }
-  keys_[key] = value;
-  cv_.notify_all();
+  for (KeyReady& ready : woken) ready(value);
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> WorkerAttempt::WaitForKey(const std::string& key, KeyReady ready) {
+  absl::StatusOr<std::string> now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = keys_.find(key); it != keys_.end()) {
+      now = it->second;
+    } else if (ended_ || !failure_.ok()) {
+      now = absl::AbortedError("the attempt has ended");
+    } else if (static_cast<int>(waits_.size()) >= limits_.max_key_waiters_per_job) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("job ", job_id_, " has ", waits_.size(),
+                       " rendezvous waits (GetKey) open already, the most one job may have "
+                       "(--max_rendezvous_waiters_per_job=",
+                       limits_.max_key_waiters_per_job, ")"));
+    } else {
+      const int64_t id = next_wait_id_++;
+      waits_.emplace(id, KeyWait{key, std::move(ready)});
+      return id;
+    }
+  }
+  ready(std::move(now));
+  return 0;
+}
+
+void WorkerAttempt::CancelKeyWait(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waits_.erase(id);
+}
+
+std::vector<WorkerAttempt::KeyReady> WorkerAttempt::TakeWaitsLocked(const std::string* key) {
+  std::vector<KeyReady> taken;
+  for (auto it = waits_.begin(); it != waits_.end();) {
+    if (key != nullptr && it->second.key != *key) {
+      ++it;
+      continue;
+    }
+    taken.push_back(std::move(it->second.ready));
+    it = waits_.erase(it);
+  }
+  return taken;
+}
+
+void WorkerAttempt::Abort(std::vector<KeyReady> waits) {
+  for (KeyReady& ready : waits) ready(absl::AbortedError("the attempt has ended"));
+}
+
 absl::StatusOr<std::string> WorkerAttempt::GetKey(const std::string& key, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    if (auto it = keys_.find(key); it != keys_.end()) return it->second;
-    if (ended_ || !failure_.ok()) return absl::AbortedError("the attempt has ended");
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<absl::StatusOr<std::string>> value;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  absl::StatusOr<int64_t> id = WaitForKey(key, [outcome](absl::StatusOr<std::string> value) {
+    std::lock_guard<std::mutex> lock(outcome->mu);
+    outcome->value = std::move(value);
+    outcome->cv.notify_all();
+  });
+  if (!id.ok()) return id.status();
+  std::unique_lock<std::mutex> lock(outcome->mu);
+  if (!outcome->cv.wait_for(lock,
+                            absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())),
+                            [&] { return outcome->value.has_value(); })) {
+    lock.unlock();
+    CancelKeyWait(*id);
+    lock.lock();
+    if (!outcome->value.has_value()) {  // else the key came as the wait ran out
       return absl::DeadlineExceededError(absl::StrCat(
           "rendezvous key \"", key, "\" was not set within ", absl::FormatDuration(timeout)));
     }
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(std::min(left, absl::Seconds(1))));
   }
+  return *std::move(outcome->value);
 }
 
 absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
+  std::vector<KeyReady> aborted;
+  absl::Cleanup abort_waits = [&] { Abort(std::move(aborted)); };  // once the lock is let go
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (absl::Status s = CheckRankLocked(rank); !s.ok()) return s;
@@ -129,6 +198,7 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
                              ? static_cast<absl::StatusCode>(code)
                              : absl::StatusCode::kUnknown,
                          ClientMessage(report.failed().message())));
+        aborted = TakeWaitsLocked(nullptr);
         return absl::OkStatus();
       }
       case v1::WorkerReport::kStep:
@@ -151,12 +221,17 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
 }
 
 void WorkerAttempt::StreamEnded(int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
-  if (ranks_[rank] == RankState::kDone || ranks_[rank] == RankState::kFailed) return;
-  ranks_[rank] = RankState::kFailed;
-  FailLocked(absl::UnavailableError(
-      absl::StrCat("worker rank ", rank, " went away without reporting how it ended")));
+  std::vector<KeyReady> aborted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
+    if (ranks_[rank] == RankState::kDone || ranks_[rank] == RankState::kFailed) return;
+    ranks_[rank] = RankState::kFailed;
+    FailLocked(absl::UnavailableError(
+        absl::StrCat("worker rank ", rank, " went away without reporting how it ended")));
+    aborted = TakeWaitsLocked(nullptr);
+  }
+  Abort(std::move(aborted));
 }
 
 std::optional<v1::WorkerCommand> WorkerAttempt::NextCommand(int rank, absl::Duration wait) {
@@ -196,14 +271,25 @@ void WorkerAttempt::FailLocked(absl::Status why) {
 }
 
 void WorkerAttempt::Fail(absl::Status why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  FailLocked(std::move(why));
+  std::vector<KeyReady> aborted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailLocked(std::move(why));
+    aborted = TakeWaitsLocked(nullptr);
+  }
+  Abort(std::move(aborted));
 }
 
 void WorkerAttempt::End() {
+  std::vector<KeyReady> aborted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    aborted = TakeWaitsLocked(nullptr);
+    cv_.notify_all();
+  }
+  Abort(std::move(aborted));
   std::unique_lock<std::mutex> lock(mu_);
-  ended_ = true;
-  cv_.notify_all();
   cv_.wait(lock, [&] { return hooks_running_ == 0; });
 }
 
@@ -217,7 +303,8 @@ WorkerAttempt::Snapshot WorkerAttempt::State() {
   return {ranks_, failure_, ended_};
 }
 
-WorkerRegistry::WorkerRegistry(std::string key) : key_(std::move(key)) {}
+WorkerRegistry::WorkerRegistry(std::string key, WorkerLimits limits)
+    : key_(std::move(key)), limits_(limits) {}
 
 std::string WorkerRegistry::TokenFor(const std::string& job_id) const {
   unsigned char mac[EVP_MAX_MD_SIZE];

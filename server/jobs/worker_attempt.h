@@ -26,6 +26,14 @@ namespace kiln::server {
 // How one rank of the attempt stands.
 enum class RankState { kWaiting, kJoined, kReporting, kDone, kFailed };
 
+// What kilnd allows the workers of a job (kilnd's --max_rendezvous_* flags): a worker holds the
+// job's token, not kilnd's trust, and must not exhaust kilnd.
+struct WorkerLimits {
+  // Rendezvous waits (GetKey) of one job open at once; more are ResourceExhausted. A rank waits
+  // for one key at a time, and a job has at most 64 ranks.
+  int max_key_waiters_per_job = 256;
+};
+
 class WorkerAttempt {
  public:
   struct Hooks {
@@ -37,10 +45,13 @@ class WorkerAttempt {
         record_checkpoint;
   };
 
+  // Called once with a rendezvous key's value, or with why there is none.
+  using KeyReady = std::function<void(absl::StatusOr<std::string> value)>;
+
   // `join` is what JoinJob answers every rank, less its device (devices[rank]) and, for ranks
   // other than 0, resume_from.
   WorkerAttempt(std::string job_id, v1::JoinJobResponse join, std::vector<std::string> devices,
-                Hooks hooks);
+                Hooks hooks, WorkerLimits limits = {});
 
   const std::string& job_id() const { return job_id_; }
   int world_size() const { return join_.world_size(); }
@@ -55,8 +66,17 @@ class WorkerAttempt {
   // FailedPrecondition when the rank has joined already or the attempt has ended.
   absl::StatusOr<v1::JoinJobResponse> Join(int rank, const std::string& host);
   absl::Status SetKey(const std::string& key, const std::string& value);
-  // Waits up to `timeout` for the key, or until the attempt ends (Aborted).
+  // Waits up to `timeout` for the key, or until the attempt ends (Aborted); a wait as
+  // WaitForKey's, holding the calling thread.
   absl::StatusOr<std::string> GetKey(const std::string& key, absl::Duration timeout);
+  // Calls `ready` once, never under the attempt's lock: with the key's value when it is set (at
+  // once, on this thread, when it is set already), or Aborted when the attempt fails or ends.
+  // Returns the wait's id for CancelKeyWait (0 when `ready` has run already); ResourceExhausted,
+  // and `ready` never called, when the job has limits.max_key_waiters_per_job waits open.
+  absl::StatusOr<int64_t> WaitForKey(const std::string& key, KeyReady ready);
+  // Drops wait `id` (its call timed out or went away) and frees its place; the attempt does not
+  // call its `ready` once this returns, unless it was running it already.
+  void CancelKeyWait(int64_t id);
   // A report arrived from `rank`: hello, step, epoch, done or failed. An error (a report out of
   // order, a failing hook) fails the attempt and is answered to the worker.
   absl::Status Report(int rank, const v1::WorkerReport& report);
@@ -93,16 +113,27 @@ class WorkerAttempt {
   // Locked: a rank in range, or InvalidArgument.
   absl::Status CheckRankLocked(int rank) const;
   void FailLocked(absl::Status why);
+  // Locked: takes the waits for `key` (null: every wait) off the list, for the caller to call
+  // once it has let go of the lock.
+  std::vector<KeyReady> TakeWaitsLocked(const std::string* key);
+  static void Abort(std::vector<KeyReady> waits);
 
   const std::string job_id_;
   const v1::JoinJobResponse join_;
   const std::vector<std::string> devices_;
   const Hooks hooks_;
+  const WorkerLimits limits_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<RankState> ranks_;
   std::map<std::string, std::string> keys_;
+  struct KeyWait {
+    std::string key;
+    KeyReady ready;
+  };
+  std::map<int64_t, KeyWait> waits_;  // by id
+  int64_t next_wait_id_ = 1;
   std::deque<v1::WorkerCommand> commands_;  // for rank 0
   absl::Status failure_;
   bool ended_ = false;
@@ -114,7 +145,10 @@ class WorkerRegistry {
  public:
   // `key`: 32 or more secret bytes; a job's token is HMAC-SHA256(key, job id) in hex, so it
   // survives restarts of kilnd (workers of an external job keep theirs) while the key does.
-  explicit WorkerRegistry(std::string key);
+  // `limits` hold for the attempts of every job.
+  explicit WorkerRegistry(std::string key, WorkerLimits limits = {});
+
+  const WorkerLimits& limits() const { return limits_; }
 
   // The token workers of `job_id` present.
   std::string TokenFor(const std::string& job_id) const;
@@ -134,6 +168,7 @@ class WorkerRegistry {
 
  private:
   const std::string key_;
+  const WorkerLimits limits_;
   std::mutex mu_;
   std::condition_variable address_cv_;
   std::map<std::string, std::shared_ptr<WorkerAttempt>> attempts_;

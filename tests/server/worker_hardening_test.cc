@@ -5,19 +5,26 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/v1/worker.grpc.pb.h"
+#include "server/jobs/worker_attempt.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"
@@ -343,6 +350,175 @@ TEST_F(HostileWorkerTest, AStepNumberedInt64MinNeitherBricksTheStoreNorKilnd) {
   ASSERT_EQ(kilnd_->Stop(SIGTERM, absl::Seconds(60)), 0);
   ASSERT_NO_FATAL_FAILURE(StartKilnd({"--max_step_events_per_job=100"}));
   EXPECT_EQ(testing::GetJob(*training_, job).state(), v1::JOB_STATE_FAILED);
+}
+
+// Threads of process `pid` now (/proc/PID/status).
+int ThreadsOf(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "Threads:")) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// GetKey calls in flight, made with gRPC's callback client: each waits for a key never set.
+class WaitingGets {
+ public:
+  WaitingGets(v1::Workers::Stub* stub, const std::string& job, const std::string& token, int n) {
+    calls_.resize(n);
+    for (int i = 0; i < n; ++i) {
+      Call& c = calls_[i];
+      c.context.AddMetadata(kTokenHeader, token);
+      c.request.set_job_id(job);
+      c.request.set_key(absl::StrCat("never-", i));
+      c.request.set_timeout_ms(10 * 60 * 1000);
+      stub->async()->GetKey(&c.context, &c.request, &c.response, [this, &c](grpc::Status s) {
+        std::lock_guard<std::mutex> lock(mu_);
+        c.status = std::move(s);
+        c.done = true;
+        ++done_;
+        cv_.notify_all();
+      });
+    }
+  }
+  ~WaitingGets() {
+    CancelAll();
+    WaitForAll(absl::Minutes(1));
+  }
+  void CancelAll() {
+    for (Call& c : calls_) c.context.TryCancel();
+  }
+  bool WaitFor(int done, absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return done_ >= done; });
+  }
+  bool WaitForAll(absl::Duration timeout) {
+    return WaitFor(static_cast<int>(calls_.size()), timeout);
+  }
+  // The ended calls' status codes, counted.
+  std::map<grpc::StatusCode, int> Codes(std::string* a_message = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<grpc::StatusCode, int> codes;
+    for (const Call& c : calls_) {
+      if (!c.done) continue;
+      ++codes[c.status.error_code()];
+      if (a_message != nullptr && !c.status.ok()) *a_message = c.status.error_message();
+    }
+    return codes;
+  }
+  int done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+ private:
+  struct Call {
+    grpc::ClientContext context;
+    v1::GetKeyRequest request;
+    v1::GetKeyResponse response;
+    grpc::Status status;
+    bool done = false;
+  };
+  std::deque<Call> calls_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int done_ = 0;
+};
+
+TEST(WorkerAttemptLimitsTest, RendezvousWaitsAreCappedAndACancelledOneFreesItsPlace) {
+  v1::JoinJobResponse join;
+  join.set_attempt(1);
+  join.set_world_size(2);
+  WorkerLimits limits;
+  limits.max_key_waiters_per_job = 2;
+  WorkerAttempt attempt("job-1", join, {"cpu", "cpu"}, {}, limits);
+  std::vector<std::string> got;
+  auto collect = [&](absl::StatusOr<std::string> v) {
+    got.push_back(v.ok() ? *v : std::string(v.status().message()));
+  };
+  absl::StatusOr<int64_t> first = attempt.WaitForKey("a", collect);
+  absl::StatusOr<int64_t> second = attempt.WaitForKey("b", collect);
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  absl::StatusOr<int64_t> third = attempt.WaitForKey("c", collect);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("--max_rendezvous_waiters_per_job=2"));
+  attempt.CancelKeyWait(*first);
+  third = attempt.WaitForKey("c", collect);
+  ASSERT_OK(third);
+  ASSERT_OK(attempt.SetKey("c", "value of c"));
+  ASSERT_OK(attempt.SetKey("a", "value of a"));  // its wait was cancelled: nobody hears
+  EXPECT_EQ(got, std::vector<std::string>{"value of c"});
+  // A key that is there needs no place.
+  ASSERT_OK(attempt.WaitForKey("zz", collect).status());
+  ASSERT_OK(attempt.SetKey("zz", "x"));
+  EXPECT_EQ(*attempt.WaitForKey("a", collect), 0) << "answered at once";
+  EXPECT_EQ(got.back(), "value of a");
+  attempt.End();
+  EXPECT_EQ(got.back(), "the attempt has ended") << "the wait for b ends with the attempt";
+}
+
+// Each waiting GetKey held a server thread for up to 10 minutes, cancelled or not: 3,000 calls
+// made 3,033 threads. A wait now holds no thread, and a cancelled one ends at once.
+TEST_F(HostileWorkerTest, RendezvousWaitsHoldNoThreadAndEndWhenCancelled) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  const int before = ThreadsOf(kilnd_->pid());
+  {
+    WaitingGets gets(workers_.get(), job, token, 200);
+    absl::SleepFor(absl::Seconds(2));  // every call has reached kilnd and waits
+    EXPECT_EQ(gets.done(), 0) << "a wait ended early";
+    EXPECT_LT(ThreadsOf(kilnd_->pid()), before + 50) << "waits hold threads";
+    gets.CancelAll();
+    EXPECT_TRUE(gets.WaitForAll(absl::Seconds(10)));
+    EXPECT_EQ(gets.Codes()[grpc::StatusCode::CANCELLED], 200);
+  }
+  // The server's side of each cancelled wait is gone too: kilnd's threads are back.
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return ThreadsOf(kilnd_->pid()) < before + 20; }, absl::Seconds(10)))
+      << ThreadsOf(kilnd_->pid()) << " threads, " << before << " before the waits";
+  // And the store still serves.
+  auto context = Context(token);
+  v1::SetKeyRequest set;
+  set.set_job_id(job);
+  set.set_key("k");
+  set.set_value("v");
+  v1::SetKeyResponse set_response;
+  ASSERT_OK(workers_->SetKey(context.get(), set, &set_response));
+  context = Context(token);
+  v1::GetKeyRequest get;
+  get.set_job_id(job);
+  get.set_key("k");
+  get.set_timeout_ms(1000);
+  v1::GetKeyResponse got;
+  ASSERT_OK(workers_->GetKey(context.get(), get, &got));
+  EXPECT_EQ(got.value(), "v");
+}
+
+TEST_F(HostileWorkerTest, RendezvousWaitersPerJobAreCapped) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  WaitingGets gets(workers_.get(), job, token, 300);
+  ASSERT_TRUE(gets.WaitFor(44, absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(500));
+  std::string message;
+  std::map<grpc::StatusCode, int> codes = gets.Codes(&message);
+  EXPECT_EQ(codes[grpc::StatusCode::RESOURCE_EXHAUSTED], 44);
+  EXPECT_EQ(gets.done(), 44) << "256 wait";
+  EXPECT_THAT(message, HasSubstr("256"));
+  EXPECT_THAT(message, HasSubstr("--max_rendezvous_waiters_per_job"));
+  // The attempt's end ends the waits, at once.
+  grpc::ClientContext cancel_context;
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job);
+  v1::Job ignored;
+  ASSERT_OK(training_->CancelJob(&cancel_context, cancel, &ignored));
+  EXPECT_TRUE(gets.WaitForAll(absl::Seconds(10)));
+  codes = gets.Codes();
+  EXPECT_EQ(codes[grpc::StatusCode::ABORTED], 256);
 }
 
 }  // namespace
