@@ -122,6 +122,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {"max_batch_size", options.limits.max_batch_size},
       {"max_epoch_events_per_job", options.max_epoch_events_per_job},
       {"max_rendezvous_waiters_per_job", options.worker_limits.max_key_waiters_per_job},
+      {"max_rendezvous_bytes_per_job", options.worker_limits.max_key_bytes_per_job},
+      {"max_rendezvous_bytes", options.worker_limits.max_key_bytes},
   };
   for (const auto& [flag, value] : limits) {
     if (value < 1) {

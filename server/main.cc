@@ -100,6 +100,10 @@ ABSL_FLAG(absl::Duration, external_worker_join_timeout, absl::Minutes(10),
 ABSL_FLAG(int, max_rendezvous_waiters_per_job, 256,
           "rendezvous waits (Workers.GetKey) one job's workers may have open at once; more are "
           "refused");
+ABSL_FLAG(int64_t, max_rendezvous_bytes_per_job, int64_t{16} << 20,
+          "bytes of rendezvous keys and values (Workers.SetKey) one job's attempt may hold");
+ABSL_FLAG(int64_t, max_rendezvous_bytes, int64_t{256} << 20,
+          "bytes of rendezvous keys and values all jobs together may hold");
 ABSL_FLAG(std::string, worker_tls_ca, "",
           "with --tls_cert: the CA the workers kilnd starts verify it with (else such jobs are "
           "refused)");
@@ -208,6 +212,8 @@ int main(int argc, char** argv) {
   options.external_worker_join_timeout = absl::GetFlag(FLAGS_external_worker_join_timeout);
   options.worker_limits.max_key_waiters_per_job =
       absl::GetFlag(FLAGS_max_rendezvous_waiters_per_job);
+  options.worker_limits.max_key_bytes_per_job = absl::GetFlag(FLAGS_max_rendezvous_bytes_per_job);
+  options.worker_limits.max_key_bytes = absl::GetFlag(FLAGS_max_rendezvous_bytes);
   options.worker_tls_ca = absl::GetFlag(FLAGS_worker_tls_ca);
   options.worker_tls_server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
   options.worker_tls_cert = absl::GetFlag(FLAGS_worker_tls_cert);

@@ -18,14 +18,32 @@
 
 namespace kiln::server {
 
+bool KeyBytesBudget::Take(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > max_bytes_ - held_) return false;
+  held_ += bytes;
+  return true;
+}
+
+void KeyBytesBudget::Give(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_ -= bytes;
+}
+
 WorkerAttempt::WorkerAttempt(std::string job_id, v1::JoinJobResponse join,
-                             std::vector<std::string> devices, Hooks hooks, WorkerLimits limits)
+                             std::vector<std::string> devices, Hooks hooks, WorkerLimits limits,
+                             KeyBytesBudget* shared_budget)
     : job_id_(std::move(job_id)),
       join_(std::move(join)),
       devices_(std::move(devices)),
       hooks_(std::move(hooks)),
       limits_(limits),
+      shared_budget_(shared_budget),
       ranks_(join_.world_size(), RankState::kWaiting) {}
+
+WorkerAttempt::~WorkerAttempt() {
+  if (shared_budget_ != nullptr) shared_budget_->Give(key_bytes_);
+}
 
 template <typename Result, typename Call>
 Result WorkerAttempt::RunHook(Call call) {
@@ -83,9 +101,28 @@ absl::Status WorkerAttempt::SetKey(const std::string& key, const std::string& va
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ended_) return absl::AbortedError("the attempt has ended");
-    if (keys_.size() >= 4096 && !keys_.contains(key)) {
+    auto it = keys_.find(key);
+    if (keys_.size() >= 4096 && it == keys_.end()) {
       return absl::ResourceExhaustedError("the attempt holds 4096 rendezvous keys already");
     }
+    // What the keys hold grows by this much (less when a value is replaced by a smaller one).
+    const int64_t grow = static_cast<int64_t>(value.size()) -
+                         (it == keys_.end() ? -static_cast<int64_t>(key.size())
+                                            : static_cast<int64_t>(it->second.size()));
+    if (grow > 0 && key_bytes_ + grow > limits_.max_key_bytes_per_job) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("rendezvous key \"", key, "\" would take job ", job_id_, "'s keys to ",
+                       key_bytes_ + grow, " bytes, over the limit of ",
+                       limits_.max_key_bytes_per_job, " a job (--max_rendezvous_bytes_per_job)"));
+    }
+    if (grow > 0 && shared_budget_ != nullptr && !shared_budget_->Take(grow)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("rendezvous key \"", key, "\" of job ", job_id_,
+                       " does not fit: the keys of all jobs would be over kilnd's limit of ",
+                       shared_budget_->max_bytes(), " bytes (--max_rendezvous_bytes)"));
+    }
+    if (grow < 0 && shared_budget_ != nullptr) shared_budget_->Give(-grow);
+    key_bytes_ += grow;
     keys_[key] = value;
     woken = TakeWaitsLocked(&key);
     cv_.notify_all();
@@ -286,6 +323,9 @@ void WorkerAttempt::End() {
     std::lock_guard<std::mutex> lock(mu_);
     ended_ = true;
     aborted = TakeWaitsLocked(nullptr);
+    keys_.clear();
+    if (shared_budget_ != nullptr) shared_budget_->Give(key_bytes_);
+    key_bytes_ = 0;
     cv_.notify_all();
   }
   Abort(std::move(aborted));
@@ -304,7 +344,7 @@ WorkerAttempt::Snapshot WorkerAttempt::State() {
 }
 
 WorkerRegistry::WorkerRegistry(std::string key, WorkerLimits limits)
-    : key_(std::move(key)), limits_(limits) {}
+    : key_(std::move(key)), limits_(limits), key_budget_(limits.max_key_bytes) {}
 
 std::string WorkerRegistry::TokenFor(const std::string& job_id) const {
   unsigned char mac[EVP_MAX_MD_SIZE];

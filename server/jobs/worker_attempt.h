@@ -32,6 +32,26 @@ struct WorkerLimits {
   // Rendezvous waits (GetKey) of one job open at once; more are ResourceExhausted. A rank waits
   // for one key at a time, and a job has at most 64 ranks.
   int max_key_waiters_per_job = 256;
+  // Bytes of rendezvous keys and values one attempt may hold, and all attempts together. Gloo's
+  // addresses and NCCL's unique id take a few KiB a job.
+  int64_t max_key_bytes_per_job = int64_t{16} << 20;
+  int64_t max_key_bytes = int64_t{256} << 20;
+};
+
+// The bytes of rendezvous keys all attempts hold, against kilnd's budget
+// (WorkerLimits::max_key_bytes). Thread-safe.
+class KeyBytesBudget {
+ public:
+  explicit KeyBytesBudget(int64_t max_bytes) : max_bytes_(max_bytes) {}
+  // Takes `bytes` when they fit the budget; false, and nothing taken, when they do not.
+  bool Take(int64_t bytes);
+  void Give(int64_t bytes);
+  int64_t max_bytes() const { return max_bytes_; }
+
+ private:
+  const int64_t max_bytes_;
+  std::mutex mu_;
+  int64_t held_ = 0;  // guarded
 };
 
 class WorkerAttempt {
@@ -49,9 +69,13 @@ class WorkerAttempt {
   using KeyReady = std::function<void(absl::StatusOr<std::string> value)>;
 
   // `join` is what JoinJob answers every rank, less its device (devices[rank]) and, for ranks
-  // other than 0, resume_from.
+  // other than 0, resume_from. `shared_budget` (not owned; null for none) counts the bytes of
+  // every attempt's keys; it must outlive the attempt.
   WorkerAttempt(std::string job_id, v1::JoinJobResponse join, std::vector<std::string> devices,
-                Hooks hooks, WorkerLimits limits = {});
+                Hooks hooks, WorkerLimits limits = {}, KeyBytesBudget* shared_budget = nullptr);
+  ~WorkerAttempt();
+  WorkerAttempt(const WorkerAttempt&) = delete;
+  WorkerAttempt& operator=(const WorkerAttempt&) = delete;
 
   const std::string& job_id() const { return job_id_; }
   int world_size() const { return join_.world_size(); }
@@ -65,6 +89,8 @@ class WorkerAttempt {
   // --- what the Workers service calls ---
   // FailedPrecondition when the rank has joined already or the attempt has ended.
   absl::StatusOr<v1::JoinJobResponse> Join(int rank, const std::string& host);
+  // ResourceExhausted, naming the flag, when the key would take the job's keys past
+  // limits.max_key_bytes_per_job or every job's past the shared budget.
   absl::Status SetKey(const std::string& key, const std::string& value);
   // Waits up to `timeout` for the key, or until the attempt ends (Aborted); a wait as
   // WaitForKey's, holding the calling thread.
@@ -93,8 +119,9 @@ class WorkerAttempt {
   void Command(v1::WorkerCommand::Action action);
   // Fails the attempt with `why` (the first failure wins) and wakes every waiter.
   void Fail(absl::Status why);
-  // Ends the attempt: waits wake, later calls from its workers are refused, and hooks already
-  // running are waited for, so that whatever they reach may go once End returns.
+  // Ends the attempt: waits wake, later calls from its workers are refused, its keys go (their
+  // bytes back to the shared budget), and hooks already running are waited for, so that
+  // whatever they reach may go once End returns.
   void End();
   // Waits up to `timeout` for a change (a join, a report, an end); false when none came.
   bool WaitForChange(absl::Duration timeout);
@@ -123,11 +150,13 @@ class WorkerAttempt {
   const std::vector<std::string> devices_;
   const Hooks hooks_;
   const WorkerLimits limits_;
+  KeyBytesBudget* const shared_budget_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<RankState> ranks_;
   std::map<std::string, std::string> keys_;
+  int64_t key_bytes_ = 0;  // of keys_, keys and values, taken from shared_budget_
   struct KeyWait {
     std::string key;
     KeyReady ready;
@@ -149,6 +178,8 @@ class WorkerRegistry {
   explicit WorkerRegistry(std::string key, WorkerLimits limits = {});
 
   const WorkerLimits& limits() const { return limits_; }
+  // Every attempt's keys, against limits().max_key_bytes.
+  KeyBytesBudget* key_budget() { return &key_budget_; }
 
   // The token workers of `job_id` present.
   std::string TokenFor(const std::string& job_id) const;
@@ -169,6 +200,7 @@ class WorkerRegistry {
  private:
   const std::string key_;
   const WorkerLimits limits_;
+  KeyBytesBudget key_budget_;
   std::mutex mu_;
   std::condition_variable address_cv_;
   std::map<std::string, std::shared_ptr<WorkerAttempt>> attempts_;

@@ -355,8 +355,9 @@ absl::Status WorkerJobRunner::Run() {
   hooks.record_checkpoint = [this](const v1::WriteCheckpointHeader& h, const std::string& path) {
     return OnCheckpoint(h, path);
   };
-  auto attempt = std::make_shared<WorkerAttempt>(job_id, std::move(join), devices_, hooks,
-                                                 options_.registry->limits());
+  auto attempt =
+      std::make_shared<WorkerAttempt>(job_id, std::move(join), devices_, hooks,
+                                      options_.registry->limits(), options_.registry->key_budget());
   options_.registry->Add(attempt);
   events_->TrainingStarted(job_id, spec, epochs_);
 

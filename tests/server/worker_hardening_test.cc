@@ -521,5 +521,65 @@ TEST_F(HostileWorkerTest, RendezvousWaitersPerJobAreCapped) {
   EXPECT_EQ(codes[grpc::StatusCode::ABORTED], 256);
 }
 
+grpc::Status SetKey(v1::Workers::Stub& stub, const std::string& job, const std::string& token,
+                    const std::string& key, const std::string& value) {
+  grpc::ClientContext context;
+  context.AddMetadata(kTokenHeader, token);
+  v1::SetKeyRequest request;
+  request.set_job_id(job);
+  request.set_key(key);
+  request.set_value(value);
+  v1::SetKeyResponse response;
+  return stub.SetKey(&context, request, &response);
+}
+
+// Rendezvous keys took 4,096 x 1 MiB an attempt (4 GiB a job) with no total: two jobs took 2 GB
+// of kilnd's memory in 10 s. A job's keys now fit its budget.
+TEST_F(HostileWorkerTest, RendezvousKeysOfAJobFitItsByteBudget) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  const std::string mib(1 << 20, 'x');
+  int stored = 0;
+  grpc::Status refused;
+  for (int i = 0; i < 64 && refused.ok(); ++i) {
+    refused = SetKey(*workers_, job, token, absl::StrCat("k", i), mib);
+    stored += refused.ok();
+  }
+  EXPECT_EQ(stored, 15) << "16 MiB a job, keys and values";
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("--max_rendezvous_bytes_per_job"));
+  // A key replaced by a smaller value gives its bytes back.
+  ASSERT_OK(SetKey(*workers_, job, token, "k0", "small"));
+  EXPECT_OK(SetKey(*workers_, job, token, "k-new", mib));
+}
+
+TEST_F(HostileWorkerTest, RendezvousKeysOfAllJobsFitKilndsByteBudget) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartKilnd({"--max_rendezvous_bytes=20000000", "--max_jobs_per_device=2"}));
+  std::string token_a, token_b;
+  const std::string a = SubmitExternal(1, &token_a);
+  const std::string b = SubmitExternal(1, &token_b);
+  const std::string mib(1 << 20, 'x');
+  for (int i = 0; i < 12; ++i) ASSERT_OK(SetKey(*workers_, a, token_a, absl::StrCat("k", i), mib));
+  grpc::Status refused;
+  int stored = 0;
+  for (int i = 0; i < 12 && refused.ok(); ++i) {
+    refused = SetKey(*workers_, b, token_b, absl::StrCat("k", i), mib);
+    stored += refused.ok();
+  }
+  EXPECT_EQ(stored, 7) << "20,000,000 bytes in all";
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("--max_rendezvous_bytes"));
+  // An attempt's keys go with it, and their bytes back to kilnd.
+  grpc::ClientContext cancel_context;
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(a);
+  v1::Job ignored;
+  ASSERT_OK(training_->CancelJob(&cancel_context, cancel, &ignored));
+  ASSERT_EQ(WaitForEnd(a).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_OK(SetKey(*workers_, b, token_b, "after", mib));
+}
+
 }  // namespace
 }  // namespace kiln::server
