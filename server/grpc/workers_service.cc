@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/atomic_file.h"
@@ -168,6 +169,10 @@ grpc::Status WorkersService::Report(
   if (!found.ok()) return ToGrpcStatus(found.status());
   const std::shared_ptr<WorkerAttempt> attempt = *std::move(found);
   const int rank = first.hello().rank();
+  // The stream speaks for the rank that joined, and only it.
+  if (absl::Status s = attempt->CheckRankToken(rank, first.hello().rank_token()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (absl::Status s = attempt->Report(rank, first); !s.ok()) return ToGrpcStatus(s);
 
   // Commands go out on their own thread while this one reads (gRPC allows one of each at once).
@@ -230,10 +235,19 @@ grpc::Status WorkersService::WriteCheckpoint(grpc::ServerContext* context,
   const v1::WriteCheckpointHeader header = message.header();
   absl::StatusOr<std::shared_ptr<WorkerAttempt>> attempt = Attempt(context, header.job_id());
   if (!attempt.ok()) return ToGrpcStatus(attempt.status());
-  if (header.size_bytes() < 0 || header.size_bytes() > max_checkpoint_bytes_) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("a checkpoint of ", header.size_bytes(),
-                                     " bytes is over the limit of ", max_checkpoint_bytes_));
+  // Rank 0's, of a kind and at a place the run writes one, before any byte is taken.
+  absl::StatusOr<int64_t> most = (*attempt)->BeginCheckpoint(header);
+  if (!most.ok()) return ToGrpcStatus(most.status());
+  absl::Cleanup end_checkpoint = [&] { (*attempt)->EndCheckpoint(); };
+  const int64_t limit = std::min(max_checkpoint_bytes_, *most);
+  if (header.size_bytes() < 0 || header.size_bytes() > limit) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("a checkpoint of ", header.size_bytes(), " bytes is over the limit of ", limit,
+                     " bytes (",
+                     limit == *most ? "the most a checkpoint of the job's model takes"
+                                    : "--max_job_memory_bytes",
+                     ")"));
   }
   const std::string path =
       NewCheckpointPath(state_dir_, header.job_id(), header.kind(), header.global_step());

@@ -39,7 +39,8 @@ WorkerAttempt::WorkerAttempt(std::string job_id, v1::JoinJobResponse join,
       hooks_(std::move(hooks)),
       limits_(limits),
       shared_budget_(shared_budget),
-      ranks_(join_.world_size(), RankState::kWaiting) {}
+      ranks_(join_.world_size(), RankState::kWaiting),
+      rank_tokens_(join_.world_size()) {}
 
 WorkerAttempt::~WorkerAttempt() {
   if (shared_budget_ != nullptr) shared_budget_->Give(key_bytes_);
@@ -79,13 +80,79 @@ absl::StatusOr<v1::JoinJobResponse> WorkerAttempt::Join(int rank, const std::str
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " of job ", job_id_, " has joined already (another worker took it)"));
   }
+  unsigned char secret[16];
+  if (RAND_bytes(secret, sizeof(secret)) != 1) {
+    return absl::InternalError("no random bytes for a rank token");
+  }
+  rank_tokens_[rank] =
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(secret), sizeof(secret)));
   ranks_[rank] = RankState::kJoined;
   (void)host;
   cv_.notify_all();
   v1::JoinJobResponse response = join_;
   response.set_device(devices_[rank]);
+  response.set_rank_token(rank_tokens_[rank]);
   if (rank != 0) response.clear_resume_from();
   return response;
+}
+
+absl::Status WorkerAttempt::CheckRankToken(int rank, const std::string& rank_token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = CheckRankLocked(rank); !s.ok()) return s;
+  const std::string& expected = rank_tokens_[rank];
+  if (expected.empty() || rank_token.size() != expected.size() ||
+      CRYPTO_memcmp(rank_token.data(), expected.data(), expected.size()) != 0) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the rank token is not rank ", rank, "'s of attempt ", join_.attempt(), " of job ", job_id_,
+        " (JoinJob hands it to the worker that joins as the rank)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> WorkerAttempt::BeginCheckpoint(const v1::WriteCheckpointHeader& header) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_ || !failure_.ok()) {
+      return absl::AbortedError(
+          absl::StrCat("attempt ", join_.attempt(), " of job ", job_id_, " has ended"));
+    }
+    int rank = -1;
+    for (int r = 0; r < static_cast<int>(rank_tokens_.size()); ++r) {
+      const std::string& t = rank_tokens_[r];
+      if (!t.empty() && t.size() == header.rank_token().size() &&
+          CRYPTO_memcmp(t.data(), header.rank_token().data(), t.size()) == 0) {
+        rank = r;
+      }
+    }
+    if (rank < 0) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the checkpoint's rank token is not one attempt ", join_.attempt(), " of job ", job_id_,
+          " handed out: only rank 0 of the running attempt hands over checkpoints"));
+    }
+    if (rank != 0) {
+      return absl::PermissionDeniedError(absl::StrCat("only rank 0 hands over job ", job_id_,
+                                                      "'s checkpoints; this is rank ", rank, "'s"));
+    }
+    if (ranks_[0] != RankState::kJoined && ranks_[0] != RankState::kReporting) {
+      return absl::FailedPreconditionError("rank 0 has reported how it ended");
+    }
+    if (checkpoint_open_) {
+      return absl::ResourceExhaustedError(
+          "rank 0 is handing over a checkpoint already; one at a time");
+    }
+    checkpoint_open_ = true;
+  }
+  absl::StatusOr<int64_t> most =
+      hooks_.admit_checkpoint
+          ? RunHook<absl::StatusOr<int64_t>>([&] { return hooks_.admit_checkpoint(header); })
+          : absl::StatusOr<int64_t>(absl::InternalError("the attempt takes no checkpoints"));
+  if (!most.ok()) EndCheckpoint();
+  return most;
+}
+
+void WorkerAttempt::EndCheckpoint() {
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_open_ = false;
 }
 
 absl::Status WorkerAttempt::SetKey(const std::string& key, const std::string& value) {

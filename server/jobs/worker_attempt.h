@@ -59,7 +59,12 @@ class WorkerAttempt {
   struct Hooks {
     // A report of `rank` (steps and epochs), on the service's thread; an error ends the attempt.
     std::function<absl::Status(int rank, const v1::WorkerReport& report)> on_report;
-    // Rank 0 handed over a checkpoint file at `path` (digest checked): record it as the job's.
+    // Rank 0 is about to hand over a checkpoint: whether the run would write one so (its kind
+    // and position), and the most bytes its file may have. Before any byte is taken.
+    std::function<absl::StatusOr<int64_t>(const v1::WriteCheckpointHeader& header)>
+        admit_checkpoint;
+    // Rank 0 handed over a checkpoint file at `path` (digest checked): check that it is one of
+    // the job's model where the header says, and record it as the job's.
     std::function<absl::StatusOr<v1::Checkpoint>(const v1::WriteCheckpointHeader& header,
                                                  const std::string& path)>
         record_checkpoint;
@@ -87,8 +92,17 @@ class WorkerAttempt {
   }
 
   // --- what the Workers service calls ---
-  // FailedPrecondition when the rank has joined already or the attempt has ended.
+  // FailedPrecondition when the rank has joined already or the attempt has ended. The answer
+  // carries the rank's rank_token, which no other rank and no other attempt has.
   absl::StatusOr<v1::JoinJobResponse> Join(int rank, const std::string& host);
+  // OK when `rank_token` is what Join handed to `rank`: Unauthenticated otherwise (a worker that
+  // did not join as that rank, or joined another attempt).
+  absl::Status CheckRankToken(int rank, const std::string& rank_token);
+  // Rank 0 begins handing over a checkpoint: the header's rank token must be rank 0's, rank 0
+  // still training, no other hand-over open (ResourceExhausted), and the runner must admit it
+  // (Hooks::admit_checkpoint). The most bytes the file may have; EndCheckpoint must follow.
+  absl::StatusOr<int64_t> BeginCheckpoint(const v1::WriteCheckpointHeader& header);
+  void EndCheckpoint();
   // ResourceExhausted, naming the flag, when the key would take the job's keys past
   // limits.max_key_bytes_per_job or every job's past the shared budget.
   absl::Status SetKey(const std::string& key, const std::string& value);
@@ -155,6 +169,8 @@ class WorkerAttempt {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<RankState> ranks_;
+  std::vector<std::string> rank_tokens_;  // by rank; empty until it joins
+  bool checkpoint_open_ = false;          // a hand-over between Begin and EndCheckpoint
   std::map<std::string, std::string> keys_;
   int64_t key_bytes_ = 0;  // of keys_, keys and values, taken from shared_budget_
   struct KeyWait {

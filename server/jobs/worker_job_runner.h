@@ -9,8 +9,10 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,11 @@ class WorkerJobRunner {
   absl::StatusOr<WorkerPlan> Plan(const v1::Checkpoint& start);
   // Checks a report against the plan (WorkerReportCheck), then records it.
   absl::Status OnReport(int rank, const v1::WorkerReport& report);
+  // Whether the run would write a checkpoint of the header's kind at its position now, and the
+  // most bytes its file may have.
+  absl::StatusOr<int64_t> AdmitCheckpoint(const v1::WriteCheckpointHeader& header);
+  absl::Status AdmitCheckpointLocked(const v1::WriteCheckpointHeader& header);
+  // Checks the file is a checkpoint of the job's model at the header's position, then records it.
   absl::StatusOr<v1::Checkpoint> OnCheckpoint(const v1::WriteCheckpointHeader& header,
                                               const std::string& path);
   absl::Status StartLocalWorkers(const std::string& coordinator, const std::string& token,
@@ -106,6 +113,21 @@ class WorkerJobRunner {
   std::vector<double> rank_rates_;
   std::optional<WorkerReportCheck> check_;  // guarded by mu_
   int epochs_ = 0;
+  WorkerPlan plan_;                    // set before the attempt opens
+  std::optional<TrainConfig> config_;  // the job's, set before the attempt opens
+  // What rank 0 was asked for (Supervise's commands), so that a checkpoint of a kind the run
+  // writes only when asked is taken only when it was.
+  std::atomic<int> on_demand_asked_{0};
+  std::atomic<bool> stop_sent_{false}, cancel_sent_{false};
+  // The checkpoints this attempt recorded (guarded by mu_): each kind as often as a run writes
+  // it, at a position never behind the last.
+  struct Recorded {
+    int64_t global_step = 0;
+    int epochs_done = 0;
+    std::set<int> periodic_epochs, best_epochs;
+    int on_demand = 0;
+    bool final = false, shutdown = false, cancel = false;
+  } recorded_;
 };
 
 }  // namespace kiln::server

@@ -15,7 +15,8 @@ constexpr absl::Duration kWriteTimeout = absl::Minutes(1);
 
 absl::StatusOr<std::unique_ptr<ReportStream>> ReportStream::Open(CoordinatorConnection* connection,
                                                                  const std::string& job_id,
-                                                                 int rank) {
+                                                                 int rank,
+                                                                 const std::string& rank_token) {
   // The stream lasts the whole training run, so no deadline: keepalives (the connection's) and
   // kilnd ending the call are what end a dead one.
   std::unique_ptr<ReportStream> stream(
@@ -24,6 +25,7 @@ absl::StatusOr<std::unique_ptr<ReportStream>> ReportStream::Open(CoordinatorConn
   v1::WorkerReport hello;
   hello.mutable_hello()->set_rank(rank);
   hello.mutable_hello()->set_job_id(job_id);
+  hello.mutable_hello()->set_rank_token(rank_token);
   if (!stream->stream_->Write(hello)) {
     stream->closed_ = true;
     grpc::Status status = stream->stream_->Finish();

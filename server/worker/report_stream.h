@@ -29,9 +29,11 @@ struct ReceivedCommands {
 
 class ReportStream {
  public:
-  // Opens the stream and sends hello{rank, job_id}. The connection must outlive the stream.
+  // Opens the stream and sends hello{rank, job_id, rank_token} (`rank_token`: what JoinJob
+  // answered). The connection must outlive the stream.
   static absl::StatusOr<std::unique_ptr<ReportStream>> Open(CoordinatorConnection* connection,
-                                                            const std::string& job_id, int rank);
+                                                            const std::string& job_id, int rank,
+                                                            const std::string& rank_token);
   // Cancels the call if Close did not end it, and joins the reader.
   ~ReportStream();
   ReportStream(const ReportStream&) = delete;

@@ -16,14 +16,21 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/sha256.h"
+#include "engine/backend_registry.h"
+#include "engine/checkpoint.h"
+#include "engine/model.h"
+#include "engine/optim/optimizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/v1/worker.grpc.pb.h"
+#include "server/jobs/spec_translation.h"
 #include "server/jobs/worker_attempt.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
@@ -148,7 +155,7 @@ class HostileWorkerTest : public ::testing::Test {
     v1::WorkerReport hello;
     hello.mutable_hello()->set_rank(rank);
     hello.mutable_hello()->set_job_id(job);
-    (void)joined;
+    hello.mutable_hello()->set_rank_token(joined.rank_token());
     EXPECT_TRUE(call.stream->Write(hello));
     return call;
   }
@@ -579,6 +586,288 @@ TEST_F(HostileWorkerTest, RendezvousKeysOfAllJobsFitKilndsByteBudget) {
   ASSERT_OK(training_->CancelJob(&cancel_context, cancel, &ignored));
   ASSERT_EQ(WaitForEnd(a).state(), v1::JOB_STATE_CANCELLED);
   EXPECT_OK(SetKey(*workers_, b, token_b, "after", mib));
+}
+
+// A checkpoint file of `spec`'s model (or another's) at a position, as a run writes it.
+std::string CheckpointFile(const std::string& dir, const v1::JobSpec& spec, int epochs_done,
+                           int64_t global_step) {
+  absl::StatusOr<TrainConfig> config = TranslateSpec(spec, SpecLimits{});
+  EXPECT_OK(config);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
+  EXPECT_OK(backend);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Build(config->model, backend->get(), 7);
+  EXPECT_OK(model);
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+      Optimizer::Create(config->optimizer, backend->get(), (*model)->parameters());
+  EXPECT_OK(optimizer);
+  TrainingPosition position;
+  position.epochs_done = epochs_done;
+  position.global_step = global_step;
+  const std::string path = absl::StrCat(dir, "/made-", epochs_done, "-", global_step, "-",
+                                        spec.model().layers_size(), ".safetensors");
+  EXPECT_OK(WriteCheckpoint(path, **model, optimizer->get(), position, config->norm));
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+v1::WriteCheckpointHeader Header(const std::string& job, v1::CheckpointKind kind, int epochs_done,
+                                 int64_t global_step, const std::string& bytes) {
+  v1::WriteCheckpointHeader header;
+  header.set_job_id(job);
+  header.set_kind(kind);
+  header.set_epochs_done(epochs_done);
+  header.set_global_step(global_step);
+  header.set_size_bytes(static_cast<int64_t>(bytes.size()));
+  Sha256 sha;
+  sha.Update(bytes);
+  header.set_sha256(sha.HexDigest());
+  return header;
+}
+
+grpc::Status WriteCheckpointCall(v1::Workers::Stub& stub, const std::string& token,
+                                 const v1::WriteCheckpointHeader& header, const std::string& bytes,
+                                 v1::Checkpoint* record = nullptr) {
+  grpc::ClientContext context;
+  context.AddMetadata(kTokenHeader, token);
+  v1::Checkpoint ignored;
+  auto writer = stub.WriteCheckpoint(&context, record != nullptr ? record : &ignored);
+  v1::WriteCheckpointRequest request;
+  *request.mutable_header() = header;
+  for (size_t at = 0; at == 0 || at < bytes.size(); at += 1 << 20) {
+    request.set_data(bytes.substr(at, 1 << 20));
+    if (!writer->Write(request)) break;
+    request.clear_header();
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+// Files under the job's checkpoint folder.
+int FilesOf(const std::string& dir) {
+  std::error_code ec;
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) n += e.is_regular_file() ? 1 : 0;
+  return n;
+}
+
+// WriteCheckpoint trusted any holder of the job's token: any rank, joined or not, any kind and
+// step, any bytes. Only rank 0 of the running attempt hands checkpoints over.
+TEST_F(HostileWorkerTest, OnlyRankZeroOfTheAttemptHandsOverCheckpoints) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  const v1::JoinJobResponse zero = Join(job, token, 0);
+  const v1::JoinJobResponse one = Join(job, token, 1);
+  const std::string bytes(1 << 20, 'x');
+  v1::WriteCheckpointHeader header = Header(job, v1::CHECKPOINT_KIND_ON_DEMAND, 0, 1, bytes);
+  grpc::Status status = WriteCheckpointCall(*workers_, token, header, bytes);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("rank token"));
+  header.set_rank_token(one.rank_token());
+  status = WriteCheckpointCall(*workers_, token, header, bytes);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("only rank 0"));
+  EXPECT_TRUE(testing::ListCheckpoints(*training_, job).empty());
+  EXPECT_EQ(FilesOf(root_ + "/state/checkpoints/" + job), 0);
+  // Nor does a report stream speak for rank 0 without its token.
+  v1::JoinJobResponse forged = zero;
+  forged.set_rank_token(one.rank_token());
+  ReportCall call = OpenReport(job, token, 0, forged);
+  call.stream->WritesDone();
+  status = call.stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  EXPECT_EQ(testing::GetJob(*training_, job).state(), v1::JOB_STATE_RUNNING)
+      << "a stranger's stream fails nothing";
+}
+
+TEST_F(HostileWorkerTest, ACheckpointIsOneTheRunWritesInThePlanAndOfTheJobsModel) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  const v1::JoinJobResponse zero = Join(job, token, 0);
+  const std::string dir = root_ + "/made";
+  fs::create_directories(dir);
+  const v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  const std::string final_file = CheckpointFile(dir, spec, 1, 8);
+  auto write = [&](v1::CheckpointKind kind, int epochs_done, int64_t step, const std::string& bytes,
+                   v1::Checkpoint* record = nullptr) {
+    v1::WriteCheckpointHeader header = Header(job, kind, epochs_done, step, bytes);
+    header.set_rank_token(zero.rank_token());
+    return WriteCheckpointCall(*workers_, token, header, bytes, record);
+  };
+  struct Refused {
+    const char* name;
+    grpc::Status status;
+    grpc::StatusCode code;
+    const char* says;
+  };
+  v1::JobSpec other = spec;
+  other.mutable_model()->mutable_layers(0)->mutable_linear()->set_out_features(16);
+  other.mutable_model()->mutable_layers(2)->mutable_linear()->set_in_features(16);
+  std::string truncated = final_file.substr(0, final_file.size() - 100);
+  const Refused cases[] = {
+      {"no kind", write(v1::CHECKPOINT_KIND_UNSPECIFIED, 1, 8, final_file),
+       grpc::StatusCode::INVALID_ARGUMENT, "kind"},
+      {"an unknown kind", write(static_cast<v1::CheckpointKind>(99), 1, 8, final_file),
+       grpc::StatusCode::INVALID_ARGUMENT, "kind"},
+      {"on demand, asked by nobody", write(v1::CHECKPOINT_KIND_ON_DEMAND, 1, 8, final_file),
+       grpc::StatusCode::FAILED_PRECONDITION, "asked"},
+      {"periodic, without every_n_epochs", write(v1::CHECKPOINT_KIND_PERIODIC, 1, 8, final_file),
+       grpc::StatusCode::FAILED_PRECONDITION, "every_n_epochs"},
+      {"a shutdown, with none", write(v1::CHECKPOINT_KIND_SHUTDOWN, 1, 8, final_file),
+       grpc::StatusCode::FAILED_PRECONDITION, "shutdown"},
+      {"final, before the last epoch", write(v1::CHECKPOINT_KIND_FINAL, 0, 8, final_file),
+       grpc::StatusCode::FAILED_PRECONDITION, "epochs_done"},
+      {"a step past the plan", write(v1::CHECKPOINT_KIND_FINAL, 1, 9, final_file),
+       grpc::StatusCode::INVALID_ARGUMENT, "global_step 9"},
+      {"epochs past the plan", write(v1::CHECKPOINT_KIND_FINAL, 2, 8, final_file),
+       grpc::StatusCode::INVALID_ARGUMENT, "epochs_done 2"},
+      {"larger than the model's checkpoint can be",
+       [&] {
+         v1::WriteCheckpointHeader h = Header(job, v1::CHECKPOINT_KIND_FINAL, 1, 8, "");
+         h.set_rank_token(zero.rank_token());
+         h.set_size_bytes(int64_t{1} << 30);
+         return WriteCheckpointCall(*workers_, token, h, "");
+       }(),
+       grpc::StatusCode::RESOURCE_EXHAUSTED, "bytes"},
+      {"not a checkpoint", write(v1::CHECKPOINT_KIND_FINAL, 1, 8, std::string(100'000, 'x')),
+       grpc::StatusCode::INVALID_ARGUMENT, "not a checkpoint of job"},
+      {"truncated", write(v1::CHECKPOINT_KIND_FINAL, 1, 8, truncated),
+       grpc::StatusCode::INVALID_ARGUMENT, "not a checkpoint of job"},
+      {"another model's", write(v1::CHECKPOINT_KIND_FINAL, 1, 8, CheckpointFile(dir, other, 1, 8)),
+       grpc::StatusCode::INVALID_ARGUMENT, "not a checkpoint of job"},
+      {"NaN seconds to write",
+       [&] {
+         v1::WriteCheckpointHeader h = Header(job, v1::CHECKPOINT_KIND_FINAL, 1, 8, final_file);
+         h.set_rank_token(zero.rank_token());
+         h.set_write_seconds(std::nan(""));
+         return WriteCheckpointCall(*workers_, token, h, final_file);
+       }(),
+       grpc::StatusCode::INVALID_ARGUMENT, "write_seconds"},
+      {"a position other than its header's",
+       write(v1::CHECKPOINT_KIND_FINAL, 1, 8, CheckpointFile(dir, spec, 1, 7)),
+       grpc::StatusCode::INVALID_ARGUMENT, "step 7"},
+  };
+  for (const Refused& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(c.status.error_code(), c.code) << c.status.error_message();
+    EXPECT_THAT(c.status.error_message(), HasSubstr(c.says));
+  }
+  EXPECT_TRUE(testing::ListCheckpoints(*training_, job).empty());
+  EXPECT_EQ(FilesOf(root_ + "/state/checkpoints/" + job), 0) << "nothing refused is kept";
+
+  // One hand-over at a time: a second while the first is open is refused.
+  {
+    grpc::ClientContext context;
+    context.AddMetadata(kTokenHeader, token);
+    v1::Checkpoint ignored;
+    auto stalled = workers_->WriteCheckpoint(&context, &ignored);
+    v1::WriteCheckpointRequest first;
+    *first.mutable_header() = Header(job, v1::CHECKPOINT_KIND_FINAL, 1, 8, final_file);
+    first.mutable_header()->set_rank_token(zero.rank_token());
+    first.set_data(final_file.substr(0, 1000));
+    ASSERT_TRUE(stalled->Write(first));
+    absl::SleepFor(absl::Milliseconds(300));
+    grpc::Status second = write(v1::CHECKPOINT_KIND_FINAL, 1, 8, final_file);
+    EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
+    EXPECT_THAT(second.error_message(), HasSubstr("already"));
+    context.TryCancel();
+    stalled->Finish().IgnoreError();
+  }
+  // A checkpoint of the job's model where the run would write it is recorded, once.
+  v1::Checkpoint record;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return write(v1::CHECKPOINT_KIND_FINAL, 1, 8, final_file, &record).ok(); },
+      absl::Seconds(10)));
+  EXPECT_EQ(record.global_step(), 8);
+  grpc::Status again = write(v1::CHECKPOINT_KIND_FINAL, 1, 8, final_file);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << again.error_message();
+  EXPECT_EQ(testing::ListCheckpoints(*training_, job).size(), 1u);
+  EXPECT_EQ(FilesOf(root_ + "/state/checkpoints/" + job), 1);
+}
+
+// Cancel and on-demand: the kinds a run writes when asked, one for each time it is asked.
+TEST_F(HostileWorkerTest, AskedForCheckpointsAreTakenOncePerAsking) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  std::string token;
+  const std::string job = SubmitExternal(1, &token);
+  const v1::JoinJobResponse zero = Join(job, token, 0);
+  const v1::JoinJobResponse one = Join(job, token, 1);
+  ReportCall calls[2] = {OpenReport(job, token, 0, zero), OpenReport(job, token, 1, one)};
+  const std::string dir = root_ + "/made";
+  fs::create_directories(dir);
+  const std::string bytes = CheckpointFile(dir, testing::SmallSpec("toy", 1), 0, 3);
+  auto write = [&](v1::CheckpointKind kind) {
+    v1::WriteCheckpointHeader header = Header(job, kind, 0, 3, bytes);
+    header.set_rank_token(zero.rank_token());
+    return WriteCheckpointCall(*workers_, token, header, bytes);
+  };
+  EXPECT_EQ(write(v1::CHECKPOINT_KIND_ON_DEMAND).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // kiln checkpoint JOB: the command reaches rank 0, which writes one.
+  std::thread asker([&] {
+    grpc::ClientContext context;
+    v1::CreateCheckpointRequest request;
+    request.set_job_id(job);
+    v1::Checkpoint made;
+    EXPECT_OK(training_->CreateCheckpoint(&context, request, &made));
+  });
+  v1::WorkerCommand command;
+  ASSERT_TRUE(calls[0].stream->Read(&command));
+  EXPECT_EQ(command.action(), v1::WorkerCommand::ACTION_CHECKPOINT);
+  EXPECT_OK(write(v1::CHECKPOINT_KIND_ON_DEMAND));
+  asker.join();
+  EXPECT_EQ(write(v1::CHECKPOINT_KIND_ON_DEMAND).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION)
+      << "one a time it is asked";
+  EXPECT_EQ(write(v1::CHECKPOINT_KIND_CANCEL).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  grpc::ClientContext cancel_context;
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job);
+  v1::Job ignored;
+  ASSERT_OK(training_->CancelJob(&cancel_context, cancel, &ignored));
+  ASSERT_TRUE(calls[0].stream->Read(&command));
+  EXPECT_EQ(command.action(), v1::WorkerCommand::ACTION_CANCEL);
+  EXPECT_OK(write(v1::CHECKPOINT_KIND_CANCEL));
+  EXPECT_EQ(write(v1::CHECKPOINT_KIND_CANCEL).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(testing::ListCheckpoints(*training_, job).size(), 2u);
+  for (ReportCall& call : calls) call.context->TryCancel();
+}
+
+// What the checks above refuse must not refuse an honest run's checkpoints: a model with
+// buffers (batch norm), dropout streams and Adam's state, with every kind the policy writes, and
+// its pruning as for a job in kilnd's process.
+TEST_F(HostileWorkerTest, AnHonestRunsCheckpointsAreTakenAndPrunedByThePolicy) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  v1::JobSpec spec = testing::SmallSpec("toy", 3);
+  spec.set_workers(2);
+  // linear 784-32, batchnorm, relu, dropout, linear 32-10.
+  v1::ModelSpec* model = spec.mutable_model();
+  const v1::Layer first = model->layers(0), last = model->layers(2);
+  model->clear_layers();
+  *model->add_layers() = first;
+  model->add_layers()->mutable_batchnorm1d()->set_num_features(32);
+  model->add_layers()->mutable_relu();
+  model->add_layers()->mutable_dropout()->set_p(0.1f);
+  *model->add_layers() = last;
+  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_ADAM);
+  spec.mutable_optimizer()->set_lr(0.001f);
+  v1::CheckpointPolicy* policy = spec.mutable_checkpoint_policy();
+  policy->set_every_n_epochs(1);
+  policy->set_keep_last(1);
+  policy->set_keep_best(true);
+  const std::string id = testing::SubmitJob(*training_, spec);
+  ASSERT_FALSE(id.empty());
+  const v1::Job job = WaitForEnd(id, absl::Seconds(120));
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  int periodic = 0, best = 0;
+  for (const v1::Checkpoint& c : testing::ListCheckpoints(*training_, id)) {
+    periodic += c.kind() == v1::CHECKPOINT_KIND_PERIODIC;
+    best += c.kind() == v1::CHECKPOINT_KIND_BEST;
+  }
+  EXPECT_EQ(periodic, 1) << "keep_last 1";
+  EXPECT_EQ(best, 1);
+  EXPECT_EQ(FilesOf(root_ + "/state/checkpoints/" + id), periodic + best);
 }
 
 }  // namespace
