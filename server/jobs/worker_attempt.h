@@ -117,8 +117,8 @@ class WorkerAttempt {
   // Drops wait `id` (its call timed out or went away) and frees its place; the attempt does not
   // call its `ready` once this returns, unless it was running it already.
   void CancelKeyWait(int64_t id);
-  // A report arrived from `rank`: hello, step, epoch, done or failed. An error (a report out of
-  // order, a failing hook) fails the attempt and is answered to the worker.
+  // A report arrived from `rank`: hello, step, epoch, keep-alive, done or failed. An error (a
+  // report out of order, a failing hook) fails the attempt and is answered to the worker.
   absl::Status Report(int rank, const v1::WorkerReport& report);
   // The report stream of `rank` ended (a worker that ends it before done or failed has died).
   void StreamEnded(int rank);
@@ -142,6 +142,8 @@ class WorkerAttempt {
 
   struct Snapshot {
     std::vector<RankState> ranks;
+    // By rank: when the rank last joined or reported (anything, a keep-alive too).
+    std::vector<absl::Time> last_heard;
     absl::Status failure;  // OK unless some rank failed or Fail was called
     bool ended = false;
   };
@@ -170,6 +172,7 @@ class WorkerAttempt {
   std::condition_variable cv_;
   std::vector<RankState> ranks_;
   std::vector<std::string> rank_tokens_;  // by rank; empty until it joins
+  std::vector<absl::Time> last_heard_;    // by rank (Snapshot::last_heard)
   bool checkpoint_open_ = false;          // a hand-over between Begin and EndCheckpoint
   std::map<std::string, std::string> keys_;
   int64_t key_bytes_ = 0;  // of keys_, keys and values, taken from shared_budget_

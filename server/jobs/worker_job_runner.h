@@ -46,6 +46,8 @@ struct WorkerRunnerOptions {
   absl::Duration external_join_timeout = absl::Minutes(10);
   // How long a collective waits for a peer (JoinJobResponse.collective_timeout_ms).
   absl::Duration collective_timeout = absl::Seconds(60);
+  // A rank that joined and sends no report and no keep-alive for this long fails the attempt.
+  absl::Duration heartbeat_timeout = absl::Minutes(1);
   // After cancel or shutdown is passed on: how long the workers get to checkpoint and stop.
   absl::Duration stop_grace = absl::Seconds(60);
   // CPU threads the job's local workers share (each takes its part); 0: the machine's cores.
@@ -98,6 +100,9 @@ class WorkerJobRunner {
   // A local worker that exited, as a failure naming it (OK while all run or exited cleanly).
   absl::Status ReapExited(const WorkerAttempt::Snapshot& state);
   void StopWorkers();
+  // DeadlineExceeded naming the ranks that joined and were not heard from for the heartbeat
+  // timeout.
+  absl::Status CheckHeartbeats(const WorkerAttempt::Snapshot& state, absl::Time now) const;
   // Waits for the attempt to end as the ranks and the slot's flags say.
   absl::Status Supervise(WorkerAttempt& attempt, bool external);
 
