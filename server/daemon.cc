@@ -106,6 +106,10 @@ absl::Status CheckLimits(const DaemonOptions& options) {
       {"max_job_memory_bytes", options.limits.max_job_memory_bytes},
       {"max_epochs", options.limits.max_epochs},
       {"max_batch_size", options.limits.max_batch_size},
+      {"max_epoch_events_per_job", options.max_epoch_events_per_job},
+      {"max_rendezvous_waiters_per_job", options.worker_limits.max_key_waiters_per_job},
+      {"max_rendezvous_bytes_per_job", options.worker_limits.max_key_bytes_per_job},
+      {"max_rendezvous_bytes", options.worker_limits.max_key_bytes},
   };
   for (const auto& [flag, value] : limits) {
     if (value < 1) {
@@ -120,7 +124,8 @@ absl::Status CheckLimits(const DaemonOptions& options) {
   for (const auto& [flag, value] :
        {std::pair<const char*, absl::Duration>{"connection_handshake_timeout",
                                                options.connection_handshake_timeout},
-        {"connection_idle_timeout", options.connection_idle_timeout}}) {
+        {"connection_idle_timeout", options.connection_idle_timeout},
+        {"worker_heartbeat_timeout", options.worker_heartbeat_timeout}}) {
     if (value < absl::Milliseconds(1)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", flag, ": must be at least 1ms, got ", absl::FormatDuration(value)));
@@ -197,6 +202,7 @@ WorkerRunnerOptions LocalWorkerOptions(const DaemonOptions& options, WorkerRegis
   workers.registry = registry;
   workers.join_timeout = options.worker_join_timeout;
   workers.external_join_timeout = options.external_worker_join_timeout;
+  workers.heartbeat_timeout = options.worker_heartbeat_timeout;
   workers.cpu_threads = CpuBackendThreads({0, std::max(1, options.max_jobs_per_device)});
   workers.step_delay = options.step_delay;
   const TlsMode tls_mode = TlsModeOf(options.tls);
@@ -288,7 +294,8 @@ absl::Status Daemon::StartSecurity() {
 
 absl::Status Daemon::OpenStore() {
   KILN_ASSIGN_OR_RETURN(
-      store_, JobStore::Open(options_.state_dir + "/kiln.db", {options_.max_step_events_per_job}));
+      store_, JobStore::Open(options_.state_dir + "/kiln.db", {options_.max_step_events_per_job,
+                                                               options_.max_epoch_events_per_job}));
   // Before any job resumes and writes: with the lock held, every checkpoint here is ours.
   if (const int unrecorded = RemoveUnrecordedCheckpoints(options_.state_dir, *store_);
       unrecorded > 0) {
@@ -321,7 +328,7 @@ absl::Status Daemon::StartJobs() {
   // handed to workers elsewhere stay good across restarts.
   KILN_ASSIGN_OR_RETURN(const std::string worker_key,
                         LoadOrCreateWorkerKey(options_.state_dir + "/worker-token.key"));
-  worker_registry_ = std::make_unique<WorkerRegistry>(worker_key);
+  worker_registry_ = std::make_unique<WorkerRegistry>(worker_key, options_.worker_limits);
   manager_options.workers = LocalWorkerOptions(options_, worker_registry_.get());
   manager_ = std::make_unique<JobManager>(store_.get(), broadcaster_.get(), datasets_.get(),
                                           manager_options);

@@ -73,6 +73,7 @@ struct DaemonOptions {
   size_t watch_buffer_events = 1024;
   // Step events kept per job (JobStoreOptions); older steps are thinned past it.
   int64_t max_step_events_per_job = 10'000;
+  int64_t max_epoch_events_per_job = 20'000;  // epoch events kept per job; the oldest go
   int watch_replay_page_events = 256;  // see JobManagerOptions; tests make it small
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only
@@ -81,6 +82,11 @@ struct DaemonOptions {
   std::string worker_binary;
   absl::Duration worker_join_timeout = absl::Seconds(60);
   absl::Duration external_worker_join_timeout = absl::Minutes(10);
+  // A worker that joined and is not heard from (a report or a keep-alive) for this long fails
+  // its job's attempt.
+  absl::Duration worker_heartbeat_timeout = absl::Minutes(1);
+  // What a job's workers may hold of kilnd (rendezvous waits), whatever they send.
+  WorkerLimits worker_limits;
   // TLS of the workers kilnd starts, when it serves TLS: the CA that signed --tls_cert (and the
   // name to verify, when the certificate does not name the listen address), and with mutual
   // TLS a client certificate and key. Without them such jobs are refused at Submit.

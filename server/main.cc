@@ -76,8 +76,10 @@ ABSL_FLAG(int, max_deploy_batch_size, 1024,
           "largest dynamic-batching max_batch_size a deployment may ask for");
 ABSL_FLAG(int64_t, max_step_events_per_job, 10'000,
           "step events kept per job (at least 100): the newest half whole, older ones thinned "
-          "to a power-of-two stride of the step number; states, epochs and checkpoints are "
-          "always kept");
+          "to a power-of-two stride of the step number; states and checkpoints are always kept");
+ABSL_FLAG(int64_t, max_epoch_events_per_job, 20'000,
+          "epoch events kept per job (a job retried or resumed repeats its epochs); past it the "
+          "oldest go");
 ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(30),
           "how long running jobs get to checkpoint and stop on SIGTERM/SIGINT");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -112,6 +114,16 @@ ABSL_FLAG(absl::Duration, worker_join_timeout, absl::Seconds(60),
           "how long the workers kilnd starts may take to join their job");
 ABSL_FLAG(absl::Duration, external_worker_join_timeout, absl::Minutes(10),
           "how long workers started elsewhere (JobSpec.external_workers) may take to join");
+ABSL_FLAG(absl::Duration, worker_heartbeat_timeout, absl::Minutes(1),
+          "a worker that joined and sends no report and no keep-alive for this long fails its "
+          "job's attempt (workers send a keep-alive every quarter of it)");
+ABSL_FLAG(int, max_rendezvous_waiters_per_job, 256,
+          "rendezvous waits (Workers.GetKey) one job's workers may have open at once; more are "
+          "refused");
+ABSL_FLAG(int64_t, max_rendezvous_bytes_per_job, int64_t{16} << 20,
+          "bytes of rendezvous keys and values (Workers.SetKey) one job's attempt may hold");
+ABSL_FLAG(int64_t, max_rendezvous_bytes, int64_t{256} << 20,
+          "bytes of rendezvous keys and values all jobs together may hold");
 ABSL_FLAG(std::string, worker_tls_ca, "",
           "with --tls_cert: the CA the workers kilnd starts verify it with (else such jobs are "
           "refused)");
@@ -205,10 +217,16 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.max_inference_batch = absl::GetFlag(FLAGS_max_inference_batch);
   options.max_deploy_batch_size = absl::GetFlag(FLAGS_max_deploy_batch_size);
   options.max_step_events_per_job = absl::GetFlag(FLAGS_max_step_events_per_job);
+  options.max_epoch_events_per_job = absl::GetFlag(FLAGS_max_epoch_events_per_job);
   options.step_delay = absl::GetFlag(FLAGS_step_delay);
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.worker_join_timeout = absl::GetFlag(FLAGS_worker_join_timeout);
   options.external_worker_join_timeout = absl::GetFlag(FLAGS_external_worker_join_timeout);
+  options.worker_heartbeat_timeout = absl::GetFlag(FLAGS_worker_heartbeat_timeout);
+  options.worker_limits.max_key_waiters_per_job =
+      absl::GetFlag(FLAGS_max_rendezvous_waiters_per_job);
+  options.worker_limits.max_key_bytes_per_job = absl::GetFlag(FLAGS_max_rendezvous_bytes_per_job);
+  options.worker_limits.max_key_bytes = absl::GetFlag(FLAGS_max_rendezvous_bytes);
   options.worker_tls_ca = absl::GetFlag(FLAGS_worker_tls_ca);
   options.worker_tls_server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
   options.worker_tls_cert = absl::GetFlag(FLAGS_worker_tls_cert);

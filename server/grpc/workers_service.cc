@@ -1,12 +1,16 @@
 #include "server/grpc/workers_service.h"
 
+#include <grpcpp/alarm.h>
+
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/atomic_file.h"
@@ -24,17 +28,93 @@ constexpr int kChunkBytes = 1 << 20;
 // GetKey's longest wait: a rendezvous longer than this is a stuck job, not a slow one.
 constexpr absl::Duration kMaxKeyWait = absl::Minutes(10);
 
-std::string HeaderValue(grpc::ServerContext* context, const char* name) {
+std::string HeaderValue(grpc::ServerContextBase* context, const char* name) {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(name);
   if (it == metadata.end()) return "";
   return std::string(it->second.data(), it->second.size());
 }
 
+// One GetKey waiting for its key without holding a thread. Whichever comes first finishes the
+// call, once: the attempt (the key was set, or the attempt ended), the wait's alarm, or the
+// call's cancellation (the worker went away, or its deadline passed).
+class KeyWaitReactor final : public grpc::ServerUnaryReactor {
+ public:
+  static grpc::ServerUnaryReactor* Start(std::shared_ptr<WorkerAttempt> attempt, std::string key,
+                                         absl::Duration wait, v1::GetKeyResponse* response) {
+    auto* reactor = new KeyWaitReactor();
+    auto state = std::make_shared<State>();
+    state->reactor = reactor;
+    state->response = response;
+    state->attempt = std::move(attempt);
+    reactor->state_ = state;
+    absl::StatusOr<int64_t> id =
+        state->attempt->WaitForKey(key, [state](absl::StatusOr<std::string> value) {
+          state->Finish(std::move(value), /*attempt_done=*/true);
+        });
+    if (!id.ok()) state->Finish(id.status(), /*attempt_done=*/true);
+    if (!id.ok() || *id == 0) return reactor;  // finished already
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->wait_id = *id;
+    }
+    const std::weak_ptr<State> weak = state;
+    reactor->alarm_.Set(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(wait),
+                        [weak, key, wait](bool expired) {
+                          std::shared_ptr<State> s = weak.lock();
+                          if (!expired || s == nullptr) return;  // cancelled: the call has finished
+                          s->Finish(absl::DeadlineExceededError(absl::StrCat(
+                                        "rendezvous key \"", key, "\" was not set within ",
+                                        absl::FormatDuration(wait))),
+                                    /*attempt_done=*/false);
+                        });
+    return reactor;
+  }
+
+  void OnCancel() override {
+    state_->Finish(absl::CancelledError("the GetKey call was cancelled"), /*attempt_done=*/false);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // What the attempt, the alarm and the reactor share; it outlives the reactor while the
+  // attempt or the alarm may still call.
+  struct State {
+    std::mutex mu;
+    bool finished = false;              // guarded; the reactor is not touched after
+    grpc::ServerUnaryReactor* reactor;  // valid until finished
+    v1::GetKeyResponse* response;       // gRPC's until the call finishes
+    std::shared_ptr<WorkerAttempt> attempt;
+    int64_t wait_id = 0;  // guarded; 0 until registered
+
+    // `attempt_done`: the attempt has dropped the wait already (it called, or refused it).
+    void Finish(absl::StatusOr<std::string> value, bool attempt_done) {
+      grpc::ServerUnaryReactor* r;
+      int64_t id;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (finished) return;
+        finished = true;
+        r = reactor;
+        id = wait_id;
+        if (value.ok()) response->set_value(*std::move(value));
+      }
+      // Outside the lock: Finish may run OnDone, which drops the alarm, which may call back.
+      if (!attempt_done && id != 0) attempt->CancelKeyWait(id);
+      r->Finish(value.ok() ? grpc::Status::OK : ToGrpcStatus(value.status()));
+    }
+  };
+
+  KeyWaitReactor() = default;
+
+  std::shared_ptr<State> state_;
+  grpc::Alarm alarm_;  // destroyed with the reactor, which cancels it
+};
+
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<WorkerAttempt>> WorkersService::Attempt(grpc::ServerContext* context,
-                                                                       const std::string& job_id) {
+absl::StatusOr<std::shared_ptr<WorkerAttempt>> WorkersService::Attempt(
+    grpc::ServerContextBase* context, const std::string& job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
   const std::string token = HeaderValue(context, kWorkerTokenHeader);
   if (token.empty()) {
@@ -62,16 +142,18 @@ grpc::Status WorkersService::SetKey(grpc::ServerContext* context, const v1::SetK
   return ToGrpcStatus((*attempt)->SetKey(request->key(), request->value()));
 }
 
-grpc::Status WorkersService::GetKey(grpc::ServerContext* context, const v1::GetKeyRequest* request,
-                                    v1::GetKeyResponse* response) {
+grpc::ServerUnaryReactor* WorkersService::GetKey(grpc::CallbackServerContext* context,
+                                                 const v1::GetKeyRequest* request,
+                                                 v1::GetKeyResponse* response) {
   absl::StatusOr<std::shared_ptr<WorkerAttempt>> attempt = Attempt(context, request->job_id());
-  if (!attempt.ok()) return ToGrpcStatus(attempt.status());
+  if (!attempt.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(attempt.status()));
+    return reactor;
+  }
   const absl::Duration wait =
       std::clamp(absl::Milliseconds(request->timeout_ms()), absl::ZeroDuration(), kMaxKeyWait);
-  absl::StatusOr<std::string> value = (*attempt)->GetKey(request->key(), wait);
-  if (!value.ok()) return ToGrpcStatus(value.status());
-  response->set_value(*std::move(value));
-  return grpc::Status::OK;
+  return KeyWaitReactor::Start(*std::move(attempt), request->key(), wait, response);
 }
 
 grpc::Status WorkersService::Report(
@@ -87,6 +169,10 @@ grpc::Status WorkersService::Report(
   if (!found.ok()) return ToGrpcStatus(found.status());
   const std::shared_ptr<WorkerAttempt> attempt = *std::move(found);
   const int rank = first.hello().rank();
+  // The stream speaks for the rank that joined, and only it.
+  if (absl::Status s = attempt->CheckRankToken(rank, first.hello().rank_token()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (absl::Status s = attempt->Report(rank, first); !s.ok()) return ToGrpcStatus(s);
 
   // Commands go out on their own thread while this one reads (gRPC allows one of each at once).
@@ -103,7 +189,11 @@ grpc::Status WorkersService::Report(
   v1::WorkerReport report;
   while (stream->Read(&report)) {
     status = attempt->Report(rank, report);
-    if (!status.ok()) break;
+    if (!status.ok()) {
+      // The attempt fails for what was wrong, not for the stream that ends because of it.
+      attempt->Fail(status);
+      break;
+    }
     if (report.has_done() || report.has_failed()) ended_well = true;
   }
   reading = false;
@@ -145,10 +235,19 @@ grpc::Status WorkersService::WriteCheckpoint(grpc::ServerContext* context,
   const v1::WriteCheckpointHeader header = message.header();
   absl::StatusOr<std::shared_ptr<WorkerAttempt>> attempt = Attempt(context, header.job_id());
   if (!attempt.ok()) return ToGrpcStatus(attempt.status());
-  if (header.size_bytes() < 0 || header.size_bytes() > max_checkpoint_bytes_) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("a checkpoint of ", header.size_bytes(),
-                                     " bytes is over the limit of ", max_checkpoint_bytes_));
+  // Rank 0's, of a kind and at a place the run writes one, before any byte is taken.
+  absl::StatusOr<int64_t> most = (*attempt)->BeginCheckpoint(header);
+  if (!most.ok()) return ToGrpcStatus(most.status());
+  absl::Cleanup end_checkpoint = [&] { (*attempt)->EndCheckpoint(); };
+  const int64_t limit = std::min(max_checkpoint_bytes_, *most);
+  if (header.size_bytes() < 0 || header.size_bytes() > limit) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("a checkpoint of ", header.size_bytes(), " bytes is over the limit of ", limit,
+                     " bytes (",
+                     limit == *most ? "the most a checkpoint of the job's model takes"
+                                    : "--max_job_memory_bytes",
+                     ")"));
   }
   const std::string path =
       NewCheckpointPath(state_dir_, header.job_id(), header.kind(), header.global_step());

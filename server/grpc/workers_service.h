@@ -1,8 +1,9 @@
-// kiln.v1.Workers (proto/kiln/v1/worker.proto) over gRPC's synchronous API: a thin translator
-// between a job's kiln-worker processes and its attempt (server/jobs/worker_attempt.h). Blocking
-// calls suit it: a worker's report stream and rendezvous waits each hold a thread for their
-// life, and there are a few per running job, not per user. Every call presents the job's worker
-// token (metadata x-kiln-worker-token); kilnd's user bearer tokens are not asked for here.
+// kiln.v1.Workers (proto/kiln/v1/worker.proto): a thin translator between a job's kiln-worker
+// processes and its attempt (server/jobs/worker_attempt.h). Over gRPC's synchronous API but for
+// GetKey: a worker's report stream holds a thread for its life, a few per running job; a
+// rendezvous wait, which any holder of the job's token can open, holds none (a callback
+// reactor) and ends when its call is cancelled. Every call presents the job's worker token
+// (metadata x-kiln-worker-token); kilnd's user bearer tokens are not asked for here.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@ namespace kiln::server {
 inline constexpr char kWorkerTokenHeader[] = "x-kiln-worker-token";
 inline constexpr char kWorkersMethodPrefix[] = "/kiln.v1.Workers/";
 
-class WorkersService final : public v1::Workers::Service {
+class WorkersService final : public v1::Workers::WithCallbackMethod_GetKey<v1::Workers::Service> {
  public:
   // `max_checkpoint_bytes` bounds a checkpoint rank 0 hands over.
   WorkersService(WorkerRegistry* registry, JobManager* manager, const DatasetCatalog* datasets,
@@ -33,8 +34,9 @@ class WorkersService final : public v1::Workers::Service {
                        v1::JoinJobResponse* response) override;
   grpc::Status SetKey(grpc::ServerContext* context, const v1::SetKeyRequest* request,
                       v1::SetKeyResponse* response) override;
-  grpc::Status GetKey(grpc::ServerContext* context, const v1::GetKeyRequest* request,
-                      v1::GetKeyResponse* response) override;
+  grpc::ServerUnaryReactor* GetKey(grpc::CallbackServerContext* context,
+                                   const v1::GetKeyRequest* request,
+                                   v1::GetKeyResponse* response) override;
   grpc::Status Report(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::WorkerCommand, v1::WorkerReport>* stream) override;
@@ -49,7 +51,7 @@ class WorkersService final : public v1::Workers::Service {
 
  private:
   // The job's running attempt, if the call's token is the job's.
-  absl::StatusOr<std::shared_ptr<WorkerAttempt>> Attempt(grpc::ServerContext* context,
+  absl::StatusOr<std::shared_ptr<WorkerAttempt>> Attempt(grpc::ServerContextBase* context,
                                                          const std::string& job_id);
 
   WorkerRegistry* registry_;

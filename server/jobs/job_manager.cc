@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/client_message.h"
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
@@ -25,6 +26,30 @@
 
 namespace kiln::server {
 namespace {
+
+// Event numbers past this are refused: seq + 1 must never overflow, whatever a store holds.
+constexpr int64_t kMaxEventSeq = int64_t{1} << 62;
+
+// What a job's own row holds that kilnd never writes, or "".
+std::string JobRowDamage(const v1::Job& job) {
+  std::vector<std::string> found;
+  auto check = [&](const char* field, int64_t value) {
+    if (value < 0) found.push_back(absl::StrCat(field, " ", value));
+  };
+  check("epochs", job.epochs());
+  check("epochs_done", job.epochs_done());
+  check("global_step", job.global_step());
+  check("resumed_from_step", job.resumed_from_step());
+  check("attempts", job.attempts());
+  check("retries", job.retries());
+  check("crash_resumes", job.crash_resumes());
+  if (job.epochs_done() > job.epochs()) {
+    found.push_back(
+        absl::StrCat("epochs_done ", job.epochs_done(), " of its ", job.epochs(), " epochs"));
+  }
+  if (found.empty()) return "";
+  return absl::StrCat("the job's row holds ", absl::StrJoin(found, ", "));
+}
 
 std::string NewJobId() {
   std::random_device rd;
@@ -137,15 +162,29 @@ void JobManager::StoreRetryLoop() {
 
 absl::Status JobManager::Recover() {
   KILN_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->AllJobs());
+  const std::map<std::string, std::string> damaged_rows = store_->DamagedJobs();
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<JobSlot>> resumed, queued;
   for (v1::Job& job : jobs) {
     auto slot = std::make_shared<JobSlot>();
     KILN_ASSIGN_OR_RETURN(int64_t max_seq, store_->MaxSeq(job.id()));
-    slot->next_seq = max_seq + 1;
+    std::vector<std::string> damage;
+    if (auto it = damaged_rows.find(job.id()); it != damaged_rows.end()) {
+      damage.push_back(it->second);
+    }
+    if (std::string row = JobRowDamage(job); !row.empty()) damage.push_back(std::move(row));
+    const bool numbered = max_seq >= 0 && max_seq < kMaxEventSeq;
+    if (!numbered) damage.push_back(absl::StrCat("an event is numbered ", max_seq));
+    slot->next_seq = numbered ? max_seq + 1 : kMaxEventSeq;
     slot->job = std::move(job);
     jobs_[slot->job.id()] = slot;
     events_.Recovered(slot->job);
+    // A damaged job is not run again: it fails, saying what is wrong, and every other job is
+    // served as usual. Its rows stay, for a person to look at.
+    if (!damage.empty()) {
+      FailDamagedLocked(*slot, absl::StrJoin(damage, "; "), numbered);
+      continue;
+    }
     if (slot->job.state() == v1::JOB_STATE_RUNNING) resumed.push_back(slot);
     if (slot->job.state() == v1::JOB_STATE_QUEUED) queued.push_back(slot);
   }
@@ -206,6 +245,23 @@ absl::Status JobManager::Recover() {
   }
   ScheduleLocked();
   return absl::OkStatus();
+}
+
+void JobManager::FailDamagedLocked(JobSlot& slot, const std::string& damage, bool numbered) {
+  damaged_.insert(slot.job.id());
+  if (slot.job.state() == v1::JOB_STATE_FAILED) return;
+  const std::string reason =
+      absl::StrCat("kilnd found this job's record in its store damaged at start (", damage,
+                   "); it is not run again");
+  if (numbered) {
+    SetOrQueueStateLocked(slot, v1::JOB_STATE_FAILED, reason);
+    return;
+  }
+  // No event can follow the last one: the state goes into the job's row alone.
+  slot.job.set_state(v1::JOB_STATE_FAILED);
+  slot.job.set_reason(ClientMessage(reason));
+  *slot.job.mutable_end_time() = MillisToTimestamp(NowMillis());
+  if (absl::Status s = store_->PutJob(slot.job); !s.ok()) StoreFailedLocked(s);
 }
 
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
@@ -318,6 +374,11 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
   if (epochs < 0 || epochs > options_.limits.max_epochs) {
     return absl::InvalidArgumentError(
         absl::StrCat("epochs: must be in [0, ", options_.limits.max_epochs, "], got ", epochs));
+  }
+  if (damaged_.contains(job_id)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id,
+                                                      "'s record in the store is damaged (",
+                                                      job.reason(), "); it cannot be resumed"));
   }
   const int total = epochs == 0 ? job.epochs() : epochs;
   if (from.has_value() && total <= from->epochs_done()) {
@@ -627,7 +688,7 @@ absl::Status JobManager::RunWorkerAttempts(JobSlot& slot) {
       }
     }
     absl::Status status =
-        WorkerJobRunner(&slot, &mu_, store_, &events_, devices, options_.workers).Run();
+        WorkerJobRunner(&slot, &mu_, store_, &events_, datasets_, devices, options_.workers).Run();
     if (status.ok() || slot.cancel || slot.stop) return status;
     std::lock_guard<std::mutex> lock(mu_);
     if (slot.job.retries() >= slot.job.spec().max_retries() || shutting_down_) return status;

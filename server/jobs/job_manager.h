@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,6 +129,9 @@ class JobManager {
   // As SetStateLocked, but a change the store refuses is kept to retry (JobSlot::unrecorded_state).
   void SetOrQueueStateLocked(JobSlot& slot, v1::JobState state, const std::string& reason);
   void StoreFailedLocked(const absl::Status& error);
+  // A job whose record the store found damaged at start: FAILED with `damage`, never run or
+  // resumed again. Without `numbered` (its event numbers ran out) only its row says so.
+  void FailDamagedLocked(JobSlot& slot, const std::string& damage, bool numbered);
   // UNAVAILABLE naming the store's last error while it refuses writes.
   absl::Status RequireWritableStoreLocked() const;
   // While the store refuses writes: retries the unrecorded changes, then a probe write; once
@@ -159,6 +163,7 @@ class JobManager {
   std::map<std::string, std::shared_ptr<JobSlot>> jobs_;
   std::map<std::string, std::deque<std::string>> queues_;  // by device
   std::map<std::string, int> running_;                     // by device
+  std::set<std::string> damaged_;  // jobs whose record was damaged at start (FailDamagedLocked)
   int queued_count_ = 0;
   int active_threads_ = 0;
   bool shutting_down_ = false;

@@ -126,6 +126,7 @@ class Statement {
     return status;
   }
   int64_t Int(int c) const { return sqlite3_column_int64(stmt_, c); }
+  int Type(int c) const { return sqlite3_column_type(stmt_, c); }
   double Real(int c) const { return sqlite3_column_double(stmt_, c); }
   std::string Text(int c) const {
     const unsigned char* p = sqlite3_column_text(stmt_, c);
@@ -254,6 +255,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
         absl::StrCat("job store: max_step_events_per_job must be at least ", kMinStepEventsPerJob,
                      ", got ", options.max_step_events_per_job));
   }
+  if (options.max_epoch_events_per_job < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job store: max_epoch_events_per_job must be at least 1, got ",
+                     options.max_epoch_events_per_job));
+  }
   sqlite3* db = nullptr;
   int rc =
       sqlite3_open_v2(path.c_str(), &db,
@@ -272,7 +278,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA foreign_keys=ON"));
   KILN_RETURN_IF_ERROR(store->Migrate());
-  KILN_RETURN_IF_ERROR(store->ThinAllJobs());
+  KILN_RETURN_IF_ERROR(store->CheckAndThinAllJobs());
   return store;
 }
 
@@ -432,7 +438,8 @@ absl::Status JobStore::AppendEventLocked(const std::string& job_id, const v1::Jo
       s.Bind(10, m.train_seconds());
       s.Bind(11, m.samples_per_sec());
       s.Bind(12, static_cast<double>(m.lr()));
-      return s.Run();
+      KILN_RETURN_IF_ERROR(s.Run());
+      return EpochAppendedLocked(job_id);
     }
     case v1::JobEvent::kCheckpoint: {
       // The checkpoint row itself is the record; it carries the event's seq.
@@ -457,7 +464,9 @@ absl::Status JobStore::PutJob(const v1::Job& job, const v1::JobEvent* event) {
   if (status.ok()) status = Exec("COMMIT");
   if (!status.ok()) {
     Exec("ROLLBACK").IgnoreError();
-    step_counts_.erase(job.id());  // a step may have been counted; count again next time
+    // A step or an epoch may have been counted; count again next time.
+    step_counts_.erase(job.id());
+    epoch_counts_.erase(job.id());
   }
   return status;
 }
@@ -465,7 +474,10 @@ absl::Status JobStore::PutJob(const v1::Job& job, const v1::JobEvent* event) {
 absl::Status JobStore::AppendEvent(const std::string& job_id, const v1::JobEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status status = AppendEventLocked(job_id, event);
-  if (!status.ok()) step_counts_.erase(job_id);
+  if (!status.ok()) {
+    step_counts_.erase(job_id);
+    epoch_counts_.erase(job_id);
+  }
   return status;
 }
 
@@ -495,6 +507,35 @@ absl::Status JobStore::StepAppendedLocked(const std::string& job_id) {
   }
   it->second = *kept;
   return absl::OkStatus();
+}
+
+absl::Status JobStore::EpochAppendedLocked(const std::string& job_id) {
+  auto it = epoch_counts_.find(job_id);
+  if (it != epoch_counts_.end()) {
+    ++it->second;
+  } else {
+    Statement s(db_, "SELECT COUNT(*) FROM epoch_metrics WHERE job_id = ?");
+    KILN_RETURN_IF_ERROR(s.status());
+    s.Bind(1, job_id);
+    absl::Status status;
+    const int64_t count = s.Step(&status) ? s.Int(0) : 0;
+    KILN_RETURN_IF_ERROR(status);
+    it = epoch_counts_.emplace(job_id, count).first;
+  }
+  if (it->second <= options_.max_epoch_events_per_job) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(DropOldestEpochsLocked(job_id, it->second));
+  it->second = options_.max_epoch_events_per_job;
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::DropOldestEpochsLocked(const std::string& job_id, int64_t count) {
+  Statement s(db_,
+              "DELETE FROM epoch_metrics WHERE job_id = ?1 AND seq IN (SELECT seq FROM "
+              "epoch_metrics WHERE job_id = ?1 ORDER BY seq LIMIT ?2)");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  s.Bind(2, count - options_.max_epoch_events_per_job);
+  return s.Run();
 }
 
 absl::StatusOr<int64_t> JobStore::ThinStepsLocked(const std::string& job_id, int64_t count) {
@@ -528,8 +569,12 @@ absl::StatusOr<int64_t> JobStore::ThinStepsLocked(const std::string& job_id, int
     KILN_RETURN_IF_ERROR(status);
     return value;
   };
-  // Past the largest step number no stride keeps fewer: only step 0 is a multiple of it.
-  KILN_ASSIGN_OR_RETURN(const int64_t largest, older("COALESCE(MAX(ABS(global_step)), 0)", 1));
+  // Past the largest step number no stride keeps fewer: only step 0 is a multiple of it. The
+  // magnitude is taken here, saturating: SQLite's abs() fails on INT64_MIN, and a stored number
+  // must never stop the store.
+  KILN_ASSIGN_OR_RETURN(const int64_t most, older("COALESCE(MAX(global_step), 0)", 1));
+  KILN_ASSIGN_OR_RETURN(const int64_t least, older("COALESCE(MIN(global_step), 0)", 1));
+  const int64_t largest = std::max(most, least == INT64_MIN ? INT64_MAX : -least);
   int64_t stride = 1;
   KILN_ASSIGN_OR_RETURN(int64_t kept, older("COUNT(*)", stride));
   while (kept > older_budget && stride <= largest && stride < (int64_t{1} << 62)) {
@@ -560,14 +605,93 @@ absl::StatusOr<int64_t> JobStore::ThinStepsLocked(const std::string& job_id, int
   return keep_whole + kept;
 }
 
-absl::Status JobStore::ThinAllJobs() {
+namespace {
+
+// Columns kilnd only ever fills with integers of 0 or more, by table: a row holding anything else
+// was not written by kilnd (or by a worker before reports were checked), and its job is damaged.
+struct RowRule {
+  const char* table;
+  const char* what;  // one row, as the reason says it
+  std::vector<const char*> columns;
+};
+const RowRule kRowRules[] = {
+    {"step_metrics", "step record", {"epoch", "step_in_epoch", "steps_per_epoch", "global_step"}},
+    {"epoch_metrics", "epoch record", {"epoch", "test_samples"}},
+    {"checkpoints", "checkpoint record", {"epochs_done", "global_step", "size_bytes"}},
+};
+
+std::string BadValueSql(const RowRule& rule) {
+  std::vector<std::string> parts;
+  for (const char* c : rule.columns) {
+    parts.push_back(absl::StrCat("typeof(", c, ") <> 'integer' OR ", c, " < 0"));
+  }
+  return absl::StrCat("(", absl::StrJoin(parts, " OR "), ")");
+}
+
+// What the first of the `bad_rows` rows of `job_id` that break `rule` holds, for the reason.
+absl::StatusOr<std::string> DescribeDamage(sqlite3* db, const RowRule& rule,
+                                           const std::string& job_id, int64_t bad_rows) {
+  Statement s(db,
+              absl::StrCat("SELECT seq, ", absl::StrJoin(rule.columns, ", "), " FROM ", rule.table,
+                           " WHERE job_id = ? AND ", BadValueSql(rule), " ORDER BY seq LIMIT 1")
+                  .c_str());
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  absl::Status status;
+  std::vector<std::string> values;
+  std::string seq;
+  if (s.Step(&status)) {
+    seq = s.Text(0);
+    for (size_t i = 0; i < rule.columns.size(); ++i) {
+      const int c = static_cast<int>(i) + 1;
+      if (s.Type(c) != SQLITE_INTEGER || s.Int(c) < 0) {
+        values.push_back(
+            absl::StrCat(rule.columns[i], " ", s.Type(c) == SQLITE_NULL ? "NULL" : s.Text(c)));
+      }
+    }
+  }
+  KILN_RETURN_IF_ERROR(status);
+  return absl::StrCat(bad_rows, " ", rule.what, bad_rows == 1 ? " holds" : "s hold",
+                      " a value kilnd never writes (seq ", seq, ": ", absl::StrJoin(values, ", "),
+                      ")");
+}
+
+}  // namespace
+
+absl::Status JobStore::CheckAndThinAllJobs() {
   std::lock_guard<std::mutex> lock(mu_);
-  {
-    Statement s(db_, "SELECT job_id, COUNT(*) FROM step_metrics GROUP BY job_id");
+  // One pass over each table, by job: the steps and epochs to count, and the rows no kilnd
+  // writes.
+  for (const RowRule& rule : kRowRules) {
+    const bool steps = &rule == &kRowRules[0];
+    Statement s(db_, absl::StrCat("SELECT job_id, COUNT(*), SUM(", BadValueSql(rule), ") FROM ",
+                                  rule.table, " GROUP BY job_id")
+                         .c_str());
     KILN_RETURN_IF_ERROR(s.status());
     absl::Status status;
-    while (s.Step(&status)) step_counts_[s.Text(0)] = s.Int(1);
+    std::vector<std::pair<std::string, int64_t>> bad;
+    while (s.Step(&status)) {
+      if (steps) step_counts_[s.Text(0)] = s.Int(1);
+      if (&rule == &kRowRules[1]) epoch_counts_[s.Text(0)] = s.Int(1);
+      if (s.Int(2) > 0) bad.emplace_back(s.Text(0), s.Int(2));
+    }
     KILN_RETURN_IF_ERROR(status);
+    for (const auto& [job_id, rows] : bad) {
+      KILN_ASSIGN_OR_RETURN(const std::string what, DescribeDamage(db_, rule, job_id, rows));
+      std::string& reason = damaged_[job_id];
+      absl::StrAppend(&reason, reason.empty() ? "" : "; ", what);
+    }
+  }
+  for (auto& [job_id, count] : epoch_counts_) {
+    if (count <= options_.max_epoch_events_per_job) continue;
+    if (absl::Status s = DropOldestEpochsLocked(job_id, count); !s.ok()) {
+      if (s.code() == absl::StatusCode::kUnavailable) return s;
+      std::string& reason = damaged_[job_id];
+      absl::StrAppend(&reason, reason.empty() ? "" : "; ",
+                      "its epoch history cannot be trimmed: ", s.message());
+      continue;
+    }
+    count = options_.max_epoch_events_per_job;
   }
   for (auto& [job_id, count] : step_counts_) {
     if (count <= options_.max_step_events_per_job) continue;
@@ -577,11 +701,21 @@ absl::Status JobStore::ThinAllJobs() {
     if (status.ok()) status = Exec("COMMIT");
     if (!status.ok()) {
       Exec("ROLLBACK").IgnoreError();
-      return status;
+      // A full or failing disk stops the start as before; anything else is this job's rows.
+      if (status.code() == absl::StatusCode::kUnavailable) return status;
+      std::string& reason = damaged_[job_id];
+      absl::StrAppend(&reason, reason.empty() ? "" : "; ",
+                      "its step history cannot be thinned: ", status.message());
+      continue;
     }
     count = *kept;
   }
   return absl::OkStatus();
+}
+
+std::map<std::string, std::string> JobStore::DamagedJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return damaged_;
 }
 
 absl::StatusOr<v1::Job> JobStore::GetJob(const std::string& job_id) {

@@ -32,9 +32,12 @@ struct StoredDeployment {
 
 struct JobStoreOptions {
   // The most step events kept per job. Past it, the newest half stay and older steps are thinned
-  // to a power-of-two stride of global_step (see ThinStepsLocked); state, epoch and checkpoint
-  // events are always kept. At least kMinStepEventsPerJob.
+  // to a power-of-two stride of global_step (see ThinStepsLocked); state and checkpoint events
+  // are always kept (epochs have a bound of their own). At least kMinStepEventsPerJob.
   int64_t max_step_events_per_job = 10'000;
+  // The most epoch events kept per job (at least 1); past it the oldest go. A job's epochs are
+  // bounded (--max_epochs), but a job retried or resumed again and again repeats them.
+  int64_t max_epoch_events_per_job = 20'000;
 };
 
 // All methods are thread-safe; each write is one transaction.
@@ -44,8 +47,8 @@ class JobStore {
   static constexpr int kSchemaVersion = 7;
   static constexpr int64_t kMinStepEventsPerJob = 100;
 
-  // Opens (creating if needed) the database at `path`, and thins the step history of every job
-  // over options.max_step_events_per_job (a store from an older kilnd, or a lowered bound).
+  // Opens (creating if needed) the database at `path`, and thins the step and epoch history of
+  // every job over its bound (a store from an older kilnd, or a lowered bound).
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
                                                         JobStoreOptions options = {});
   ~JobStore();
@@ -91,11 +94,19 @@ class JobStore {
   // Every recorded deployment: models in the order they were last written, versions oldest first.
   absl::StatusOr<std::vector<StoredDeployment>> Deployments();
 
+  // The jobs whose rows Open found damaged, each with what is wrong: a negative or non-integer
+  // step, epoch, position or size (values kilnd never writes), or a step history that could not be
+  // thinned. Their rows stay as they are, for a person to look at; JobManager::Recover fails
+  // such jobs instead of running them.
+  std::map<std::string, std::string> DamagedJobs();
+
  private:
   JobStore(sqlite3* db, JobStoreOptions options) : db_(db), options_(options) {}
   absl::Status Migrate();
-  // Thins every job's steps that are over the bound (at open).
-  absl::Status ThinAllJobs();
+  // At open: finds the jobs whose rows hold values kilnd never writes (DamagedJobs), and thins
+  // every job's steps and epochs that are over their bounds. Only a store that cannot be read or
+  // written fails it: one job's rows never stop kilnd from starting.
+  absl::Status CheckAndThinAllJobs();
   absl::Status Exec(const char* sql);
   // While alive (mu_ held), commits sync the write-ahead log (synchronous=FULL): for what is
   // announced to clients once committed (job states, checkpoint records), which a power failure
@@ -115,6 +126,9 @@ class JobStore {
   absl::Status PutJobLocked(const v1::Job& job);
   // Counts the step just appended and thins the job's steps when over the bound.
   absl::Status StepAppendedLocked(const std::string& job_id);
+  // Counts the epoch just appended and drops the job's oldest over the bound.
+  absl::Status EpochAppendedLocked(const std::string& job_id);
+  absl::Status DropOldestEpochsLocked(const std::string& job_id, int64_t count);
   // Keeps the newest max/2 steps; of the older ones, those whose global_step is a multiple of the
   // smallest power of two that fits them into max/4 (then, if still over, the newest max/4).
   // Returns how many steps the job keeps.
@@ -125,6 +139,8 @@ class JobStore {
   const JobStoreOptions options_;
   // Step events stored per job, counted once per job and then kept up to date (under mu_).
   std::map<std::string, int64_t> step_counts_;
+  std::map<std::string, int64_t> epoch_counts_;  // the same for epoch events
+  std::map<std::string, std::string> damaged_;   // by job; found at open (under mu_)
 };
 
 }  // namespace kiln::server

@@ -5,23 +5,47 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/client_message.h"
 
 namespace kiln::server {
 
+bool KeyBytesBudget::Take(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > max_bytes_ - held_) return false;
+  held_ += bytes;
+  return true;
+}
+
+void KeyBytesBudget::Give(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_ -= bytes;
+}
+
 WorkerAttempt::WorkerAttempt(std::string job_id, v1::JoinJobResponse join,
-                             std::vector<std::string> devices, Hooks hooks)
+                             std::vector<std::string> devices, Hooks hooks, WorkerLimits limits,
+                             KeyBytesBudget* shared_budget)
     : job_id_(std::move(job_id)),
       join_(std::move(join)),
       devices_(std::move(devices)),
       hooks_(std::move(hooks)),
-      ranks_(join_.world_size(), RankState::kWaiting) {}
+      limits_(limits),
+      shared_budget_(shared_budget),
+      ranks_(join_.world_size(), RankState::kWaiting),
+      rank_tokens_(join_.world_size()),
+      last_heard_(join_.world_size(), absl::InfinitePast()) {}
+
+WorkerAttempt::~WorkerAttempt() {
+  if (shared_budget_ != nullptr) shared_budget_->Give(key_bytes_);
+}
 
 template <typename Result, typename Call>
 Result WorkerAttempt::RunHook(Call call) {
@@ -57,13 +81,80 @@ absl::StatusOr<v1::JoinJobResponse> WorkerAttempt::Join(int rank, const std::str
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " of job ", job_id_, " has joined already (another worker took it)"));
   }
+  unsigned char secret[16];
+  if (RAND_bytes(secret, sizeof(secret)) != 1) {
+    return absl::InternalError("no random bytes for a rank token");
+  }
+  rank_tokens_[rank] =
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(secret), sizeof(secret)));
   ranks_[rank] = RankState::kJoined;
+  last_heard_[rank] = absl::Now();
   (void)host;
   cv_.notify_all();
   v1::JoinJobResponse response = join_;
   response.set_device(devices_[rank]);
+  response.set_rank_token(rank_tokens_[rank]);
   if (rank != 0) response.clear_resume_from();
   return response;
+}
+
+absl::Status WorkerAttempt::CheckRankToken(int rank, const std::string& rank_token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = CheckRankLocked(rank); !s.ok()) return s;
+  const std::string& expected = rank_tokens_[rank];
+  if (expected.empty() || rank_token.size() != expected.size() ||
+      CRYPTO_memcmp(rank_token.data(), expected.data(), expected.size()) != 0) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the rank token is not rank ", rank, "'s of attempt ", join_.attempt(), " of job ", job_id_,
+        " (JoinJob hands it to the worker that joins as the rank)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> WorkerAttempt::BeginCheckpoint(const v1::WriteCheckpointHeader& header) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_ || !failure_.ok()) {
+      return absl::AbortedError(
+          absl::StrCat("attempt ", join_.attempt(), " of job ", job_id_, " has ended"));
+    }
+    int rank = -1;
+    for (int r = 0; r < static_cast<int>(rank_tokens_.size()); ++r) {
+      const std::string& t = rank_tokens_[r];
+      if (!t.empty() && t.size() == header.rank_token().size() &&
+          CRYPTO_memcmp(t.data(), header.rank_token().data(), t.size()) == 0) {
+        rank = r;
+      }
+    }
+    if (rank < 0) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the checkpoint's rank token is not one attempt ", join_.attempt(), " of job ", job_id_,
+          " handed out: only rank 0 of the running attempt hands over checkpoints"));
+    }
+    if (rank != 0) {
+      return absl::PermissionDeniedError(absl::StrCat("only rank 0 hands over job ", job_id_,
+                                                      "'s checkpoints; this is rank ", rank, "'s"));
+    }
+    if (ranks_[0] != RankState::kJoined && ranks_[0] != RankState::kReporting) {
+      return absl::FailedPreconditionError("rank 0 has reported how it ended");
+    }
+    if (checkpoint_open_) {
+      return absl::ResourceExhaustedError(
+          "rank 0 is handing over a checkpoint already; one at a time");
+    }
+    checkpoint_open_ = true;
+  }
+  absl::StatusOr<int64_t> most =
+      hooks_.admit_checkpoint
+          ? RunHook<absl::StatusOr<int64_t>>([&] { return hooks_.admit_checkpoint(header); })
+          : absl::StatusOr<int64_t>(absl::InternalError("the attempt takes no checkpoints"));
+  if (!most.ok()) EndCheckpoint();
+  return most;
+}
+
+void WorkerAttempt::EndCheckpoint() {
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_open_ = false;
 }
 
 absl::Status WorkerAttempt::SetKey(const std::string& key, const std::string& value) {
@@ -75,38 +166,132 @@ absl::Status WorkerAttempt::SetKey(const std::string& key, const std::string& va
                                                    " bytes under \"", key,
                                                    "\" is over the limit of 1 MiB"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (ended_) return absl::AbortedError("the attempt has ended");
-  if (keys_.size() >= 4096 && !keys_.contains(key)) {
-    return absl::ResourceExhaustedError("the attempt holds 4096 rendezvous keys already");
+  std::vector<KeyReady> woken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return absl::AbortedError("the attempt has ended");
+    auto it = keys_.find(key);
+    if (keys_.size() >= 4096 && it == keys_.end()) {
+      return absl::ResourceExhaustedError("the attempt holds 4096 rendezvous keys already");
+    }
+    // What the keys hold grows by this much (less when a value is replaced by a smaller one).
+    const int64_t grow = static_cast<int64_t>(value.size()) -
+                         (it == keys_.end() ? -static_cast<int64_t>(key.size())
+                                            : static_cast<int64_t>(it->second.size()));
+    if (grow > 0 && key_bytes_ + grow > limits_.max_key_bytes_per_job) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("rendezvous key \"", key, "\" would take job ", job_id_, "'s keys to ",
+                       key_bytes_ + grow, " bytes, over the limit of ",
+                       limits_.max_key_bytes_per_job, " a job (--max_rendezvous_bytes_per_job)"));
+    }
+    if (grow > 0 && shared_budget_ != nullptr && !shared_budget_->Take(grow)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("rendezvous key \"", key, "\" of job ", job_id_,
+                       " does not fit: the keys of all jobs would be over kilnd's limit of ",
+                       shared_budget_->max_bytes(), " bytes (--max_rendezvous_bytes)"));
+    }
+    if (grow < 0 && shared_budget_ != nullptr) shared_budget_->Give(-grow);
+    key_bytes_ += grow;
+    keys_[key] = value;
+    woken = TakeWaitsLocked(&key);
+    cv_.notify_all();
   }
-  keys_[key] = value;
-  cv_.notify_all();
+  for (KeyReady& ready : woken) ready(value);
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> WorkerAttempt::WaitForKey(const std::string& key, KeyReady ready) {
+  absl::StatusOr<std::string> now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = keys_.find(key); it != keys_.end()) {
+      now = it->second;
+    } else if (ended_ || !failure_.ok()) {
+      now = absl::AbortedError("the attempt has ended");
+    } else if (static_cast<int>(waits_.size()) >= limits_.max_key_waiters_per_job) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("job ", job_id_, " has ", waits_.size(),
+                       " rendezvous waits (GetKey) open already, the most one job may have "
+                       "(--max_rendezvous_waiters_per_job=",
+                       limits_.max_key_waiters_per_job, ")"));
+    } else {
+      const int64_t id = next_wait_id_++;
+      waits_.emplace(id, KeyWait{key, std::move(ready)});
+      return id;
+    }
+  }
+  ready(std::move(now));
+  return 0;
+}
+
+void WorkerAttempt::CancelKeyWait(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waits_.erase(id);
+}
+
+std::vector<WorkerAttempt::KeyReady> WorkerAttempt::TakeWaitsLocked(const std::string* key) {
+  std::vector<KeyReady> taken;
+  for (auto it = waits_.begin(); it != waits_.end();) {
+    if (key != nullptr && it->second.key != *key) {
+      ++it;
+      continue;
+    }
+    taken.push_back(std::move(it->second.ready));
+    it = waits_.erase(it);
+  }
+  return taken;
+}
+
+void WorkerAttempt::Abort(std::vector<KeyReady> waits) {
+  for (KeyReady& ready : waits) ready(absl::AbortedError("the attempt has ended"));
+}
+
 absl::StatusOr<std::string> WorkerAttempt::GetKey(const std::string& key, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    if (auto it = keys_.find(key); it != keys_.end()) return it->second;
-    if (ended_ || !failure_.ok()) return absl::AbortedError("the attempt has ended");
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<absl::StatusOr<std::string>> value;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  absl::StatusOr<int64_t> id = WaitForKey(key, [outcome](absl::StatusOr<std::string> value) {
+    std::lock_guard<std::mutex> lock(outcome->mu);
+    outcome->value = std::move(value);
+    outcome->cv.notify_all();
+  });
+  if (!id.ok()) return id.status();
+  std::unique_lock<std::mutex> lock(outcome->mu);
+  if (!outcome->cv.wait_for(lock,
+                            absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())),
+                            [&] { return outcome->value.has_value(); })) {
+    lock.unlock();
+    CancelKeyWait(*id);
+    lock.lock();
+    if (!outcome->value.has_value()) {  // else the key came as the wait ran out
       return absl::DeadlineExceededError(absl::StrCat(
           "rendezvous key \"", key, "\" was not set within ", absl::FormatDuration(timeout)));
     }
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(std::min(left, absl::Seconds(1))));
   }
+  return *std::move(outcome->value);
 }
 
 absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
+  std::vector<KeyReady> aborted;
+  absl::Cleanup abort_waits = [&] { Abort(std::move(aborted)); };  // once the lock is let go
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (absl::Status s = CheckRankLocked(rank); !s.ok()) return s;
     if (ended_) return absl::AbortedError("the attempt has ended");
     RankState& state = ranks_[rank];
+    if (state == RankState::kJoined || state == RankState::kReporting) {
+      last_heard_[rank] = absl::Now();
+    }
     switch (report.report_case()) {
+      case v1::WorkerReport::kKeepAlive:
+        if (state != RankState::kReporting) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("rank ", rank, " sent a keep-alive before its hello"));
+        }
+        return absl::OkStatus();
       case v1::WorkerReport::kHello:
         if (state != RankState::kJoined) {
           return absl::FailedPreconditionError(
@@ -121,9 +306,14 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
         return absl::OkStatus();
       case v1::WorkerReport::kFailed: {
         state = RankState::kFailed;
-        const auto code = static_cast<absl::StatusCode>(report.failed().code());
-        FailLocked(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                                report.failed().message()));
+        // The worker's words become the job's reason: a known code, and cut as a client's are.
+        const int code = report.failed().code();
+        FailLocked(
+            absl::Status(code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                             ? static_cast<absl::StatusCode>(code)
+                             : absl::StatusCode::kUnknown,
+                         ClientMessage(report.failed().message())));
+        aborted = TakeWaitsLocked(nullptr);
         return absl::OkStatus();
       }
       case v1::WorkerReport::kStep:
@@ -134,7 +324,8 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
         }
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " sent an empty report"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, " sent an empty report, or one of a kind this kilnd does not know"));
     }
   }
   // Outside the lock: the hook takes the job manager's, and waits must not stall behind it.
@@ -145,12 +336,17 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
 }
 
 void WorkerAttempt::StreamEnded(int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
-  if (ranks_[rank] == RankState::kDone || ranks_[rank] == RankState::kFailed) return;
-  ranks_[rank] = RankState::kFailed;
-  FailLocked(absl::UnavailableError(
-      absl::StrCat("worker rank ", rank, " went away without reporting how it ended")));
+  std::vector<KeyReady> aborted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
+    if (ranks_[rank] == RankState::kDone || ranks_[rank] == RankState::kFailed) return;
+    ranks_[rank] = RankState::kFailed;
+    FailLocked(absl::UnavailableError(
+        absl::StrCat("worker rank ", rank, " went away without reporting how it ended")));
+    aborted = TakeWaitsLocked(nullptr);
+  }
+  Abort(std::move(aborted));
 }
 
 std::optional<v1::WorkerCommand> WorkerAttempt::NextCommand(int rank, absl::Duration wait) {
@@ -190,14 +386,28 @@ void WorkerAttempt::FailLocked(absl::Status why) {
 }
 
 void WorkerAttempt::Fail(absl::Status why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  FailLocked(std::move(why));
+  std::vector<KeyReady> aborted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailLocked(std::move(why));
+    aborted = TakeWaitsLocked(nullptr);
+  }
+  Abort(std::move(aborted));
 }
 
 void WorkerAttempt::End() {
+  std::vector<KeyReady> aborted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    aborted = TakeWaitsLocked(nullptr);
+    keys_.clear();
+    if (shared_budget_ != nullptr) shared_budget_->Give(key_bytes_);
+    key_bytes_ = 0;
+    cv_.notify_all();
+  }
+  Abort(std::move(aborted));
   std::unique_lock<std::mutex> lock(mu_);
-  ended_ = true;
-  cv_.notify_all();
   cv_.wait(lock, [&] { return hooks_running_ == 0; });
 }
 
@@ -208,10 +418,11 @@ bool WorkerAttempt::WaitForChange(absl::Duration timeout) {
 
 WorkerAttempt::Snapshot WorkerAttempt::State() {
   std::lock_guard<std::mutex> lock(mu_);
-  return {ranks_, failure_, ended_};
+  return {ranks_, last_heard_, failure_, ended_};
 }
 
-WorkerRegistry::WorkerRegistry(std::string key) : key_(std::move(key)) {}
+WorkerRegistry::WorkerRegistry(std::string key, WorkerLimits limits)
+    : key_(std::move(key)), limits_(limits), key_budget_(limits.max_key_bytes) {}
 
 std::string WorkerRegistry::TokenFor(const std::string& job_id) const {
   unsigned char mac[EVP_MAX_MD_SIZE];

@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -19,10 +22,17 @@
 #include "absl/time/clock.h"
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
+#include "engine/backend_registry.h"
+#include "engine/checkpoint.h"
+#include "engine/model.h"
+#include "engine/model_config_json.h"
+#include "engine/optim/optimizer.h"
 #include "engine/trainer.h"
 #include "server/checkpoints/checkpoint_integrity.h"
+#include "server/checkpoints/checkpoint_policy.h"
 #include "server/jobs/checkpoint_record.h"
 #include "server/jobs/event_messages.h"
+#include "server/jobs/job_vocabulary.h"
 #include "server/jobs/training_run.h"
 
 extern char** environ;
@@ -46,6 +56,54 @@ std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
   return "stopped";
+}
+
+// The most bytes a checkpoint of `model` takes: its parameters, their optimizer state (Adam's
+// two slots at most) and the layers' buffers are each at most 4 bytes a parameter; the header
+// (names, the model's JSON, the position) fits in the slack.
+int64_t CheckpointBytesBound(const ModelConfig& model) {
+  constexpr int64_t kPerParameter = 16;
+  constexpr int64_t kSlack = int64_t{16} << 20;
+  const int64_t parameters = CountParameters(model);
+  if (parameters > (std::numeric_limits<int64_t>::max() - kSlack) / kPerParameter) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return parameters * kPerParameter + kSlack;
+}
+
+// Whether the file at `path` is a checkpoint of `config`'s model at the header's position, as
+// resume and deploy will read it: every parameter, buffer and optimizer state of the model there,
+// with its shape, and nothing truncated.
+absl::Status VerifyHandedOver(const std::string& path, const TrainConfig& config,
+                              const v1::WriteCheckpointHeader& header, const std::string& job_id) {
+  auto not_one = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the file rank 0 handed over is not a checkpoint of job ", job_id, "'s model: ", why));
+  };
+  absl::StatusOr<CheckpointInfo> info = ReadCheckpointInfo(path);
+  if (!info.ok()) return not_one(info.status().message());
+  if (ModelConfigToJson(info->model) != ModelConfigToJson(config.model)) {
+    return not_one("it holds another model");
+  }
+  if (info->position.epochs_done != header.epochs_done() ||
+      info->position.global_step != header.global_step()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint rank 0 handed over is at epochs_done ", info->position.epochs_done,
+        ", step ", info->position.global_step, ", where its header says epochs_done ",
+        header.epochs_done(), ", global_step ", header.global_step()));
+  }
+  BackendOptions one_thread;
+  one_thread.threads = 1;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu", one_thread));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                        Model::Build(config.model, backend.get(), /*seed=*/0));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                        Optimizer::Create(config.optimizer, backend.get(), model->parameters()));
+  TrainingPosition position;
+  if (absl::Status s = ReadCheckpoint(path, *model, optimizer.get(), &position); !s.ok()) {
+    return not_one(s.message());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -89,11 +147,32 @@ absl::StatusOr<v1::Checkpoint> WorkerJobRunner::ChooseStart() {
   return v1::Checkpoint();  // none: from scratch
 }
 
+absl::StatusOr<WorkerPlan> WorkerJobRunner::Plan(const v1::Checkpoint& start) {
+  WorkerPlan plan;
+  std::string dataset;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    if (!slot_->config.has_value()) return absl::InternalError("the job's spec is not translated");
+    plan.batch_size = slot_->config->batch_size;
+    dataset = slot_->job.spec().dataset();
+  }
+  KILN_ASSIGN_OR_RETURN(const DatasetInfo info, datasets_->Inspect(dataset));
+  plan.world_size = static_cast<int>(devices_.size());
+  plan.epochs = epochs_;
+  plan.steps_per_epoch = StepsPerEpoch(info.train_samples, std::max(1, plan.batch_size));
+  plan.test_samples = info.test_samples;
+  plan.start_epochs_done = start.epochs_done();
+  plan.start_global_step = start.global_step();
+  return plan;
+}
+
 absl::Status WorkerJobRunner::OnReport(int rank, const v1::WorkerReport& report) {
   std::lock_guard<std::mutex> lock(*mu_);
+  KILN_RETURN_IF_ERROR(check_->Check(rank, report));
   if (report.has_step()) {
     const v1::WorkerStep& step = report.step();
-    const double rate = step.seconds() > 0 ? step.rank_samples() / step.seconds() : 0;
+    double rate = step.seconds() > 0 ? step.rank_samples() / step.seconds() : 0;
+    if (!std::isfinite(rate)) rate = 0;  // a step of a denormal second
     rank_rates_[rank] = rate;
     events_->WorkerStep(slot_->job.id(), rank, static_cast<int>(devices_.size()), rate,
                         step.allreduce_seconds(), step.allreduce_bytes());
@@ -108,17 +187,144 @@ absl::Status WorkerJobRunner::OnReport(int rank, const v1::WorkerReport& report)
     BestEpoch best(slot_->job.best_test_accuracy());
     if (best.Observe(e)) slot_->job.set_best_test_accuracy(best.best());
     slot_->job.set_epochs_done(e.epoch);
-    *slot_->job.mutable_last_epoch() = report.epoch().metrics();
+    // Its known fields only: what else a worker put in the message is not the job's to keep.
+    *slot_->job.mutable_last_epoch() = EpochMetricsOf(e);
     return events_->Epoch(slot_->job, e, epochs_, &slot_->next_seq);
   }
   return absl::OkStatus();
 }
 
+absl::Status WorkerJobRunner::AdmitCheckpointLocked(const v1::WriteCheckpointHeader& h) {
+  const int64_t last_step =
+      plan_.steps_per_epoch > 0 && plan_.epochs > 0 &&
+              plan_.steps_per_epoch > std::numeric_limits<int64_t>::max() / plan_.epochs
+          ? std::numeric_limits<int64_t>::max()
+          : plan_.steps_per_epoch * plan_.epochs;
+  const std::string plan =
+      absl::StrCat("the job's ", plan_.epochs, " epochs of ", plan_.steps_per_epoch,
+                   " steps, this attempt starting at step ", plan_.start_global_step);
+  if (h.epochs_done() < plan_.start_epochs_done || h.epochs_done() > plan_.epochs) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint epochs_done ", h.epochs_done(),
+                                                   " is outside ", plan_.start_epochs_done, "..",
+                                                   plan_.epochs, " (", plan, ")"));
+  }
+  if (h.global_step() < plan_.start_global_step || h.global_step() > last_step) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint global_step ", h.global_step(),
+                                                   " is outside ", plan_.start_global_step, "..",
+                                                   last_step, " (", plan, ")"));
+  }
+  if (!std::isfinite(h.write_seconds()) || h.write_seconds() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint write_seconds ", h.write_seconds(),
+                                                   " must be finite and not negative"));
+  }
+  if (h.global_step() < recorded_.global_step || h.epochs_done() < recorded_.epochs_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a checkpoint at epochs_done ", h.epochs_done(), ", global_step ",
+                     h.global_step(), " is behind this attempt's last, at epochs_done ",
+                     recorded_.epochs_done, ", global_step ", recorded_.global_step));
+  }
+  const CheckpointSettings policy =
+      TranslateCheckpointPolicy(slot_->job.spec().checkpoint_policy());
+  const int epochs = h.epochs_done();
+  auto refused = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a ", CheckpointKindName(h.kind()), " checkpoint at epochs_done ", epochs,
+                     ", global_step ", h.global_step(), ": ", why));
+  };
+  switch (h.kind()) {
+    case v1::CHECKPOINT_KIND_PERIODIC:
+      if (policy.every_n_epochs <= 0 || epochs < 1 || epochs % policy.every_n_epochs != 0) {
+        return refused(absl::StrCat("the job's policy has every_n_epochs ", policy.every_n_epochs));
+      }
+      if (recorded_.periodic_epochs.contains(epochs)) return refused("one is recorded already");
+      return absl::OkStatus();
+    case v1::CHECKPOINT_KIND_BEST:
+      if (!policy.keep_best || epochs < 1) return refused("the job's policy keeps no best");
+      if (recorded_.best_epochs.contains(epochs)) return refused("one is recorded already");
+      return absl::OkStatus();
+    case v1::CHECKPOINT_KIND_ON_DEMAND:
+      if (recorded_.on_demand >= on_demand_asked_.load()) {
+        return refused("none was asked for (CreateCheckpoint), or it was taken already");
+      }
+      return absl::OkStatus();
+    case v1::CHECKPOINT_KIND_SHUTDOWN:
+      if (!stop_sent_.load() || !policy.on_shutdown) {
+        return refused("kilnd is not stopping the job for a shutdown, or its policy writes none");
+      }
+      if (recorded_.shutdown) return refused("one is recorded already");
+      return absl::OkStatus();
+    case v1::CHECKPOINT_KIND_CANCEL:
+      if (!cancel_sent_.load() || !policy.on_shutdown) {
+        return refused("the job was not cancelled, or its policy writes none");
+      }
+      if (recorded_.cancel) return refused("one is recorded already");
+      return absl::OkStatus();
+    case v1::CHECKPOINT_KIND_FINAL:
+      if (epochs != plan_.epochs) {
+        return refused(absl::StrCat("epochs_done must be the job's ", plan_.epochs, " epochs"));
+      }
+      if (recorded_.final) return refused("one is recorded already");
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint kind ", static_cast<int>(h.kind()),
+                       " is not one a run writes (periodic, best, on_demand, shutdown, cancel, "
+                       "final)"));
+  }
+}
+
+absl::StatusOr<int64_t> WorkerJobRunner::AdmitCheckpoint(const v1::WriteCheckpointHeader& header) {
+  std::lock_guard<std::mutex> lock(*mu_);
+  KILN_RETURN_IF_ERROR(AdmitCheckpointLocked(header));
+  return CheckpointBytesBound(config_->model);
+}
+
 absl::StatusOr<v1::Checkpoint> WorkerJobRunner::OnCheckpoint(
     const v1::WriteCheckpointHeader& header, const std::string& path) {
-  absl::StatusOr<v1::Checkpoint> c = RecordCheckpoint(
-      slot_, mu_, store_, events_, path,
-      {header.kind(), header.epochs_done(), header.global_step(), header.write_seconds()});
+  absl::Status admitted;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    admitted = AdmitCheckpointLocked(header);  // as when it began, now the bytes are in
+  }
+  // On a service thread, where nothing thrown may go: the model is built to load the file into.
+  try {
+    if (admitted.ok()) admitted = VerifyHandedOver(path, *config_, header, slot_->job.id());
+  } catch (const std::bad_alloc&) {
+    admitted = absl::ResourceExhaustedError(
+        "out of memory while checking the checkpoint rank 0 handed over (std::bad_alloc)");
+  }
+  absl::StatusOr<v1::Checkpoint> c =
+      admitted.ok() ? RecordCheckpoint(slot_, mu_, store_, events_, path,
+                                       {header.kind(), header.epochs_done(), header.global_step(),
+                                        header.write_seconds()})
+                    : absl::StatusOr<v1::Checkpoint>(admitted);
+  if (c.ok()) {
+    std::lock_guard<std::mutex> lock(*mu_);
+    recorded_.global_step = header.global_step();
+    recorded_.epochs_done = header.epochs_done();
+    switch (header.kind()) {
+      case v1::CHECKPOINT_KIND_PERIODIC:
+        recorded_.periodic_epochs.insert(header.epochs_done());
+        break;
+      case v1::CHECKPOINT_KIND_BEST:
+        recorded_.best_epochs.insert(header.epochs_done());
+        break;
+      case v1::CHECKPOINT_KIND_ON_DEMAND:
+        ++recorded_.on_demand;
+        break;
+      case v1::CHECKPOINT_KIND_SHUTDOWN:
+        recorded_.shutdown = true;
+        break;
+      case v1::CHECKPOINT_KIND_CANCEL:
+        recorded_.cancel = true;
+        break;
+      case v1::CHECKPOINT_KIND_FINAL:
+        recorded_.final = true;
+        break;
+      default:
+        break;
+    }
+  }
   if (header.kind() == v1::CHECKPOINT_KIND_ON_DEMAND) {
     std::vector<CheckpointDone> waiters;
     {
@@ -232,6 +438,21 @@ void WorkerJobRunner::StopWorkers() {
   }
 }
 
+absl::Status WorkerJobRunner::CheckHeartbeats(const WorkerAttempt::Snapshot& state,
+                                              absl::Time now) const {
+  std::vector<int> silent;
+  for (int r = 0; r < static_cast<int>(state.ranks.size()); ++r) {
+    const bool training =
+        state.ranks[r] == RankState::kJoined || state.ranks[r] == RankState::kReporting;
+    if (training && now - state.last_heard[r] > options_.heartbeat_timeout) silent.push_back(r);
+  }
+  if (silent.empty()) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker rank", silent.size() > 1 ? "s " : " ", absl::StrJoin(silent, ", "),
+      " sent no report and no keep-alive for ", absl::FormatDuration(options_.heartbeat_timeout),
+      " (--worker_heartbeat_timeout): taken for hung or gone"));
+}
+
 absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
   const absl::Time join_deadline =
       absl::Now() + (external ? options_.external_join_timeout : options_.join_timeout);
@@ -246,6 +467,7 @@ absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
     }
     KILN_RETURN_IF_ERROR(ReapExited(state));
     const absl::Time now = absl::Now();
+    KILN_RETURN_IF_ERROR(CheckHeartbeats(state, now));
     std::vector<int> missing;
     for (int r = 0; r < static_cast<int>(state.ranks.size()); ++r) {
       if (state.ranks[r] == RankState::kWaiting) missing.push_back(r);
@@ -257,6 +479,7 @@ absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
           absl::FormatDuration(external ? options_.external_join_timeout : options_.join_timeout)));
     }
     if (!told_to_stop && (slot_->cancel || slot_->stop)) {
+      (slot_->cancel ? cancel_sent_ : stop_sent_) = true;  // before rank 0 can act on it
       attempt.Command(slot_->cancel ? v1::WorkerCommand::ACTION_CANCEL
                                     : v1::WorkerCommand::ACTION_STOP);
       told_to_stop = true;
@@ -273,6 +496,7 @@ absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
                                                       " of being asked to"));
     }
     if (slot_->checkpoint_wanted.exchange(false)) {
+      ++on_demand_asked_;
       attempt.Command(v1::WorkerCommand::ACTION_CHECKPOINT);
     }
     attempt.WaitForChange(absl::Milliseconds(200));
@@ -292,6 +516,7 @@ absl::Status WorkerJobRunner::Run() {
     attempt_number = slot_->job.attempts();
   }
   KILN_ASSIGN_OR_RETURN(v1::Checkpoint start, ChooseStart());
+  KILN_ASSIGN_OR_RETURN(const WorkerPlan plan, Plan(start));
   {
     std::lock_guard<std::mutex> lock(*mu_);
     slot_->job.set_resumed_from_step(start.global_step());
@@ -299,6 +524,11 @@ absl::Status WorkerJobRunner::Run() {
     slot_->job.set_epochs_done(start.epochs_done());
     KILN_RETURN_IF_ERROR(store_->PutJob(slot_->job));
     rank_rates_.assign(devices_.size(), 0);
+    check_.emplace(plan);
+    plan_ = plan;
+    config_ = slot_->config;
+    recorded_.global_step = start.global_step();
+    recorded_.epochs_done = start.epochs_done();
   }
   if (slot_->stop) return absl::AbortedError("kilnd is shutting down");
 
@@ -318,6 +548,9 @@ absl::Status WorkerJobRunner::Run() {
     *join.mutable_resume_from() = shown;
   }
   join.set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
+  // Four chances to be heard within the timeout.
+  join.set_keep_alive_interval_ms(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_timeout / 4)));
   join.set_step_delay_ms(absl::ToInt64Milliseconds(options_.step_delay));
   join.set_dataset(spec.dataset());
   {
@@ -327,10 +560,15 @@ absl::Status WorkerJobRunner::Run() {
 
   WorkerAttempt::Hooks hooks;
   hooks.on_report = [this](int rank, const v1::WorkerReport& r) { return OnReport(rank, r); };
+  hooks.admit_checkpoint = [this](const v1::WriteCheckpointHeader& h) {
+    return AdmitCheckpoint(h);
+  };
   hooks.record_checkpoint = [this](const v1::WriteCheckpointHeader& h, const std::string& path) {
     return OnCheckpoint(h, path);
   };
-  auto attempt = std::make_shared<WorkerAttempt>(job_id, std::move(join), devices_, hooks);
+  auto attempt =
+      std::make_shared<WorkerAttempt>(job_id, std::move(join), devices_, hooks,
+                                      options_.registry->limits(), options_.registry->key_budget());
   options_.registry->Add(attempt);
   events_->TrainingStarted(job_id, spec, epochs_);
 

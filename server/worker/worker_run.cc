@@ -236,6 +236,7 @@ absl::Status RankRun::WriteCheckpoint(Trainer& trainer, v1::CheckpointKind kind)
   header.set_epochs_done(position.epochs_done);
   header.set_global_step(position.global_step);
   header.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  header.set_rank_token(joined_.rank_token());
   KILN_ASSIGN_OR_RETURN(v1::Checkpoint written, UploadCheckpoint(*connection_, header, path));
   last_written_step_ = position.global_step;
   std::fprintf(stderr, "kiln-worker: rank 0: wrote %s checkpoint %lld at step %lld\n",
@@ -385,8 +386,9 @@ absl::Status RunWorker(const WorkerFlags& flags, const std::atomic<bool>& termin
                joined.device().c_str());
 
   absl::StatusOr<std::unique_ptr<ReportStream>> report =
-      ReportStream::Open(connection->get(), flags.job, flags.rank);
+      ReportStream::Open(connection->get(), flags.job, flags.rank, joined.rank_token());
   KILN_RETURN_IF_ERROR(WithContext(report.status(), rank_name));
+  (*report)->StartKeepAlive(absl::Milliseconds(joined.keep_alive_interval_ms()));
 
   RankRun run(flags, terminate, connection->get(), report->get(), joined);
   absl::Status trained = run.Train();
