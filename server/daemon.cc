@@ -137,7 +137,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   for (const auto& [flag, value] :
        {std::pair<const char*, absl::Duration>{"connection_handshake_timeout",
                                                options.connection_handshake_timeout},
-        {"connection_idle_timeout", options.connection_idle_timeout}}) {
+        {"connection_idle_timeout", options.connection_idle_timeout},
+        {"worker_heartbeat_timeout", options.worker_heartbeat_timeout}}) {
     if (value < absl::Milliseconds(1)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", flag, ": must be at least 1ms, got ", absl::FormatDuration(value)));
@@ -253,6 +254,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   workers.registry = d->worker_registry_.get();
   workers.join_timeout = options.worker_join_timeout;
   workers.external_join_timeout = options.external_worker_join_timeout;
+  workers.heartbeat_timeout = options.worker_heartbeat_timeout;
   workers.cpu_threads = CpuBackendThreads({0, std::max(1, options.max_jobs_per_device)});
   workers.step_delay = options.step_delay;
   const TlsMode tls_mode = TlsModeOf(options.tls);

@@ -80,6 +80,9 @@ struct DaemonOptions {
   std::string worker_binary;
   absl::Duration worker_join_timeout = absl::Seconds(60);
   absl::Duration external_worker_join_timeout = absl::Minutes(10);
+  // A worker that joined and is not heard from (a report or a keep-alive) for this long fails
+  // its job's attempt.
+  absl::Duration worker_heartbeat_timeout = absl::Minutes(1);
   // What a job's workers may hold of kilnd (rendezvous waits), whatever they send.
   WorkerLimits worker_limits;
   // TLS of the workers kilnd starts, when it serves TLS: the CA that signed --tls_cert (and the

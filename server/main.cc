@@ -97,6 +97,9 @@ ABSL_FLAG(absl::Duration, worker_join_timeout, absl::Seconds(60),
           "how long the workers kilnd starts may take to join their job");
 ABSL_FLAG(absl::Duration, external_worker_join_timeout, absl::Minutes(10),
           "how long workers started elsewhere (JobSpec.external_workers) may take to join");
+ABSL_FLAG(absl::Duration, worker_heartbeat_timeout, absl::Minutes(1),
+          "a worker that joined and sends no report and no keep-alive for this long fails its "
+          "job's attempt (workers send a keep-alive every quarter of it)");
 ABSL_FLAG(int, max_rendezvous_waiters_per_job, 256,
           "rendezvous waits (Workers.GetKey) one job's workers may have open at once; more are "
           "refused");
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.worker_join_timeout = absl::GetFlag(FLAGS_worker_join_timeout);
   options.external_worker_join_timeout = absl::GetFlag(FLAGS_external_worker_join_timeout);
+  options.worker_heartbeat_timeout = absl::GetFlag(FLAGS_worker_heartbeat_timeout);
   options.worker_limits.max_key_waiters_per_job =
       absl::GetFlag(FLAGS_max_rendezvous_waiters_per_job);
   options.worker_limits.max_key_bytes_per_job = absl::GetFlag(FLAGS_max_rendezvous_bytes_per_job);

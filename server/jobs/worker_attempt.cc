@@ -40,7 +40,8 @@ WorkerAttempt::WorkerAttempt(std::string job_id, v1::JoinJobResponse join,
       limits_(limits),
       shared_budget_(shared_budget),
       ranks_(join_.world_size(), RankState::kWaiting),
-      rank_tokens_(join_.world_size()) {}
+      rank_tokens_(join_.world_size()),
+      last_heard_(join_.world_size(), absl::InfinitePast()) {}
 
 WorkerAttempt::~WorkerAttempt() {
   if (shared_budget_ != nullptr) shared_budget_->Give(key_bytes_);
@@ -87,6 +88,7 @@ absl::StatusOr<v1::JoinJobResponse> WorkerAttempt::Join(int rank, const std::str
   rank_tokens_[rank] =
       absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(secret), sizeof(secret)));
   ranks_[rank] = RankState::kJoined;
+  last_heard_[rank] = absl::Now();
   (void)host;
   cv_.notify_all();
   v1::JoinJobResponse response = join_;
@@ -280,7 +282,16 @@ absl::Status WorkerAttempt::Report(int rank, const v1::WorkerReport& report) {
     if (absl::Status s = CheckRankLocked(rank); !s.ok()) return s;
     if (ended_) return absl::AbortedError("the attempt has ended");
     RankState& state = ranks_[rank];
+    if (state == RankState::kJoined || state == RankState::kReporting) {
+      last_heard_[rank] = absl::Now();
+    }
     switch (report.report_case()) {
+      case v1::WorkerReport::kKeepAlive:
+        if (state != RankState::kReporting) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("rank ", rank, " sent a keep-alive before its hello"));
+        }
+        return absl::OkStatus();
       case v1::WorkerReport::kHello:
         if (state != RankState::kJoined) {
           return absl::FailedPreconditionError(
@@ -407,7 +418,7 @@ bool WorkerAttempt::WaitForChange(absl::Duration timeout) {
 
 WorkerAttempt::Snapshot WorkerAttempt::State() {
   std::lock_guard<std::mutex> lock(mu_);
-  return {ranks_, failure_, ended_};
+  return {ranks_, last_heard_, failure_, ended_};
 }
 
 WorkerRegistry::WorkerRegistry(std::string key, WorkerLimits limits)

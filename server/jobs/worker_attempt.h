@@ -1,8 +1,10 @@
 // One attempt of a job of several workers (kiln-worker processes), as kilnd's Workers service
-// and the runner of the job (worker_job_runner.h) share it: which ranks have joined, the
-// attempt's rendezvous keys, the commands waiting for rank 0, and how each rank ended. The
-// service calls in with what workers send; the runner watches the state and decides.
-// WorkerRegistry finds an attempt by job and checks the job's worker token. No gRPC here.
+// and the runner of the job (worker_job_runner.h) share it: which ranks have joined (each with
+// its rank token) and when each was last heard from, the attempt's rendezvous keys and waits
+// (within WorkerLimits), the commands waiting for rank 0, the checkpoint being handed over, and
+// how each rank ended. The service calls in with what workers send; the runner watches the
+// state and decides. WorkerRegistry finds an attempt by job and checks the job's worker token.
+// No gRPC here.
 #pragma once
 
 #include <condition_variable>
@@ -117,8 +119,8 @@ class WorkerAttempt {
   // Drops wait `id` (its call timed out or went away) and frees its place; the attempt does not
   // call its `ready` once this returns, unless it was running it already.
   void CancelKeyWait(int64_t id);
-  // A report arrived from `rank`: hello, step, epoch, done or failed. An error (a report out of
-  // order, a failing hook) fails the attempt and is answered to the worker.
+  // A report arrived from `rank`: hello, step, epoch, keep-alive, done or failed. An error (a
+  // report out of order, a failing hook) fails the attempt and is answered to the worker.
   absl::Status Report(int rank, const v1::WorkerReport& report);
   // The report stream of `rank` ended (a worker that ends it before done or failed has died).
   void StreamEnded(int rank);
@@ -142,6 +144,8 @@ class WorkerAttempt {
 
   struct Snapshot {
     std::vector<RankState> ranks;
+    // By rank: when the rank last joined or reported (anything, a keep-alive too).
+    std::vector<absl::Time> last_heard;
     absl::Status failure;  // OK unless some rank failed or Fail was called
     bool ended = false;
   };
@@ -170,6 +174,7 @@ class WorkerAttempt {
   std::condition_variable cv_;
   std::vector<RankState> ranks_;
   std::vector<std::string> rank_tokens_;  // by rank; empty until it joins
+  std::vector<absl::Time> last_heard_;    // by rank (Snapshot::last_heard)
   bool checkpoint_open_ = false;          // a hand-over between Begin and EndCheckpoint
   std::map<std::string, std::string> keys_;
   int64_t key_bytes_ = 0;  // of keys_, keys and values, taken from shared_budget_

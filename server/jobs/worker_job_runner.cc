@@ -438,6 +438,21 @@ void WorkerJobRunner::StopWorkers() {
   }
 }
 
+absl::Status WorkerJobRunner::CheckHeartbeats(const WorkerAttempt::Snapshot& state,
+                                              absl::Time now) const {
+  std::vector<int> silent;
+  for (int r = 0; r < static_cast<int>(state.ranks.size()); ++r) {
+    const bool training =
+        state.ranks[r] == RankState::kJoined || state.ranks[r] == RankState::kReporting;
+    if (training && now - state.last_heard[r] > options_.heartbeat_timeout) silent.push_back(r);
+  }
+  if (silent.empty()) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker rank", silent.size() > 1 ? "s " : " ", absl::StrJoin(silent, ", "),
+      " sent no report and no keep-alive for ", absl::FormatDuration(options_.heartbeat_timeout),
+      " (--worker_heartbeat_timeout): taken for hung or gone"));
+}
+
 absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
   const absl::Time join_deadline =
       absl::Now() + (external ? options_.external_join_timeout : options_.join_timeout);
@@ -452,6 +467,7 @@ absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
     }
     KILN_RETURN_IF_ERROR(ReapExited(state));
     const absl::Time now = absl::Now();
+    KILN_RETURN_IF_ERROR(CheckHeartbeats(state, now));
     std::vector<int> missing;
     for (int r = 0; r < static_cast<int>(state.ranks.size()); ++r) {
       if (state.ranks[r] == RankState::kWaiting) missing.push_back(r);
@@ -532,6 +548,9 @@ absl::Status WorkerJobRunner::Run() {
     *join.mutable_resume_from() = shown;
   }
   join.set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
+  // Four chances to be heard within the timeout.
+  join.set_keep_alive_interval_ms(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_timeout / 4)));
   join.set_step_delay_ms(absl::ToInt64Milliseconds(options_.step_delay));
   join.set_dataset(spec.dataset());
   {

@@ -1,10 +1,12 @@
 // One attempt of a job of several workers: kilnd coordinates, the kiln-worker processes train.
 // It picks the checkpoint to start from, opens the attempt to its workers (WorkerRegistry),
 // starts them on this machine unless the job's workers come from elsewhere, turns their reports
-// into the job's events (rank 0's steps and epochs are the job's; every rank's throughput and
-// allreduce time go to the observers), records the checkpoints rank 0 hands over, passes on
-// cancel, shutdown and "checkpoint now", and ends the attempt at the first failure of any rank:
-// the other workers are stopped (SIGTERM, then SIGKILL), never left to hang.
+// into the job's events once they check out against the job's plan (worker_reports.h; rank 0's
+// steps and epochs are the job's, every rank's throughput and allreduce time go to the
+// observers), records the checkpoints rank 0 hands over when the run would write them and they
+// are the job's model's, passes on cancel, shutdown and "checkpoint now", and ends the attempt
+// at the first failure of any rank, or its silence past the heartbeat: the other workers are
+// stopped (SIGTERM, then SIGKILL), never left to hang.
 #pragma once
 
 #include <sys/types.h>
@@ -46,6 +48,8 @@ struct WorkerRunnerOptions {
   absl::Duration external_join_timeout = absl::Minutes(10);
   // How long a collective waits for a peer (JoinJobResponse.collective_timeout_ms).
   absl::Duration collective_timeout = absl::Seconds(60);
+  // A rank that joined and sends no report and no keep-alive for this long fails the attempt.
+  absl::Duration heartbeat_timeout = absl::Minutes(1);
   // After cancel or shutdown is passed on: how long the workers get to checkpoint and stop.
   absl::Duration stop_grace = absl::Seconds(60);
   // CPU threads the job's local workers share (each takes its part); 0: the machine's cores.
@@ -98,6 +102,9 @@ class WorkerJobRunner {
   // A local worker that exited, as a failure naming it (OK while all run or exited cleanly).
   absl::Status ReapExited(const WorkerAttempt::Snapshot& state);
   void StopWorkers();
+  // DeadlineExceeded naming the ranks that joined and were not heard from for the heartbeat
+  // timeout.
+  absl::Status CheckHeartbeats(const WorkerAttempt::Snapshot& state, absl::Time now) const;
   // Waits for the attempt to end as the ranks and the slot's flags say.
   absl::Status Supervise(WorkerAttempt& attempt, bool external);
 

@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<ReportStream>> ReportStream::Open(CoordinatorConn
 }
 
 ReportStream::~ReportStream() {
+  StopKeepAlive();
   StopWatchdog();
   if (reader_.joinable()) {
     context_->TryCancel();
@@ -87,6 +88,38 @@ void ReportStream::StopWatchdog() {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
+void ReportStream::StartKeepAlive(absl::Duration every) {
+  if (every <= absl::ZeroDuration() || keep_alive_.joinable()) return;
+  keep_alive_ = std::thread([this, every] { SendKeepAlives(every); });
+}
+
+void ReportStream::SendKeepAlives(absl::Duration every) {
+  v1::WorkerReport keep_alive;
+  keep_alive.mutable_keep_alive();
+  std::unique_lock<std::mutex> lock(keep_alive_mu_);
+  while (!keep_alive_cv_.wait_for(lock, absl::ToChronoMilliseconds(every / 2),
+                                  [&] { return keep_alive_stop_; })) {
+    {
+      std::lock_guard<std::mutex> write_lock(write_mu_);
+      if (closed_ || broken_.load()) return;
+      if (absl::Now() - last_sent_ < every) continue;
+    }
+    // A failed send breaks the stream; the training thread hears of it at its next report.
+    lock.unlock();  // StopKeepAlive must not wait behind a slow write
+    Send(keep_alive).IgnoreError();
+    lock.lock();
+  }
+}
+
+void ReportStream::StopKeepAlive() {
+  {
+    std::lock_guard<std::mutex> lock(keep_alive_mu_);
+    keep_alive_stop_ = true;
+  }
+  keep_alive_cv_.notify_all();
+  if (keep_alive_.joinable()) keep_alive_.join();
+}
+
 void ReportStream::ReadCommands() {
   v1::WorkerCommand command;
   while (stream_->Read(&command)) {
@@ -122,10 +155,12 @@ absl::Status ReportStream::Send(const v1::WorkerReport& report) {
   if (broken_.load() || !Watched([&] { return stream_->Write(report); })) {
     return absl::UnavailableError("the Report stream to kilnd broke (kilnd went away?)");
   }
+  last_sent_ = absl::Now();
   return absl::OkStatus();
 }
 
 absl::Status ReportStream::Close(const v1::WorkerReport& last, absl::Duration timeout) {
+  StopKeepAlive();
   bool sent = false;
   {
     std::lock_guard<std::mutex> lock(write_mu_);

@@ -39,6 +39,10 @@ class ReportStream {
   ReportStream(const ReportStream&) = delete;
   ReportStream& operator=(const ReportStream&) = delete;
 
+  // From now until Close, sends a keep-alive whenever no other report went out for `every`
+  // (JoinJobResponse.keep_alive_interval_ms), so that kilnd hears from the worker while it
+  // loads, meets its peers, or takes a long step. Call at most once.
+  void StartKeepAlive(absl::Duration every);
   // Thread-safe. Unavailable once the stream is broken (kilnd went away or ended it).
   absl::Status Send(const v1::WorkerReport& report);
   // Sends done{} or failed{...} (`last`), half-closes and waits (at most `timeout`) for kilnd to
@@ -61,12 +65,15 @@ class ReportStream {
   bool Watched(const std::function<bool()>& write);
   void WatchWrites();
   void StopWatchdog();
+  void SendKeepAlives(absl::Duration every);
+  void StopKeepAlive();
 
   CoordinatorConnection* connection_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerReport, v1::WorkerCommand>> stream_;
-  std::mutex write_mu_;  // one writer at a time; guards closed_
+  std::mutex write_mu_;  // one writer at a time; guards closed_ and last_sent_
   bool closed_ = false;
+  absl::Time last_sent_ = absl::Now();
   ReceivedCommands commands_;
   std::atomic<bool> broken_{false};
   std::atomic<bool> reader_done_{false};
@@ -79,6 +86,11 @@ class ReportStream {
   absl::Time write_since_ = absl::InfiniteFuture();  // when the write in flight began
   bool watch_stop_ = false;
   std::thread watchdog_;
+
+  std::mutex keep_alive_mu_;  // guards keep_alive_stop_
+  std::condition_variable keep_alive_cv_;
+  bool keep_alive_stop_ = false;
+  std::thread keep_alive_;
 };
 
 }  // namespace kiln::worker

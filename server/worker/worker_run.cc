@@ -411,6 +411,7 @@ absl::Status RunWorker(const WorkerFlags& flags, const std::atomic<bool>& termin
   absl::StatusOr<std::unique_ptr<ReportStream>> report =
       ReportStream::Open(connection->get(), flags.job, flags.rank, joined.rank_token());
   KILN_RETURN_IF_ERROR(WithContext(report.status(), rank_name));
+  (*report)->StartKeepAlive(absl::Milliseconds(joined.keep_alive_interval_ms()));
 
   RankRun run(flags, terminate, connection->get(), report->get(), joined);
   absl::Status trained = run.Train();

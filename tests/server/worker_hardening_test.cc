@@ -30,6 +30,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/v1/worker.grpc.pb.h"
+#include "server/datasets/dataset_catalog.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/job_store.h"
+#include "server/jobs/metric_broadcaster.h"
 #include "server/jobs/spec_translation.h"
 #include "server/jobs/worker_attempt.h"
 #include "server_test_support.h"
@@ -357,6 +361,95 @@ TEST_F(HostileWorkerTest, AStepNumberedInt64MinNeitherBricksTheStoreNorKilnd) {
   ASSERT_EQ(kilnd_->Stop(SIGTERM, absl::Seconds(60)), 0);
   ASSERT_NO_FATAL_FAILURE(StartKilnd({"--max_step_events_per_job=100"}));
   EXPECT_EQ(testing::GetJob(*training_, job).state(), v1::JOB_STATE_FAILED);
+}
+
+// Workers that join and never report kept a job RUNNING, and its device busy, for ever.
+TEST(SilentWorkerTest, ARankThatSendsNothingFailsTheAttemptNamingIt) {
+  const std::string root = testing::MakeTempDir("silent-worker");
+  fs::create_directories(root + "/state");
+  testing::WriteToyDataset(root + "/data/toy", 256, 64);
+  {
+    auto store = JobStore::Open(root + "/state/kiln.db");
+    ASSERT_OK(store);
+    MetricBroadcaster broadcaster(16);
+    DatasetCatalog catalog(root + "/data", int64_t{1} << 30);
+    WorkerRegistry registry(std::string(32, 'k'));
+    JobManagerOptions options;
+    options.state_dir = root + "/state";
+    options.workers.registry = &registry;
+    options.workers.worker_binary = "/bin/false";
+    options.workers.state_dir = options.state_dir;
+    options.workers.heartbeat_timeout = absl::Milliseconds(500);
+    JobManager manager(store->get(), &broadcaster, &catalog, options);
+    ASSERT_OK(manager.Recover());
+    v1::JobSpec spec = testing::SmallSpec("toy", 1);
+    spec.set_workers(2);
+    spec.set_external_workers(true);
+    absl::StatusOr<v1::Job> job = manager.Submit(spec);
+    ASSERT_OK(job);
+    std::shared_ptr<WorkerAttempt> attempt;
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          absl::StatusOr<std::shared_ptr<WorkerAttempt>> found =
+              registry.Find(job->id(), registry.TokenFor(job->id()));
+          if (found.ok()) attempt = *found;
+          return found.ok();
+        },
+        kWait));
+    // Rank 1 reports a step now and then; rank 0 joins, says hello, and is never heard again.
+    absl::StatusOr<v1::JoinJobResponse> zero = attempt->Join(0, "a");
+    absl::StatusOr<v1::JoinJobResponse> one = attempt->Join(1, "b");
+    ASSERT_OK(zero);
+    ASSERT_OK(one);
+    v1::WorkerReport hello;
+    hello.mutable_hello()->set_job_id(job->id());
+    ASSERT_OK(attempt->Report(0, hello));
+    ASSERT_OK(attempt->Report(1, hello));
+    EXPECT_GT(zero->keep_alive_interval_ms(), 0);
+    EXPECT_LT(zero->keep_alive_interval_ms(), 500);
+    v1::WorkerReport keep_alive;
+    keep_alive.mutable_keep_alive();
+    v1::Job seen;
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          attempt->Report(1, keep_alive).IgnoreError();
+          seen = *manager.Get(job->id());
+          return seen.state() == v1::JOB_STATE_FAILED;
+        },
+        absl::Seconds(20)));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    EXPECT_THAT(seen.reason(), HasSubstr("worker rank 0 sent no report"));
+    EXPECT_THAT(seen.reason(), HasSubstr("--worker_heartbeat_timeout"));
+    EXPECT_THAT(seen.reason(), ::testing::Not(HasSubstr("rank 1")));
+  }
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
+// An honest worker whose steps are slower than the heartbeat keeps its attempt alive with
+// keep-alives.
+TEST_F(HostileWorkerTest, ASlowWorkerStaysAliveWithKeepAlives) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd({"--worker_heartbeat_timeout=1s", "--step_delay=1500ms"}));
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  spec.set_workers(2);
+  const std::string id = testing::SubmitJob(*training_, spec);
+  const v1::Job job = WaitForEnd(id, absl::Seconds(120));
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+}
+
+TEST(WorkerLimitFlagsTest, LimitsBelowOneStopKilndAtStartNamingTheFlag) {
+  const std::string root = testing::MakeTempDir("worker-limit-flags");
+  for (const char* flag : {"--max_rendezvous_waiters_per_job=0", "--max_rendezvous_bytes_per_job=0",
+                           "--max_rendezvous_bytes=0", "--worker_heartbeat_timeout=0s"}) {
+    SCOPED_TRACE(flag);
+    testing::KilndProcess kilnd(root + "/state", root + "/data", {flag});
+    EXPECT_FALSE(kilnd.Start());
+    const std::string name = std::string(flag).substr(0, std::string(flag).find('='));
+    EXPECT_THAT(kilnd.Stderr(), HasSubstr(name + ": must be at least"));
+  }
+  std::error_code ec;
+  fs::remove_all(root, ec);
 }
 
 // Threads of process `pid` now (/proc/PID/status).
