@@ -1,8 +1,10 @@
 // One attempt of a job of several workers (kiln-worker processes), as kilnd's Workers service
-// and the runner of the job (worker_job_runner.h) share it: which ranks have joined, the
-// attempt's rendezvous keys, the commands waiting for rank 0, and how each rank ended. The
-// service calls in with what workers send; the runner watches the state and decides.
-// WorkerRegistry finds an attempt by job and checks the job's worker token. No gRPC here.
+// and the runner of the job (worker_job_runner.h) share it: which ranks have joined (each with
+// its rank token) and when each was last heard from, the attempt's rendezvous keys and waits
+// (within WorkerLimits), the commands waiting for rank 0, the checkpoint being handed over, and
+// how each rank ended. The service calls in with what workers send; the runner watches the
+// state and decides. WorkerRegistry finds an attempt by job and checks the job's worker token.
+// No gRPC here.
 #pragma once
 
 #include <condition_variable>

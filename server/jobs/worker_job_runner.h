@@ -1,10 +1,12 @@
 // One attempt of a job of several workers: kilnd coordinates, the kiln-worker processes train.
 // It picks the checkpoint to start from, opens the attempt to its workers (WorkerRegistry),
 // starts them on this machine unless the job's workers come from elsewhere, turns their reports
-// into the job's events (rank 0's steps and epochs are the job's; every rank's throughput and
-// allreduce time go to the observers), records the checkpoints rank 0 hands over, passes on
-// cancel, shutdown and "checkpoint now", and ends the attempt at the first failure of any rank:
-// the other workers are stopped (SIGTERM, then SIGKILL), never left to hang.
+// into the job's events once they check out against the job's plan (worker_reports.h; rank 0's
+// steps and epochs are the job's, every rank's throughput and allreduce time go to the
+// observers), records the checkpoints rank 0 hands over when the run would write them and they
+// are the job's model's, passes on cancel, shutdown and "checkpoint now", and ends the attempt
+// at the first failure of any rank, or its silence past the heartbeat: the other workers are
+// stopped (SIGTERM, then SIGKILL), never left to hang.
 #pragma once
 
 #include <sys/types.h>
