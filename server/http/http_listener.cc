@@ -106,22 +106,32 @@ void HttpListener::Run() {
     Clock::time_point now = Clock::now();
     for (int i = 0; i < n && !stopping_; ++i) {
       void* tag = events[i].data.ptr;
-      if (tag == &listen_tag) {
-        AcceptAll(now);
-      } else if (tag == &wake_tag) {
-        uint64_t count;
-        while (read(wake_fd_, &count, sizeof(count)) > 0) {
+      // Nothing thrown (an allocation that fails) may end the listener: the connection it came
+      // from is closed instead.
+      try {
+        if (tag == &listen_tag) {
+          AcceptAll(now);
+        } else if (tag == &wake_tag) {
+          uint64_t count;
+          while (read(wake_fd_, &count, sizeof(count)) > 0) {
+          }
+          TakeReturned(now);
+        } else {
+          // An event of a connection closed earlier in this round finds nothing.
+          auto it = waiting_.find(static_cast<Connection*>(tag));
+          if (it != waiting_.end()) Advance(*it->second, now);
         }
-        TakeReturned(now);
-      } else {
-        // An event of a connection closed earlier in this round finds nothing.
-        auto it = waiting_.find(static_cast<Connection*>(tag));
-        if (it != waiting_.end()) Advance(*it->second, now);
+      } catch (...) {
+        if (tag != &listen_tag && tag != &wake_tag) Close(static_cast<Connection*>(tag));
       }
     }
     now = Clock::now();
     if (now - last_sweep >= kSweepInterval) {
-      Sweep(now);
+      try {
+        Sweep(now);
+      } catch (...) {
+        // Tried again at the next sweep.
+      }
       last_sweep = now;
     }
   }
