@@ -352,6 +352,79 @@ void PrintBaselines(const std::string& checkpoint, kiln::Backend* backend,
   }
 }
 
+// Trains `model` on `train` for `epochs` and writes it to `*checkpoint` (a temporary folder,
+// returned in `*dir`, when none is named): the served model when no checkpoint file exists.
+absl::Status TrainCheckpoint(const std::string& model, int epochs, bool real,
+                             const kiln::Dataset& train, const kiln::Dataset& test,
+                             std::string* checkpoint, std::string* dir) {
+  kiln::TrainConfig config = model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
+  // A served MLP worth querying after one epoch: 10x the reference SGD rate.
+  if (model == "mlp") config.optimizer.lr = 0.01f;
+  config.epochs = epochs;
+  auto backend = kiln::CreateBackend("cpu");
+  if (!backend.ok()) return backend.status();
+  auto trainer = kiln::Trainer::Create(config, backend->get(), &train, &test);
+  if (!trainer.ok() || !(*trainer)->Run({}).ok()) return absl::InternalError("training failed");
+  auto eval = (*trainer)->Evaluate(test);
+  if (checkpoint->empty()) {
+    *dir = (std::filesystem::temp_directory_path() /
+            ("kiln_bench_serve_" + std::to_string(::getpid())))
+               .string();
+    std::filesystem::create_directories(*dir);
+    *checkpoint = *dir + "/model.safetensors";
+  }
+  if (!(*trainer)->SaveCheckpoint(*checkpoint).ok()) {
+    return absl::InternalError("cannot write " + *checkpoint);
+  }
+  std::printf("# trained %s for %d epoch(s) on %s MNIST: test accuracy %.2f%%\n", model.c_str(),
+              epochs, real ? "real" : "synthetic", eval.ok() ? 100.0 * eval->accuracy : 0.0);
+  return absl::OkStatus();
+}
+
+// Loads the checkpoint as the models "off" (no batching) and "on" (batching as `on`).
+absl::Status LoadModels(kiln::serving::ModelRepository& repo, const std::string& checkpoint,
+                        const std::string& device, int threads,
+                        const kiln::serving::BatchingOptions& off,
+                        const kiln::serving::BatchingOptions& on) {
+  for (const std::string name : {"off", "on"}) {
+    kiln::serving::LoadRequest load;
+    load.model = name;
+    load.source = checkpoint;
+    load.options.device = device;
+    load.options.threads = threads;
+    load.options.batching = name == "off" ? off : on;
+    if (auto loaded = repo.Load(load); !loaded.ok()) return loaded.status();
+  }
+  return absl::OkStatus();
+}
+
+// KServe v2 REST onto `service` on a loopback port of kilnd's HTTP listener.
+absl::StatusOr<std::unique_ptr<kiln::http::HttpServer>> StartRest(
+    kiln::serving::InferenceService* service, int* port) {
+  kiln::http::HttpServerOptions options;
+  options.listen = "127.0.0.1:0";
+  auto http = std::make_unique<kiln::http::HttpServer>(std::move(options));
+  kiln::serving::AddKServeRoutes(service, http.get());
+  absl::StatusOr<int> bound = http->Start();
+  if (!bound.ok()) return bound.status();
+  *port = *bound;
+  return http;
+}
+
+// Prints one run's row of the results table.
+void PrintRow(const Scenario& s, const Result& r) {
+  const std::string opts =
+      "max_batch=" + std::to_string(s.batching.max_batch_size) +
+      (s.batching.max_batch_size > 1 ? " delay=" + std::to_string(s.batching.max_queue_delay_us)
+                                     : "");
+  std::printf("%-9s %-22s %8d %10lld %12.0f %10.1f %10.1f %10.2f %12.1f%s\n", s.name.c_str(),
+              opts.c_str(), s.clients, static_cast<long long>(r.requests), r.requests / r.seconds,
+              r.p50_us, r.p99_us, r.mean_batch,
+              r.requests > 0 ? 1e6 * r.cpu_seconds / r.requests : 0.0,
+              r.errors ? (" errors=" + std::to_string(r.errors)).c_str() : "");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -394,36 +467,11 @@ int main(int argc, char** argv) {
   kiln::Dataset test = real ? splits->test : SyntheticDigits(1000, 2);
   std::string dir;
   if (checkpoint.empty() || !std::filesystem::exists(checkpoint)) {
-    kiln::TrainConfig config =
-        model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
-    // A served MLP worth querying after one epoch: 10x the reference SGD rate.
-    if (model == "mlp") config.optimizer.lr = 0.01f;
-    config.epochs = epochs;
-    auto backend = kiln::CreateBackend("cpu");
-    if (!backend.ok()) {
-      std::fprintf(stderr, "kiln-bench-serve: %s\n",
-                   std::string(backend.status().message()).c_str());
+    if (absl::Status trained = TrainCheckpoint(model, epochs, real, train, test, &checkpoint, &dir);
+        !trained.ok()) {
+      std::fprintf(stderr, "kiln-bench-serve: %s\n", std::string(trained.message()).c_str());
       return 1;
     }
-    auto trainer = kiln::Trainer::Create(config, backend->get(), &train, &test);
-    if (!trainer.ok() || !(*trainer)->Run({}).ok()) {
-      std::fprintf(stderr, "kiln-bench-serve: training failed\n");
-      return 1;
-    }
-    auto eval = (*trainer)->Evaluate(test);
-    if (checkpoint.empty()) {
-      dir = (std::filesystem::temp_directory_path() /
-             ("kiln_bench_serve_" + std::to_string(::getpid())))
-                .string();
-      std::filesystem::create_directories(dir);
-      checkpoint = dir + "/model.safetensors";
-    }
-    if (!(*trainer)->SaveCheckpoint(checkpoint).ok()) {
-      std::fprintf(stderr, "kiln-bench-serve: cannot write %s\n", checkpoint.c_str());
-      return 1;
-    }
-    std::printf("# trained %s for %d epoch(s) on %s MNIST: test accuracy %.2f%%\n", model.c_str(),
-                epochs, real ? "real" : "synthetic", eval.ok() ? 100.0 * eval->accuracy : 0.0);
   }
 
   const std::vector<Scenario> scenarios = {
@@ -433,20 +481,11 @@ int main(int argc, char** argv) {
       {"on", {max_batch, delay_us}, clients},
   };
   kiln::serving::ModelRepository repo;
-  for (const std::string name : {"off", "on"}) {
-    kiln::serving::LoadRequest load;
-    load.model = name;
-    load.source = checkpoint;
-    load.options.device = device;
-    load.options.threads = threads;
-    load.options.batching =
-        name == std::string("off") ? scenarios[0].batching : scenarios[2].batching;
-    auto loaded = repo.Load(load);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "kiln-bench-serve: %s\n",
-                   std::string(loaded.status().message()).c_str());
-      return 1;
-    }
+  if (absl::Status loaded = LoadModels(repo, checkpoint, device, threads, scenarios[0].batching,
+                                       scenarios[2].batching);
+      !loaded.ok()) {
+    std::fprintf(stderr, "kiln-bench-serve: %s\n", std::string(loaded.message()).c_str());
+    return 1;
   }
   kiln::serving::InferenceService service(&repo);
   int port = 0;
@@ -466,16 +505,13 @@ int main(int argc, char** argv) {
   if (protocol == "rest") {
     client_kind = ClientKind::kRest;
     client = "rest";
-    kiln::http::HttpServerOptions options;
-    options.listen = "127.0.0.1:0";
-    http = std::make_unique<kiln::http::HttpServer>(std::move(options));
-    kiln::serving::AddKServeRoutes(&service, http.get());
-    absl::StatusOr<int> bound = http->Start();
-    if (!bound.ok()) {
-      std::fprintf(stderr, "kiln-bench-serve: %s\n", std::string(bound.status().message()).c_str());
+    auto started = StartRest(&service, &rest_port);
+    if (!started.ok()) {
+      std::fprintf(stderr, "kiln-bench-serve: %s\n",
+                   std::string(started.status().message()).c_str());
       return 1;
     }
-    rest_port = *bound;
+    http = *std::move(started);
   }
   std::printf(
       "# kiln-bench-serve model=%s device=%s threads=%d input=%s client=%s seconds=%.1f cores=%u\n",
@@ -492,18 +528,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const Scenario& s = scenarios[i];
     if (runs.find(run_names[i]) == std::string::npos) continue;
-    Result& r = results[i] =
-        RunScenario(s, port, rest_port, test, seconds, form, client_kind, repo);
-    const std::string opts =
-        "max_batch=" + std::to_string(s.batching.max_batch_size) +
-        (s.batching.max_batch_size > 1 ? " delay=" + std::to_string(s.batching.max_queue_delay_us)
-                                       : "");
-    std::printf("%-9s %-22s %8d %10lld %12.0f %10.1f %10.1f %10.2f %12.1f%s\n", s.name.c_str(),
-                opts.c_str(), s.clients, static_cast<long long>(r.requests), r.requests / r.seconds,
-                r.p50_us, r.p99_us, r.mean_batch,
-                r.requests > 0 ? 1e6 * r.cpu_seconds / r.requests : 0.0,
-                r.errors ? (" errors=" + std::to_string(r.errors)).c_str() : "");
-    std::fflush(stdout);
+    results[i] = RunScenario(s, port, rest_port, test, seconds, form, client_kind, repo);
+    PrintRow(s, results[i]);
   }
   auto rate = [](const Result& r) { return r.seconds > 0 ? r.requests / r.seconds : 0.0; };
   const double speedup = rate(results[1]) > 0 ? rate(results[3]) / rate(results[1]) : 0.0;
