@@ -481,50 +481,47 @@ absl::Status JobStore::AppendEvent(const std::string& job_id, const v1::JobEvent
   return status;
 }
 
-absl::Status JobStore::StepAppendedLocked(const std::string& job_id) {
-  auto it = step_counts_.find(job_id);
-  if (it != step_counts_.end()) {
+absl::StatusOr<int64_t*> JobStore::CountAppendedLocked(std::map<std::string, int64_t>& counts,
+                                                       const char* table,
+                                                       const std::string& job_id) {
+  auto it = counts.find(job_id);
+  if (it != counts.end()) {
     ++it->second;
-  } else {
-    Statement s(db_, "SELECT COUNT(*) FROM step_metrics WHERE job_id = ?");
-    KILN_RETURN_IF_ERROR(s.status());
-    s.Bind(1, job_id);
-    absl::Status status;
-    const int64_t count = s.Step(&status) ? s.Int(0) : 0;
-    KILN_RETURN_IF_ERROR(status);
-    it = step_counts_.emplace(job_id, count).first;
+    return &it->second;
   }
-  if (it->second <= options_.max_step_events_per_job) return absl::OkStatus();
+  // Not cached yet: the row just appended is in the count.
+  Statement s(db_, absl::StrCat("SELECT COUNT(*) FROM ", table, " WHERE job_id = ?").c_str());
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  absl::Status status;
+  const int64_t count = s.Step(&status) ? s.Int(0) : 0;
+  KILN_RETURN_IF_ERROR(status);
+  return &counts.emplace(job_id, count).first->second;
+}
+
+absl::Status JobStore::StepAppendedLocked(const std::string& job_id) {
+  KILN_ASSIGN_OR_RETURN(int64_t * count, CountAppendedLocked(step_counts_, "step_metrics", job_id));
+  if (*count <= options_.max_step_events_per_job) return absl::OkStatus();
   // Its own transaction unless the step came inside one (PutJob).
   const bool own_transaction = sqlite3_get_autocommit(db_) != 0;
   if (own_transaction) KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  absl::StatusOr<int64_t> kept = ThinStepsLocked(job_id, it->second);
+  absl::StatusOr<int64_t> kept = ThinStepsLocked(job_id, *count);
   absl::Status status = kept.status();
   if (status.ok() && own_transaction) status = Exec("COMMIT");
   if (!status.ok()) {
     if (own_transaction) Exec("ROLLBACK").IgnoreError();
     return status;
   }
-  it->second = *kept;
+  *count = *kept;
   return absl::OkStatus();
 }
 
 absl::Status JobStore::EpochAppendedLocked(const std::string& job_id) {
-  auto it = epoch_counts_.find(job_id);
-  if (it != epoch_counts_.end()) {
-    ++it->second;
-  } else {
-    Statement s(db_, "SELECT COUNT(*) FROM epoch_metrics WHERE job_id = ?");
-    KILN_RETURN_IF_ERROR(s.status());
-    s.Bind(1, job_id);
-    absl::Status status;
-    const int64_t count = s.Step(&status) ? s.Int(0) : 0;
-    KILN_RETURN_IF_ERROR(status);
-    it = epoch_counts_.emplace(job_id, count).first;
-  }
-  if (it->second <= options_.max_epoch_events_per_job) return absl::OkStatus();
-  KILN_RETURN_IF_ERROR(DropOldestEpochsLocked(job_id, it->second));
-  it->second = options_.max_epoch_events_per_job;
+  KILN_ASSIGN_OR_RETURN(int64_t * count,
+                        CountAppendedLocked(epoch_counts_, "epoch_metrics", job_id));
+  if (*count <= options_.max_epoch_events_per_job) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(DropOldestEpochsLocked(job_id, *count));
+  *count = options_.max_epoch_events_per_job;
   return absl::OkStatus();
 }
 

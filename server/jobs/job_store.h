@@ -126,6 +126,10 @@ class JobStore {
   absl::Status PutJobLocked(const v1::Job& job);
   // Counts the step just appended and thins the job's steps when over the bound.
   absl::Status StepAppendedLocked(const std::string& job_id);
+  // The job's rows in `table` (step_metrics, epoch_metrics) after one more was appended: cached
+  // in `counts`, counted in the table the first time.
+  absl::StatusOr<int64_t*> CountAppendedLocked(std::map<std::string, int64_t>& counts,
+                                               const char* table, const std::string& job_id);
   // Counts the epoch just appended and drops the job's oldest over the bound.
   absl::Status EpochAppendedLocked(const std::string& job_id);
   absl::Status DropOldestEpochsLocked(const std::string& job_id, int64_t count);
