@@ -48,6 +48,10 @@ absl::StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::FromCheckpoi
 }
 
 absl::Status InferenceSession::Allocate() {
+  // Once per session: every FP32 request's range check uses it.
+  KILN_ASSIGN_OR_RETURN(
+      f32_fold_,
+      FoldPixelNorm(norm_, input_elems(), norm_.input == NormInput::kPixels ? 255.0f : 1.0f));
   Shape xs = input_shape();
   xs.insert(xs.begin(), max_batch_);
   KILN_ASSIGN_OR_RETURN(u8_, backend_->Allocate(DType::kU8, xs));
@@ -80,9 +84,7 @@ absl::Status InferenceSession::PredictF32(const float* pixels01, int batch, floa
   const int64_t n = static_cast<int64_t>(std::max(batch, 0)) * elems;
   // The model sees a * x + b per channel (Predict's normalisation); a finite x that this takes
   // past float32's range is the request's fault, said here rather than as a broken answer.
-  KILN_ASSIGN_OR_RETURN(
-      const FoldedNorm fold,
-      FoldPixelNorm(norm_, elems, norm_.input == NormInput::kPixels ? 255.0f : 1.0f));
+  const FoldedNorm& fold = f32_fold_;
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(pixels01[i])) {
       return absl::InvalidArgumentError(absl::StrCat("input element ", i, " is not finite"));

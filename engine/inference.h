@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/pixel_norm.h"
 
 namespace kiln {
 
@@ -59,6 +60,7 @@ class InferenceSession {
   int max_batch_;
   bool outputs_probabilities_ = false;  // the model ends in a softmax layer
   bool weights_finite_ = true;          // every parameter as loaded is finite
+  FoldedNorm f32_fold_;  // norm_ for FP32 inputs (x / 255 for pixels), as PredictF32 checks it
   // Device buffers for max_batch samples: raw uint8 and float inputs as they arrive, the
   // identity index GatherNormalize reads them through, the normalised model input, the outputs.
   Tensor u8_, f32_, index_, x_, probs_, classes_;
