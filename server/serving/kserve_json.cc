@@ -26,14 +26,9 @@ absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError
 // replaced rather than thrown on.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// Parses `text` as one JSON value, its nesting bounded before a tree is built.
-absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
-  return ParseJsonWithin(text, what);
-}
-
 absl::StatusOr<json> ParseObject(absl::string_view text, absl::string_view what) {
   if (text.find_first_not_of(" \t\r\n") == absl::string_view::npos) return json::object();
-  KILN_ASSIGN_OR_RETURN(json value, ParseJson(text, what));
+  KILN_ASSIGN_OR_RETURN(json value, ParseJsonWithin(text, what));
   if (!value.is_object()) return Invalid(absl::StrCat(what, " must be a JSON object"));
   return value;
 }
@@ -263,7 +258,7 @@ absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
     head = body.substr(0, *json_size);
     binary = body.substr(*json_size);
   }
-  KILN_ASSIGN_OR_RETURN(json j, ParseJson(head, "the request body"));
+  KILN_ASSIGN_OR_RETURN(json j, ParseJsonWithin(head, "the request body"));
   if (!j.is_object()) return Invalid("the request body must be a JSON object");
   RestInferRequest out;
   inference::ModelInferRequest& r = out.request;
