@@ -147,13 +147,18 @@ absl::Status CheckLimits(const DaemonOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "watch_replay_page_events: must be at least 1, got ", options.watch_replay_page_events));
   }
-  // Each web event stream holds an HTTP thread for its life: at most half of them, so /metrics
-  // and REST inference always have the rest.
+  // Each web event stream or download holds an HTTP thread for its life: at most half of them,
+  // so REST inference and the page always have the rest.
   if (const int most = http::HttpServerOptions{}.threads / 2;
-      options.max_web_event_streams < 1 || options.max_web_event_streams > most) {
+      options.max_web_long_answers < 1 || options.max_web_long_answers > most) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_web_streams: must be in [1, ", most, "] (half the HTTP port's ",
-                     most * 2, " threads), got ", options.max_web_event_streams));
+                     most * 2, " threads), got ", options.max_web_long_answers));
+  }
+  if (options.web_stream_max_duration < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--web_stream_max_duration: must be at least 1s, got ",
+                     absl::FormatDuration(options.web_stream_max_duration)));
   }
   return absl::OkStatus();
 }
@@ -514,7 +519,8 @@ absl::Status Daemon::StartHttp() {
   serving::AddKServeRoutes(inference_.get(), server.get());
   // The web page and its JSON API, behind the same TLS and tokens.
   web::WebApiOptions web_options;
-  web_options.max_event_streams = options_.max_web_event_streams;
+  web_options.max_long_answers = options_.max_web_long_answers;
+  web_options.max_stream_duration = options_.web_stream_max_duration;
   auto web_api = std::make_unique<web::WebApi>(manager_.get(), broadcaster_.get(), models_.get(),
                                                metrics_.get(), jobs_feed_.get(), web_options);
   web_api->AddRoutes(server.get());

@@ -101,9 +101,13 @@ struct DaemonOptions {
   // Host names the HTTP port serves besides IP addresses and localhost, when it asks no token
   // (server/http/request_origin.h).
   std::vector<std::string> http_allowed_hosts;
-  // The web page's live event streams (/api/jobs/{id}/events, /api/events) open at once, each
-  // holding one of the HTTP listener's 16 threads; more are answered 503.
-  int max_web_event_streams = 4;
+  // The web API's long answers open at once: live event streams (/api/jobs/{id}/events,
+  // /api/events) and checkpoint downloads, each holding one of the HTTP listener's 16 threads;
+  // more are answered 503.
+  int max_web_long_answers = 4;
+  // An event stream ends after this with an "end" event (DEADLINE_EXCEEDED) that the page answers
+  // by opening it again: a client that never reads cannot keep a place for longer.
+  absl::Duration web_stream_max_duration = absl::Minutes(5);
   absl::Duration metrics_job_retention = absl::Minutes(10);
   int metrics_max_ended_jobs = 500;  // ended jobs whose series are kept at most
   // Security: TLS from these PEM files (none: plaintext); bearer tokens, one per line, required

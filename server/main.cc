@@ -46,8 +46,10 @@ ABSL_FLAG(int, max_message_bytes, 16 << 20, "largest gRPC message kilnd accepts,
 ABSL_FLAG(int, max_streams, 256,
           "streaming calls (WatchJob, ExportCheckpoint, UploadDataset) open at once");
 ABSL_FLAG(int, max_web_streams, 4,
-          "the web page's live event streams open at once, each holding one of the 16 HTTP "
-          "threads (more are answered 503)");
+          "the web API's live event streams and checkpoint downloads open at once, each holding "
+          "one of the 16 HTTP threads (more are answered 503)");
+ABSL_FLAG(absl::Duration, web_stream_max_duration, absl::Minutes(5),
+          "the longest a web event stream stays open; then it ends and the page opens it again");
 ABSL_FLAG(int, max_health_watches, 256,
           "grpc.health.v1 Watch streams open at once (they need no token, so they have their own "
           "limit)");
@@ -199,7 +201,8 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_streams = absl::GetFlag(FLAGS_max_streams);
-  options.max_web_event_streams = absl::GetFlag(FLAGS_max_web_streams);
+  options.max_web_long_answers = absl::GetFlag(FLAGS_max_web_streams);
+  options.web_stream_max_duration = absl::GetFlag(FLAGS_web_stream_max_duration);
   for (const std::string& host : absl::GetFlag(FLAGS_http_allowed_hosts)) {
     options.http_allowed_hosts.push_back(absl::AsciiStrToLower(host));
   }

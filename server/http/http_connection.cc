@@ -166,6 +166,11 @@ void Connection::WriteWithoutWaiting(const std::string& text) {
 
 void Connection::Shutdown() const { shutdown(fd_, SHUT_RDWR); }
 
+void Connection::ResetOnClose() const {
+  const linger reset{1, 0};
+  setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+}
+
 void Connection::ShutdownWrites() {
   if (ssl_ != nullptr) {
     ERR_clear_error();
@@ -241,17 +246,27 @@ ssize_t ConnectionStream::write(const char* ptr, size_t size) {
     const Connection::Io io = c_.WriteSome(ptr + done, size - done, &written);
     if (io == Connection::Io::kDone) {
       done += written;
+      written_ += static_cast<int64_t>(written);
       progress = Clock::now() + timeouts_.io_timeout;
       continue;
     }
-    Clock::time_point deadline = progress;
+    const Clock::time_point wait_start = Clock::now();
+    Clock::time_point deadline = std::min(progress, wait_start + WriteWaitLeft());
     if (answer_deadline_.has_value()) deadline = std::min(deadline, *answer_deadline_);
     if ((io != Connection::Io::kWantWrite && io != Connection::Io::kWantRead) ||
         !c_.Wait(io == Connection::Io::kWantWrite ? POLLOUT : POLLIN, deadline)) {
       write_failed_ = true;
     }
+    write_waited_ += Clock::now() - wait_start;
   }
   return write_failed_ ? -1 : static_cast<ssize_t>(size);
+}
+
+Clock::duration ConnectionStream::WriteWaitLeft() const {
+  const auto earned = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(static_cast<double>(written_) /
+                                    static_cast<double>(std::max<int64_t>(1, timeouts_.min_read_rate))));
+  return std::max(Clock::duration::zero(), timeouts_.write_wait_grace + earned - write_waited_);
 }
 
 void ConnectionStream::get_remote_ip_and_port(std::string& ip, int& port) const {

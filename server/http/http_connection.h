@@ -61,6 +61,9 @@ class Connection {
   void Shutdown() const;
   // Ends what it sends (TLS: with close_notify); reading goes on.
   void ShutdownWrites();
+  // Makes the close drop what is still queued for the client and reset the connection: a client
+  // cut for not reading keeps neither the answer's rest nor the kernel's memory for it.
+  void ResetOnClose() const;
   // Asks the TLS peer to close cleanly when destroyed (after a request answered whole).
   void set_clean_close(bool clean) { clean_close_ = clean; }
 
@@ -93,6 +96,11 @@ class ConnectionStream : public httplib::Stream {
     Clock::duration io_timeout;       // each read and write must progress within it
     // When set, the whole answer must be written within it of its first write.
     std::optional<Clock::duration> answer_timeout;
+    // A client that reads slowly or not at all is cut once the answer's writes have waited on
+    // it longer than write_wait_grace plus one second per min_read_rate bytes written: a
+    // trickling reader cannot hold a thread, whatever each write's progress.
+    Clock::duration write_wait_grace = std::chrono::seconds(10);
+    int64_t min_read_rate = 64 << 10;  // bytes per second
   };
   ConnectionStream(Connection& connection, Timeouts timeouts)
       : c_(connection), timeouts_(timeouts) {}
@@ -113,10 +121,14 @@ class ConnectionStream : public httplib::Stream {
  private:
   // Waits for more input; false (and timed_out_ when so) when none comes in time.
   bool Fill();
+  // How much longer this answer's writes may wait on the client (zero: none).
+  Clock::duration WriteWaitLeft() const;
 
   Connection& c_;
   const Timeouts timeouts_;
   std::optional<Clock::time_point> answer_deadline_;
+  Clock::duration write_waited_{};  // time this answer's writes spent waiting on the client
+  int64_t written_ = 0;             // bytes of this answer written
   bool timed_out_ = false;
   bool write_failed_ = false;
 };

@@ -493,6 +493,8 @@ HttpServer::After HttpServer::AnswerOne(Connection& c, bool probe) {
   // A probe's answer is small: written whole within the I/O timeout, or the client is dropped,
   // so that clients that do not read cannot keep the probe lane.
   if (probe) timeouts.answer_timeout = ToClock(limits.io_timeout);
+  timeouts.write_wait_grace = ToClock(limits.write_wait_grace);
+  timeouts.min_read_rate = limits.min_read_rate;
   ConnectionStream stream(c, timeouts);
   current_connection = &c;
   current_stream = &stream;
@@ -517,6 +519,7 @@ HttpServer::After HttpServer::AnswerOne(Connection& c, bool probe) {
   const bool whole = c.meter->state() == RequestMeter::State::kDone;
   const bool written = answered && !stream.write_failed();
   c.set_clean_close(written);
+  if (stream.write_failed()) c.ResetOnClose();
   if (written && whole && !closed && !last) {
     c.meter.reset();  // the next request's starts when its first byte comes
     return After::kNext;

@@ -73,6 +73,10 @@ struct HttpLimits {
   absl::Duration request_timeout = absl::Seconds(60);
   absl::Duration idle_timeout = absl::Seconds(5);  // a connection between requests
   absl::Duration io_timeout = absl::Seconds(5);    // each read and write must progress within it
+  // An answer's writes may wait on its client this long in all, plus one second per
+  // min_read_rate bytes written; past it the client is cut (a trickling or stalled reader).
+  absl::Duration write_wait_grace = absl::Seconds(10);
+  int64_t min_read_rate = 64 << 10;  // bytes per second
   int probe_threads = 2;         // the lane of the probe paths, apart from `threads`
   int max_queued_requests = 64;  // whole heads waiting for a general thread; more are 503
   absl::Duration stop_grace = absl::Seconds(2);  // Stop() lets requests being answered finish

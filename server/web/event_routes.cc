@@ -1,5 +1,5 @@
 // The web API's live event streams: one job's events (/api/jobs/{id}/events) and which jobs
-// changed (/api/events), as Server-Sent Events, at most WebApiOptions::max_event_streams open.
+// changed (/api/events), as Server-Sent Events, at most WebApiOptions::max_long_answers open.
 #include <httplib.h>
 
 #include <algorithm>
@@ -36,24 +36,12 @@ absl::StatusOr<bool> FlagParam(const httplib::Request& req, const char* name, bo
   return absl::InvalidArgumentError(absl::StrCat(name, ": must be 0 or 1, got \"", value, "\""));
 }
 
-// A place for one more event stream, or null with `res` answered 503.
-std::unique_ptr<SseStreamLimit::Slot> AcquireStreamSlot(SseStreamLimit& streams,
-                                                        httplib::Response& res) {
-  std::unique_ptr<SseStreamLimit::Slot> slot = streams.Acquire();
-  if (slot == nullptr) {
-    http::ReplyError(
-        res, 503,
-        absl::StrCat("too many event streams open (", streams.max_streams(), "); try again later"));
-  }
-  return slot;
-}
-
 // One job's events as a stream: its recorded history, a "history_end" event, then (with
 // follow) its live events until the job ends, kilnd stops or the client goes.
 class JobEventStream final : public SseStream {
  public:
   JobEventStream(server::JobWatch watch, server::MetricBroadcaster* broadcaster,
-                 std::unique_ptr<SseStreamLimit::Slot> slot, const SseStreamLimit* limit,
+                 std::unique_ptr<LongAnswerLimit::Slot> slot, const LongAnswerLimit* limit,
                  bool follow)
       : watch_(std::move(watch)),
         broadcaster_(broadcaster),
@@ -106,8 +94,8 @@ class JobEventStream final : public SseStream {
 
   server::JobWatch watch_;
   server::MetricBroadcaster* broadcaster_;
-  std::unique_ptr<SseStreamLimit::Slot> slot_;
-  const SseStreamLimit* limit_;
+  std::unique_ptr<LongAnswerLimit::Slot> slot_;
+  const LongAnswerLimit* limit_;
   const bool follow_;
 };
 
@@ -116,8 +104,8 @@ class JobEventStream final : public SseStream {
 // client goes.
 class JobsFeedStream final : public SseStream {
  public:
-  JobsFeedStream(JobsFeed* feed, std::unique_ptr<SseStreamLimit::Slot> slot,
-                 const SseStreamLimit* limit)
+  JobsFeedStream(JobsFeed* feed, std::unique_ptr<LongAnswerLimit::Slot> slot,
+                 const LongAnswerLimit* limit)
       : feed_(feed), listener_(feed->Listen()), slot_(std::move(slot)), limit_(limit) {}
   ~JobsFeedStream() override { feed_->Forget(listener_); }
 
@@ -145,8 +133,8 @@ class JobsFeedStream final : public SseStream {
 
   JobsFeed* feed_;
   std::shared_ptr<JobsFeed::Listener> listener_;
-  std::unique_ptr<SseStreamLimit::Slot> slot_;
-  const SseStreamLimit* limit_;
+  std::unique_ptr<LongAnswerLimit::Slot> slot_;
+  const LongAnswerLimit* limit_;
   bool opened_ = false;
   absl::Time next_send_ = absl::InfinitePast();
 };
@@ -164,7 +152,7 @@ void WebApi::AddEventRoutes(http::HttpServer* server) {
             return;
           }
         }
-        std::unique_ptr<SseStreamLimit::Slot> slot = AcquireStreamSlot(streams_, res);
+        std::unique_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
         if (slot == nullptr) return;
         absl::StatusOr<server::JobWatch> watch =
             jobs_->Watch(req.matches[1], *steps, /*live_only=*/false);
@@ -172,15 +160,17 @@ void WebApi::AddEventRoutes(http::HttpServer* server) {
           ReplyStatus(res, watch.status());
           return;
         }
-        SseStream::Start(
-            res, std::make_shared<JobEventStream>(*std::move(watch), broadcaster_, std::move(slot),
-                                                  &streams_, *follow));
+        SseStream::Start(res,
+                         std::make_shared<JobEventStream>(*std::move(watch), broadcaster_,
+                                                          std::move(slot), &long_answers_, *follow),
+                         options_.max_stream_duration);
       });
 
   Get(server, "/api/events", [this](const httplib::Request&, httplib::Response& res) {
-    std::unique_ptr<SseStreamLimit::Slot> slot = AcquireStreamSlot(streams_, res);
+    std::unique_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
     if (slot == nullptr) return;
-    SseStream::Start(res, std::make_shared<JobsFeedStream>(feed_, std::move(slot), &streams_));
+    SseStream::Start(res, std::make_shared<JobsFeedStream>(feed_, std::move(slot), &long_answers_),
+                     options_.max_stream_duration);
   });
 }
 

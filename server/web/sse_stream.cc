@@ -30,7 +30,10 @@ std::string SseEndEvent(const absl::Status& status) {
                              .dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
-void SseStream::Start(httplib::Response& res, std::shared_ptr<SseStream> stream) {
+void SseStream::Start(httplib::Response& res, std::shared_ptr<SseStream> stream,
+                      absl::Duration max_duration) {
+  stream->max_duration_ = max_duration;
+  stream->ends_at_ = absl::Now() + max_duration;
   res.status = 200;
   // Proxies (nginx) would otherwise buffer the stream.
   res.set_header("Cache-Control", "no-cache");
@@ -51,7 +54,16 @@ bool SseStream::Provide(httplib::DataSink& sink) {
     sink.done();
     return true;
   }
-  std::string out = NextEvents(&ended_);
+  std::string out;
+  if (absl::Now() >= ends_at_) {
+    // A client that never reads would otherwise keep its place for as long as kilnd runs.
+    out = SseEndEvent(absl::DeadlineExceededError(
+        absl::StrCat("the stream was open for ", absl::FormatDuration(max_duration_),
+                     ", the longest one stays; open it again to go on")));
+    ended_ = true;
+  } else {
+    out = NextEvents(&ended_);
+  }
   if (out.empty() && !ended_ && absl::Now() - last_write_ > kKeepAlive) out = ": keep-alive\n\n";
   // httplib takes an empty write for the end of the body: write only bytes.
   if (!out.empty()) {

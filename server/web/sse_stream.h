@@ -30,10 +30,12 @@ class SseStream {
  public:
   virtual ~SseStream() = default;
 
-  // Answers `res` (200) with `stream`'s events as its body. An exception from a turn (none is
-  // expected) ends the connection rather than kilnd: the handler's own guard has returned by
-  // the time the body is written.
-  static void Start(httplib::Response& res, std::shared_ptr<SseStream> stream);
+  // Answers `res` (200) with `stream`'s events as its body, for at most `max_duration`: then an
+  // "end" event of code DEADLINE_EXCEEDED (the page opens the stream again). An exception from a
+  // turn (none is expected) ends the connection rather than kilnd: the handler's own guard has
+  // returned by the time the body is written.
+  static void Start(httplib::Response& res, std::shared_ptr<SseStream> stream,
+                    absl::Duration max_duration);
 
  protected:
   // This turn's events, whole (empty: none this turn; a turn may wait up to kStreamTurn for
@@ -46,6 +48,8 @@ class SseStream {
 
   bool ended_ = false;
   absl::Time last_write_ = absl::Now();
+  absl::Time ends_at_ = absl::InfiniteFuture();
+  absl::Duration max_duration_ = absl::InfiniteDuration();
 };
 
 }  // namespace kiln::web

@@ -86,13 +86,23 @@ WebApi::WebApi(server::JobManager* jobs, server::MetricBroadcaster* broadcaster,
       metrics_(metrics),
       feed_(feed),
       options_(options),
-      streams_(options.max_event_streams) {}
+      long_answers_(options.max_long_answers) {}
 
 void WebApi::AddRoutes(http::HttpServer* server) {
   AddJobRoutes(server);
   AddCheckpointRoutes(server);
   AddEventRoutes(server);
   AddModelRoutes(server);
+}
+
+std::unique_ptr<LongAnswerLimit::Slot> WebApi::AcquireLongAnswer(httplib::Response& res) {
+  std::unique_ptr<LongAnswerLimit::Slot> slot = long_answers_.Acquire();
+  if (slot == nullptr) {
+    http::ReplyError(res, 503,
+                     absl::StrCat("too many event streams and downloads open (",
+                                  long_answers_.max_streams(), "); try again later"));
+  }
+  return slot;
 }
 
 void WebApi::Get(http::HttpServer* server, const std::string& pattern,
@@ -178,6 +188,9 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
           return;
         }
         const std::string job_id = req.matches[1];
+        // Before the file is opened: a download past the limit costs no descriptor.
+        std::shared_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
+        if (slot == nullptr) return;
         absl::StatusOr<std::unique_ptr<server::CheckpointExport>> source =
             jobs_->ExportCheckpoint(job_id, checkpoint_id, kExportChunkBytes);
         if (!source.ok()) {
@@ -190,7 +203,7 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
                        absl::StrCat("attachment; filename=\"", job_id, "-checkpoint-",
                                     checkpoint_id, ".safetensors\""));
         res.set_chunked_content_provider(
-            "application/octet-stream", [file](size_t, httplib::DataSink& sink) {
+            "application/octet-stream", [file, slot](size_t, httplib::DataSink& sink) {
               try {
                 while (!file->done()) {
                   v1::CheckpointChunk chunk;

@@ -18,13 +18,16 @@
 #include "server/observability/metrics.h"
 #include "server/serving/model_repository.h"
 #include "server/web/jobs_feed.h"
-#include "server/web/sse_stream_limit.h"
+#include "server/web/long_answer_limit.h"
 
 namespace kiln::web {
 
 struct WebApiOptions {
-  // Event streams open at once (each holds an HTTP thread); more are answered 503.
-  int max_event_streams = 4;
+  // Event streams and checkpoint downloads open at once (each holds an HTTP thread); more are
+  // answered 503.
+  int max_long_answers = 4;
+  // An event stream ends after this with an "end" event of code DEADLINE_EXCEEDED.
+  absl::Duration max_stream_duration = absl::Minutes(5);
   // How long POST /api/jobs/{id}/checkpoint waits for the checkpoint (504 after).
   absl::Duration checkpoint_timeout = absl::Seconds(60);
 };
@@ -51,8 +54,7 @@ class WebApi {
   // Open event streams end at their next turn (within a fraction of a second) with an "end"
   // event; new ones are refused. Waits for them up to a second. Call before HttpServer::Stop,
   // which would also end them, but cut off.
-  void Stop() { streams_.Stop(absl::Seconds(1)); }
-  int open_event_streams() const { return streams_.open_streams(); }
+  void Stop() { long_answers_.Stop(absl::Seconds(1)); }
   // (method, pattern) of each route AddRoutes added, in order.
   const std::vector<std::pair<std::string, std::string>>& registered_routes() const {
     return registered_;
@@ -64,6 +66,8 @@ class WebApi {
   void AddCheckpointRoutes(http::HttpServer* server);  // list, download, create
   void AddEventRoutes(http::HttpServer* server);       // event_routes.cc: the live streams
   void AddModelRoutes(http::HttpServer* server);       // the served models with their numbers
+  // A place for one more long answer (a stream or a download), or null with `res` answered 503.
+  std::unique_ptr<LongAnswerLimit::Slot> AcquireLongAnswer(httplib::Response& res);
   // Adds a route behind the server's bearer tokens (when tokens are on) and records it for
   // registered_routes.
   void Get(http::HttpServer* server, const std::string& pattern, http::HttpServer::Handler handler);
@@ -76,7 +80,7 @@ class WebApi {
   server::Metrics* metrics_;
   JobsFeed* feed_;
   const WebApiOptions options_;
-  SseStreamLimit streams_;
+  LongAnswerLimit long_answers_;
   std::vector<std::pair<std::string, std::string>> registered_;
 };
 

@@ -540,6 +540,43 @@ TEST_F(HttpPortTest, AHeadOrABodyMustArriveWithinItsDeadlineHoweverItTrickles) {
   EXPECT_LT(body, absl::Seconds(5)) << "a 4 s request deadline";
 }
 
+// Finding 4 (SSE streams and downloads): each write only had to progress within 5 s, so a client
+// reading a large answer a kilobyte at a time held a thread for as long as it liked. Now the
+// writes of an answer may wait on the client `write_wait_grace` in all, plus a second per
+// `min_read_rate` bytes it took; a reader at full speed gets the whole answer.
+TEST_F(HttpPortTest, AClientThatReadsTooSlowlyIsCutWithinItsWriteWaitBudget) {
+  HttpServerOptions options;
+  options.limits.write_wait_grace = absl::Seconds(2);
+  options.limits.min_read_rate = 1 << 20;
+  Start(options);
+  const int slow = Keep(Connect(port_));
+  const int small = 4096;
+  setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  ASSERT_TRUE(SendAll(slow, "GET /big HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  const absl::Time start = absl::Now();
+  int64_t taken = 0;
+  bool closed = false;
+  while (!closed && absl::Now() - start < absl::Seconds(30)) {
+    char buf[1024];
+    const ssize_t n = recv(slow, buf, sizeof(buf), 0);  // 10 s receive timeout
+    closed = n <= 0;
+    taken += std::max<ssize_t>(n, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const absl::Duration cut = absl::Now() - start;
+  std::printf("[ slow reader ] cut after %s, having read %lld bytes of 64 MiB\n",
+              absl::FormatDuration(cut).c_str(), static_cast<long long>(taken));
+  EXPECT_TRUE(closed) << "a reader of 10 KiB/s kept its answer for 30 s";
+  EXPECT_LT(taken, int64_t{64} << 20);
+
+  // A client that reads at once gets every byte.
+  const int fast = Keep(Connect(port_));
+  ASSERT_TRUE(SendAll(fast, "GET /big HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  const Answer whole = ReadAnswer(fast, absl::Seconds(20));
+  EXPECT_EQ(whole.status, 200);
+  EXPECT_EQ(whole.body.size(), size_t{64} << 20);
+}
+
 // Finding 3: Stop() joined httplib's threads, which waited on trickling clients for ever (and
 // answered every queued connection first); --shutdown_timeout was not honoured. Now it ends
 // within its grace, whatever the clients do: trickling heads and bodies, a client that does not

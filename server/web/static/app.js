@@ -348,25 +348,30 @@ async function showJobs(signal) {
   };
   // The table is read when the stream opens, then each changed job is read again as the stream
   // names it: nothing polls.
-  await readEvents('/api/events', async (name, data) => {
-    try {
-      if (name === 'open') await reload();
-      if (name !== 'jobs') return;
-      for (const id of data.job_ids) {
-        const job = await api('/api/jobs/' + encodeURIComponent(id), {signal});
-        const old = rows.get(id);
-        if (!old) {
-          await reload();
-          return;
-        }  // a new job: the list puts it in its place
-        const row = jobRow(job, selected);
-        old.replaceWith(row);
-        rows.set(id, row);
+  // A stream kilnd ends for its age (DEADLINE_EXCEEDED) is opened again.
+  for (let again = true; again;) {
+    again = false;
+    await readEvents('/api/events', async (name, data) => {
+      try {
+        if (name === 'end' && data.code === 'DEADLINE_EXCEEDED') again = true;
+        if (name === 'open') await reload();
+        if (name !== 'jobs') return;
+        for (const id of data.job_ids) {
+          const job = await api('/api/jobs/' + encodeURIComponent(id), {signal});
+          const old = rows.get(id);
+          if (!old) {
+            await reload();
+            return;
+          }  // a new job: the list puts it in its place
+          const row = jobRow(job, selected);
+          old.replaceWith(row);
+          rows.set(id, row);
+        }
+      } catch (e) {
+        reportError(e);
       }
-    } catch (e) {
-      reportError(e);
-    }
-  }, signal);
+    }, signal);
+  }
 }
 
 async function showJob(id, signal) {
@@ -513,11 +518,15 @@ async function showJob(id, signal) {
   const follow = async () => {
     curves.step.length = curves.loss.length = curves.lr.length = 0;
     curves.epoch.length = curves.testAccuracy.length = curves.trainAccuracy.length = 0;
-    let historyDone = false;
+    let historyDone = false, again = false;
     await readEvents(path + '/events?steps=1', async (name, event) => {
       if (name === 'history_end') {
         historyDone = true;
         draw();
+        return;
+      }
+      if (name === 'end' && event.code === 'DEADLINE_EXCEEDED') {
+        again = true;  // kilnd ends a stream for its age: it is opened again
         return;
       }
       if (name === 'end') {
@@ -536,6 +545,7 @@ async function showJob(id, signal) {
       }
     }, signal);
     draw();
+    if (again) await follow();
   };
   await follow();
 }

@@ -1,5 +1,5 @@
 // The web page's jobs feed (server/web/jobs_feed.h) and its bound on event streams
-// (server/web/sse_stream_limit.h), without a server.
+// (server/web/long_answer_limit.h), without a server.
 #include "server/web/jobs_feed.h"
 
 #include <set>
@@ -9,7 +9,7 @@
 #include "engine/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/web/sse_stream_limit.h"
+#include "server/web/long_answer_limit.h"
 
 namespace kiln::web {
 namespace {
@@ -53,8 +53,8 @@ TEST(JobsFeedTest, AWaitingListenerWakesOnAChangeAndAForgottenOneHearsNoMore) {
   EXPECT_FALSE(forgotten->WaitTake(&none, absl::ZeroDuration()));
 }
 
-TEST(SseStreamLimitTest, HandsOutAtMostItsSlotsAndTakesThemBack) {
-  SseStreamLimit limit(2);
+TEST(LongAnswerLimitTest, HandsOutAtMostItsSlotsAndTakesThemBack) {
+  LongAnswerLimit limit(2);
   auto first = limit.Acquire();
   auto second = limit.Acquire();
   ASSERT_NE(first, nullptr);
@@ -66,8 +66,8 @@ TEST(SseStreamLimitTest, HandsOutAtMostItsSlotsAndTakesThemBack) {
   EXPECT_EQ(limit.open_streams(), 1);
 }
 
-TEST(SseStreamLimitTest, StopRefusesNewStreamsAndWaitsForOpenOnesToEnd) {
-  SseStreamLimit limit(4);
+TEST(LongAnswerLimitTest, StopRefusesNewStreamsAndWaitsForOpenOnesToEnd) {
+  LongAnswerLimit limit(4);
   auto open = limit.Acquire();
   std::thread stream([&] {
     // A stream's turn: it sees stopping() and ends, giving its slot back.

@@ -109,7 +109,7 @@ TEST_F(WebApiTest, EveryApiRouteRefusesARequestWithoutAValidToken) {
 
 TEST_F(WebApiTest, AStreamBoundOutsideHalfTheHttpThreadsStopsKilndAtStart) {
   for (int streams : {0, 9}) {
-    options_.max_web_event_streams = streams;
+    options_.max_web_long_answers = streams;
     absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options_);
     ASSERT_FALSE(daemon.ok()) << streams;
     EXPECT_EQ(daemon.status().code(), absl::StatusCode::kInvalidArgument);
@@ -288,7 +288,7 @@ TEST_F(WebApiTest, AJobsEventStreamReplaysItsHistoryThenEnds) {
 }
 
 TEST_F(WebApiTest, EventStreamsAreBoundedAndEndWhenKilndStops) {
-  options_.max_web_event_streams = 1;
+  options_.max_web_long_answers = 1;
   options_.step_delay = absl::Milliseconds(20);
   StartDaemon();
   const std::string job = daemon_->manager().Submit(SmallSpec("toy", 50))->id();
@@ -324,6 +324,60 @@ TEST_F(WebApiTest, EventStreamsAreBoundedAndEndWhenKilndStops) {
   EXPECT_EQ(feed_status, 200);
   EXPECT_THAT(feed, HasSubstr("event: end"));
   EXPECT_THAT(feed, HasSubstr("kilnd is stopping"));
+}
+
+// A client that never reads held a stream's place for as long as kilnd ran: a stream now ends
+// after --web_stream_max_duration with an "end" event the page answers by opening it again.
+TEST_F(WebApiTest, AnEventStreamEndsAfterItsLongestDurationAndFreesItsPlace) {
+  options_.max_web_long_answers = 1;
+  options_.web_stream_max_duration = absl::Seconds(1);
+  StartDaemon();
+  int status = 0;
+  const absl::Time start = absl::Now();
+  const std::string feed = ReadAll("/api/events", &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(feed, HasSubstr("event: end"));
+  EXPECT_THAT(feed, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_THAT(feed, HasSubstr("open it again"));
+  // Its place is free again.
+  EXPECT_THAT(ReadAll("/api/events", &status), HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_EQ(status, 200);
+}
+
+// Checkpoint downloads held HTTP threads without a bound (16 slow downloads took them all):
+// they now take the same places as event streams.
+TEST_F(WebApiTest, ACheckpointDownloadTakesALongAnswerPlace) {
+  options_.max_web_long_answers = 1;
+  StartDaemon();
+  const std::string job = daemon_->manager().Submit(SmallSpec("toy", 1))->id();
+  ASSERT_TRUE(
+      WaitFor([&] { return daemon_->manager().Get(job)->state() == v1::JOB_STATE_SUCCEEDED; },
+              absl::Seconds(120)));
+  auto client = NewClient();
+  auto checkpoints = client->Get(absl::StrCat("/api/jobs/", job, "/checkpoints"), Auth());
+  ASSERT_TRUE(checkpoints);
+  const std::string id = json::parse(checkpoints->body).at("checkpoints").back().at("id");
+  const std::string file_path = absl::StrCat("/api/jobs/", job, "/checkpoints/", id, "/file");
+  auto alone = client->Get(file_path, Auth());
+  ASSERT_TRUE(alone);
+  EXPECT_EQ(alone->status, 200);
+
+  std::atomic<bool> opened{false}, done{false};
+  std::thread reader([&] {
+    NewClient()->Get("/api/events", Auth(), [&](const char* data, size_t n) {
+      if (std::string(data, n).find("event: open") != std::string::npos) opened = true;
+      return !done.load();
+    });
+  });
+  ASSERT_TRUE(WaitFor([&] { return opened.load(); }, absl::Seconds(30)));
+  auto refused = client->Get(file_path, Auth());
+  done = true;
+  reader.join();
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_THAT(json::parse(refused->body).at("error").get<std::string>(),
+              HasSubstr("too many event streams and downloads open (1)"));
 }
 
 }  // namespace

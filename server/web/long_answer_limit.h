@@ -1,6 +1,7 @@
-// How many Server-Sent-Event streams the web API holds open at once. Each stream holds one of
-// the HTTP pool's threads for its life, so a bound keeps threads free for /metrics and REST
-// inference; a request past it is answered 503. Also tells open streams when to end.
+// How many long answers (Server-Sent-Event streams, checkpoint downloads) the web API holds open
+// at once. Each holds one of the HTTP pool's threads for its life, so a bound keeps threads free
+// for REST inference and the page; a request past it is answered 503. Also tells open streams
+// when to end.
 #pragma once
 
 #include <atomic>
@@ -13,20 +14,20 @@
 namespace kiln::web {
 
 // Thread-safe.
-class SseStreamLimit {
+class LongAnswerLimit {
  public:
-  explicit SseStreamLimit(int max_streams) : max_streams_(max_streams) {}
+  explicit LongAnswerLimit(int max_streams) : max_streams_(max_streams) {}
 
-  // Held by one open stream; gives its place back when destroyed.
+  // Held by one open answer; gives its place back when destroyed.
   class Slot {
    public:
-    explicit Slot(SseStreamLimit* limit) : limit_(limit) {}
+    explicit Slot(LongAnswerLimit* limit) : limit_(limit) {}
     ~Slot();
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
 
    private:
-    SseStreamLimit* limit_;
+    LongAnswerLimit* limit_;
   };
 
   // A slot, or null when max_streams are open (or the limit is stopping).
