@@ -1,11 +1,14 @@
 // A bounded soak of kilnd on loopback: for KILN_SOAK_SECONDS (default 30) every kind of work at
 // once, over and over: paced inference, watchers replaying a job's whole step history, dataset
-// uploads listed and deleted, and job lifecycles (submit, resume from a named checkpoint, delete
-// a checkpoint, deploy and undeploy it). Asserted at the end: no operation failed, kilnd's
+// uploads listed and deleted, job lifecycles (submit, resume from a named checkpoint, delete
+// a checkpoint, deploy and undeploy it), the HTTP port (REST inference, /metrics, the web API,
+// its event stream and a checkpoint download) and the Workers service (data-parallel jobs of two
+// kiln-worker processes, with forged joins and abandoned rendezvous waits beside them). Asserted at the end: no operation failed, kilnd's
 // resident memory in the last fifth of the run is within a bound of the second fifth's, and its
 // open descriptors are back to what they were once the clients have gone. Printed: the
 // operations done and the RSS and descriptor counts (for bench/RESULTS.md).
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +29,8 @@
 #include "gtest/gtest.h"
 #include "hardening_test_support.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "kiln/v1/worker.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "server_test_support.h"
 #include "serving_test_support.h"
 #include "tests/support/status_matchers.h"
@@ -60,8 +65,8 @@ int SoakSeconds() {
 }
 
 // Which loads run: KILN_SOAK_LOADS, a comma-separated subset of infer, watch, upload, lifecycle
-// (submit and train), resume (and delete a checkpoint) and deploy (and undeploy), the last two
-// within lifecycle (default: all), to find which one grows kilnd when the test fails.
+// (submit, train, resume, delete a checkpoint, deploy and undeploy), http and workers (default:
+// all), to find which one grows kilnd when the test fails.
 bool LoadOn(const char* load) {
   const char* env = std::getenv("KILN_SOAK_LOADS");
   if (env == nullptr || *env == '\0') return true;
@@ -77,6 +82,23 @@ int64_t Median(std::vector<int64_t> v) {
 // Operations done and failed, by kind; the first failure of each kind kept.
 class Tally {
  public:
+  // An operation that must be refused with `expected` (a forged token, an abandoned wait).
+  void Refused(const std::string& kind, const grpc::Status& status, grpc::StatusCode expected) {
+    Done(kind, status.error_code() == expected
+                   ? grpc::Status::OK
+                   : grpc::Status(grpc::StatusCode::INTERNAL,
+                                  absl::StrCat("expected code ", static_cast<int>(expected),
+                                               ", got ", static_cast<int>(status.error_code()),
+                                               ": ", status.error_message())));
+  }
+  // An HTTP answer that must have `expected` status.
+  void Http(const std::string& kind, const httplib::Result& res, int expected) {
+    Done(kind, res && res->status == expected
+                   ? grpc::Status::OK
+                   : grpc::Status(grpc::StatusCode::INTERNAL,
+                                  res ? absl::StrCat("HTTP ", res->status, ": ", res->body)
+                                      : absl::StrCat("no answer: ", httplib::to_string(res.error()))));
+  }
   void Done(const std::string& kind, const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entries_[kind];
@@ -124,14 +146,104 @@ grpc::Status UnloadModel(inference::GRPCInferenceService::Stub& stub, const std:
   return stub.RepositoryModelUnload(&context, request, &response);
 }
 
+// The HTTP port, over and over: REST inference of one image (JSON), a /metrics scrape, the web
+// API's job list, its jobs feed read for a moment and dropped, and a download of `checkpoint_path`
+// whole (`checkpoint_bytes` long).
+void HttpLoad(int port, const std::vector<uint8_t>& image, const std::string& checkpoint_path,
+              int64_t checkpoint_bytes, Tally& tally, const std::atomic<bool>& stop) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(10, 0);
+  const std::string infer =
+      nlohmann::json{{"inputs", {{{"name", "input"},
+                                  {"datatype", "UINT8"},
+                                  {"shape", {1, static_cast<int64_t>(image.size())}},
+                                  {"data", image}}}}}
+          .dump();
+  while (!stop.load()) {
+    tally.Http("http-infer", client.Post("/v2/models/digits/infer", infer, "application/json"),
+               200);
+    tally.Http("http-metrics", client.Get("/metrics"), 200);
+    tally.Http("http-jobs", client.Get("/api/jobs"), 200);
+    const absl::Time until = absl::Now() + absl::Milliseconds(500);
+    bool opened = false;
+    client.Get("/api/events", [&](const char* data, size_t n) {
+      opened = opened || absl::StrContains(absl::string_view(data, n), "event: open");
+      return absl::Now() < until;
+    });
+    tally.Done("http-stream", opened ? grpc::Status::OK
+                                     : grpc::Status(grpc::StatusCode::INTERNAL, "no open event"));
+    httplib::Result file = client.Get(checkpoint_path);
+    tally.Http("http-download", file, 200);
+    if (file && file->status == 200 && static_cast<int64_t>(file->body.size()) != checkpoint_bytes) {
+      tally.Done("http-download", grpc::Status(grpc::StatusCode::DATA_LOSS,
+                                               absl::StrCat(file->body.size(), " bytes")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// The Workers service, over and over: a job of two kiln-worker processes trained to the end,
+// and while it runs, a join with a forged token (UNAUTHENTICATED) and a rendezvous wait for a
+// key nobody sets, abandoned by its deadline (DEADLINE_EXCEEDED).
+void WorkersLoad(const testing::KilndProcess& kilnd, Tally& tally, const std::atomic<bool>& stop) {
+  auto training = kilnd.NewStub();
+  auto workers = v1::Workers::NewStub(
+      grpc::CreateChannel(kilnd.address(), grpc::InsecureChannelCredentials()));
+  v1::JobSpec spec = testing::SmallSpec("toy", 1);
+  spec.set_workers(2);
+  for (int i = 0; !stop.load(); ++i) {
+    const std::string job = testing::SubmitJob(*training, spec);
+    grpc::ClientContext token_context;
+    v1::GetWorkerTokenRequest token_request;
+    token_request.set_job_id(job);
+    v1::GetWorkerTokenResponse token;
+    tally.Done("worker-token", training->GetWorkerToken(&token_context, token_request, &token));
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    for (;;) {
+      state = testing::GetJob(*training, job).state();
+      if (state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+          state == v1::JOB_STATE_CANCELLED) {
+        break;
+      }
+      grpc::ClientContext forged;
+      forged.AddMetadata("x-kiln-worker-token", "forged-token");
+      v1::JoinJobRequest join;
+      join.set_job_id(job);
+      v1::JoinJobResponse joined;
+      tally.Refused("worker-forged", workers->JoinJob(&forged, join, &joined),
+                    grpc::StatusCode::UNAUTHENTICATED);
+      grpc::ClientContext waiting;
+      waiting.AddMetadata("x-kiln-worker-token", token.token());
+      waiting.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+      v1::GetKeyRequest get;
+      get.set_job_id(job);
+      get.set_key(absl::StrCat("soak-never-set-", i));
+      get.set_timeout_ms(60000);
+      v1::GetKeyResponse got;
+      const grpc::Status wait = workers->GetKey(&waiting, get, &got);
+      // Between attempts or after the job's end there is nothing to wait on (FAILED_PRECONDITION),
+      // and a wait the attempt's end cuts is ABORTED.
+      if (wait.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+          wait.error_code() != grpc::StatusCode::ABORTED) {
+        tally.Refused("worker-wait", wait, grpc::StatusCode::DEADLINE_EXCEEDED);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    tally.Done("worker-job", state == v1::JOB_STATE_SUCCEEDED
+                                 ? grpc::Status::OK
+                                 : grpc::Status(grpc::StatusCode::INTERNAL,
+                                                absl::StrCat(job, " ended ",
+                                                             v1::JobState_Name(state))));
+  }
+}
+
 TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
   const int seconds = SoakSeconds();
   const std::string root = testing::MakeTempDir("kilnd-soak");
   testing::WriteToyDataset(root + "/data/toy", 256, 64);
-  testing::KilndProcess kilnd(
-      root + "/state", root + "/data",
-      {"--metrics_listen=", "--max_jobs_per_device=2", "--metrics_max_ended_jobs=20"});
-  ASSERT_TRUE(kilnd.Start());
+  const std::vector<std::string> args = {"--max_jobs_per_device=2", "--metrics_max_ended_jobs=20"};
+  testing::KilndProcess kilnd(root + "/state", root + "/data", args);
+  ASSERT_TRUE(kilnd.KilndChild::Start(root + "/state", root + "/data", args, /*metrics=*/true));
   auto stub = kilnd.NewStub();
   auto admin = inference::GRPCInferenceService::NewStub(
       grpc::CreateChannel(kilnd.address(), grpc::InsecureChannelCredentials()));
@@ -141,6 +253,8 @@ TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
   const std::string base = testing::SubmitJob(*stub, base_spec);
   ASSERT_TRUE(testing::WaitForState(*stub, base, v1::JOB_STATE_SUCCEEDED, absl::Seconds(120)));
   ASSERT_OK(LoadModel(*admin, "digits", base + "@latest"));
+  const std::vector<v1::Checkpoint> base_checkpoints = testing::ListCheckpoints(*stub, base);
+  ASSERT_FALSE(base_checkpoints.empty());
   const int descriptors_start = hardening::OpenDescriptors(kilnd.pid());
 
   Tally tally;
@@ -235,6 +349,17 @@ TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
         std::this_thread::sleep_for(kLifecyclePause);
       }
     });
+
+  if (LoadOn("http")) {
+    threads.emplace_back([&] {
+      const v1::Checkpoint& checkpoint = base_checkpoints.back();
+      HttpLoad(kilnd.metrics_port(),
+               std::vector<uint8_t>(images.begin(), images.begin() + serving::testing::kPixels),
+               absl::StrCat("/api/jobs/", base, "/checkpoints/", checkpoint.id(), "/file"),
+               checkpoint.size_bytes(), tally, stop);
+    });
+  }
+  if (LoadOn("workers")) threads.emplace_back([&] { WorkersLoad(kilnd, tally, stop); });
 
   std::vector<std::pair<double, int64_t>> rss;  // (seconds into the soak, bytes)
   const auto start = Clock::now();
