@@ -96,9 +96,8 @@ std::string Body(const Case& c, size_t bytes, int64_t* elements) {
   }
   if (c.nested) data += "]";
   *elements = n;
-  return std::string(R"({"inputs":[{"name":"input","datatype":")") + c.datatype +
-         R"(","shape":[)" + std::to_string(n / kRow) + "," + std::to_string(kRow) +
-         R"(],"data":[)" + data + "]}]}";
+  return std::string(R"({"inputs":[{"name":"input","datatype":")") + c.datatype + R"(","shape":[)" +
+         std::to_string(n / kRow) + "," + std::to_string(kRow) + R"(],"data":[)" + data + "]}]}";
 }
 
 struct Measure {
