@@ -1,9 +1,7 @@
 #include "server/serving/kserve_json.h"
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -11,14 +9,12 @@
 #include "common/json_bounds.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "server/serving/infer_body_reader.h"
 
 namespace kiln::serving {
 namespace {
 
 using nlohmann::json;
-
-// Nested "data" arrays deeper than any tensor we serve are refused, not recursed into.
-constexpr int kMaxDataDepth = 32;
 
 absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError(what); }
 
@@ -31,79 +27,6 @@ absl::StatusOr<json> ParseObject(absl::string_view text, absl::string_view what)
   KILN_ASSIGN_OR_RETURN(json value, ParseJsonWithin(text, what));
   if (!value.is_object()) return Invalid(absl::StrCat(what, " must be a JSON object"));
   return value;
-}
-
-template <typename T>
-absl::StatusOr<T> Integer(const json& v, absl::string_view datatype) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u <= static_cast<uint64_t>(std::numeric_limits<T>::max())) return static_cast<T>(u);
-  } else if (v.is_number_integer()) {
-    const int64_t i = v.get<int64_t>();
-    if (i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-        (i < 0 ||
-         static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
-      return static_cast<T>(i);
-    }
-  }
-  return Invalid(absl::StrCat(JsonPreview(v), " is not a ", datatype, " value"));
-}
-
-// Adds one element to the repeated field of `datatype`.
-absl::Status AddElement(const json& v, const std::string& datatype,
-                        inference::InferTensorContents* contents) {
-  if (datatype == "FP32" || datatype == "FP64") {
-    if (!v.is_number()) return Invalid(absl::StrCat(JsonPreview(v), " is not a number"));
-    if (datatype == "FP32") {
-      contents->add_fp32_contents(v.get<float>());
-    } else {
-      contents->add_fp64_contents(v.get<double>());
-    }
-  } else if (datatype == "UINT8" || datatype == "UINT16" || datatype == "UINT32") {
-    KILN_ASSIGN_OR_RETURN(uint32_t u, Integer<uint32_t>(v, datatype));
-    contents->add_uint_contents(u);
-  } else if (datatype == "UINT64") {
-    KILN_ASSIGN_OR_RETURN(uint64_t u, Integer<uint64_t>(v, datatype));
-    contents->add_uint64_contents(u);
-  } else if (datatype == "INT8" || datatype == "INT16" || datatype == "INT32") {
-    KILN_ASSIGN_OR_RETURN(int32_t n, Integer<int32_t>(v, datatype));
-    contents->add_int_contents(n);
-  } else if (datatype == "INT64") {
-    KILN_ASSIGN_OR_RETURN(int64_t n, Integer<int64_t>(v, datatype));
-    contents->add_int64_contents(n);
-  } else if (datatype == "BOOL") {
-    if (!v.is_boolean()) return Invalid(absl::StrCat(JsonPreview(v), " is not a BOOL value"));
-    contents->add_bool_contents(v.get<bool>());
-  } else if (datatype == "BYTES") {
-    if (!v.is_string()) return Invalid(absl::StrCat(JsonPreview(v), " is not a BYTES string"));
-    contents->add_bytes_contents(v.get<std::string>());
-  }
-  // Any other datatype keeps no data: the model's own check names the datatype.
-  return absl::OkStatus();
-}
-
-// Adds the elements of `data` (a value, or arrays of them nested row-major) in order, straight
-// into the message: no list of the leaves, since a 16 MiB body can hold millions of them.
-absl::Status AddElements(const json& data, const std::string& datatype, int depth, int64_t* index,
-                         inference::InferTensorContents* contents) {
-  if (data.is_array()) {
-    if (depth >= kMaxDataDepth) return Invalid("nested deeper than 32 arrays");
-    for (const json& item : data) {
-      KILN_RETURN_IF_ERROR(AddElements(item, datatype, depth + 1, index, contents));
-    }
-    return absl::OkStatus();
-  }
-  absl::Status added = AddElement(data, datatype, contents);
-  if (!added.ok()) return Invalid(absl::StrCat("data[", *index, "]: ", added.message()));
-  ++*index;
-  return absl::OkStatus();
-}
-
-// The typed contents of one input's "data", in the repeated field of its datatype.
-absl::Status FillContents(const json& data, const std::string& datatype,
-                          inference::InferTensorContents* contents) {
-  int64_t index = 0;
-  return AddElements(data, datatype, 0, &index, contents);
 }
 
 // A "parameters" object as the protocol's InferParameter map.
@@ -258,7 +181,8 @@ absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
     head = body.substr(0, *json_size);
     binary = body.substr(*json_size);
   }
-  KILN_ASSIGN_OR_RETURN(json j, ParseJsonWithin(head, "the request body"));
+  // Each input's "data" comes packed, not as a tree: see infer_body_reader.h.
+  KILN_ASSIGN_OR_RETURN(json j, ReadInferBody(head, "the request body"));
   if (!j.is_object()) return Invalid("the request body must be a JSON object");
   RestInferRequest out;
   inference::ModelInferRequest& r = out.request;
@@ -277,7 +201,7 @@ absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
   size_t binary_used = 0;
   int json_inputs = 0;
   for (size_t i = 0; i < inputs->size(); ++i) {
-    const json& in = (*inputs)[i];
+    json& in = (*inputs)[i];
     const std::string who = absl::StrCat("inputs[", i, "]");
     if (!in.is_object()) return Invalid(absl::StrCat(who, ": must be an object"));
     auto* tensor = r.add_inputs();
@@ -335,8 +259,9 @@ absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
                                   ": data: required (or binary data with "
                                   "parameters.binary_data_size)"));
     }
-    absl::Status filled = FillContents(*data, datatype, tensor->mutable_contents());
+    absl::Status filled = UnpackTensorData(*data, datatype, tensor->mutable_contents());
     if (!filled.ok()) return Invalid(absl::StrCat(named, ": ", filled.message()));
+    *data = nullptr;  // the packed elements, no longer needed beside the typed ones
   }
   if (out.binary_input && json_inputs > 0) {
     return Invalid("inputs: either all as binary data or all as JSON data, not both");

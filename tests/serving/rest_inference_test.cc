@@ -386,6 +386,75 @@ TEST_F(RestInferenceTest, MalformedBodiesAre400NamingTheProblem) {
   EXPECT_THAT(json::parse(r->body).at("error").get<std::string>(), HasSubstr("no route"));
 }
 
+// Tensor data that does not fit its input is a 400 naming the input: a wrong element from the
+// parser, ragged rows and too many or too few elements from the model's count against the shape.
+// Rows of any nesting, integers for FP32 and "datatype" after "data" are served.
+TEST_F(RestInferenceTest, JsonDataIsCheckedNamingTheInput) {
+  const std::vector<uint8_t> images = SampleImages(2, 5);
+  auto row = [&](int i, int n) {
+    return json(
+        std::vector<uint32_t>(images.begin() + i * kPixels, images.begin() + i * kPixels + n));
+  };
+  json flat = json::array();
+  for (uint8_t v : images) flat.push_back(v);
+  // nlohmann prints an object's members in key order: "data" comes before "datatype".
+  auto with_data = [](json data) {
+    return json{{"inputs",
+                 {{{"name", "input"},
+                   {"datatype", "UINT8"},
+                   {"shape", {2, kPixels}},
+                   {"data", std::move(data)}}}}}
+        .dump();
+  };
+  json too_many = flat, too_few = flat, wrong = flat;
+  too_many.push_back(1);
+  too_few.erase(too_few.end() - 1);
+  wrong[5] = "a";
+  struct Case {
+    std::string what;
+    std::string body;
+    std::string fragment;
+  } cases[] = {
+      {"ragged rows", with_data(json::array({row(0, kPixels), row(1, kPixels - 1)})),
+       "input \"input\": shape [2,784] needs 1568 elements; contents.uint_contents has 1567"},
+      {"too many", with_data(too_many), "needs 1568 elements; contents.uint_contents has 1569"},
+      {"too few", with_data(too_few), "needs 1568 elements; contents.uint_contents has 1567"},
+      {"wrong type", with_data(wrong), "input \"input\": data[5]: \"a\" is not a UINT8 value"},
+  };
+  for (const Case& c : cases) {
+    httplib::Result r = PostJson("/v2/models/mlp/infer", c.body);
+    ASSERT_TRUE(r) << c.what;
+    EXPECT_EQ(r->status, 400) << c.what << ": " << r->body;
+    EXPECT_THAT(json::parse(r->body).at("error").get<std::string>(), HasSubstr(c.fragment))
+        << c.what;
+  }
+
+  inference::ModelInferResponse grpc_response;
+  ASSERT_OK(GrpcInfer(MakeRequest("mlp", images.data(), 2, "FP32", Form::kTyped), &grpc_response));
+  // The same pixels as FP32: whole numbers (0 and 1) as integers, the rest as fractions.
+  json rows = json::array();
+  for (int i = 0; i < 2; ++i) {
+    json values = json::array();
+    for (int p = 0; p < kPixels; ++p) {
+      const float v = static_cast<float>(images[i * kPixels + p]) / 255.f;
+      if (v == 0.f || v == 1.f) {
+        values.push_back(static_cast<int>(v));
+      } else {
+        values.push_back(v);
+      }
+    }
+    rows.push_back(json::array({values}));  // [2][1][784]
+  }
+  const json input = {
+      {"name", "input"}, {"datatype", "FP32"}, {"shape", {2, kPixels}}, {"data", rows}};
+  httplib::Result r = PostJson("/v2/models/mlp/infer", json{{"inputs", {input}}}.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Answer got = JsonAnswer(json::parse(r->body));
+  EXPECT_EQ(got.probabilities, ReadAnswer(grpc_response).probabilities);
+  EXPECT_EQ(got.classes, ReadAnswer(grpc_response).classes);
+}
+
 // A body nested deeper than any tensor (as an element of shape, of data, or the whole body) is a
 // 400 naming the depth, never a crash: the error never serialises the client's value whole.
 TEST_F(RestInferenceTest, DeeplyNestedBodiesAre400AndTheDaemonLives) {
