@@ -16,6 +16,9 @@ using nlohmann::json;
 
 // Nested "data" arrays deeper than any tensor we serve are refused, not recursed into.
 constexpr int kMaxDataDepth = 32;
+// Values of the tree outside the inputs' data: a request needs tens (names, shapes, parameters),
+// so the tree, about 16 bytes a value besides strings' own bytes, stays small whatever the body.
+constexpr int64_t kMaxTreeValues = 65536;
 
 absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError(what); }
 
@@ -187,8 +190,7 @@ class InferBodyHandler {
     } else if (open_.back().role == Role::kInputs) {
       role = Role::kInput;
     }
-    Open(json::object(), role);
-    return true;
+    return Open(json::object(), role);
   }
   bool key(std::string& key) {
     if (packing_) {
@@ -210,8 +212,7 @@ class InferBodyHandler {
   bool start_array(size_t) {
     Next next;
     if (Packing(&next)) return Packed(packer_.StartArray());
-    Open(json::array(), next == Next::kInputs ? Role::kInputs : Role::kOther);
-    return true;
+    return Open(json::array(), next == Next::kInputs ? Role::kInputs : Role::kOther);
   }
   bool end_array() {
     if (packing_) return Packed(packer_.EndArray());
@@ -225,6 +226,8 @@ class InferBodyHandler {
 
   json TakeTree() { return std::move(root_); }
   const std::string& error() const { return error_; }
+  // The tree reached kMaxTreeValues: the parse stopped there.
+  bool over_limit() const { return tree_values_ > kMaxTreeValues; }
 
  private:
   // What an open array or object is, for finding the inputs' "data".
@@ -254,6 +257,7 @@ class InferBodyHandler {
     return true;
   }
   json* Place(json&& v) {
+    ++tree_values_;
     if (open_.empty()) {
       root_ = std::move(v);
       return &root_;
@@ -268,13 +272,17 @@ class InferBodyHandler {
   }
   bool Put(json&& v) {
     Place(std::move(v));
-    return true;
+    return !over_limit();
   }
-  void Open(json&& container, Role role) { open_.push_back({Place(std::move(container)), role}); }
+  bool Open(json&& container, Role role) {
+    open_.push_back({Place(std::move(container)), role});
+    return !over_limit();
+  }
 
   json root_;
   std::vector<OpenValue> open_;  // innermost last; at most kMaxJsonDepth
   json* member_ = nullptr;       // the value of the key just read
+  int64_t tree_values_ = 0;      // values put in the tree
   Next next_ = Next::kPlain;
   bool packing_ = false;
   DataPacker packer_;
@@ -514,6 +522,11 @@ absl::StatusOr<json> ReadInferBody(absl::string_view text, absl::string_view wha
     parsed = json::sax_parse(text.begin(), text.end(), &handler);
   } catch (const json::exception& e) {  // the handler throws none; nlohmann documents some
     return Invalid(absl::StrCat(what, " is not valid JSON: ", e.what()));
+  }
+  if (handler.over_limit()) {
+    return Invalid(absl::StrCat(what, " holds more than ", kMaxTreeValues,
+                                " values outside the inputs' \"data\" (shapes, names, parameters, "
+                                "outputs): kilnd reads at most that many"));
   }
   if (!parsed) {
     if (handler.error().empty()) return Invalid(absl::StrCat(what, " is not valid JSON"));

@@ -152,6 +152,29 @@ TEST(KServeJsonTest, MalformedDataIsRefusedNamingTheInputAndElement) {
   EXPECT_LT(parsed.status().message().size(), 200u);
 }
 
+// Only the inputs' data was packed: a body whose bulk was a shape of millions of dimensions, or
+// a member kilnd does not read, still cost a tree at 25 times its size. The tree now stops at
+// 65,536 values, whatever holds them.
+TEST(KServeJsonTest, ValuesOutsideTheDataAreBoundedWhereverTheyAre) {
+  std::string many = "[0";
+  for (int i = 1; i < 70000; ++i) absl::StrAppend(&many, ",", i % 10);
+  many += "]";
+  for (const std::string& body :
+       {OneInput(absl::StrCat(R"("name": "x", "datatype": "FP32", "shape": )", many,
+                              R"(, "data": [1])")),
+        absl::StrCat(R"({"unread": )", many, R"(, "inputs": [{"name": "x", "datatype": "FP32", )",
+                     R"("shape": [1], "data": [1]}]})")}) {
+    absl::StatusOr<RestInferRequest> parsed = Parse(body);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()),
+                HasSubstr("holds more than 65536 values outside the inputs' \"data\""));
+  }
+  // As many values in the data are fine.
+  ASSERT_OK(Parse(OneInput(absl::StrCat(R"("name": "x", "datatype": "FP32", "shape": [70000], )",
+                                        R"("data": )", many))));
+}
+
 TEST(KServeJsonTest, DataOutsideTheInputsIsAValueLikeAnyOther) {
   // "data" elsewhere (an output, the body) is not an input's: read as before, here ignored.
   absl::StatusOr<RestInferRequest> parsed = Parse(
