@@ -104,6 +104,7 @@ absl::Status CheckLimits(const DaemonOptions& options) {
       {"max_parameters", options.limits.max_parameters},
       {"max_activation_bytes", options.limits.max_activation_bytes},
       {"max_job_memory_bytes", options.limits.max_job_memory_bytes},
+      {"max_serving_memory_bytes", options.max_serving_memory_bytes},
       {"max_epochs", options.limits.max_epochs},
       {"max_batch_size", options.limits.max_batch_size},
       {"max_epoch_events_per_job", options.max_epoch_events_per_job},
@@ -348,6 +349,7 @@ void Daemon::StartServing() {
       [m = manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
   models.max_batch_size_limit = options_.max_deploy_batch_size;
   models.max_memory_bytes = options_.limits.max_job_memory_bytes;
+  models.max_total_memory_bytes = options_.max_serving_memory_bytes;
   models_ = std::make_unique<serving::ModelRepository>(std::move(models));
   serving::InferenceServiceOptions inference;
   inference.max_request_samples = options_.max_inference_batch;
