@@ -104,6 +104,7 @@ absl::Status CheckLimits(const DaemonOptions& options) {
       {"max_parameters", options.limits.max_parameters},
       {"max_activation_bytes", options.limits.max_activation_bytes},
       {"max_job_memory_bytes", options.limits.max_job_memory_bytes},
+      {"max_serving_memory_bytes", options.max_serving_memory_bytes},
       {"max_epochs", options.limits.max_epochs},
       {"max_batch_size", options.limits.max_batch_size},
       {"max_epoch_events_per_job", options.max_epoch_events_per_job},
@@ -353,6 +354,7 @@ void Daemon::StartServing() {
       [m = manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
   models.max_batch_size_limit = options_.max_deploy_batch_size;
   models.max_memory_bytes = options_.limits.max_job_memory_bytes;
+  models.max_total_memory_bytes = options_.max_serving_memory_bytes;
   models_ = std::make_unique<serving::ModelRepository>(std::move(models));
   serving::InferenceServiceOptions inference;
   inference.max_request_samples = options_.max_inference_batch;
@@ -383,6 +385,21 @@ void Daemon::StartServing() {
     }
     return store->SetModelDeployments(model, rows);
   };
+  // Each deployment restored at start is marked in the store while it loads: a start killed
+  // while loading one (out of memory) leaves the mark, and the next start does not load it
+  // again (DeploymentsToRestore). An explicit load or unload writes the model's rows unmarked.
+  inference.note_restore = [store = store_.get(), log](const serving::DeploymentRecord& record,
+                                                       serving::RestorePhase phase) {
+    const absl::Status noted = phase == serving::RestorePhase::kLoading
+                                   ? store->MarkDeploymentRestoring(record.model, record.version)
+                                   : store->ClearDeploymentRestoring(record.model, record.version);
+    if (noted.ok()) return;
+    // Loaded all the same: serving what was deployed comes before the guard against a crash.
+    log->Log(LogLevel::kWarning, "model_restore_unnoted",
+             {{"model", record.model},
+              {"version", record.version},
+              {"reason", std::string(noted.message())}});
+  };
   inference_ = std::make_unique<serving::InferenceService>(models_.get(), inference);
   // Unset in ~Daemon, before models_ goes: /metrics is served until metrics_ goes.
   metrics->SetInferenceQueueSource([models = models_.get()] {
@@ -410,7 +427,7 @@ absl::StatusOr<std::vector<serving::DeploymentRecord>> Daemon::DeploymentsToRest
   KILN_ASSIGN_OR_RETURN(std::vector<StoredDeployment> stored, store_->Deployments());
   std::vector<serving::DeploymentRecord> to_restore;
   for (StoredDeployment& row : stored) {
-    serving::DeploymentRecord record{row.model, row.version, {}};
+    serving::DeploymentRecord record{row.model, row.version, {}, row.restoring};
     if (!record.request.ParseFromString(row.load_request)) {
       models_->MarkUnavailable(row.model, row.version,
                                "its record in the store is unreadable; deploy it again");

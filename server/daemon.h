@@ -70,6 +70,9 @@ struct DaemonOptions {
   int max_health_watches = 256;         // grpc.health.v1 Watch streams open at once (no token)
   int64_t max_inference_batch = 16384;  // samples in one ModelInfer
   int max_deploy_batch_size = 1024;     // the largest max_batch_size a deployment may ask
+  // What all deployed versions together may need (ModelRepositoryOptions::max_total_memory_bytes);
+  // kilnd's flag defaults to half of the machine's memory.
+  int64_t max_serving_memory_bytes = int64_t{8} << 30;
   size_t watch_buffer_events = 1024;
   // Step events kept per job (JobStoreOptions); older steps are thinned past it.
   int64_t max_step_events_per_job = 10'000;

@@ -38,6 +38,10 @@ ABSL_FLAG(int64_t, max_activation_bytes, int64_t{8} << 30,
 ABSL_FLAG(int64_t, max_job_memory_bytes, 0,
           "most memory one job may need, host and device together, as the engine's memory plan "
           "counts it before the job starts (0: three quarters of this machine's memory)");
+ABSL_FLAG(int64_t, max_serving_memory_bytes, 0,
+          "most memory all deployed model versions together may need, each counted by the "
+          "engine's memory plan at its max_batch_size; a deployment past it is refused, also when "
+          "restoring deployments at start (0: half of this machine's memory)");
 ABSL_FLAG(int, max_crash_resumes, 3,
           "times a job running when kilnd died is resumed on restart before it fails instead");
 ABSL_FLAG(int, max_epochs, 10'000, "most epochs a job may ask for");
@@ -177,6 +181,12 @@ sigset_t BlockSignals() {
   return handled_signals;
 }
 
+// numerator/denominator of this machine's physical memory, or `fallback` when it is not known.
+int64_t ShareOfMemory(int64_t numerator, int64_t denominator, int64_t fallback) {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? pages / denominator * numerator * page : fallback;
+}
+
 // The daemon's options from the flags; InvalidArgument for an unknown --log_format.
 absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   kiln::server::DaemonOptions options;
@@ -193,9 +203,14 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.limits.max_activation_bytes = absl::GetFlag(FLAGS_max_activation_bytes);
   options.limits.max_job_memory_bytes = absl::GetFlag(FLAGS_max_job_memory_bytes);
   if (options.limits.max_job_memory_bytes == 0) {
-    const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    options.limits.max_job_memory_bytes =
-        pages > 0 && page > 0 ? pages / 4 * 3 * page : int64_t{16} << 30;
+    options.limits.max_job_memory_bytes = ShareOfMemory(3, 4, int64_t{16} << 30);
+  }
+  // Served versions stay in memory for as long as they are deployed, beside the jobs that
+  // train: half of the machine by default, so that they alone (or restoring them at start) can
+  // never fill it, and a job admitted by --max_job_memory_bytes still finds room.
+  options.max_serving_memory_bytes = absl::GetFlag(FLAGS_max_serving_memory_bytes);
+  if (options.max_serving_memory_bytes == 0) {
+    options.max_serving_memory_bytes = ShareOfMemory(1, 2, int64_t{8} << 30);
   }
   options.limits.max_epochs = absl::GetFlag(FLAGS_max_epochs);
   options.limits.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);

@@ -185,6 +185,12 @@ ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE step_metrics ADD COLUMN rank_samples_per_sec BLOB;
 )sql";
 
+// Version 8: a deployment being loaded at start (StoredDeployment.restoring): still marked at the
+// next start, the one before died loading it, and it is not loaded again.
+constexpr const char* kSchemaV8 = R"sql(
+ALTER TABLE deployments ADD COLUMN restoring INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 // Doubles as little-endian bytes (the machines kilnd runs on), and back.
 std::string PackDoubles(const google::protobuf::RepeatedField<double>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
@@ -324,6 +330,7 @@ absl::Status JobStore::Migrate() {
   if (status.ok() && version < 5) status = Exec(kSchemaV5);
   if (status.ok() && version < 6) status = Exec(kSchemaV6);
   if (status.ok() && version < 7) status = Exec(kSchemaV7);
+  if (status.ok() && version < 8) status = Exec(kSchemaV8);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
   if (status.ok()) {
     status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
@@ -998,13 +1005,41 @@ absl::Status JobStore::SetModelDeployments(const std::string& model,
 
 absl::StatusOr<std::vector<StoredDeployment>> JobStore::Deployments() {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement s(db_, "SELECT model, version, load_request FROM deployments ORDER BY seq");
+  Statement s(db_, "SELECT model, version, load_request, restoring FROM deployments ORDER BY seq");
   KILN_RETURN_IF_ERROR(s.status());
   std::vector<StoredDeployment> out;
   absl::Status status;
-  while (s.Step(&status)) out.push_back({s.Text(0), s.Text(1), s.Blob(2)});
+  while (s.Step(&status)) out.push_back({s.Text(0), s.Text(1), s.Blob(2), s.Int(3) != 0});
   KILN_RETURN_IF_ERROR(status);
   return out;
+}
+
+absl::Status JobStore::MarkDeploymentRestoring(const std::string& model,
+                                               const std::string& version) {
+  return SetDeploymentRestoring(model, version, 1);
+}
+
+absl::Status JobStore::ClearDeploymentRestoring(const std::string& model,
+                                                const std::string& version) {
+  return SetDeploymentRestoring(model, version, 0);
+}
+
+absl::Status JobStore::SetDeploymentRestoring(const std::string& model, const std::string& version,
+                                              int64_t restoring) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Synced: the mark must be on disk before the load that may kill kilnd starts.
+  const SyncedCommits synced(this);
+  Statement s(db_, "UPDATE deployments SET restoring = ? WHERE model = ? AND version = ?");
+  KILN_RETURN_IF_ERROR(s.status());
+  s.Bind(1, restoring);
+  s.Bind(2, model);
+  s.Bind(3, version);
+  KILN_RETURN_IF_ERROR(s.Run());
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("job store: no deployment of model \"", model,
+                                            "\" version \"", version, "\" is recorded"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kiln::server

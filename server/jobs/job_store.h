@@ -28,6 +28,9 @@ struct JobPage {
 struct StoredDeployment {
   std::string model, version;
   std::string load_request;
+  // Marked while kilnd loads it at start (MarkDeploymentRestoring); still marked when read at the
+  // next start, that start died loading it.
+  bool restoring = false;
 };
 
 struct JobStoreOptions {
@@ -44,7 +47,7 @@ struct JobStoreOptions {
 class JobStore {
  public:
   // The schema version this code reads and writes; older databases are migrated on open.
-  static constexpr int kSchemaVersion = 7;
+  static constexpr int kSchemaVersion = 8;
   static constexpr int64_t kMinStepEventsPerJob = 100;
 
   // Opens (creating if needed) the database at `path`, and thins the step and epoch history of
@@ -93,6 +96,11 @@ class JobStore {
                                    const std::vector<StoredDeployment>& versions);
   // Every recorded deployment: models in the order they were last written, versions oldest first.
   absl::StatusOr<std::vector<StoredDeployment>> Deployments();
+  // Marks the recorded deployment as being loaded at start, in a synced write, before the load;
+  // ClearDeploymentRestoring unmarks it once the load is over. SetModelDeployments writes its
+  // rows unmarked. NotFound when nothing is recorded as `model` `version`.
+  absl::Status MarkDeploymentRestoring(const std::string& model, const std::string& version);
+  absl::Status ClearDeploymentRestoring(const std::string& model, const std::string& version);
 
   // The jobs whose rows Open found damaged, each with what is wrong: a negative or non-integer
   // step, epoch, position or size (values kilnd never writes), or a step history that could not be
@@ -108,6 +116,9 @@ class JobStore {
   // written fails it: one job's rows never stop kilnd from starting.
   absl::Status CheckAndThinAllJobs();
   absl::Status Exec(const char* sql);
+  // Sets the deployment's restoring column (0 or 1) in a synced write.
+  absl::Status SetDeploymentRestoring(const std::string& model, const std::string& version,
+                                      int64_t restoring);
   // While alive (mu_ held), commits sync the write-ahead log (synchronous=FULL): for what is
   // announced to clients once committed (job states, checkpoint records), which a power failure
   // must not take back. Step metrics stay at NORMAL: one fsync a step would slow training, and

@@ -206,14 +206,21 @@ std::vector<std::string> InferenceService::Restore(const std::vector<DeploymentR
   std::vector<std::string> failures;
   std::lock_guard<std::mutex> lock(change_mu_);
   for (const DeploymentRecord& record : records) {
-    absl::Status status = [&]() -> absl::Status {
-      KILN_ASSIGN_OR_RETURN(LoadRequest load,
-                            ParseLoad(record.request, options_.default_deployment));
-      return repository_->Load(load).status();
-    }();
-    if (status.ok()) continue;
-    const std::string reason =
-        absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+    std::string reason;
+    if (record.restore_interrupted) {
+      // Loading it again would likely kill kilnd again, at every start: a crash loop.
+      reason = kInterruptedRestoreReason;
+    } else {
+      if (options_.note_restore) options_.note_restore(record, RestorePhase::kLoading);
+      absl::Status status = [&]() -> absl::Status {
+        KILN_ASSIGN_OR_RETURN(LoadRequest load,
+                              ParseLoad(record.request, options_.default_deployment));
+        return repository_->Load(load).status();
+      }();
+      if (options_.note_restore) options_.note_restore(record, RestorePhase::kSettled);
+      if (status.ok()) continue;
+      reason = absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+    }
     repository_->MarkUnavailable(record.model, record.version, reason);
     failures.push_back(absl::StrCat(record.model, " ", record.version, ": ", reason));
   }

@@ -27,7 +27,21 @@ namespace kiln::serving {
 struct DeploymentRecord {
   std::string model, version;
   inference::RepositoryModelLoadRequest request;
+  // An earlier start stopped while it was loading this record (killed, e.g. out of memory):
+  // Restore does not load it again.
+  bool restore_interrupted = false;
 };
+
+// Where Restore is with one record (InferenceServiceOptions::note_restore).
+enum class RestorePhase {
+  kLoading,  // about to load it
+  kSettled,  // it loaded, or failed with a status (then it is marked unavailable)
+};
+
+// The reason a record with restore_interrupted is marked unavailable with.
+inline constexpr char kInterruptedRestoreReason[] =
+    "kilnd stopped while restoring it at an earlier start (out of memory?); not restored again: "
+    "load it again, or unload it";
 
 // The RepositoryModelLoad that deploys `source` as `model` with `options` (checkpoint, device,
 // threads and batching): what a recorded deployment replays and what following a job sends.
@@ -54,6 +68,10 @@ struct InferenceServiceOptions {
   // oldest first (empty: none), to make durable. An error fails the call (a load is undone).
   std::function<absl::Status(const std::string& model, const std::vector<DeploymentRecord>&)>
       record_deployments;
+  // Before Restore loads a record and after it settled: for the daemon to note durably which
+  // record is loading, so that a start killed while loading it does not load it again at the
+  // next start (restore_interrupted), and die again.
+  std::function<void(const DeploymentRecord&, RestorePhase)> note_restore;
 };
 
 class InferenceService final : public inference::GRPCInferenceService::Service {
@@ -121,7 +139,9 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
 
   // Loads recorded deployments again, in order, without recording them anew; one that fails is
   // marked unavailable in the repository with its reason (and stays recorded), and the rest
-  // still load. Returns the failures, as "model version: reason".
+  // still load. A record with restore_interrupted is not loaded: it is marked unavailable with
+  // kInterruptedRestoreReason until a load or unload of it. Returns the failures, as "model
+  // version: reason".
   std::vector<std::string> Restore(const std::vector<DeploymentRecord>& records);
 
  private:

@@ -123,7 +123,9 @@ absl::StatusOr<ResolvedCheckpoint> ResolveCheckpointFile(const std::string& sour
   return resolved;
 }
 
-ModelRepository::ModelRepository(ModelRepositoryOptions options) : options_(std::move(options)) {}
+ModelRepository::ModelRepository(ModelRepositoryOptions options)
+    : options_(std::move(options)),
+      budget_(ServingMemoryBudget::Create(options_.max_total_memory_bytes)) {}
 
 absl::Status ModelRepository::CheckOptions(const DeploymentOptions& options) const {
   if (options.threads < 0 || options.threads > 1024) {
@@ -241,10 +243,8 @@ absl::Status ModelRepository::StartVersion(ServedVersion& version) const {
                                      "\": ", std::string(backend.status().message())));
   }
   version.backend_ = std::move(*backend);
-  if (absl::Status fits =
-          CheckMemory(version.checkpoint_path_, options, version.backend_->kind(), backend_options);
-      !fits.ok()) {
-    return absl::Status(fits.code(), absl::StrCat(who, ": ", fits.message()));
+  if (absl::Status reserved = ReserveMemory(version, backend_options); !reserved.ok()) {
+    return absl::Status(reserved.code(), absl::StrCat(who, ": ", reserved.message()));
   }
   absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
       version.checkpoint_path_, version.backend_.get(), options.batching.max_batch_size);
@@ -263,6 +263,25 @@ absl::Status ModelRepository::StartVersion(ServedVersion& version) const {
   KILN_ASSIGN_OR_RETURN(version.batcher_,
                         DynamicBatcher::Create(std::move(*session), options.batching, who,
                                                std::move(prepare_thread), callers_run_when_idle));
+  version.reservation_.Loaded();
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::ReserveMemory(ServedVersion& version,
+                                            const BackendOptions& backend_options) const {
+  const DeploymentOptions& options = version.options_;
+  KILN_ASSIGN_OR_RETURN(const int64_t need, PlanMemory(version.checkpoint_path_, options,
+                                                       version.backend_->kind(), backend_options));
+  // Reserved before the checkpoint is read, so that loads under way count against the budget
+  // too. A version this one replaces (the same number) or that the policy pushes out once it is
+  // loaded still holds its share meanwhile: both are in memory at once until it goes.
+  absl::StatusOr<ServingMemoryBudget::Reservation> reserved = budget_->Reserve(need);
+  if (!reserved.ok()) {
+    return absl::Status(reserved.status().code(), absl::StrCat("serving it at max_batch_size ",
+                                                               options.batching.max_batch_size, " ",
+                                                               reserved.status().message()));
+  }
+  version.reservation_ = std::move(*reserved);
   return absl::OkStatus();
 }
 
@@ -432,19 +451,20 @@ std::vector<std::pair<std::string, std::string>> ModelRepository::Following() co
   return out;
 }
 
-absl::Status ModelRepository::CheckMemory(const std::string& checkpoint,
-                                          const DeploymentOptions& options, DeviceKind device,
-                                          const BackendOptions& backend_options) const {
+absl::StatusOr<int64_t> ModelRepository::PlanMemory(const std::string& checkpoint,
+                                                    const DeploymentOptions& options,
+                                                    DeviceKind device,
+                                                    const BackendOptions& backend_options) const {
   // An unreadable checkpoint is for loading it to report, with its own message.
   absl::StatusOr<CheckpointInfo> info = ReadCheckpointInfo(checkpoint);
-  if (!info.ok()) return absl::OkStatus();
+  if (!info.ok()) return 0;
   MemoryTarget target;
   target.device = device;
   target.threads = CpuBackendThreads(backend_options);
   KILN_ASSIGN_OR_RETURN(MemoryPlan plan,
                         PlanInferenceMemory(info->model, options.batching.max_batch_size, target));
   const int64_t need = plan.total_bytes(), limit = options_.max_memory_bytes;
-  if (need <= limit) return absl::OkStatus();
+  if (need <= limit) return need;
   return absl::ResourceExhaustedError(absl::StrCat(
       "serving it at max_batch_size ", options.batching.max_batch_size, " needs ",
       FormatBytes(need), " of memory (the most: ", plan.largest().Describe(),

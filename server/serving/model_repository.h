@@ -19,6 +19,7 @@
 #include "engine/backend_registry.h"
 #include "engine/tensor.h"
 #include "server/serving/dynamic_batcher.h"
+#include "server/serving/serving_memory_budget.h"
 
 namespace kiln::serving {
 
@@ -85,6 +86,10 @@ struct ModelRepositoryOptions {
   // max_batch_size); more is RESOURCE_EXHAUSTED at load, naming the layer. kilnd passes
   // --max_job_memory_bytes.
   int64_t max_memory_bytes = int64_t{16} << 30;
+  // The most memory all versions of all models in memory may need together, each counted by the
+  // same plan; a load that would go past it is RESOURCE_EXHAUSTED (ServingMemoryBudget). kilnd
+  // passes --max_serving_memory_bytes.
+  int64_t max_total_memory_bytes = int64_t{32} << 30;
 };
 
 // What to load: `source` goes to the resolver. Versions are numbered per model (1, 2, 3, ...):
@@ -114,6 +119,8 @@ class ServedVersion {
   const Shape& input_shape() const { return input_shape_; }  // per sample, e.g. {1, 28, 28}
   int64_t input_elems() const { return input_elems_; }
   int64_t num_classes() const { return num_classes_; }
+  // The memory its plan says it needs (its share of max_total_memory_bytes while in memory).
+  int64_t memory_bytes() const { return reservation_.bytes(); }
   DynamicBatcher& batcher() const { return *batcher_; }
 
  private:
@@ -124,6 +131,8 @@ class ServedVersion {
   DeploymentOptions options_;
   Shape input_shape_;
   int64_t input_elems_ = 0, num_classes_ = 0;
+  // Declared first: given back only after the backend and batcher have freed their memory.
+  ServingMemoryBudget::Reservation reservation_;
   std::unique_ptr<Backend> backend_;         // declared before the batcher: outlives it
   std::unique_ptr<DynamicBatcher> batcher_;  // owns the session
 };
@@ -186,6 +195,10 @@ class ModelRepository {
   // version that is unloaded, or replaced and still finishing its requests, is not listed.
   std::vector<VersionQueue> Queues() const;
 
+  // What the versions in memory (loaded, loading, or unloaded and still finishing requests) hold
+  // of max_total_memory_bytes.
+  ServingMemoryUse MemoryInUse() const { return budget_->InUse(); }
+
   const ModelRepositoryOptions& options() const { return options_; }
 
  private:
@@ -208,16 +221,21 @@ class ModelRepository {
   // The loaded model; Unavailable when it was unloaded, NotFound when never loaded (caller
   // holds mu_).
   absl::StatusOr<const Model*> FindModelLocked(const std::string& model) const;
-  // RESOURCE_EXHAUSTED when serving `checkpoint` with `options` needs more than
-  // max_memory_bytes.
-  absl::Status CheckMemory(const std::string& checkpoint, const DeploymentOptions& options,
-                           DeviceKind device, const BackendOptions& backend_options) const;
+  // The memory serving `checkpoint` with `options` needs (0 when the checkpoint cannot be read:
+  // loading it reports that); RESOURCE_EXHAUSTED when that is more than max_memory_bytes.
+  absl::StatusOr<int64_t> PlanMemory(const std::string& checkpoint,
+                                     const DeploymentOptions& options, DeviceKind device,
+                                     const BackendOptions& backend_options) const;
   absl::Status CheckOptions(const DeploymentOptions& options) const;
   // Load's steps after the request is checked and resolved. The number to load as (`number`, or
   // the model's next when 0), if the model's version policy and limit admit it.
   absl::StatusOr<int64_t> NumberToLoad(const LoadRequest& request, int64_t number);
-  // Makes `version`'s backend, session and batcher; the error names the version.
+  // Makes `version`'s backend, reserves its planned memory, then makes its session and batcher;
+  // the error names the version.
   absl::Status StartVersion(ServedVersion& version) const;
+  // Plans the memory `version` needs on its backend (over max_memory_bytes: RESOURCE_EXHAUSTED)
+  // and reserves it in the budget (RESOURCE_EXHAUSTED when it does not fit beside the rest).
+  absl::Status ReserveMemory(ServedVersion& version, const BackendOptions& backend_options) const;
   // Makes `version` the model's `number` under its (new) policy; versions replaced or dropped go
   // to *released, for the caller to let go after the lock. FailedPrecondition when the policy
   // drops `version` itself.
@@ -226,6 +244,8 @@ class ModelRepository {
                           std::vector<std::shared_ptr<const ServedVersion>>* released);
 
   const ModelRepositoryOptions options_;
+  // Shared with each version's reservation, which may outlive the repository.
+  const std::shared_ptr<ServingMemoryBudget> budget_;
   mutable std::mutex mu_;
   std::map<std::string, Model> models_;
   std::set<std::string> unloaded_;  // unloaded and not loaded again since

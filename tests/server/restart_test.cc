@@ -12,6 +12,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "server/jobs/job_store.h"
+#include "server/serving/inference_service.h"
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"
@@ -312,6 +314,67 @@ TEST_F(DeploymentRestartTest, DeployedModelsAndVersionsComeBackAfterARestart) {
                          ::testing::HasSubstr("damaged on disk"))));
   EXPECT_THAT(after, ::testing::Contains("digits:" + last + ":READY:"));
   EXPECT_EQ(ServedVersion(*inference, "digits"), last);
+}
+
+// A start that dies while restoring a deployment (killed for memory) leaves its mark in the store,
+// made here by hand: the next starts do not load that deployment again (it is UNAVAILABLE with
+// the reason, its record kept) and restore the others, until it is loaded again by hand. A
+// deployment over the serving memory budget is refused at restore alone, and tried again at the
+// next start.
+TEST_F(DeploymentRestartTest, ADeploymentAStartDiedRestoringIsHeldBackUntilLoadedByHand) {
+  auto kilnd = StartKilnd();
+  auto stub = kilnd->NewStub();
+  v1::JobSpec spec = SmallSpec("toy", 1);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  const std::string id = Submit(*stub, spec);
+  ASSERT_TRUE(WaitForState(*stub, id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(90)));
+  auto inference = Inference(*kilnd);
+  ASSERT_OK(Load(*inference, "a", id + "@latest"));
+  ASSERT_OK(Load(*inference, "b", id + "@latest"));
+  ASSERT_EQ(kilnd->Stop(SIGTERM, absl::Seconds(20)), 0);
+  {
+    auto store = JobStore::Open(state_dir_ + "/kiln.db");
+    ASSERT_OK(store);
+    ASSERT_OK((*store)->MarkDeploymentRestoring("b", "1"));
+  }
+  const std::string held = std::string("b:1:UNAVAILABLE:") + serving::kInterruptedRestoreReason;
+  for (int start = 0; start < 2; ++start) {  // held back at every start, not every other one
+    kilnd = StartKilnd();
+    ASSERT_TRUE(WaitUntilServing(*kilnd));
+    inference = Inference(*kilnd);
+    EXPECT_THAT(Index(*inference), ::testing::ElementsAre("a:1:READY:", held)) << start;
+    ASSERT_EQ(kilnd->Stop(SIGTERM, absl::Seconds(20)), 0);
+  }
+
+  kilnd = StartKilnd();
+  ASSERT_TRUE(WaitUntilServing(*kilnd));
+  inference = Inference(*kilnd);
+  {
+    grpc::ClientContext context;
+    inference::RepositoryModelLoadRequest request;
+    request.set_model_name("b");
+    (*request.mutable_parameters())["checkpoint"].set_string_param(id + "@latest");
+    (*request.mutable_parameters())["version"].set_string_param("1");
+    inference::RepositoryModelLoadResponse response;
+    ASSERT_OK(inference->RepositoryModelLoad(&context, request, &response));
+  }
+  EXPECT_THAT(Index(*inference), ::testing::ElementsAre("a:1:READY:", "b:1:READY:"));
+  ASSERT_EQ(kilnd->Stop(SIGTERM, absl::Seconds(20)), 0);
+
+  kilnd = StartKilnd({"--max_serving_memory_bytes=1"});
+  ASSERT_TRUE(WaitUntilServing(*kilnd));
+  inference = Inference(*kilnd);
+  const auto refused = ::testing::AllOf(
+      ::testing::HasSubstr(":1:UNAVAILABLE:RESOURCE_EXHAUSTED: "),
+      ::testing::HasSubstr("more than the 1 B all served versions may use (1 bytes, "
+                           "--max_serving_memory_bytes)"));
+  EXPECT_THAT(Index(*inference), ::testing::ElementsAre(refused, refused));
+  ASSERT_EQ(kilnd->Stop(SIGTERM, absl::Seconds(20)), 0);
+
+  kilnd = StartKilnd();
+  ASSERT_TRUE(WaitUntilServing(*kilnd));
+  inference = Inference(*kilnd);
+  EXPECT_THAT(Index(*inference), ::testing::ElementsAre("a:1:READY:", "b:1:READY:"));
 }
 
 // A model deployed with follow from a job still training gets a version for each new checkpoint

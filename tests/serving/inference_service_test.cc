@@ -25,8 +25,10 @@ namespace {
 
 using testing::Answer;
 using testing::Form;
+using testing::IndexOf;
 using testing::kClasses;
 using testing::kPixels;
+using testing::LoadMessage;
 using testing::MakeRequest;
 using testing::ReadAnswer;
 using testing::SharedCheckpoints;
@@ -465,24 +467,6 @@ TEST_F(InferenceServiceTest, RepositoryExtensionLoadsIndexesAndUnloads) {
   grpc::Status unknown = UnloadRpc(*stub_, "ghost");
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(unknown.error_message(), "unknown model \"ghost\"");
-}
-
-inference::RepositoryModelLoadRequest LoadMessage(
-    const std::string& model, const std::map<std::string, std::string>& params) {
-  inference::RepositoryModelLoadRequest request;
-  request.set_model_name(model);
-  for (const auto& [key, value] : params) {
-    (*request.mutable_parameters())[key] = StringParam(value);
-  }
-  return request;
-}
-
-std::vector<std::string> IndexOf(const ModelRepository& repo) {
-  std::vector<std::string> out;
-  for (const ModelIndexEntry& e : repo.Index()) {
-    out.push_back(e.name + ":" + e.version + ":" + e.state + ":" + e.reason);
-  }
-  return out;
 }
 
 // Every load and unload hands the model's loaded versions to record_deployments, as load

@@ -125,6 +125,24 @@ Answer ReadAnswer(const inference::ModelInferResponse& response) {
   return answer;
 }
 
+inference::RepositoryModelLoadRequest LoadMessage(
+    const std::string& model, const std::map<std::string, std::string>& params) {
+  inference::RepositoryModelLoadRequest request;
+  request.set_model_name(model);
+  for (const auto& [key, value] : params) {
+    (*request.mutable_parameters())[key].set_string_param(value);
+  }
+  return request;
+}
+
+std::vector<std::string> IndexOf(const ModelRepository& repo) {
+  std::vector<std::string> out;
+  for (const ModelIndexEntry& e : repo.Index()) {
+    out.push_back(e.name + ":" + e.version + ":" + e.state + ":" + e.reason);
+  }
+  return out;
+}
+
 ServingServer::ServingServer(ModelRepositoryOptions options)
     : repository_(std::make_unique<ModelRepository>(std::move(options))),
       service_(std::make_unique<InferenceService>(repository_.get(), [] {

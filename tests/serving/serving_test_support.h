@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,13 @@ struct Answer {
   std::vector<int64_t> classes;
 };
 Answer ReadAnswer(const inference::ModelInferResponse& response);
+
+// A RepositoryModelLoad of `model` with string parameters (checkpoint, version, threads, ...).
+inference::RepositoryModelLoadRequest LoadMessage(const std::string& model,
+                                                  const std::map<std::string, std::string>& params);
+
+// The repository's index as "model:version:state:reason", in its order.
+std::vector<std::string> IndexOf(const ModelRepository& repo);
 
 // A ModelRepository and an InferenceService behind a grpc::Server on 127.0.0.1, any free port.
 class ServingServer {

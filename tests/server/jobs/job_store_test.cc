@@ -377,6 +377,13 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
   EXPECT_EQ((*jobs)[0].crash_resumes(), 2);
   EXPECT_TRUE((*jobs)[0].interrupted_by_shutdown());
   EXPECT_EQ((*jobs)[0].resume_checkpoint_id(), 7);
+  // The deployments table is made, with its later columns.
+  ASSERT_OK((*store)->SetModelDeployments("m", {{"m", "1", "load m1"}}));
+  ASSERT_OK((*store)->MarkDeploymentRestoring("m", "1"));
+  auto deployments = (*store)->Deployments();
+  ASSERT_OK(deployments);
+  ASSERT_EQ(deployments->size(), 1u);
+  EXPECT_TRUE((*deployments)[0].restoring);
   std::filesystem::remove_all(dir);
 }
 
@@ -407,6 +414,42 @@ TEST(JobStoreTest, DeploymentsAreReplacedPerModelAndListedInTheOrderTheyWereWrit
   all = (*store)->Deployments();
   ASSERT_OK(all);
   EXPECT_EQ(all->back().load_request, std::string("\0bytes\xff", 7));
+  std::filesystem::remove_all(dir);
+}
+
+// A deployment is marked while kilnd loads it at start; a mark that survives to the next open
+// says that start died loading it. Writing the model's deployments again clears it.
+TEST(JobStoreTest, ADeploymentMarkedRestoringStaysMarkedUntilClearedOrRewritten) {
+  const std::string dir = testing::MakeTempDir("store");
+  {
+    auto store = JobStore::Open(dir + "/kiln.db");
+    ASSERT_OK(store);
+    ASSERT_OK((*store)->SetModelDeployments("a", {{"a", "1", "load a1"}, {"a", "2", "load a2"}}));
+    ASSERT_OK((*store)->SetModelDeployments("b", {{"b", "7", "load b7"}}));
+    ASSERT_OK((*store)->MarkDeploymentRestoring("a", "1"));
+    ASSERT_OK((*store)->ClearDeploymentRestoring("a", "1"));
+    ASSERT_OK((*store)->MarkDeploymentRestoring("a", "2"));  // and then kilnd is killed
+    ASSERT_OK((*store)->MarkDeploymentRestoring("b", "7"));
+    absl::Status none = (*store)->MarkDeploymentRestoring("a", "3");
+    EXPECT_TRUE(absl::IsNotFound(none)) << none;
+    EXPECT_THAT(std::string(none.message()), HasSubstr("model \"a\" version \"3\""));
+  }
+  auto store = JobStore::Open(dir + "/kiln.db");
+  ASSERT_OK(store);
+  auto marked = [&] {
+    std::vector<std::string> out;
+    auto all = (*store)->Deployments();
+    EXPECT_OK(all);
+    if (!all.ok()) return out;
+    for (const StoredDeployment& d : *all) {
+      out.push_back(absl::StrCat(d.model, "/", d.version, d.restoring ? " restoring" : ""));
+    }
+    return out;
+  };
+  EXPECT_THAT(marked(), ::testing::ElementsAre("a/1", "a/2 restoring", "b/7 restoring"));
+  // A model's deployments written anew (a load or unload by hand) come unmarked.
+  ASSERT_OK((*store)->SetModelDeployments("a", {{"a", "2", "load a2"}}));
+  EXPECT_THAT(marked(), ::testing::ElementsAre("b/7 restoring", "a/2"));
   std::filesystem::remove_all(dir);
 }
 
