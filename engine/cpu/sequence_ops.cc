@@ -223,7 +223,7 @@ absl::Status CpuBackend::LayerNormBackward(int64_t rows, int cols, const float* 
                                            const float* gamma, const float* mean, const float* rstd,
                                            const float* dy, float* dx, float* dgamma,
                                            float* dbeta) {
-  KILN_RETURN_IF_ERROR(CheckLayerNorm(rows, cols, 1.0f));
+  KILN_RETURN_IF_ERROR(CheckLayerNorm(rows, cols, /*eps=*/1.0f));  // eps is the forward's alone
   const bool parallel = rows * cols > kParallelMin;
   if (dx != nullptr) {
 #pragma omp parallel for num_threads(threads_) schedule(static) if (parallel)
