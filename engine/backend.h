@@ -210,6 +210,53 @@ class Backend {
                                          const float* saved_invstd, const float* dy, float* dgamma,
                                          float* dbeta, float* dx) = 0;
 
+  // --- sequences (transformers) -----------------------------------------------------------
+  // Layer normalisation over the last dimension of x(rows, cols), PyTorch's nn.LayerNorm:
+  // y = (x - mean) * rstd * gamma + beta per row, with the biased variance and
+  // rstd = 1 / sqrt(var + eps); gamma and beta (cols) both null for no affine. Writes mean and rstd
+  // (rows) for the backward. CheckLayerNorm's rules.
+  virtual absl::Status LayerNormForward(int64_t rows, int cols, float eps, const float* x,
+                                        const float* gamma, const float* beta, float* y,
+                                        float* mean, float* rstd) = 0;
+  // From the forward's x, mean and rstd: dx = the input gradient (overwritten; when not null),
+  // dgamma += sum over rows of dy * xhat, dbeta += sum over rows of dy (when not null; gamma null
+  // for no affine).
+  virtual absl::Status LayerNormBackward(int64_t rows, int cols, const float* x,
+                                         const float* gamma, const float* mean, const float* rstd,
+                                         const float* dy, float* dx, float* dgamma,
+                                         float* dbeta) = 0;
+  // y(count, dim) = table[ids[i]] from table(vocab, dim), ids int32 in [0, vocab) (the caller
+  // checks ids from outside on the host; a backend never reads outside the table: an id out of
+  // range gives a zero row on CUDA and InvalidArgument on the CPU). CheckEmbedding's rules.
+  virtual absl::Status EmbeddingForward(int64_t count, int vocab, int dim, const int32_t* ids,
+                                        const float* table, float* y) = 0;
+  // dtable(vocab, dim) += dy(count, dim) rows scattered to their ids, each table row summing its
+  // rows in index order, so the result is the same bits on every run and thread count (no
+  // atomics on floats). Ids out of range are skipped.
+  virtual absl::Status EmbeddingBackward(int64_t count, int vocab, int dim, const int32_t* ids,
+                                         const float* dy, float* dtable) = 0;
+  // `batch` GEMMs (Gemm's conventions), the i-th on a + i * stride_a, b + i * stride_b and
+  // c + i * stride_c (cuBLAS's strided batched GEMM; attention's per-head products).
+  // CheckGemmStridedBatched's rules.
+  virtual absl::Status GemmStridedBatched(Transpose ta, Transpose tb, int m, int n, int k,
+                                          float alpha, const float* a, int64_t stride_a,
+                                          const float* b, int64_t stride_b, float beta, float* c,
+                                          int64_t stride_c, int batch) = 0;
+  // Causal attention weights from scores x viewed as (batch, t, t): for each row i,
+  // y[i][j] = softmax over j <= i of scale * x[i][j], and 0 for j > i (the scale, the causal mask
+  // and the softmax in one pass). y may be x. CheckCausalSoftmax's rules.
+  virtual absl::Status CausalSoftmaxForward(int64_t batch, int t, float scale, const float* x,
+                                            float* y) = 0;
+  // From the forward's y: dx[i][j] = scale * y[i][j] * (dy[i][j] - sum over j' <= i of
+  // dy[i][j'] * y[i][j']) for j <= i, 0 above the diagonal (overwritten). dx may be dy.
+  virtual absl::Status CausalSoftmaxBackward(int64_t batch, int t, float scale, const float* y,
+                                             const float* dy, float* dx) = 0;
+  // y(a, c, b, d) = x(a, b, c, d): swaps the middle two axes (splitting attention heads out of
+  // (batch, time, heads, head_dim), and merging them back). x and y must not overlap.
+  // CheckTranspose0213's rules.
+  virtual absl::Status Transpose0213(int64_t a, int64_t b, int64_t c, int64_t d, const float* x,
+                                     float* y) = 0;
+
   // --- losses -------------------------------------------------------------------------------
   // Mean cross-entropy of log-softmax(logits(rows, cols)) against int32 labels smoothed as
   // PyTorch's CrossEntropyLoss(label_smoothing=e) does: the target puts 1-e on the label and e

@@ -1,5 +1,7 @@
 #include "engine/backend_checks.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace kiln {
@@ -102,6 +104,60 @@ absl::Status CheckCopy2D(int64_t rows, int64_t cols, int64_t src_stride, int64_t
     return absl::InvalidArgumentError(absl::StrCat("Copy2D: ", rows, " rows of ", cols,
                                                    " floats do not fit strides ", src_stride,
                                                    " and ", dst_stride));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLayerNorm(int64_t rows, int cols, float eps) {
+  if (rows < 0 || cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("layernorm over ", rows, " rows of ", cols,
+                                                   " values: needs rows >= 0 and cols >= 1"));
+  }
+  if (!(eps > 0.0f) || !std::isfinite(eps)) {
+    return absl::InvalidArgumentError(absl::StrCat("layernorm: eps must be > 0, got ", eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEmbedding(int64_t count, int vocab, int dim) {
+  if (count < 0 || vocab < 1 || dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("embedding of ", count, " ids into a table of ", vocab, " x ", dim,
+                     ": needs count >= 0, vocab >= 1 and dim >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_c, int batch) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batched GEMM of ", batch, " x (", m, " x ", k,
+                                                   ") * (", k, " x ", n,
+                                                   "): no extent may be negative"));
+  }
+  if (batch > 1 && stride_c < int64_t{m} * n) {
+    return absl::InvalidArgumentError(absl::StrCat("batched GEMM: stride_c ", stride_c,
+                                                   " would overlap the ", m, " x ", n,
+                                                   " results"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCausalSoftmax(int64_t batch, int t, float scale) {
+  if (batch < 0 || t < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("causal softmax over ", batch, " x ", t, " x ",
+                                                   t, " scores: needs batch >= 0 and t >= 1"));
+  }
+  if (!(scale > 0.0f) || !std::isfinite(scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("causal softmax: scale must be finite and > 0, got ", scale));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTranspose0213(int64_t a, int64_t b, int64_t c, int64_t d) {
+  if (a < 0 || b < 0 || c < 0 || d < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transpose0213 of (", a, ", ", b, ", ", c, ", ", d, "): no extent may be negative"));
   }
   return absl::OkStatus();
 }

@@ -44,4 +44,20 @@ absl::Status CheckSoftmaxCrossEntropy(int rows, int cols, float label_smoothing 
 // Before a Copy2D: no negative size, rows no longer than either stride.
 absl::Status CheckCopy2D(int64_t rows, int64_t cols, int64_t src_stride, int64_t dst_stride);
 
+// Before a layer normalisation: rows >= 0, cols >= 1, eps > 0 and finite.
+absl::Status CheckLayerNorm(int64_t rows, int cols, float eps);
+
+// Before an embedding lookup: count >= 0, vocab >= 1, dim >= 1.
+absl::Status CheckEmbedding(int64_t count, int vocab, int dim);
+
+// Before a strided batched GEMM: m, n, k, batch >= 0, and strides >= 0 and large enough that the
+// batch's matrices do not overlap in c (those of a and b may: a stride of 0 repeats a matrix).
+absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_c, int batch);
+
+// Before a causal softmax: batch >= 0, t >= 1, scale finite and > 0.
+absl::Status CheckCausalSoftmax(int64_t batch, int t, float scale);
+
+// Before Transpose0213: every extent >= 0.
+absl::Status CheckTranspose0213(int64_t a, int64_t b, int64_t c, int64_t d);
+
 }  // namespace kiln

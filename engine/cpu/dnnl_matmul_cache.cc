@@ -3,6 +3,7 @@
 #include <functional>
 #include <new>
 
+#include "absl/strings/str_cat.h"
 #include "engine/cpu/dnnl_engine.h"
 
 namespace kiln::cpu_internal {
@@ -13,7 +14,9 @@ size_t DnnlMatmulCache::KeyHash::operator()(const Key& key) const {
   size_t h = std::hash<int>()(key.m);
   for (const size_t v :
        {std::hash<int>()(key.n), std::hash<int>()(key.k), std::hash<float>()(key.alpha),
-        std::hash<float>()(key.beta), size_t{key.ta} * 2 + key.tb}) {
+        std::hash<float>()(key.beta), size_t{key.ta} * 2 + key.tb, std::hash<int>()(key.batch),
+        std::hash<int64_t>()(key.stride_a), std::hash<int64_t>()(key.stride_b),
+        std::hash<int64_t>()(key.stride_c)}) {
     h = h * 1000003u ^ v;
   }
   return h;
@@ -22,13 +25,57 @@ size_t DnnlMatmulCache::KeyHash::operator()(const Key& key) const {
 absl::Status DnnlMatmulCache::Run(const dnnl::stream& stream, Transpose ta, Transpose tb, int m,
                                   int n, int k, float alpha, const float* a, const float* b,
                                   float beta, float* c) {
-  const Key key{ta == Transpose::kYes, tb == Transpose::kYes, m, n, k, alpha, beta};
+  const Key key{ta == Transpose::kYes, tb == Transpose::kYes, m, n, k, alpha, beta, 0, 0, 0, 0};
   // A transposed operand is the same row-major storage read column-major ("ba").
   const memory::desc a_md({m, k}, memory::data_type::f32,
                           key.ta ? memory::format_tag::ba : memory::format_tag::ab);
   const memory::desc b_md({k, n}, memory::data_type::f32,
                           key.tb ? memory::format_tag::ba : memory::format_tag::ab);
   const memory::desc c_md({m, n}, memory::data_type::f32, memory::format_tag::ab);
+  return Execute(stream, key, a_md, b_md, c_md, a, b, c);
+}
+
+bool DnnlMatmulCache::Batchable(int m, int n, int k, int64_t stride_a, int64_t stride_b) {
+  // Both 0 would broadcast a batch of 1 into every c, which oneDNN's matmul does not take.
+  return (stride_a == 0 || stride_a >= int64_t{m} * k) &&
+         (stride_b == 0 || stride_b >= int64_t{k} * n) && (stride_a != 0 || stride_b != 0);
+}
+
+absl::Status DnnlMatmulCache::RunBatched(const dnnl::stream& stream, Transpose ta, Transpose tb,
+                                         int m, int n, int k, float alpha, const float* a,
+                                         int64_t stride_a, const float* b, int64_t stride_b,
+                                         float beta, float* c, int64_t stride_c, int batch) {
+  const Key key{ta == Transpose::kYes,
+                tb == Transpose::kYes,
+                m,
+                n,
+                k,
+                alpha,
+                beta,
+                batch,
+                stride_a,
+                stride_b,
+                stride_c};
+  // (batch, rows, cols) with explicit strides: a transposed operand's rows are 1 apart and its
+  // columns a row length apart. A stride of 0 is a batch of 1 that oneDNN broadcasts (its
+  // descriptors refuse a 0 stride on a longer axis); a lone matrix's batch stride is never read.
+  auto operand = [](int64_t stride, int count, int rows, int cols, bool transposed) {
+    const int64_t size = int64_t{rows} * cols;
+    const memory::dim outer = stride == 0 ? size : stride;
+    return memory::desc({stride == 0 ? 1 : count, rows, cols}, memory::data_type::f32,
+                        transposed ? memory::dims{outer, 1, rows} : memory::dims{outer, cols, 1});
+  };
+  const memory::desc a_md = operand(stride_a, batch, m, k, key.ta);
+  const memory::desc b_md = operand(stride_b, batch, k, n, key.tb);
+  const memory::desc c_md = operand(stride_c, batch, m, n, false);
+  return Execute(stream, key, a_md, b_md, c_md, a, b, c);
+}
+
+absl::Status DnnlMatmulCache::Execute(const dnnl::stream& stream, const Key& key,
+                                      const memory::desc& a_md, const memory::desc& b_md,
+                                      const memory::desc& c_md, const float* a, const float* b,
+                                      float* c) {
+  const char* what = key.batch > 0 ? "batched gemm" : "gemm";
   try {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
@@ -36,10 +83,10 @@ absl::Status DnnlMatmulCache::Run(const dnnl::stream& stream, Transpose ta, Tran
       if (cache_.size() >= kMaxCachedShapes) cache_.clear();
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-      if (beta != 0.0f) {
+      if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+      if (key.beta != 0.0f) {
         dnnl::post_ops ops;
-        ops.append_sum(beta);
+        ops.append_sum(key.beta);
         attr.set_post_ops(ops);
       }
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, DnnlEngine());
@@ -55,9 +102,10 @@ absl::Status DnnlMatmulCache::Run(const dnnl::stream& stream, Transpose ta, Tran
                  {DNNL_ARG_DST, memory(c_md, engine, c)},
                  {DNNL_ARG_SCRATCHPAD, memory(scratch_md, engine, scratchpad_.data())}});
   } catch (const dnnl::error& e) {
-    return DnnlError("gemm", e);
+    return DnnlError(what, e);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("gemm: out of memory for the oneDNN scratchpad");
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": out of memory for the oneDNN scratchpad"));
   }
   return absl::OkStatus();
 }

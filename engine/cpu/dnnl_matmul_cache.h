@@ -18,15 +18,27 @@ class DnnlMatmulCache {
   // thread's OpenMP team.
   absl::Status Run(const dnnl::stream& stream, Transpose ta, Transpose tb, int m, int n, int k,
                    float alpha, const float* a, const float* b, float beta, float* c);
+  // `batch` of them in one 3-D primitive, the i-th on a + i * stride_a, b + i * stride_b and
+  // c + i * stride_c (Backend::GemmStridedBatched), batch > 1. A stride of 0 repeats its matrix
+  // (oneDNN's broadcast); the strides must pass Batchable (oneDNN refuses overlapping layouts),
+  // stride_c be at least m * n.
+  absl::Status RunBatched(const dnnl::stream& stream, Transpose ta, Transpose tb, int m, int n,
+                          int k, float alpha, const float* a, int64_t stride_a, const float* b,
+                          int64_t stride_b, float beta, float* c, int64_t stride_c, int batch);
+  // Whether RunBatched takes these strides: each 0 or no less than its matrix's size, not both 0.
+  static bool Batchable(int m, int n, int k, int64_t stride_a, int64_t stride_b);
 
  private:
   struct Key {
     bool ta, tb;
     int m, n, k;
     float alpha, beta;
+    int batch;  // 0 for Run's 2-D primitive
+    int64_t stride_a, stride_b, stride_c;
     bool operator==(const Key& o) const {
       return ta == o.ta && tb == o.tb && m == o.m && n == o.n && k == o.k && alpha == o.alpha &&
-             beta == o.beta;
+             beta == o.beta && batch == o.batch && stride_a == o.stride_a &&
+             stride_b == o.stride_b && stride_c == o.stride_c;
     }
   };
   struct KeyHash {
@@ -36,6 +48,11 @@ class DnnlMatmulCache {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul primitive;
   };
+
+  // Runs the primitive of `key` (made from these descriptors the first time) on a, b and c.
+  absl::Status Execute(const dnnl::stream& stream, const Key& key, const dnnl::memory::desc& a_md,
+                       const dnnl::memory::desc& b_md, const dnnl::memory::desc& c_md,
+                       const float* a, const float* b, float* c);
 
   std::mutex mu_;  // guards the map; a backend's ops run one at a time
   std::unordered_map<Key, Entry, KeyHash> cache_;

@@ -111,6 +111,28 @@ class CudaBackend final : public Backend {
                                  const float* saved_invstd, const float* dy, float* dgamma,
                                  float* dbeta, float* dx) override;
 
+  // Sequence ops (transformers): sequence_ops.cu.
+  absl::Status LayerNormForward(int64_t rows, int cols, float eps, const float* x,
+                                const float* gamma, const float* beta, float* y, float* mean,
+                                float* rstd) override;
+  absl::Status LayerNormBackward(int64_t rows, int cols, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, const float* dy, float* dx,
+                                 float* dgamma, float* dbeta) override;
+  absl::Status EmbeddingForward(int64_t count, int vocab, int dim, const int32_t* ids,
+                                const float* table, float* y) override;
+  absl::Status EmbeddingBackward(int64_t count, int vocab, int dim, const int32_t* ids,
+                                 const float* dy, float* dtable) override;
+  absl::Status GemmStridedBatched(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                                  const float* a, int64_t stride_a, const float* b,
+                                  int64_t stride_b, float beta, float* c, int64_t stride_c,
+                                  int batch) override;
+  absl::Status CausalSoftmaxForward(int64_t batch, int t, float scale, const float* x,
+                                    float* y) override;
+  absl::Status CausalSoftmaxBackward(int64_t batch, int t, float scale, const float* y,
+                                     const float* dy, float* dx) override;
+  absl::Status Transpose0213(int64_t a, int64_t b, int64_t c, int64_t d, const float* x,
+                             float* y) override;
+
   absl::Status SoftmaxCrossEntropy(int rows, int cols, const float* logits, const int32_t* labels,
                                    float label_smoothing, float* loss, int32_t* correct,
                                    float* dlogits) override;

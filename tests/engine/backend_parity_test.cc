@@ -509,6 +509,157 @@ TEST_P(OpParity, SoftmaxForwardMatchesForNarrowAndWideRows) {
   }
 }
 
+// --- sequences (transformers) --------------------------------------------------------------------
+
+TEST_P(OpParity, LayerNormMatchesForNarrowAndWideRowsWithAndWithoutAffine) {
+  struct Case {
+    int64_t rows;
+    int cols;
+  };
+  // One value, odd widths, GPT-2's 768 and a row wider than a thread block's 1024.
+  for (Case c :
+       {Case{1, 1}, Case{7, 5}, Case{33, 64}, Case{64, 130}, Case{300, 768}, Case{5, 4099}}) {
+    for (bool affine : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols << " affine " << affine);
+      const int64_t n = c.rows * c.cols;
+      Both x = Upload(RandomValues(n, 60, -2, 3)), gamma = Upload(RandomValues(c.cols, 61));
+      Both beta = Upload(RandomValues(c.cols, 62)), y = Garbage(n);
+      Both mean = Garbage(c.rows, 63), rstd = Garbage(c.rows, 64);
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.LayerNormForward(c.rows, c.cols, 1e-5f, x.f(s), affine ? gamma.f(s) : nullptr,
+                                   affine ? beta.f(s) : nullptr, y.f(s), mean.f(s), rstd.f(s));
+      }));
+      ExpectClose(y, "layernorm y");
+      ExpectClose(mean, "layernorm mean");
+      ExpectClose(rstd, "layernorm rstd");
+      Both dy = Upload(RandomValues(n, 65)), dx = Garbage(n, 66);
+      Both dgamma = Upload(RandomValues(c.cols, 67)), dbeta = Upload(RandomValues(c.cols, 68));
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.LayerNormBackward(c.rows, c.cols, x.f(s), affine ? gamma.f(s) : nullptr,
+                                    mean.f(s), rstd.f(s), dy.f(s), dx.f(s), dgamma.f(s),
+                                    dbeta.f(s));
+      }));
+      ExpectClose(dx, "layernorm dx");
+      ExpectClose(dgamma, "layernorm dgamma (+=)");
+      ExpectClose(dbeta, "layernorm dbeta (+=)");
+    }
+  }
+}
+
+TEST_P(OpParity, EmbeddingGathersBitForBitAndScattersInIndexOrder) {
+  struct Case {
+    int64_t count;
+    int vocab, dim;
+  };
+  for (Case c : {Case{1, 1, 1}, Case{7, 3, 5}, Case{33, 65, 64}, Case{768, 50304, 128},
+                 Case{3000, 7, 130}}) {
+    SCOPED_TRACE(::testing::Message() << c.count << " ids, " << c.vocab << " x " << c.dim);
+    const int64_t n = c.count * c.dim;
+    Both table = Upload(RandomValues(int64_t{c.vocab} * c.dim, 69));
+    std::vector<int32_t> host_ids = RandomLabels(static_cast<int>(c.count), c.vocab, 70);
+    Both ids = UploadI32(host_ids), y = Garbage(n);
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.EmbeddingForward(c.count, c.vocab, c.dim, ids.i(s), table.f(s), y.f(s));
+    }));
+    ExpectSameBits(y, "embedding forward");
+    // Ids out of range are skipped by the backward on every backend.
+    if (c.count > 3) host_ids[1] = -1, host_ids[2] = c.vocab;
+    Both scatter_ids = UploadI32(host_ids), dy = Upload(RandomValues(n, 71));
+    Both dtable = Upload(std::vector<float>(int64_t{c.vocab} * c.dim, 0.0f));
+    Both dtable_onto = Upload(RandomValues(int64_t{c.vocab} * c.dim, 72));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      absl::Status st =
+          be.EmbeddingBackward(c.count, c.vocab, c.dim, scatter_ids.i(s), dy.f(s), dtable.f(s));
+      if (!st.ok()) return st;
+      return be.EmbeddingBackward(c.count, c.vocab, c.dim, scatter_ids.i(s), dy.f(s),
+                                  dtable_onto.f(s));
+    }));
+    ExpectSameBits(dtable, "embedding backward from zero (each row's sum in index order)");
+    ExpectClose(dtable_onto, "embedding backward onto a table (+=)");
+  }
+}
+
+TEST_P(OpParity, GemmStridedBatchedMatchesForEveryTransposeAndStride) {
+  struct Case {
+    int m, n, k, batch;
+    int64_t extra_a, extra_b, extra_c;  // added to the packed strides; -1 for a stride of 0
+  };
+  // One matrix, attention's shapes (48 heads of 64 x 64 x 32, 72 of 256 x 256 x 64), odd shapes
+  // with gaps between matrices, and a or b repeated for every matrix.
+  for (Case c :
+       {Case{1, 1, 1, 1, 0, 0, 0}, Case{17, 33, 65, 5, 0, 0, 0}, Case{64, 64, 32, 48, 0, 0, 0},
+        Case{256, 64, 256, 72, 0, 0, 0}, Case{5, 7, 3, 3, 3, 5, 7}, Case{16, 8, 4, 4, -1, 0, 0},
+        Case{16, 8, 4, 4, 0, -1, 0}}) {
+    const int64_t pa = int64_t{c.m} * c.k, pb = int64_t{c.k} * c.n, pc = int64_t{c.m} * c.n;
+    const int64_t sa = c.extra_a < 0 ? 0 : pa + c.extra_a, sb = c.extra_b < 0 ? 0 : pb + c.extra_b;
+    const int64_t sc = pc + c.extra_c;
+    for (Transpose ta : {Transpose::kNo, Transpose::kYes}) {
+      for (Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+        for (float beta : {0.0f, 0.5f}) {
+          SCOPED_TRACE(::testing::Message()
+                       << c.batch << " x " << c.m << "x" << c.n << "x" << c.k << " strides " << sa
+                       << "," << sb << "," << sc << " ta " << (ta == Transpose::kYes) << " tb "
+                       << (tb == Transpose::kYes) << " beta " << beta);
+          Both a = Upload(RandomValues((c.batch - 1) * sa + pa, 73));
+          Both b = Upload(RandomValues((c.batch - 1) * sb + pb, 74));
+          Both out = Upload(RandomValues((c.batch - 1) * sc + pc, 75));
+          ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+            return be.GemmStridedBatched(ta, tb, c.m, c.n, c.k, 0.7f, a.f(s), sa, b.f(s), sb, beta,
+                                         out.f(s), sc, c.batch);
+          }));
+          ExpectClose(out, "batched gemm");
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpParity, CausalSoftmaxMatchesForShortAndLongRowsAndInPlace) {
+  // t = 1 (one live value), odd t, attention's 64 and 256, and rows longer than 1024.
+  for (int t : {1, 3, 17, 64, 256, 1100}) {
+    const int64_t batch = t > 256 ? 2 : 5, n = batch * t * t;
+    SCOPED_TRACE(::testing::Message() << batch << " x " << t);
+    const float scale = 1.0f / std::sqrt(64.0f);
+    Both x = Upload(RandomValues(n, 76, -10, 10)), y = Garbage(n),
+         in_place = Upload(Get(kCpu, x.t[kCpu]));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.CausalSoftmaxForward(batch, t, scale, x.f(s), y.f(s));
+    }));
+    ExpectClose(y, "causal softmax");
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.CausalSoftmaxForward(batch, t, scale, in_place.f(s), in_place.f(s));
+    }));
+    ExpectClose(in_place, "causal softmax in place");
+    Both dy = Upload(RandomValues(n, 77)), dx = Garbage(n, 78),
+         dx_in_place = Upload(Get(kCpu, dy.t[kCpu]));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.CausalSoftmaxBackward(batch, t, scale, y.f(s), dy.f(s), dx.f(s));
+    }));
+    ExpectClose(dx, "causal softmax backward");
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.CausalSoftmaxBackward(batch, t, scale, y.f(s), dx_in_place.f(s), dx_in_place.f(s));
+    }));
+    ExpectClose(dx_in_place, "causal softmax backward in place");
+  }
+}
+
+TEST_P(OpParity, Transpose0213MatchesBitForBit) {
+  struct Case {
+    int64_t a, b, c, d;
+  };
+  // Odd shapes with b > c and b < c, d = 1, and attention's head split and merge (B=12, T=64,
+  // H=4, hd=32): (1, B*T, 3, C), (3B, T, H, hd), (B, H, T, hd).
+  for (Case c : {Case{1, 1, 1, 1}, Case{2, 3, 5, 1}, Case{3, 5, 2, 7}, Case{1, 768, 3, 128},
+                 Case{36, 64, 4, 32}, Case{12, 4, 64, 32}}) {
+    SCOPED_TRACE(::testing::Message() << c.a << "," << c.b << "," << c.c << "," << c.d);
+    const int64_t n = c.a * c.b * c.c * c.d;
+    Both x = Upload(RandomValues(n, 79)), y = Garbage(n);
+    ASSERT_OK(RunBoth(
+        [&](Backend& be, Side s) { return be.Transpose0213(c.a, c.b, c.c, c.d, x.f(s), y.f(s)); }));
+    ExpectSameBits(y, "Transpose0213");
+  }
+}
+
 // --- convolution and pooling ---------------------------------------------------------------------
 
 std::vector<Conv2dGeometry> ConvGeometries() {
