@@ -26,6 +26,7 @@ absl::StatusOr<CublasLibrary> Load() {
   ResolveSymbol(so, "cublasSetMathMode", &lib.SetMathMode, &missing);
   ResolveSymbol(so, "cublasGetVersion_v2", &lib.GetVersion, &missing);
   ResolveSymbol(so, "cublasSgemm_v2", &lib.Sgemm, &missing);
+  ResolveSymbol(so, "cublasSgemmStridedBatched", &lib.SgemmStridedBatched, &missing);
   ResolveSymbol(so, "cublasGetStatusName", &lib.GetStatusName, &missing);
   ResolveSymbol(so, "cublasGetStatusString", &lib.GetStatusString, &missing);
   if (lib.GetProperty == nullptr) {

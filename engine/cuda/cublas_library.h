@@ -19,6 +19,7 @@ struct CublasLibrary {
   decltype(&cublasSetMathMode) SetMathMode;
   decltype(&cublasGetVersion_v2) GetVersion;
   decltype(&cublasSgemm_v2) Sgemm;
+  decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
   decltype(&cublasGetStatusName) GetStatusName;
   decltype(&cublasGetStatusString) GetStatusString;
 };

@@ -1,6 +1,6 @@
 // CudaBackend's construction, memory, stream, handles and GEMM. Every other op sits with its
 // kernels, one file per op family as on the CPU: elementwise_ops.cu, conv_ops.cu, pool_ops.cu,
-// norm_ops.cc (cuDNN), loss_ops.cu, optimizer_ops.cu, data_ops.cu.
+// norm_ops.cc (cuDNN), loss_ops.cu, optimizer_ops.cu, data_ops.cu, sequence_ops.cu.
 #include "engine/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
