@@ -128,11 +128,13 @@ absl::Status CheckEmbedding(int64_t count, int vocab, int dim) {
   return absl::OkStatus();
 }
 
-absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_c, int batch) {
-  if (m < 0 || n < 0 || k < 0 || batch < 0) {
+absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_a, int64_t stride_b,
+                                     int64_t stride_c, int batch) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0) {
     return absl::InvalidArgumentError(absl::StrCat("batched GEMM of ", batch, " x (", m, " x ", k,
-                                                   ") * (", k, " x ", n,
-                                                   "): no extent may be negative"));
+                                                   ") * (", k, " x ", n, ") with strides ",
+                                                   stride_a, " and ", stride_b,
+                                                   ": no extent or stride may be negative"));
   }
   if (batch > 1 && stride_c < int64_t{m} * n) {
     return absl::InvalidArgumentError(absl::StrCat("batched GEMM: stride_c ", stride_c,

@@ -52,7 +52,8 @@ absl::Status CheckEmbedding(int64_t count, int vocab, int dim);
 
 // Before a strided batched GEMM: m, n, k, batch >= 0, and strides >= 0 and large enough that the
 // batch's matrices do not overlap in c (those of a and b may: a stride of 0 repeats a matrix).
-absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_c, int batch);
+absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_a, int64_t stride_b,
+                                     int64_t stride_c, int batch);
 
 // Before a causal softmax: batch >= 0, t >= 1, scale finite and > 0.
 absl::Status CheckCausalSoftmax(int64_t batch, int t, float scale);

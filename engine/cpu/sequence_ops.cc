@@ -294,14 +294,14 @@ absl::Status CpuBackend::GemmStridedBatched(Transpose ta, Transpose tb, int m, i
                                             float alpha, const float* a, int64_t stride_a,
                                             const float* b, int64_t stride_b, float beta, float* c,
                                             int64_t stride_c, int batch) {
-  KILN_RETURN_IF_ERROR(CheckGemmStridedBatched(m, n, k, stride_c, batch));
+  KILN_RETURN_IF_ERROR(CheckGemmStridedBatched(m, n, k, stride_a, stride_b, stride_c, batch));
   if (batch == 0 || m == 0 || n == 0) return absl::OkStatus();
   if (batch == 1) return Gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
   if (k > 0 && cpu_internal::DnnlMatmulCache::Batchable(m, n, k, stride_a, stride_b)) {
     return dnnl_->matmuls().RunBatched(dnnl_->stream(), ta, tb, m, n, k, alpha, a, stride_a, b,
                                        stride_b, beta, c, stride_c, batch);
   }
-  // Operands that overlap (0 < stride < their size, or negative strides), and empty products
+  // Operands that overlap (0 < stride < their size), and empty products
   // (C = beta * C): one GEMM per matrix.
   for (int i = 0; i < batch; ++i) {
     absl::Status s =

@@ -652,7 +652,7 @@ absl::Status CudaBackend::GemmStridedBatched(Transpose ta, Transpose tb, int m, 
                                              float alpha, const float* a, int64_t stride_a,
                                              const float* b, int64_t stride_b, float beta, float* c,
                                              int64_t stride_c, int batch) {
-  KILN_RETURN_IF_ERROR(CheckGemmStridedBatched(m, n, k, stride_c, batch));
+  KILN_RETURN_IF_ERROR(CheckGemmStridedBatched(m, n, k, stride_a, stride_b, stride_c, batch));
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
   KILN_RETURN_IF_ERROR(Activate());
   // As in Gemm: row-major C(m,n) is column-major C^T(n,m) = op(B)^T op(A)^T, the operands (and

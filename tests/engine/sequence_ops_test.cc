@@ -835,6 +835,8 @@ TEST_P(SequenceOpChecks, GemmStridedBatchedRefusesNegativeExtentsAndOverlappingR
   ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, 4, p, 4, 0, p, 4, -1), "batched GEMM");
   ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, 4, p, 4, 0, p, 3, 2), "batched GEMM");
   ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, 4, p, 4, 0, p, 0, 2), "batched GEMM");
+  ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, -4, p, 4, 0, p, 4, 2), "stride");
+  ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, 4, p, -4, 0, p, 4, 2), "stride");
 }
 
 TEST_P(SequenceOpChecks, CausalSoftmaxRefusesNoTimeStepsAndABadScale) {
