@@ -1,0 +1,195 @@
+// The layers of a GPT over per-sample (T, d) sequences: shape rules and config errors, and
+// numeric gradient checks (central differences) of each layer against its Backward, over every
+// backend ("cpu", "cuda:0"); a backend not present on this machine skips, saying why.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "engine/backend_registry.h"
+#include "engine/layers/layers.h"
+#include "engine/model.h"
+#include "tests/engine/test_util.h"
+#include "tests/support/status_matchers.h"
+
+namespace kiln {
+namespace {
+
+using testing::MakeTensor;
+using testing::RandomValues;
+using testing::ToHost;
+
+constexpr float kEps = 1e-2f;
+constexpr double kTolerance = 2e-2;  // relative, float32 central differences
+
+double RelativeError(double analytic, double numeric) {
+  return std::abs(analytic - numeric) / std::max({1e-3, std::abs(analytic), std::abs(numeric)});
+}
+
+// The message of the error InferShapes gives for `config`, or "" when it builds.
+std::string ShapeError(const ModelConfig& config) {
+  auto shapes = InferShapes(config);
+  return shapes.ok() ? "" : std::string(shapes.status().message());
+}
+
+class SequenceLayers : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string absent = testing::AbsentDeviceReason(GetParam());
+    if (!absent.empty()) GTEST_SKIP() << absent;
+    auto b = CreateBackend(GetParam(), {2});
+    ASSERT_OK(b) << b.status();
+    backend_ = std::move(*b);
+  }
+
+  // The layer of `config` over a per-sample `input`, built as the model builds it.
+  std::unique_ptr<Layer> Build(const LayerConfig& config, const Shape& input) {
+    auto shapes = InferShapes({input, {config}});
+    EXPECT_OK(shapes) << shapes.status();
+    if (!shapes.ok()) return nullptr;
+    LayerContext ctx;
+    ctx.backend = backend_.get();
+    ctx.input = (*shapes)[0];
+    ctx.inputs = {ctx.input};
+    ctx.output = (*shapes)[1];
+    ctx.rng = &rng_;
+    ctx.stream_seed = 11;
+    auto layer = std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, config);
+    EXPECT_OK(layer) << layer.status();
+    return layer.ok() ? *std::move(layer) : nullptr;
+  }
+
+  // L = sum(y * r) for a fixed random r, so dL/dy = r. Checks dL/dparams and, for a float
+  // input, dL/dx.
+  void CheckLayer(Layer& layer, Tensor& x) {
+    Backend& b = *backend_;
+    Shape ys = layer.output_shape();
+    ys.insert(ys.begin(), x.dim(0));
+    auto y = b.Allocate(DType::kF32, ys);
+    ASSERT_OK(y);
+    const std::vector<float> r = RandomValues(y->numel(), 99);
+    Tensor dy = MakeTensor(b, ys, r);
+    const bool float_input = x.dtype() == DType::kF32;
+    auto dx = b.Allocate(DType::kF32, x.shape());
+    ASSERT_OK(dx);
+    auto loss = [&]() {
+      EXPECT_OK(layer.Forward(x, &*y, Mode::kTrain));
+      const std::vector<float> yv = ToHost(b, *y);
+      double l = 0;
+      for (size_t i = 0; i < yv.size(); ++i) l += static_cast<double>(yv[i]) * r[i];
+      return l;
+    };
+    loss();
+    for (Parameter* p : layer.parameters()) ASSERT_OK(b.Fill(&p->grad, 0));
+    ASSERT_OK(layer.Backward(x, *y, dy, float_input ? &*dx : nullptr));
+    const std::vector<float> dx_analytic = ToHost(b, *dx);
+
+    auto check = [&](Tensor& t, const std::vector<float>& analytic, const std::string& what) {
+      std::vector<float> v = ToHost(b, t);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const float keep = v[i];
+        v[i] = keep + kEps;
+        ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &t));
+        const double up = loss();
+        v[i] = keep - kEps;
+        ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &t));
+        const double down = loss();
+        v[i] = keep;
+        ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &t));
+        const double numeric = (up - down) / (2 * kEps);
+        ASSERT_LT(RelativeError(analytic[i], numeric), kTolerance)
+            << layer.type() << " " << what << "[" << i << "]: backward " << analytic[i]
+            << " vs numeric " << numeric;
+      }
+    };
+    if (float_input) check(x, dx_analytic, "input");
+    for (Parameter* p : layer.parameters()) {
+      const std::vector<float> g = ToHost(b, p->grad);
+      check(p->value, g, p->name);
+    }
+  }
+
+  std::unique_ptr<Backend> backend_;
+  Rng rng_{7};
+};
+
+// --- linear over positions ---------------------------------------------------------------------
+
+TEST(SequenceShapes, LinearAppliesToTheLastDimensionOfASequence) {
+  auto shapes = InferShapes({{5, 8}, {LinearConfig{8, 3}}});
+  ASSERT_OK(shapes);
+  EXPECT_EQ((*shapes)[1], (Shape{5, 3}));
+  // The whole sample still wins where it is in_features: flat inputs and images as before.
+  shapes = InferShapes({{5, 8}, {LinearConfig{40, 3}}});
+  ASSERT_OK(shapes);
+  EXPECT_EQ((*shapes)[1], (Shape{3}));
+  shapes = InferShapes({{2, 3, 4}, {LinearConfig{24, 6}}});
+  ASSERT_OK(shapes);
+  EXPECT_EQ((*shapes)[1], (Shape{6}));
+  shapes = InferShapes({{2, 3, 4}, {LinearConfig{4, 6}}});
+  ASSERT_OK(shapes);
+  EXPECT_EQ((*shapes)[1], (Shape{2, 3, 6}));
+  EXPECT_EQ(ShapeError({{5, 8}, {LinearConfig{7, 3}}}),
+            "layer 0 linear: in_features 7 but input is 5x8 = 40 (or per position 8)");
+  EXPECT_EQ(ShapeError({{5}, {LinearConfig{7, 3}}}), "layer 0 linear: in_features 7 but input is 5");
+}
+
+TEST(SequenceShapes, ElementWiseLayersKeepASequenceShape) {
+  for (const LayerConfig& layer :
+       {LayerConfig{GeluConfig{}}, LayerConfig{DropoutConfig{0.1f}}, LayerConfig{ReluConfig{}}}) {
+    auto shapes = InferShapes({{6, 4}, {layer}});
+    ASSERT_OK(shapes);
+    EXPECT_EQ((*shapes)[1], (Shape{6, 4})) << LayerTypeName(layer);
+  }
+  ModelConfig residual{{6, 4}, {LinearConfig{4, 4}, AddConfig{}}};
+  residual.inputs = {{}, {"input", "0"}};
+  auto shapes = InferShapes(residual);
+  ASSERT_OK(shapes) << shapes.status();
+  EXPECT_EQ((*shapes)[2], (Shape{6, 4}));
+}
+
+TEST_P(SequenceLayers, LinearOverPositions) {
+  for (bool bias : {true, false}) {
+    auto layer = Build(LinearConfig{4, 3, bias}, {5, 4});
+    ASSERT_NE(layer, nullptr);
+    EXPECT_EQ(layer->output_shape(), (Shape{5, 3}));
+    Tensor x = MakeTensor(*backend_, {2, 5, 4}, RandomValues(40, 1));
+    CheckLayer(*layer, x);
+  }
+}
+
+TEST_P(SequenceLayers, GeluOverASequence) {
+  auto layer = Build(GeluConfig{}, {3, 4});
+  ASSERT_NE(layer, nullptr);
+  Tensor x = MakeTensor(*backend_, {2, 3, 4}, RandomValues(24, 2));
+  CheckLayer(*layer, x);
+}
+
+TEST_P(SequenceLayers, AddOverASequenceGivesEveryInputTheGradient) {
+  Backend& b = *backend_;
+  auto shapes_model = ModelConfig{{3, 4}, {GeluConfig{}, AddConfig{}}};
+  shapes_model.inputs = {{}, {"input", "0"}};
+  auto model = Model::Build(shapes_model, &b, 3);
+  ASSERT_OK(model) << model.status();
+  const std::vector<float> xv = RandomValues(24, 5);
+  Tensor x = MakeTensor(b, {2, 3, 4}, xv);
+  auto y = (*model)->Forward(x, Mode::kTrain);
+  ASSERT_OK(y);
+  const std::vector<float> yv = ToHost(b, **y);
+  ASSERT_EQ(yv.size(), xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const double v = xv[i];
+    const double gelu = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    EXPECT_NEAR(yv[i], v + gelu, 1e-5) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, SequenceLayers, ::testing::Values("cpu", "cuda:0"),
+                         testing::DeviceParamName);
+
+}  // namespace
+}  // namespace kiln
