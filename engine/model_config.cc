@@ -25,6 +25,7 @@ struct TypeName {
   const char* operator()(const BatchNorm1dConfig&) const { return "batchnorm1d"; }
   const char* operator()(const AddConfig&) const { return "add"; }
   const char* operator()(const ConcatConfig&) const { return "concat"; }
+  const char* operator()(const LayerNormConfig&) const { return "layernorm"; }
 };
 }  // namespace
 

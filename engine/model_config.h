@@ -68,6 +68,14 @@ struct BatchNormFields {
 };
 struct BatchNorm2dConfig : BatchNormFields {};
 struct BatchNorm1dConfig : BatchNormFields {};
+// Layer normalisation as torch.nn.LayerNorm(normalized_shape) over the last dimension of a
+// sample of any rank (each position of a (T, d) sequence); elementwise_affine is `affine`, and
+// bias (nanoGPT's option) only counts with it.
+struct LayerNormConfig {
+  int64_t normalized_shape = 0;
+  double eps = 1e-5;
+  bool affine = true, bias = true;
+};
 // Softmax over the last dimension; for inference outputs (training uses the fused loss).
 struct SoftmaxConfig {};
 // Element-wise sum of 2+ inputs of identical shape (a residual connection).
@@ -84,7 +92,9 @@ using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool
                                  // normalisation
                                  BatchNorm2dConfig, BatchNorm1dConfig,
                                  // graph merges
-                                 AddConfig, ConcatConfig>;
+                                 AddConfig, ConcatConfig,
+                                 // sequences (transformers)
+                                 LayerNormConfig>;
 
 // Layers over several inputs (add, concat); every other layer reads one.
 template <typename C>

@@ -76,6 +76,13 @@ struct ToJson {
   }
   json operator()(const AddConfig&) const { return {{"type", "add"}}; }
   json operator()(const ConcatConfig&) const { return {{"type", "concat"}}; }
+  json operator()(const LayerNormConfig& c) const {
+    return {{"type", "layernorm"},
+            {"normalized_shape", c.normalized_shape},
+            {"eps", c.eps},
+            {"affine", c.affine},
+            {"bias", c.bias}};
+  }
 };
 
 // A node's optional "name" (a string) and "inputs" (an array of strings).
@@ -276,12 +283,19 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       config.layers.push_back(AddConfig{});
     } else if (type == "concat") {
       config.layers.push_back(ConcatConfig{});
+    } else if (type == "layernorm") {
+      LayerNormConfig c;
+      s.Update(GetInt(l, "normalized_shape", where, &c.normalized_shape));
+      s.Update(GetDouble(l, "eps", where, &c.eps));
+      s.Update(GetBool(l, "affine", where, &c.affine));
+      s.Update(GetBool(l, "bias", where, &c.bias));
+      config.layers.push_back(c);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
                        "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
-                       "silu, batchnorm2d, batchnorm1d, add, concat)"));
+                       "silu, batchnorm2d, batchnorm1d, add, concat, layernorm)"));
     }
     if (!s.ok()) return s;
     std::string name;

@@ -11,6 +11,7 @@
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
 #include "engine/layers/flatten.h"
+#include "engine/layers/layernorm.h"
 #include "engine/layers/linear.h"
 #include "engine/layers/maxpool2d.h"
 #include "engine/layers/relu.h"

@@ -13,6 +13,7 @@
 #include "engine/backend_registry.h"
 #include "engine/layers/layers.h"
 #include "engine/model.h"
+#include "engine/model_config_json.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 
@@ -185,6 +186,59 @@ TEST_P(SequenceLayers, AddOverASequenceGivesEveryInputTheGradient) {
     const double v = xv[i];
     const double gelu = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
     EXPECT_NEAR(yv[i], v + gelu, 1e-5) << i;
+  }
+}
+
+// --- layernorm -------------------------------------------------------------------------------
+
+TEST(SequenceShapes, LayerNormNormalisesTheLastDimensionOfAnyRank) {
+  for (const Shape& in : {Shape{8}, Shape{5, 8}, Shape{2, 3, 8}}) {
+    auto shapes = InferShapes({in, {LayerNormConfig{8}}});
+    ASSERT_OK(shapes);
+    EXPECT_EQ((*shapes)[1], in);
+  }
+  EXPECT_EQ(CountParameters({{5, 8}, {LayerNormConfig{8}}}), 16);
+  EXPECT_EQ(CountParameters({{5, 8}, {LayerNormConfig{8, 1e-5, true, false}}}), 8);
+  EXPECT_EQ(CountParameters({{5, 8}, {LayerNormConfig{8, 1e-5, false, true}}}), 0);
+  EXPECT_EQ(ShapeError({{5, 8}, {LayerNormConfig{5}}}),
+            "layer 0 layernorm: normalized_shape 5 but the input's last dimension is 8 (input 5x8)");
+  EXPECT_EQ(ShapeError({{5, 8}, {LayerNormConfig{0}}}),
+            "layer 0 layernorm: normalized_shape must be positive, got 0");
+  EXPECT_EQ(ShapeError({{5, 8}, {LayerNormConfig{8, 0.0}}}),
+            "layer 0 layernorm: eps must be > 0, got 0");
+}
+
+TEST(SequenceShapes, LayerNormJsonRoundTripsAndNamesBadFields) {
+  auto config = ModelConfigFromJson(
+      R"({"input_shape": [4, 6], "layers": [{"type": "layernorm", "normalized_shape": 6,
+          "bias": false}]})");
+  ASSERT_OK(config) << config.status();
+  const auto* ln = std::get_if<LayerNormConfig>(&config->layers[0]);
+  ASSERT_NE(ln, nullptr);
+  EXPECT_EQ(ln->normalized_shape, 6);
+  EXPECT_EQ(ln->eps, 1e-5);
+  EXPECT_TRUE(ln->affine);
+  EXPECT_FALSE(ln->bias);
+  auto again = ModelConfigFromJson(ModelConfigToJson(*config));
+  ASSERT_OK(again);
+  EXPECT_EQ(ModelConfigToJson(*again), ModelConfigToJson(*config));
+  auto bad = ModelConfigFromJson(
+      R"({"input_shape": [6], "layers": [{"type": "layernorm", "normalized_shape": "6"}]})");
+  EXPECT_EQ(bad.status().message(), "layer 0 layernorm: normalized_shape must be an integer");
+}
+
+TEST_P(SequenceLayers, LayerNorm) {
+  for (const LayerNormConfig& c : {LayerNormConfig{6}, LayerNormConfig{6, 1e-5, true, false},
+                                   LayerNormConfig{6, 1e-5, false, false}}) {
+    auto layer = Build(c, {3, 6});
+    ASSERT_NE(layer, nullptr);
+    // Affine parameters away from their initial ones and zeros, so each one matters.
+    for (Parameter* p : layer->parameters()) {
+      const std::vector<float> v = RandomValues(p->value.numel(), 17, 0.5f, 1.5f);
+      ASSERT_OK(backend_->CopyFromHost(v.data(), v.size() * 4, &p->value));
+    }
+    Tensor x = MakeTensor(*backend_, {2, 3, 6}, RandomValues(36, 3));
+    CheckLayer(*layer, x);
   }
 }
 
