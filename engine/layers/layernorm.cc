@@ -23,10 +23,9 @@ absl::StatusOr<Shape> OutputShape(const LayerNormConfig& c, const Shape& in) {
   KILN_RETURN_IF_ERROR(CheckPositive("normalized_shape", c.normalized_shape));
   if (!(c.eps > 0)) return absl::InvalidArgumentError(absl::StrCat("eps must be > 0, got ", c.eps));
   if (in.empty() || in.back() != c.normalized_shape) {
-    return absl::InvalidArgumentError(absl::StrCat("normalized_shape ", c.normalized_shape,
-                                                   " but the input's last dimension is ",
-                                                   in.empty() ? 0 : in.back(), " (input ",
-                                                   ShapeString(in), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("normalized_shape ", c.normalized_shape, " but the input's last dimension is ",
+                     in.empty() ? 0 : in.back(), " (input ", ShapeString(in), ")"));
   }
   return in;
 }
@@ -41,13 +40,15 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LayerNormConfig& c,
   return LayerNorm::Create(c, ctx.backend, ctx.input);
 }
 
-absl::StatusOr<std::unique_ptr<Layer>> LayerNorm::Create(const LayerNormConfig& c,
-                                                         Backend* backend, const Shape& shape) {
+absl::StatusOr<std::unique_ptr<Layer>> LayerNorm::Create(const LayerNormConfig& c, Backend* backend,
+                                                         const Shape& shape) {
   KILN_RETURN_IF_ERROR(OutputShape(c, shape).status());
   auto layer = std::unique_ptr<LayerNorm>(new LayerNorm(c, backend, shape));
   if (c.affine) {
     KILN_RETURN_IF_ERROR(Init(backend, "weight", c.normalized_shape, 1.0f, &layer->weight_));
-    if (c.bias) KILN_RETURN_IF_ERROR(Init(backend, "bias", c.normalized_shape, 0.0f, &layer->bias_));
+    if (c.bias) {
+      KILN_RETURN_IF_ERROR(Init(backend, "bias", c.normalized_shape, 0.0f, &layer->bias_));
+    }
   }
   return std::unique_ptr<Layer>(std::move(layer));
 }
@@ -68,8 +69,8 @@ absl::Status LayerNorm::Forward(const Tensor& x, Tensor* y, Mode) {
   const float* gamma = config_.affine ? weight_.value.f32() : nullptr;
   const float* beta = config_.affine && config_.bias ? bias_.value.f32() : nullptr;
   return backend_->LayerNormForward(rows, static_cast<int>(config_.normalized_shape),
-                                    static_cast<float>(config_.eps), x.f32(), gamma, beta,
-                                    y->f32(), mean_.f32(), rstd_.f32());
+                                    static_cast<float>(config_.eps), x.f32(), gamma, beta, y->f32(),
+                                    mean_.f32(), rstd_.f32());
 }
 
 absl::Status LayerNorm::Backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {

@@ -63,7 +63,8 @@ std::vector<Parameter*> Linear::parameters() {
 
 absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
   // x (rows, in), y (rows, out) = x W^T + b; rows = B, or B * T over a sequence's positions.
-  const int batch = static_cast<int>(x.numel() / config_.in_features), in = static_cast<int>(config_.in_features),
+  const int batch = static_cast<int>(x.numel() / config_.in_features),
+            in = static_cast<int>(config_.in_features),
             out = static_cast<int>(config_.out_features);
   KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kNo, Transpose::kYes, batch, out, in, 1.0f,
                                       x.f32(), weight_.value.f32(), 0.0f, y->f32()));
@@ -74,7 +75,8 @@ absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
 }
 
 absl::Status Linear::Backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
-  const int batch = static_cast<int>(x.numel() / config_.in_features), in = static_cast<int>(config_.in_features),
+  const int batch = static_cast<int>(x.numel() / config_.in_features),
+            in = static_cast<int>(config_.in_features),
             out = static_cast<int>(config_.out_features);
   // dW (out, in) += dy^T (out, B) x (B, in)
   KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f,
