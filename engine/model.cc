@@ -37,7 +37,37 @@ std::vector<NodeInput> NodeInputsOf(const ModelGraph& g, const std::vector<Shape
   return out;
 }
 
+bool ReadsTokenIds(const LayerConfig& layer) {
+  return std::visit([](const auto& c) { return kReadsTokenIds<std::decay_t<decltype(c)>>; }, layer);
+}
+
+// A token model's input is int32 ids, which only embeddings read: when one node reads the model
+// input as ids, every reader must, and an embedding reads nothing else.
+absl::Status CheckTokenInputs(const ModelConfig& config, const ModelGraph& g) {
+  int ids_reader = -1, float_reader = -1;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const bool ids = ReadsTokenIds(config.layers[i]);
+    for (int v : g.inputs[i]) {
+      if (ids && v != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(NodeLabel(config, i),
+                         ": reads token ids, so its input must be the "
+                         "model's input, not ",
+                         g.names[v - 1]));
+      }
+      if (v == 0) (ids ? ids_reader : float_reader) = static_cast<int>(i);
+    }
+  }
+  if (ids_reader >= 0 && float_reader >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        NodeLabel(config, float_reader), ": reads the model's input, which holds the token ids of ",
+        NodeLabel(config, ids_reader), "; only an embedding may read them"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<Shape>> ShapesOf(const ModelConfig& config, const ModelGraph& g) {
+  KILN_RETURN_IF_ERROR(CheckTokenInputs(config, g));
   std::vector<Shape> shapes = {config.input_shape};
   for (size_t i = 0; i < config.layers.size(); ++i) {
     const std::vector<NodeInput> inputs = NodeInputsOf(g, shapes, i);
@@ -253,6 +283,16 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
     return absl::InvalidArgumentError(absl::StrCat("model input is ", ShapeString(x.shape()),
                                                    " but the model expects batch x ",
                                                    ShapeString(shapes_[0])));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::vector<int>& in = graph_.inputs[i];
+    if (std::find(in.begin(), in.end(), 0) == in.end()) continue;
+    if (layers_[i]->input_dtype() != x.dtype()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model input is ", DTypeName(x.dtype()), " but ", NodeLabel(config_, i),
+                       " reads ", DTypeName(layers_[i]->input_dtype()),
+                       layers_[i]->input_dtype() == DType::kI32 ? " token ids" : ""));
+    }
   }
   KILN_RETURN_IF_ERROR(EnsureActivations(x.dim(0)));
   input_ = &x;

@@ -26,6 +26,8 @@ struct TypeName {
   const char* operator()(const AddConfig&) const { return "add"; }
   const char* operator()(const ConcatConfig&) const { return "concat"; }
   const char* operator()(const LayerNormConfig&) const { return "layernorm"; }
+  const char* operator()(const EmbeddingConfig&) const { return "embedding"; }
+  const char* operator()(const PositionEmbeddingConfig&) const { return "position_embedding"; }
 };
 }  // namespace
 

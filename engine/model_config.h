@@ -76,6 +76,16 @@ struct LayerNormConfig {
   double eps = 1e-5;
   bool affine = true, bias = true;
 };
+// A token embedding as torch.nn.Embedding(num_embeddings, embedding_dim): reads the model's int32
+// input of T token ids per sample (only an embedding may) and gives (T, embedding_dim).
+struct EmbeddingConfig {
+  int64_t num_embeddings = 0, embedding_dim = 0;
+};
+// A learned position embedding (nanoGPT's wpe): adds the first T rows of a (block_size,
+// embedding_dim) table to its (T, embedding_dim) input, T <= block_size.
+struct PositionEmbeddingConfig {
+  int64_t block_size = 0, embedding_dim = 0;
+};
 // Softmax over the last dimension; for inference outputs (training uses the fused loss).
 struct SoftmaxConfig {};
 // Element-wise sum of 2+ inputs of identical shape (a residual connection).
@@ -94,12 +104,16 @@ using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool
                                  // graph merges
                                  AddConfig, ConcatConfig,
                                  // sequences (transformers)
-                                 LayerNormConfig>;
+                                 LayerNormConfig, EmbeddingConfig, PositionEmbeddingConfig>;
 
 // Layers over several inputs (add, concat); every other layer reads one.
 template <typename C>
 inline constexpr bool kTakesSeveralInputs =
     std::is_same_v<C, AddConfig> || std::is_same_v<C, ConcatConfig>;
+
+// Layers that read the model's int32 token ids (and nothing else).
+template <typename C>
+inline constexpr bool kReadsTokenIds = std::is_same_v<C, EmbeddingConfig>;
 
 // "linear", "conv2d", ...: the name used in messages, specs and the CLI.
 const char* LayerTypeName(const LayerConfig& layer);

@@ -83,6 +83,16 @@ struct ToJson {
             {"affine", c.affine},
             {"bias", c.bias}};
   }
+  json operator()(const EmbeddingConfig& c) const {
+    return {{"type", "embedding"},
+            {"num_embeddings", c.num_embeddings},
+            {"embedding_dim", c.embedding_dim}};
+  }
+  json operator()(const PositionEmbeddingConfig& c) const {
+    return {{"type", "position_embedding"},
+            {"block_size", c.block_size},
+            {"embedding_dim", c.embedding_dim}};
+  }
 };
 
 // A node's optional "name" (a string) and "inputs" (an array of strings).
@@ -290,12 +300,23 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       s.Update(GetBool(l, "affine", where, &c.affine));
       s.Update(GetBool(l, "bias", where, &c.bias));
       config.layers.push_back(c);
+    } else if (type == "embedding") {
+      EmbeddingConfig c;
+      s.Update(GetInt(l, "num_embeddings", where, &c.num_embeddings));
+      s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
+      config.layers.push_back(c);
+    } else if (type == "position_embedding") {
+      PositionEmbeddingConfig c;
+      s.Update(GetInt(l, "block_size", where, &c.block_size));
+      s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
+      config.layers.push_back(c);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
                        "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
-                       "silu, batchnorm2d, batchnorm1d, add, concat, layernorm)"));
+                       "silu, batchnorm2d, batchnorm1d, add, concat, layernorm, embedding, "
+                       "position_embedding)"));
     }
     if (!s.ok()) return s;
     std::string name;

@@ -10,6 +10,7 @@
 #include "engine/layers/concat.h"
 #include "engine/layers/conv2d.h"
 #include "engine/layers/dropout.h"
+#include "engine/layers/embedding.h"
 #include "engine/layers/flatten.h"
 #include "engine/layers/layernorm.h"
 #include "engine/layers/linear.h"

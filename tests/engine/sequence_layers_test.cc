@@ -78,6 +78,8 @@ class SequenceLayers : public ::testing::TestWithParam<std::string> {
     auto dx = b.Allocate(DType::kF32, x.shape());
     ASSERT_OK(dx);
     auto loss = [&]() {
+      // Each pass draws the same dropout masks, so a layer with dropout is a fixed function.
+      if (layer.has_random_stream()) layer.set_random_offset(0);
       EXPECT_OK(layer.Forward(x, &*y, Mode::kTrain));
       const std::vector<float> yv = ToHost(b, *y);
       double l = 0;
@@ -114,6 +116,14 @@ class SequenceLayers : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // An int32 tensor of token ids.
+  Tensor Ids(const Shape& shape, const std::vector<int32_t>& ids) {
+    auto t = backend_->Allocate(DType::kI32, shape);
+    EXPECT_OK(t);
+    EXPECT_OK(backend_->CopyFromHost(ids.data(), ids.size() * sizeof(int32_t), &*t));
+    return *t;
+  }
+
   std::unique_ptr<Backend> backend_;
   Rng rng_{7};
 };
@@ -136,7 +146,8 @@ TEST(SequenceShapes, LinearAppliesToTheLastDimensionOfASequence) {
   EXPECT_EQ((*shapes)[1], (Shape{2, 3, 6}));
   EXPECT_EQ(ShapeError({{5, 8}, {LinearConfig{7, 3}}}),
             "layer 0 linear: in_features 7 but input is 5x8 = 40 (or per position 8)");
-  EXPECT_EQ(ShapeError({{5}, {LinearConfig{7, 3}}}), "layer 0 linear: in_features 7 but input is 5");
+  EXPECT_EQ(ShapeError({{5}, {LinearConfig{7, 3}}}),
+            "layer 0 linear: in_features 7 but input is 5");
 }
 
 TEST(SequenceShapes, ElementWiseLayersKeepASequenceShape) {
@@ -200,8 +211,9 @@ TEST(SequenceShapes, LayerNormNormalisesTheLastDimensionOfAnyRank) {
   EXPECT_EQ(CountParameters({{5, 8}, {LayerNormConfig{8}}}), 16);
   EXPECT_EQ(CountParameters({{5, 8}, {LayerNormConfig{8, 1e-5, true, false}}}), 8);
   EXPECT_EQ(CountParameters({{5, 8}, {LayerNormConfig{8, 1e-5, false, true}}}), 0);
-  EXPECT_EQ(ShapeError({{5, 8}, {LayerNormConfig{5}}}),
-            "layer 0 layernorm: normalized_shape 5 but the input's last dimension is 8 (input 5x8)");
+  EXPECT_EQ(
+      ShapeError({{5, 8}, {LayerNormConfig{5}}}),
+      "layer 0 layernorm: normalized_shape 5 but the input's last dimension is 8 (input 5x8)");
   EXPECT_EQ(ShapeError({{5, 8}, {LayerNormConfig{0}}}),
             "layer 0 layernorm: normalized_shape must be positive, got 0");
   EXPECT_EQ(ShapeError({{5, 8}, {LayerNormConfig{8, 0.0}}}),
@@ -240,6 +252,116 @@ TEST_P(SequenceLayers, LayerNorm) {
     Tensor x = MakeTensor(*backend_, {2, 3, 6}, RandomValues(36, 3));
     CheckLayer(*layer, x);
   }
+}
+
+// --- embeddings ------------------------------------------------------------------------------
+
+TEST(SequenceShapes, EmbeddingsShapesAndErrors) {
+  auto shapes = InferShapes({{5}, {EmbeddingConfig{11, 4}, PositionEmbeddingConfig{8, 4}}});
+  ASSERT_OK(shapes) << shapes.status();
+  EXPECT_EQ((*shapes)[1], (Shape{5, 4}));
+  EXPECT_EQ((*shapes)[2], (Shape{5, 4}));
+  EXPECT_EQ(CountParameters({{5}, {EmbeddingConfig{11, 4}, PositionEmbeddingConfig{8, 4}}}),
+            11 * 4 + 8 * 4);
+  EXPECT_EQ(ShapeError({{5}, {EmbeddingConfig{0, 4}}}),
+            "layer 0 embedding: num_embeddings must be positive, got 0");
+  EXPECT_EQ(ShapeError({{5}, {EmbeddingConfig{11, 0}}}),
+            "layer 0 embedding: embedding_dim must be positive, got 0");
+  EXPECT_EQ(ShapeError({{5, 2}, {EmbeddingConfig{11, 4}}}),
+            "layer 0 embedding: needs T token ids per sample but input is 5x2");
+  EXPECT_EQ(ShapeError({{9}, {EmbeddingConfig{11, 4}, PositionEmbeddingConfig{8, 4}}}),
+            "layer 1 position_embedding: sequence length 9 exceeds block_size 8");
+  EXPECT_EQ(ShapeError({{5}, {EmbeddingConfig{11, 4}, PositionEmbeddingConfig{8, 3}}}),
+            "layer 1 position_embedding: needs a (T, 3) input but input is 5x4");
+}
+
+TEST(SequenceShapes, OnlyEmbeddingsReadTokenIds) {
+  // An embedding reads the model's input and nothing else.
+  EXPECT_EQ(ShapeError({{5, 4}, {LinearConfig{4, 4}, EmbeddingConfig{11, 4}}}),
+            "layer 1 embedding: reads token ids, so its input must be the model's input, not 0");
+  // Nothing else reads the ids.
+  ModelConfig both{{5}, {EmbeddingConfig{11, 5}, LinearConfig{5, 5}, AddConfig{}}};
+  both.inputs = {{}, {"input"}, {"0", "1"}};
+  EXPECT_EQ(ShapeError(both),
+            "layer 1 linear: reads the model's input, which holds the token ids of layer 0 "
+            "embedding; only an embedding may read them");
+}
+
+TEST(SequenceShapes, EmbeddingsJsonRoundTrips) {
+  auto config = ModelConfigFromJson(R"({"input_shape": [6], "layers": [
+      {"type": "embedding", "num_embeddings": 13, "embedding_dim": 8},
+      {"type": "position_embedding", "block_size": 16, "embedding_dim": 8}]})");
+  ASSERT_OK(config) << config.status();
+  const auto* e = std::get_if<EmbeddingConfig>(&config->layers[0]);
+  const auto* p = std::get_if<PositionEmbeddingConfig>(&config->layers[1]);
+  ASSERT_TRUE(e != nullptr && p != nullptr);
+  EXPECT_EQ(e->num_embeddings, 13);
+  EXPECT_EQ(p->block_size, 16);
+  auto again = ModelConfigFromJson(ModelConfigToJson(*config));
+  ASSERT_OK(again);
+  EXPECT_EQ(ModelConfigToJson(*again), ModelConfigToJson(*config));
+  auto bad = ModelConfigFromJson(
+      R"({"input_shape": [6], "layers": [{"type": "embedding", "num_embeddings": 2.5}]})");
+  EXPECT_EQ(bad.status().message(), "layer 0 embedding: num_embeddings must be an integer");
+}
+
+TEST_P(SequenceLayers, EmbeddingLooksUpAndScattersItsGradient) {
+  auto layer = Build(EmbeddingConfig{7, 3}, {5});
+  ASSERT_NE(layer, nullptr);
+  EXPECT_EQ(layer->input_dtype(), DType::kI32);
+  ASSERT_EQ(layer->parameters().size(), 1u);
+  EXPECT_EQ(layer->parameters()[0]->name, "weight");
+  // Repeated ids (3 three times) sum their rows' gradients.
+  Tensor ids = Ids({2, 5}, {3, 0, 6, 3, 1, 2, 3, 5, 5, 0});
+  CheckLayer(*layer, ids);
+  const std::vector<float> table = ToHost(*backend_, layer->parameters()[0]->value);
+  auto y = backend_->Allocate(DType::kF32, {2, 5, 3});
+  ASSERT_OK(y);
+  ASSERT_OK(layer->Forward(ids, &*y, Mode::kEval));
+  const std::vector<float> yv = ToHost(*backend_, *y);
+  EXPECT_EQ(yv[2 * 3 + 1], table[6 * 3 + 1]);
+  EXPECT_EQ(yv[7 * 3 + 2], table[5 * 3 + 2]);
+}
+
+TEST_P(SequenceLayers, EmbeddingInitIsNormalWithStd002) {
+  auto layer = Build(EmbeddingConfig{500, 40}, {5});
+  ASSERT_NE(layer, nullptr);
+  const std::vector<float> v = ToHost(*backend_, layer->parameters()[0]->value);
+  double sum = 0, squares = 0;
+  for (float x : v) {
+    sum += x;
+    squares += static_cast<double>(x) * x;
+  }
+  const double mean = sum / v.size(), std = std::sqrt(squares / v.size() - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.001);
+  EXPECT_NEAR(std, 0.02, 0.001);
+}
+
+TEST_P(SequenceLayers, PositionEmbeddingAddsTheFirstRows) {
+  auto layer = Build(PositionEmbeddingConfig{6, 3}, {4, 3});
+  ASSERT_NE(layer, nullptr);
+  Tensor x = MakeTensor(*backend_, {2, 4, 3}, RandomValues(24, 4));
+  CheckLayer(*layer, x);
+}
+
+TEST_P(SequenceLayers, AModelReadsInt32TokenIdsAndRefusesFloats) {
+  ModelConfig config{{4}, {EmbeddingConfig{9, 3}, PositionEmbeddingConfig{4, 3}}};
+  auto model = Model::Build(config, backend_.get(), 1);
+  ASSERT_OK(model) << model.status();
+  Tensor ids = Ids({2, 4}, {1, 2, 3, 8, 0, 0, 7, 6});
+  auto y = (*model)->Forward(ids, Mode::kTrain);
+  ASSERT_OK(y) << y.status();
+  EXPECT_EQ((*y)->shape(), (Shape{2, 4, 3}));
+  Tensor dy = MakeTensor(*backend_, {2, 4, 3}, RandomValues(24, 6));
+  EXPECT_OK((*model)->Backward(dy));
+  Tensor floats = MakeTensor(*backend_, {2, 4}, RandomValues(8, 6));
+  EXPECT_EQ((*model)->Forward(floats, Mode::kTrain).status().message(),
+            "model input is F32 but layer 0 embedding reads I32 token ids");
+  ModelConfig plain{{4}, {LinearConfig{4, 2}}};
+  auto mlp = Model::Build(plain, backend_.get(), 1);
+  ASSERT_OK(mlp);
+  EXPECT_EQ((*mlp)->Forward(ids, Mode::kTrain).status().message(),
+            "model input is I32 but layer 0 linear reads F32");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, SequenceLayers, ::testing::Values("cpu", "cuda:0"),
