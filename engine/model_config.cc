@@ -28,6 +28,7 @@ struct TypeName {
   const char* operator()(const LayerNormConfig&) const { return "layernorm"; }
   const char* operator()(const EmbeddingConfig&) const { return "embedding"; }
   const char* operator()(const PositionEmbeddingConfig&) const { return "position_embedding"; }
+  const char* operator()(const CausalSelfAttentionConfig&) const { return "causal_self_attention"; }
 };
 }  // namespace
 

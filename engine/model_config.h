@@ -86,6 +86,13 @@ struct EmbeddingConfig {
 struct PositionEmbeddingConfig {
   int64_t block_size = 0, embedding_dim = 0;
 };
+// Causal multi-head self-attention over a (T, n_embd) sequence, nanoGPT's CausalSelfAttention:
+// c_attn, heads, c_proj; dropout on the attention weights and on the output in training.
+struct CausalSelfAttentionConfig {
+  int64_t n_head = 0, n_embd = 0;
+  bool bias = true;
+  float dropout = 0.0f;
+};
 // Softmax over the last dimension; for inference outputs (training uses the fused loss).
 struct SoftmaxConfig {};
 // Element-wise sum of 2+ inputs of identical shape (a residual connection).
@@ -104,7 +111,8 @@ using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool
                                  // graph merges
                                  AddConfig, ConcatConfig,
                                  // sequences (transformers)
-                                 LayerNormConfig, EmbeddingConfig, PositionEmbeddingConfig>;
+                                 LayerNormConfig, EmbeddingConfig, PositionEmbeddingConfig,
+                                 CausalSelfAttentionConfig>;
 
 // Layers over several inputs (add, concat); every other layer reads one.
 template <typename C>

@@ -93,6 +93,13 @@ struct ToJson {
             {"block_size", c.block_size},
             {"embedding_dim", c.embedding_dim}};
   }
+  json operator()(const CausalSelfAttentionConfig& c) const {
+    return {{"type", "causal_self_attention"},
+            {"n_head", c.n_head},
+            {"n_embd", c.n_embd},
+            {"bias", c.bias},
+            {"dropout", c.dropout}};
+  }
 };
 
 // A node's optional "name" (a string) and "inputs" (an array of strings).
@@ -310,13 +317,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       s.Update(GetInt(l, "block_size", where, &c.block_size));
       s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
       config.layers.push_back(c);
+    } else if (type == "causal_self_attention") {
+      CausalSelfAttentionConfig c;
+      s.Update(GetInt(l, "n_head", where, &c.n_head));
+      s.Update(GetInt(l, "n_embd", where, &c.n_embd));
+      s.Update(GetBool(l, "bias", where, &c.bias));
+      s.Update(GetFloat(l, "dropout", where, &c.dropout));
+      config.layers.push_back(c);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
                        "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
                        "silu, batchnorm2d, batchnorm1d, add, concat, layernorm, embedding, "
-                       "position_embedding)"));
+                       "position_embedding, causal_self_attention)"));
     }
     if (!s.ok()) return s;
     std::string name;

@@ -5,6 +5,7 @@
 
 #include "engine/layers/activation.h"
 #include "engine/layers/add.h"
+#include "engine/layers/attention.h"
 #include "engine/layers/avgpool2d.h"
 #include "engine/layers/batchnorm.h"
 #include "engine/layers/concat.h"

@@ -290,19 +290,24 @@ TEST(SequenceShapes, OnlyEmbeddingsReadTokenIds) {
 TEST(SequenceShapes, EmbeddingsJsonRoundTrips) {
   auto config = ModelConfigFromJson(R"({"input_shape": [6], "layers": [
       {"type": "embedding", "num_embeddings": 13, "embedding_dim": 8},
-      {"type": "position_embedding", "block_size": 16, "embedding_dim": 8}]})");
+      {"type": "position_embedding", "block_size": 16, "embedding_dim": 8},
+      {"type": "causal_self_attention", "n_head": 2, "n_embd": 8, "dropout": 0.25}]})");
   ASSERT_OK(config) << config.status();
   const auto* e = std::get_if<EmbeddingConfig>(&config->layers[0]);
   const auto* p = std::get_if<PositionEmbeddingConfig>(&config->layers[1]);
-  ASSERT_TRUE(e != nullptr && p != nullptr);
+  const auto* a = std::get_if<CausalSelfAttentionConfig>(&config->layers[2]);
+  ASSERT_TRUE(e != nullptr && p != nullptr && a != nullptr);
   EXPECT_EQ(e->num_embeddings, 13);
   EXPECT_EQ(p->block_size, 16);
+  EXPECT_EQ(a->n_head, 2);
+  EXPECT_TRUE(a->bias);
+  EXPECT_EQ(a->dropout, 0.25f);
   auto again = ModelConfigFromJson(ModelConfigToJson(*config));
   ASSERT_OK(again);
   EXPECT_EQ(ModelConfigToJson(*again), ModelConfigToJson(*config));
   auto bad = ModelConfigFromJson(
-      R"({"input_shape": [6], "layers": [{"type": "embedding", "num_embeddings": 2.5}]})");
-  EXPECT_EQ(bad.status().message(), "layer 0 embedding: num_embeddings must be an integer");
+      R"({"input_shape": [6], "layers": [{"type": "causal_self_attention", "n_head": 2.5}]})");
+  EXPECT_EQ(bad.status().message(), "layer 0 causal_self_attention: n_head must be an integer");
 }
 
 TEST_P(SequenceLayers, EmbeddingLooksUpAndScattersItsGradient) {
@@ -362,6 +367,144 @@ TEST_P(SequenceLayers, AModelReadsInt32TokenIdsAndRefusesFloats) {
   ASSERT_OK(mlp);
   EXPECT_EQ((*mlp)->Forward(ids, Mode::kTrain).status().message(),
             "model input is I32 but layer 0 linear reads F32");
+}
+
+// --- causal self-attention ---------------------------------------------------------------------
+
+TEST(SequenceShapes, AttentionShapesAndErrors) {
+  auto shapes = InferShapes({{5, 8}, {CausalSelfAttentionConfig{2, 8}}});
+  ASSERT_OK(shapes);
+  EXPECT_EQ((*shapes)[1], (Shape{5, 8}));
+  EXPECT_EQ(CountParameters({{5, 8}, {CausalSelfAttentionConfig{2, 8}}}), 4 * 64 + 4 * 8);
+  EXPECT_EQ(CountParameters({{5, 8}, {CausalSelfAttentionConfig{2, 8, false}}}), 4 * 64);
+  EXPECT_EQ(ShapeError({{5, 10}, {CausalSelfAttentionConfig{3, 10}}}),
+            "layer 0 causal_self_attention: n_embd 10 is not a multiple of n_head 3");
+  EXPECT_EQ(ShapeError({{5, 8}, {CausalSelfAttentionConfig{0, 8}}}),
+            "layer 0 causal_self_attention: n_head must be positive, got 0");
+  EXPECT_EQ(ShapeError({{5, 8}, {CausalSelfAttentionConfig{2, 0}}}),
+            "layer 0 causal_self_attention: n_embd must be positive, got 0");
+  EXPECT_EQ(ShapeError({{5, 8}, {CausalSelfAttentionConfig{2, 6}}}),
+            "layer 0 causal_self_attention: needs a (T, 6) input but input is 5x8");
+  EXPECT_EQ(ShapeError({{40}, {CausalSelfAttentionConfig{2, 8}}}),
+            "layer 0 causal_self_attention: needs a (T, 8) input but input is 40");
+  EXPECT_EQ(ShapeError({{5, 8}, {CausalSelfAttentionConfig{2, 8, true, 1.0f}}}),
+            "layer 0 causal_self_attention: dropout must be in [0, 1), got 1");
+}
+
+// nanoGPT's CausalSelfAttention.forward in double on the host, from the layer's parameters:
+// y (batch, T, C).
+std::vector<double> AttentionLayerReference(const std::vector<float>& x, int batch, int t, int c,
+                                            int heads, const std::vector<float>& wa,
+                                            const std::vector<float>& ba,
+                                            const std::vector<float>& wp,
+                                            const std::vector<float>& bp) {
+  const int hd = c / heads;
+  std::vector<double> y(static_cast<size_t>(batch) * t * c);
+  for (int n = 0; n < batch; ++n) {
+    std::vector<double> qkv(static_cast<size_t>(t) * 3 * c), merged(static_cast<size_t>(t) * c);
+    for (int i = 0; i < t; ++i) {
+      for (int o = 0; o < 3 * c; ++o) {
+        double v = ba.empty() ? 0 : ba[o];
+        for (int k = 0; k < c; ++k) v += double{wa[o * c + k]} * x[(n * t + i) * c + k];
+        qkv[i * 3 * c + o] = v;
+      }
+    }
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < t; ++i) {
+        std::vector<double> w(i + 1);
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          for (int e = 0; e < hd; ++e)
+            w[j] += qkv[i * 3 * c + h * hd + e] * qkv[j * 3 * c + c + h * hd + e];
+          w[j] /= std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, w[j]);
+        }
+        for (int j = 0; j <= i; ++j) sum += (w[j] = std::exp(w[j] - mx));
+        for (int e = 0; e < hd; ++e) {
+          double v = 0;
+          for (int j = 0; j <= i; ++j) v += w[j] / sum * qkv[j * 3 * c + 2 * c + h * hd + e];
+          merged[i * c + h * hd + e] = v;
+        }
+      }
+    }
+    for (int i = 0; i < t; ++i) {
+      for (int o = 0; o < c; ++o) {
+        double v = bp.empty() ? 0 : bp[o];
+        for (int k = 0; k < c; ++k) v += double{wp[o * c + k]} * merged[i * c + k];
+        y[(n * t + i) * c + o] = v;
+      }
+    }
+  }
+  return y;
+}
+
+TEST_P(SequenceLayers, AttentionForwardMatchesNanoGptsDefinition) {
+  for (bool bias : {true, false}) {
+    const int batch = 2, t = 5, c = 8, heads = 2;
+    auto layer = Build(CausalSelfAttentionConfig{heads, c, bias}, {t, c});
+    ASSERT_NE(layer, nullptr);
+    std::vector<std::vector<float>> p;
+    std::vector<std::string> names;
+    for (Parameter* param : layer->parameters()) {
+      p.push_back(ToHost(*backend_, param->value));
+      names.push_back(param->name);
+    }
+    if (bias) {
+      EXPECT_EQ(names, (std::vector<std::string>{"c_attn.weight", "c_attn.bias", "c_proj.weight",
+                                                 "c_proj.bias"}));
+    } else {
+      EXPECT_EQ(names, (std::vector<std::string>{"c_attn.weight", "c_proj.weight"}));
+      p = {p[0], {}, p[1], {}};
+    }
+    const std::vector<float> xv = RandomValues(batch * t * c, 8, -2, 2);
+    Tensor x = MakeTensor(*backend_, {batch, t, c}, xv);
+    auto y = backend_->Allocate(DType::kF32, {batch, t, c});
+    ASSERT_OK(y);
+    ASSERT_OK(layer->Forward(x, &*y, Mode::kTrain));
+    const std::vector<float> yv = ToHost(*backend_, *y);
+    const std::vector<double> want =
+        AttentionLayerReference(xv, batch, t, c, heads, p[0], p[1], p[2], p[3]);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(yv[i], want[i], 1e-5) << i;
+  }
+}
+
+TEST_P(SequenceLayers, AttentionMultiHeadWithBias) {
+  auto layer = Build(CausalSelfAttentionConfig{2, 6}, {4, 6});
+  ASSERT_NE(layer, nullptr);
+  Tensor x = MakeTensor(*backend_, {2, 4, 6}, RandomValues(48, 9));
+  CheckLayer(*layer, x);
+}
+
+TEST_P(SequenceLayers, AttentionOneHeadWithoutBias) {
+  auto layer = Build(CausalSelfAttentionConfig{1, 4, false}, {3, 4});
+  ASSERT_NE(layer, nullptr);
+  Tensor x = MakeTensor(*backend_, {2, 3, 4}, RandomValues(24, 10));
+  CheckLayer(*layer, x);
+}
+
+TEST_P(SequenceLayers, AttentionWithDropoutInTraining) {
+  auto layer = Build(CausalSelfAttentionConfig{3, 6, true, 0.3f}, {4, 6});
+  ASSERT_NE(layer, nullptr);
+  EXPECT_TRUE(layer->has_random_stream());
+  Tensor x = MakeTensor(*backend_, {2, 4, 6}, RandomValues(48, 12));
+  CheckLayer(*layer, x);
+  // Both dropouts drew: the weights' (2 x 3 x 4 x 4) and the output's (2 x 4 x 6).
+  EXPECT_EQ(layer->random_offset(), 96u + 48u);
+}
+
+TEST_P(SequenceLayers, AttentionDropoutIsTheIdentityInEvaluation) {
+  rng_ = Rng(3);
+  auto dropping = Build(CausalSelfAttentionConfig{2, 6, true, 0.5f}, {4, 6});
+  rng_ = Rng(3);
+  auto plain = Build(CausalSelfAttentionConfig{2, 6, true, 0.0f}, {4, 6});
+  ASSERT_TRUE(dropping != nullptr && plain != nullptr);
+  Tensor x = MakeTensor(*backend_, {2, 4, 6}, RandomValues(48, 13));
+  auto y1 = backend_->Allocate(DType::kF32, {2, 4, 6});
+  auto y2 = backend_->Allocate(DType::kF32, {2, 4, 6});
+  ASSERT_OK(dropping->Forward(x, &*y1, Mode::kEval));
+  ASSERT_OK(plain->Forward(x, &*y2, Mode::kTrain));
+  EXPECT_EQ(ToHost(*backend_, *y1), ToHost(*backend_, *y2));
+  EXPECT_EQ(dropping->random_offset(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, SequenceLayers, ::testing::Values("cpu", "cuda:0"),
