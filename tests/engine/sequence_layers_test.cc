@@ -507,6 +507,116 @@ TEST_P(SequenceLayers, AttentionDropoutIsTheIdentityInEvaluation) {
   EXPECT_EQ(dropping->random_offset(), 0u);
 }
 
+// --- a whole GPT -------------------------------------------------------------------------------
+
+// One transformer block of nanoGPT, as JSON layers: x + attn(ln_1(x)), then + mlp(ln_2(.)).
+// Residual branches are graph nodes: an add names both its inputs.
+std::string BlockJson(const std::string& h, const std::string& input, int d, int heads) {
+  const std::string D = std::to_string(d), D4 = std::to_string(4 * d);
+  return R"({"type": "layernorm", "normalized_shape": )" + D + R"(, "name": ")" + h + R"(.ln_1"},
+    {"type": "causal_self_attention", "n_head": )" +
+         std::to_string(heads) + R"(, "n_embd": )" + D + R"(, "name": ")" + h + R"(.attn"},
+    {"type": "add", "inputs": [")" +
+         input + R"(", ")" + h + R"(.attn"], "name": ")" + h +
+         R"(.res_1"},
+    {"type": "layernorm", "normalized_shape": )" +
+         D + R"(, "name": ")" + h + R"(.ln_2"},
+    {"type": "linear", "in_features": )" +
+         D + R"(, "out_features": )" + D4 + R"(, "name": ")" + h + R"(.mlp.c_fc"},
+    {"type": "gelu", "name": ")" +
+         h + R"(.mlp.gelu"},
+    {"type": "linear", "in_features": )" +
+         D4 + R"(, "out_features": )" + D + R"(, "name": ")" + h + R"(.mlp.c_proj"},
+    {"type": "add", "inputs": [")" +
+         h + R"(.res_1", ")" + h + R"(.mlp.c_proj"], "name": ")" + h + R"(.res_2"})";
+}
+
+// A 2-layer character GPT: token and position embeddings, 2 blocks, ln_f, a linear to the vocab.
+std::string TinyGptJson(int vocab, int t, int d, int heads) {
+  const std::string V = std::to_string(vocab), D = std::to_string(d);
+  return R"({"input_shape": [)" + std::to_string(t) + R"(], "layers": [
+    {"type": "embedding", "num_embeddings": )" +
+         V + R"(, "embedding_dim": )" + D +
+         R"(, "name": "wte"},
+    {"type": "position_embedding", "block_size": )" +
+         std::to_string(t) + R"(, "embedding_dim": )" + D + R"(, "name": "wpe"},
+    )" + BlockJson("h.0", "wpe", d, heads) +
+         ",\n" + BlockJson("h.1", "h.0.res_2", d, heads) +
+         R"(,
+    {"type": "layernorm", "normalized_shape": )" +
+         D + R"(, "name": "ln_f"},
+    {"type": "linear", "in_features": )" +
+         D + R"(, "out_features": )" + V + R"(, "bias": false,
+     "name": "lm_head"}]})";
+}
+
+TEST_P(SequenceLayers, ATinyGptFromJsonHasNanoGptsShapesAndNames) {
+  auto config = ModelConfigFromJson(TinyGptJson(7, 4, 8, 2));
+  ASSERT_OK(config) << config.status();
+  auto model = Model::Build(*config, backend_.get(), 5);
+  ASSERT_OK(model) << model.status();
+  EXPECT_EQ((*model)->output_shape(), (Shape{4, 7}));
+  std::vector<std::string> names;
+  for (const NamedParameter& p : (*model)->parameters()) names.push_back(p.name);
+  EXPECT_EQ(names.front(), "wte.weight");
+  EXPECT_EQ(names[1], "wpe.weight");
+  EXPECT_EQ(names[4], "h.0.attn.c_attn.weight");
+  EXPECT_EQ(names.back(), "lm_head.weight");
+  // nanoGPT's count for these sizes, lm_head untied (7 x 8 more than nanoGPT's tied one).
+  const int64_t block = 2 * 16 + (3 * 64 + 24 + 64 + 8) + (8 * 32 + 32 + 32 * 8 + 8);
+  EXPECT_EQ((*model)->parameter_count(), 7 * 8 + 4 * 8 + 2 * block + 16 + 7 * 8);
+}
+
+// Every parameter's gradient through the whole graph (the residual adds sum their branches'
+// gradients) against central differences of L = sum(logits * r) in float32.
+TEST_P(SequenceLayers, ATinyGptsGradientMatchesFiniteDifferencesEndToEnd) {
+  Backend& b = *backend_;
+  auto config = ModelConfigFromJson(TinyGptJson(5, 4, 8, 2));
+  ASSERT_OK(config) << config.status();
+  auto built = Model::Build(*config, &b, 5);
+  ASSERT_OK(built) << built.status();
+  Model& model = **built;
+  const int batch = 2;
+  Tensor ids = Ids({batch, 4}, {1, 4, 4, 0, 3, 2, 1, 1});
+  const std::vector<float> r = RandomValues(batch * 4 * 5, 99);
+  Tensor dy = MakeTensor(b, {batch, 4, 5}, r);
+  auto loss = [&]() {
+    auto y = model.Forward(ids, Mode::kTrain);
+    EXPECT_OK(y);
+    const std::vector<float> yv = ToHost(b, **y);
+    double l = 0;
+    for (size_t i = 0; i < yv.size(); ++i) l += static_cast<double>(yv[i]) * r[i];
+    return l;
+  };
+  loss();
+  ASSERT_OK(model.ZeroGrad());
+  ASSERT_OK(model.Backward(dy));
+  for (const NamedParameter& p : model.parameters()) {
+    const std::vector<float> analytic = ToHost(b, p.param->grad);
+    std::vector<float> v = ToHost(b, p.param->value);
+    // The embeddings' values are ~0.02 and ln_1 scales them up ~30 times: a step of 1e-2 would
+    // leave the linear regime there; elsewhere float32 rounding needs the larger step.
+    const bool embedding = p.name == "wte.weight" || p.name == "wpe.weight";
+    const float kStep = embedding ? 1e-3f : kEps;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float keep = v[i];
+      v[i] = keep + kStep;
+      ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+      const double up = loss();
+      v[i] = keep - kStep;
+      ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+      const double down = loss();
+      v[i] = keep;
+      ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+      const double numeric = (up - down) / (2 * kStep);
+      // Relative, with an absolute floor for float32 rounding through ten layers.
+      ASSERT_LE(std::abs(analytic[i] - numeric),
+                kTolerance * std::max<double>(std::abs(analytic[i]), std::abs(numeric)) + 5e-4)
+          << p.name << "[" << i << "]: backward " << analytic[i] << " vs numeric " << numeric;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, SequenceLayers, ::testing::Values("cpu", "cuda:0"),
                          testing::DeviceParamName);
 
