@@ -12,6 +12,7 @@
 
 #include "engine/backend_registry.h"
 #include "engine/layers/layers.h"
+#include "engine/loss.h"
 #include "engine/model.h"
 #include "engine/model_config_json.h"
 #include "tests/engine/test_util.h"
@@ -615,6 +616,49 @@ TEST_P(SequenceLayers, ATinyGptsGradientMatchesFiniteDifferencesEndToEnd) {
           << p.name << "[" << i << "]: backward " << analytic[i] << " vs numeric " << numeric;
     }
   }
+}
+
+// --- cross-entropy over every position -------------------------------------------------------
+
+// Logits (B, T, V) against int32 targets (B, T): the mean over all B * T positions of
+// -log softmax(logits)[target], as PyTorch's cross_entropy(logits.view(-1, V), y.view(-1)); its
+// gradient (softmax - onehot) / (B * T); `correct` counts positions.
+TEST_P(SequenceLayers, CrossEntropyAveragesOverEveryPosition) {
+  Backend& b = *backend_;
+  const int batch = 2, t = 3, vocab = 4;
+  const std::vector<float> z = RandomValues(batch * t * vocab, 21, -2, 2);
+  Tensor logits = MakeTensor(b, {batch, t, vocab}, z);
+  const std::vector<int32_t> targets = {0, 3, 2, 1, 1, 3};
+  Tensor labels = Ids({batch, t}, targets);
+  auto scalar = b.Allocate(DType::kF32, {1});
+  auto correct = b.Allocate(DType::kI32, {1});
+  auto dz = b.Allocate(DType::kF32, {batch, t, vocab});
+  ASSERT_TRUE(scalar.ok() && correct.ok() && dz.ok());
+  Loss loss(LossKind::kCrossEntropy, &b);
+  ASSERT_OK(loss.Compute(logits, labels, scalar->f32(), correct->i32(), &*dz));
+  double want = 0;
+  int want_correct = 0;
+  std::vector<double> want_dz(z.size());
+  for (int r = 0; r < batch * t; ++r) {
+    double mx = -1e300, sum = 0;
+    int argmax = 0;
+    for (int v = 0; v < vocab; ++v) {
+      if (z[r * vocab + v] > mx) mx = z[r * vocab + v], argmax = v;
+    }
+    for (int v = 0; v < vocab; ++v) sum += std::exp(z[r * vocab + v] - mx);
+    want -= z[r * vocab + targets[r]] - mx - std::log(sum);
+    want_correct += argmax == targets[r];
+    for (int v = 0; v < vocab; ++v) {
+      want_dz[r * vocab + v] =
+          (std::exp(z[r * vocab + v] - mx) / sum - (v == targets[r])) / (batch * t);
+    }
+  }
+  EXPECT_NEAR(ToHost(b, *scalar)[0], want / (batch * t), 1e-5);
+  int32_t got_correct = 0;
+  ASSERT_OK(b.CopyToHost(*correct, &got_correct, sizeof(got_correct)));
+  EXPECT_EQ(got_correct, want_correct);
+  const std::vector<float> got_dz = ToHost(b, *dz);
+  for (size_t i = 0; i < got_dz.size(); ++i) EXPECT_NEAR(got_dz[i], want_dz[i], 1e-6) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, SequenceLayers, ::testing::Values("cpu", "cuda:0"),
