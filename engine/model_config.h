@@ -15,6 +15,10 @@ namespace kiln {
 struct LinearConfig {
   int64_t in_features = 0, out_features = 0;
   bool bias = true;
+  // Weight tying (GPT-2's lm_head): the name of an embedding node whose (num_embeddings,
+  // embedding_dim) table this (out_features, in_features) weight is. One parameter, listed (and
+  // checkpointed) once, under the embedding's name; empty for an own weight.
+  std::string tie_weight = "";
 };
 struct Conv2dConfig {
   int64_t in_channels = 0, out_channels = 0, kernel_size = 3, stride = 1, padding = 0;

@@ -17,8 +17,12 @@ using nlohmann::json;
 
 struct ToJson {
   json operator()(const LinearConfig& c) const {
-    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
-            {"bias", c.bias}};
+    json j = {{"type", "linear"},
+              {"in_features", c.in_features},
+              {"out_features", c.out_features},
+              {"bias", c.bias}};
+    if (!c.tie_weight.empty()) j["tie_weight"] = c.tie_weight;  // only where tied
+    return j;
   }
   json operator()(const Conv2dConfig& c) const {
     json j = {{"type", "conv2d"},
@@ -230,6 +234,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       s.Update(GetInt(l, "in_features", where, &c.in_features));
       s.Update(GetInt(l, "out_features", where, &c.out_features));
       s.Update(GetBool(l, "bias", where, &c.bias));
+      if (auto it = l.find("tie_weight"); it != l.end()) {
+        if (!it->is_string()) {
+          return absl::InvalidArgumentError(where + ": tie_weight must be a string");
+        }
+        c.tie_weight = it->get<std::string>();
+      }
       config.layers.push_back(c);
     } else if (type == "conv2d") {
       Conv2dConfig c;

@@ -35,7 +35,8 @@ absl::StatusOr<Shape> OutputShape(const LinearConfig& c, const Shape& in) {
 }
 
 int64_t ParameterCount(const LinearConfig& c) {
-  return c.in_features * c.out_features + (c.bias ? c.out_features : 0);
+  const int64_t weight = c.tie_weight.empty() ? c.in_features * c.out_features : 0;
+  return weight + (c.bias ? c.out_features : 0);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LinearConfig& c, const LayerContext& ctx) {
@@ -47,8 +48,11 @@ absl::StatusOr<std::unique_ptr<Layer>> Linear::Create(const LinearConfig& config
   KILN_ASSIGN_OR_RETURN(Shape output, OutputShape(config, input));
   auto layer = std::unique_ptr<Linear>(new Linear(config, backend, input, std::move(output)));
   const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_features));
-  KILN_RETURN_IF_ERROR(InitUniformParameter(
-      backend, "weight", {config.out_features, config.in_features}, bound, rng, &layer->weight_));
+  layer->weight_.name = "weight";
+  if (config.tie_weight.empty()) {  // a tied weight is the model's to bind (Model::Build)
+    KILN_RETURN_IF_ERROR(InitUniformParameter(
+        backend, "weight", {config.out_features, config.in_features}, bound, rng, &layer->weight_));
+  }
   if (config.bias) {
     KILN_RETURN_IF_ERROR(
         InitUniformParameter(backend, "bias", {config.out_features}, bound, rng, &layer->bias_));
@@ -62,6 +66,10 @@ std::vector<Parameter*> Linear::parameters() {
 }
 
 absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
+  if (weight_.value.numel() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("linear: weight tied to ", config_.tie_weight, " was never bound"));
+  }
   // x (rows, in), y (rows, out) = x W^T + b; rows = B, or B * T over a sequence's positions.
   const int batch = static_cast<int>(x.numel() / config_.in_features),
             in = static_cast<int>(config_.in_features),

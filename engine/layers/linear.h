@@ -26,6 +26,11 @@ class Linear final : public Layer {
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
   std::vector<Parameter*> parameters() override;
+  // A tied weight's tensors: the embedding's value and grad, shared (weight_ keeps its name).
+  void BindTiedWeight(const Parameter& table) {
+    weight_.value = table.value;
+    weight_.grad = table.grad;
+  }
 
  private:
   Linear(const LinearConfig& config, Backend* backend, const Shape& input, Shape output)

@@ -117,6 +117,9 @@ class SequenceLayers : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // A tiny GPT's parameter gradients (TinyGptJson) against central differences, end to end.
+  void CheckGptGradient(bool tied);
+
   // An int32 tensor of token ids.
   Tensor Ids(const Shape& shape, const std::vector<int32_t>& ids) {
     auto t = backend_->Allocate(DType::kI32, shape);
@@ -533,7 +536,8 @@ std::string BlockJson(const std::string& h, const std::string& input, int d, int
 }
 
 // A 2-layer character GPT: token and position embeddings, 2 blocks, ln_f, a linear to the vocab.
-std::string TinyGptJson(int vocab, int t, int d, int heads) {
+// With `tied`, lm_head's weight is wte's (nanoGPT's weight tying).
+std::string TinyGptJson(int vocab, int t, int d, int heads, bool tied = false) {
   const std::string V = std::to_string(vocab), D = std::to_string(d);
   return R"({"input_shape": [)" + std::to_string(t) + R"(], "layers": [
     {"type": "embedding", "num_embeddings": )" +
@@ -547,8 +551,8 @@ std::string TinyGptJson(int vocab, int t, int d, int heads) {
     {"type": "layernorm", "normalized_shape": )" +
          D + R"(, "name": "ln_f"},
     {"type": "linear", "in_features": )" +
-         D + R"(, "out_features": )" + V + R"(, "bias": false,
-     "name": "lm_head"}]})";
+         D + R"(, "out_features": )" + V + R"(, "bias": false, )" +
+         (tied ? R"("tie_weight": "wte", )" : "") + R"("name": "lm_head"}]})";
 }
 
 TEST_P(SequenceLayers, ATinyGptFromJsonHasNanoGptsShapesAndNames) {
@@ -571,8 +575,48 @@ TEST_P(SequenceLayers, ATinyGptFromJsonHasNanoGptsShapesAndNames) {
 // Every parameter's gradient through the whole graph (the residual adds sum their branches'
 // gradients) against central differences of L = sum(logits * r) in float32.
 TEST_P(SequenceLayers, ATinyGptsGradientMatchesFiniteDifferencesEndToEnd) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "lm_head tied to wte" : "lm_head untied");
+    CheckGptGradient(tied);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A tied lm_head has no weight of its own: wte.weight is listed once, and its gradient sums both
+// of its uses.
+TEST_P(SequenceLayers, ATiedLmHeadSharesTheTokenEmbedding) {
+  auto untied = ModelConfigFromJson(TinyGptJson(7, 4, 8, 2));
+  auto config = ModelConfigFromJson(TinyGptJson(7, 4, 8, 2, /*tied=*/true));
+  ASSERT_TRUE(untied.ok() && config.ok()) << config.status();
+  EXPECT_EQ(CountParameters(*config), CountParameters(*untied) - 7 * 8);
+  auto again = ModelConfigFromJson(ModelConfigToJson(*config));
+  ASSERT_OK(again);
+  EXPECT_EQ(std::get<LinearConfig>(again->layers.back()).tie_weight, "wte");
+  auto model = Model::Build(*config, backend_.get(), 5);
+  ASSERT_OK(model) << model.status();
+  std::vector<std::string> names;
+  for (const NamedParameter& p : (*model)->parameters()) names.push_back(p.name);
+  EXPECT_EQ(names.front(), "wte.weight");
+  EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head.weight"), 0);
+  EXPECT_EQ(names.back(), "ln_f.bias");
+  int64_t listed = 0;
+  for (const NamedParameter& p : (*model)->parameters()) listed += p.param->value.numel();
+  EXPECT_EQ(listed, (*model)->parameter_count());
+}
+
+TEST(SequenceShapes, TieWeightErrorsNameTheLinear) {
+  ModelConfig c{{4}, {EmbeddingConfig{7, 8}, LinearConfig{8, 7, false, "nope"}}};
+  c.names = {"wte", "lm_head"};
+  EXPECT_EQ(ShapeError(c), "node lm_head: tie_weight names no node: nope");
+  std::get<LinearConfig>(c.layers[1]).tie_weight = "lm_head";
+  EXPECT_EQ(ShapeError(c), "node lm_head: tie_weight lm_head is not an embedding");
+  c.layers[1] = LinearConfig{8, 6, false, "wte"};
+  EXPECT_EQ(ShapeError(c), "node lm_head: tie_weight wte's table is 7x8 but the weight is 6x8");
+}
+
+void SequenceLayers::CheckGptGradient(bool tied) {
   Backend& b = *backend_;
-  auto config = ModelConfigFromJson(TinyGptJson(5, 4, 8, 2));
+  auto config = ModelConfigFromJson(TinyGptJson(5, 4, 8, 2, tied));
   ASSERT_OK(config) << config.status();
   auto built = Model::Build(*config, &b, 5);
   ASSERT_OK(built) << built.status();
