@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend_registry.h"
+#include "engine/checkpoint.h"
 #include "engine/layers/layers.h"
 #include "engine/loss.h"
 #include "engine/model.h"
@@ -602,6 +603,29 @@ TEST_P(SequenceLayers, ATiedLmHeadSharesTheTokenEmbedding) {
   int64_t listed = 0;
   for (const NamedParameter& p : (*model)->parameters()) listed += p.param->value.numel();
   EXPECT_EQ(listed, (*model)->parameter_count());
+}
+
+// A checkpoint holds the tied table once, and a model loaded from it gives the same logits.
+TEST_P(SequenceLayers, ATiedGptCheckpointRoundTrips) {
+  auto config = ModelConfigFromJson(TinyGptJson(7, 4, 8, 2, /*tied=*/true));
+  ASSERT_OK(config) << config.status();
+  auto saved = Model::Build(*config, backend_.get(), 5);
+  auto loaded = Model::Build(*config, backend_.get(), 6);
+  ASSERT_TRUE(saved.ok() && loaded.ok());
+  testing::TempDir dir;
+  const std::string path = dir.file("gpt.safetensors");
+  ASSERT_OK(WriteCheckpoint(path, **saved, nullptr, TrainingPosition{}, PixelNorm{}));
+  auto info = ReadCheckpointInfo(path);
+  ASSERT_OK(info) << info.status();
+  EXPECT_EQ(ModelConfigToJson(info->model), ModelConfigToJson(*config));
+  ASSERT_OK(ReadCheckpoint(path, **loaded, nullptr, nullptr));
+  Tensor ids = Ids({1, 4}, {6, 0, 3, 3});
+  auto want = (*saved)->Forward(ids, Mode::kEval);
+  ASSERT_OK(want);
+  const std::vector<float> want_v = ToHost(*backend_, **want);
+  auto got = (*loaded)->Forward(ids, Mode::kEval);
+  ASSERT_OK(got);
+  EXPECT_EQ(ToHost(*backend_, **got), want_v);
 }
 
 TEST(SequenceShapes, TieWeightErrorsNameTheLinear) {
