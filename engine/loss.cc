@@ -10,8 +10,15 @@ const char* LossName(LossKind kind) {
 
 absl::Status Loss::Compute(const Tensor& out, const Tensor& labels, float* loss, int32_t* correct,
                            Tensor* dout) {
-  const int rows = static_cast<int>(out.dim(0));
-  const int cols = static_cast<int>(out.numel() / rows);
+  // A row per label: a classifier's out (B, classes) has one per sample; a sequence model's
+  // out (B, T, vocab) with B * T labels one per position, so the loss is the mean over every
+  // position (PyTorch's cross_entropy of logits.view(-1, vocab)) and `correct` counts positions.
+  int64_t rows64 = out.dim(0);
+  if (out.rank() == 3 && labels.numel() != rows64 && labels.numel() == out.dim(0) * out.dim(1)) {
+    rows64 = labels.numel();
+  }
+  const int rows = static_cast<int>(rows64);
+  const int cols = static_cast<int>(out.numel() / rows64);
   if (kind_ == LossKind::kCrossEntropy) {
     return backend_->SoftmaxCrossEntropy(rows, cols, out.f32(), labels.i32(), label_smoothing_,
                                          loss, correct, dout ? dout->f32() : nullptr);

@@ -20,8 +20,10 @@ class Loss {
   Loss(LossKind kind, Backend* backend, float label_smoothing = 0)
       : kind_(kind), backend_(backend), label_smoothing_(label_smoothing) {}
 
-  // out is (rows, classes). Writes the mean loss to the device scalar *loss and the number of
-  // rows whose argmax is the label to *correct; dout (shaped like out) when not null.
+  // out is (rows, classes), or (B, T, classes) with B * T labels (a language model's logits
+  // against a target per position: rows are then the B * T positions). Writes the mean loss to
+  // the device scalar *loss and the number of rows whose argmax is the label to *correct; dout
+  // (shaped like out) when not null.
   absl::Status Compute(const Tensor& out, const Tensor& labels, float* loss, int32_t* correct,
                        Tensor* dout);
 

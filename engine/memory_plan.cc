@@ -10,6 +10,7 @@
 #include "common/byte_size.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
+#include "engine/layers/attention.h"
 #include "engine/layers/conv2d.h"
 #include "engine/model.h"
 #include "engine/model_graph.h"
@@ -71,6 +72,16 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
             plan->needs.push_back({layer,
                                    absl::StrCat(LayerTypeName(model.layers[i]), " statistics"),
                                    Mul(Mul(c.affine ? 4 : 8, c.num_features), kFloat)});
+          } else if constexpr (std::is_same_v<C, LayerNormConfig>) {
+            // Each position's mean and rstd.
+            const int64_t rows = NumElements(shapes[graph.inputs[i][0]]) / c.normalized_shape;
+            plan->needs.push_back(
+                {layer, "layernorm statistics", Mul(Mul(2 * rows, capacity), kFloat)});
+          } else if constexpr (std::is_same_v<C, CausalSelfAttentionConfig>) {
+            // q, k, v split out, the B x H x T x T weights and their gradient, the heads.
+            const int64_t t = shapes[graph.inputs[i][0]][0];
+            plan->needs.push_back({layer, "causal_self_attention buffers",
+                                   Mul(Mul(AttentionSavedElements(c, t), capacity), kFloat)});
           } else if constexpr (std::is_same_v<C, Conv2dConfig>) {
             const int64_t bytes = LayerConvWorkspaceBytes(c, shapes[graph.inputs[i][0]],
                                                           train_batch, eval_batch, target);

@@ -37,7 +37,70 @@ std::vector<NodeInput> NodeInputsOf(const ModelGraph& g, const std::vector<Shape
   return out;
 }
 
+bool ReadsTokenIds(const LayerConfig& layer) {
+  return std::visit([](const auto& c) { return kReadsTokenIds<std::decay_t<decltype(c)>>; }, layer);
+}
+
+// A token model's input is int32 ids, which only embeddings read: when one node reads the model
+// input as ids, every reader must, and an embedding reads nothing else.
+absl::Status CheckTokenInputs(const ModelConfig& config, const ModelGraph& g) {
+  int ids_reader = -1, float_reader = -1;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const bool ids = ReadsTokenIds(config.layers[i]);
+    for (int v : g.inputs[i]) {
+      if (ids && v != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(NodeLabel(config, i),
+                         ": reads token ids, so its input must be the "
+                         "model's input, not ",
+                         g.names[v - 1]));
+      }
+      if (v == 0) (ids ? ids_reader : float_reader) = static_cast<int>(i);
+    }
+  }
+  if (ids_reader >= 0 && float_reader >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        NodeLabel(config, float_reader), ": reads the model's input, which holds the token ids of ",
+        NodeLabel(config, ids_reader), "; only an embedding may read them"));
+  }
+  return absl::OkStatus();
+}
+
+// The embedding node a linear's tie_weight names, or an error naming the linear.
+absl::StatusOr<size_t> TiedEmbedding(const ModelConfig& config, size_t i) {
+  const auto& linear = std::get<LinearConfig>(config.layers[i]);
+  for (size_t k = 0; k < config.layers.size(); ++k) {
+    if (NodeName(config, k) != linear.tie_weight) continue;
+    const auto* e = std::get_if<EmbeddingConfig>(&config.layers[k]);
+    if (e == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(NodeLabel(config, i), ": tie_weight ",
+                                                     linear.tie_weight, " is not an embedding"));
+    }
+    if (e->num_embeddings != linear.out_features || e->embedding_dim != linear.in_features) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(NodeLabel(config, i), ": tie_weight ", linear.tie_weight, "'s table is ",
+                       e->num_embeddings, "x", e->embedding_dim, " but the weight is ",
+                       linear.out_features, "x", linear.in_features));
+    }
+    return k;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(NodeLabel(config, i), ": tie_weight names no node: ", linear.tie_weight));
+}
+
+absl::Status CheckTiedWeights(const ModelConfig& config) {
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const auto* linear = std::get_if<LinearConfig>(&config.layers[i]);
+    if (linear != nullptr && !linear->tie_weight.empty()) {
+      KILN_RETURN_IF_ERROR(TiedEmbedding(config, i).status());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<Shape>> ShapesOf(const ModelConfig& config, const ModelGraph& g) {
+  KILN_RETURN_IF_ERROR(CheckTokenInputs(config, g));
+  KILN_RETURN_IF_ERROR(CheckTiedWeights(config));
   std::vector<Shape> shapes = {config.input_shape};
   for (size_t i = 0; i < config.layers.size(); ++i) {
     const std::vector<NodeInput> inputs = NodeInputsOf(g, shapes, i);
@@ -193,6 +256,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
         std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, config.layers[i]));
     model->layers_.push_back(std::move(layer));
   }
+  // Tied linears share their embedding's weight and gradient (both accumulate into it).
+  for (size_t i = 0; i < n; ++i) {
+    const auto* linear = std::get_if<LinearConfig>(&config.layers[i]);
+    if (linear == nullptr || linear->tie_weight.empty()) continue;
+    KILN_ASSIGN_OR_RETURN(size_t k, TiedEmbedding(config, i));
+    static_cast<Linear*>(model->layers_[i].get())
+        ->BindTiedWeight(*model->layers_[k]->parameters()[0]);
+  }
   model->scratch_elements_ = GradientScratchElements(g, model->shapes_);
   return model;
 }
@@ -253,6 +324,16 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& x, Mode mode) {
     return absl::InvalidArgumentError(absl::StrCat("model input is ", ShapeString(x.shape()),
                                                    " but the model expects batch x ",
                                                    ShapeString(shapes_[0])));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::vector<int>& in = graph_.inputs[i];
+    if (std::find(in.begin(), in.end(), 0) == in.end()) continue;
+    if (layers_[i]->input_dtype() != x.dtype()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model input is ", DTypeName(x.dtype()), " but ", NodeLabel(config_, i),
+                       " reads ", DTypeName(layers_[i]->input_dtype()),
+                       layers_[i]->input_dtype() == DType::kI32 ? " token ids" : ""));
+    }
   }
   KILN_RETURN_IF_ERROR(EnsureActivations(x.dim(0)));
   input_ = &x;
@@ -332,8 +413,12 @@ absl::Status Model::ZeroGrad() {
 
 std::vector<NamedParameter> Model::parameters() {
   std::vector<NamedParameter> out;
+  std::vector<const void*> seen;  // a tied weight is listed once, by its first holder
   for (size_t i = 0; i < layers_.size(); ++i) {
     for (Parameter* p : layers_[i]->parameters()) {
+      const void* data = p->value.raw();
+      if (std::find(seen.begin(), seen.end(), data) != seen.end()) continue;
+      seen.push_back(data);
       out.push_back({StateDictName(graph_.names[i], p->name), p});
     }
   }

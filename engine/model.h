@@ -90,6 +90,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const Shape& output_shape() const { return shapes_.back(); }
+  // Each learnable tensor once: a weight tied to an embedding (LinearConfig::tie_weight) under the
+  // embedding's name only.
   std::vector<NamedParameter> parameters();
   // Non-learnable state (running statistics), named as parameters are; in layer order.
   std::vector<NamedBuffer> buffers();

@@ -25,6 +25,10 @@ struct TypeName {
   const char* operator()(const BatchNorm1dConfig&) const { return "batchnorm1d"; }
   const char* operator()(const AddConfig&) const { return "add"; }
   const char* operator()(const ConcatConfig&) const { return "concat"; }
+  const char* operator()(const LayerNormConfig&) const { return "layernorm"; }
+  const char* operator()(const EmbeddingConfig&) const { return "embedding"; }
+  const char* operator()(const PositionEmbeddingConfig&) const { return "position_embedding"; }
+  const char* operator()(const CausalSelfAttentionConfig&) const { return "causal_self_attention"; }
 };
 }  // namespace
 

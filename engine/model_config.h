@@ -15,6 +15,10 @@ namespace kiln {
 struct LinearConfig {
   int64_t in_features = 0, out_features = 0;
   bool bias = true;
+  // Weight tying (GPT-2's lm_head): the name of an embedding node whose (num_embeddings,
+  // embedding_dim) table this (out_features, in_features) weight is. One parameter, listed (and
+  // checkpointed) once, under the embedding's name; empty for an own weight.
+  std::string tie_weight = "";
 };
 struct Conv2dConfig {
   int64_t in_channels = 0, out_channels = 0, kernel_size = 3, stride = 1, padding = 0;
@@ -68,6 +72,31 @@ struct BatchNormFields {
 };
 struct BatchNorm2dConfig : BatchNormFields {};
 struct BatchNorm1dConfig : BatchNormFields {};
+// Layer normalisation as torch.nn.LayerNorm(normalized_shape) over the last dimension of a
+// sample of any rank (each position of a (T, d) sequence); elementwise_affine is `affine`, and
+// bias (nanoGPT's option) only counts with it.
+struct LayerNormConfig {
+  int64_t normalized_shape = 0;
+  double eps = 1e-5;
+  bool affine = true, bias = true;
+};
+// A token embedding as torch.nn.Embedding(num_embeddings, embedding_dim): reads the model's int32
+// input of T token ids per sample (only an embedding may) and gives (T, embedding_dim).
+struct EmbeddingConfig {
+  int64_t num_embeddings = 0, embedding_dim = 0;
+};
+// A learned position embedding (nanoGPT's wpe): adds the first T rows of a (block_size,
+// embedding_dim) table to its (T, embedding_dim) input, T <= block_size.
+struct PositionEmbeddingConfig {
+  int64_t block_size = 0, embedding_dim = 0;
+};
+// Causal multi-head self-attention over a (T, n_embd) sequence, nanoGPT's CausalSelfAttention:
+// c_attn, heads, c_proj; dropout on the attention weights and on the output in training.
+struct CausalSelfAttentionConfig {
+  int64_t n_head = 0, n_embd = 0;
+  bool bias = true;
+  float dropout = 0.0f;
+};
 // Softmax over the last dimension; for inference outputs (training uses the fused loss).
 struct SoftmaxConfig {};
 // Element-wise sum of 2+ inputs of identical shape (a residual connection).
@@ -84,12 +113,19 @@ using LayerConfig = std::variant<LinearConfig, Conv2dConfig, ReluConfig, MaxPool
                                  // normalisation
                                  BatchNorm2dConfig, BatchNorm1dConfig,
                                  // graph merges
-                                 AddConfig, ConcatConfig>;
+                                 AddConfig, ConcatConfig,
+                                 // sequences (transformers)
+                                 LayerNormConfig, EmbeddingConfig, PositionEmbeddingConfig,
+                                 CausalSelfAttentionConfig>;
 
 // Layers over several inputs (add, concat); every other layer reads one.
 template <typename C>
 inline constexpr bool kTakesSeveralInputs =
     std::is_same_v<C, AddConfig> || std::is_same_v<C, ConcatConfig>;
+
+// Layers that read the model's int32 token ids (and nothing else).
+template <typename C>
+inline constexpr bool kReadsTokenIds = std::is_same_v<C, EmbeddingConfig>;
 
 // "linear", "conv2d", ...: the name used in messages, specs and the CLI.
 const char* LayerTypeName(const LayerConfig& layer);

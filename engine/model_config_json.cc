@@ -17,8 +17,12 @@ using nlohmann::json;
 
 struct ToJson {
   json operator()(const LinearConfig& c) const {
-    return {{"type", "linear"}, {"in_features", c.in_features}, {"out_features", c.out_features},
-            {"bias", c.bias}};
+    json j = {{"type", "linear"},
+              {"in_features", c.in_features},
+              {"out_features", c.out_features},
+              {"bias", c.bias}};
+    if (!c.tie_weight.empty()) j["tie_weight"] = c.tie_weight;  // only where tied
+    return j;
   }
   json operator()(const Conv2dConfig& c) const {
     json j = {{"type", "conv2d"},
@@ -76,6 +80,30 @@ struct ToJson {
   }
   json operator()(const AddConfig&) const { return {{"type", "add"}}; }
   json operator()(const ConcatConfig&) const { return {{"type", "concat"}}; }
+  json operator()(const LayerNormConfig& c) const {
+    return {{"type", "layernorm"},
+            {"normalized_shape", c.normalized_shape},
+            {"eps", c.eps},
+            {"affine", c.affine},
+            {"bias", c.bias}};
+  }
+  json operator()(const EmbeddingConfig& c) const {
+    return {{"type", "embedding"},
+            {"num_embeddings", c.num_embeddings},
+            {"embedding_dim", c.embedding_dim}};
+  }
+  json operator()(const PositionEmbeddingConfig& c) const {
+    return {{"type", "position_embedding"},
+            {"block_size", c.block_size},
+            {"embedding_dim", c.embedding_dim}};
+  }
+  json operator()(const CausalSelfAttentionConfig& c) const {
+    return {{"type", "causal_self_attention"},
+            {"n_head", c.n_head},
+            {"n_embd", c.n_embd},
+            {"bias", c.bias},
+            {"dropout", c.dropout}};
+  }
 };
 
 // A node's optional "name" (a string) and "inputs" (an array of strings).
@@ -206,6 +234,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       s.Update(GetInt(l, "in_features", where, &c.in_features));
       s.Update(GetInt(l, "out_features", where, &c.out_features));
       s.Update(GetBool(l, "bias", where, &c.bias));
+      if (auto it = l.find("tie_weight"); it != l.end()) {
+        if (!it->is_string()) {
+          return absl::InvalidArgumentError(where + ": tie_weight must be a string");
+        }
+        c.tie_weight = it->get<std::string>();
+      }
       config.layers.push_back(c);
     } else if (type == "conv2d") {
       Conv2dConfig c;
@@ -276,12 +310,37 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       config.layers.push_back(AddConfig{});
     } else if (type == "concat") {
       config.layers.push_back(ConcatConfig{});
+    } else if (type == "layernorm") {
+      LayerNormConfig c;
+      s.Update(GetInt(l, "normalized_shape", where, &c.normalized_shape));
+      s.Update(GetDouble(l, "eps", where, &c.eps));
+      s.Update(GetBool(l, "affine", where, &c.affine));
+      s.Update(GetBool(l, "bias", where, &c.bias));
+      config.layers.push_back(c);
+    } else if (type == "embedding") {
+      EmbeddingConfig c;
+      s.Update(GetInt(l, "num_embeddings", where, &c.num_embeddings));
+      s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
+      config.layers.push_back(c);
+    } else if (type == "position_embedding") {
+      PositionEmbeddingConfig c;
+      s.Update(GetInt(l, "block_size", where, &c.block_size));
+      s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
+      config.layers.push_back(c);
+    } else if (type == "causal_self_attention") {
+      CausalSelfAttentionConfig c;
+      s.Update(GetInt(l, "n_head", where, &c.n_head));
+      s.Update(GetInt(l, "n_embd", where, &c.n_embd));
+      s.Update(GetBool(l, "bias", where, &c.bias));
+      s.Update(GetFloat(l, "dropout", where, &c.dropout));
+      config.layers.push_back(c);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
                        "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
-                       "silu, batchnorm2d, batchnorm1d, add, concat)"));
+                       "silu, batchnorm2d, batchnorm1d, add, concat, layernorm, embedding, "
+                       "position_embedding, causal_self_attention)"));
     }
     if (!s.ok()) return s;
     std::string name;

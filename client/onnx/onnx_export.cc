@@ -49,6 +49,10 @@ class NodeEmitter {
  private:
   absl::StatusOr<std::string> Layer(const LinearConfig& c) {
     std::string x = in_[0];
+    if (NumElements(in_shape_) != c.in_features) {  // over a sequence's positions
+      return absl::UnimplementedError(
+          absl::StrCat(label_, ": a linear over the last dimension has no ONNX export yet"));
+    }
     // kiln's linear reads any sample shape as a vector (PyTorch would need a Flatten first).
     if (in_shape_.size() > 1) x = Flatten(x, node_ + "/flatten");
     KILN_ASSIGN_OR_RETURN(std::string w, Param("weight", {c.out_features, c.in_features}));

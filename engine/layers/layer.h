@@ -78,6 +78,8 @@ class Layer {
   // Per-sample shapes, without the batch dimension.
   const Shape& input_shape() const { return input_shape_; }
   const Shape& output_shape() const { return output_shape_; }
+  // What its input holds: floats, or int32 token ids (an embedding).
+  virtual DType input_dtype() const { return DType::kF32; }
 
   // y = f(x). x is (batch, input_shape...); y is preallocated as (batch, output_shape...).
   virtual absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) = 0;

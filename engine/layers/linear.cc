@@ -21,15 +21,22 @@ std::string DescribeInput(const Shape& in) {
 absl::StatusOr<Shape> OutputShape(const LinearConfig& c, const Shape& in) {
   KILN_RETURN_IF_ERROR(CheckPositive("in_features", c.in_features));
   KILN_RETURN_IF_ERROR(CheckPositive("out_features", c.out_features));
-  if (NumElements(in) != c.in_features) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("in_features ", c.in_features, " but input is ", DescribeInput(in)));
+  // The whole sample first, so every model that built before builds the same.
+  if (NumElements(in) == c.in_features) return Shape{c.out_features};
+  if (in.size() >= 2 && in.back() == c.in_features) {
+    Shape out = in;
+    out.back() = c.out_features;
+    return out;
   }
-  return Shape{c.out_features};
+  return absl::InvalidArgumentError(
+      absl::StrCat("in_features ", c.in_features, " but input is ", DescribeInput(in),
+                   // A sequence's (T, d): say which d the positions have.
+                   in.size() == 2 ? absl::StrCat(" (or per position ", in.back(), ")") : ""));
 }
 
 int64_t ParameterCount(const LinearConfig& c) {
-  return c.in_features * c.out_features + (c.bias ? c.out_features : 0);
+  const int64_t weight = c.tie_weight.empty() ? c.in_features * c.out_features : 0;
+  return weight + (c.bias ? c.out_features : 0);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LinearConfig& c, const LayerContext& ctx) {
@@ -38,10 +45,14 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LinearConfig& c, const La
 
 absl::StatusOr<std::unique_ptr<Layer>> Linear::Create(const LinearConfig& config, Backend* backend,
                                                       const Shape& input, Rng* rng) {
-  auto layer = std::unique_ptr<Linear>(new Linear(config, backend, input));
+  KILN_ASSIGN_OR_RETURN(Shape output, OutputShape(config, input));
+  auto layer = std::unique_ptr<Linear>(new Linear(config, backend, input, std::move(output)));
   const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_features));
-  KILN_RETURN_IF_ERROR(InitUniformParameter(
-      backend, "weight", {config.out_features, config.in_features}, bound, rng, &layer->weight_));
+  layer->weight_.name = "weight";
+  if (config.tie_weight.empty()) {  // a tied weight is the model's to bind (Model::Build)
+    KILN_RETURN_IF_ERROR(InitUniformParameter(
+        backend, "weight", {config.out_features, config.in_features}, bound, rng, &layer->weight_));
+  }
   if (config.bias) {
     KILN_RETURN_IF_ERROR(
         InitUniformParameter(backend, "bias", {config.out_features}, bound, rng, &layer->bias_));
@@ -55,8 +66,13 @@ std::vector<Parameter*> Linear::parameters() {
 }
 
 absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
-  // x (B, in), y (B, out) = x W^T + b
-  const int batch = static_cast<int>(x.dim(0)), in = static_cast<int>(config_.in_features),
+  if (weight_.value.numel() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("linear: weight tied to ", config_.tie_weight, " was never bound"));
+  }
+  // x (rows, in), y (rows, out) = x W^T + b; rows = B, or B * T over a sequence's positions.
+  const int batch = static_cast<int>(x.numel() / config_.in_features),
+            in = static_cast<int>(config_.in_features),
             out = static_cast<int>(config_.out_features);
   KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kNo, Transpose::kYes, batch, out, in, 1.0f,
                                       x.f32(), weight_.value.f32(), 0.0f, y->f32()));
@@ -67,7 +83,8 @@ absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
 }
 
 absl::Status Linear::Backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
-  const int batch = static_cast<int>(x.dim(0)), in = static_cast<int>(config_.in_features),
+  const int batch = static_cast<int>(x.numel() / config_.in_features),
+            in = static_cast<int>(config_.in_features),
             out = static_cast<int>(config_.out_features);
   // dW (out, in) += dy^T (out, B) x (B, in)
   KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f,

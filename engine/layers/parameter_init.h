@@ -13,4 +13,9 @@ namespace kiln {
 absl::Status InitUniformParameter(Backend* backend, const char* name, const Shape& shape,
                                   float bound, Rng* rng, Parameter* param);
 
+// Allocates value and grad of `shape` and fills value from N(0, std^2) (Box-Muller on the Rng's
+// uniforms): GPT-2's and nanoGPT's init of embeddings, std 0.02.
+absl::Status InitNormalParameter(Backend* backend, const char* name, const Shape& shape, float std,
+                                 Rng* rng, Parameter* param);
+
 }  // namespace kiln

@@ -203,5 +203,29 @@ TEST(MemoryPlan, AModelWhoseShapesDoNotCheckOutIsAnError) {
   EXPECT_EQ(PlanTrainingMemory(c, 1, 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A GPT's layers count what they keep: attention its q, k, v split out, its B x H x T x T weights
+// and their gradient, its heads; layernorm each position's mean and rstd.
+TEST(MemoryPlan, SequenceLayersCountTheirSavedBuffers) {
+  TrainConfig c;
+  c.model.input_shape = {8};  // T = 8 token ids
+  c.model.layers = {EmbeddingConfig{16, 8}, CausalSelfAttentionConfig{2, 8}, LayerNormConfig{8}};
+  c.batch_size = 4;
+  auto plan = PlanTrainingMemory(c, 100, 0, {DeviceKind::kCpu, 1});
+  ASSERT_OK(plan) << plan.status();
+  // 4 x (q, k, v) values (qkv, the split's middle step, q k v, their gradients) of 8 x 8, the
+  // weights and their gradient (2 x 8 x 8 each), heads and merged (8 x 8 each); 4 samples.
+  const int64_t per_sample = 4 * 3 * 64 + 2 * 128 + 2 * 64;
+  ASSERT_NE(Find(*plan, 1, "causal_self_attention buffers"), nullptr);
+  EXPECT_EQ(Find(*plan, 1, "causal_self_attention buffers")->bytes, per_sample * 4 * 4);
+  ASSERT_NE(Find(*plan, 2, "layernorm statistics"), nullptr);
+  EXPECT_EQ(Find(*plan, 2, "layernorm statistics")->bytes, 2 * 8 * 4 * 4);
+  // With dropout, the dropped weights, both masks and c_proj's output before its dropout.
+  c.model.layers[1] = CausalSelfAttentionConfig{2, 8, true, 0.1f};
+  plan = PlanTrainingMemory(c, 100, 0, {DeviceKind::kCpu, 1});
+  ASSERT_OK(plan);
+  EXPECT_EQ(Find(*plan, 1, "causal_self_attention buffers")->bytes,
+            (per_sample + 2 * 128 + 2 * 64) * 4 * 4);
+}
+
 }  // namespace
 }  // namespace kiln
