@@ -40,7 +40,9 @@ void ExpectNear(const std::vector<float>& got, const std::vector<double>& want, 
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // memcmp must not see an empty vector's null data (UBSan).
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 std::vector<int32_t> RandomIds(int64_t n, int vocab, uint32_t seed) {
