@@ -200,6 +200,133 @@ std::string ModelConfigToJson(const ModelConfig& config) {
   return json{{"input_shape", config.input_shape}, {"layers", layers}}.dump();
 }
 
+namespace {
+
+// One layer's config from its JSON object `l` of type `type`; errors name `where`.
+absl::StatusOr<LayerConfig> LayerFromJson(const json& l, const std::string& type,
+                                          const std::string& where) {
+  // The fields' errors, gathered; the layer is returned only when all were read.
+  absl::Status s;
+  const auto Layer = [](const absl::Status& read, LayerConfig c) -> absl::StatusOr<LayerConfig> {
+    if (!read.ok()) return read;
+    return c;
+  };
+  if (type == "linear") {
+    LinearConfig c;
+    s.Update(GetInt(l, "in_features", where, &c.in_features));
+    s.Update(GetInt(l, "out_features", where, &c.out_features));
+    s.Update(GetBool(l, "bias", where, &c.bias));
+    if (auto it = l.find("tie_weight"); it != l.end()) {
+      if (!it->is_string()) {
+        return absl::InvalidArgumentError(where + ": tie_weight must be a string");
+      }
+      c.tie_weight = it->get<std::string>();
+    }
+    return Layer(s, c);
+  } else if (type == "conv2d") {
+    Conv2dConfig c;
+    s.Update(GetInt(l, "in_channels", where, &c.in_channels));
+    s.Update(GetInt(l, "out_channels", where, &c.out_channels));
+    s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
+    s.Update(GetInt(l, "stride", where, &c.stride));
+    s.Update(GetInt(l, "padding", where, &c.padding));
+    s.Update(GetBool(l, "bias", where, &c.bias));
+    s.Update(GetOptionalInt(l, "kernel_h", where, &c.kernel_h));
+    s.Update(GetOptionalInt(l, "kernel_w", where, &c.kernel_w));
+    s.Update(GetOptionalInt(l, "stride_h", where, &c.stride_h));
+    s.Update(GetOptionalInt(l, "stride_w", where, &c.stride_w));
+    s.Update(GetOptionalInt(l, "padding_h", where, &c.padding_h));
+    s.Update(GetOptionalInt(l, "padding_w", where, &c.padding_w));
+    return Layer(s, c);
+  } else if (type == "relu") {
+    return Layer(s, ReluConfig{});
+  } else if (type == "maxpool2d") {
+    MaxPool2dConfig c;
+    s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
+    s.Update(GetInt(l, "stride", where, &c.stride));
+    s.Update(GetInt(l, "padding", where, &c.padding));
+    return Layer(s, c);
+  } else if (type == "avgpool2d") {
+    AvgPool2dConfig c;
+    s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
+    s.Update(GetInt(l, "stride", where, &c.stride));
+    s.Update(GetInt(l, "padding", where, &c.padding));
+    return Layer(s, c);
+  } else if (type == "adaptive_avgpool2d") {
+    AdaptiveAvgPool2dConfig c;
+    s.Update(GetInt(l, "output_h", where, &c.output_h));
+    s.Update(GetInt(l, "output_w", where, &c.output_w));
+    return Layer(s, c);
+  } else if (type == "tanh") {
+    return Layer(s, TanhConfig{});
+  } else if (type == "sigmoid") {
+    return Layer(s, SigmoidConfig{});
+  } else if (type == "gelu") {
+    return Layer(s, GeluConfig{});
+  } else if (type == "leaky_relu") {
+    LeakyReluConfig c;
+    s.Update(GetFloat(l, "negative_slope", where, &c.negative_slope));
+    return Layer(s, c);
+  } else if (type == "silu") {
+    return Layer(s, SiluConfig{});
+  } else if (type == "flatten") {
+    return Layer(s, FlattenConfig{});
+  } else if (type == "dropout") {
+    DropoutConfig c;
+    if (l.contains("p")) {
+      if (!l["p"].is_number()) return absl::InvalidArgumentError(where + ": p must be a number");
+      c.p = l["p"].get<float>();
+    }
+    return Layer(s, c);
+  } else if (type == "softmax") {
+    return Layer(s, SoftmaxConfig{});
+  } else if (type == "batchnorm2d") {
+    BatchNorm2dConfig c;
+    s.Update(GetBatchNorm(l, where, &c));
+    return Layer(s, c);
+  } else if (type == "batchnorm1d") {
+    BatchNorm1dConfig c;
+    s.Update(GetBatchNorm(l, where, &c));
+    return Layer(s, c);
+  } else if (type == "add") {
+    return Layer(s, AddConfig{});
+  } else if (type == "concat") {
+    return Layer(s, ConcatConfig{});
+  } else if (type == "layernorm") {
+    LayerNormConfig c;
+    s.Update(GetInt(l, "normalized_shape", where, &c.normalized_shape));
+    s.Update(GetDouble(l, "eps", where, &c.eps));
+    s.Update(GetBool(l, "affine", where, &c.affine));
+    s.Update(GetBool(l, "bias", where, &c.bias));
+    return Layer(s, c);
+  } else if (type == "embedding") {
+    EmbeddingConfig c;
+    s.Update(GetInt(l, "num_embeddings", where, &c.num_embeddings));
+    s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
+    return Layer(s, c);
+  } else if (type == "position_embedding") {
+    PositionEmbeddingConfig c;
+    s.Update(GetInt(l, "block_size", where, &c.block_size));
+    s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
+    return Layer(s, c);
+  } else if (type == "causal_self_attention") {
+    CausalSelfAttentionConfig c;
+    s.Update(GetInt(l, "n_head", where, &c.n_head));
+    s.Update(GetInt(l, "n_embd", where, &c.n_embd));
+    s.Update(GetBool(l, "bias", where, &c.bias));
+    s.Update(GetFloat(l, "dropout", where, &c.dropout));
+    return Layer(s, c);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(where,
+                   ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
+                   "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
+                   "silu, batchnorm2d, batchnorm1d, add, concat, layernorm, embedding, "
+                   "position_embedding, causal_self_attention)"));
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -228,121 +355,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
     }
     const std::string type = l["type"].get<std::string>();
     where = absl::StrCat(where, " ", type);
-    absl::Status s;
-    if (type == "linear") {
-      LinearConfig c;
-      s.Update(GetInt(l, "in_features", where, &c.in_features));
-      s.Update(GetInt(l, "out_features", where, &c.out_features));
-      s.Update(GetBool(l, "bias", where, &c.bias));
-      if (auto it = l.find("tie_weight"); it != l.end()) {
-        if (!it->is_string()) {
-          return absl::InvalidArgumentError(where + ": tie_weight must be a string");
-        }
-        c.tie_weight = it->get<std::string>();
-      }
-      config.layers.push_back(c);
-    } else if (type == "conv2d") {
-      Conv2dConfig c;
-      s.Update(GetInt(l, "in_channels", where, &c.in_channels));
-      s.Update(GetInt(l, "out_channels", where, &c.out_channels));
-      s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
-      s.Update(GetInt(l, "stride", where, &c.stride));
-      s.Update(GetInt(l, "padding", where, &c.padding));
-      s.Update(GetBool(l, "bias", where, &c.bias));
-      s.Update(GetOptionalInt(l, "kernel_h", where, &c.kernel_h));
-      s.Update(GetOptionalInt(l, "kernel_w", where, &c.kernel_w));
-      s.Update(GetOptionalInt(l, "stride_h", where, &c.stride_h));
-      s.Update(GetOptionalInt(l, "stride_w", where, &c.stride_w));
-      s.Update(GetOptionalInt(l, "padding_h", where, &c.padding_h));
-      s.Update(GetOptionalInt(l, "padding_w", where, &c.padding_w));
-      config.layers.push_back(c);
-    } else if (type == "relu") {
-      config.layers.push_back(ReluConfig{});
-    } else if (type == "maxpool2d") {
-      MaxPool2dConfig c;
-      s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
-      s.Update(GetInt(l, "stride", where, &c.stride));
-      s.Update(GetInt(l, "padding", where, &c.padding));
-      config.layers.push_back(c);
-    } else if (type == "avgpool2d") {
-      AvgPool2dConfig c;
-      s.Update(GetInt(l, "kernel_size", where, &c.kernel_size));
-      s.Update(GetInt(l, "stride", where, &c.stride));
-      s.Update(GetInt(l, "padding", where, &c.padding));
-      config.layers.push_back(c);
-    } else if (type == "adaptive_avgpool2d") {
-      AdaptiveAvgPool2dConfig c;
-      s.Update(GetInt(l, "output_h", where, &c.output_h));
-      s.Update(GetInt(l, "output_w", where, &c.output_w));
-      config.layers.push_back(c);
-    } else if (type == "tanh") {
-      config.layers.push_back(TanhConfig{});
-    } else if (type == "sigmoid") {
-      config.layers.push_back(SigmoidConfig{});
-    } else if (type == "gelu") {
-      config.layers.push_back(GeluConfig{});
-    } else if (type == "leaky_relu") {
-      LeakyReluConfig c;
-      s.Update(GetFloat(l, "negative_slope", where, &c.negative_slope));
-      config.layers.push_back(c);
-    } else if (type == "silu") {
-      config.layers.push_back(SiluConfig{});
-    } else if (type == "flatten") {
-      config.layers.push_back(FlattenConfig{});
-    } else if (type == "dropout") {
-      DropoutConfig c;
-      if (l.contains("p")) {
-        if (!l["p"].is_number()) return absl::InvalidArgumentError(where + ": p must be a number");
-        c.p = l["p"].get<float>();
-      }
-      config.layers.push_back(c);
-    } else if (type == "softmax") {
-      config.layers.push_back(SoftmaxConfig{});
-    } else if (type == "batchnorm2d") {
-      BatchNorm2dConfig c;
-      s.Update(GetBatchNorm(l, where, &c));
-      config.layers.push_back(c);
-    } else if (type == "batchnorm1d") {
-      BatchNorm1dConfig c;
-      s.Update(GetBatchNorm(l, where, &c));
-      config.layers.push_back(c);
-    } else if (type == "add") {
-      config.layers.push_back(AddConfig{});
-    } else if (type == "concat") {
-      config.layers.push_back(ConcatConfig{});
-    } else if (type == "layernorm") {
-      LayerNormConfig c;
-      s.Update(GetInt(l, "normalized_shape", where, &c.normalized_shape));
-      s.Update(GetDouble(l, "eps", where, &c.eps));
-      s.Update(GetBool(l, "affine", where, &c.affine));
-      s.Update(GetBool(l, "bias", where, &c.bias));
-      config.layers.push_back(c);
-    } else if (type == "embedding") {
-      EmbeddingConfig c;
-      s.Update(GetInt(l, "num_embeddings", where, &c.num_embeddings));
-      s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
-      config.layers.push_back(c);
-    } else if (type == "position_embedding") {
-      PositionEmbeddingConfig c;
-      s.Update(GetInt(l, "block_size", where, &c.block_size));
-      s.Update(GetInt(l, "embedding_dim", where, &c.embedding_dim));
-      config.layers.push_back(c);
-    } else if (type == "causal_self_attention") {
-      CausalSelfAttentionConfig c;
-      s.Update(GetInt(l, "n_head", where, &c.n_head));
-      s.Update(GetInt(l, "n_embd", where, &c.n_embd));
-      s.Update(GetBool(l, "bias", where, &c.bias));
-      s.Update(GetFloat(l, "dropout", where, &c.dropout));
-      config.layers.push_back(c);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where,
-                       ": unknown layer type (linear, conv2d, relu, maxpool2d, flatten, dropout, "
-                       "softmax, avgpool2d, adaptive_avgpool2d, tanh, sigmoid, gelu, leaky_relu, "
-                       "silu, batchnorm2d, batchnorm1d, add, concat, layernorm, embedding, "
-                       "position_embedding, causal_self_attention)"));
-    }
-    if (!s.ok()) return s;
+    KILN_ASSIGN_OR_RETURN(LayerConfig layer, LayerFromJson(l, type, where));
+    config.layers.push_back(std::move(layer));
     std::string name;
     std::vector<std::string> inputs;
     KILN_RETURN_IF_ERROR(GetGraphFields(l, where, &name, &inputs));

@@ -3,10 +3,10 @@
 // uploads listed and deleted, job lifecycles (submit, resume from a named checkpoint, delete
 // a checkpoint, deploy and undeploy it), the HTTP port (REST inference, /metrics, the web API,
 // its event stream and a checkpoint download) and the Workers service (data-parallel jobs of two
-// kiln-worker processes, with forged joins and abandoned rendezvous waits beside them). Asserted at the end: no operation failed, kilnd's
-// resident memory in the last fifth of the run is within a bound of the second fifth's, and its
-// open descriptors are back to what they were once the clients have gone. Printed: the
-// operations done and the RSS and descriptor counts (for bench/RESULTS.md).
+// kiln-worker processes, with forged joins and abandoned rendezvous waits beside them). Asserted at
+// the end: no operation failed, kilnd's resident memory in the last fifth of the run is within a
+// bound of the second fifth's, and its open descriptors are back to what they were once the clients
+// have gone. Printed: the operations done and the RSS and descriptor counts (for bench/RESULTS.md).
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
@@ -93,11 +93,12 @@ class Tally {
   }
   // An HTTP answer that must have `expected` status.
   void Http(const std::string& kind, const httplib::Result& res, int expected) {
-    Done(kind, res && res->status == expected
-                   ? grpc::Status::OK
-                   : grpc::Status(grpc::StatusCode::INTERNAL,
-                                  res ? absl::StrCat("HTTP ", res->status, ": ", res->body)
-                                      : absl::StrCat("no answer: ", httplib::to_string(res.error()))));
+    Done(kind,
+         res && res->status == expected
+             ? grpc::Status::OK
+             : grpc::Status(grpc::StatusCode::INTERNAL,
+                            res ? absl::StrCat("HTTP ", res->status, ": ", res->body)
+                                : absl::StrCat("no answer: ", httplib::to_string(res.error()))));
   }
   void Done(const std::string& kind, const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -146,6 +147,73 @@ grpc::Status UnloadModel(inference::GRPCInferenceService::Stub& stub, const std:
   return stub.RepositoryModelUnload(&context, request, &response);
 }
 
+// Uploads, listed and deleted, over and over.
+void UploadLoad(const testing::KilndProcess& kilnd, Tally& tally, const std::atomic<bool>& stop) {
+  auto own = kilnd.NewStub();
+  const std::string images_idx = testing::ToyImagesIdx(200, 9);
+  const std::string labels_idx = testing::ToyLabelsIdx(200, 9);
+  for (int i = 0; !stop.load(); ++i) {
+    const std::string name = absl::StrCat("soak-", i);
+    v1::Dataset uploaded;
+    tally.Done("upload",
+               testing::Upload(*own, name,
+                               {{"train-images-idx3-ubyte", images_idx, Sha256Hex(images_idx)},
+                                {"train-labels-idx1-ubyte", labels_idx, Sha256Hex(labels_idx)}},
+                               &uploaded));
+    grpc::ClientContext list_context;
+    v1::ListDatasetsResponse list;
+    tally.Done("list", own->ListDatasets(&list_context, v1::ListDatasetsRequest(), &list));
+    grpc::ClientContext delete_context;
+    v1::DeleteDatasetRequest request;
+    request.set_name(name);
+    v1::DeleteDatasetResponse deleted;
+    tally.Done("delete-data", own->DeleteDataset(&delete_context, request, &deleted));
+  }
+}
+
+// Job lifecycles, over and over: submit and train, resume from the first checkpoint, deploy and
+// undeploy the result, delete that checkpoint.
+void LifecycleLoad(const testing::KilndProcess& kilnd, Tally& tally,
+                   const std::atomic<bool>& stop) {
+  auto own = kilnd.NewStub();
+  auto own_admin = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(kilnd.address(), grpc::InsecureChannelCredentials()));
+  v1::JobSpec spec = testing::SmallSpec("toy", 2);
+  spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
+  while (!stop.load()) {
+    grpc::ClientContext submit_context;
+    v1::SubmitJobRequest submit;
+    *submit.mutable_spec() = spec;
+    v1::Job job;
+    const grpc::Status submitted = own->SubmitJob(&submit_context, submit, &job);
+    tally.Done("submit", submitted);
+    if (!submitted.ok()) break;
+    const bool ended =
+        testing::WaitForState(*own, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60));
+    tally.Done("succeed", ended ? grpc::Status::OK
+                                : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, job.id()));
+    if (!ended) break;
+    const std::vector<v1::Checkpoint> checkpoints = testing::ListCheckpoints(*own, job.id());
+    if (checkpoints.empty()) break;
+    grpc::ClientContext resume_context;
+    v1::ResumeJobRequest resume;
+    resume.set_job_id(job.id());
+    resume.set_epochs(3);
+    resume.set_checkpoint_id(checkpoints.front().id());
+    tally.Done("resume", own->ResumeJob(&resume_context, resume, &job));
+    testing::WaitForState(*own, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60));
+    tally.Done("deploy", LoadModel(*own_admin, "cycle", absl::StrCat(job.id(), "@latest")));
+    tally.Done("undeploy", UnloadModel(*own_admin, "cycle"));
+    grpc::ClientContext delete_context;
+    v1::DeleteCheckpointRequest del;
+    del.set_job_id(job.id());
+    del.set_checkpoint_id(checkpoints.front().id());
+    v1::Checkpoint gone;
+    tally.Done("delete-ckpt", own->DeleteCheckpoint(&delete_context, del, &gone));
+    std::this_thread::sleep_for(kLifecyclePause);
+  }
+}
+
 // The HTTP port, over and over: REST inference of one image (JSON), a /metrics scrape, the web
 // API's job list, its jobs feed read for a moment and dropped, and a download of `checkpoint_path`
 // whole (`checkpoint_bytes` long).
@@ -153,12 +221,12 @@ void HttpLoad(int port, const std::vector<uint8_t>& image, const std::string& ch
               int64_t checkpoint_bytes, Tally& tally, const std::atomic<bool>& stop) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(10, 0);
-  const std::string infer =
-      nlohmann::json{{"inputs", {{{"name", "input"},
-                                  {"datatype", "UINT8"},
-                                  {"shape", {1, static_cast<int64_t>(image.size())}},
-                                  {"data", image}}}}}
-          .dump();
+  const std::string infer = nlohmann::json{
+      {"inputs",
+       {{{"name", "input"},
+         {"datatype", "UINT8"},
+         {"shape", {1, static_cast<int64_t>(image.size())}},
+         {"data", image}}}}}.dump();
   while (!stop.load()) {
     tally.Http("http-infer", client.Post("/v2/models/digits/infer", infer, "application/json"),
                200);
@@ -174,7 +242,8 @@ void HttpLoad(int port, const std::vector<uint8_t>& image, const std::string& ch
                                      : grpc::Status(grpc::StatusCode::INTERNAL, "no open event"));
     httplib::Result file = client.Get(checkpoint_path);
     tally.Http("http-download", file, 200);
-    if (file && file->status == 200 && static_cast<int64_t>(file->body.size()) != checkpoint_bytes) {
+    if (file && file->status == 200 &&
+        static_cast<int64_t>(file->body.size()) != checkpoint_bytes) {
       tally.Done("http-download", grpc::Status(grpc::StatusCode::DATA_LOSS,
                                                absl::StrCat(file->body.size(), " bytes")));
     }
@@ -229,11 +298,11 @@ void WorkersLoad(const testing::KilndProcess& kilnd, Tally& tally, const std::at
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    tally.Done("worker-job", state == v1::JOB_STATE_SUCCEEDED
-                                 ? grpc::Status::OK
-                                 : grpc::Status(grpc::StatusCode::INTERNAL,
-                                                absl::StrCat(job, " ended ",
-                                                             v1::JobState_Name(state))));
+    tally.Done("worker-job",
+               state == v1::JOB_STATE_SUCCEEDED
+                   ? grpc::Status::OK
+                   : grpc::Status(grpc::StatusCode::INTERNAL,
+                                  absl::StrCat(job, " ended ", v1::JobState_Name(state))));
   }
 }
 
@@ -286,70 +355,8 @@ TEST(SoakTest, EveryKindOfWorkAtOnceLeavesMemoryAndDescriptorsFlat) {
       }
     });
   }
-  if (LoadOn("upload"))
-    threads.emplace_back([&] {  // uploads, listed and deleted
-      auto own = kilnd.NewStub();
-      const std::string images_idx = testing::ToyImagesIdx(200, 9);
-      const std::string labels_idx = testing::ToyLabelsIdx(200, 9);
-      for (int i = 0; !stop.load(); ++i) {
-        const std::string name = absl::StrCat("soak-", i);
-        v1::Dataset uploaded;
-        tally.Done("upload",
-                   testing::Upload(*own, name,
-                                   {{"train-images-idx3-ubyte", images_idx, Sha256Hex(images_idx)},
-                                    {"train-labels-idx1-ubyte", labels_idx, Sha256Hex(labels_idx)}},
-                                   &uploaded));
-        grpc::ClientContext list_context;
-        v1::ListDatasetsResponse list;
-        tally.Done("list", own->ListDatasets(&list_context, v1::ListDatasetsRequest(), &list));
-        grpc::ClientContext delete_context;
-        v1::DeleteDatasetRequest request;
-        request.set_name(name);
-        v1::DeleteDatasetResponse deleted;
-        tally.Done("delete-data", own->DeleteDataset(&delete_context, request, &deleted));
-      }
-    });
-  if (LoadOn("lifecycle"))
-    threads.emplace_back([&] {  // job lifecycles
-      auto own = kilnd.NewStub();
-      auto own_admin = inference::GRPCInferenceService::NewStub(
-          grpc::CreateChannel(kilnd.address(), grpc::InsecureChannelCredentials()));
-      v1::JobSpec spec = testing::SmallSpec("toy", 2);
-      spec.mutable_checkpoint_policy()->set_every_n_epochs(1);
-      while (!stop.load()) {
-        grpc::ClientContext submit_context;
-        v1::SubmitJobRequest submit;
-        *submit.mutable_spec() = spec;
-        v1::Job job;
-        const grpc::Status submitted = own->SubmitJob(&submit_context, submit, &job);
-        tally.Done("submit", submitted);
-        if (!submitted.ok()) break;
-        const bool ended =
-            testing::WaitForState(*own, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60));
-        tally.Done("succeed", ended ? grpc::Status::OK
-                                    : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, job.id()));
-        if (!ended) break;
-        const std::vector<v1::Checkpoint> checkpoints = testing::ListCheckpoints(*own, job.id());
-        if (checkpoints.empty()) break;
-        grpc::ClientContext resume_context;
-        v1::ResumeJobRequest resume;
-        resume.set_job_id(job.id());
-        resume.set_epochs(3);
-        resume.set_checkpoint_id(checkpoints.front().id());
-        tally.Done("resume", own->ResumeJob(&resume_context, resume, &job));
-        testing::WaitForState(*own, job.id(), v1::JOB_STATE_SUCCEEDED, absl::Seconds(60));
-        tally.Done("deploy", LoadModel(*own_admin, "cycle", absl::StrCat(job.id(), "@latest")));
-        tally.Done("undeploy", UnloadModel(*own_admin, "cycle"));
-        grpc::ClientContext delete_context;
-        v1::DeleteCheckpointRequest del;
-        del.set_job_id(job.id());
-        del.set_checkpoint_id(checkpoints.front().id());
-        v1::Checkpoint gone;
-        tally.Done("delete-ckpt", own->DeleteCheckpoint(&delete_context, del, &gone));
-        std::this_thread::sleep_for(kLifecyclePause);
-      }
-    });
-
+  if (LoadOn("upload")) threads.emplace_back([&] { UploadLoad(kilnd, tally, stop); });
+  if (LoadOn("lifecycle")) threads.emplace_back([&] { LifecycleLoad(kilnd, tally, stop); });
   if (LoadOn("http")) {
     threads.emplace_back([&] {
       const v1::Checkpoint& checkpoint = base_checkpoints.back();
