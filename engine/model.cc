@@ -10,6 +10,7 @@
 #include "engine/backend_checks.h"
 #include "engine/layers/layers.h"
 #include "engine/layers/pool2d_rules.h"
+#include "engine/model_init.h"
 
 namespace kiln {
 
@@ -264,6 +265,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
     static_cast<Linear*>(model->layers_[i].get())
         ->BindTiedWeight(*model->layers_[k]->parameters()[0]);
   }
+  int64_t n_layer = 0;  // kGpt2 scales the residual projections by the attention layers
+  for (const LayerConfig& l : config.layers)
+    n_layer += std::holds_alternative<CausalSelfAttentionConfig>(l);
+  KILN_RETURN_IF_ERROR(ApplyInitRule(config.init, n_layer, seed, backend, model->parameters()));
   model->scratch_elements_ = GradientScratchElements(g, model->shapes_);
   return model;
 }

@@ -135,12 +135,20 @@ const char* LayerTypeName(const LayerConfig& layer);
 // inputs[i] lists the earlier nodes it reads, or kModelInput (empty or absent: the previous
 // node's output, the model input for node 0). A Sequential model leaves both empty.
 // ResolveGraph (engine/model_graph.h) checks them.
+// How parameters are first drawn. kDefault: each layer's own, PyTorch's module defaults.
+// kGpt2: GPT-2's and nanoGPT's rule over the whole model: every parameter of 2+ dimensions from
+// N(0, 0.02), those named "*.c_proj.weight" (the residual projections) from
+// N(0, 0.02 / sqrt(2 n_layer)) with n_layer the model's causal_self_attention layers, every
+// "*.bias" zero; other 1-D parameters (layer norms' scales) keep their layer's value.
+enum class InitRule { kDefault, kGpt2 };
+
 struct ModelConfig {
   Shape input_shape;  // per sample, e.g. {784} or {1, 28, 28}
   std::vector<LayerConfig> layers;
   // Initialised, so that {input_shape, layers} braces stay warning-free.
   std::vector<std::string> names = {};                // at most one per layer
   std::vector<std::vector<std::string>> inputs = {};  // at most one list per layer
+  InitRule init = InitRule::kDefault;
 };
 
 // The name a node's inputs use for the model's input.

@@ -197,7 +197,9 @@ std::string ModelConfigToJson(const ModelConfig& config) {
     if (!NodeInputs(config, i).empty()) l["inputs"] = NodeInputs(config, i);
     layers.push_back(std::move(l));
   }
-  return json{{"input_shape", config.input_shape}, {"layers", layers}}.dump();
+  json out = {{"input_shape", config.input_shape}, {"layers", layers}};
+  if (config.init == InitRule::kGpt2) out["init"] = "gpt2";  // only where set, as names are
+  return out.dump();
 }
 
 namespace {
@@ -342,6 +344,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text) {
       return absl::InvalidArgumentError("model config: input_shape must be an array of integers");
     }
     config.input_shape.push_back(d.get<int64_t>());
+  }
+  if (auto init = j.find("init"); init != j.end()) {
+    if (!init->is_string() || (*init != "default" && *init != "gpt2")) {
+      return absl::InvalidArgumentError("model config: init must be \"default\" or \"gpt2\"");
+    }
+    config.init = *init == "gpt2" ? InitRule::kGpt2 : InitRule::kDefault;
   }
   auto layers = j.find("layers");
   if (layers == j.end() || !layers->is_array()) {

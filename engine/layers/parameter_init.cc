@@ -22,7 +22,11 @@ absl::Status InitNormalParameter(Backend* backend, const char* name, const Shape
   param->name = name;
   KILN_ASSIGN_OR_RETURN(param->value, backend->Allocate(DType::kF32, shape));
   KILN_ASSIGN_OR_RETURN(param->grad, backend->Allocate(DType::kF32, shape));
-  std::vector<float> host(param->value.numel());
+  return FillNormal(backend, std, rng, &param->value);
+}
+
+absl::Status FillNormal(Backend* backend, float std, Rng* rng, Tensor* value) {
+  std::vector<float> host(value->numel());
   constexpr double kTwoPi = 6.283185307179586;
   for (size_t i = 0; i < host.size(); i += 2) {
     const double radius = std::sqrt(-2.0 * std::log(1.0 - rng->Uniform()));  // 1 - u is in (0, 1]
@@ -30,7 +34,7 @@ absl::Status InitNormalParameter(Backend* backend, const char* name, const Shape
     host[i] = static_cast<float>(std * radius * std::cos(angle));
     if (i + 1 < host.size()) host[i + 1] = static_cast<float>(std * radius * std::sin(angle));
   }
-  return backend->CopyFromHost(host.data(), host.size() * sizeof(float), &param->value);
+  return backend->CopyFromHost(host.data(), host.size() * sizeof(float), value);
 }
 
 }  // namespace kiln

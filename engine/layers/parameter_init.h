@@ -18,4 +18,7 @@ absl::Status InitUniformParameter(Backend* backend, const char* name, const Shap
 absl::Status InitNormalParameter(Backend* backend, const char* name, const Shape& shape, float std,
                                  Rng* rng, Parameter* param);
 
+// Overwrites an allocated float tensor with draws from N(0, std^2), as InitNormalParameter does.
+absl::Status FillNormal(Backend* backend, float std, Rng* rng, Tensor* value);
+
 }  // namespace kiln

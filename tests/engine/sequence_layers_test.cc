@@ -628,6 +628,48 @@ TEST_P(SequenceLayers, ATiedGptCheckpointRoundTrips) {
   EXPECT_EQ(ToHost(*backend_, **got), want_v);
 }
 
+// nanoGPT's init: 2-D weights N(0, 0.02), the residual projections (*.c_proj.weight) N(0, 0.02 /
+// sqrt(2 n_layer)), biases zero, layer norms' scales one; the rule survives the JSON round trip.
+TEST_P(SequenceLayers, TheGpt2InitRuleDrawsNanoGptsWeights) {
+  auto config = ModelConfigFromJson(TinyGptJson(64, 4, 32, 2));
+  ASSERT_OK(config) << config.status();
+  config->init = InitRule::kGpt2;
+  auto again = ModelConfigFromJson(ModelConfigToJson(*config));
+  ASSERT_OK(again) << again.status();
+  EXPECT_EQ(again->init, InitRule::kGpt2);
+  EXPECT_FALSE(ModelConfigFromJson(R"({"input_shape": [4], "init": "xavier", "layers": []})").ok());
+  auto model = Model::Build(*config, backend_.get(), 5);
+  ASSERT_OK(model) << model.status();
+  auto stddev = [](const std::vector<float>& v) {
+    double sum = 0, sq = 0;
+    for (float x : v) sum += x, sq += double{x} * x;
+    const double mean = sum / v.size();
+    return std::sqrt(sq / v.size() - mean * mean);
+  };
+  int checked = 0;
+  for (const NamedParameter& p : (*model)->parameters()) {
+    SCOPED_TRACE(p.name);
+    const std::vector<float> v = ToHost(*backend_, p.param->value);
+    if (p.name.ends_with("bias")) {
+      EXPECT_EQ(*std::max_element(v.begin(), v.end()), 0.0f);
+      EXPECT_EQ(*std::min_element(v.begin(), v.end()), 0.0f);
+    } else if (p.name.find("ln") != std::string::npos) {
+      EXPECT_EQ(v, std::vector<float>(v.size(), 1.0f));
+    } else {
+      // 2 layers: the projections' std is 0.02 / sqrt(4) = 0.01. Loose: 1024+ draws.
+      const double want = p.name.ends_with("c_proj.weight") ? 0.01 : 0.02;
+      EXPECT_NEAR(stddev(v), want, want * 0.12);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 2 + 2 * 4 + 1);  // wte, wpe; per block c_attn, c_proj, c_fc, mlp.c_proj; lm_head
+  // The same seed draws the same weights.
+  auto twin = Model::Build(*config, backend_.get(), 5);
+  ASSERT_OK(twin);
+  EXPECT_EQ(ToHost(*backend_, (*twin)->parameters()[4].param->value),
+            ToHost(*backend_, (*model)->parameters()[4].param->value));
+}
+
 TEST(SequenceShapes, TieWeightErrorsNameTheLinear) {
   ModelConfig c{{4}, {EmbeddingConfig{7, 8}, LinearConfig{8, 7, false, "nope"}}};
   c.names = {"wte", "lm_head"};
