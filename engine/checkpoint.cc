@@ -22,6 +22,7 @@ constexpr char kOptimizerPrefix[] = "optimizer.";
 constexpr char kFormatKey[] = "format";
 constexpr char kModelKey[] = "kiln.model";
 constexpr char kNormKey[] = "kiln.norm";
+constexpr char kVocabularyKey[] = "kiln.vocabulary";
 
 // "scale,mean,std" with enough digits to read back the same floats, then for a per-channel
 // normalisation ";m0,m1,...;s0,s1,..." and ";features" for float inputs (which readers of the
@@ -182,7 +183,8 @@ absl::Status CheckFormat(const std::string& path, const std::map<std::string, st
 }  // namespace
 
 absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
-                             const TrainingPosition& p, const PixelNorm& norm) {
+                             const TrainingPosition& p, const PixelNorm& norm,
+                             const std::string& vocabulary) {
   Backend* backend = model.backend();
   std::vector<HostTensor> tensors;
   for (const NamedParameter& np : model.parameters()) {
@@ -199,6 +201,7 @@ absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* o
   }
   std::map<std::string, std::string> meta;
   meta[kNormKey] = PixelNormToString(norm);
+  if (!vocabulary.empty()) meta[kVocabularyKey] = vocabulary;
   if (optimizer != nullptr) {
     for (const NamedState& s : optimizer->state()) {
       KILN_ASSIGN_OR_RETURN(HostTensor t, ToHost(backend, kOptimizerPrefix + s.name, *s.tensor));
@@ -243,6 +246,7 @@ absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path) {
     KILN_ASSIGN_OR_RETURN(info.norm, PixelNormFromString(path, norm->second));
   }
   KILN_ASSIGN_OR_RETURN(info.position, ParsePosition(path, c.metadata));
+  if (auto v = c.metadata.find(kVocabularyKey); v != c.metadata.end()) info.vocabulary = v->second;
   return info;
 }
 

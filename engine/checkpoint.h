@@ -30,12 +30,16 @@ struct CheckpointInfo {
   ModelConfig model;
   PixelNorm norm;  // the input normalisation the model was trained with
   TrainingPosition position;
+  // A character-level language model's vocabulary (kiln.vocabulary): a JSON list of its
+  // characters in id order, as the text dataset it trained on has it; empty otherwise.
+  std::string vocabulary;
 };
 
 // Writes the model's weights and buffers, the optimizer's state (when given), the position and
-// `norm`.
+// `norm`, and `vocabulary` when not empty (CheckpointInfo::vocabulary).
 absl::Status WriteCheckpoint(const std::string& path, Model& model, Optimizer* optimizer,
-                             const TrainingPosition& position, const PixelNorm& norm);
+                             const TrainingPosition& position, const PixelNorm& norm,
+                             const std::string& vocabulary = "");
 
 // Loads weights and buffers into `model` (every one must be present with its exact shape and
 // dtype), and when given, the optimizer state and the position. Nothing is changed unless the

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,6 +25,7 @@ namespace kiln {
 
 class Model;
 class Optimizer;
+struct TokenDataset;
 class Loss;
 class Communicator;
 class DataParallel;
@@ -42,6 +44,16 @@ struct TrainConfig {
   uint64_t seed = 0;
   PixelNorm norm;         // applied to raw pixels of every batch (train and test)
   AugmentConfig augment;  // random crop and flip of training batches only
+  // Clips the gradients' global norm to this before each step (torch's clip_grad_norm_); 0: off.
+  float grad_clip = 0;
+  // A language model on a token dataset (max_iters > 0): it trains max_iters iterations of
+  // batch_size windows, each step summing grad_accum micro-batches. Every eval_interval
+  // iterations is an "epoch" (epochs is then ceil(max_iters / eval_interval)) that ends with
+  // the validation loss over eval_iters batches.
+  int64_t max_iters = 0;
+  int64_t eval_interval = 0;
+  int eval_iters = 20;
+  int grad_accum = 1;
   // Data-parallel training when set with size() > 1 (not owned; must outlive the trainer):
   // this trainer is one rank. Every rank holds the whole dataset and the same config, draws the
   // same shuffle and trains its slice of each batch of batch_size (the global batch; SliceOf in
@@ -93,6 +105,14 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          Backend* backend, const Dataset* train,
                                                          const Dataset* test);
+  // A language model on token windows (config.max_iters > 0): batches are random windows of
+  // T + 1 tokens of `tokens`' train split (engine/data/token_data.h's GatherWindows, a function
+  // of the seed and the iteration, so a resumed run draws what the uninterrupted one would), and
+  // each "epoch" of eval_interval iterations ends with EvaluateTokens. `tokens` must outlive the
+  // trainer; it stays memory-mapped, one batch at a time is copied to the device.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                         Backend* backend,
+                                                         const TokenDataset* tokens);
   ~Trainer();
 
   // Trains from the current position to config.epochs. Returns Cancelled when *cancel became
@@ -105,6 +125,10 @@ class Trainer {
   // Mean loss and accuracy of the current model over `data` (any dataset of the right shape).
   // Data-parallel, each rank evaluates its SliceOf the dataset and the sums are allreduced.
   absl::StatusOr<EvalResult> Evaluate(const Dataset& data);
+  // A language model's mean loss and next-token accuracy over the validation split: eval_iters
+  // batches of batch_size windows, the same windows at every evaluation (a curve without draw
+  // noise). samples counts the windows. Data-parallel as Evaluate.
+  absl::StatusOr<EvalResult> EvaluateTokens();
 
   // Writes weights, optimizer state and position as safetensors, atomically. Data-parallel,
   // only rank 0 writes (FailedPrecondition elsewhere): its state is every rank's.
@@ -126,7 +150,16 @@ class Trainer {
   Trainer(const TrainConfig& config, Backend* backend, const Dataset* train, const Dataset* test);
   absl::Status Init();
   absl::Status RunEpoch(const Callbacks& callbacks, const std::atomic<bool>* cancel);
+  // The epoch's summary, the position moved to the next epoch's start, the evaluation, callbacks.
+  absl::Status EndEpoch(const Callbacks& callbacks, int epoch, float lr,
+                        const Rng::State& next_epoch_rng);
+  absl::Status InitTokens();
+  // Copies windows [slice] of batch `draw` of `split` (a token run's) to batch_x_/batch_y_.
+  absl::Status LoadTokenBatch(bool validation, uint64_t draw, int64_t first, int count);
   int64_t StepsPerEpoch() const;
+  // Steps of 1-based `epoch`: StepsPerEpoch, but a token run's last interval may be shorter.
+  int StepsInEpoch(int epoch) const;
+  bool token_run() const { return tokens_ != nullptr; }
   // The schedule's rates for 0-based `step` of the run, in 0-based `epoch`.
   ScheduledRates RatesForStep(int epoch, int64_t step) const;
   // Copies a dataset's pixels and labels to the device, and when `identity_index` is given, the
@@ -146,6 +179,10 @@ class Trainer {
     int32_t correct = 0;
   };
   static_assert(sizeof(StepScalars) == 2 * sizeof(float));
+  // One optimizer step: its batch (grad_accum micro-batches of a token run) forward and backward,
+  // gradients averaged over ranks and clipped, the update. The step's mean loss and correct
+  // count over the global batch of `count` samples.
+  absl::StatusOr<StepScalars> TrainStep(int epoch, int s, int count, const CropFlip* augment);
   int32_t* CorrectSlot();  // step_scalars_'s second element
   // Waits for the step and reads both scalars with one device-to-host copy.
   absl::StatusOr<StepScalars> ReadStepScalars();
@@ -154,6 +191,8 @@ class Trainer {
   Backend* backend_;
   const Dataset* train_;
   const Dataset* test_;
+  const TokenDataset* tokens_ = nullptr;  // a token run's data, or null
+  std::vector<int32_t> host_x_, host_y_;  // a token batch's windows before their copy
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Loss> loss_;
@@ -161,7 +200,7 @@ class Trainer {
   Rng shuffle_rng_;
   // Device copies of the datasets and per-batch buffers.
   Tensor train_pixels_, train_labels_, test_pixels_, test_labels_;
-  Tensor perm_, eval_index_, batch_x_, batch_y_, dlogits_, step_scalars_;
+  Tensor perm_, eval_index_, batch_x_, batch_y_, dlogits_, step_scalars_, clip_scratch_;
   std::unique_ptr<DataParallel> dp_;  // null unless data-parallel over 2+ ranks
   // Training augmentation (config_.augment enabled): the images' geometry and the current
   // epoch's decisions on the device, a CropFlip per training sample.

@@ -65,6 +65,61 @@ absl::StatusOr<Preset> FindPreset(const std::string& name) {
                                              absl::StrJoin(kPresetNames, ", ")));
 }
 
+// The layers of a transformer (issue 36), each checked against the same per-dimension bound.
+absl::StatusOr<LayerConfig> TranslateSequenceLayer(const v1::Layer& layer, const std::string& field,
+                                                   const SpecLimits& limits) {
+  const int64_t max = limits.max_features;
+  auto dim = [&](const std::string& name, int64_t v) {
+    return InRange(field + name, v, int64_t{1}, max);
+  };
+  switch (layer.kind_case()) {
+    case v1::Layer::kEmbedding: {
+      const v1::EmbeddingLayer& l = layer.embedding();
+      KILN_RETURN_IF_ERROR(dim(".embedding.num_embeddings", l.num_embeddings()));
+      KILN_RETURN_IF_ERROR(dim(".embedding.embedding_dim", l.embedding_dim()));
+      return EmbeddingConfig{l.num_embeddings(), l.embedding_dim()};
+    }
+    case v1::Layer::kPositionEmbedding: {
+      const v1::PositionEmbeddingLayer& l = layer.position_embedding();
+      KILN_RETURN_IF_ERROR(dim(".position_embedding.block_size", l.block_size()));
+      KILN_RETURN_IF_ERROR(dim(".position_embedding.embedding_dim", l.embedding_dim()));
+      return PositionEmbeddingConfig{l.block_size(), l.embedding_dim()};
+    }
+    case v1::Layer::kLayernorm: {
+      const v1::LayerNormLayer& l = layer.layernorm();
+      LayerNormConfig c;
+      c.normalized_shape = l.normalized_shape();
+      if (l.has_eps()) c.eps = l.eps();
+      c.affine = !l.has_affine() || l.affine();
+      c.bias = !l.has_bias() || l.bias();
+      KILN_RETURN_IF_ERROR(dim(".layernorm.normalized_shape", c.normalized_shape));
+      if (!(c.eps > 0 && c.eps <= 1)) {
+        return Invalid(field + ".layernorm.eps", absl::StrCat("must be in (0, 1], got ", c.eps));
+      }
+      return c;
+    }
+    case v1::Layer::kCausalSelfAttention: {
+      const v1::CausalSelfAttentionLayer& l = layer.causal_self_attention();
+      CausalSelfAttentionConfig c;
+      c.n_head = l.n_head();
+      c.n_embd = l.n_embd();
+      c.bias = !l.has_bias() || l.bias();
+      c.dropout = l.dropout();
+      KILN_RETURN_IF_ERROR(dim(".causal_self_attention.n_embd", c.n_embd));
+      KILN_RETURN_IF_ERROR(
+          InRange(field + ".causal_self_attention.n_head", c.n_head, int64_t{1}, c.n_embd));
+      if (c.n_embd % c.n_head != 0) {
+        return Invalid(field + ".causal_self_attention.n_head",
+                       absl::StrCat(c.n_head, " heads do not divide n_embd ", c.n_embd));
+      }
+      KILN_RETURN_IF_ERROR(Fraction(field + ".causal_self_attention.dropout", c.dropout));
+      return c;
+    }
+    default:
+      return Invalid(field, "not a sequence layer");
+  }
+}
+
 absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::string& field,
                                            const SpecLimits& limits) {
   const int64_t max = limits.max_features;
@@ -75,7 +130,9 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
           InRange(field + ".linear.in_features", l.in_features(), int64_t{1}, max));
       KILN_RETURN_IF_ERROR(
           InRange(field + ".linear.out_features", l.out_features(), int64_t{1}, max));
-      return LinearConfig{l.in_features(), l.out_features(), !l.has_bias() || l.bias()};
+      // tie_weight's target is checked with the graph (InferShapes), which knows the nodes.
+      return LinearConfig{l.in_features(), l.out_features(), !l.has_bias() || l.bias(),
+                          l.tie_weight()};
     }
     case v1::Layer::kConv2D: {
       const v1::Conv2dLayer& l = layer.conv2d();
@@ -199,6 +256,11 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
       return AddConfig{};
     case v1::Layer::kConcat:
       return ConcatConfig{};
+    case v1::Layer::kEmbedding:
+    case v1::Layer::kPositionEmbedding:
+    case v1::Layer::kLayernorm:
+    case v1::Layer::kCausalSelfAttention:
+      return TranslateSequenceLayer(layer, field, limits);
     case v1::Layer::KIND_NOT_SET:
       break;
   }
@@ -231,6 +293,16 @@ absl::StatusOr<ModelConfig> TranslateModel(const v1::ModelSpec& spec, const Spec
     return Invalid("spec.model.input_shape",
                    absl::StrCat(ShapeString(config.input_shape), " is ", sample_elements,
                                 " elements per sample, over the limit of ", limits.max_features));
+  }
+  switch (spec.init()) {
+    case v1::INIT_RULE_DEFAULT:
+      config.init = InitRule::kDefault;
+      break;
+    case v1::INIT_RULE_GPT2:
+      config.init = InitRule::kGpt2;
+      break;
+    default:
+      return Invalid("spec.model.init", absl::StrCat("unknown rule ", spec.init()));
   }
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::Layer& l = spec.layers(i);
@@ -394,6 +466,54 @@ absl::StatusOr<PixelNorm> TranslateNorm(const v1::PixelNormSpec& spec) {
   return n;
 }
 
+// How long the job runs: epochs of the dataset, or for a language model max_iters iterations
+// in evaluation intervals (each an "epoch" of the run: the trainer's and kilnd's unit of events
+// and checkpoints). Also the per-step options of both: accumulation and clipping.
+absl::Status TranslateRunLength(const v1::JobSpec& spec, const SpecLimits& limits,
+                                TrainConfig* config) {
+  config->grad_clip = spec.grad_clip();
+  KILN_RETURN_IF_ERROR(InRange("spec.grad_clip", config->grad_clip, 0.0f, 1e6f));
+  if (spec.max_iters() == 0) {
+    for (const auto& [field, set] : {std::pair{"spec.eval_interval", spec.eval_interval() != 0},
+                                     {"spec.eval_iters", spec.eval_iters() != 0},
+                                     {"spec.gradient_accumulation_steps",
+                                      spec.gradient_accumulation_steps() > 1}}) {
+      if (set) return Invalid(field, "applies to language models, with spec.max_iters");
+    }
+    KILN_RETURN_IF_ERROR(InRange("spec.epochs", spec.epochs(), 1, limits.max_epochs));
+    config->epochs = spec.epochs();
+    return absl::OkStatus();
+  }
+  KILN_RETURN_IF_ERROR(
+      InRange("spec.max_iters", spec.max_iters(), int64_t{1}, int64_t{10'000'000}));
+  if (spec.epochs() != 0) {
+    return Invalid("spec.epochs", "leave it 0 with spec.max_iters: a language model's run is "
+                                  "counted in iterations");
+  }
+  config->max_iters = spec.max_iters();
+  config->eval_interval = spec.eval_interval() == 0
+                              ? std::min<int64_t>(250, config->max_iters)
+                              : spec.eval_interval();
+  KILN_RETURN_IF_ERROR(
+      InRange("spec.eval_interval", config->eval_interval, int64_t{1}, config->max_iters));
+  config->eval_iters = spec.eval_iters() == 0 ? 20 : spec.eval_iters();
+  KILN_RETURN_IF_ERROR(InRange("spec.eval_iters", config->eval_iters, 1, 10'000));
+  config->grad_accum =
+      spec.gradient_accumulation_steps() == 0 ? 1 : spec.gradient_accumulation_steps();
+  KILN_RETURN_IF_ERROR(
+      InRange("spec.gradient_accumulation_steps", config->grad_accum, 1, 1024));
+  const int64_t evaluations =
+      (config->max_iters + config->eval_interval - 1) / config->eval_interval;
+  if (evaluations > limits.max_epochs) {
+    return Invalid("spec.eval_interval",
+                   absl::StrCat("max_iters / eval_interval gives ", evaluations,
+                                " evaluations, over the limit of ", limits.max_epochs,
+                                " (--max_epochs)"));
+  }
+  config->epochs = static_cast<int>(evaluations);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
@@ -447,8 +567,7 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
                    "cycles SGD's momentum, which needs spec.optimizer.momentum > 0 (or set "
                    "cycle_momentum false)");
   }
-  KILN_RETURN_IF_ERROR(InRange("spec.epochs", spec.epochs(), 1, limits.max_epochs));
-  config.epochs = spec.epochs();
+  KILN_RETURN_IF_ERROR(TranslateRunLength(spec, limits, &config));
   if (spec.batch_size() != 0) batch_size = spec.batch_size();
   KILN_RETURN_IF_ERROR(InRange("spec.batch_size", batch_size, 1, limits.max_batch_size));
   config.batch_size = batch_size;
@@ -464,10 +583,18 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   // Shapes through the whole model, before anything is allocated.
   absl::StatusOr<std::vector<Shape>> shapes = InferShapes(config.model);
   if (!shapes.ok()) return Invalid("spec.model", shapes.status().message());
-  if (shapes->back().size() != 1) {
+  if (ReadsTokenIds(config.model)) {
+    // The vocabulary is checked at Submit, against the dataset's.
+    absl::Status fits = CheckModelFitsTokens(config.model, 0, "token");
+    if (!fits.ok()) return Invalid("spec.model", fits.message());
+  } else if (shapes->back().size() != 1) {
     return Invalid("spec.model", absl::StrCat("the last layer must output a vector of class "
                                               "logits, got ",
                                               ShapeString(shapes->back())));
+  }
+  if (config.max_iters > 0 && !ReadsTokenIds(config.model)) {
+    return Invalid("spec.max_iters",
+                   "is for language models (an embedding reading token ids); set epochs instead");
   }
   if (config.norm.channels() > 1 && !config.model.input_shape.empty() &&
       config.model.input_shape[0] != config.norm.channels()) {

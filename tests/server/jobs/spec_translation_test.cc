@@ -37,6 +37,101 @@ TEST(SpecTranslationTest, MnistMlpPresetIsTheReferenceConfiguration) {
   EXPECT_EQ(config->epochs, 10);
 }
 
+// A 2-block character GPT as a user writes it (nanoGPT's names), on a token dataset.
+v1::JobSpec GptSpec() {
+  std::string layers =
+      R"({"name": "wte", "embedding": {"num_embeddings": 65, "embedding_dim": 32}},
+          {"name": "wpe", "position_embedding": {"block_size": 16, "embedding_dim": 32}})";
+  std::string last = "wpe";
+  for (int b = 0; b < 2; ++b) {
+    const std::string h = absl::StrCat("h.", b);
+    layers += absl::StrCat(
+        R"(, {"name": ")", h, R"(.ln_1", "layernorm": {"normalized_shape": 32}, "inputs": [")",
+        last, R"("]},
+        {"name": ")", h, R"(.attn", "causal_self_attention": {"n_head": 4, "n_embd": 32}},
+        {"name": ")", h, R"(.res_1", "add": {}, "inputs": [")", last, R"(", ")", h, R"(.attn"]},
+        {"name": ")", h, R"(.ln_2", "layernorm": {"normalized_shape": 32}},
+        {"name": ")", h, R"(.mlp.c_fc", "linear": {"in_features": 32, "out_features": 128}},
+        {"name": ")", h, R"(.mlp.gelu", "gelu": {}},
+        {"name": ")", h, R"(.mlp.c_proj", "linear": {"in_features": 128, "out_features": 32}},
+        {"name": ")", h, R"(.res_2", "add": {}, "inputs": [")", h, R"(.res_1", ")", h,
+        R"(.mlp.c_proj"]})");
+    last = h + ".res_2";
+  }
+  layers += R"(, {"name": "ln_f", "layernorm": {"normalized_shape": 32}},
+      {"name": "lm_head", "linear": {"in_features": 32, "out_features": 65, "bias": false,
+                                     "tie_weight": "wte"}})";
+  const std::string json = absl::StrCat(
+      R"({"model": {"input_shape": [16], "init": "INIT_RULE_GPT2", "layers": [)", layers,
+      R"(]}, "optimizer": {"kind": "KIND_ADAMW", "lr": 0.001, "weight_decay": 0.1},
+      "dataset": "chars", "batch_size": 12, "max_iters": 1000, "eval_interval": 300,
+      "eval_iters": 5, "gradient_accumulation_steps": 2, "grad_clip": 1.0})");
+  v1::JobSpec spec;
+  auto parsed = google::protobuf::util::JsonStringToMessage(json, &spec);
+  EXPECT_TRUE(parsed.ok()) << parsed.ToString();
+  return spec;
+}
+
+TEST(SpecTranslationTest, AGptSpecTranslatesToTheEngineLayersAndAnIterationRun) {
+  auto config = TranslateSpec(GptSpec(), SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_TRUE(ReadsTokenIds(config->model));
+  EXPECT_EQ(config->model.init, InitRule::kGpt2);
+  EXPECT_EQ(std::get<LinearConfig>(config->model.layers.back()).tie_weight, "wte");
+  const auto& attn = std::get<CausalSelfAttentionConfig>(config->model.layers[3]);
+  EXPECT_EQ(attn.n_head, 4);
+  EXPECT_TRUE(attn.bias);
+  EXPECT_EQ(config->max_iters, 1000);
+  EXPECT_EQ(config->eval_interval, 300);
+  EXPECT_EQ(config->epochs, 4);  // evaluations at 300, 600, 900 and 1000
+  EXPECT_EQ(config->eval_iters, 5);
+  EXPECT_EQ(config->grad_accum, 2);
+  EXPECT_FLOAT_EQ(config->grad_clip, 1.0f);
+  auto shapes = InferShapes(config->model);
+  ASSERT_OK(shapes);
+  EXPECT_EQ(shapes->back(), (Shape{16, 65}));
+}
+
+TEST(SpecTranslationTest, GptSpecErrorsNameTheField) {
+  auto error = [](const std::function<void(v1::JobSpec*)>& edit) {
+    v1::JobSpec spec = GptSpec();
+    edit(&spec);
+    auto config = TranslateSpec(spec, SpecLimits());
+    return config.ok() ? std::string("ok") : std::string(config.status().message());
+  };
+  EXPECT_EQ(error([](v1::JobSpec*) {}), "ok");
+  EXPECT_EQ(error([](v1::JobSpec* s) {
+              s->mutable_model()->mutable_layers(3)->mutable_causal_self_attention()->set_n_head(
+                  5);
+            }),
+            "spec.model.layers[3].causal_self_attention.n_head: 5 heads do not divide n_embd 32");
+  EXPECT_EQ(error([](v1::JobSpec* s) { s->set_epochs(3); }),
+            "spec.epochs: leave it 0 with spec.max_iters: a language model's run is counted in "
+            "iterations");
+  EXPECT_EQ(error([](v1::JobSpec* s) { s->set_eval_interval(1001); }),
+            "spec.eval_interval: must be in [1, 1000], got 1001");
+  EXPECT_EQ(error([](v1::JobSpec* s) {
+              s->mutable_model()->mutable_layers(0)->mutable_embedding()->set_num_embeddings(0);
+            }),
+            "spec.model.layers[0].embedding.num_embeddings: must be in [1, 1000000], got 0");
+  // Block size: the input is longer than the position table.
+  EXPECT_THAT(error([](v1::JobSpec* s) { s->mutable_model()->set_input_shape(0, 17); }),
+              ::testing::HasSubstr("wpe"));
+  // Iteration fields belong to language models; epochs to the rest.
+  v1::JobSpec mlp;
+  mlp.set_preset("mnist-mlp");
+  mlp.set_epochs(1);
+  mlp.set_eval_interval(10);
+  EXPECT_EQ(std::string(TranslateSpec(mlp, SpecLimits()).status().message()),
+            "spec.eval_interval: applies to language models, with spec.max_iters");
+  mlp.set_eval_interval(0);
+  mlp.set_epochs(0);
+  mlp.set_max_iters(100);
+  EXPECT_EQ(std::string(TranslateSpec(mlp, SpecLimits()).status().message()),
+            "spec.max_iters: is for language models (an embedding reading token ids); set epochs "
+            "instead");
+}
+
 TEST(SpecTranslationTest, MnistCnnPresetIsTheReferenceConfiguration) {
   v1::JobSpec spec;
   spec.set_preset("mnist-cnn");
