@@ -16,6 +16,7 @@
 #include "engine/data/csv_reader.h"
 #include "engine/data/idx_reader.h"
 #include "engine/data/npy_reader.h"
+#include "engine/data/token_data.h"
 
 namespace kiln {
 namespace {
@@ -49,16 +50,24 @@ std::string_view DatasetFormatName(DatasetFormat format) {
       return "csv";
     case DatasetFormat::kNpy:
       return "npy";
+    case DatasetFormat::kText:
+      return "text";
+    case DatasetFormat::kTokens:
+      return "tokens";
   }
   return "unknown";
 }
 
 std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name) {
-  for (DatasetFormat f :
-       {DatasetFormat::kIdx, DatasetFormat::kCifar10, DatasetFormat::kCsv, DatasetFormat::kNpy}) {
+  for (DatasetFormat f : {DatasetFormat::kIdx, DatasetFormat::kCifar10, DatasetFormat::kCsv,
+                          DatasetFormat::kNpy, DatasetFormat::kText, DatasetFormat::kTokens}) {
     if (name == DatasetFormatName(f)) return f;
   }
   return std::nullopt;
+}
+
+bool IsTokenFormat(DatasetFormat format) {
+  return format == DatasetFormat::kText || format == DatasetFormat::kTokens;
 }
 
 DatasetFormat DetectDatasetFormat(const std::string& dir) {
@@ -66,6 +75,12 @@ DatasetFormat DetectDatasetFormat(const std::string& dir) {
   std::error_code ec;
   if (fs::is_regular_file(fs::path(dir) / kCsvTrainFile, ec)) return DatasetFormat::kCsv;
   if (fs::is_regular_file(fs::path(dir) / kNpyTrainX, ec)) return DatasetFormat::kNpy;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (TokenShardNumber(entry.path().filename().string(), kTokenTrainPrefix) >= 0) {
+      return fs::is_regular_file(fs::path(dir) / kVocabularyFile, ec) ? DatasetFormat::kText
+                                                                      : DatasetFormat::kTokens;
+    }
+  }
   return DatasetFormat::kIdx;
 }
 
@@ -79,6 +94,12 @@ absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetF
       return LoadCsvFolder(dir, CsvOptions());
     case DatasetFormat::kNpy:
       return LoadNpyFolder(dir);
+    case DatasetFormat::kText:
+    case DatasetFormat::kTokens:
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": holds ", std::string(DatasetFormatName(format)),
+                       " (token shards): a language model's data, opened with OpenTokenDataset, "
+                       "not loaded as samples"));
   }
   return absl::InvalidArgumentError(absl::StrCat(dir, ": unknown dataset format"));
 }

@@ -38,17 +38,26 @@ enum class DatasetFormat {
   kCifar10,  // CIFAR-10 binary batches (LoadCifar10Folder, engine/data/cifar10_reader.h)
   kCsv,      // train.csv (and test.csv): LoadCsvFolder, engine/data/csv_reader.h
   kNpy,      // train_x.npy, train_y.npy (and test_*): LoadNpyFolder, engine/data/npy_reader.h
+  // Token datasets, never loaded into memory: OpenTokenDataset (engine/data/token_data.h).
+  kText,    // train_000.bin, val_000.bin and vocab.json, encoded from a text corpus
+  kTokens,  // llm.c shards train_NNN.bin (and val_NNN.bin); the job's model gives the vocabulary
 };
 
-// "idx", "cifar10": the names the CLI, the manifest and listings use.
+// Whether a dataset of `format` holds tokens (opened by OpenTokenDataset) rather than samples.
+bool IsTokenFormat(DatasetFormat format);
+
+// "idx", "cifar10", "csv", "npy", "text", "tokens": the names the CLI, the manifest and listings
+// use.
 std::string_view DatasetFormatName(DatasetFormat format);
 std::optional<DatasetFormat> DatasetFormatFromName(std::string_view name);
 
 // The format of a folder's files: CIFAR-10 when it holds a data_batch_<N>.bin, CSV when it holds
-// train.csv, NPY when it holds train_x.npy, IDX otherwise.
+// train.csv, NPY when it holds train_x.npy, text when it holds vocab.json and train_NNN.bin,
+// tokens when it holds train_NNN.bin alone, IDX otherwise.
 DatasetFormat DetectDatasetFormat(const std::string& dir);
 
-// Loads a dataset folder laid out in `format`; CSV folders with their default options.
+// Loads a dataset folder laid out in `format`; CSV folders with their default options. Token
+// formats are InvalidArgument: they are opened, not loaded.
 absl::StatusOr<DatasetSplits> LoadDatasetFolder(const std::string& dir, DatasetFormat format);
 
 // Loads a folder holding MNIST-style files: train-images-idx3-ubyte, train-labels-idx1-ubyte,
