@@ -284,6 +284,11 @@ class Backend {
                                  float* param, const float* grad, float* momentum_buf) = 0;
   virtual absl::Status AdamUpdate(int64_t n, const AdamHyper& hyper, float* param,
                                   const float* grad, float* exp_avg, float* exp_avg_sq) = 0;
+  // out[0] += sum of x(n)^2, out a device scalar: one call per gradient accumulates the squared
+  // global norm of gradient clipping (torch.nn.utils.clip_grad_norm_) on the device, and the
+  // host reads one float. Squares are summed in double in an order fixed by n alone, so a run
+  // repeats bit for bit. n = 0 leaves out as it is. CheckSumOfSquares's rules.
+  virtual absl::Status SumOfSquares(int64_t n, const float* x, float* out) = 0;
 
   // --- data ---------------------------------------------------------------------------------
   // out(count, sample_elems) = norm(pixels[index[i]]) gathered from a uint8 dataset of

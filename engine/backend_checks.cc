@@ -164,4 +164,13 @@ absl::Status CheckTranspose0213(int64_t a, int64_t b, int64_t c, int64_t d) {
   return absl::OkStatus();
 }
 
+absl::Status CheckSumOfSquares(int64_t n, const float* out) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SumOfSquares of ", n, " values: the count may not be negative"));
+  }
+  if (out == nullptr) return absl::InvalidArgumentError("SumOfSquares needs an output scalar");
+  return absl::OkStatus();
+}
+
 }  // namespace kiln

@@ -61,4 +61,7 @@ absl::Status CheckCausalSoftmax(int64_t batch, int t, float scale);
 // Before Transpose0213: every extent >= 0.
 absl::Status CheckTranspose0213(int64_t a, int64_t b, int64_t c, int64_t d);
 
+// Before SumOfSquares: n >= 0 and an output scalar to add to.
+absl::Status CheckSumOfSquares(int64_t n, const float* out);
+
 }  // namespace kiln

@@ -57,7 +57,7 @@ absl::Status ValidateConfig(const TrainConfig& c) {
   }
   // The channels must divide the model's input (and come in pairs, at most kMaxNormChannels).
   KILN_RETURN_IF_ERROR(FoldPixelNorm(c.norm, NumElements(c.model.input_shape)).status());
-  return ValidateSchedule(c.schedule);
+  return ValidateSchedule(c.schedule, c.optimizer.lr);
 }
 
 // An empty split (no test set) fits every model.

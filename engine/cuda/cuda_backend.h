@@ -147,6 +147,7 @@ class CudaBackend final : public Backend {
                          const float* grad, float* momentum_buf) override;
   absl::Status AdamUpdate(int64_t n, const AdamHyper& hyper, float* param, const float* grad,
                           float* exp_avg, float* exp_avg_sq) override;
+  absl::Status SumOfSquares(int64_t n, const float* x, float* out) override;
 
   absl::Status GatherNormalize(int count, int64_t sample_elems, const int32_t* index,
                                const uint8_t* pixels, const int32_t* labels, const PixelNorm& norm,

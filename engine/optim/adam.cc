@@ -29,12 +29,12 @@ absl::Status Adam::Step(float lr) {
   h.beta1 = momentum_override_.value_or(config_.beta1);
   h.beta2 = config_.beta2;
   h.eps = config_.eps;
-  h.weight_decay = config_.weight_decay;
   h.decay = config_.kind == OptimizerConfig::Kind::kAdamW ? WeightDecayMode::kDecoupled
                                                           : WeightDecayMode::kL2;
   h.step = steps_;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i].param;
+    h.weight_decay = WeightDecayOf(i);
     KILN_RETURN_IF_ERROR(backend_->AdamUpdate(p->value.numel(), h, p->value.f32(), p->grad.f32(),
                                               exp_avg_[i].f32(), exp_avg_sq_[i].f32()));
   }

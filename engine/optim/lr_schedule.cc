@@ -41,12 +41,51 @@ ScheduledRates OneCycle(float max_lr, const LrScheduleConfig& s, const ScheduleP
   return r;
 }
 
+// nanoGPT's get_lr(it): linear warm-up to lr over warmup_iters steps, then half a cosine down to
+// eta_min (min_lr) by lr_decay_iters (0: the run's last step), eta_min after.
+float WarmupCosine(float lr, const LrScheduleConfig& s, const SchedulePoint& p) {
+  const double it = static_cast<double>(p.step);
+  const double warmup = static_cast<double>(s.warmup_iters);
+  if (it < warmup) return static_cast<float>(double{lr} * (it + 1.0) / (warmup + 1.0));
+  const double decay_iters = s.lr_decay_iters > 0
+                                 ? static_cast<double>(s.lr_decay_iters)
+                                 : static_cast<double>(p.steps_per_epoch) * p.total_epochs;
+  const double ratio = (it - warmup) / std::max(1.0, decay_iters - warmup);
+  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * std::min(1.0, ratio)));
+  return static_cast<float>(s.eta_min + coeff * (double{lr} - s.eta_min));
+}
+
+absl::Status ValidateWarmupCosine(const LrScheduleConfig& s, float base_lr) {
+  if (s.warmup_iters < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule warmup_iters must be >= 0, got ", s.warmup_iters));
+  }
+  if (s.lr_decay_iters < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule lr_decay_iters must be >= 0 (0: the run's steps), got ", s.lr_decay_iters));
+  }
+  if (s.lr_decay_iters > 0 && s.lr_decay_iters < s.warmup_iters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule lr_decay_iters (", s.lr_decay_iters,
+                     ") must be 0 (the run's steps) or >= warmup_iters (", s.warmup_iters, ")"));
+  }
+  if (!(s.eta_min >= 0.0f && s.eta_min <= base_lr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule min_lr (eta_min) must be in [0, lr = ", base_lr, "], got ", s.eta_min));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ScheduledRates ScheduledRatesAt(float base_lr, const LrScheduleConfig& s,
                                 const SchedulePoint& point) {
   if (s.kind == LrScheduleConfig::Kind::kOneCycle) return OneCycle(base_lr, s, point);
   ScheduledRates r;
+  if (s.kind == LrScheduleConfig::Kind::kWarmupCosine) {
+    r.lr = WarmupCosine(base_lr, s, point);
+    return r;
+  }
   r.lr = ScheduledLearningRate(base_lr, s, point.epoch, point.total_epochs);
   return r;
 }
@@ -56,6 +95,8 @@ float ScheduledLearningRate(float base_lr, const LrScheduleConfig& s, int epoch,
     case LrScheduleConfig::Kind::kOneCycle:
       // Per step only (ScheduledRatesAt); per epoch, the rate at the epoch's first step of one.
       return OneCycle(base_lr, s, {epoch, total_epochs, epoch, 1}).lr;
+    case LrScheduleConfig::Kind::kWarmupCosine:
+      return WarmupCosine(base_lr, s, {epoch, total_epochs, epoch, 1});
     case LrScheduleConfig::Kind::kConstant:
       return base_lr;
     case LrScheduleConfig::Kind::kStep:
@@ -69,7 +110,8 @@ float ScheduledLearningRate(float base_lr, const LrScheduleConfig& s, int epoch,
   return base_lr;
 }
 
-absl::Status ValidateSchedule(const LrScheduleConfig& s) {
+absl::Status ValidateSchedule(const LrScheduleConfig& s, float base_lr) {
+  if (s.kind == LrScheduleConfig::Kind::kWarmupCosine) return ValidateWarmupCosine(s, base_lr);
   if (s.kind == LrScheduleConfig::Kind::kStep && s.step_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("schedule step_size must be positive, got ", s.step_size));

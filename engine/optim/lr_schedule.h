@@ -1,5 +1,6 @@
 // Learning rate (and momentum, where the schedule cycles it) for a step under a schedule:
-// PyTorch's StepLR and CosineAnnealingLR stepped once per epoch, OneCycleLR once per batch.
+// PyTorch's StepLR and CosineAnnealingLR stepped once per epoch, OneCycleLR and nanoGPT's
+// warm-up-then-cosine get_lr once per batch.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,7 @@ ScheduledRates ScheduledRatesAt(float base_lr, const LrScheduleConfig& schedule,
 float ScheduledLearningRate(float base_lr, const LrScheduleConfig& schedule, int epoch,
                             int total_epochs);
 
-absl::Status ValidateSchedule(const LrScheduleConfig& schedule);
+// The schedule's fields, for an optimizer whose lr is base_lr (a floor above it is refused).
+absl::Status ValidateSchedule(const LrScheduleConfig& schedule, float base_lr);
 
 }  // namespace kiln

@@ -36,4 +36,12 @@ absl::StatusOr<std::vector<Tensor>> Optimizer::ZeroSlots() {
   return slots;
 }
 
+float Optimizer::WeightDecayOf(size_t i) const {
+  if (config_.decay_rule == OptimizerConfig::DecayRule::kMatrices &&
+      params_[i].param->value.rank() < 2) {
+    return 0.0f;
+  }
+  return config_.weight_decay;
+}
+
 }  // namespace kiln

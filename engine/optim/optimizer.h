@@ -44,6 +44,9 @@ class Optimizer {
       : config_(config), backend_(backend), params_(std::move(params)) {}
   // One zero state tensor per parameter, shaped like it.
   absl::StatusOr<std::vector<Tensor>> ZeroSlots();
+  // The weight decay of parameter i under the config's DecayRule: weight_decay, or 0 for a
+  // parameter of fewer than 2 dimensions under kMatrices.
+  float WeightDecayOf(size_t i) const;
 
   OptimizerConfig config_;
   Backend* backend_;

@@ -27,11 +27,11 @@ absl::Status Sgd::Step(float lr) {
   h.lr = lr;
   h.momentum = momentum_override_.value_or(config_.momentum);
   h.dampening = config_.dampening;
-  h.weight_decay = config_.weight_decay;
   h.nesterov = config_.nesterov;
   const MomentumBuffer buffer = steps_ == 0 ? MomentumBuffer::kSeed : MomentumBuffer::kAccumulate;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i].param;
+    h.weight_decay = WeightDecayOf(i);
     KILN_RETURN_IF_ERROR(backend_->SgdUpdate(p->value.numel(), h, buffer, p->value.f32(),
                                              p->grad.f32(),
                                              momentum_.empty() ? nullptr : momentum_[i].f32()));

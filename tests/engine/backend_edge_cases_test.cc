@@ -263,6 +263,47 @@ TEST(CpuBackendEdgeCases, AFusedMaxPoolingThatDoesNotFitTheConvolutionIsInvalidA
   }
 }
 
+// SumOfSquares adds to its scalar (one call per gradient makes the global norm), leaves it alone
+// for no values, and refuses a negative count.
+TEST_P(BackendEdgeCases, SumOfSquaresAddsToItsOutputAndRefusesANegativeCount) {
+  Tensor out = Make(DType::kF32, {1});
+  const float start = 2.5f;
+  ASSERT_OK(backend_->CopyFromHost(&start, sizeof(start), &out));
+  Tensor x = testing::MakeTensor(*backend_, {3}, {1.0f, -2.0f, 3.0f});
+  ASSERT_OK(backend_->SumOfSquares(0, x.f32(), out.f32()));
+  EXPECT_EQ(testing::ToHost(*backend_, out)[0], 2.5f);
+  ASSERT_OK(backend_->SumOfSquares(3, x.f32(), out.f32()));
+  EXPECT_EQ(testing::ToHost(*backend_, out)[0], 16.5f);
+  ASSERT_OK(backend_->SumOfSquares(2, x.f32(), out.f32()));
+  EXPECT_EQ(testing::ToHost(*backend_, out)[0], 21.5f);
+  const absl::Status negative = backend_->SumOfSquares(-1, x.f32(), out.f32());
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument) << negative;
+  EXPECT_THAT(std::string(negative.message()), ::testing::HasSubstr("negative"));
+  EXPECT_EQ(backend_->SumOfSquares(3, x.f32(), nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Millions of squares summed in float would drift by several percent (0.01f added to 40000 loses
+// most of its bits); in double the result is the exact sum rounded once.
+TEST_P(BackendEdgeCases, SumOfSquaresOfMillionsOfValuesIsAccurateAndRepeatable) {
+  const int64_t n = 4'000'003;
+  std::vector<float> values(static_cast<size_t>(n));
+  double exact = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    values[i] = (i % 2 == 0 ? 0.1f : -0.3f) * (1.0f + static_cast<float>(i % 7) / 8.0f);
+    exact += static_cast<double>(values[i]) * values[i];
+  }
+  Tensor x = testing::MakeTensor(*backend_, {n}, values);
+  float got[2];
+  for (float& g : got) {
+    Tensor out = Make(DType::kF32, {1});
+    ASSERT_OK(backend_->Fill(&out, 0.0f));
+    ASSERT_OK(backend_->SumOfSquares(n, x.f32(), out.f32()));
+    g = testing::ToHost(*backend_, out)[0];
+  }
+  EXPECT_NEAR(got[0], exact, exact * 1e-7);
+  EXPECT_EQ(got[0], got[1]) << "a second run gave other bits";
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendEdgeCases, ::testing::Values("cpu", "cuda:0"),
                          testing::DeviceParamName);
 

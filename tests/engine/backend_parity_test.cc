@@ -998,6 +998,29 @@ TEST_P(OpParity, AdamAndAdamWUpdatesMatchIncludingLateSteps) {
   }
 }
 
+// Every launch branch: one partial block, exactly a block, a ragged tail, and more values than
+// the grid's threads (the grid-stride loop goes round); each call adds to the previous total.
+TEST_P(OpParity, SumOfSquaresAccumulatesAsTheCpuDoes) {
+  Both out = Upload({0.75f});
+  for (int64_t n :
+       {int64_t{1}, int64_t{255}, int64_t{256}, int64_t{4099}, int64_t{300000}, int64_t{1} << 21}) {
+    SCOPED_TRACE(::testing::Message() << n << " values");
+    Both x = Upload(RandomValues(n, 50 + static_cast<uint32_t>(n % 1000), -3, 3));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.SumOfSquares(n, x.f(s), out.f(s)); }));
+    ExpectClose(out, "sum of squares", 1e-6);
+  }
+  // Repeatable: the same values give the same bits.
+  Both x = Upload(RandomValues(300000, 60));
+  float again[2];
+  for (float& a : again) {
+    Both zero = Upload({0.0f});
+    ASSERT_OK(
+        RunBoth([&](Backend& be, Side s) { return be.SumOfSquares(300000, x.f(s), zero.f(s)); }));
+    a = Get(kTested, zero.t[kTested])[0];
+  }
+  EXPECT_EQ(again[0], again[1]);
+}
+
 // --- data ----------------------------------------------------------------------------------------
 
 TEST_P(OpParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "engine/backend_registry.h"
 #include "engine/optim/lr_schedule.h"
 #include "tests/engine/test_util.h"
@@ -136,6 +138,60 @@ TEST(OptimizerMomentum, SetMomentumStepsAsIfConfiguredSo) {
   }
 }
 
+// kMatrices decays only parameters of 2+ dimensions (nanoGPT's AdamW groups): after one step a
+// 1-D bias and a 1-D LayerNorm weight move by the gradient's part alone, a 2-D weight also decays.
+TEST(OptimizerDecayRule, MatricesDecayOnlyParametersOfTwoOrMoreDimensions) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_OK(backend);
+  Backend& b = **backend;
+  const double lr = 0.1, wd = 0.5;
+  for (OptimizerConfig::Kind kind : {OptimizerConfig::Kind::kAdamW, OptimizerConfig::Kind::kSgd}) {
+    OptimizerConfig c =
+        kind == OptimizerConfig::Kind::kSgd ? Sgd(0.1f, 0, 0, 0.5f) : Adam(kind, 0.1f, 0.5f);
+    c.decay_rule = OptimizerConfig::DecayRule::kMatrices;
+    Parameter weight, bias, ln_weight;
+    weight.value = MakeTensor(b, {2, 2}, {1.0f, -2.0f, 0.5f, 3.0f});
+    weight.grad = MakeTensor(b, {2, 2}, {0.1f, -0.2f, 0.3f, 0.4f});
+    bias.value = MakeTensor(b, {2}, {1.0f, -2.0f});
+    bias.grad = MakeTensor(b, {2}, {0.1f, -0.2f});
+    ln_weight.value = MakeTensor(b, {2}, {0.5f, 3.0f});
+    ln_weight.grad = MakeTensor(b, {2}, {0.3f, 0.4f});
+    auto opt = Optimizer::Create(
+        c, &b, {{"0.weight", &weight}, {"0.bias", &bias}, {"1.weight", &ln_weight}});
+    ASSERT_OK(opt);
+    ASSERT_OK((*opt)->Step(0.1f));
+    // Step 1 of AdamW: p (1 - lr wd) - lr g / (|g| + eps); of SGD: p - lr (g + wd p).
+    auto expected = [&](double p, double g, bool decays) {
+      if (kind == OptimizerConfig::Kind::kSgd) return p - lr * (g + (decays ? wd * p : 0.0));
+      return p * (decays ? 1.0 - lr * wd : 1.0) - lr * g / (std::abs(g) + 1e-8);
+    };
+    const std::vector<float> w = ToHost(b, weight.value), bs = ToHost(b, bias.value),
+                             ln = ToHost(b, ln_weight.value);
+    const char* name = kind == OptimizerConfig::Kind::kSgd ? "sgd" : "adamw";
+    EXPECT_NEAR(w[0], expected(1.0, 0.1, true), 1e-6) << name;
+    EXPECT_NEAR(w[3], expected(3.0, 0.4, true), 1e-6) << name;
+    EXPECT_NEAR(bs[0], expected(1.0, 0.1, false), 1e-6) << name;
+    EXPECT_NEAR(bs[1], expected(-2.0, -0.2, false), 1e-6) << name;
+    EXPECT_NEAR(ln[0], expected(0.5, 0.3, false), 1e-6) << name;
+    EXPECT_NEAR(ln[1], expected(3.0, 0.4, false), 1e-6) << name;
+  }
+}
+
+// The default rule decays every parameter, 1-D ones too (PyTorch's single param group).
+TEST(OptimizerDecayRule, AllDecaysOneDimensionalParametersToo) {
+  auto backend = CreateBackend("cpu", {1});
+  ASSERT_OK(backend);
+  Backend& b = **backend;
+  Parameter bias;
+  bias.value = MakeTensor(b, {2}, {1.0f, -2.0f});
+  bias.grad = MakeTensor(b, {2}, {0.1f, -0.2f});
+  auto opt =
+      Optimizer::Create(Adam(OptimizerConfig::Kind::kAdamW, 0.1f, 0.5f), &b, {{"0.bias", &bias}});
+  ASSERT_OK(opt);
+  ASSERT_OK((*opt)->Step(0.1f));
+  EXPECT_NEAR(ToHost(b, bias.value)[0], 1.0 * (1 - 0.05) - 0.1 * 0.1 / (0.1 + 1e-8), 1e-6);
+}
+
 TEST(LrSchedule, StepAndCosineFollowPyTorch) {
   LrScheduleConfig step;
   step.kind = LrScheduleConfig::Kind::kStep;
@@ -154,7 +210,7 @@ TEST(LrSchedule, StepAndCosineFollowPyTorch) {
   LrScheduleConfig constant;
   EXPECT_FLOAT_EQ(ScheduledLearningRate(0.1f, constant, 7, 10), 0.1f);
   step.step_size = 0;
-  EXPECT_FALSE(ValidateSchedule(step).ok());
+  EXPECT_FALSE(ValidateSchedule(step, 0.1f).ok());
 }
 
 // torch.optim.lr_scheduler.OneCycleLR, the rates each of the run's steps ran with (the param
@@ -194,14 +250,69 @@ TEST(LrSchedule, OneCycleFollowsPyTorch) {
 
   LrScheduleConfig bad = cos;
   bad.pct_start = 1.0f;
-  EXPECT_FALSE(ValidateSchedule(bad).ok());
+  EXPECT_FALSE(ValidateSchedule(bad, 0.01f).ok());
   bad = cos;
   bad.div_factor = 0.5f;
-  EXPECT_FALSE(ValidateSchedule(bad).ok());
+  EXPECT_FALSE(ValidateSchedule(bad, 0.01f).ok());
   bad = cos;
   bad.base_momentum = 0.99f;
-  EXPECT_FALSE(ValidateSchedule(bad).ok());
-  EXPECT_OK(ValidateSchedule(cos));
+  EXPECT_FALSE(ValidateSchedule(bad, 0.01f).ok());
+  EXPECT_OK(ValidateSchedule(cos, 0.01f));
+}
+
+LrScheduleConfig WarmupCosine(int64_t warmup, int64_t decay, float min_lr) {
+  LrScheduleConfig s;
+  s.kind = LrScheduleConfig::Kind::kWarmupCosine;
+  s.warmup_iters = warmup;
+  s.lr_decay_iters = decay;
+  s.eta_min = min_lr;
+  return s;
+}
+
+// nanoGPT's get_lr (the torch GPT peer's lr_at) for lr 1e-3, min_lr 1e-4, warmup 10,
+// lr_decay_iters 110, printed by Python in double.
+TEST(LrSchedule, WarmupCosineFollowsNanoGpt) {
+  const LrScheduleConfig s = WarmupCosine(10, 110, 1e-4f);
+  const struct {
+    int64_t it;
+    double lr;
+  } expected[] = {{0, 9.090909090909092e-05},  // the first warm-up step: lr / (warmup + 1)
+                  {9, 0.0009090909090909091},  // the last one
+                  {10, 0.001},                 // the peak
+                  {35, 0.0008681980515339464},
+                  {60, 0.00055},  // half way down
+                  {109, 0.00010022204783542078},
+                  {110, 0.0001},   // the end: min_lr
+                  {200, 0.0001}};  // and past it
+  for (const auto& e : expected) {
+    // 4 epochs of 50 steps: the per-step schedule ignores epochs (lr_decay_iters is given).
+    const ScheduledRates r = ScheduledRatesAt(1e-3f, s, {static_cast<int>(e.it / 50), 4, e.it, 50});
+    EXPECT_FLOAT_EQ(r.lr, static_cast<float>(e.lr)) << "iteration " << e.it;
+    EXPECT_FALSE(r.momentum.has_value());
+  }
+}
+
+TEST(LrSchedule, WarmupCosineDecaysOverTheRunWhenLrDecayItersIsZero) {
+  const LrScheduleConfig s = WarmupCosine(10, 0, 1e-4f);
+  // 4 epochs of 25 steps: 100 steps, so half way down at 55 and nearly min_lr at the last.
+  EXPECT_FLOAT_EQ(ScheduledRatesAt(1e-3f, s, {2, 4, 55, 25}).lr, 0.00055f);
+  EXPECT_FLOAT_EQ(ScheduledRatesAt(1e-3f, s, {3, 4, 99, 25}).lr,
+                  static_cast<float>(0.00010027412784140692));
+  // No warm-up: the first step runs at the peak.
+  EXPECT_FLOAT_EQ(ScheduledRatesAt(1e-3f, WarmupCosine(0, 0, 0), {0, 4, 0, 25}).lr, 1e-3f);
+}
+
+TEST(LrSchedule, WarmupCosineRejectsBadFields) {
+  auto message = [](const LrScheduleConfig& s, float lr) {
+    return std::string(ValidateSchedule(s, lr).message());
+  };
+  EXPECT_OK(ValidateSchedule(WarmupCosine(100, 5000, 1e-4f), 1e-3f));
+  EXPECT_OK(ValidateSchedule(WarmupCosine(0, 0, 1e-3f), 1e-3f));
+  EXPECT_NE(message(WarmupCosine(-1, 0, 0), 1e-3f).find("warmup_iters"), std::string::npos);
+  EXPECT_NE(message(WarmupCosine(0, -5, 0), 1e-3f).find("lr_decay_iters"), std::string::npos);
+  EXPECT_NE(message(WarmupCosine(100, 50, 0), 1e-3f).find("lr_decay_iters"), std::string::npos);
+  EXPECT_NE(message(WarmupCosine(0, 0, -1e-4f), 1e-3f).find("min_lr"), std::string::npos);
+  EXPECT_NE(message(WarmupCosine(0, 0, 2e-3f), 1e-3f).find("min_lr"), std::string::npos);
 }
 
 }  // namespace
