@@ -9,11 +9,13 @@
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/data/csv_reader.h"
+#include "engine/data/token_data.h"
 #include "engine/distributed/communicator.h"
 #include "engine/distributed/data_parallel.h"
 #include "engine/inference.h"
 #include "engine/loss.h"
 #include "engine/model.h"
+#include "engine/optim/grad_clip.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer.h"
 
@@ -24,6 +26,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // Keeps the shuffling stream apart from the initialisation stream of the same seed.
 constexpr uint64_t kShuffleStream = 0x5EED5A1E;
+// Keeps a token run's validation windows apart from its training windows.
+constexpr uint64_t kValidationStream = 0x7A11D;
 
 absl::Status ValidateConfig(const TrainConfig& c) {
   if (c.epochs < 1)
@@ -45,6 +49,23 @@ absl::Status ValidateConfig(const TrainConfig& c) {
       c.optimizer.kind == OptimizerConfig::Kind::kSgd && c.optimizer.momentum <= 0.0f) {
     return absl::InvalidArgumentError(
         "one-cycle's cycle_momentum needs SGD momentum > 0 (or cycle_momentum false)");
+  }
+  if (!(c.grad_clip >= 0.0f) || !std::isfinite(c.grad_clip)) {
+    return absl::InvalidArgumentError(absl::StrCat("grad_clip must be >= 0, got ", c.grad_clip));
+  }
+  if (c.max_iters > 0) {
+    if (c.eval_interval < 1 || c.eval_iters < 1 || c.grad_accum < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a token run needs eval_interval, eval_iters and grad_accum >= 1, got ",
+                       c.eval_interval, ", ", c.eval_iters, ", ", c.grad_accum));
+    }
+    if (int64_t{c.epochs} != (c.max_iters + c.eval_interval - 1) / c.eval_interval) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a token run's epochs are its evaluation intervals: ceil(max_iters ",
+                       c.max_iters, " / eval_interval ", c.eval_interval, "), not ", c.epochs));
+    }
+  } else if (c.grad_accum != 1) {
+    return absl::InvalidArgumentError("gradient accumulation is for token runs (max_iters > 0)");
   }
   for (size_t i = 0; i < c.norm.channel_std.size(); ++i) {
     if (!(c.norm.channel_std[i] > 0.0f) || !std::isfinite(c.norm.channel_std[i])) {
@@ -87,9 +108,79 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (train == nullptr || train->size == 0) {
     return absl::InvalidArgumentError("the training set is empty");
   }
+  if (config.max_iters > 0) {
+    return absl::InvalidArgumentError(
+        "max_iters is for language models on token data; this dataset holds samples: set epochs");
+  }
   auto trainer = std::unique_ptr<Trainer>(new Trainer(config, backend, train, test));
   KILN_RETURN_IF_ERROR(trainer->Init());
   return trainer;
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
+                                                         Backend* backend,
+                                                         const TokenDataset* tokens) {
+  KILN_RETURN_IF_ERROR(ValidateConfig(config));
+  if (tokens == nullptr || tokens->train.tokens() == 0) {
+    return absl::InvalidArgumentError("the token dataset has no training tokens");
+  }
+  if (config.max_iters <= 0) {
+    return absl::InvalidArgumentError(
+        "a token dataset trains a language model for max_iters iterations: set max_iters");
+  }
+  auto trainer = std::unique_ptr<Trainer>(new Trainer(config, backend, nullptr, nullptr));
+  trainer->tokens_ = tokens;
+  KILN_RETURN_IF_ERROR(trainer->InitTokens());
+  return trainer;
+}
+
+absl::Status Trainer::InitTokens() {
+  // A text dataset's vocabulary, or for pre-tokenized shards the ids they hold.
+  const int64_t vocab = tokens_->vocab_size > 0 ? tokens_->vocab_size : tokens_->max_token + 1;
+  KILN_RETURN_IF_ERROR(CheckModelFitsTokens(config_.model, vocab, "dataset's"));
+  KILN_ASSIGN_OR_RETURN(model_, Model::Build(config_.model, backend_, config_.seed));
+  KILN_ASSIGN_OR_RETURN(optimizer_,
+                        Optimizer::Create(config_.optimizer, backend_, model_->parameters()));
+  loss_ = std::make_unique<Loss>(config_.loss, backend_, config_.label_smoothing);
+  const int64_t bs = config_.batch_size;
+  if (Communicator* comm = config_.communicator; comm != nullptr && comm->size() > 1) {
+    // Every rank takes a slice of every batch's windows: at least one each.
+    KILN_RETURN_IF_ERROR(CheckDataParallelBatches(config_.model, bs, bs, comm->size()));
+    KILN_ASSIGN_OR_RETURN(dp_,
+                          DataParallel::Create(comm, backend_, model_.get(), optimizer_.get()));
+  }
+  const int64_t t = config_.model.input_shape[0];
+  host_x_.resize(bs * t);
+  host_y_.resize(bs * t);
+  KILN_ASSIGN_OR_RETURN(batch_x_, backend_->Allocate(DType::kI32, {bs, t}));
+  KILN_ASSIGN_OR_RETURN(batch_y_, backend_->Allocate(DType::kI32, {bs * t}));
+  KILN_ASSIGN_OR_RETURN(dlogits_,
+                        backend_->Allocate(DType::kF32, WithBatch(bs, model_->output_shape())));
+  KILN_ASSIGN_OR_RETURN(step_scalars_, backend_->Allocate(DType::kF32, {2}));
+  if (config_.grad_clip > 0) {
+    KILN_ASSIGN_OR_RETURN(clip_scratch_, backend_->Allocate(DType::kF32, {1}));
+  }
+  // A split too short for one window fails here, naming it, not at the first step.
+  KILN_RETURN_IF_ERROR(LoadTokenBatch(false, 0, 0, 1));
+  if (tokens_->val.tokens() > 0) KILN_RETURN_IF_ERROR(LoadTokenBatch(true, 0, 0, 1));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadTokenBatch(bool validation, uint64_t draw, int64_t first, int count) {
+  const int64_t t = config_.model.input_shape[0];
+  const TokenSplit& split = validation ? tokens_->val : tokens_->train;
+  const uint64_t seed = validation ? config_.seed ^ kValidationStream : config_.seed;
+  absl::Status drawn =
+      GatherWindows(split, t, seed, draw, first, count, host_x_.data(), host_y_.data());
+  if (!drawn.ok()) {
+    return absl::Status(drawn.code(), absl::StrCat(validation ? "validation" : "training",
+                                                   " tokens: ", drawn.message()));
+  }
+  batch_x_.Reshape({count, t});
+  batch_y_.Reshape({count * t});
+  const size_t bytes = static_cast<size_t>(count * t) * sizeof(int32_t);
+  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(host_x_.data(), bytes, &batch_x_));
+  return backend_->CopyFromHost(host_y_.data(), bytes, &batch_y_);
 }
 
 absl::Status Trainer::Init() {
@@ -130,6 +221,9 @@ absl::Status Trainer::Init() {
                         backend_->Allocate(DType::kF32, WithBatch(cap, model_->output_shape())));
   // The loss (f32) and the correct count (i32) side by side: one device-to-host copy a step.
   KILN_ASSIGN_OR_RETURN(step_scalars_, backend_->Allocate(DType::kF32, {2}));
+  if (config_.grad_clip > 0) {
+    KILN_ASSIGN_OR_RETURN(clip_scratch_, backend_->Allocate(DType::kF32, {1}));
+  }
   if (config_.augment.enabled()) {
     // CropFlip is three int32s (backend.h).
     KILN_ASSIGN_OR_RETURN(augment_decisions_, backend_->Allocate(DType::kI32, {3 * train_->size}));
@@ -149,7 +243,14 @@ float Trainer::current_lr() const {
 int Trainer::rank() const { return dp_ == nullptr ? 0 : dp_->rank(); }
 
 int64_t Trainer::StepsPerEpoch() const {
+  if (token_run()) return config_.eval_interval;
   return (train_->size + config_.batch_size - 1) / config_.batch_size;
+}
+
+int Trainer::StepsInEpoch(int epoch) const {
+  const int64_t steps = StepsPerEpoch();
+  if (!token_run()) return static_cast<int>(steps);
+  return static_cast<int>(std::min(steps, config_.max_iters - int64_t{epoch - 1} * steps));
 }
 
 ScheduledRates Trainer::RatesForStep(int epoch, int64_t step) const {
@@ -158,6 +259,7 @@ ScheduledRates Trainer::RatesForStep(int epoch, int64_t step) const {
   point.total_epochs = config_.epochs;
   point.step = step;
   point.steps_per_epoch = StepsPerEpoch();
+  if (token_run()) point.total_steps = config_.max_iters;
   return ScheduledRatesAt(config_.optimizer.lr, config_.schedule, point);
 }
 
@@ -217,9 +319,12 @@ absl::Status Trainer::LoadBatch(const Tensor& pixels, const Tensor& labels, int6
 
 absl::Status Trainer::Run(const Callbacks& callbacks, const std::atomic<bool>* cancel) {
   if (dp_ != nullptr) {
+    // What every rank must agree on: the data's size, the batch, the run's length.
+    const int64_t train_size = token_run() ? tokens_->train.tokens() : train_->size;
+    const int64_t test_size =
+        token_run() ? tokens_->val.tokens() : (test_ != nullptr ? test_->size : 0);
     KILN_RETURN_IF_ERROR(dp_->BroadcastFromRoot(
-        &position_,
-        {train_->size, config_.batch_size, config_.epochs, test_ != nullptr ? test_->size : 0}));
+        &position_, {train_size, config_.batch_size, config_.epochs, test_size}));
   }
   while (position_.epochs_done < config_.epochs) {
     KILN_RETURN_IF_ERROR(RunEpoch(callbacks, cancel));
@@ -227,22 +332,92 @@ absl::Status Trainer::Run(const Callbacks& callbacks, const std::atomic<bool>* c
   return absl::OkStatus();
 }
 
+absl::StatusOr<Trainer::StepScalars> Trainer::TrainStep(int epoch, int s, int count,
+                                                        const CropFlip* augment) {
+  const int bs = config_.batch_size;
+  const int micro = token_run() ? config_.grad_accum : 1;
+  const int64_t iteration = int64_t{epoch - 1} * StepsPerEpoch() + s;
+  // Data-parallel, this rank trains its slice of the batch.
+  const BatchSlice mine = dp_ != nullptr ? dp_->Slice(count) : BatchSlice{0, count};
+  KILN_RETURN_IF_ERROR(model_->ZeroGrad());
+  StepScalars local;  // this rank's, a mean over its micro-batches when it reads them itself
+  double micro_loss_sum = 0;
+  for (int m = 0; m < micro; ++m) {
+    if (token_run()) {
+      KILN_RETURN_IF_ERROR(LoadTokenBatch(false, static_cast<uint64_t>(iteration * micro + m),
+                                          mine.offset, static_cast<int>(mine.count)));
+    } else {
+      KILN_RETURN_IF_ERROR(
+          LoadBatch(train_pixels_, train_labels_, train_->sample_elems(),
+                    perm_.i32() + int64_t{s} * bs + mine.offset, static_cast<int>(mine.count),
+                    augment != nullptr ? augment + int64_t{s} * bs + mine.offset : nullptr));
+    }
+    if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BeginStep(mine));
+    KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kTrain));
+    dlogits_.Reshape(out->shape());
+    KILN_RETURN_IF_ERROR(
+        loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), &dlogits_));
+    if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->ScaleLossGradient(mine, count, &dlogits_));
+    // Accumulated micro-batches: the step's gradient is their mean, as nanoGPT's loss / steps.
+    if (micro > 1) {
+      KILN_RETURN_IF_ERROR(backend_->Scale(dlogits_.numel(), 1.0f / micro, dlogits_.f32()));
+    }
+    KILN_RETURN_IF_ERROR(model_->Backward(dlogits_));
+    if (micro > 1 || dp_ != nullptr) {
+      KILN_ASSIGN_OR_RETURN(const StepScalars one, ReadStepScalars());
+      micro_loss_sum += one.loss;
+      local.correct += one.correct;
+    }
+  }
+  local.loss = static_cast<float>(micro_loss_sum / micro);
+  StepScalars scalars = local;
+  if (dp_ != nullptr) {
+    KILN_ASSIGN_OR_RETURN(const StepTotals totals,
+                          dp_->AllreduceStep(mine, count, local.loss, local.correct));
+    scalars = {static_cast<float>(totals.loss), static_cast<int32_t>(totals.correct)};
+  }
+  if (config_.grad_clip > 0) {
+    absl::StatusOr<float> norm =
+        ClipGradNorm(backend_, model_->parameters(), config_.grad_clip, &clip_scratch_);
+    if (!norm.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gradient clipping at epoch ", epoch, " step ", s + 1, ": ", norm.status().message()));
+    }
+  }
+  // The step's place in the run, not global_step: a resumed job with more epochs keeps the
+  // epochs it has done where they were.
+  const ScheduledRates rates = RatesForStep(epoch - 1, int64_t{epoch - 1} * StepsPerEpoch() + s);
+  if (rates.momentum.has_value()) optimizer_->set_momentum(*rates.momentum);
+  KILN_RETURN_IF_ERROR(optimizer_->Step(rates.lr));
+  // One process, one micro-batch: the scalars are read after the update is queued, so the
+  // device runs the step while the host waits once.
+  if (dp_ == nullptr && micro == 1) {
+    KILN_ASSIGN_OR_RETURN(scalars, ReadStepScalars());
+  }
+  return scalars;
+}
+
 absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<bool>* cancel) {
   const int epoch = position_.epochs_done + 1;
-  const int64_t n = train_->size;
-  const int bs = config_.batch_size;
-  const int steps = static_cast<int>(StepsPerEpoch());
+  const int steps = StepsInEpoch(epoch);
+  // A token run's "sample" is a predicted token: its counts and rates are in tokens.
+  const int64_t per_sample =
+      token_run() ? config_.model.input_shape[0] * int64_t{config_.grad_accum} : 1;
   float lr = current_lr();
 
-  // The epoch's order comes from the RNG state saved at its start, so a resumed epoch replays it.
-  shuffle_rng_.set_state(position_.epoch_rng);
-  const std::vector<int32_t> perm = shuffle_rng_.Permutation(static_cast<int32_t>(n));
-  const Rng::State next_epoch_rng = shuffle_rng_.state();
-  KILN_RETURN_IF_ERROR(backend_->CopyFromHost(perm.data(), perm.size() * 4, &perm_));
   const CropFlip* augment = nullptr;  // training batches only; Evaluate never augments
-  if (config_.augment.enabled()) {
-    KILN_RETURN_IF_ERROR(UploadAugmentDecisions(epoch));
-    augment = reinterpret_cast<const CropFlip*>(augment_decisions_.i32());
+  Rng::State next_epoch_rng = position_.epoch_rng;
+  if (!token_run()) {
+    // The epoch's order comes from the RNG state saved at its start, so a resumed epoch replays
+    // it. (A token run's windows are a function of the seed and the iteration instead.)
+    shuffle_rng_.set_state(position_.epoch_rng);
+    const std::vector<int32_t> perm = shuffle_rng_.Permutation(static_cast<int32_t>(train_->size));
+    next_epoch_rng = shuffle_rng_.state();
+    KILN_RETURN_IF_ERROR(backend_->CopyFromHost(perm.data(), perm.size() * 4, &perm_));
+    if (config_.augment.enabled()) {
+      KILN_RETURN_IF_ERROR(UploadAugmentDecisions(epoch));
+      augment = reinterpret_cast<const CropFlip*>(augment_decisions_.i32());
+    }
   }
 
   TrainingPosition& p = position_;
@@ -252,46 +427,21 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
     if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
       return absl::CancelledError(absl::StrCat("cancelled at epoch ", epoch, " step ", s));
     }
-    const int count = static_cast<int>(std::min<int64_t>(bs, n - int64_t{s} * bs));
-    // Data-parallel, this rank trains its slice of the batch.
-    const BatchSlice mine = dp_ != nullptr ? dp_->Slice(count) : BatchSlice{0, count};
-    KILN_RETURN_IF_ERROR(
-        LoadBatch(train_pixels_, train_labels_, train_->sample_elems(),
-                  perm_.i32() + int64_t{s} * bs + mine.offset, static_cast<int>(mine.count),
-                  augment != nullptr ? augment + int64_t{s} * bs + mine.offset : nullptr));
-    if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BeginStep(mine));
-    KILN_RETURN_IF_ERROR(model_->ZeroGrad());
-    KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kTrain));
-    dlogits_.Reshape(out->shape());
-    KILN_RETURN_IF_ERROR(
-        loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), &dlogits_));
-    if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->ScaleLossGradient(mine, count, &dlogits_));
-    KILN_RETURN_IF_ERROR(model_->Backward(dlogits_));
-    StepTotals totals;
-    if (dp_ != nullptr) {
-      KILN_ASSIGN_OR_RETURN(const StepScalars local, ReadStepScalars());
-      KILN_ASSIGN_OR_RETURN(totals, dp_->AllreduceStep(mine, count, local.loss, local.correct));
-    }
-    // The step's place in the run, not global_step: a resumed job with more epochs keeps the
-    // epochs it has done where they were.
-    const ScheduledRates rates = RatesForStep(epoch - 1, int64_t{epoch - 1} * steps + s);
-    lr = rates.lr;
-    if (rates.momentum.has_value()) optimizer_->set_momentum(*rates.momentum);
-    KILN_RETURN_IF_ERROR(optimizer_->Step(lr));
-
-    StepScalars scalars{static_cast<float>(totals.loss), static_cast<int32_t>(totals.correct)};
-    if (dp_ == nullptr) {
-      KILN_ASSIGN_OR_RETURN(scalars, ReadStepScalars());
-    }
+    const int count =
+        token_run() ? config_.batch_size
+                    : static_cast<int>(std::min<int64_t>(
+                          config_.batch_size, train_->size - int64_t{s} * config_.batch_size));
+    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, TrainStep(epoch, s, count, augment));
+    lr = RatesForStep(epoch - 1, int64_t{epoch - 1} * StepsPerEpoch() + s).lr;
     const float loss = scalars.loss;
-    const int32_t correct = scalars.correct;
     if (!std::isfinite(loss)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "loss became ", std::isnan(loss) ? "NaN" : "Inf", " at epoch ", epoch, " step ", s + 1));
     }
-    p.epoch_loss_sum += static_cast<double>(loss) * count;
-    p.epoch_correct += correct;
-    p.epoch_samples += count;
+    const int64_t samples = count * per_sample;
+    p.epoch_loss_sum += static_cast<double>(loss) * samples;
+    p.epoch_correct += scalars.correct;
+    p.epoch_samples += samples;
     p.step_in_epoch = s + 1;
     ++p.global_step;
     p.epoch_seconds = seconds_before + std::chrono::duration<double>(Clock::now() - start).count();
@@ -308,7 +458,12 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
     }
     if (callbacks.after_step && s + 1 < steps) KILN_RETURN_IF_ERROR(callbacks.after_step(*this));
   }
+  return EndEpoch(callbacks, epoch, lr, next_epoch_rng);
+}
 
+absl::Status Trainer::EndEpoch(const Callbacks& callbacks, int epoch, float lr,
+                               const Rng::State& next_epoch_rng) {
+  TrainingPosition& p = position_;
   EpochEvent e;
   e.epoch = epoch;
   e.train_loss = p.epoch_loss_sum / std::max<int64_t>(p.epoch_samples, 1);
@@ -324,7 +479,9 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
   p.epoch_correct = p.epoch_samples = 0;
   p.epoch_seconds = 0;
   if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BroadcastBuffers());
-  if (test_ != nullptr && test_->size > 0) {
+  if (token_run()) {
+    KILN_ASSIGN_OR_RETURN(e.test, EvaluateTokens());
+  } else if (test_ != nullptr && test_->size > 0) {
     KILN_ASSIGN_OR_RETURN(e.test, Evaluate(*test_));
   }
   if (callbacks.on_epoch) callbacks.on_epoch(e);
@@ -333,6 +490,10 @@ absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<boo
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
+  if (token_run()) {
+    return absl::FailedPreconditionError(
+        "a token run evaluates its validation split: EvaluateTokens");
+  }
   Tensor pixels = test_pixels_, labels = test_labels_, index = eval_index_;
   if (&data != test_) {
     // Another dataset: upload it for this evaluation only.
@@ -370,13 +531,49 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
   return r;
 }
 
+absl::StatusOr<EvalResult> Trainer::EvaluateTokens() {
+  EvalResult r;
+  if (!token_run() || tokens_->val.tokens() == 0) return r;
+  const int bs = config_.batch_size;
+  const int64_t t = config_.model.input_shape[0];
+  if (dp_ != nullptr) KILN_RETURN_IF_ERROR(dp_->BroadcastBuffers());
+  const BatchSlice mine = dp_ != nullptr ? dp_->Slice(bs) : BatchSlice{0, bs};
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int b = 0; b < config_.eval_iters; ++b) {
+    KILN_RETURN_IF_ERROR(
+        LoadTokenBatch(true, static_cast<uint64_t>(b), mine.offset, static_cast<int>(mine.count)));
+    KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));
+    KILN_RETURN_IF_ERROR(
+        loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), nullptr));
+    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, ReadStepScalars());
+    loss_sum += static_cast<double>(scalars.loss) * mine.count;
+    correct += scalars.correct;
+  }
+  if (dp_ != nullptr) {
+    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
+    KILN_RETURN_IF_ERROR(dp_->AllreduceHost(sums, 2));
+    loss_sum = sums[0];
+    correct = static_cast<int64_t>(sums[1]);
+  }
+  const int64_t windows = int64_t{config_.eval_iters} * bs;
+  r.samples = windows;
+  r.loss = loss_sum / windows;  // each batch's loss is a mean over its windows' positions
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(windows * t);
+  return r;
+}
+
 absl::Status Trainer::SaveCheckpoint(const std::string& path) {
   if (!writes_checkpoints()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank(), " does not write checkpoints: rank 0 does, for every rank"));
   }
   // The normalisation travels with the weights, so a served model applies it by itself.
-  return WriteCheckpoint(path, *model_, optimizer_.get(), position_, config_.norm);
+  // A character model carries its vocabulary, so serving can turn text into ids and back.
+  const std::string vocabulary = token_run() && tokens_->vocabulary.has_value()
+                                     ? tokens_->vocabulary->ToJson()
+                                     : std::string();
+  return WriteCheckpoint(path, *model_, optimizer_.get(), position_, config_.norm, vocabulary);
 }
 
 absl::Status Trainer::LoadCheckpoint(const std::string& path) {

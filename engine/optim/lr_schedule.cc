@@ -19,7 +19,7 @@ double Anneal(LrScheduleConfig::Anneal how, double start, double end, double pct
 // OneCycleLR.get_lr: two phases ending at steps pct_start * total - 1 and total - 1; a step past
 // the end stays in the last phase, extrapolated as PyTorch would not allow (it raises).
 ScheduledRates OneCycle(float max_lr, const LrScheduleConfig& s, const SchedulePoint& p) {
-  const double total = static_cast<double>(p.steps_per_epoch) * p.total_epochs;
+  const double total = p.TotalSteps();
   const double initial_lr = max_lr / s.div_factor;
   const double min_lr = initial_lr / s.final_div_factor;
   const double step = std::min<double>(static_cast<double>(p.step), total - 1);
@@ -47,9 +47,8 @@ float WarmupCosine(float lr, const LrScheduleConfig& s, const SchedulePoint& p) 
   const double it = static_cast<double>(p.step);
   const double warmup = static_cast<double>(s.warmup_iters);
   if (it < warmup) return static_cast<float>(double{lr} * (it + 1.0) / (warmup + 1.0));
-  const double decay_iters = s.lr_decay_iters > 0
-                                 ? static_cast<double>(s.lr_decay_iters)
-                                 : static_cast<double>(p.steps_per_epoch) * p.total_epochs;
+  const double decay_iters =
+      s.lr_decay_iters > 0 ? static_cast<double>(s.lr_decay_iters) : p.TotalSteps();
   const double ratio = (it - warmup) / std::max(1.0, decay_iters - warmup);
   const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * std::min(1.0, ratio)));
   return static_cast<float>(s.eta_min + coeff * (double{lr} - s.eta_min));

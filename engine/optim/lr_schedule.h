@@ -17,6 +17,13 @@ struct SchedulePoint {
   int total_epochs = 1;
   int64_t step = 0;  // 0-based across the run
   int64_t steps_per_epoch = 1;
+  // The run's steps when its last epoch is shorter (a token run's max_iters); 0 means
+  // steps_per_epoch * total_epochs.
+  int64_t total_steps = 0;
+  double TotalSteps() const {
+    return total_steps > 0 ? static_cast<double>(total_steps)
+                           : static_cast<double>(steps_per_epoch) * total_epochs;
+  }
 };
 
 struct ScheduledRates {
