@@ -33,6 +33,8 @@ constexpr const char* kTestImages = "t10k-images-idx3-ubyte";
 constexpr const char* kTestLabels = "t10k-labels-idx1-ubyte";
 
 constexpr char kUploadPrefix[] = ".upload-";
+// A text upload's files wait here until Commit encodes them; hidden, so never listed as data.
+constexpr char kCorpusFolder[] = ".corpus";
 constexpr char kDeletingPrefix[] = ".deleting-";
 
 // The file of `base` in `dir`, raw or gzipped; empty when neither exists.
@@ -45,6 +47,11 @@ std::string FindFile(const std::string& dir, const std::string& base) {
 }
 
 bool IsUploadFileName(DatasetFormat format, const std::string& name) {
+  if (format == DatasetFormat::kText) return IsValidName(name);
+  if (format == DatasetFormat::kTokens) {
+    return TokenShardNumber(name, kTokenTrainPrefix) >= 0 ||
+           TokenShardNumber(name, kTokenValPrefix) >= 0;
+  }
   if (format == DatasetFormat::kCifar10) {
     return name == kCifar10TestFile || Cifar10TrainFileNumber(name) > 0;
   }
@@ -66,6 +73,16 @@ std::string BaseName(DatasetFormat format, const std::string& file_name) {
 
 std::string InvalidFileNameMessage(DatasetFormat format, const std::string& field,
                                    const std::string& file) {
+  if (format == DatasetFormat::kText) {
+    return absl::StrCat(field, ": \"", file,
+                        "\" is not a valid text file name (1-64 of A-Z a-z 0-9 . _ -, not starting "
+                        "with .)");
+  }
+  if (format == DatasetFormat::kTokens) {
+    return absl::StrCat(field, ": \"", file,
+                        "\" is not a token shard name: train_<N>.bin or val_<N>.bin (N of 3 to 6 "
+                        "digits)");
+  }
   if (format == DatasetFormat::kCifar10) {
     return absl::StrCat(field, ": \"", file, "\" is not a CIFAR-10 batch name: data_batch_<N>.bin",
                         " (N in 1..", kCifar10MaxTrainFiles, ", no leading zero) or ",
@@ -183,8 +200,23 @@ absl::StatusOr<DatasetInfo> ReadNpyFacts(const std::string& dir) {
   return info;
 }
 
+// A token folder placed by hand: its shards' headers, and every token once for the largest.
+absl::StatusOr<DatasetInfo> ReadTokenFacts(const std::string& dir, DatasetFormat format) {
+  KILN_ASSIGN_OR_RETURN(TokenDataset ds, OpenTokenDataset(dir));
+  DatasetInfo info;
+  info.format = format;
+  info.train_tokens = ds.train.tokens();
+  info.val_tokens = ds.val.tokens();
+  info.vocab_size = ds.vocab_size;
+  info.max_token = ds.max_token;
+  return info;
+}
+
 absl::StatusOr<DatasetInfo> ReadFacts(const std::string& dir, const std::string& name) {
-  switch (DetectDatasetFormat(dir)) {
+  switch (const DatasetFormat format = DetectDatasetFormat(dir)) {
+    case DatasetFormat::kText:
+    case DatasetFormat::kTokens:
+      return ReadTokenFacts(dir, format);
     case DatasetFormat::kCifar10:
       return ReadCifar10Facts(dir);
     case DatasetFormat::kCsv:
@@ -280,10 +312,18 @@ absl::StatusOr<v1::Dataset> DatasetCatalog::Describe(const std::string& name) co
   d.set_test_samples(info.test_samples);
   for (int64_t dim : info.sample_shape) d.add_sample_shape(dim);
   d.set_num_classes(info.num_classes);
-  d.set_format(info.format == DatasetFormat::kCifar10 ? v1::DATASET_FORMAT_CIFAR10
-               : info.format == DatasetFormat::kCsv   ? v1::DATASET_FORMAT_CSV
-               : info.format == DatasetFormat::kNpy   ? v1::DATASET_FORMAT_NPY
-                                                      : v1::DATASET_FORMAT_IDX);
+  d.set_format(info.format == DatasetFormat::kCifar10  ? v1::DATASET_FORMAT_CIFAR10
+               : info.format == DatasetFormat::kCsv    ? v1::DATASET_FORMAT_CSV
+               : info.format == DatasetFormat::kNpy    ? v1::DATASET_FORMAT_NPY
+               : info.format == DatasetFormat::kText   ? v1::DATASET_FORMAT_TEXT
+               : info.format == DatasetFormat::kTokens ? v1::DATASET_FORMAT_TOKENS
+                                                       : v1::DATASET_FORMAT_IDX);
+  if (IsTokenFormat(info.format)) {
+    d.set_train_tokens(info.train_tokens);
+    d.set_val_tokens(info.val_tokens);
+    d.set_vocab_size(info.vocab_size);
+    d.set_max_token(info.max_token);
+  }
   int64_t bytes = 0;
   for (const DatasetFileStat& f : files) {
     d.add_files(f.name);
@@ -318,15 +358,42 @@ absl::StatusOr<DatasetSplits> DatasetCatalog::Load(const std::string& name) cons
   // The manifest's format when it still describes the files; otherwise the files tell.
   const std::optional<DatasetInfo> recorded = ReadDatasetManifest(dir, SizesOf(StatFiles(dir)));
   const DatasetFormat format = recorded ? recorded->format : DetectDatasetFormat(dir);
+  if (IsTokenFormat(format)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset \"", name, "\" holds tokens (format ", std::string(DatasetFormatName(format)),
+        "): it feeds a language model, which opens it; it has no samples to load"));
+  }
   if (format == DatasetFormat::kCsv) {
     return LoadCsvFolder(dir, recorded ? recorded->csv : CsvOptions());
   }
   return LoadDatasetFolder(dir, format);
 }
 
+absl::StatusOr<TokenDataset> DatasetCatalog::OpenTokens(const std::string& name) const {
+  KILN_RETURN_IF_ERROR(CheckFolder(name));
+  const std::string dir = PathOf(name);
+  const std::optional<DatasetInfo> recorded = ReadDatasetManifest(dir, SizesOf(StatFiles(dir)));
+  const DatasetFormat format = recorded ? recorded->format : DetectDatasetFormat(dir);
+  if (!IsTokenFormat(format)) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset \"", name, "\" holds samples (format ",
+                                                   std::string(DatasetFormatName(format)),
+                                                   "), not tokens"));
+  }
+  absl::StatusOr<TokenDataset> ds = OpenTokenDataset(dir);
+  if (!ds.ok()) {
+    return absl::Status(ds.status().code(),
+                        absl::StrCat("dataset \"", name, "\": ", ds.status().message()));
+  }
+  return ds;
+}
+
 absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
     const std::string& name, const std::vector<std::string>& declared_files, DatasetFormat format,
-    const CsvOptions& csv) const {
+    const CsvOptions& csv, double val_fraction) const {
+  if (format == DatasetFormat::kText && !(val_fraction > 0 && val_fraction <= 0.5)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.val_fraction: must be in (0, 0.5], got ", val_fraction));
+  }
   if (!(csv.test_fraction >= 0 && csv.test_fraction < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("header.csv.test_fraction: must be in [0, 1), got ", csv.test_fraction));
@@ -355,6 +422,15 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
           "header.files: an NPY dataset needs train_x.npy and train_y.npy (and test_x.npy with "
           "test_y.npy)");
     }
+  } else if (!declared.empty() && format == DatasetFormat::kTokens) {
+    if (std::none_of(bases.begin(), bases.end(), [](const std::string& b) {
+          return TokenShardNumber(b, kTokenTrainPrefix) >= 0;
+        })) {
+      return absl::InvalidArgumentError(
+          "header.files: a token dataset needs at least one train_<N>.bin (the train split)");
+    }
+  } else if (format == DatasetFormat::kText) {
+    // Any names; the corpus is checked when it is complete.
   } else if (!declared.empty() && format == DatasetFormat::kCsv) {
     if (bases.count(kCsvTrainFile) == 0) {
       return absl::InvalidArgumentError("header.files: a CSV dataset needs train.csv");
@@ -387,11 +463,13 @@ absl::StatusOr<std::unique_ptr<DatasetUpload>> DatasetCatalog::BeginUpload(
   // The pid lets the next kilnd start tell an abandoned upload from a live one
   // (TempFolderWriterPid, server/jobs/interrupted_writes.h).
   const std::string temp = absl::StrCat(data_dir_, "/", TempFolderName(kUploadPrefix, name));
-  if (!fs::create_directories(temp, ec)) {
-    return absl::UnavailableError(absl::StrCat("cannot create ", temp, ": ", ec.message()));
+  const std::string made = format == DatasetFormat::kText ? temp + "/" + kCorpusFolder : temp;
+  if (!fs::create_directories(made, ec)) {
+    fs::remove_all(temp, ec);
+    return absl::UnavailableError(absl::StrCat("cannot create ", made, ": ", ec.message()));
   }
   return std::unique_ptr<DatasetUpload>(
-      new DatasetUpload(this, name, temp, std::move(declared), format, csv));
+      new DatasetUpload(this, name, temp, std::move(declared), format, csv, val_fraction));
 }
 
 absl::Status DatasetCatalog::Delete(const std::string& name) {
@@ -435,13 +513,20 @@ int DatasetCatalog::TempFolderWriterPid(const std::string& dir_name) {
 
 DatasetUpload::DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
                              std::set<std::string> declared_files, DatasetFormat format,
-                             CsvOptions csv)
+                             CsvOptions csv, double val_fraction)
     : catalog_(catalog),
       name_(std::move(name)),
       temp_dir_(std::move(temp_dir)),
       declared_files_(std::move(declared_files)),
       format_(format),
-      csv_(std::move(csv)) {}
+      csv_(std::move(csv)),
+      val_fraction_(val_fraction) {}
+
+std::string DatasetUpload::StoredPath(const std::string& file) const {
+  if (format_ == DatasetFormat::kText)
+    return absl::StrCat(temp_dir_, "/", kCorpusFolder, "/", file);
+  return absl::StrCat(temp_dir_, "/", file);
+}
 
 DatasetUpload::~DatasetUpload() {
   current_.reset();  // removes an unfinished file's temp before the folder goes
@@ -485,7 +570,11 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
     if (format_ == DatasetFormat::kCsv) {
       next->csv = std::make_unique<CsvStreamCheck>(file, csv_, CsvStreamCheck::Keep::kCountsOnly);
     }
-    KILN_ASSIGN_OR_RETURN(next->writer, AtomicFileWriter::Open(temp_dir_ + "/" + file));
+    if (format_ == DatasetFormat::kTokens) {
+      next->shard = std::make_unique<TokenShardStreamCheck>(file);
+    }
+    next->text = format_ == DatasetFormat::kText;
+    KILN_ASSIGN_OR_RETURN(next->writer, AtomicFileWriter::Open(StoredPath(file)));
     current_ = std::move(next);
   }
   stored_bytes_ += static_cast<int64_t>(chunk.data().size());
@@ -504,7 +593,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
 
 absl::Status DatasetUpload::Scan(absl::string_view stored) {
   FileInProgress& f = *current_;
-  if (f.cifar || f.csv || f.npy) return CountAndCheck(stored);
+  if (f.cifar || f.csv || f.npy || f.shard || f.text) return CountAndCheck(stored);
   if (!f.facts) {
     // gzip is told by its magic (1f 8b), as the engine's reader tells it, not by the name.
     const size_t take = std::min<size_t>(2 - f.first_bytes.size(), stored.size());
@@ -532,6 +621,10 @@ absl::Status DatasetUpload::CountAndCheck(absl::string_view decompressed) {
                      " bytes (--max_upload_bytes), counted decompressed: ", current_->file_name,
                      " inflates past it"));
   }
+  if (current_->text) return absl::OkStatus();  // checked whole by EncodeText
+  if (current_->shard) {
+    return current_->shard->Consume(decompressed);
+  }
   if (current_->npy) {
     return current_->npy->Consume(std::string_view(decompressed.data(), decompressed.size()));
   }
@@ -550,6 +643,29 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
   if (!absl::EqualsIgnoreCase(actual, expected_sha256)) {
     return absl::DataLossError(absl::StrCat("chunk.sha256: ", f->file_name, " has sha256 ", actual,
                                             " but the client sent ", expected_sha256));
+  }
+  if (f->text) {
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.stored_bytes = f->stored_bytes;
+    text_order_.push_back(f->file_name);
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
+  }
+  if (f->shard) {
+    if (absl::Status s = f->shard->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
+    KILN_RETURN_IF_ERROR(f->writer->Commit());
+    FileFacts facts;
+    facts.file_name = f->file_name;
+    facts.dims = {f->shard->tokens()};
+    facts.max_element = f->shard->max_token();
+    facts.stored_bytes = f->stored_bytes;
+    finished_[f->file_name] = std::move(facts);
+    return absl::OkStatus();
   }
   if (f->npy) {
     if (absl::Status s = f->npy->Finish(); !s.ok()) {
@@ -671,6 +787,61 @@ absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteNpy() const {
   return info;
 }
 
+absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteTokens() const {
+  DatasetInfo info;
+  info.format = DatasetFormat::kTokens;
+  bool any_train = false;
+  for (const auto& [base, f] : finished_) {
+    const bool train = TokenShardNumber(base, kTokenTrainPrefix) >= 0;
+    any_train = any_train || train;
+    (train ? info.train_tokens : info.val_tokens) += f.dims[0];
+    info.max_token = std::max(info.max_token, f.max_element);
+  }
+  if (!any_train) {
+    return absl::InvalidArgumentError(
+        "uploaded dataset is not valid: missing train_<N>.bin (a token dataset has at least one "
+        "train shard, and optionally val_<N>.bin shards)");
+  }
+  return info;
+}
+
+absl::StatusOr<DatasetInfo> DatasetUpload::EncodeText() {
+  if (text_order_.empty()) {
+    return absl::InvalidArgumentError(
+        "uploaded dataset is not valid: no text file (a text dataset has one or more UTF-8 files)");
+  }
+  std::vector<MappedFile> maps;
+  std::vector<TextSource> sources;
+  for (const std::string& file : text_order_) {
+    KILN_ASSIGN_OR_RETURN(MappedFile map,
+                          MappedFile::Open(StoredPath(file), "an uploaded text file",
+                                           MappedFile::Access::kSequential));
+    maps.push_back(std::move(map));
+    sources.push_back(TextSource{file, maps.back().bytes()});
+  }
+  absl::StatusOr<TextCorpusFacts> facts = EncodeTextCorpus(sources, val_fraction_, temp_dir_);
+  if (!facts.ok()) {
+    return absl::Status(facts.status().code(),
+                        absl::StrCat("uploaded dataset is not valid: ", facts.status().message()));
+  }
+  maps.clear();
+  // The shards hold the whole corpus; the text itself is not kept.
+  std::error_code ec;
+  fs::remove_all(absl::StrCat(temp_dir_, "/", kCorpusFolder), ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot remove the uploaded text of ", name_, ": ", ec.message()));
+  }
+  DatasetInfo info;
+  info.format = DatasetFormat::kText;
+  info.train_tokens = facts->train_tokens;
+  info.val_tokens = facts->val_tokens;
+  info.vocab_size = facts->vocabulary.size();
+  // Every character of the vocabulary occurs in the corpus, the last one included.
+  info.max_token = facts->vocabulary.size() - 1;
+  return info;
+}
+
 absl::StatusOr<DatasetInfo> DatasetUpload::CheckCompleteCsv() const {
   auto train = finished_.find(kCsvTrainFile);
   if (train == finished_.end()) {
@@ -719,6 +890,8 @@ absl::StatusOr<DatasetInfo> DatasetUpload::CheckComplete() const {
   if (format_ == DatasetFormat::kCifar10) return CheckCompleteCifar10();
   if (format_ == DatasetFormat::kCsv) return CheckCompleteCsv();
   if (format_ == DatasetFormat::kNpy) return CheckCompleteNpy();
+  if (format_ == DatasetFormat::kTokens) return CheckCompleteTokens();
+  if (format_ == DatasetFormat::kText) return DatasetInfo{};  // Commit encodes it
   for (const char* base : {kTrainImages, kTrainLabels}) {
     if (finished_.count(base) == 0) missing.emplace_back(base);
   }
@@ -781,7 +954,12 @@ absl::StatusOr<v1::Dataset> DatasetUpload::Commit() {
   }
   KILN_ASSIGN_OR_RETURN(DatasetInfo info, CheckComplete());
   DatasetFileSizes files;
-  for (const auto& [base, f] : finished_) files[f.file_name] = f.stored_bytes;
+  if (format_ == DatasetFormat::kText) {
+    KILN_ASSIGN_OR_RETURN(info, EncodeText());
+    files = SizesOf(StatFiles(temp_dir_));
+  } else {
+    for (const auto& [base, f] : finished_) files[f.file_name] = f.stored_bytes;
+  }
   // The facts are gathered once, here, for every later listing and submission to read.
   KILN_RETURN_IF_ERROR(WriteDatasetManifest(temp_dir_, info, files));
   const std::string final_dir = catalog_->data_dir() + "/" + name_;

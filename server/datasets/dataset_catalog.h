@@ -1,6 +1,7 @@
-// The named datasets under --data_dir: folders of MNIST-style IDX files or CIFAR-10 batches,
-// listed, inspected,
-// loaded for training, created by verified uploads that publish only when complete, and deleted.
+// The named datasets under --data_dir: folders of MNIST-style IDX files, CIFAR-10 batches, CSV
+// tables, NumPy arrays or token shards (from a text corpus or as llm.c wrote them); listed,
+// inspected, loaded (samples) or opened (tokens) for training, created by verified uploads that
+// publish only when complete, and deleted.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +20,12 @@
 #include "engine/data/csv_reader.h"
 #include "engine/data/dataset.h"
 #include "engine/data/npy_reader.h"
+#include "engine/data/token_data.h"
 #include "kiln/v1/training.pb.h"
 #include "server/datasets/dataset_manifest.h"
 #include "server/datasets/gunzip_stream.h"
 #include "server/datasets/idx_stream_facts.h"
+#include "server/datasets/token_shard_stream_check.h"
 
 namespace kiln::server {
 
@@ -50,16 +53,21 @@ class DatasetCatalog {
   absl::StatusOr<DatasetInfo> Inspect(const std::string& name) const;
   // Whether a dataset folder of that name is there (its files are not read).
   bool Exists(const std::string& name) const;
-  // Loads both splits into memory.
+  // Loads both splits into memory. InvalidArgument for a token dataset (OpenTokens opens those).
   absl::StatusOr<DatasetSplits> Load(const std::string& name) const;
+  // Maps a token dataset's shards (text or tokens format; nothing is copied). InvalidArgument
+  // for a dataset of samples.
+  absl::StatusOr<TokenDataset> OpenTokens(const std::string& name) const;
   // Starts an upload of a new dataset; AlreadyExists when the name is taken. `declared_files`
   // (may be empty) are the files the client says it will send: the upload is then published
   // only if each of them arrived. The upload is written into a folder
   // .upload-<pid>-<hex>-<name> and renamed into place when it is complete.
-  // `format` decides which file names are accepted and how each file is checked.
+  // `format` decides which file names are accepted and how each file is checked; `val_fraction`
+  // (kText only, in (0, 0.5]) is the share of the corpus's end kept for validation.
   absl::StatusOr<std::unique_ptr<DatasetUpload>> BeginUpload(
       const std::string& name, const std::vector<std::string>& declared_files,
-      DatasetFormat format = DatasetFormat::kIdx, const CsvOptions& csv = CsvOptions()) const;
+      DatasetFormat format = DatasetFormat::kIdx, const CsvOptions& csv = CsvOptions(),
+      double val_fraction = kDefaultValFraction) const;
   // Removes a dataset: one rename takes it out of sight (to .deleting-<pid>-<hex>-<name>), then
   // its files go. NotFound when there is none. Whether jobs still need it is the caller's check.
   absl::Status Delete(const std::string& name);
@@ -90,8 +98,9 @@ class DatasetCatalog {
 // One upload in progress, written to a hidden temporary folder and moved into place by Commit.
 // Each file is checked as it streams in: inflated (when gzip) in bounded pieces, its
 // decompressed bytes counted against the limit and checked as IDX (CIFAR-10 batches: record by
-// record, uncompressed). Abandoned uploads leave
-// nothing behind. Not thread-safe (one stream feeds it).
+// record, uncompressed; token shards: header and length). A text corpus is stored aside in the
+// folder's .corpus/ and encoded into shards and vocab.json by Commit, which then removes the
+// text. Abandoned uploads leave nothing behind. Not thread-safe (one stream feeds it).
 class DatasetUpload {
  public:
   ~DatasetUpload();
@@ -121,17 +130,22 @@ class DatasetUpload {
     std::string file_name;
     std::unique_ptr<AtomicFileWriter> writer;
     Sha256 sha;
-    std::string first_bytes;                    // until two decide raw or gzip
-    std::unique_ptr<GunzipStream> gunzip;       // set once gzip is detected
-    std::unique_ptr<IdxStreamFacts> facts;      // IDX: set once raw or gzip is decided
-    std::unique_ptr<Cifar10StreamCheck> cifar;  // CIFAR-10: set with the file
-    std::unique_ptr<CsvStreamCheck> csv;        // CSV: set with the file
-    std::unique_ptr<NpyStreamCheck> npy;        // NPY: set with the file
+    std::string first_bytes;                       // until two decide raw or gzip
+    std::unique_ptr<GunzipStream> gunzip;          // set once gzip is detected
+    std::unique_ptr<IdxStreamFacts> facts;         // IDX: set once raw or gzip is decided
+    std::unique_ptr<Cifar10StreamCheck> cifar;     // CIFAR-10: set with the file
+    std::unique_ptr<CsvStreamCheck> csv;           // CSV: set with the file
+    std::unique_ptr<NpyStreamCheck> npy;           // NPY: set with the file
+    std::unique_ptr<TokenShardStreamCheck> shard;  // tokens: set with the file
+    bool text = false;                             // a text corpus file, checked by Commit
     int64_t stored_bytes = 0;
   };
 
   DatasetUpload(const DatasetCatalog* catalog, std::string name, std::string temp_dir,
-                std::set<std::string> declared_files, DatasetFormat format, CsvOptions csv);
+                std::set<std::string> declared_files, DatasetFormat format, CsvOptions csv,
+                double val_fraction);
+  // Where a file being uploaded is written: a text corpus's files aside in .corpus/.
+  std::string StoredPath(const std::string& file) const;
   // Passes stored bytes on to the IDX check, inflating them when the file is gzip.
   absl::Status Scan(absl::string_view stored);
   // Counts decompressed bytes against the limit, then checks them as IDX.
@@ -143,6 +157,10 @@ class DatasetUpload {
   absl::StatusOr<DatasetInfo> CheckCompleteCifar10() const;
   absl::StatusOr<DatasetInfo> CheckCompleteCsv() const;
   absl::StatusOr<DatasetInfo> CheckCompleteNpy() const;
+  absl::StatusOr<DatasetInfo> CheckCompleteTokens() const;
+  // kText: encodes the corpus (in the order its files came) into shards and vocab.json, then
+  // removes the text; InvalidArgument naming the file for text that is not UTF-8 or empty.
+  absl::StatusOr<DatasetInfo> EncodeText();
 
   const DatasetCatalog* catalog_;
   std::string name_;
@@ -150,6 +168,8 @@ class DatasetUpload {
   std::set<std::string> declared_files_;  // empty: the client declared none
   DatasetFormat format_;
   CsvOptions csv_;
+  double val_fraction_;
+  std::vector<std::string> text_order_;  // kText: the corpus's files as they came
   bool committed_ = false;
   int64_t stored_bytes_ = 0;
   int64_t decompressed_bytes_ = 0;

@@ -34,6 +34,12 @@ absl::Status WriteDatasetManifest(const std::string& dir, const DatasetInfo& inf
                 {"header", header},
                 {"test_fraction", info.csv.test_fraction}};
   }
+  if (IsTokenFormat(info.format)) {
+    j["tokens"] = {{"train", info.train_tokens},
+                   {"val", info.val_tokens},
+                   {"vocab_size", info.vocab_size},
+                   {"max_token", info.max_token}};
+  }
   return WriteFileAtomically(dir + "/" + kDatasetManifestName, j.dump(2) + "\n");
 }
 
@@ -75,6 +81,13 @@ std::optional<DatasetInfo> ReadDatasetManifest(const std::string& dir,
         return std::nullopt;
       }
       info.csv.test_fraction = csv.at("test_fraction").get<double>();
+    }
+    if (IsTokenFormat(info.format)) {
+      const json& tokens = j.at("tokens");
+      info.train_tokens = tokens.at("train").get<int64_t>();
+      info.val_tokens = tokens.at("val").get<int64_t>();
+      info.vocab_size = tokens.at("vocab_size").get<int32_t>();
+      info.max_token = tokens.at("max_token").get<int32_t>();
     }
     return info;
   } catch (const json::exception&) {

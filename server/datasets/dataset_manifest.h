@@ -1,6 +1,6 @@
-// A dataset's facts (format, sample counts, sample shape, class count), computed once when its
-// upload is committed and kept beside its files in .kiln-dataset.json, so that listing datasets
-// reads one small file instead of inflating every label file again.
+// A dataset's facts (format, sample or token counts, sample shape, class count or vocabulary),
+// computed once when its upload is committed and kept beside its files in .kiln-dataset.json, so
+// that listing datasets reads one small file instead of inflating every label file again.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,12 @@ struct DatasetInfo {
   int32_t num_classes = 0;  // 1 + the largest label of either split
   DatasetFormat format = DatasetFormat::kIdx;
   CsvOptions csv;  // kCsv: how its tables are read
+  // kText and kTokens (whose sample counts are 0): tokens per split, the text vocabulary's size
+  // (0 for kTokens: the job's model says) and the largest token of either split.
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  int32_t vocab_size = 0;
+  int32_t max_token = -1;
 };
 
 // The data files of a dataset folder and their sizes in bytes, by file name.

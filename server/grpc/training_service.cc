@@ -159,6 +159,10 @@ absl::StatusOr<DatasetFormat> UploadFormat(v1::DatasetFormat format) {
       return DatasetFormat::kCsv;
     case v1::DATASET_FORMAT_NPY:
       return DatasetFormat::kNpy;
+    case v1::DATASET_FORMAT_TEXT:
+      return DatasetFormat::kText;
+    case v1::DATASET_FORMAT_TOKENS:
+      return DatasetFormat::kTokens;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("header.format: ", static_cast<int>(format), " is not a known format"));
@@ -215,7 +219,10 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
         absl::StatusOr<std::unique_ptr<DatasetUpload>> upload =
             format.ok() ? datasets_->BeginUpload(
                               header.name(), std::vector<std::string>(files.begin(), files.end()),
-                              *format, UploadCsvOptions(header.csv()))
+                              *format, UploadCsvOptions(header.csv()),
+                              // Unset (0) is nanoGPT's split; the catalog checks the range.
+                              header.val_fraction() == 0 ? kDefaultValFraction
+                                                         : header.val_fraction())
                         : absl::StatusOr<std::unique_ptr<DatasetUpload>>(format.status());
         if (upload.ok()) upload_ = *std::move(upload);
         status = upload.status();
