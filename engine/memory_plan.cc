@@ -122,9 +122,14 @@ absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t
   KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(config.model));
   const int64_t params = CountParameters(config.model);
   const int64_t batch = config.batch_size;
-  const int64_t eval_batch = test_samples > 0 ? std::min<int64_t>(kEvalBatchSize, test_samples) : 0;
+  // A token run (max_iters > 0) evaluates in batches of its own size, and its samples are tokens
+  // of memory-mapped shards: page cache, not the job's memory.
+  const bool token_run = config.max_iters > 0;
+  const int64_t eval_batch = test_samples <= 0 ? 0
+                             : token_run       ? batch
+                                               : std::min<int64_t>(kEvalBatchSize, test_samples);
   // The trainer sizes its batch buffers for the larger of a training and an evaluation batch.
-  const int64_t capacity = std::max<int64_t>(batch, kEvalBatchSize);
+  const int64_t capacity = token_run ? batch : std::max<int64_t>(batch, kEvalBatchSize);
   const int64_t input = NumElements(config.model.input_shape);
   const int64_t classes = NumElements(shapes.back());
 
@@ -145,6 +150,11 @@ absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t
        Mul(Add(Add(Mul(capacity, input), Mul(2 * capacity, classes)), capacity), kFloat)});
   // The dataset on the host (pixels, int32 labels) and again on the device (plus the shuffle
   // permutation and evaluation index); on the CPU both copies are in main memory.
+  if (token_run) {
+    // One batch's windows staged on the host (inputs and targets) before their copy.
+    plan.needs.push_back({-1, "token windows", Mul(2 * batch, Mul(input, sizeof(int32_t)))});
+    return plan;
+  }
   const int64_t samples = Add(train_samples, test_samples);
   const int64_t dataset = Add(Mul(samples, input), Mul(samples, sizeof(int32_t)));
   plan.needs.push_back({-1, "dataset", Add(Mul(2, dataset), Mul(2 * samples, sizeof(int32_t)))});

@@ -38,7 +38,9 @@ struct MemoryTarget {
   int threads = 1;
 };
 
-// A training job on `train_samples` (and `test_samples`) samples of the model's input shape.
+// A training job on `train_samples` (and `test_samples`) samples of the model's input shape; for
+// a token run (config.max_iters > 0) the splits' token counts, whose shards stay mapped and count
+// nothing but a batch's windows.
 // InvalidArgument when the model's shapes do not check out (InferShapes).
 absl::StatusOr<MemoryPlan> PlanTrainingMemory(const TrainConfig& config, int64_t train_samples,
                                               int64_t test_samples, const MemoryTarget& target);

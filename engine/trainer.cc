@@ -400,9 +400,8 @@ absl::StatusOr<Trainer::StepScalars> Trainer::TrainStep(int epoch, int s, int co
 absl::Status Trainer::RunEpoch(const Callbacks& callbacks, const std::atomic<bool>* cancel) {
   const int epoch = position_.epochs_done + 1;
   const int steps = StepsInEpoch(epoch);
-  // A token run's "sample" is a predicted token: its counts and rates are in tokens.
-  const int64_t per_sample =
-      token_run() ? config_.model.input_shape[0] * int64_t{config_.grad_accum} : 1;
+  // A token run's sample is a window (of T predicted tokens); a step takes grad_accum batches.
+  const int64_t per_sample = token_run() ? config_.grad_accum : 1;
   float lr = current_lr();
 
   const CropFlip* augment = nullptr;  // training batches only; Evaluate never augments
@@ -467,7 +466,9 @@ absl::Status Trainer::EndEpoch(const Callbacks& callbacks, int epoch, float lr,
   EpochEvent e;
   e.epoch = epoch;
   e.train_loss = p.epoch_loss_sum / std::max<int64_t>(p.epoch_samples, 1);
-  e.train_accuracy = static_cast<double>(p.epoch_correct) / std::max<int64_t>(p.epoch_samples, 1);
+  // A token run's correct count is over positions, T per window.
+  const int64_t predictions = p.epoch_samples * (token_run() ? config_.model.input_shape[0] : 1);
+  e.train_accuracy = static_cast<double>(p.epoch_correct) / std::max<int64_t>(predictions, 1);
   e.train_seconds = p.epoch_seconds;
   e.samples_per_sec = p.epoch_samples / std::max(p.epoch_seconds, 1e-9);
   e.lr = lr;

@@ -39,6 +39,46 @@ absl::Status CheckWorkerFields(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+bool HoldsTokens(const DatasetInfo& info) {
+  return info.format == DatasetFormat::kText || info.format == DatasetFormat::kTokens;
+}
+
+// Whether the dataset suits the job: a classifier's samples and labels, or a language model's
+// tokens (its run in iterations, its vocabulary covering the data's ids).
+absl::Status CheckDataFitsJob(const TrainConfig& config, const DatasetInfo& info,
+                              const std::string& name) {
+  const std::string which = absl::StrCat("dataset \"", name, "\"");
+  if (HoldsTokens(info)) {
+    if (config.max_iters == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.max_iters: ", which,
+                       " holds tokens: a language model trains on it for "
+                       "max_iters iterations (epochs do not apply)"));
+    }
+    if (config.augment.enabled()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.augment: ", which, " holds tokens, not images"));
+    }
+    // A text dataset's vocabulary, or for pre-tokenized shards the ids they hold.
+    const int64_t vocab = info.vocab_size > 0 ? info.vocab_size : info.max_token + 1;
+    absl::Status fit = CheckModelFitsTokens(config.model, vocab, which);
+    if (!fit.ok()) return absl::Status(fit.code(), absl::StrCat("spec.model: ", fit.message()));
+    return absl::OkStatus();
+  }
+  if (config.max_iters > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.max_iters: ", which, " holds samples, not tokens: set epochs"));
+  }
+  ModelPart culprit;
+  absl::Status fit =
+      CheckModelFitsData(config.model, info.sample_shape, info.num_classes, which, &culprit);
+  if (fit.ok()) return fit;
+  return absl::Status(
+      fit.code(),
+      absl::StrCat(culprit == ModelPart::kInputShape ? "spec.model.input_shape: " : "spec.model: ",
+                   fit.message()));
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> JobAdmission::ResolveDevice(const std::string& requested) const {
@@ -51,8 +91,10 @@ absl::Status JobAdmission::CheckJobMemory(const TrainConfig& config, const Datas
   target.device = device == "cpu" ? DeviceKind::kCpu : DeviceKind::kCuda;
   // Jobs side by side on the CPU each take their share of the cores (JobRunner).
   target.threads = CpuBackendThreads({0, std::max(1, max_jobs_per_device_)});
+  const bool tokens = HoldsTokens(info);
   KILN_ASSIGN_OR_RETURN(MemoryPlan plan,
-                        PlanTrainingMemory(config, info.train_samples, info.test_samples, target));
+                        PlanTrainingMemory(config, tokens ? info.train_tokens : info.train_samples,
+                                           tokens ? info.val_tokens : info.test_samples, target));
   const int64_t need = plan.total_bytes();
   const int64_t limit = limits_.max_job_memory_bytes;
   if (need <= limit) return absl::OkStatus();
@@ -75,16 +117,7 @@ absl::StatusOr<AdmittedJob> JobAdmission::Admit(const v1::JobSpec& spec) const {
                                       : absl::StatusCode::kInvalidArgument;
     return absl::Status(code, absl::StrCat("spec.dataset: ", info.status().message()));
   }
-  ModelPart culprit;
-  if (absl::Status fit =
-          CheckModelFitsData(config.model, info->sample_shape, info->num_classes,
-                             absl::StrCat("dataset \"", spec.dataset(), "\""), &culprit);
-      !fit.ok()) {
-    return absl::Status(fit.code(),
-                        absl::StrCat(culprit == ModelPart::kInputShape ? "spec.model.input_shape: "
-                                                                       : "spec.model: ",
-                                     fit.message()));
-  }
+  KILN_RETURN_IF_ERROR(CheckDataFitsJob(config, *info, spec.dataset()));
   if (config.augment.enabled()) {
     absl::StatusOr<AugmentGeometry> images =
         AugmentImageGeometry(config.augment, info->sample_shape,
@@ -129,7 +162,9 @@ absl::StatusOr<std::string> JobAdmission::CheckWorkers(const v1::JobSpec& spec,
                      " is not an executable (--worker_binary)"));
   }
   if (absl::Status split =
-          CheckDataParallelBatches(config.model, config.batch_size, info.train_samples, workers);
+          // A token run's every step is a whole batch of windows.
+      CheckDataParallelBatches(config.model, config.batch_size,
+                               HoldsTokens(info) ? config.batch_size : info.train_samples, workers);
       !split.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.workers: ", split.message()));
   }

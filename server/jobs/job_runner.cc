@@ -14,6 +14,7 @@
 #include "server/checkpoints/checkpoint_policy.h"
 #include "server/jobs/checkpoint_record.h"
 #include "server/jobs/event_messages.h"
+#include "server/jobs/job_data.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/proto_time.h"
 
@@ -100,11 +101,7 @@ absl::Status JobRunner::Run() {
   const TrainConfig& config = *slot_->config;
   epochs_ = config.epochs;
   const CheckpointPolicy policy(spec.checkpoint_policy());
-  absl::StatusOr<DatasetSplits> data = datasets_->Load(spec.dataset());
-  if (!data.ok()) {
-    return absl::Status(data.status().code(), absl::StrCat("loading dataset \"", spec.dataset(),
-                                                           "\": ", data.status().message()));
-  }
+  KILN_ASSIGN_OR_RETURN(JobData data, LoadJobData(*datasets_, spec.dataset(), config));
   // Jobs running side by side on a device share it: on the CPU each takes its share of the
   // cores, so their thread teams never oversubscribe them (spin-waiting OpenMP teams slow down
   // many times over when they do).
@@ -112,13 +109,12 @@ absl::Status JobRunner::Run() {
   backend_options.shares = std::max(1, options_.max_jobs_per_device);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                        Trainer::Create(config, backend.get(), &data->train,
-                                        data->test.size > 0 ? &data->test : nullptr));
+                        CreateJobTrainer(config, backend.get(), data));
   KILN_RETURN_IF_ERROR(Resume(*trainer));
   if (slot_->stop) return absl::AbortedError("kilnd is shutting down");
   events_->TrainingStarted(job_id, spec, epochs_);
 
-  TrainingRun run(policy, config.batch_size, data->train.size, best_so_far, this);
+  TrainingRun run(policy, config.batch_size, data.TrainSize(), best_so_far, this);
   return run.Run(*trainer, &slot_->cancel);
 }
 

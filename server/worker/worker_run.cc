@@ -24,6 +24,7 @@
 #include "server/checkpoints/checkpoint_policy.h"
 #include "server/datasets/dataset_catalog.h"
 #include "server/jobs/event_messages.h"
+#include "server/jobs/job_data.h"
 #include "server/jobs/job_vocabulary.h"
 #include "server/jobs/spec_translation.h"
 #include "server/jobs/training_run.h"
@@ -131,7 +132,7 @@ class RankRun : private server::TrainingRunHost {
 
  private:
   bool rank0() const { return flags_.rank == 0; }
-  absl::StatusOr<DatasetSplits> LoadDataset();
+  absl::StatusOr<server::JobData> LoadDataset(const TrainConfig& config);
   absl::StatusOr<std::unique_ptr<Communicator>> JoinPeers(Backend* backend);
   absl::Status ResumeOnRank0(Trainer& trainer);
   // Rank 0's reasons to stop every rank without a checkpoint, or empty.
@@ -166,7 +167,7 @@ class RankRun : private server::TrainingRunHost {
   // What training holds, alive until the run is destroyed, so that the last report goes out
   // while the peers are still connected (kilnd then hears this rank's reason, not theirs of a
   // vanished peer). Declared so that each goes before what it uses.
-  DatasetSplits data_;
+  server::JobData data_;
   std::unique_ptr<Backend> backend_;
   Tensor command_word_;  // BroadcastCommandWord's staging in the backend's memory
   std::unique_ptr<TimedCommunicator> timed_;
@@ -175,7 +176,7 @@ class RankRun : private server::TrainingRunHost {
   int64_t last_written_step_ = -1;
 };
 
-absl::StatusOr<DatasetSplits> RankRun::LoadDataset() {
+absl::StatusOr<server::JobData> RankRun::LoadDataset(const TrainConfig& config) {
   // The spec names it too; JoinJobResponse.dataset is the one kilnd resolved.
   const std::string& name =
       joined_.dataset().empty() ? joined_.spec().dataset() : joined_.dataset();
@@ -186,10 +187,11 @@ absl::StatusOr<DatasetSplits> RankRun::LoadDataset() {
                  flags_.rank, name.c_str(), flags_.cache_dir.c_str());
     KILN_ASSIGN_OR_RETURN(data_dir, FetchDataset(*connection_, flags_.job, name, flags_.cache_dir));
   }
-  absl::StatusOr<DatasetSplits> data = server::DatasetCatalog(data_dir, 0).Load(name);
-  return data.ok() ? std::move(data)
-                   : WithContext(data.status(),
-                                 absl::StrCat("loading dataset \"", name, "\" from ", data_dir));
+  absl::StatusOr<server::JobData> data =
+      server::LoadJobData(server::DatasetCatalog(data_dir, 0), name, config);
+  if (data.ok()) return data;
+  return absl::Status(data.status().code(),
+                      absl::StrCat(data.status().message(), " (from ", data_dir, ")"));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> RankRun::JoinPeers(Backend* backend) {
@@ -332,11 +334,11 @@ absl::Status RankRun::Train() {
                                                       scratch_dir_, ": ", ec.message()));
     }
   }
-  KILN_ASSIGN_OR_RETURN(data_, LoadDataset());
   absl::StatusOr<TrainConfig> translated = TranslateSpec(joined_.spec(), AcceptedSpecLimits());
   KILN_RETURN_IF_ERROR(WithContext(translated.status(), "the job's spec"));
   TrainConfig config = *std::move(translated);
   config.epochs = joined_.epochs();  // more than the spec's after a resume with more epochs
+  KILN_ASSIGN_OR_RETURN(data_, LoadDataset(config));
 
   BackendOptions backend_options;
   backend_options.threads = flags_.threads > 0 ? flags_.threads : joined_.cpu_threads();
@@ -354,12 +356,11 @@ absl::Status RankRun::Train() {
                    ? absl::StrCat(", threads=", CpuBackendThreads(backend_options)).c_str()
                    : "");
 
-  KILN_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, backend_.get(), &data_.train,
-                                                  data_.test.size > 0 ? &data_.test : nullptr));
+  KILN_ASSIGN_OR_RETURN(trainer_, server::CreateJobTrainer(config, backend_.get(), data_));
   KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer_));
 
   // The job's best so far comes from kilnd (Job.best_test_accuracy).
-  server::TrainingRun run(policy_, config.batch_size, data_.train.size,
+  server::TrainingRun run(policy_, config.batch_size, data_.TrainSize(),
                           joined_.best_test_accuracy(), this);
   KILN_RETURN_IF_ERROR(run.Run(*trainer_));
   return report_error_;

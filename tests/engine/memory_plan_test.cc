@@ -227,5 +227,23 @@ TEST(MemoryPlan, SequenceLayersCountTheirSavedBuffers) {
             (per_sample + 2 * 128 + 2 * 64) * 4 * 4);
 }
 
+// A token run's shards stay mapped: the plan counts a batch's windows, not the corpus, and its
+// evaluation batches are its training batches' size (not kEvalBatchSize).
+TEST(MemoryPlan, ATokenRunCountsItsWindowsNotItsCorpus) {
+  TrainConfig c;
+  c.model.input_shape = {8};
+  c.model.layers = {EmbeddingConfig{16, 8}, CausalSelfAttentionConfig{2, 8}, LinearConfig{8, 16}};
+  c.batch_size = 4;
+  c.max_iters = 10;
+  c.eval_interval = 10;
+  const int64_t corpus = int64_t{1} << 40;  // a terabyte of tokens
+  auto plan = PlanTrainingMemory(c, corpus, corpus / 10, {DeviceKind::kCpu, 1});
+  ASSERT_OK(plan) << plan.status();
+  EXPECT_EQ(Find(*plan, -1, "dataset"), nullptr);
+  ASSERT_NE(Find(*plan, -1, "token windows"), nullptr);
+  EXPECT_EQ(Find(*plan, -1, "token windows")->bytes, 2 * 4 * 8 * 4);
+  EXPECT_LT(plan->total_bytes(), int64_t{1} << 20);
+}
+
 }  // namespace
 }  // namespace kiln
