@@ -330,7 +330,8 @@ TEST_F(KilnCliTest, ACheckpointKindIsSpelledTheSameInTheTableThePathTheWatchAndK
   EXPECT_THAT(none.out, HasSubstr("no checkpoints of those kinds"));
   RunResult hyphen = Kiln({"checkpoints", id, "--kind", "on-demand"}, slow_);
   EXPECT_EQ(hyphen.exit_code, 2);
-  EXPECT_THAT(hyphen.err, HasSubstr("expected periodic, best, on_demand, shutdown, final or cancel"));
+  EXPECT_THAT(hyphen.err,
+              HasSubstr("expected periodic, best, on_demand, shutdown, final or cancel"));
 }
 
 TEST_F(KilnCliTest, CancelStopsARunningJobAndWatchThenExitsOne) {
@@ -685,6 +686,11 @@ TEST_F(KilnCliTest, UploadTextSendsTheCorpusInOrderAndDatasetsShowsTokensAndVoca
     }
   }
   EXPECT_TRUE(seen);
+  // Without --val-fraction, nanoGPT's split: int(40 * 0.9) = 36.
+  RunResult default_split =
+      Kiln({"upload", "bard2", "--format", "text", dir + "/b.txt", dir + "/a.txt"});
+  ASSERT_EQ(default_split.exit_code, 0) << default_split.err;
+  EXPECT_THAT(default_split.out, HasSubstr("36 training and 4 validation tokens"));
 
   std::ofstream(dir + "/bad.txt", std::ios::binary) << "ok\xff";
   RunResult bad = Kiln({"upload", "bad", "--format", "text", dir + "/bad.txt"});
