@@ -1,8 +1,11 @@
 // kiln datasets, datasets delete and upload: the datasets kilnd trains on (IDX, CIFAR-10, CSV,
-// NPY, and image folders, which are decoded here and sent as NPY).
+// NPY, image folders, which are decoded here and sent as NPY, text corpora and llm.c token
+// shards, which are streamed from disk rather than read whole).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli_status.h"
@@ -20,6 +24,7 @@
 #include "client/npy_writer.h"
 #include "client/table.h"
 #include "common/byte_size.h"
+#include "common/resource_name.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "kiln/v1/training.grpc.pb.h"
@@ -42,6 +47,10 @@ std::string FormatName(v1::DatasetFormat format) {
       return "csv";
     case v1::DATASET_FORMAT_NPY:
       return "npy";
+    case v1::DATASET_FORMAT_TEXT:
+      return "text";
+    case v1::DATASET_FORMAT_TOKENS:
+      return "tokens";
     default:
       return absl::StrCat("format ", static_cast<int>(format));
   }
@@ -64,8 +73,20 @@ absl::Status ListDatasets(CommandEnv& env) {
                  "--train-labels F\n");
     return absl::OkStatus();
   }
-  Table table({"NAME", "FORMAT", "TRAIN", "TEST", "SHAPE", "CLASSES", "SIZE"});
+  // Token datasets count tokens in TRAIN and TEST (their validation split), and give their
+  // vocabulary (text) or largest token id (llm.c shards, whose vocabulary is the model's).
+  Table table({"NAME", "FORMAT", "TRAIN", "TEST", "SHAPE", "CLASSES/VOCAB", "SIZE"});
   for (const v1::Dataset& d : response.datasets()) {
+    const bool tokens =
+        d.format() == v1::DATASET_FORMAT_TEXT || d.format() == v1::DATASET_FORMAT_TOKENS;
+    if (tokens) {
+      table.AddRow({d.name(), FormatName(d.format()), absl::StrCat(d.train_tokens(), " tokens"),
+                    absl::StrCat(d.val_tokens(), " tokens"), "-",
+                    d.vocab_size() > 0 ? absl::StrCat("vocab ", d.vocab_size())
+                                       : absl::StrCat("ids 0-", d.max_token()),
+                    FormatBytes(d.size_bytes())});
+      continue;
+    }
     table.AddRow({d.name(), FormatName(d.format()), absl::StrCat(d.train_samples()),
                   absl::StrCat(d.test_samples()), absl::StrJoin(d.sample_shape(), "x"),
                   absl::StrCat(d.num_classes()), FormatBytes(d.size_bytes())});
@@ -101,18 +122,23 @@ struct UploadOptions {
   std::vector<std::string> train;
   // cifar10: the test batch; csv: the test table; folder: the test folder.
   std::string test;
-  std::string label_column;     // csv: a header name or a 0-based index; empty: the last
-  std::string header = "auto";  // csv: yes, no or auto
-  double test_fraction = 0;     // csv: share of train rows held out without --test
-  std::string resize;           // folder: HxW every image is resized to
-  bool grayscale = false;       // folder: colour images become gray
+  std::string label_column;         // csv: a header name or a 0-based index; empty: the last
+  std::string header = "auto";      // csv: yes, no or auto
+  double test_fraction = 0;         // csv: share of train rows held out without --test
+  std::string resize;               // folder: HxW every image is resized to
+  bool grayscale = false;           // folder: colour images become gray
+  std::vector<std::string> corpus;  // text: the corpus's files, in order
+  double val_fraction = 0;          // text: share held out for validation; 0: kilnd's 0.1
+  std::vector<std::string> val;     // tokens: the validation shards
 };
 
-// A file to send: its name on the server, where it came from (for messages), and its bytes.
+// A file to send: its name on the server, where it came from (for messages), and its bytes, or
+// with `stream`, none: it is read from `source` chunk by chunk as it is sent.
 struct UploadFile {
   std::string name;
   std::string source;
   std::string bytes;
+  bool stream = false;
 };
 
 bool IsGzip(const std::string& bytes) {
@@ -127,6 +153,43 @@ bool GivesIdxFiles(const UploadOptions& o) {
          !o.test_labels.empty();
 }
 
+// text: the corpus's files under their own names, in order; tokens: the shards as
+// train_NNN.bin and val_NNN.bin, in the order given.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TokenUploadFiles(
+    const UploadOptions& o) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (GivesIdxFiles(o) || !o.test.empty() || (o.format == "text" && !o.train.empty())) {
+    return UsageError(o.format == "text"
+                          ? "--format text takes the corpus as FILE... (in order) only"
+                          : "--format tokens takes --train SHARD... and --val SHARD... only");
+  }
+  if (o.format == "text") {
+    if (o.corpus.empty()) return UsageError("--format text needs one or more FILE (the corpus)");
+    std::set<std::string> seen;
+    for (const std::string& path : o.corpus) {
+      const std::string name = std::filesystem::path(path).filename().string();
+      if (!IsValidName(name)) {
+        return UsageError(absl::StrCat(path, ": kilnd keeps the file's name, and \"", name,
+                                       "\" is not one it takes (1-64 of A-Z a-z 0-9 . _ -, not "
+                                       "starting with .): rename it"));
+      }
+      if (!seen.insert(name).second) {
+        return UsageError(absl::StrCat(path, ": a second file named ", name));
+      }
+      files.push_back({name, path});
+    }
+    return files;
+  }
+  if (o.train.empty()) return UsageError("--format tokens needs --train SHARD...");
+  for (size_t i = 0; i < o.train.size(); ++i) {
+    files.push_back({absl::StrFormat("train_%03d.bin", i), o.train[i]});
+  }
+  for (size_t i = 0; i < o.val.size(); ++i) {
+    files.push_back({absl::StrFormat("val_%03d.bin", i), o.val[i]});
+  }
+  return files;
+}
+
 // The files to send, as (server name, local path), after checking the options fit the format.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     const UploadOptions& o) {
@@ -138,6 +201,11 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
   if ((!o.resize.empty() || o.grayscale) && o.format != "folder") {
     return UsageError("--resize and --grayscale are for --format folder");
   }
+  if ((!o.corpus.empty() || o.val_fraction != 0) && o.format != "text") {
+    return UsageError("FILE... and --val-fraction are for --format text");
+  }
+  if (!o.val.empty() && o.format != "tokens") return UsageError("--val is for --format tokens");
+  if (o.format == "text" || o.format == "tokens") return TokenUploadFiles(o);
   if (o.format == "folder") {
     if (GivesIdxFiles(o)) {
       return UsageError(
@@ -175,8 +243,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> UploadFiles(
     return files;
   }
   if (o.format != "idx" && o.format != "npy") {
-    return UsageError(
-        absl::StrCat("--format: \"", o.format, "\" is not one of idx, cifar10, csv, npy, folder"));
+    return UsageError(absl::StrCat(
+        "--format: \"", o.format, "\" is not one of idx, cifar10, csv, npy, folder, text, tokens"));
   }
   if (!o.train.empty() || !o.test.empty()) {
     return UsageError(
@@ -212,6 +280,14 @@ absl::StatusOr<std::vector<UploadFile>> ReadUploadFiles(
     const UploadOptions& o, const std::vector<std::pair<std::string, std::string>>& names) {
   std::vector<UploadFile> files;
   for (const auto& [name, path] : names) {
+    if (o.format == "text" || o.format == "tokens") {
+      // Shards and corpora can be large: sent as they are read, never held whole.
+      if (!std::ifstream(path, std::ios::binary)) {
+        return UsageError(absl::StrCat("cannot read ", path));
+      }
+      files.push_back({name, path, "", true});
+      continue;
+    }
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
     std::string server_name = name;
     if (IsGzip(bytes)) {
@@ -282,12 +358,62 @@ absl::StatusOr<std::vector<UploadFile>> DecodeFolderFiles(CommandEnv& env, const
   return files;
 }
 
+using UploadWriter = grpc::ClientWriter<v1::UploadDatasetRequest>;
+
+// Sends one file's chunks, the last carrying the sha256 of them all; false when the stream
+// closed (Finish says why). A streamed file is read here, a chunk at a time.
+absl::StatusOr<bool> SendFile(CommandEnv& env, UploadWriter* writer, const UploadFile& file) {
+  std::ifstream in;
+  int64_t size = static_cast<int64_t>(file.bytes.size());
+  if (file.stream) {
+    in.open(file.source, std::ios::binary | std::ios::ate);
+    if (!in) return UsageError(absl::StrCat("cannot read ", file.source));
+    size = static_cast<int64_t>(in.tellg());
+    in.seekg(0);
+  }
+  if (!env.json()) {
+    std::fprintf(env.err, "uploading %s as %s (%s)\n", file.source.c_str(), file.name.c_str(),
+                 FormatBytes(size).c_str());
+  }
+  Sha256 sha;
+  std::string piece;
+  int64_t offset = 0;
+  do {
+    const auto n = static_cast<size_t>(std::min<int64_t>(kChunkBytes, size - offset));
+    if (file.stream) {
+      piece.resize(n);
+      if (!in.read(piece.data(), static_cast<std::streamsize>(n))) {
+        return UsageError(absl::StrCat(file.source, ": read error (or it shrank while sent)"));
+      }
+    } else {
+      piece = file.bytes.substr(static_cast<size_t>(offset), n);
+    }
+    sha.Update(piece);
+    offset += static_cast<int64_t>(n);
+    v1::UploadDatasetRequest request;
+    v1::DatasetFileChunk* chunk = request.mutable_chunk();
+    chunk->set_file_name(file.name);
+    chunk->set_data(piece);
+    if (offset == size) chunk->set_sha256(sha.HexDigest());
+    if (!writer->Write(request)) return false;
+  } while (offset < size);
+  return true;
+}
+
+v1::DatasetFormat UploadFormat(const std::string& format) {
+  if (format == "cifar10") return v1::DATASET_FORMAT_CIFAR10;
+  if (format == "csv") return v1::DATASET_FORMAT_CSV;
+  if (format == "npy" || format == "folder") return v1::DATASET_FORMAT_NPY;
+  if (format == "text") return v1::DATASET_FORMAT_TEXT;
+  if (format == "tokens") return v1::DATASET_FORMAT_TOKENS;
+  return v1::DATASET_FORMAT_IDX;
+}
+
 absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   KILN_ASSIGN_OR_RETURN(auto names, UploadFiles(o));
-  const bool cifar10 = o.format == "cifar10";
   const bool csv = o.format == "csv";
   const bool folder = o.format == "folder";
-  const bool npy = o.format == "npy" || folder;
+  const bool tokens = o.format == "text" || o.format == "tokens";
   std::vector<std::string> classes;
   KILN_ASSIGN_OR_RETURN(std::vector<UploadFile> files,
                         folder ? DecodeFolderFiles(env, o, &classes) : ReadUploadFiles(o, names));
@@ -299,10 +425,8 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   auto writer = stub->UploadDataset(context.get(), &dataset);
   v1::UploadDatasetRequest header;
   header.mutable_header()->set_name(o.name);
-  header.mutable_header()->set_format(cifar10 ? v1::DATASET_FORMAT_CIFAR10
-                                      : csv   ? v1::DATASET_FORMAT_CSV
-                                      : npy   ? v1::DATASET_FORMAT_NPY
-                                              : v1::DATASET_FORMAT_IDX);
+  header.mutable_header()->set_format(UploadFormat(o.format));
+  header.mutable_header()->set_val_fraction(o.val_fraction);
   if (csv) {
     v1::CsvOptions* options = header.mutable_header()->mutable_csv();
     options->set_label_column(o.label_column);
@@ -313,25 +437,13 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
   for (const UploadFile& file : files) header.mutable_header()->add_files(file.name);
   bool open = writer->Write(header);
   for (size_t f = 0; f < files.size() && open; ++f) {
-    const std::string& bytes = files[f].bytes;
-    Sha256 sha;
-    sha.Update(bytes);
-    const std::string digest = sha.HexDigest();
-    if (!env.json()) {
-      std::fprintf(env.err, "uploading %s as %s (%s)\n", files[f].source.c_str(),
-                   files[f].name.c_str(), FormatBytes(static_cast<int64_t>(bytes.size())).c_str());
+    absl::StatusOr<bool> sent = SendFile(env, writer.get(), files[f]);
+    if (!sent.ok()) {
+      context->TryCancel();  // kilnd drops what it received; nothing is published
+      writer->Finish();
+      return sent.status();
     }
-    size_t offset = 0;
-    do {
-      const size_t n = std::min(kChunkBytes, bytes.size() - offset);
-      v1::UploadDatasetRequest request;
-      v1::DatasetFileChunk* chunk = request.mutable_chunk();
-      chunk->set_file_name(files[f].name);
-      chunk->set_data(bytes.substr(offset, n));
-      offset += n;
-      if (offset == bytes.size()) chunk->set_sha256(digest);
-      open = writer->Write(request);
-    } while (open && offset < bytes.size());
+    open = *sent;
   }
   writer->WritesDone();
   grpc::Status status = writer->Finish();
@@ -342,6 +454,15 @@ absl::Status Upload(CommandEnv& env, const UploadOptions& o) {
     nlohmann::json out = nlohmann::json::parse(MessageToJson(dataset, false));
     if (folder) out["class_names"] = classes;
     std::fprintf(env.out, "%s\n", out.dump(2).c_str());
+  } else if (tokens) {
+    std::fprintf(env.out, "dataset %s: %lld training and %lld validation tokens",
+                 dataset.name().c_str(), static_cast<long long>(dataset.train_tokens()),
+                 static_cast<long long>(dataset.val_tokens()));
+    if (dataset.vocab_size() > 0) {
+      std::fprintf(env.out, ", a vocabulary of %d characters\n", dataset.vocab_size());
+    } else {
+      std::fprintf(env.out, ", token ids up to %d\n", dataset.max_token());
+    }
   } else {
     std::fprintf(env.out, "dataset %s: %lld training and %lld test samples of %s\n",
                  dataset.name().c_str(), static_cast<long long>(dataset.train_samples()),
@@ -375,17 +496,27 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
   auto o = std::make_shared<UploadOptions>();
   CLI::App* u = app.add_subcommand("upload",
                                    "Upload a dataset: IDX files, CIFAR-10 batches, a CSV table, "
-                                   "NumPy arrays or a folder of images");
+                                   "NumPy arrays, a folder of images, a text corpus or llm.c "
+                                   "token shards");
   u->add_option("name", o->name, "Name of the new dataset")->required();
-  u->add_option("--format", o->format, "idx (default), cifar10, csv, npy or folder")
-      ->check(CLI::IsMember({"idx", "cifar10", "csv", "npy", "folder"}));
+  u->add_option("files", o->corpus,
+                "text: the corpus's UTF-8 files, concatenated in the order given (kilnd keeps "
+                "the shards and vocabulary it builds from them, not the text)");
+  u->add_option("--format", o->format, "idx (default), cifar10, csv, npy, folder, text or tokens")
+      ->check(CLI::IsMember({"idx", "cifar10", "csv", "npy", "folder", "text", "tokens"}));
   u->add_option("--train-images", o->train_images, "idx: images (raw or .gz); npy: x array");
   u->add_option("--train-labels", o->train_labels, "idx: labels (raw or .gz); npy: y array");
   u->add_option("--test-images", o->test_images, "idx: test images; npy: test x array");
   u->add_option("--test-labels", o->test_labels, "idx: test labels; npy: test y array");
   u->add_option("--train", o->train,
                 "cifar10: the train batches (data_batch_1.bin ...), in order; csv: the table; "
-                "folder: a folder with one sub-folder of PNG or JPEG images per class");
+                "folder: a folder with one sub-folder of PNG or JPEG images per class; tokens: "
+                "llm.c .bin shards, in order");
+  u->add_option("--val", o->val, "tokens: the validation split's llm.c .bin shards");
+  u->add_option("--val-fraction", o->val_fraction,
+                "text: the share of the corpus (its end) kept for validation, in (0, 0.5]; "
+                "default 0.1")
+      ->check(CLI::Range(0.0, 0.5));
   u->add_option("--test", o->test,
                 "cifar10: the test batch (test_batch.bin); csv: a test table; folder: a test "
                 "folder with the same class sub-folders");
@@ -414,6 +545,9 @@ void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action) {
       "  kiln upload pets --format folder --train pets/train --test pets/val --resize 64x64\n"
       "  kiln upload iris --format csv --train iris.csv --label-column species --test-fraction "
       "0.2\n"
+      "  kiln upload shakespeare --format text input.txt --val-fraction 0.1\n"
+      "  kiln upload fineweb --format tokens --train fineweb_train_*.bin \\\n"
+      "      --val fineweb_val_000000.bin\n"
       "  kiln submit --preset mnist-cnn --dataset fashion --watch");
   u->callback([&env, action, o] { *action = [&env, o] { return Upload(env, *o); }; });
 }

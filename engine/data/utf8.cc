@@ -1,5 +1,7 @@
 #include "engine/data/utf8.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -37,7 +39,7 @@ bool DecodeUtf8(std::string_view text, size_t pos, char32_t* code_point, int* le
   return true;
 }
 
-absl::Status CheckUtf8(std::string_view text, absl::string_view what) {
+size_t FindInvalidUtf8(std::string_view text) {
   size_t pos = 0;
   while (pos < text.size()) {
     // ASCII runs are most of most corpora: skip them without decoding.
@@ -47,14 +49,77 @@ absl::Status CheckUtf8(std::string_view text, absl::string_view what) {
     }
     char32_t cp = 0;
     int len = 0;
-    if (!DecodeUtf8(text, pos, &cp, &len)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: not valid UTF-8 at byte offset %d (byte 0x%02X)", what, pos,
-                          static_cast<uint8_t>(text[pos])));
-    }
+    if (!DecodeUtf8(text, pos, &cp, &len)) return pos;
     pos += static_cast<size_t>(len);
   }
+  return std::string_view::npos;
+}
+
+absl::Status CheckUtf8(std::string_view text, absl::string_view what) {
+  const size_t bad = FindInvalidUtf8(text);
+  if (bad == std::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: not valid UTF-8 at byte offset %d (byte 0x%02X)", what, bad,
+                      static_cast<uint8_t>(text[bad])));
+}
+
+namespace {
+
+// The length a UTF-8 lead byte announces, or 0 when it cannot start a character.
+int SequenceLength(uint8_t lead) {
+  if (lead < 0x80) return 1;
+  if ((lead & 0xE0) == 0xC0) return 2;
+  if ((lead & 0xF0) == 0xE0) return 3;
+  if ((lead & 0xF8) == 0xF0) return 4;
+  return 0;
+}
+
+}  // namespace
+
+absl::Status Utf8StreamCheck::Consume(std::string_view bytes) {
+  // Complete the character the last piece cut, then check the rest but a cut tail.
+  if (!pending_.empty()) {
+    const size_t want = static_cast<size_t>(SequenceLength(static_cast<uint8_t>(pending_[0])));
+    const size_t take = std::min(want - pending_.size(), bytes.size());
+    pending_.append(bytes.data(), take);
+    bytes.remove_prefix(take);
+    if (pending_.size() < want) return absl::OkStatus();
+    char32_t cp = 0;
+    int len = 0;
+    if (!DecodeUtf8(pending_, 0, &cp, &len)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: not valid UTF-8 at byte offset %d (byte 0x%02X)", name_, offset_,
+                          static_cast<uint8_t>(pending_[0])));
+    }
+    offset_ += static_cast<int64_t>(pending_.size());
+    pending_.clear();
+  }
+  // A tail shorter than its lead byte announces waits for the next piece.
+  size_t keep = 0;
+  for (size_t back = 1; back <= std::min<size_t>(3, bytes.size()); ++back) {
+    const auto b = static_cast<uint8_t>(bytes[bytes.size() - back]);
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const int n = SequenceLength(b);
+    if (n > 1 && static_cast<size_t>(n) > back) keep = back;
+    break;
+  }
+  const std::string_view whole = bytes.substr(0, bytes.size() - keep);
+  if (const size_t bad = FindInvalidUtf8(whole); bad != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: not valid UTF-8 at byte offset %d (byte 0x%02X)", name_,
+                        offset_ + static_cast<int64_t>(bad), static_cast<uint8_t>(whole[bad])));
+  }
+  offset_ += static_cast<int64_t>(whole.size());
+  pending_.assign(bytes.data() + whole.size(), keep);
   return absl::OkStatus();
+}
+
+absl::Status Utf8StreamCheck::Finish() const {
+  if (pending_.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: not valid UTF-8 at byte offset %d (byte 0x%02X): the text ends inside "
+                      "a character",
+                      name_, offset_, static_cast<uint8_t>(pending_[0])));
 }
 
 void AppendUtf8(char32_t cp, std::string* out) {

@@ -573,7 +573,7 @@ absl::Status DatasetUpload::Append(const v1::DatasetFileChunk& chunk) {
     if (format_ == DatasetFormat::kTokens) {
       next->shard = std::make_unique<TokenShardStreamCheck>(file);
     }
-    next->text = format_ == DatasetFormat::kText;
+    if (format_ == DatasetFormat::kText) next->text = std::make_unique<Utf8StreamCheck>(file);
     KILN_ASSIGN_OR_RETURN(next->writer, AtomicFileWriter::Open(StoredPath(file)));
     current_ = std::move(next);
   }
@@ -621,7 +621,9 @@ absl::Status DatasetUpload::CountAndCheck(absl::string_view decompressed) {
                      " bytes (--max_upload_bytes), counted decompressed: ", current_->file_name,
                      " inflates past it"));
   }
-  if (current_->text) return absl::OkStatus();  // checked whole by EncodeText
+  if (current_->text) {
+    return current_->text->Consume(std::string_view(decompressed.data(), decompressed.size()));
+  }
   if (current_->shard) {
     return current_->shard->Consume(decompressed);
   }
@@ -645,6 +647,10 @@ absl::Status DatasetUpload::FinishFile(const std::string& expected_sha256) {
                                             " but the client sent ", expected_sha256));
   }
   if (f->text) {
+    if (absl::Status s = f->text->Finish(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("uploaded dataset is not valid: ", s.message()));
+    }
     KILN_RETURN_IF_ERROR(f->writer->Commit());
     FileFacts facts;
     facts.file_name = f->file_name;

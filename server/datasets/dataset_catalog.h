@@ -21,6 +21,7 @@
 #include "engine/data/dataset.h"
 #include "engine/data/npy_reader.h"
 #include "engine/data/token_data.h"
+#include "engine/data/utf8.h"
 #include "kiln/v1/training.pb.h"
 #include "server/datasets/dataset_manifest.h"
 #include "server/datasets/gunzip_stream.h"
@@ -98,9 +99,9 @@ class DatasetCatalog {
 // One upload in progress, written to a hidden temporary folder and moved into place by Commit.
 // Each file is checked as it streams in: inflated (when gzip) in bounded pieces, its
 // decompressed bytes counted against the limit and checked as IDX (CIFAR-10 batches: record by
-// record, uncompressed; token shards: header and length). A text corpus is stored aside in the
-// folder's .corpus/ and encoded into shards and vocab.json by Commit, which then removes the
-// text. Abandoned uploads leave nothing behind. Not thread-safe (one stream feeds it).
+// record, uncompressed; token shards: header and length; text: UTF-8). A text corpus is stored
+// aside in the folder's .corpus/ and encoded into shards and vocab.json by Commit, which then
+// removes the text. Abandoned uploads leave nothing behind. Not thread-safe (one stream feeds it).
 class DatasetUpload {
  public:
   ~DatasetUpload();
@@ -137,7 +138,7 @@ class DatasetUpload {
     std::unique_ptr<CsvStreamCheck> csv;           // CSV: set with the file
     std::unique_ptr<NpyStreamCheck> npy;           // NPY: set with the file
     std::unique_ptr<TokenShardStreamCheck> shard;  // tokens: set with the file
-    bool text = false;                             // a text corpus file, checked by Commit
+    std::unique_ptr<Utf8StreamCheck> text;         // text: set with the file
     int64_t stored_bytes = 0;
   };
 

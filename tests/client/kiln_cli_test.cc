@@ -330,7 +330,8 @@ TEST_F(KilnCliTest, ACheckpointKindIsSpelledTheSameInTheTableThePathTheWatchAndK
   EXPECT_THAT(none.out, HasSubstr("no checkpoints of those kinds"));
   RunResult hyphen = Kiln({"checkpoints", id, "--kind", "on-demand"}, slow_);
   EXPECT_EQ(hyphen.exit_code, 2);
-  EXPECT_THAT(hyphen.err, HasSubstr("expected periodic, best, on_demand, shutdown, final or cancel"));
+  EXPECT_THAT(hyphen.err,
+              HasSubstr("expected periodic, best, on_demand, shutdown, final or cancel"));
 }
 
 TEST_F(KilnCliTest, CancelStopsARunningJobAndWatchThenExitsOne) {
@@ -663,6 +664,86 @@ TEST_F(KilnCliTest, UploadCsvSendsTheTableWithItsOptionsAndNamesABadCell) {
   RunResult both = Kiln({"upload", "x", "--format", "csv", "--train", dir + "/t.csv", "--test",
                          dir + "/t.csv", "--test-fraction", "0.1"});
   EXPECT_EQ(both.exit_code, 2);
+}
+
+TEST_F(KilnCliTest, UploadTextSendsTheCorpusInOrderAndDatasetsShowsTokensAndVocabulary) {
+  const std::string dir = *root_ + "/text";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/b.txt") << "to be or not to be\n";
+  std::ofstream(dir + "/a.txt") << "that is the question\n";
+  RunResult up = Kiln({"upload", "bard", "--format", "text", dir + "/b.txt", dir + "/a.txt",
+                       "--val-fraction", "0.25"});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  // 40 characters: int(40 * 0.75) = 30 train, 10 validation; 14 distinct characters.
+  EXPECT_THAT(up.out, HasSubstr("30 training and 10 validation tokens, a vocabulary of 14"));
+  EXPECT_THAT(up.err, HasSubstr("as b.txt"));
+  bool seen = false;
+  for (absl::string_view line : absl::StrSplit(Kiln({"datasets"}).out, '\n')) {
+    if (absl::StartsWith(line, "bard ")) {
+      seen = true;
+      EXPECT_THAT(std::string(line),
+                  AllOf(HasSubstr("text"), HasSubstr("30 tokens"), HasSubstr("vocab 14")));
+    }
+  }
+  EXPECT_TRUE(seen);
+  // Without --val-fraction, nanoGPT's split: int(40 * 0.9) = 36.
+  RunResult default_split =
+      Kiln({"upload", "bard2", "--format", "text", dir + "/b.txt", dir + "/a.txt"});
+  ASSERT_EQ(default_split.exit_code, 0) << default_split.err;
+  EXPECT_THAT(default_split.out, HasSubstr("36 training and 4 validation tokens"));
+
+  std::ofstream(dir + "/bad.txt", std::ios::binary) << "ok\xff";
+  RunResult bad = Kiln({"upload", "bad", "--format", "text", dir + "/bad.txt"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, AllOf(HasSubstr("bad.txt"), HasSubstr("byte offset 2")));
+  RunResult none = Kiln({"upload", "x", "--format", "text"});
+  EXPECT_EQ(none.exit_code, 2);
+  RunResult misplaced = Kiln({"upload", "x", dir + "/a.txt"});
+  EXPECT_EQ(misplaced.exit_code, 2);
+  EXPECT_THAT(misplaced.err, HasSubstr("for --format text"));
+}
+
+TEST_F(KilnCliTest, UploadTokensSendsShardsAsTrainAndValAndNamesABadOne) {
+  const std::string dir = *root_ + "/tokens";
+  std::filesystem::create_directories(dir);
+  const auto shard = [&](const std::string& name, int count, int32_t magic) {
+    int32_t header[256] = {};
+    header[0] = magic;
+    header[1] = 1;
+    header[2] = count;
+    std::string bytes(reinterpret_cast<const char*>(header), sizeof(header));
+    for (int i = 0; i < count; ++i) {
+      const uint16_t t = static_cast<uint16_t>(i * 7 % 1000);
+      bytes.append(reinterpret_cast<const char*>(&t), 2);
+    }
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+    return dir + "/" + name;
+  };
+  const std::string t0 = shard("fw_train_000001.bin", 400, 20240520);
+  const std::string t1 = shard("fw_train_000002.bin", 300, 20240520);
+  const std::string v0 = shard("fw_val_000000.bin", 100, 20240520);
+  RunResult up = Kiln({"upload", "fw", "--format", "tokens", "--train", t0, t1, "--val", v0});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  EXPECT_THAT(up.out, HasSubstr("700 training and 100 validation tokens, token ids up to 995"));
+  EXPECT_THAT(up.err, AllOf(HasSubstr("as train_001.bin"), HasSubstr("as val_000.bin")));
+  const nlohmann::json list = nlohmann::json::parse(Kiln({"datasets", "--output", "json"}).out);
+  bool seen = false;
+  for (const auto& d : list.at("datasets")) {
+    if (d.at("name") == "fw") {
+      seen = true;
+      EXPECT_EQ(d.at("format"), "DATASET_FORMAT_TOKENS");
+      EXPECT_EQ(d.at("train_tokens"), "700");  // int64 as JSON strings
+    }
+  }
+  EXPECT_TRUE(seen);
+
+  const std::string wrong = shard("wrong.bin", 10, 1234);
+  RunResult bad = Kiln({"upload", "bad", "--format", "tokens", "--train", wrong});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, AllOf(HasSubstr("train_000.bin"), HasSubstr("wrong magic 1234")));
+  RunResult no_train = Kiln({"upload", "x", "--format", "tokens", "--val", v0});
+  EXPECT_EQ(no_train.exit_code, 2);
+  EXPECT_THAT(no_train.err, HasSubstr("--train"));
 }
 
 #if defined(KILN_CLIENT_HAVE_PNG) && defined(KILN_CLIENT_HAVE_JPEG)

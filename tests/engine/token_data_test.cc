@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/data/dataset.h"
+#include "engine/data/utf8.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 
@@ -175,6 +176,29 @@ TEST(CharVocabularyTest, InvalidUtf8IsRefusedWithTheByteOffset) {
         << offset;
   }
   EXPECT_OK(CharVocabulary::FromText("\xF4\x8F\xBF\xBF \xEF\xBF\xBF", "edge.txt"));
+}
+
+TEST(Utf8StreamCheckTest, CharactersCutBetweenPiecesAreJoinedAndOffsetsCountFromTheStart) {
+  const std::string text = "aé€😀b";  // 1 + 2 + 3 + 4 + 1 bytes
+  for (size_t piece = 1; piece <= 4; ++piece) {
+    Utf8StreamCheck check("s.txt");
+    for (size_t i = 0; i < text.size(); i += piece) {
+      ASSERT_OK(check.Consume(std::string_view(text).substr(i, piece))) << piece;
+    }
+    EXPECT_OK(check.Finish()) << piece;
+  }
+  const std::string bad = text + "xy\xE2\x82(";  // the cut euro sign starts at byte 13
+  for (size_t piece = 1; piece <= 5; ++piece) {
+    Utf8StreamCheck check("bad.txt");
+    absl::Status s;
+    for (size_t i = 0; i < bad.size() && s.ok(); i += piece) {
+      s = check.Consume(std::string_view(bad).substr(i, piece));
+    }
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("bad.txt"), HasSubstr("byte offset 13"))) << piece;
+  }
+  Utf8StreamCheck cut("cut.txt");
+  ASSERT_OK(cut.Consume("ab\xF0\x9F"));
+  EXPECT_THAT(cut.Finish().message(), AllOf(HasSubstr("cut.txt"), HasSubstr("byte offset 2")));
 }
 
 TEST(CharVocabularyTest, EmptyTextIsRefused) {

@@ -245,6 +245,29 @@ class Client:
         return self._upload(training_pb2.UploadDatasetHeader(
             name=name, format=training_pb2.DATASET_FORMAT_CSV, csv=csv), files)
 
+    def upload_text(self, name, paths, val_fraction=0.1):
+        """Uploads a text corpus (UTF-8 files, concatenated in the order given) as dataset `name`
+        for a character-level language model. kilnd builds the vocabulary (the sorted set of
+        characters) and keeps the first 1 - val_fraction of the corpus as the train split and the
+        rest for validation, as token shards and vocab.json (not the text)."""
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        files = [(os.path.basename(os.fspath(p)), uploads.FileOnDisk(p)) for p in paths]
+        return self._upload(training_pb2.UploadDatasetHeader(
+            name=name, format=training_pb2.DATASET_FORMAT_TEXT, val_fraction=val_fraction), files)
+
+    def upload_tokens(self, name, train, val=()):
+        """Uploads llm.c token shards (.bin paths) as dataset `name`: `train` and `val` in order,
+        stored as train_000.bin ... and val_000.bin ...; the vocabulary is the job's model's."""
+        if isinstance(train, (str, os.PathLike)):
+            train = [train]
+        if isinstance(val, (str, os.PathLike)):
+            val = [val]
+        files = [(f"train_{i:03d}.bin", uploads.FileOnDisk(p)) for i, p in enumerate(train)]
+        files += [(f"val_{i:03d}.bin", uploads.FileOnDisk(p)) for i, p in enumerate(val)]
+        return self._upload(training_pb2.UploadDatasetHeader(
+            name=name, format=training_pb2.DATASET_FORMAT_TOKENS), files)
+
     def _upload(self, header, files):
         requests = uploads.upload_requests(header, files)
         return Dataset.from_proto(self._call(self._training.UploadDataset, requests,

@@ -90,7 +90,10 @@ class Job:
 
 @dataclasses.dataclass
 class Dataset:
-    """A dataset under kilnd's data dir. format: "IDX", "CIFAR10", "CSV", "NPY"."""
+    """A dataset under kilnd's data dir. format: "IDX", "CIFAR10", "CSV", "NPY", "TEXT" or
+    "TOKENS". Token datasets (TEXT, TOKENS) have no samples: train_tokens and val_tokens count
+    their tokens, vocab_size is a text corpus's vocabulary (0 for TOKENS: the model's), max_token
+    the largest token id."""
     name: str
     format: str
     train_samples: int
@@ -98,13 +101,17 @@ class Dataset:
     sample_shape: tuple
     num_classes: int
     size_bytes: int
+    train_tokens: int
+    val_tokens: int
+    vocab_size: int
+    max_token: int
     proto: Any = dataclasses.field(repr=False)
 
     @classmethod
     def from_proto(cls, d):
         return cls(d.name, enum_name(training_pb2.DatasetFormat, d.format, "DATASET_FORMAT_"),
                    d.train_samples, d.test_samples, tuple(d.sample_shape), d.num_classes,
-                   d.size_bytes, d)
+                   d.size_bytes, d.train_tokens, d.val_tokens, d.vocab_size, d.max_token, d)
 
 
 @dataclasses.dataclass

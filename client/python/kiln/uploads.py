@@ -37,19 +37,47 @@ def npy_bytes(array, labels):
     return buffer.getvalue()
 
 
+class FileOnDisk:
+    """A file sent as it is read, a chunk at a time (token shards and text corpora can be large),
+    rather than held whole."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise KilnError("INVALID_ARGUMENT", f"cannot read {path}: {e.strerror}") from None
+
+
+def _pieces(data):
+    """(piece, last) for bytes or a FileOnDisk; an empty file is one empty last piece."""
+    if isinstance(data, FileOnDisk):
+        with open(data.path, "rb") as f:
+            piece = f.read(CHUNK_BYTES)
+            while True:
+                following = f.read(CHUNK_BYTES)
+                yield piece, not following
+                if not following:
+                    return
+                piece = following
+    offset = 0
+    while True:
+        piece = data[offset:offset + CHUNK_BYTES]
+        offset += len(piece)
+        yield piece, offset >= len(data)
+        if offset >= len(data):
+            return
+
+
 def upload_requests(header, files):
     """The UploadDatasetRequest stream for `header` (an UploadDatasetHeader, whose `files` this
-    fills) and `files`, a list of (server file name, bytes)."""
+    fills) and `files`, a list of (server file name, bytes or FileOnDisk)."""
     header.files.extend(name for name, _ in files)
     yield training_pb2.UploadDatasetRequest(header=header)
     for name, data in files:
-        digest = hashlib.sha256(data).hexdigest()
-        offset = 0
-        while True:
-            piece = data[offset:offset + CHUNK_BYTES]
-            offset += len(piece)
-            last = offset >= len(data)
+        sha = hashlib.sha256()
+        for piece, last in _pieces(data):
+            sha.update(piece)
             yield training_pb2.UploadDatasetRequest(chunk=training_pb2.DatasetFileChunk(
-                file_name=name, data=piece, sha256=digest if last else ""))
-            if last:
-                break
+                file_name=name, data=piece, sha256=sha.hexdigest() if last else ""))

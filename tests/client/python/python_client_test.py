@@ -5,7 +5,8 @@
 
 Starts KILND on temporary folders with a bearer-token file, makes a small learnable IDX dataset
 (8x8 images: class k lights quadrant k), then through kiln.Client: refuses a wrong and a missing
-token (UNAUTHENTICATED), uploads the dataset (and NPY arrays and a CSV table), submits a spec dict
+token (UNAUTHENTICATED), uploads the dataset (and NPY arrays, a CSV table, a text corpus and
+token shards), submits a spec dict
 with plain enum names, watches it to SUCCEEDED (step, epoch and state events), lists jobs and
 checkpoints, exports (bytes and sha256 checked against the record), resumes for one more epoch,
 deploys, predicts from uint8 and float32 arrays and checks the classes, and checks error paths
@@ -122,6 +123,19 @@ def exercise(kiln, np, addr, tmp):
     table = c.upload_csv("rows", csv, test_fraction=0.2)
     check(table.format == "CSV" and table.train_samples + table.test_samples == 10,
           f"upload_csv: {table}")
+    corpus = os.path.join(tmp, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write("to be or not to be, é\n")  # 22 characters, 10 distinct
+    text = c.upload_text("bard", corpus, val_fraction=0.5)
+    check(text.format == "TEXT" and text.train_tokens == 11 and text.val_tokens == 11 and
+          text.vocab_size == 10, f"upload_text: {text}")
+    shard = os.path.join(tmp, "tokens.bin")
+    tokens = np.arange(600, dtype="<u2") * 5
+    with open(shard, "wb") as f:
+        f.write(np.array([20240520, 1, 600] + [0] * 253, dtype="<i4").tobytes() + tokens.tobytes())
+    shards = c.upload_tokens("shards", [shard, shard], val=shard)
+    check(shards.format == "TOKENS" and shards.train_tokens == 1200 and shards.val_tokens == 600
+          and shards.max_token == 2995, f"upload_tokens: {shards}")
     check({"blocks", "arrays", "rows"} <= {x.name for x in c.datasets()}, "datasets()")
     c.delete_dataset("rows")
     check("rows" not in {x.name for x in c.datasets()}, "delete_dataset: still listed")

@@ -79,8 +79,8 @@ class TokenDatasetUploadTest : public ::testing::Test {
 };
 
 TEST_F(TokenDatasetUploadTest, TextUploadBecomesShardsAndVocabularyAndListsItsTokens) {
-  const std::string a(3000, 'a');                  // spans several chunks
-  const std::string b = "héllo wörld €\n";         // 14 characters, multi-byte
+  const std::string a(3000, 'a');           // spans several chunks
+  const std::string b = "héllo wörld €\n";  // 14 characters, multi-byte
   absl::StatusOr<v1::Dataset> d =
       Upload("corpus", DatasetFormat::kText, {{"part1.txt", a}, {"part0.txt", b}}, 0.2);
   ASSERT_OK(d);
@@ -128,8 +128,8 @@ TEST_F(TokenDatasetUploadTest, FactsAreReadAgainWhenTheManifestIsGone) {
 }
 
 TEST_F(TokenDatasetUploadTest, BadTextIsRefusedNamingTheFileAndLeavesNothing) {
-  absl::StatusOr<v1::Dataset> bad = Upload(
-      "c", DatasetFormat::kText, {{"good.txt", "fine text"}, {"bad.txt", "ok\xC0\xAF"}});
+  absl::StatusOr<v1::Dataset> bad =
+      Upload("c", DatasetFormat::kText, {{"good.txt", "fine text"}, {"bad.txt", "ok\xC0\xAF"}});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("bad.txt"), HasSubstr("byte offset 2")));
   absl::StatusOr<v1::Dataset> empty = Upload("c", DatasetFormat::kText, {{"empty.txt", ""}});
@@ -138,9 +138,25 @@ TEST_F(TokenDatasetUploadTest, BadTextIsRefusedNamingTheFileAndLeavesNothing) {
   absl::StatusOr<v1::Dataset> fraction =
       Upload("c", DatasetFormat::kText, {{"t.txt", "text"}}, 0.7);
   EXPECT_THAT(fraction.status().message(), HasSubstr("header.val_fraction"));
-  absl::StatusOr<v1::Dataset> name =
-      Upload("c", DatasetFormat::kText, {{"../t.txt", "text"}});
+  absl::StatusOr<v1::Dataset> name = Upload("c", DatasetFormat::kText, {{"../t.txt", "text"}});
   EXPECT_THAT(name.status().message(), HasSubstr("not a valid text file name"));
+  EXPECT_THAT(Entries(), IsEmpty());
+}
+
+TEST_F(TokenDatasetUploadTest, TextIsCheckedAsItStreamsSoABadByteStopsTheUploadAtItsChunk) {
+  auto upload = catalog_->BeginUpload("c", {}, DatasetFormat::kText);
+  ASSERT_OK(upload);
+  v1::DatasetFileChunk first;
+  first.set_file_name("big.txt");
+  first.set_data(std::string(1000, 'a') + "\xC3");  // a character cut by the chunk's end
+  ASSERT_OK((*upload)->Append(first));
+  v1::DatasetFileChunk second;
+  second.set_file_name("big.txt");
+  second.set_data("\xA9 ok \xED\xA0\x80 more");  // é completed, then a surrogate at 1006
+  absl::Status s = (*upload)->Append(second);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("big.txt"), HasSubstr("byte offset 1006")));
+  upload->reset();
   EXPECT_THAT(Entries(), IsEmpty());
 }
 
@@ -169,14 +185,13 @@ TEST_F(TokenDatasetUploadTest, BadShardsAreRefusedAtUploadNamingTheFileAndLeaveN
   absl::StatusOr<v1::Dataset> magic =
       Upload("gpt", DatasetFormat::kTokens, {{"train_000.bin", Shard(tokens, 600, 12345)}});
   EXPECT_EQ(magic.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(magic.status().message(),
-              AllOf(HasSubstr("train_000.bin"), HasSubstr("wrong magic 12345"),
-                    HasSubstr("20240520")));
+  EXPECT_THAT(
+      magic.status().message(),
+      AllOf(HasSubstr("train_000.bin"), HasSubstr("wrong magic 12345"), HasSubstr("20240520")));
   absl::StatusOr<v1::Dataset> longer =
       Upload("gpt", DatasetFormat::kTokens,
              {{"train_000.bin", Shard(tokens, 600)}, {"val_001.bin", Shard(tokens, 500)}});
-  EXPECT_THAT(longer.status().message(),
-              AllOf(HasSubstr("val_001.bin"), HasSubstr("500 tokens")));
+  EXPECT_THAT(longer.status().message(), AllOf(HasSubstr("val_001.bin"), HasSubstr("500 tokens")));
   absl::StatusOr<v1::Dataset> shorter =
       Upload("gpt", DatasetFormat::kTokens, {{"train_000.bin", Shard(tokens, 700)}});
   EXPECT_THAT(shorter.status().message(),
