@@ -359,9 +359,9 @@ void AddSubmitCommand(CLI::App& app, CommandEnv& env, Action* action) {
       s->add_option("--weight-decay", submit->weight_decay, "Weight decay, >= 0")
           ->check(CLI::NonNegativeNumber);
   s->add_option("--schedule", submit->overrides.schedule,
-                "Learning-rate schedule: KIND[:FIELD=VALUE,...] with KIND constant, step, cosine "
-                "or one_cycle and FIELDs of ScheduleSpec (step_size, gamma, t_max, eta_min, "
-                "pct_start, anneal, ...)");
+                "Learning-rate schedule: KIND[:FIELD=VALUE,...] with KIND constant, step, cosine, "
+                "one_cycle or warmup_cosine and FIELDs of ScheduleSpec (step_size, gamma, t_max, "
+                "eta_min, pct_start, anneal, warmup_iters, lr_decay_iters, ...)");
   submit->seed_opt = s->add_option("--seed", submit->seed, "Seed of initialisation and shuffling");
   s->add_option("--device", submit->overrides.device,
                 "Device: cpu, cuda:N or auto (default: the daemon's --device)");

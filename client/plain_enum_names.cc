@@ -83,6 +83,12 @@ absl::StatusOr<const EnumValueDescriptor*> ParsePlainEnumName(const EnumDescript
                                                               const std::string& text,
                                                               const std::string& what) {
   if (const EnumValueDescriptor* exact = type->FindValueByName(text)) return exact;
+  // A value's own plain name wins over suffixes: "cosine" is KIND_COSINE, though it also ends
+  // KIND_WARMUP_COSINE, so every name kiln shows parses back to its value.
+  const std::string lower = absl::AsciiStrToLower(text);
+  for (int i = 0; i < type->value_count(); ++i) {
+    if (PlainEnumName(type->value(i)) == lower) return type->value(i);
+  }
   const std::string wanted = absl::AsciiStrToUpper(text);
   const EnumValueDescriptor* found = nullptr;
   int matches = 0;

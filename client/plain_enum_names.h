@@ -15,9 +15,10 @@ namespace kiln::client {
 // The value's name without the prefix all its enum's values share, lower-case: "adamw".
 std::string PlainEnumName(const google::protobuf::EnumValueDescriptor* value);
 
-// The value `text` names: its full name, or any case of a suffix that ends exactly one value's
-// name after a '_' ("adamw", "ADAMW", "kind_adamw"). Otherwise a usage error naming `what` and
-// the plain names accepted.
+// The value `text` names: its full name, any case of its plain name ("cosine" is KIND_COSINE,
+// not KIND_WARMUP_COSINE), or any case of a suffix that ends exactly one value's name after a
+// '_' ("adamw", "ADAMW", "kind_adamw"). Otherwise a usage error naming `what` and the plain names
+// accepted.
 absl::StatusOr<const google::protobuf::EnumValueDescriptor*> ParsePlainEnumName(
     const google::protobuf::EnumDescriptor* type, const std::string& text, const std::string& what);
 

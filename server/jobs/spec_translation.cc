@@ -364,10 +364,23 @@ absl::StatusOr<OptimizerConfig> TranslateOptimizer(const v1::OptimizerSpec& spec
   if (!(c.eps > 0 && c.eps < 1)) {
     return Invalid("spec.optimizer.eps", absl::StrCat("must be in (0, 1), got ", c.eps));
   }
+  switch (spec.weight_decay_rule()) {
+    case v1::OptimizerSpec::WEIGHT_DECAY_RULE_ALL:
+      c.decay_rule = OptimizerConfig::DecayRule::kAll;
+      break;
+    case v1::OptimizerSpec::WEIGHT_DECAY_RULE_MATRICES:
+      c.decay_rule = OptimizerConfig::DecayRule::kMatrices;
+      break;
+    default:
+      return Invalid("spec.optimizer.weight_decay_rule",
+                     absl::StrCat("unknown rule ", spec.weight_decay_rule()));
+  }
   return c;
 }
 
 absl::StatusOr<LrScheduleConfig> TranslateSchedule(const v1::ScheduleSpec& spec) {
+  // Bounds warm-up and decay lengths (in steps) well past any run's.
+  constexpr int64_t kMaxScheduleIters = 1'000'000'000;
   LrScheduleConfig c;
   switch (spec.kind()) {
     case v1::ScheduleSpec::KIND_CONSTANT:
@@ -381,6 +394,9 @@ absl::StatusOr<LrScheduleConfig> TranslateSchedule(const v1::ScheduleSpec& spec)
       break;
     case v1::ScheduleSpec::KIND_ONE_CYCLE:
       c.kind = LrScheduleConfig::Kind::kOneCycle;
+      break;
+    case v1::ScheduleSpec::KIND_WARMUP_COSINE:
+      c.kind = LrScheduleConfig::Kind::kWarmupCosine;
       break;
     default:
       return Invalid("spec.schedule.kind", absl::StrCat("unknown kind ", spec.kind()));
@@ -420,6 +436,17 @@ absl::StatusOr<LrScheduleConfig> TranslateSchedule(const v1::ScheduleSpec& spec)
   KILN_RETURN_IF_ERROR(Fraction("spec.schedule.max_momentum", c.max_momentum));
   KILN_RETURN_IF_ERROR(
       InRange("spec.schedule.base_momentum", c.base_momentum, 0.0f, c.max_momentum));
+  c.warmup_iters = spec.warmup_iters();
+  KILN_RETURN_IF_ERROR(
+      InRange("spec.schedule.warmup_iters", c.warmup_iters, int64_t{0}, kMaxScheduleIters));
+  c.lr_decay_iters = spec.lr_decay_iters();
+  KILN_RETURN_IF_ERROR(
+      InRange("spec.schedule.lr_decay_iters", c.lr_decay_iters, int64_t{0}, kMaxScheduleIters));
+  if (c.lr_decay_iters > 0 && c.lr_decay_iters < c.warmup_iters) {
+    return Invalid("spec.schedule.lr_decay_iters",
+                   absl::StrCat("must be 0 (the run's steps) or >= warmup_iters (", c.warmup_iters,
+                                "), got ", c.lr_decay_iters));
+  }
   return c;
 }
 
@@ -566,6 +593,12 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
     return Invalid("spec.schedule.cycle_momentum",
                    "cycles SGD's momentum, which needs spec.optimizer.momentum > 0 (or set "
                    "cycle_momentum false)");
+  }
+  if (config.schedule.kind == LrScheduleConfig::Kind::kWarmupCosine &&
+      config.schedule.eta_min > config.optimizer.lr) {
+    return Invalid("spec.schedule.eta_min",
+                   absl::StrCat("the warm-up cosine's floor (min_lr) ", config.schedule.eta_min,
+                                " is above the peak, spec.optimizer.lr ", config.optimizer.lr));
   }
   KILN_RETURN_IF_ERROR(TranslateRunLength(spec, limits, &config));
   if (spec.batch_size() != 0) batch_size = spec.batch_size();

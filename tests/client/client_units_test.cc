@@ -132,7 +132,7 @@ TEST(SpecFileTest, AnUnknownEnumNameIsAUsageErrorListingTheAcceptedOnes) {
   auto nested = ParseSpecJson(R"({"schedule": {"kind": "cos"}})", "d.json");
   ASSERT_FALSE(nested.ok());
   EXPECT_THAT(std::string(nested.status().message()),
-              HasSubstr("expected constant, step, cosine or one_cycle"));
+              HasSubstr("expected constant, step, cosine, one_cycle or warmup_cosine"));
   // Not JSON at all: protobuf's parser still says what is wrong.
   EXPECT_FALSE(ParseSpecJson("{\"epochs\": ", "e.json").ok());
 }
@@ -150,6 +150,13 @@ TEST(SpecFileTest, ScheduleFlagTakesAKindAndScheduleSpecsOwnFields) {
   EXPECT_EQ(cycle->anneal(), v1::ScheduleSpec::ANNEAL_LINEAR);
   ASSERT_TRUE(cycle->has_cycle_momentum());
   EXPECT_FALSE(cycle->cycle_momentum());
+  auto warmup =
+      ParseScheduleFlag("warmup_cosine:warmup_iters=100,lr_decay_iters=5000,eta_min=1e-4");
+  ASSERT_OK(warmup) << warmup.status();
+  EXPECT_EQ(warmup->kind(), v1::ScheduleSpec::KIND_WARMUP_COSINE);
+  EXPECT_EQ(warmup->warmup_iters(), 100);
+  EXPECT_EQ(warmup->lr_decay_iters(), 5000);
+  EXPECT_FLOAT_EQ(warmup->eta_min(), 1e-4f);
   EXPECT_EQ(ReportStatus(ParseScheduleFlag("step:gamma").status(), stderr), 2);
   EXPECT_EQ(ReportStatus(ParseScheduleFlag("step:anneal=sideways").status(), stderr), 2);
 }
@@ -190,6 +197,17 @@ TEST(PlainEnumNameTest, IsTheLowerCaseNameWithoutTheSharedPrefix) {
   EXPECT_EQ(PlainEnumName(
                 v1::CheckpointKind_descriptor()->FindValueByNumber(v1::CHECKPOINT_KIND_ON_DEMAND)),
             "on_demand");
+  // Every plain name parses back to its value, even one that ends another's name
+  // ("cosine" and "warmup_cosine").
+  for (const auto* type :
+       {v1::ScheduleSpec::Kind_descriptor(), v1::OptimizerSpec::Kind_descriptor(),
+        v1::OptimizerSpec::WeightDecayRule_descriptor()}) {
+    for (int i = 0; i < type->value_count(); ++i) {
+      auto back = ParsePlainEnumName(type, PlainEnumName(type->value(i)), "x");
+      ASSERT_OK(back) << type->value(i)->name();
+      EXPECT_EQ(*back, type->value(i));
+    }
+  }
   auto kind = ParsePlainEnumName(v1::CheckpointKind_descriptor(), "Final", "--kind");
   ASSERT_OK(kind);
   EXPECT_EQ((*kind)->number(), v1::CHECKPOINT_KIND_FINAL);
@@ -223,6 +241,22 @@ TEST(SpecDetailsTest, ListsGraphNodesAndCustomHyperparametersByPlainName) {
   EXPECT_THAT(text, HasSubstr("loss:           mean_squared_error\n"));
   EXPECT_THAT(text, HasSubstr("normalisation:  scale=1 channel_mean=[0.5] channel_std=[0.25]\n"));
   EXPECT_THAT(text, HasSubstr("checkpointing:  every_n_epochs=2 keep_best=true\n"));
+}
+
+// nanoGPT's recipe in a JSON spec by plain names, shown back by plain names.
+TEST(SpecDetailsTest, ShowsTheWeightDecayRuleAndTheWarmupCosineFields) {
+  auto spec = ParseSpecJson(R"({"optimizer": {"kind": "adamw", "lr": 0.001, "weight_decay": 0.1,
+      "weight_decay_rule": "matrices"},
+      "schedule": {"kind": "warmup_cosine", "warmup_iters": 100, "eta_min": 0.0001}})",
+                            "gpt.json");
+  ASSERT_OK(spec) << spec.status();
+  EXPECT_EQ(spec->optimizer().weight_decay_rule(), v1::OptimizerSpec::WEIGHT_DECAY_RULE_MATRICES);
+  KeyValueList kv;
+  AddSpecDetails(*spec, &kv);
+  const std::string text = kv.Render();
+  EXPECT_THAT(text, HasSubstr("optimizer:      adamw lr=0.001 weight_decay=0.1 "
+                              "weight_decay_rule=matrices\n"));
+  EXPECT_THAT(text, HasSubstr("schedule:       warmup_cosine eta_min=0.0001 warmup_iters=100\n"));
 }
 
 TEST(ImageFileTest, DecodesBinaryAndAsciiPgm) {

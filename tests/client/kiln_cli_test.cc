@@ -288,7 +288,7 @@ TEST_F(KilnCliTest, BadNamesAndOverridesAreRefusedSayingWhatIsAccepted) {
                                        "adam or adamw"));
   RunResult schedule = Kiln({"submit", *root_ + "/small.json", "--schedule", "linear"});
   EXPECT_EQ(schedule.exit_code, 2);
-  EXPECT_THAT(schedule.err, HasSubstr("expected constant, step, cosine or one_cycle"));
+  EXPECT_THAT(schedule.err, HasSubstr("expected constant, step, cosine, one_cycle or warmup_cosine"));
   RunResult field = Kiln({"submit", *root_ + "/small.json", "--schedule", "step:size=2"});
   EXPECT_EQ(field.exit_code, 2);
   EXPECT_THAT(field.err, HasSubstr("--schedule \"step:size=2\""));

@@ -264,6 +264,31 @@ TEST_F(TrainerTest, OneCycleCyclingSgdMomentumNeedsMomentum) {
   EXPECT_OK(Trainer::Create(c, backend_.get(), &train_, &test_));
 }
 
+// nanoGPT's get_lr over SmallMlp's 18 steps (2 epochs of 9): 4 warm-up steps to the peak 0.05,
+// then half a cosine down to min_lr 0.005 by step 18 (lr_decay_iters 0: the run's steps).
+TEST_F(TrainerTest, WarmupCosineSetsEveryStepsRateAsNanoGptDoes) {
+  TrainConfig c = SmallMlp(2);
+  c.schedule.kind = LrScheduleConfig::Kind::kWarmupCosine;
+  c.schedule.warmup_iters = 4;
+  c.schedule.eta_min = 0.005f;
+  auto t = Make(c);
+  std::vector<float> lrs;
+  Trainer::Callbacks cb;
+  cb.on_step = [&](const StepEvent& e) { lrs.push_back(e.lr); };
+  ASSERT_OK(t->Run(cb));
+  ASSERT_EQ(lrs.size(), 18u);
+  EXPECT_FLOAT_EQ(lrs[0], 0.01f);     // 0.05 * 1 / 5
+  EXPECT_FLOAT_EQ(lrs[3], 0.04f);     // 0.05 * 4 / 5
+  EXPECT_FLOAT_EQ(lrs[4], 0.05f);     // the peak
+  EXPECT_FLOAT_EQ(lrs[11], 0.0275f);  // half way: ratio 7 / 14
+  EXPECT_FLOAT_EQ(lrs[17], 0.0055641219759089665f);
+
+  c.schedule.eta_min = 0.1f;  // above the peak
+  auto bad = Trainer::Create(c, backend_.get(), &train_, &test_);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("min_lr"), std::string::npos) << bad.status();
+}
+
 TEST_F(TrainerTest, ResumeWithinAnEpochIsBitExact) {
   for (const TrainConfig& config : {SmallCnn(2), SmallBatchNormCnn(2), SmallMlpOneCycle(3),
                                     SmallResNet(2), Augmented(SmallBatchNormCnn(2))}) {

@@ -26,7 +26,7 @@ def _shared_prefix(names):
 def _plain_enum_names(value, descriptor, path="spec"):
     """`value` (a dict of the JSON form of `descriptor`) with enum values also accepted by their
     plain names, any case: "adam" for "KIND_ADAM", "cross_entropy" for
-    "LOSS_KIND_CROSS_ENTROPY", as long as exactly one of the enum's names ends with it. An unknown
+    "LOSS_KIND_CROSS_ENTROPY": a value's plain name, or a suffix that ends exactly one name. An unknown
     name is INVALID_ARGUMENT naming the field by `path` and the accepted names, as the CLI says it."""
     if not isinstance(value, dict):
         return value
@@ -39,7 +39,12 @@ def _plain_enum_names(value, descriptor, path="spec"):
         elif field.enum_type is not None and isinstance(v, str):
             names = field.enum_type.values_by_name
             wanted = v.upper()
-            matches = [n for n in names if n == wanted or n.endswith("_" + wanted)]
+            # A value's own plain name wins over suffixes ("cosine" is KIND_COSINE, though it
+            # also ends KIND_WARMUP_COSINE), as in the CLI.
+            prefix = _shared_prefix(names)
+            matches = [n for n in names if n == prefix + wanted]
+            if not matches:
+                matches = [n for n in names if n == wanted or n.endswith("_" + wanted)]
             if v not in names and len(matches) != 1:
                 # As the kiln CLI says it: the plain names, UNSPECIFIED left out.
                 ordered = [x.name for x in field.enum_type.values]  # by number, as declared

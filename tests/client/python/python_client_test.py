@@ -145,6 +145,10 @@ def exercise(kiln, np, addr, tmp):
     check(spec.epochs == 2 and spec.dataset == "table" and len(spec.model.layers) == 7 and
           spec.optimizer.kind == kiln.stubs.spec_pb2.OptimizerSpec.KIND_SGD, f"spec: {spec}")
     # Plain enum names as the CLI takes them; an unknown one lists the accepted names as it does.
+    for name, kind in (("cosine", "KIND_COSINE"), ("warmup_cosine", "KIND_WARMUP_COSINE")):
+        # "cosine" also ends KIND_WARMUP_COSINE: its own plain name wins.
+        got = kiln.specs.build_spec({"schedule": {"kind": name}}).schedule.kind
+        check(got == kiln.stubs.spec_pb2.ScheduleSpec.Kind.Value(kind), f"{name}: {got}")
     plain = kiln.specs.build_spec({"schedule": {"kind": "One_Cycle", "anneal": "linear"}})
     check(plain.schedule.kind == kiln.stubs.spec_pb2.ScheduleSpec.KIND_ONE_CYCLE and
           plain.schedule.anneal == kiln.stubs.spec_pb2.ScheduleSpec.ANNEAL_LINEAR,

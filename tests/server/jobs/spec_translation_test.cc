@@ -256,6 +256,74 @@ TEST(SpecTranslationTest, OneCycleAndLabelSmoothingRejectWhatPyTorchWouldNotRun)
   }
 }
 
+// nanoGPT's recipe as a JSON spec: AdamW decaying only matrices, warm-up then cosine to min_lr.
+TEST(SpecTranslationTest, WarmupCosineAndTheMatricesDecayRuleTranslate) {
+  v1::JobSpec spec;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  R"({"preset": "mnist-mlp", "epochs": 2,
+                      "optimizer": {"kind": "KIND_ADAMW", "lr": 0.001, "weight_decay": 0.1,
+                                    "beta2": 0.99, "weight_decay_rule": "WEIGHT_DECAY_RULE_MATRICES"},
+                      "schedule": {"kind": "KIND_WARMUP_COSINE", "warmup_iters": 100,
+                                   "lr_decay_iters": 5000, "eta_min": 0.0001}})",
+                  &spec)
+                  .ok());
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_EQ(config->optimizer.kind, OptimizerConfig::Kind::kAdamW);
+  EXPECT_EQ(config->optimizer.decay_rule, OptimizerConfig::DecayRule::kMatrices);
+  const LrScheduleConfig& s = config->schedule;
+  EXPECT_EQ(s.kind, LrScheduleConfig::Kind::kWarmupCosine);
+  EXPECT_EQ(s.warmup_iters, 100);
+  EXPECT_EQ(s.lr_decay_iters, 5000);
+  EXPECT_FLOAT_EQ(s.eta_min, 1e-4f);
+
+  // Unset: every parameter decays (today's rule), and the decay runs over the whole run.
+  spec.mutable_optimizer()->clear_weight_decay_rule();
+  spec.mutable_schedule()->clear_lr_decay_iters();
+  config = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(config) << config.status();
+  EXPECT_EQ(config->optimizer.decay_rule, OptimizerConfig::DecayRule::kAll);
+  EXPECT_EQ(config->schedule.lr_decay_iters, 0);
+}
+
+TEST(SpecTranslationTest, WarmupCosineAndTheDecayRuleRejectBadFieldsNamingThem) {
+  struct Case {
+    const char* field;
+    std::function<void(v1::JobSpec*)> set;
+  };
+  const Case cases[] = {
+      {"spec.schedule.warmup_iters",
+       [](v1::JobSpec* s) { s->mutable_schedule()->set_warmup_iters(-1); }},
+      {"spec.schedule.lr_decay_iters",
+       [](v1::JobSpec* s) { s->mutable_schedule()->set_lr_decay_iters(-1); }},
+      {"spec.schedule.lr_decay_iters",
+       [](v1::JobSpec* s) { s->mutable_schedule()->set_lr_decay_iters(50); }},  // < warm-up
+      {"spec.schedule.eta_min", [](v1::JobSpec* s) { s->mutable_schedule()->set_eta_min(-1); }},
+      {"spec.schedule.eta_min",
+       [](v1::JobSpec* s) { s->mutable_schedule()->set_eta_min(0.01f); }},  // above lr
+      {"spec.optimizer.weight_decay_rule",
+       [](v1::JobSpec* s) {
+         s->mutable_optimizer()->set_weight_decay_rule(
+             static_cast<v1::OptimizerSpec::WeightDecayRule>(7));
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec;
+    spec.set_preset("mnist-mlp");
+    spec.set_epochs(1);
+    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::KIND_ADAMW);
+    spec.mutable_optimizer()->set_lr(0.001f);
+    spec.mutable_schedule()->set_kind(v1::ScheduleSpec::KIND_WARMUP_COSINE);
+    spec.mutable_schedule()->set_warmup_iters(100);
+    spec.mutable_schedule()->set_eta_min(1e-4f);
+    ASSERT_OK(TranslateSpec(spec, SpecLimits()).status()) << c.field;
+    c.set(&spec);
+    auto config = TranslateSpec(spec, SpecLimits());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(config.status().message().find(c.field), std::string::npos) << config.status();
+  }
+}
+
 // Augmentation is off unless asked for; its padding is range-checked here (whether the dataset
 // holds images it fits is Submit's check), and the JSON spec file takes it by its field names.
 TEST(SpecTranslationTest, AugmentTranslatesAndItsPaddingIsRangeChecked) {
