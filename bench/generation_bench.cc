@@ -63,16 +63,16 @@ int Main(int argc, char** argv) {
     fprintf(stderr, "model: %s\n", std::string(model.status().message()).c_str());
     return 1;
   }
-  printf("nanoGPT small (4 layers, 4 heads, n_embd 128, block 64, vocab 113, %lld parameters), "
-         "random weights, %s, %d thread(s), one stream, best of 3\n",
-         static_cast<long long>((*model)->parameter_count()), device.c_str(), threads);
+  printf(
+      "nanoGPT small (4 layers, 4 heads, n_embd 128, block 64, vocab 113, %lld parameters), "
+      "random weights, %s, %d thread(s), one stream, best of 3\n",
+      static_cast<long long>((*model)->parameter_count()), device.c_str(), threads);
   for (int64_t n : {tokens, int64_t{63}}) {
     const Run cached = Time(model->get(), n, true, 3);
     const Run whole = Time(model->get(), n, false, 3);
     printf("%4lld tokens: with KV cache %8.1f tokens/s, without %8.1f tokens/s (x%.2f)%s\n",
            static_cast<long long>(n), static_cast<double>(n) / cached.seconds,
-           static_cast<double>(n) / whole.seconds,
-           whole.seconds / cached.seconds,
+           static_cast<double>(n) / whole.seconds, whole.seconds / cached.seconds,
            cached.tokens == whole.tokens ? "" : "  TOKENS DIFFER");
   }
   return 0;

@@ -62,8 +62,8 @@ class NextTokenLogits {
   absl::StatusOr<const Tensor*> RunAt(const std::vector<int32_t>& tokens, size_t from) {
     const int64_t n = static_cast<int64_t>(tokens.size() - from);
     ids_.Reshape({1, n});
-    KILN_RETURN_IF_ERROR(model_->backend()->CopyFromHost(tokens.data() + from,
-                                                         static_cast<size_t>(n) * 4, &ids_));
+    KILN_RETURN_IF_ERROR(
+        model_->backend()->CopyFromHost(tokens.data() + from, static_cast<size_t>(n) * 4, &ids_));
     return model_->ForwardAt(ids_, state_.get());
   }
 
@@ -128,8 +128,8 @@ absl::StatusOr<SequenceModelShape> CheckGeneration(const ModelConfig& config,
                                                    params.max_tokens));
   }
   if (!std::isfinite(params.temperature) || params.temperature < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "temperature must be finite and >= 0 (0: greedy), got ", params.temperature));
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be finite and >= 0 (0: greedy), got ", params.temperature));
   }
   if (params.top_k < 0 || params.top_k > shape.vocab) {
     return absl::InvalidArgumentError(absl::StrCat("top_k must be in 0..", shape.vocab,
@@ -143,15 +143,14 @@ absl::StatusOr<std::vector<int32_t>> Generate(Model* model, const std::vector<in
                                               const GenerationParams& params,
                                               const TokenCallback& on_token) {
   if (model == nullptr) return absl::InvalidArgumentError("Generate: no model");
-  KILN_ASSIGN_OR_RETURN(SequenceModelShape shape,
-                        CheckGeneration(model->config(), prompt, params));
+  KILN_ASSIGN_OR_RETURN(SequenceModelShape shape, CheckGeneration(model->config(), prompt, params));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<NextTokenLogits> next,
                         NextTokenLogits::Create(model, shape, params.use_kv_cache));
   std::vector<int32_t> tokens = prompt, generated;
   for (int64_t i = 0; i < params.max_tokens; ++i) {
     KILN_ASSIGN_OR_RETURN(const std::vector<float>* logits, next->After(tokens));
-    const int32_t token = SampleToken(logits->data(), shape.vocab, params.temperature,
-                                      params.top_k, params.seed, static_cast<uint64_t>(i));
+    const int32_t token = SampleToken(logits->data(), shape.vocab, params.temperature, params.top_k,
+                                      params.seed, static_cast<uint64_t>(i));
     tokens.push_back(token);
     generated.push_back(token);
     if (on_token && !on_token(token)) break;

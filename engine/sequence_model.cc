@@ -52,9 +52,9 @@ absl::StatusOr<SequenceModelShape> SequenceModelShapeOf(const ModelConfig& confi
   for (size_t i = 0; i < config.layers.size(); ++i) {
     const Shape& s = shapes[i + 1];
     if (s.size() < 2 || s[0] != out.context) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kWhatGenerationNeeds, "; ", NodeLabel(config, i), " gives ", ShapeString(s),
-          ", not a value per position (", out.context, "x...)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kWhatGenerationNeeds, "; ", NodeLabel(config, i), " gives ", ShapeString(s),
+                       ", not a value per position (", out.context, "x...)"));
     }
   }
   return out;

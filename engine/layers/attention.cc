@@ -207,8 +207,8 @@ absl::Status CausalSelfAttention::HeadsForwardAt(int64_t t, int64_t offset, KvCa
   const int ti = static_cast<int>(t), li = static_cast<int>(len), hdi = static_cast<int>(hd);
   const int h = static_cast<int>(heads_);
   // weights (H, t, L) = q (H, t, hd) k^T, k the cache's first L rows of each head.
-  KILN_RETURN_IF_ERROR(be->GemmStridedBatched(Transpose::kNo, Transpose::kYes, ti, li, hdi, 1.0f,
-                                              q, mat, cache->k.f32(), cap * hd, 0.0f,
+  KILN_RETURN_IF_ERROR(be->GemmStridedBatched(Transpose::kNo, Transpose::kYes, ti, li, hdi, 1.0f, q,
+                                              mat, cache->k.f32(), cap * hd, 0.0f,
                                               cache->weights.f32(), t * len, h));
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   KILN_RETURN_IF_ERROR(be->CausalSoftmaxForwardAt(heads_, ti, li, static_cast<int>(offset), scale,

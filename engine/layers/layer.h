@@ -115,10 +115,8 @@ class Layer {
   // new keys and values to it and attends over all of them); other layers ignore it. Eval mode.
   // A kPositionWise layer runs ForwardInputs over the new positions; kUnsupported refuses.
   virtual Incremental incremental() const { return Incremental::kUnsupported; }
-  virtual absl::Status ForwardAt(const std::vector<const Tensor*>& xs, int64_t position_offset,
-                                 KvCache* cache, Tensor* y) {
-    (void)position_offset;
-    (void)cache;
+  virtual absl::Status ForwardAt(const std::vector<const Tensor*>& xs, int64_t /*position_offset*/,
+                                 KvCache* /*cache*/, Tensor* y) {
     if (incremental() != Incremental::kPositionWise) {
       return absl::UnimplementedError(
           absl::StrCat(type(), " cannot run over a sequence's new positions alone"));

@@ -127,8 +127,7 @@ TEST_P(Generation, CachedLogitsEqualTheWholeForwardsAtEveryPosition) {
   Tensor one = Ids({1});
   auto full = model_->ForwardAt(one, state->get());
   ASSERT_FALSE(full.ok());
-  EXPECT_NE(Message(full.status()).find("exceed the model's sequence length 16"),
-            std::string::npos)
+  EXPECT_NE(Message(full.status()).find("exceed the model's sequence length 16"), std::string::npos)
       << full.status();
   EXPECT_EQ((*state)->length(), kBlock) << "a refused call leaves the state as it was";
   (*state)->Reset();
@@ -258,6 +257,32 @@ TEST_P(Generation, AModelThatIsNotASequenceModelIsRefusedSayingWhatItTakes) {
 INSTANTIATE_TEST_SUITE_P(Devices, Generation, ::testing::Values("cpu", "cuda:0"),
                          testing::DeviceParamName);
 
+// The same weights (Model::Build draws them on the host) and seed on the CPU and on CUDA: the
+// same tokens, sampled and greedy, with the cache. Skips without a GPU.
+TEST(GenerationAcrossBackends, TheSameSeedGivesTheSameTokensOnCpuAndCuda) {
+  const std::string absent = testing::AbsentDeviceReason("cuda:0");
+  if (!absent.empty()) GTEST_SKIP() << absent;
+  std::vector<std::vector<int32_t>> out;
+  for (const char* device : {"cpu", "cuda:0"}) {
+    auto backend = CreateBackend(device, {2});
+    ASSERT_OK(backend) << backend.status();
+    auto model = Model::Build(SmallGpt(), backend->get(), 7);
+    ASSERT_OK(model) << model.status();
+    for (double temperature : {0.0, 1.0}) {
+      GenerationParams p;
+      p.max_tokens = 24;  // past the block of 16
+      p.temperature = temperature;
+      p.top_k = 5;
+      p.seed = 77;
+      auto tokens = Generate(model->get(), {2, 3}, p);
+      ASSERT_OK(tokens) << device << ": " << tokens.status();
+      out.push_back(*tokens);
+    }
+  }
+  EXPECT_EQ(out[0], out[2]) << "greedy";
+  EXPECT_EQ(out[1], out[3]) << "sampled";
+}
+
 // --- the sampling rule alone -------------------------------------------------------------------
 
 TEST(SampleToken, TemperatureZeroTakesTheFirstLargest) {
@@ -292,7 +317,8 @@ TEST(SampleToken, DrawsFollowTheSoftmaxOverTheTemperature) {
 TEST(SampleToken, TheSameSeedAndDrawGiveTheSameToken) {
   const std::vector<float> z = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f};
   for (uint64_t draw = 0; draw < 50; ++draw) {
-    EXPECT_EQ(SampleToken(z.data(), 7, 1.0, 0, 123, draw), SampleToken(z.data(), 7, 1.0, 0, 123, draw));
+    EXPECT_EQ(SampleToken(z.data(), 7, 1.0, 0, 123, draw),
+              SampleToken(z.data(), 7, 1.0, 0, 123, draw));
   }
 }
 
