@@ -144,6 +144,8 @@ absl::StatusOr<std::vector<int32_t>> Generate(Model* model, const std::vector<in
                                               const TokenCallback& on_token) {
   if (model == nullptr) return absl::InvalidArgumentError("Generate: no model");
   KILN_ASSIGN_OR_RETURN(SequenceModelShape shape, CheckGeneration(model->config(), prompt, params));
+  // Both paths need a causal model: without the cache the context is padded after its end.
+  KILN_RETURN_IF_ERROR(model->CheckIncremental());
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<NextTokenLogits> next,
                         NextTokenLogits::Create(model, shape, params.use_kv_cache));
   std::vector<int32_t> tokens = prompt, generated;

@@ -44,9 +44,10 @@ absl::StatusOr<SequenceModelShape> CheckGeneration(const ModelConfig& config,
                                                    const std::vector<int32_t>& prompt,
                                                    const GenerationParams& params);
 
-// Generates up to params.max_tokens tokens after `prompt` (CheckGeneration's rules) and returns
-// them, without the prompt; fewer when on_token stops early. Runs the model in eval mode on its
-// backend. Non-finite logits are DATA_LOSS. Uses the model alone while it runs (Model::ForwardAt).
+// Generates up to params.max_tokens tokens after `prompt` and returns them, without the prompt;
+// fewer when on_token stops early. Refuses what CheckGeneration refuses, and, with or without the
+// cache, a model that is not causal (Model::CheckIncremental names the layer). Runs the model in
+// eval mode on its backend. Non-finite logits are DATA_LOSS. Uses the model alone while it runs.
 absl::StatusOr<std::vector<int32_t>> Generate(Model* model, const std::vector<int32_t>& prompt,
                                               const GenerationParams& params,
                                               const TokenCallback& on_token = {});

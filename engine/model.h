@@ -95,6 +95,9 @@ class Model {
   // what is wrong, unless this is a sequence model (SequenceModelShapeOf) whose every layer runs
   // incrementally (Layer::incremental).
   absl::StatusOr<std::unique_ptr<DecodeState>> NewDecodeState();
+  // NewDecodeState's check alone: a sequence model whose every layer runs incrementally, which
+  // also makes it causal (no position reads a later one). InvalidArgument naming the layer.
+  absl::Status CheckIncremental() const;
   // Runs the new positions state->length().. of the state's sequence: `ids` (1, t) or (t) int32
   // on this backend, t >= 1, length + t <= T. Returns their (1, t, vocab) logits (eval mode),
   // owned by the state and valid until its next call: the same as Forward's rows over the whole

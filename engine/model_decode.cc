@@ -21,16 +21,22 @@ Shape NewPositions(const Shape& per_sample, int64_t t) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DecodeState>> Model::NewDecodeState() {
-  KILN_ASSIGN_OR_RETURN(SequenceModelShape shape, SequenceModelShapeOf(config_));
+absl::Status Model::CheckIncremental() const {
+  KILN_RETURN_IF_ERROR(SequenceModelShapeOf(config_).status());
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (layers_[i]->incremental() == Incremental::kUnsupported || fused_[i]) {
       return absl::InvalidArgumentError(
           absl::StrCat(NodeLabel(config_, i), ": ", layers_[i]->type(),
-                       " cannot run over a sequence's new positions alone, so this model cannot "
-                       "decode incrementally (KV cache)"));
+                       " cannot run over a sequence's new positions alone, so this model is not "
+                       "a causal sequence model that can generate or decode incrementally"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DecodeState>> Model::NewDecodeState() {
+  KILN_RETURN_IF_ERROR(CheckIncremental());
+  KILN_ASSIGN_OR_RETURN(SequenceModelShape shape, SequenceModelShapeOf(config_));
   auto state = std::unique_ptr<DecodeState>(new DecodeState());
   state->model_ = this;
   state->capacity_ = shape.context;

@@ -254,6 +254,34 @@ TEST_P(Generation, AModelThatIsNotASequenceModelIsRefusedSayingWhatItTakes) {
       << shape.status();
 }
 
+TEST_P(Generation, ALayerThatMixesPositionsIsNamedAndRefusedWithAndWithoutTheCache) {
+  // Per-position shapes throughout, but batchnorm1d over (C=T, L=d) mixes the positions.
+  auto config = ModelConfigFromJson(R"({"input_shape": [4], "layers": [
+      {"type": "embedding", "num_embeddings": 5, "embedding_dim": 3},
+      {"type": "batchnorm1d", "num_features": 4, "name": "mixer"},
+      {"type": "linear", "in_features": 3, "out_features": 5}]})");
+  ASSERT_OK(config) << config.status();
+  ASSERT_OK(SequenceModelShapeOf(*config).status());
+  auto model = Model::Build(*config, backend_.get(), 1);
+  ASSERT_OK(model) << model.status();
+  auto state = (*model)->NewDecodeState();
+  ASSERT_FALSE(state.ok());
+  EXPECT_NE(Message(state.status())
+                .find("node mixer: batchnorm1d cannot run over a sequence's "
+                      "new positions alone"),
+            std::string::npos)
+      << state.status();
+  // Without the cache too: the padding after the context would leak into it.
+  for (bool cached : {true, false}) {
+    GenerationParams p;
+    p.use_kv_cache = cached;
+    auto out = Generate(model->get(), {1}, p);
+    ASSERT_FALSE(out.ok());
+    EXPECT_NE(Message(out.status()).find("node mixer: batchnorm1d"), std::string::npos)
+        << out.status();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, Generation, ::testing::Values("cpu", "cuda:0"),
                          testing::DeviceParamName);
 
