@@ -247,6 +247,13 @@ class Backend {
   // and the softmax in one pass). y may be x. CheckCausalSoftmax's rules.
   virtual absl::Status CausalSoftmaxForward(int64_t batch, int t, float scale, const float* x,
                                             float* y) = 0;
+  // Causal attention weights of `queries` new positions offset..offset+queries-1 of a sequence
+  // against its first `keys` positions (a KV cache's): x viewed as (batch, queries, keys), row i
+  // keeps columns j <= offset + i, y[i][j] = softmax over them of scale * x[i][j], 0 beyond.
+  // CausalSoftmaxForward is the case queries = keys = t, offset 0. y may be x.
+  // CheckCausalSoftmaxAt's rules (offset + queries <= keys).
+  virtual absl::Status CausalSoftmaxForwardAt(int64_t batch, int queries, int keys, int offset,
+                                              float scale, const float* x, float* y) = 0;
   // From the forward's y: dx[i][j] = scale * y[i][j] * (dy[i][j] - sum over j' <= i of
   // dy[i][j'] * y[i][j']) for j <= i, 0 above the diagonal (overwritten). dx may be dy.
   virtual absl::Status CausalSoftmaxBackward(int64_t batch, int t, float scale, const float* y,

@@ -156,6 +156,16 @@ absl::Status CheckCausalSoftmax(int64_t batch, int t, float scale) {
   return absl::OkStatus();
 }
 
+absl::Status CheckCausalSoftmaxAt(int64_t batch, int queries, int keys, int offset, float scale) {
+  // In int64: offset + queries must not wrap.
+  if (batch < 0 || queries < 1 || offset < 0 || int64_t{offset} + queries > keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "causal softmax of ", batch, " x ", queries, " queries at offset ", offset, " over ", keys,
+        " keys: needs batch >= 0, queries >= 1, offset >= 0 and offset + queries <= keys"));
+  }
+  return CheckCausalSoftmax(batch, keys, scale);
+}
+
 absl::Status CheckTranspose0213(int64_t a, int64_t b, int64_t c, int64_t d) {
   if (a < 0 || b < 0 || c < 0 || d < 0) {
     return absl::InvalidArgumentError(

@@ -57,6 +57,10 @@ absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_a, int6
 
 // Before a causal softmax: batch >= 0, t >= 1, scale finite and > 0.
 absl::Status CheckCausalSoftmax(int64_t batch, int t, float scale);
+// Before a causal softmax at an offset: batch >= 0, queries >= 1, offset >= 0,
+// offset + queries <= keys (every query's position has its
+// key), scale finite and > 0.
+absl::Status CheckCausalSoftmaxAt(int64_t batch, int queries, int keys, int offset, float scale);
 
 // Before Transpose0213: every extent >= 0.
 absl::Status CheckTranspose0213(int64_t a, int64_t b, int64_t c, int64_t d);

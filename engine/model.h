@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
+#include "engine/decode_state.h"
 #include "engine/layers/layer.h"
 #include "engine/model_config.h"
 #include "engine/model_graph.h"
@@ -97,6 +98,23 @@ class Model {
   // gradient is not computed.
   absl::Status Backward(const Tensor& dout);
   absl::Status ZeroGrad();
+
+  // Incremental decoding (engine/model_decode.cc): a sequence run a few new positions at a time,
+  // each attention layer keeping the earlier positions' keys and values, so a new token costs one
+  // position, not the whole prefix. NewDecodeState makes one stream's state; it fails, naming
+  // what is wrong, unless this is a sequence model (SequenceModelShapeOf) whose every layer runs
+  // incrementally (Layer::incremental).
+  absl::StatusOr<std::unique_ptr<DecodeState>> NewDecodeState();
+  // NewDecodeState's check alone: a sequence model whose every layer runs incrementally, which
+  // also makes it causal (no position reads a later one). InvalidArgument naming the layer.
+  absl::Status CheckIncremental() const;
+  // Runs the new positions state->length().. of the state's sequence: `ids` (1, t) or (t) int32
+  // on this backend, t >= 1, length + t <= T. Returns their (1, t, vocab) logits (eval mode),
+  // owned by the state and valid until its next call: the same as Forward's rows over the whole
+  // sequence. Refused arguments leave the state as it was; a failure while running Resets it.
+  // Layers keep per-call statistics (layernorm), so one model runs one ForwardAt or Forward at a
+  // time.
+  absl::StatusOr<const Tensor*> ForwardAt(const Tensor& ids, DecodeState* state);
 
   const ModelConfig& config() const { return config_; }
   const Shape& output_shape() const { return shapes_.back(); }

@@ -326,6 +326,18 @@ absl::Status CpuBackend::CausalSoftmaxForward(int64_t batch, int t, float scale,
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CausalSoftmaxForwardAt(int64_t batch, int queries, int keys, int offset,
+                                                float scale, const float* x, float* y) {
+  KILN_RETURN_IF_ERROR(CheckCausalSoftmaxAt(batch, queries, keys, offset, scale));
+  const int64_t rows = batch * queries;
+#pragma omp parallel for num_threads(threads_) schedule(static) if (rows * keys > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    CausalSoftmaxRow(keys, offset + static_cast<int>(r % queries), scale, x + r * keys,
+                     y + r * keys);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::CausalSoftmaxBackward(int64_t batch, int t, float scale, const float* y,
                                                const float* dy, float* dx) {
   KILN_RETURN_IF_ERROR(CheckCausalSoftmax(batch, t, scale));

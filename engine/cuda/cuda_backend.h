@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
                                   int batch) override;
   absl::Status CausalSoftmaxForward(int64_t batch, int t, float scale, const float* x,
                                     float* y) override;
+  absl::Status CausalSoftmaxForwardAt(int64_t batch, int queries, int keys, int offset, float scale,
+                                      const float* x, float* y) override;
   absl::Status CausalSoftmaxBackward(int64_t batch, int t, float scale, const float* y,
                                      const float* dy, float* dx) override;
   absl::Status Transpose0213(int64_t a, int64_t b, int64_t c, int64_t d, const float* x,

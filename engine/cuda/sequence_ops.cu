@@ -272,19 +272,21 @@ __global__ void embedding_backward_kernel(int64_t count, int vocab, int dim, con
 }
 
 // --- causal softmax --------------------------------------------------------------------------
-// Row r of the (batch * t, t) scores is query position i = r % t: columns 0..i are kept.
+// The backward's row r of the (batch * t, t) scores is query position r % t: columns 0..i kept.
 
-// One warp per row, the row's kept scores in registers (kPerLane * kWarp >= t). y may be x: the
-// whole row is read before any of it is written.
+// One warp per row, the row's kept scores in registers (kPerLane * kWarp >= keys). y may be x: the
+// whole row is read before any of it is written. Rows are (queries, keys) matrices' rows; row r
+// is query position i = offset + r % queries, which keeps columns 0..i (offset 0 and
+// queries = keys = t for a whole sequence).
 template <int kPerLane>
-__global__ void causal_softmax_forward_warp_kernel(int64_t rows, int t, float scale, const float* x,
-                                                   float* y) {
+__global__ void causal_softmax_forward_warp_kernel(int64_t rows, int queries, int keys, int offset,
+                                                   float scale, const float* x, float* y) {
   using Team = RowTeam<false>;
   const int lane = Team::Rank();
   for (int64_t row = Team::FirstRow(); row < rows; row += Team::RowStride()) {
-    const int i = static_cast<int>(row % t);
-    const float* xr = x + row * t;
-    float* yr = y + row * t;
+    const int i = offset + static_cast<int>(row % queries);
+    const float* xr = x + row * keys;
+    float* yr = y + row * keys;
     float v[kPerLane];
     float mx = -INFINITY;
 #pragma unroll
@@ -305,26 +307,27 @@ __global__ void causal_softmax_forward_warp_kernel(int64_t rows, int t, float sc
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int j = lane + k * kWarp;
-      if (j < t) yr[j] = v[k] * inv;  // 0 above the diagonal
+      if (j < keys) yr[j] = v[k] * inv;  // 0 past the query's position
     }
   }
 }
 
-// One block per row for t > kWarpRowMax: three passes over the row (max, sum, write), each thread
-// on the same columns in every pass, so y may be x.
-__global__ void causal_softmax_forward_block_kernel(int64_t rows, int t, float scale,
-                                                    const float* x, float* y) {
+// One block per row for keys > kWarpRowMax: three passes over the row (max, sum, write), each
+// thread on the same columns in every pass, so y may be x. Rows as the warp kernel's.
+__global__ void causal_softmax_forward_block_kernel(int64_t rows, int queries, int keys,
+                                                    int offset, float scale, const float* x,
+                                                    float* y) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const int i = static_cast<int>(row % t);
-    const float* xr = x + row * t;
-    float* yr = y + row * t;
+    const int i = offset + static_cast<int>(row % queries);
+    const float* xr = x + row * keys;
+    float* yr = y + row * keys;
     float mx = -INFINITY;
     for (int j = threadIdx.x; j <= i; j += kThreads) mx = fmaxf(mx, __fmul_rn(scale, xr[j]));
     mx = BlockAllMax(mx);
     float sum = 0.0f;
     for (int j = threadIdx.x; j <= i; j += kThreads) sum += expf(__fmul_rn(scale, xr[j]) - mx);
     const float inv = 1.0f / BlockAllSum(sum);
-    for (int j = threadIdx.x; j < t; j += kThreads) {
+    for (int j = threadIdx.x; j < keys; j += kThreads) {
       yr[j] = j <= i ? expf(__fmul_rn(scale, xr[j]) - mx) * inv : 0.0f;
     }
   }
@@ -524,26 +527,34 @@ cudaError_t embedding_backward(cudaStream_t stream, int64_t count, int vocab, in
   return cudaGetLastError();
 }
 
-cudaError_t causal_softmax_forward(cudaStream_t stream, int64_t batch, int t, float scale,
-                                   const float* x, float* y) {
-  const int64_t rows = batch * t;
+// Row r of the (batch * queries, keys) scores keeps columns 0..offset + r % queries.
+cudaError_t causal_softmax_forward(cudaStream_t stream, int64_t batch, int queries, int keys,
+                                   int offset, float scale, const float* x, float* y) {
+  const int64_t rows = batch * queries;
   if (rows <= 0) return cudaSuccess;
   const unsigned grid = RowGrid(rows, kWarpsPerBlock);
-  if (t <= 32) {
-    causal_softmax_forward_warp_kernel<1><<<grid, kThreads, 0, stream>>>(rows, t, scale, x, y);
-  } else if (t <= 64) {
-    causal_softmax_forward_warp_kernel<2><<<grid, kThreads, 0, stream>>>(rows, t, scale, x, y);
-  } else if (t <= 128) {
-    causal_softmax_forward_warp_kernel<4><<<grid, kThreads, 0, stream>>>(rows, t, scale, x, y);
-  } else if (t <= 256) {
-    causal_softmax_forward_warp_kernel<8><<<grid, kThreads, 0, stream>>>(rows, t, scale, x, y);
-  } else if (t <= 512) {
-    causal_softmax_forward_warp_kernel<16><<<grid, kThreads, 0, stream>>>(rows, t, scale, x, y);
-  } else if (t <= kWarpRowMax) {
-    causal_softmax_forward_warp_kernel<32><<<grid, kThreads, 0, stream>>>(rows, t, scale, x, y);
+  const int q = queries, k = keys, o = offset;
+  if (keys <= 32) {
+    causal_softmax_forward_warp_kernel<1>
+        <<<grid, kThreads, 0, stream>>>(rows, q, k, o, scale, x, y);
+  } else if (keys <= 64) {
+    causal_softmax_forward_warp_kernel<2>
+        <<<grid, kThreads, 0, stream>>>(rows, q, k, o, scale, x, y);
+  } else if (keys <= 128) {
+    causal_softmax_forward_warp_kernel<4>
+        <<<grid, kThreads, 0, stream>>>(rows, q, k, o, scale, x, y);
+  } else if (keys <= 256) {
+    causal_softmax_forward_warp_kernel<8>
+        <<<grid, kThreads, 0, stream>>>(rows, q, k, o, scale, x, y);
+  } else if (keys <= 512) {
+    causal_softmax_forward_warp_kernel<16>
+        <<<grid, kThreads, 0, stream>>>(rows, q, k, o, scale, x, y);
+  } else if (keys <= kWarpRowMax) {
+    causal_softmax_forward_warp_kernel<32>
+        <<<grid, kThreads, 0, stream>>>(rows, q, k, o, scale, x, y);
   } else {
-    causal_softmax_forward_block_kernel<<<RowGrid(rows, 1), kThreads, 0, stream>>>(rows, t, scale,
-                                                                                   x, y);
+    causal_softmax_forward_block_kernel<<<RowGrid(rows, 1), kThreads, 0, stream>>>(rows, q, k, o,
+                                                                                   scale, x, y);
   }
   return cudaGetLastError();
 }
@@ -670,7 +681,16 @@ absl::Status CudaBackend::CausalSoftmaxForward(int64_t batch, int t, float scale
   KILN_RETURN_IF_ERROR(CheckCausalSoftmax(batch, t, scale));
   if (batch == 0) return absl::OkStatus();
   KILN_RETURN_IF_ERROR(Activate());
-  KILN_CUDA_CHECK(ck::causal_softmax_forward(stream_, batch, t, scale, x, y));
+  KILN_CUDA_CHECK(ck::causal_softmax_forward(stream_, batch, t, t, 0, scale, x, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CausalSoftmaxForwardAt(int64_t batch, int queries, int keys, int offset,
+                                                 float scale, const float* x, float* y) {
+  KILN_RETURN_IF_ERROR(CheckCausalSoftmaxAt(batch, queries, keys, offset, scale));
+  if (batch == 0) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Activate());
+  KILN_CUDA_CHECK(ck::causal_softmax_forward(stream_, batch, queries, keys, offset, scale, x, y));
   return absl::OkStatus();
 }
 

@@ -37,6 +37,8 @@ class ElementwiseActivation final : public Layer {
   ElementwiseActivation(ActivationKind kind, float param, Backend* backend, const Shape& shape)
       : Layer(backend, shape, shape), kind_(kind), param_(param) {}
   const char* type() const override { return ActivationKindName(kind_); }
+  // Element-wise: each position on its own.
+  Incremental incremental() const override { return Incremental::kPositionWise; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 

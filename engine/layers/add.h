@@ -20,6 +20,8 @@ class Add final : public Layer {
   Add(Backend* backend, const Shape& shape, size_t num_inputs)
       : Layer(backend, shape, shape), num_inputs_(num_inputs) {}
   const char* type() const override { return "add"; }
+  // Element-wise: each position on its own.
+  Incremental incremental() const override { return Incremental::kPositionWise; }
   // An add has several inputs: only ForwardInputs and BackwardInputs apply.
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;

@@ -179,6 +179,76 @@ absl::Status CausalSelfAttention::Forward(const Tensor& x, Tensor* y, Mode mode)
   return absl::OkStatus();
 }
 
+absl::Status CausalSelfAttention::EnsureCache(KvCache* cache) const {
+  if (!cache->k.empty()) return absl::OkStatus();
+  const int64_t cap = t_, d = config_.n_embd;
+  Backend* be = backend_;
+  KILN_ASSIGN_OR_RETURN(cache->k, be->Allocate(DType::kF32, {heads_, cap, head_dim_}));
+  KILN_ASSIGN_OR_RETURN(cache->v, be->Allocate(DType::kF32, {heads_, cap, head_dim_}));
+  KILN_ASSIGN_OR_RETURN(cache->qkv, be->Allocate(DType::kF32, {cap, 3 * d}));
+  KILN_ASSIGN_OR_RETURN(cache->transposed, be->Allocate(DType::kF32, {3, cap, d}));
+  KILN_ASSIGN_OR_RETURN(cache->split, be->Allocate(DType::kF32, {3, heads_, cap, head_dim_}));
+  KILN_ASSIGN_OR_RETURN(cache->weights, be->Allocate(DType::kF32, {heads_, cap, cap}));
+  KILN_ASSIGN_OR_RETURN(cache->heads, be->Allocate(DType::kF32, {heads_, cap, head_dim_}));
+  KILN_ASSIGN_OR_RETURN(cache->merged, be->Allocate(DType::kF32, {cap, d}));
+  cache->length = 0;
+  return absl::OkStatus();
+}
+
+// cache->split (3, H, t, hd) holds the new positions' q, k, v: k and v join the cache at
+// `offset`, then each new query attends over keys 0..its position (L = offset + t of them).
+absl::Status CausalSelfAttention::HeadsForwardAt(int64_t t, int64_t offset, KvCache* cache) {
+  const int64_t cap = t_, hd = head_dim_, len = offset + t, mat = t * hd;
+  const float *q = cache->split.f32(), *k = q + heads_ * mat, *v = k + heads_ * mat;
+  Backend* be = backend_;
+  // Head h's new rows go to rows offset.. of its (cap, hd) block.
+  KILN_RETURN_IF_ERROR(be->Copy2D(heads_, mat, k, mat, cache->k.f32() + offset * hd, cap * hd));
+  KILN_RETURN_IF_ERROR(be->Copy2D(heads_, mat, v, mat, cache->v.f32() + offset * hd, cap * hd));
+  const int ti = static_cast<int>(t), li = static_cast<int>(len), hdi = static_cast<int>(hd);
+  const int h = static_cast<int>(heads_);
+  // weights (H, t, L) = q (H, t, hd) k^T, k the cache's first L rows of each head.
+  KILN_RETURN_IF_ERROR(be->GemmStridedBatched(Transpose::kNo, Transpose::kYes, ti, li, hdi, 1.0f, q,
+                                              mat, cache->k.f32(), cap * hd, 0.0f,
+                                              cache->weights.f32(), t * len, h));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
+  KILN_RETURN_IF_ERROR(be->CausalSoftmaxForwardAt(heads_, ti, li, static_cast<int>(offset), scale,
+                                                  cache->weights.f32(), cache->weights.f32()));
+  KILN_RETURN_IF_ERROR(be->GemmStridedBatched(Transpose::kNo, Transpose::kNo, ti, hdi, li, 1.0f,
+                                              cache->weights.f32(), t * len, cache->v.f32(),
+                                              cap * hd, 0.0f, cache->heads.f32(), mat, h));
+  // (H, t, hd) -> (t, H, hd) = (t, C)
+  return be->Transpose0213(1, heads_, t, hd, cache->heads.f32(), cache->merged.f32());
+}
+
+absl::Status CausalSelfAttention::ForwardAt(const std::vector<const Tensor*>& xs,
+                                            int64_t position_offset, KvCache* cache, Tensor* y) {
+  if (xs.size() != 1) return InputCountError(xs.size());
+  if (cache == nullptr) {
+    return absl::InvalidArgumentError("causal_self_attention: ForwardAt needs a KV cache");
+  }
+  const Tensor& x = *xs[0];
+  const int64_t d = config_.n_embd, t = x.numel() / d;
+  KILN_RETURN_IF_ERROR(EnsureCache(cache));
+  if (position_offset != cache->length || t < 1 || position_offset + t > t_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "causal_self_attention: positions ", position_offset, "..", position_offset + t - 1,
+        " do not follow the ", cache->length, " cached ones within the sequence length ", t_));
+  }
+  Backend* be = backend_;
+  KILN_RETURN_IF_ERROR(LinearForward(be, t, d, 3 * d, x.f32(), attn_weight_.value.f32(),
+                                     config_.bias ? attn_bias_.value.f32() : nullptr,
+                                     cache->qkv.f32()));
+  // qkv (t, 3, C) -> (3, t, C) = (3, t, H, hd) -> (3, H, t, hd), as Forward with one sample.
+  KILN_RETURN_IF_ERROR(be->Transpose0213(1, t, 3, d, cache->qkv.f32(), cache->transposed.f32()));
+  KILN_RETURN_IF_ERROR(
+      be->Transpose0213(3, t, heads_, head_dim_, cache->transposed.f32(), cache->split.f32()));
+  KILN_RETURN_IF_ERROR(HeadsForwardAt(t, position_offset, cache));
+  KILN_RETURN_IF_ERROR(LinearForward(be, t, d, d, cache->merged.f32(), proj_weight_.value.f32(),
+                                     config_.bias ? proj_bias_.value.f32() : nullptr, y->f32()));
+  cache->length = position_offset + t;
+  return absl::OkStatus();
+}
+
 // From dmerged (in merged_) to dsplit_: the forward's per-head products, backwards.
 absl::Status CausalSelfAttention::HeadsBackward(bool drop) {
   const int t = static_cast<int>(t_), hd = static_cast<int>(head_dim_);

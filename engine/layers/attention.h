@@ -30,6 +30,12 @@ class CausalSelfAttention final : public Layer {
                                                        Backend* backend, const Shape& shape,
                                                        Rng* rng, uint64_t seed);
   const char* type() const override { return "causal_self_attention"; }
+  // Appends the new positions' keys and values to `cache` and attends each new query over the
+  // cached keys up to its own position (eval mode: no dropout). The cache must hold exactly the
+  // positions before position_offset.
+  Incremental incremental() const override { return Incremental::kOwn; }
+  absl::Status ForwardAt(const std::vector<const Tensor*>& xs, int64_t position_offset,
+                         KvCache* cache, Tensor* y) override;
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
   std::vector<Parameter*> parameters() override;
@@ -50,6 +56,10 @@ class CausalSelfAttention final : public Layer {
   absl::Status HeadsForward(bool drop);
   absl::Status HeadsBackward(bool drop);
   absl::Status Drop(int64_t n, const float* x, float* mask, float* y);
+  // Allocates a fresh cache's tensors for up to t_ positions.
+  absl::Status EnsureCache(KvCache* cache) const;
+  // ForwardAt's per-head products: from cache->split (the t new q, k, v) to cache->merged.
+  absl::Status HeadsForwardAt(int64_t t, int64_t offset, KvCache* cache);
 
   CausalSelfAttentionConfig config_;
   uint64_t seed_;

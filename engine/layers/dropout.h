@@ -21,6 +21,8 @@ class Dropout final : public Layer {
   Dropout(const DropoutConfig& config, Backend* backend, const Shape& shape, uint64_t seed)
       : Layer(backend, shape, shape), config_(config), seed_(seed) {}
   const char* type() const override { return "dropout"; }
+  // An identity in eval mode, the only one ForwardAt runs.
+  Incremental incremental() const override { return Incremental::kPositionWise; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 

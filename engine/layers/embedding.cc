@@ -93,6 +93,22 @@ absl::Status PositionEmbedding::Forward(const Tensor& x, Tensor* y, Mode) {
   return backend_->BiasForward(batch, per_sample, weight_.value.f32(), y->f32());
 }
 
+absl::Status PositionEmbedding::ForwardAt(const std::vector<const Tensor*>& xs,
+                                          int64_t position_offset, KvCache*, Tensor* y) {
+  if (xs.size() != 1) return InputCountError(xs.size());
+  const Tensor& x = *xs[0];
+  const int64_t dim = weight_.value.dim(1), rows = weight_.value.dim(0);
+  const int64_t t = x.numel() / dim;
+  if (position_offset < 0 || position_offset + t > rows) {
+    return absl::InvalidArgumentError(absl::StrCat("position_embedding: positions ",
+                                                   position_offset, "..", position_offset + t - 1,
+                                                   " are outside block_size ", rows));
+  }
+  KILN_RETURN_IF_ERROR(backend_->Copy(x, y, x.bytes()));
+  return backend_->BiasForward(1, static_cast<int>(t * dim),
+                               weight_.value.f32() + position_offset * dim, y->f32());
+}
+
 absl::Status PositionEmbedding::Backward(const Tensor& x, const Tensor&, const Tensor& dy,
                                          Tensor* dx) {
   const int per_sample = static_cast<int>(NumElements(input_shape_));

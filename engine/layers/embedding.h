@@ -36,6 +36,7 @@ class Embedding final : public Layer {
                                                        const Shape& input, Rng* rng);
   const char* type() const override { return "embedding"; }
   DType input_dtype() const override { return DType::kI32; }
+  Incremental incremental() const override { return Incremental::kPositionWise; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   // Accumulates the table's gradient; dx must be null (ids have none).
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
@@ -56,6 +57,10 @@ class PositionEmbedding final : public Layer {
                                                        Backend* backend, const Shape& shape,
                                                        Rng* rng);
   const char* type() const override { return "position_embedding"; }
+  // Adds rows position_offset..position_offset+t-1 of the table to the t new positions.
+  Incremental incremental() const override { return Incremental::kOwn; }
+  absl::Status ForwardAt(const std::vector<const Tensor*>& xs, int64_t position_offset,
+                         KvCache* cache, Tensor* y) override;
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
   std::vector<Parameter*> parameters() override { return {&weight_}; }

@@ -8,12 +8,21 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/backend.h"
+#include "engine/kv_cache.h"
 #include "engine/rng.h"
 #include "engine/tensor.h"
 
 namespace kiln {
 
 enum class Mode { kTrain, kEval };
+
+// How a layer of a sequence model runs over only the new positions of a sequence (ForwardAt,
+// Model::ForwardAt), the rest having run before.
+enum class Incremental {
+  kUnsupported,   // not a layer over positions (conv2d, flatten, a linear over the whole sample)
+  kPositionWise,  // each position's output reads only that position: Forward over the new ones
+  kOwn,           // reads other positions or knows its own: overrides ForwardAt
+};
 
 // One input of a node as its shape rule sees it: the name it was given by ("layer1.0.bn2",
 // "input") and its per-sample shape.
@@ -98,6 +107,21 @@ class Layer {
                                       const Tensor& dy, const std::vector<Tensor*>& dxs) {
     if (xs.size() != 1 || dxs.size() != 1) return InputCountError(xs.size());
     return Backward(*xs[0], y, dy, dxs[0]);
+  }
+
+  // Incremental decoding of one sequence (batch 1): xs[k] hold only the t new positions
+  // position_offset..position_offset+t-1, (1, t, ...) where the layer's shapes are (T, ...), and y
+  // is (1, t, ...) too. `cache` is this layer's, for this sequence (a causal attention appends the
+  // new keys and values to it and attends over all of them); other layers ignore it. Eval mode.
+  // A kPositionWise layer runs ForwardInputs over the new positions; kUnsupported refuses.
+  virtual Incremental incremental() const { return Incremental::kUnsupported; }
+  virtual absl::Status ForwardAt(const std::vector<const Tensor*>& xs, int64_t /*position_offset*/,
+                                 KvCache* /*cache*/, Tensor* y) {
+    if (incremental() != Incremental::kPositionWise) {
+      return absl::UnimplementedError(
+          absl::StrCat(type(), " cannot run over a sequence's new positions alone"));
+    }
+    return ForwardInputs(xs, y, Mode::kEval);
   }
 
   virtual std::vector<Parameter*> parameters() { return {}; }

@@ -22,6 +22,10 @@ class LayerNorm final : public Layer {
   static absl::StatusOr<std::unique_ptr<Layer>> Create(const LayerNormConfig& c, Backend* backend,
                                                        const Shape& shape);
   const char* type() const override { return "layernorm"; }
+  // Over each position's features when the sample is (T, ..., normalized_shape).
+  Incremental incremental() const override {
+    return input_shape_.size() >= 2 ? Incremental::kPositionWise : Incremental::kUnsupported;
+  }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
   std::vector<Parameter*> parameters() override;

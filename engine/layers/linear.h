@@ -23,6 +23,10 @@ class Linear final : public Layer {
   static absl::StatusOr<std::unique_ptr<Layer>> Create(const LinearConfig& config, Backend* backend,
                                                        const Shape& input, Rng* rng);
   const char* type() const override { return "linear"; }
+  // Applied per position when its output is (T, ..., out_features), not to the whole sample.
+  Incremental incremental() const override {
+    return output_shape_.size() >= 2 ? Incremental::kPositionWise : Incremental::kUnsupported;
+  }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
   std::vector<Parameter*> parameters() override;

@@ -18,6 +18,8 @@ class Relu final : public Layer {
  public:
   Relu(Backend* backend, const Shape& shape) : Layer(backend, shape, shape) {}
   const char* type() const override { return "relu"; }
+  // Element-wise: each position on its own.
+  Incremental incremental() const override { return Incremental::kPositionWise; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
 };

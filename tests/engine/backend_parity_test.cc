@@ -643,6 +643,33 @@ TEST_P(OpParity, CausalSoftmaxMatchesForShortAndLongRowsAndInPlace) {
   }
 }
 
+TEST_P(OpParity, CausalSoftmaxForwardAtMatchesForDecodingPrefillAndLongRows) {
+  struct Case {
+    int64_t batch;
+    int queries, keys, offset;
+  };
+  // One new position against short and long caches (the warp kernels' widths and the block
+  // kernel's), a prefill, a block in the middle with masked keys after it.
+  for (Case c : {Case{4, 1, 1, 0}, Case{4, 1, 33, 32}, Case{2, 1, 300, 299}, Case{2, 1, 1100, 1000},
+                 Case{2, 16, 16, 0}, Case{3, 5, 70, 40}}) {
+    const int64_t n = c.batch * c.queries * c.keys;
+    SCOPED_TRACE(::testing::Message()
+                 << c.batch << " x " << c.queries << " x " << c.keys << " offset " << c.offset);
+    const float scale = 1.0f / std::sqrt(64.0f);
+    Both x = Upload(RandomValues(n, 79, -10, 10)), y = Garbage(n),
+         in_place = Upload(Get(kCpu, x.t[kCpu]));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.CausalSoftmaxForwardAt(c.batch, c.queries, c.keys, c.offset, scale, x.f(s), y.f(s));
+    }));
+    ExpectClose(y, "causal softmax at an offset");
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+      return be.CausalSoftmaxForwardAt(c.batch, c.queries, c.keys, c.offset, scale, in_place.f(s),
+                                       in_place.f(s));
+    }));
+    ExpectClose(in_place, "causal softmax at an offset, in place");
+  }
+}
+
 TEST_P(OpParity, Transpose0213MatchesBitForBit) {
   struct Case {
     int64_t a, b, c, d;

@@ -164,6 +164,22 @@ std::vector<double> CausalSoftmaxReference(int64_t batch, int t, double scale,
   return y;
 }
 
+// The weights of `queries` new positions offset.. against `keys` cached ones: row i of each
+// (queries, keys) matrix keeps columns j <= offset + i.
+std::vector<double> CausalSoftmaxAtReference(int64_t batch, int queries, int keys, int offset,
+                                             double scale, const std::vector<float>& x) {
+  std::vector<double> y(x.size(), 0.0);
+  for (int64_t row = 0; row < batch * queries; ++row) {
+    const int live = offset + static_cast<int>(row % queries) + 1;
+    const float* xr = x.data() + row * keys;
+    double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+    for (int j = 0; j < live; ++j) mx = std::max(mx, scale * xr[j]);
+    for (int j = 0; j < live; ++j) sum += std::exp(scale * xr[j] - mx);
+    for (int j = 0; j < live; ++j) y[row * keys + j] = std::exp(scale * xr[j] - mx) / sum;
+  }
+  return y;
+}
+
 std::vector<double> CausalSoftmaxBackwardReference(int64_t batch, int t, double scale,
                                                    const std::vector<float>& y,
                                                    const std::vector<float>& dy) {
@@ -431,6 +447,45 @@ TEST_F(SequenceOps, CausalSoftmaxForwardMatchesTheReferenceAndZeroesAboveTheDiag
       }
     }
   }
+}
+
+TEST_F(SequenceOps, CausalSoftmaxForwardAtKeepsTheKeysUpToEachQuerysPosition) {
+  struct Case {
+    int64_t batch;
+    int queries, keys, offset;
+  };
+  // One new position (decoding), a prefill (offset 0, square), a block in the middle, and keys
+  // beyond the last query (all masked).
+  for (Case c : {Case{3, 1, 9, 8}, Case{2, 5, 5, 0}, Case{2, 4, 11, 3}, Case{1, 2, 70, 60}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << c.batch << " x " << c.queries << " x " << c.keys << " offset " << c.offset);
+    const float scale = 0.25f;
+    const std::vector<float> x = RandomValues(c.batch * c.queries * c.keys, 29, -8, 8);
+    std::vector<float> y = RandomValues(x.size(), 30, -9, 9);
+    ASSERT_OK(cpu_.CausalSoftmaxForwardAt(c.batch, c.queries, c.keys, c.offset, scale, x.data(),
+                                          y.data()));
+    const std::vector<double> want =
+        CausalSoftmaxAtReference(c.batch, c.queries, c.keys, c.offset, scale, x);
+    ExpectNear(y, want, 1e-6, "y");
+    for (size_t i = 0; i < y.size(); ++i) {
+      if (want[i] == 0.0) {
+        ASSERT_EQ(y[i], 0.0f) << "masked " << i;
+      }
+    }
+    std::vector<float> in_place = x;
+    ASSERT_OK(cpu_.CausalSoftmaxForwardAt(c.batch, c.queries, c.keys, c.offset, scale,
+                                          in_place.data(), in_place.data()));
+    EXPECT_TRUE(SameBits(in_place, y)) << "y = x gives the same values";
+  }
+}
+
+TEST_F(SequenceOps, CausalSoftmaxForwardAtOfAWholeSequenceIsTheCausalSoftmax) {
+  const int t = 17;
+  const std::vector<float> x = RandomValues(3 * t * t, 31, -8, 8);
+  std::vector<float> square(x.size()), at(x.size());
+  ASSERT_OK(cpu_.CausalSoftmaxForward(3, t, 0.5f, x.data(), square.data()));
+  ASSERT_OK(cpu_.CausalSoftmaxForwardAt(3, t, t, 0, 0.5f, x.data(), at.data()));
+  EXPECT_TRUE(SameBits(square, at));
 }
 
 TEST_F(SequenceOps, CausalSoftmaxForwardSurvivesHugeScoresAndUnderflow) {
@@ -839,6 +894,25 @@ TEST_P(SequenceOpChecks, GemmStridedBatchedRefusesNegativeExtentsAndOverlappingR
   ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, 4, p, 4, 0, p, 0, 2), "batched GEMM");
   ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, -4, p, 4, 0, p, 4, 2), "stride");
   ExpectRefused(b.GemmStridedBatched(no, no, 2, 2, 2, 1, p, 4, p, -4, 0, p, 4, 2), "stride");
+}
+
+TEST_P(SequenceOpChecks, CausalSoftmaxForwardAtRefusesQueriesBeyondTheKeys) {
+  Backend& b = *backend_;
+  float* p = buf_.f32();
+  struct Case {
+    int64_t batch;
+    int queries, keys, offset;
+    float scale;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (Case c : {Case{-1, 1, 4, 0, 1}, Case{2, 0, 4, 0, 1}, Case{2, 1, 4, -1, 1},
+                 Case{2, 2, 4, 3, 1}, Case{2, 1, 0, 0, 1}, Case{2, 1, 4, 0, 0},
+                 Case{2, 1, 4, 0, std::nanf("")}, Case{2, 1, 4, 0, inf}}) {
+    SCOPED_TRACE(::testing::Message() << c.batch << " x " << c.queries << " x " << c.keys
+                                      << " offset " << c.offset << " scale " << c.scale);
+    ExpectRefused(b.CausalSoftmaxForwardAt(c.batch, c.queries, c.keys, c.offset, c.scale, p, p),
+                  "causal softmax");
+  }
 }
 
 TEST_P(SequenceOpChecks, CausalSoftmaxRefusesNoTimeStepsAndABadScale) {
