@@ -258,7 +258,9 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   kv.Add("epochs", absl::StrCat(job.epochs_done(), " of ", job.epochs(), " done"));
   kv.Add("steps", absl::StrCat(job.global_step()));
   if (job.epochs_done() > 0) {
-    kv.Add("last epoch", ProgressView::EpochLine(job.last_epoch(), job.epochs()));
+    kv.Add("last epoch",
+           ProgressView::EpochLine(job.last_epoch(), job.epochs(), job.spec().max_iters(),
+                                   job.spec().eval_interval()));
     if (job.last_epoch().test_samples() > 0) {
       kv.Add("best test acc", FormatPercent(job.best_test_accuracy()));
     }
@@ -347,6 +349,12 @@ void AddSubmitCommand(CLI::App& app, CommandEnv& env, Action* action) {
                 "Dataset name on the server (default: the spec's, else mnist)");
   submit->epochs_opt = s->add_option("--epochs", submit->epochs, "Epochs to train (default 1)")
                            ->check(CLI::Range(1, 10000));
+  s->add_option("--max-iters", submit->overrides.max_iters,
+                "A language model's run: iterations to train (instead of epochs)")
+      ->check(CLI::PositiveNumber);
+  s->add_option("--eval-interval", submit->overrides.eval_interval,
+                "A language model's run: iterations between validation losses")
+      ->check(CLI::PositiveNumber);
   submit->batch_opt = s->add_option("--batch-size", submit->batch_size, "Samples per batch")
                           ->check(CLI::Range(1, 65536));
   s->add_option("--optimizer", submit->overrides.optimizer,

@@ -25,9 +25,25 @@ ProgressView::ProgressView(std::FILE* out, Style style, const v1::Job& job, int 
       style_(style),
       width_(std::max(40, width)),
       job_id_(job.id()),
-      total_epochs_(job.epochs()) {}
+      total_epochs_(job.epochs()),
+      max_iters_(job.spec().max_iters()),
+      eval_interval_(job.spec().eval_interval()) {}  // kilnd stores the one it uses
 
-std::string ProgressView::EpochLine(const v1::EpochMetrics& e, int total_epochs) {
+std::string ProgressView::EpochLine(const v1::EpochMetrics& e, int total_epochs, int64_t max_iters,
+                                    int64_t eval_interval) {
+  if (max_iters > 0) {
+    std::string line = absl::StrFormat("iter %d/%d  train loss %.4f",
+                                       std::min(int64_t{e.epoch()} * eval_interval, max_iters),
+                                       max_iters, e.train_loss());
+    if (e.test_samples() > 0) {
+      absl::StrAppendFormat(&line, "  val loss %.4f  val ppl %.2f  next-token acc %s",
+                            e.test_loss(), std::exp(e.test_loss()),
+                            FormatPercent(e.test_accuracy()));
+    }
+    absl::StrAppendFormat(&line, "  %s  %.0f windows/s",
+                          DurationText(absl::Seconds(e.train_seconds())), e.samples_per_sec());
+    return line;
+  }
   std::string line =
       absl::StrFormat("epoch %d/%d  train loss %.4f  train acc %s", e.epoch(), total_epochs,
                       e.train_loss(), FormatPercent(e.train_accuracy()));
@@ -84,10 +100,13 @@ void ProgressView::OnEvent(const v1::JobEvent& event) {
       return;
     case v1::JobEvent::kEpoch: {
       const v1::EpochMetrics& e = event.epoch();
-      if (e.test_samples() > 0) last_test_accuracy_ = e.test_accuracy();
+      if (e.test_samples() > 0) {
+        last_test_accuracy_ = e.test_accuracy();
+        last_test_loss_ = e.test_loss();
+      }
       total_epochs_ = std::max(total_epochs_, e.epoch());
       epoch_start_ = at;
-      PrintLineLocked(EpochLine(e, total_epochs_));
+      PrintLineLocked(EpochLine(e, total_epochs_, max_iters_, eval_interval_));
       return;
     }
     case v1::JobEvent::kCheckpoint: {
@@ -162,11 +181,19 @@ std::string ProgressView::BarLine(int width) const {
   const int remaining = std::max(0, spe - step_.step_in_epoch());
   const std::string eta =
       seconds_per_step_ > 0 ? FormatClock(absl::Seconds(seconds_per_step_ * remaining)) : "--:--";
-  const std::string head = absl::StrFormat("epoch %d/%d ", step_.epoch(), total_epochs_);
-  const std::string tail = absl::StrFormat(
-      " %d/%d  loss %.4f  acc %s  %.0f/s  %s eta %s", step_.step_in_epoch(), spe, smoothed_loss_,
-      last_test_accuracy_ < 0 ? std::string("-") : FormatPercent(last_test_accuracy_),
-      step_.samples_per_sec(), FormatClock(elapsed), eta);
+  // A language model's bar counts iterations and shows the last validation perplexity.
+  const bool lm = max_iters_ > 0;
+  const std::string head = lm ? absl::StrFormat("iter %d/%d ", step_.global_step(), max_iters_)
+                              : absl::StrFormat("epoch %d/%d ", step_.epoch(), total_epochs_);
+  const std::string score =
+      lm ? absl::StrCat("val ppl ", last_test_loss_ < 0
+                                        ? std::string("-")
+                                        : absl::StrFormat("%.2f", std::exp(last_test_loss_)))
+         : absl::StrCat("acc ", last_test_accuracy_ < 0 ? std::string("-")
+                                                        : FormatPercent(last_test_accuracy_));
+  const std::string tail =
+      absl::StrFormat(" %d/%d  loss %.4f  %s  %.0f/s  %s eta %s", step_.step_in_epoch(), spe,
+                      smoothed_loss_, score, step_.samples_per_sec(), FormatClock(elapsed), eta);
   // The bar takes what the text leaves, between 10 and 30 cells.
   const int room = width - static_cast<int>(head.size() + tail.size()) - 2;
   const int cells = std::clamp(room, 10, 30);
@@ -191,7 +218,10 @@ void ProgressView::PrintSummary(const v1::Job& job) {
     case v1::JOB_STATE_SUCCEEDED:
       absl::StrAppend(&line, ": ", Plural(job.epochs_done(), "epoch"), ", ",
                       Plural(job.global_step(), "step"), " in ", DurationText(took));
-      if (job.last_epoch().test_samples() > 0) {
+      if (job.last_epoch().test_samples() > 0 && max_iters_ > 0) {
+        absl::StrAppendFormat(&line, "; validation loss %.4f (perplexity %.2f)",
+                              job.last_epoch().test_loss(), std::exp(job.last_epoch().test_loss()));
+      } else if (job.last_epoch().test_samples() > 0) {
         absl::StrAppend(&line, "; test accuracy ", FormatPercent(job.last_epoch().test_accuracy()),
                         " (best ", FormatPercent(job.best_test_accuracy()), ")");
       }

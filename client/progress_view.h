@@ -31,8 +31,11 @@ class ProgressView {
   // Removes the live bar so that other text can follow on a clean line. Thread-safe.
   void ClearLine();
 
-  // The line of one finished epoch, e.g. "epoch 1/3  train loss 0.3456 ...".
-  static std::string EpochLine(const v1::EpochMetrics& e, int total_epochs);
+  // The line of one finished epoch, e.g. "epoch 1/3  train loss 0.3456 ...", or for a language
+  // model's run (max_iters > 0) of one evaluation interval, "iter 250/2000  train loss 2.1 ...
+  // val loss 2.0  val ppl 7.39 ...".
+  static std::string EpochLine(const v1::EpochMetrics& e, int total_epochs, int64_t max_iters = 0,
+                               int64_t eval_interval = 0);
 
  private:
   void OnStep(const v1::StepMetrics& step, absl::Time at);
@@ -47,6 +50,9 @@ class ProgressView {
   const int width_;
   const std::string job_id_;
   int total_epochs_;
+  // A language model's run: counted in iterations, scored by validation loss and perplexity.
+  const int64_t max_iters_;
+  const int64_t eval_interval_;
 
   // The latest step and what the bar needs around it.
   v1::StepMetrics step_;
@@ -58,6 +64,7 @@ class ProgressView {
   absl::Time last_step_time_ = absl::InfinitePast();
   double seconds_per_step_ = 0;
   double last_test_accuracy_ = -1;  // < 0 before the first epoch
+  double last_test_loss_ = -1;      // likewise; a language model's bar shows its perplexity
   int printed_tenth_ = -1;          // kPlain: the last tenth of the epoch printed
   int printed_tenth_epoch_ = 0;
 

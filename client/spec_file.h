@@ -2,6 +2,7 @@
 // the command-line overrides of `kiln submit`.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@ struct SpecOverrides {
   std::string preset;
   std::string dataset;
   std::optional<int> epochs;
+  std::optional<int64_t> max_iters;     // a language model's run
+  std::optional<int> eval_interval;
   std::optional<int> batch_size;
   std::string optimizer;  // a plain or full OptimizerSpec.Kind name: "adamw"
   std::optional<double> lr;
@@ -40,7 +43,7 @@ struct SpecOverrides {
 };
 
 // Applies `o` to `spec`. The dataset defaults to "mnist" and the epochs to 1 when neither the
-// spec nor the flags give them. An optimizer flag on a preset without an explicit optimizer first
+// spec nor the flags give them (nor max_iters, a language model's run). An optimizer flag on a preset without an explicit optimizer first
 // spells out the preset's optimizer (kilnd takes a partial optimizer as a whole one), so only
 // what the flags say changes. --optimizer naming another kind starts a fresh optimizer of that
 // kind that keeps the rate and weight decay (the rate defaults to 1e-3, PyTorch's). --schedule

@@ -288,6 +288,10 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     job.set_id(NewJobId());
   } while (jobs_.count(job.id()) > 0);
   *job.mutable_spec() = spec;
+  // The interval a language model's run takes by default, kept, so readers of the job need not
+  // know the rule (clients count iterations with it).
+  if (config.max_iters > 0)
+    job.mutable_spec()->set_eval_interval(static_cast<int32_t>(config.eval_interval));
   job.set_device(device);
   *job.mutable_create_time() = MillisToTimestamp(NowMillis());
   job.set_epochs(config.epochs);

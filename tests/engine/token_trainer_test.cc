@@ -4,7 +4,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -202,6 +208,73 @@ TEST_F(TokenTrainer, DataThatDoesNotFitIsRefusedNamingIt) {
   config.epochs = 1;
   EXPECT_THAT(std::string(Trainer::Create(config, backend_.get(), &data_).status().message()),
               ::testing::HasSubstr("set max_iters"));
+}
+
+// The child of ACorpusLargerThanTheProcessMayAllocateTrains: exits 0 when a tiny GPT trained on
+// `dir` with 192 MiB of room to allocate, another code saying which step failed.
+void TrainUnderDataLimit(const std::string& dir) {
+  // What the process holds already (the libraries' data, the test binary's heap) plus 192 MiB.
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) std::_Exit(2);
+  char line[256];
+  size_t data_kib = 0;
+  while (std::fgets(line, sizeof(line), status) != nullptr) {
+    if (std::sscanf(line, "VmData: %zu kB", &data_kib) == 1) break;
+  }
+  std::fclose(status);
+  if (data_kib == 0) std::_Exit(2);
+  rlimit limit;
+  limit.rlim_cur = limit.rlim_max = data_kib * 1024 + (size_t{192} << 20);
+  if (setrlimit(RLIMIT_DATA, &limit) != 0) std::_Exit(2);
+  void* big = std::malloc(size_t{256} << 20);
+  if (big != nullptr) std::_Exit(3);  // the limit would not have bitten
+  auto backend = CreateBackend("cpu", {1});
+  auto data = OpenTokenDataset(dir);
+  if (!backend.ok() || !data.ok()) {
+    std::fprintf(stderr, "%s / %s\n", backend.status().ToString().c_str(),
+                 data.status().ToString().c_str());
+    std::_Exit(4);
+  }
+  TrainConfig c;
+  c.model = GptConfig({8, 16, 1, 2, 16});
+  c.optimizer.kind = OptimizerConfig::Kind::kAdamW;
+  c.batch_size = 4;
+  c.max_iters = 3;
+  c.eval_interval = 3;
+  c.eval_iters = 1;
+  c.epochs = 1;
+  auto trainer = Trainer::Create(c, backend->get(), &*data);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
+    std::_Exit(5);
+  }
+  if (absl::Status run = (*trainer)->Run({}); !run.ok()) {
+    std::fprintf(stderr, "%s\n", run.ToString().c_str());
+    std::_Exit(6);
+  }
+  std::_Exit(0);
+}
+
+// A corpus larger than the process may allocate trains: its shards stay mapped (page cache, not
+// the job's memory). The child runs under a data limit (RLIMIT_DATA: heap and private mappings)
+// 192 MiB above what it holds, which refuses a 256 MiB allocation, and trains on a 512 MiB shard.
+TEST(TokenTrainerMemory, ACorpusLargerThanTheProcessMayAllocateTrains) {
+  TempDir dir;
+  const int64_t tokens = int64_t{256} << 20;  // 512 MiB of uint16 tokens, all id 0 (sparse)
+  {
+    const std::string path = dir.path() + "/train_000.bin";
+    const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    const std::string header = TokenShardHeader(tokens);
+    ASSERT_EQ(::write(fd, header.data(), header.size()), static_cast<ssize_t>(header.size()));
+    ASSERT_EQ(::ftruncate(fd, kTokenShardHeaderBytes + 2 * tokens), 0);
+    ::close(fd);
+    std::vector<uint16_t> val(4096);
+    for (size_t i = 0; i < val.size(); ++i) val[i] = static_cast<uint16_t>(i % 5);
+    ASSERT_OK(WriteTokenShard(dir.path() + "/val_000.bin", val));
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(TrainUnderDataLimit(dir.path()), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

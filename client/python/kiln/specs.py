@@ -77,7 +77,8 @@ def build_spec(spec=None, **overrides):
     """A JobSpec from `spec` (dict, preset name, path of a .json file, JobSpec or None) with
     `overrides` applied: dataset, epochs, batch_size, lr, seed, device, preset, or any other
     JobSpec field by name (optimizer={...}, label_smoothing=0.1, ...). As `kiln submit`, the
-    dataset defaults to "mnist" and the epochs to 1 when neither the spec nor overrides set them."""
+    dataset defaults to "mnist" and the epochs to 1 when neither the spec nor overrides set them
+    (nor max_iters, a language model's run)."""
     if spec is None:
         message = spec_pb2.JobSpec()
     elif isinstance(spec, spec_pb2.JobSpec):
@@ -113,7 +114,7 @@ def build_spec(spec=None, **overrides):
         message.MergeFrom(_from_dict(rest, "overrides"))
     if not message.dataset:
         message.dataset = "mnist"
-    if message.epochs == 0:
+    if message.epochs == 0 and message.max_iters == 0:  # a language model counts iterations
         message.epochs = 1
     if lr is not None:
         if message.optimizer.kind == spec_pb2.OptimizerSpec.KIND_UNSPECIFIED:

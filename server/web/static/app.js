@@ -236,6 +236,7 @@ class JobCurves {
     this.epoch = [];
     this.testAccuracy = [];
     this.trainAccuracy = [];
+    this.testLoss = [];
     this.livePoints = 0;
   }
   // A run resumed from an earlier checkpoint trains those steps and epochs again: its points
@@ -258,10 +259,13 @@ class JobCurves {
         this.epoch.pop();
         this.testAccuracy.pop();
         this.trainAccuracy.pop();
+        this.testLoss.pop();
       }
       this.epoch.push(event.epoch.epoch);
       this.testAccuracy.push(event.epoch.test_accuracy);
       this.trainAccuracy.push(event.epoch.train_accuracy);
+      // No test split: no point (uPlot leaves a gap for null).
+      this.testLoss.push(Number(event.epoch.test_samples) > 0 ? event.epoch.test_loss : null);
       if (!event.replayed) this.livePoints++;
     }
   }
@@ -401,12 +405,17 @@ async function showJob(id, signal) {
   const accuracy =
       makeChart(charts, 'Accuracy per epoch', 'epoch', ['test', 'train'], {yRange: [0, 1]});
   accuracy.box.id = 'accuracy-chart';
+  // A language model's validation loss (its perplexity is e to it), a classifier's test loss.
+  const testLoss = makeChart(charts, 'Test / validation loss per epoch or interval', 'epoch',
+                             ['test loss']);
+  testLoss.box.id = 'test-loss-chart';
   const lr = makeChart(charts, 'Learning rate per step', 'step', ['lr']);
   lr.box.id = 'lr-chart';
   const curves = new JobCurves();
   const draw = () => {
     loss.setData([curves.step, curves.loss]);
     accuracy.setData([curves.epoch, curves.testAccuracy, curves.trainAccuracy]);
+    testLoss.setData([curves.epoch, curves.testLoss]);
     lr.setData([curves.step, curves.lr]);
     loss.box.dataset.points = curves.step.length;
     loss.box.dataset.livePoints = curves.livePoints;
@@ -518,6 +527,7 @@ async function showJob(id, signal) {
   const follow = async () => {
     curves.step.length = curves.loss.length = curves.lr.length = 0;
     curves.epoch.length = curves.testAccuracy.length = curves.trainAccuracy.length = 0;
+    curves.testLoss.length = 0;
     let historyDone = false, again = false;
     await readEvents(path + '/events?steps=1', async (name, event) => {
       if (name === 'history_end') {
