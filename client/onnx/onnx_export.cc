@@ -186,8 +186,7 @@ class NodeEmitter {
     g_.AddNode("Sub", n + "centred", {in_[0], n + "mean"}, {n + "centred"});
     g_.AddNode("Mul", n + "square", {n + "centred", n + "centred"}, {n + "square"});
     AxisMean(n + "square", n + "var");
-    const std::string eps =
-        g_.AddInitializer(node_ + ".onnx_eps", {}, {static_cast<float>(c.eps)});
+    const std::string eps = g_.AddInitializer(node_ + ".onnx_eps", {}, {static_cast<float>(c.eps)});
     g_.AddNode("Add", n + "var_eps", {n + "var", eps}, {n + "var_eps"});
     g_.AddNode("Sqrt", n + "std", {n + "var_eps"}, {n + "std"});
     std::string y = n + "normalized";
@@ -354,8 +353,8 @@ absl::StatusOr<std::string> NodeEmitter::Layer(const CausalSelfAttentionConfig& 
   }
   g_.AddNode("MatMul", n + "scores", {n + "q/t", n + "k/t"}, {n + "scores"});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  g_.AddNode("Mul", n + "scaled", {n + "scores", Constant(absl::StrCat("kiln.attention_scale_", hd),
-                                                          scale)},
+  g_.AddNode("Mul", n + "scaled",
+             {n + "scores", Constant(absl::StrCat("kiln.attention_scale_", hd), scale)},
              {n + "scaled"});
   g_.AddNode("Add", n + "masked", {n + "scaled", CausalMask(in_shape_[0])}, {n + "masked"});
   SetAttribute(g_.AddNode("Softmax", n + "weights", {n + "masked"}, {n + "weights"}), "axis",

@@ -33,8 +33,8 @@ class OnnxGraphBuilder {
   // A graph input or output of `elem_type` (onnx::TensorProto::FLOAT, UINT8, INT64) whose first
   // dimension is the symbolic batch "N" and the rest `sample_dims`; with `length_param`, the
   // first sample dimension is that symbol instead (a sequence's length "T", any up to its size).
-  void AddInput(const std::string& name, int32_t elem_type,
-                const std::vector<int64_t>& sample_dims, const std::string& length_param = "");
+  void AddInput(const std::string& name, int32_t elem_type, const std::vector<int64_t>& sample_dims,
+                const std::string& length_param = "");
   void AddOutput(const std::string& name, int32_t elem_type,
                  const std::vector<int64_t>& sample_dims, const std::string& length_param = "");
 

@@ -135,7 +135,8 @@ OPS = {
     "Transpose": lambda i, a: np.transpose(i[0], a.get("perm")),
     "Reshape": lambda i, a: reshape(i[0], i[1]),
     "Split": lambda i, a: split(i[0], i[1], a),
-    "ReduceMean": lambda i, a: i[0].mean(axis=tuple(a["axes"]), keepdims=bool(a.get("keepdims", 1))),
+    "ReduceMean": lambda i, a: i[0].mean(axis=tuple(a["axes"]),
+                                         keepdims=bool(a.get("keepdims", 1))),
     "Sqrt": lambda i, a: np.sqrt(i[0]),
 }
 

@@ -508,7 +508,8 @@ void TokenWindows(int64_t n, int64_t t, uint64_t seed, std::vector<int32_t>* ids
   Rng rng(seed);
   ids32->resize(n * t);
   ids64->resize(n * t);
-  for (int64_t i = 0; i < n * t; ++i) (*ids64)[i] = (*ids32)[i] = static_cast<int32_t>(rng.Below(11));
+  for (int64_t i = 0; i < n * t; ++i)
+    (*ids64)[i] = (*ids32)[i] = static_cast<int32_t>(rng.Below(11));
 }
 
 // DIR/gpt.safetensors: TinyGpt with every parameter moved off its init (layer norms' scales and
@@ -529,14 +530,16 @@ TEST(OnnxExportInterop, WritesAGptCheckpointItsOnnxFileAndKilnsLogits) {
     const bool is_vector = p.param->value.rank() == 1;
     const float lo = is_vector ? (scale && p.name.ends_with("weight") ? 0.5f : -0.2f) : -0.3f;
     const float hi = is_vector ? (scale && p.name.ends_with("weight") ? 1.5f : 0.2f) : 0.3f;
-    const std::vector<float> v = kiln::testing::RandomValues(p.param->value.numel(), ++seed, lo, hi);
+    const std::vector<float> v =
+        kiln::testing::RandomValues(p.param->value.numel(), ++seed, lo, hi);
     ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
   }
   const std::string base = absl::StrCat(dir, "/gpt");
   ASSERT_OK(WriteCheckpoint(base + ".safetensors", **model, nullptr, {}, PixelNorm()));
   ASSERT_OK(ExportOnnx(base + ".safetensors", base + ".onnx"));
   std::vector<HostTensor> eval;
-  for (const auto& [name, t] : std::vector<std::pair<std::string, int64_t>>{{"", kBlock}, {"_short", 6}}) {
+  for (const auto& [name, t] :
+       std::vector<std::pair<std::string, int64_t>>{{"", kBlock}, {"_short", 6}}) {
     const int64_t n = 5;
     std::vector<int32_t> ids32;
     std::vector<int64_t> ids64;
@@ -555,7 +558,8 @@ TEST(OnnxExportInterop, WritesAGptCheckpointItsOnnxFileAndKilnsLogits) {
     const std::vector<float> all = kiln::testing::ToHost(b, **out);
     std::vector<float> logits;
     for (int64_t i = 0; i < n; ++i) {
-      logits.insert(logits.end(), all.begin() + i * kBlock * 11, all.begin() + (i * kBlock + t) * 11);
+      logits.insert(logits.end(), all.begin() + i * kBlock * 11,
+                    all.begin() + (i * kBlock + t) * 11);
     }
     HostTensor input = HostTensorFromI64("input" + name, ids64);
     input.shape = {n, t};

@@ -13,7 +13,8 @@ windows x, y (I32 [B, T]) with kiln's eval logits (F32 [B, T, vocab]) and mean c
 is the GPT class of ../shared/peers/torch_gpt_peer.py beside the repository (KILN_TORCH_GPT_PEER
 names another file); its config comes from the checkpoint's kiln.model. Checks: the renamed
 weights load with strict=True; the module's parameter count (the tied table once) equals the
-checkpoint's and kiln's; its loss on the windows equals kiln's within 1e-4 relative, and so do its logits.
+checkpoint's and kiln's; its loss on the windows equals kiln's within 1e-4 relative, and so do
+its logits.
 
 load_kiln_gpt(path) is the loader on its own, for other scripts:
   sys.path.insert(0, "tests/engine"); from gpt_torch_check import load_kiln_gpt
@@ -76,7 +77,8 @@ def peer_config(model):
                              f"{layer and layer['type']}")
         for key, want in fields.items():
             if layer.get(key, want) != want:
-                raise ValueError(f"node {name}: {key} is {layer[key]}, the peer's module has {want}")
+                raise ValueError(f"node {name}: {key} is {layer[key]}, the peer's module has "
+                                 f"{want}")
         return layer
 
     wte = node("wte", "embedding")
@@ -168,7 +170,8 @@ def main():
         logits = logits_of(model, x)
     compare("loss (the peer's forward)", [loss], tensors["loss"][1])
     compare("logits", logits.numpy(), tensors["logits"][1])
-    print(f"OK: {count} parameters; torch loss {loss:.6f}, kiln's {float(tensors['loss'][1][0]):.6f}")
+    kiln_loss = float(tensors["loss"][1][0])
+    print(f"OK: {count} parameters; torch loss {loss:.6f}, kiln's {kiln_loss:.6f}")
 
 
 if __name__ == "__main__":

@@ -110,11 +110,12 @@ TEST(GptTorchInterop, WritesATrainedGptCheckpointAndItsLossOnWindows) {
   const std::vector<float> logits_v = testing::ToHost(b, **logits);
   ASSERT_OK(loss.Compute(**logits, IdTensor(b, y), scalar->f32(), correct->i32(), nullptr));
   const std::vector<float> loss_v = testing::ToHost(b, *scalar);
-  ASSERT_OK(WriteSafetensors(std::string(dir) + "/windows.safetensors",
-                             {I32Tensor("x", x, {kBatch, kBlock}), I32Tensor("y", y, {kBatch, kBlock}),
-                              HostTensorFromF32("logits", logits_v.data(), {kBatch, kBlock, kVocab}),
-                              HostTensorFromF32("loss", loss_v.data(), {1})},
-                             {{"parameters", absl::StrCat((*model)->parameter_count())}}));
+  ASSERT_OK(
+      WriteSafetensors(std::string(dir) + "/windows.safetensors",
+                       {I32Tensor("x", x, {kBatch, kBlock}), I32Tensor("y", y, {kBatch, kBlock}),
+                        HostTensorFromF32("logits", logits_v.data(), {kBatch, kBlock, kVocab}),
+                        HostTensorFromF32("loss", loss_v.data(), {1})},
+                       {{"parameters", absl::StrCat((*model)->parameter_count())}}));
   std::printf("kiln loss on %lld windows: %.6f\n", static_cast<long long>(kBatch), loss_v[0]);
 }
 
