@@ -29,8 +29,8 @@ using ::onnx::TensorProto;
 // several-op layer "gelu/erf"), the last node's output "logits" (or "probabilities").
 class NodeEmitter {
  public:
-  // `length` names the int64 [1] tensor holding a token model's sequence length T ("" for other
-  // models): position tables and the causal mask are sliced to it.
+  // `length` names the int64 [1] tensor holding the sequence length T ("" for models without
+  // position embeddings or attention): position tables and the causal mask are sliced to it.
   NodeEmitter(const ModelConfig& config, const SafetensorsContents& weights,
               const std::vector<Shape>& shapes, const std::string& length, OnnxGraphBuilder& g)
       : config_(config), weights_(weights), shapes_(shapes), length_(length), g_(g) {}
