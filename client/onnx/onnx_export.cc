@@ -29,9 +29,11 @@ using ::onnx::TensorProto;
 // several-op layer "gelu/erf"), the last node's output "logits" (or "probabilities").
 class NodeEmitter {
  public:
+  // `length` names the int64 [1] tensor holding the sequence length T ("" for models without
+  // position embeddings or attention): position tables and the causal mask are sliced to it.
   NodeEmitter(const ModelConfig& config, const SafetensorsContents& weights,
-              const std::vector<Shape>& shapes, OnnxGraphBuilder& g)
-      : config_(config), weights_(weights), shapes_(shapes), g_(g) {}
+              const std::vector<Shape>& shapes, const std::string& length, OnnxGraphBuilder& g)
+      : config_(config), weights_(weights), shapes_(shapes), length_(length), g_(g) {}
 
   // Node i reads `inputs` (tensor names; `input_values` their InferShapes value numbers) and
   // writes `output`; returns the name of the tensor that holds its result.
@@ -49,13 +51,19 @@ class NodeEmitter {
  private:
   absl::StatusOr<std::string> Layer(const LinearConfig& c) {
     std::string x = in_[0];
-    if (NumElements(in_shape_) != c.in_features) {  // over a sequence's positions
-      return absl::UnimplementedError(
-          absl::StrCat(label_, ": a linear over the last dimension has no ONNX export yet"));
+    // A tied weight is the embedding's table, one initializer under the embedding's name.
+    const std::string weight = c.tie_weight.empty() ? StateDictName(node_, "weight")
+                                                    : StateDictName(c.tie_weight, "weight");
+    KILN_ASSIGN_OR_RETURN(std::string w, ParamNamed(weight, {c.out_features, c.in_features}));
+    if (NumElements(in_shape_) != c.in_features) {  // over a sequence's positions, as kiln's
+      std::string b;
+      if (c.bias) {
+        KILN_ASSIGN_OR_RETURN(b, Param("bias", {c.out_features}));
+      }
+      return LastDimLinear(x, w, b, node_, out_);
     }
     // kiln's linear reads any sample shape as a vector (PyTorch would need a Flatten first).
     if (in_shape_.size() > 1) x = Flatten(x, node_ + "/flatten");
-    KILN_ASSIGN_OR_RETURN(std::string w, Param("weight", {c.out_features, c.in_features}));
     std::vector<std::string> args = {x, w};
     if (c.bias) {
       KILN_ASSIGN_OR_RETURN(std::string b, Param("bias", {c.out_features}));
@@ -151,6 +159,49 @@ class NodeEmitter {
     SetAttribute(g_.AddNode("Concat", node_, in_, {out_}), "axis", int64_t{1});
     return out_;
   }
+  absl::StatusOr<std::string> Layer(const EmbeddingConfig& c) {
+    // kiln's InferShapes lets only the model's input (int64 ids here) reach an embedding.
+    KILN_ASSIGN_OR_RETURN(std::string w, Param("weight", {c.num_embeddings, c.embedding_dim}));
+    SetAttribute(g_.AddNode("Gather", node_, {w, in_[0]}, {out_}), "axis", int64_t{0});
+    return out_;
+  }
+  absl::StatusOr<std::string> Layer(const PositionEmbeddingConfig& c) {
+    KILN_ASSIGN_OR_RETURN(std::string w, Param("weight", {c.block_size, c.embedding_dim}));
+    // The first T rows of the table, broadcast over the batch.
+    const std::string rows = node_ + "/rows";
+    g_.AddNode("Slice", rows, {w, ConstantI64({0}), length_, ConstantI64({0})}, {rows});
+    g_.AddNode("Add", node_, {in_[0], rows}, {out_});
+    return out_;
+  }
+  absl::StatusOr<std::string> Layer(const LayerNormConfig& c) {
+    if (in_shape_.empty() || in_shape_.back() != c.normalized_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(label_, ": normalized_shape ",
+                                                     c.normalized_shape, " but input is ",
+                                                     ShapeString(in_shape_)));
+    }
+    // Opset 13 has no LayerNormalization: (x - mean) / sqrt(var + eps) over the last dimension,
+    // var the biased variance as PyTorch's, then the scale and shift.
+    const std::string n = node_ + "/";
+    AxisMean(in_[0], n + "mean");
+    g_.AddNode("Sub", n + "centred", {in_[0], n + "mean"}, {n + "centred"});
+    g_.AddNode("Mul", n + "square", {n + "centred", n + "centred"}, {n + "square"});
+    AxisMean(n + "square", n + "var");
+    const std::string eps = g_.AddInitializer(node_ + ".onnx_eps", {}, {static_cast<float>(c.eps)});
+    g_.AddNode("Add", n + "var_eps", {n + "var", eps}, {n + "var_eps"});
+    g_.AddNode("Sqrt", n + "std", {n + "var_eps"}, {n + "std"});
+    std::string y = n + "normalized";
+    const bool scale = c.affine, shift = c.affine && c.bias;
+    g_.AddNode("Div", scale ? y : node_, {n + "centred", n + "std"}, {scale ? y : out_});
+    if (!scale) return out_;
+    KILN_ASSIGN_OR_RETURN(std::string gamma, Param("weight", {c.normalized_shape}));
+    g_.AddNode("Mul", shift ? n + "scaled" : node_, {y, gamma}, {shift ? n + "scaled" : out_});
+    if (!shift) return out_;
+    KILN_ASSIGN_OR_RETURN(std::string beta, Param("bias", {c.normalized_shape}));
+    g_.AddNode("Add", node_, {n + "scaled", beta}, {out_});
+    return out_;
+  }
+  absl::StatusOr<std::string> Layer(const CausalSelfAttentionConfig& c);
+
   // A layer kind added to kiln without an ONNX form here.
   template <typename C>
   absl::StatusOr<std::string> Layer(const C& c) {
@@ -186,6 +237,22 @@ class NodeEmitter {
     return out_;
   }
 
+  // x [N, T, in] @ w^T (+ b) -> `out` [N, T, out]; w [out, in] as the state dict keeps it.
+  std::string LastDimLinear(const std::string& x, const std::string& w, const std::string& b,
+                            const std::string& name, const std::string& out) {
+    const std::string wt = name + "/weight_t", product = b.empty() ? out : name + "/matmul";
+    SetAttribute(g_.AddNode("Transpose", wt, {w}, {wt}), "perm", std::vector<int64_t>{1, 0});
+    g_.AddNode("MatMul", b.empty() ? name : product, {x, wt}, {product});
+    if (!b.empty()) g_.AddNode("Add", name, {product, b}, {out});
+    return out;
+  }
+  // The mean over the last dimension, kept as a dimension of 1 (opset 13: axes an attribute).
+  void AxisMean(const std::string& x, const std::string& out) {
+    ::onnx::NodeProto* n = g_.AddNode("ReduceMean", out, {x}, {out});
+    SetAttribute(n, "axes", std::vector<int64_t>{-1});
+    SetAttribute(n, "keepdims", int64_t{1});
+  }
+
   std::string Op(const std::string& op) {
     g_.AddNode(op, node_, {in_[0]}, {out_});
     return out_;
@@ -203,28 +270,124 @@ class NodeEmitter {
     return name;
   }
 
+  // An int64 constant [values.size()], shared by every node that uses the same values.
+  std::string ConstantI64(const std::vector<int64_t>& values) {
+    const std::string name = absl::StrCat("kiln.i64.", absl::StrJoin(values, "_"));
+    if (constants_.insert(name).second) {
+      g_.AddInitializerI64(name, {static_cast<int64_t>(values.size())}, values);
+    }
+    return name;
+  }
+
   // The node's state-dict tensor `tensor` as an initializer of the same name, after checking
   // that the checkpoint holds it as F32 of `shape`.
   absl::StatusOr<std::string> Param(const std::string& tensor, const Shape& shape) {
-    const std::string name = StateDictName(node_, tensor);
+    return ParamNamed(StateDictName(node_, tensor), shape);
+  }
+  // The checkpoint's tensor `name` as an initializer, added once however many nodes read it.
+  absl::StatusOr<std::string> ParamNamed(const std::string& name, const Shape& shape) {
+    if (params_.contains(name)) return name;
     const HostTensor* t = weights_.Find(name);
     if (t == nullptr) {
       return absl::DataLossError(absl::StrCat(label_, ": the checkpoint has no tensor ", name));
     }
     std::vector<float> values(NumElements(shape));
     KILN_RETURN_IF_ERROR(CopyF32(*t, shape, values.data()));
+    params_.insert(name);
     return g_.AddInitializer(name, shape, values);
+  }
+
+  // The additive causal mask [T, T]: 0 on and below the diagonal, -inf above (a position attends
+  // to itself and the past), sliced from one [block, block] constant.
+  std::string CausalMask(int64_t block) {
+    const std::string mask = "kiln.causal_mask/rows";
+    if (params_.insert("kiln.causal_mask").second) {
+      std::vector<float> m(block * block, 0.0f);
+      for (int64_t i = 0; i < block; ++i) {
+        for (int64_t j = i + 1; j < block; ++j) m[i * block + j] = -INFINITY;
+      }
+      g_.AddInitializer("kiln.causal_mask", {block, block}, m);
+      const std::string both = "kiln.causal_mask/length";
+      SetAttribute(g_.AddNode("Concat", both, {length_, length_}, {both}), "axis", int64_t{0});
+      g_.AddNode("Slice", mask,
+                 {"kiln.causal_mask", ConstantI64({0, 0}), both, ConstantI64({0, 1})}, {mask});
+    }
+    return mask;
   }
 
   const ModelConfig& config_;
   const SafetensorsContents& weights_;
   const std::vector<Shape>& shapes_;
+  const std::string length_;
   OnnxGraphBuilder& g_;
-  std::set<std::string> constants_;
+  std::set<std::string> constants_, params_;
   std::string node_, label_, out_;
   std::vector<std::string> in_;
   Shape in_shape_;
 };
+
+// nanoGPT's CausalSelfAttention over x [N, T, d]: one projection to q, k, v, n_head heads of
+// softmax(q k^T / sqrt(d / n_head) + mask) v, the heads joined and projected by c_proj. Dropout is
+// the identity at inference.
+absl::StatusOr<std::string> NodeEmitter::Layer(const CausalSelfAttentionConfig& c) {
+  const int64_t d = c.n_embd, heads = c.n_head, hd = c.n_embd / c.n_head;
+  const std::string n = node_ + "/";
+  KILN_ASSIGN_OR_RETURN(std::string attn_w, Param("c_attn.weight", {3 * d, d}));
+  KILN_ASSIGN_OR_RETURN(std::string proj_w, Param("c_proj.weight", {d, d}));
+  std::string attn_b, proj_b;
+  if (c.bias) {
+    KILN_ASSIGN_OR_RETURN(attn_b, Param("c_attn.bias", {3 * d}));
+    KILN_ASSIGN_OR_RETURN(proj_b, Param("c_proj.bias", {d}));
+  }
+  LastDimLinear(in_[0], attn_w, attn_b, n + "c_attn", n + "qkv");
+  SetAttribute(g_.AddNode("Split", n + "split", {n + "qkv", ConstantI64({d, d, d})},
+                          {n + "q", n + "k", n + "v"}),
+               "axis", int64_t{2});
+  // [N, T, d] -> [N, T, heads, hd] -> q, v [N, heads, T, hd]; k [N, heads, hd, T].
+  for (const char* z : {"q", "k", "v"}) {
+    const std::string split = n + z, four = split + "/heads", out = split + "/t";
+    g_.AddNode("Reshape", four, {split, ConstantI64({0, 0, heads, hd})}, {four});
+    const bool key = z[0] == 'k';
+    SetAttribute(g_.AddNode("Transpose", out, {four}, {out}), "perm",
+                 key ? std::vector<int64_t>{0, 2, 3, 1} : std::vector<int64_t>{0, 2, 1, 3});
+  }
+  g_.AddNode("MatMul", n + "scores", {n + "q/t", n + "k/t"}, {n + "scores"});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  g_.AddNode("Mul", n + "scaled",
+             {n + "scores", Constant(absl::StrCat("kiln.attention_scale_", hd), scale)},
+             {n + "scaled"});
+  g_.AddNode("Add", n + "masked", {n + "scaled", CausalMask(in_shape_[0])}, {n + "masked"});
+  SetAttribute(g_.AddNode("Softmax", n + "weights", {n + "masked"}, {n + "weights"}), "axis",
+               int64_t{-1});
+  g_.AddNode("MatMul", n + "context", {n + "weights", n + "v/t"}, {n + "context"});
+  SetAttribute(g_.AddNode("Transpose", n + "joined", {n + "context"}, {n + "joined"}), "perm",
+               std::vector<int64_t>{0, 2, 1, 3});
+  g_.AddNode("Reshape", n + "merged", {n + "joined", ConstantI64({0, 0, d})}, {n + "merged"});
+  return LastDimLinear(n + "merged", proj_w, proj_b, node_ + "/c_proj", out_);
+}
+
+// Whether the model reads token ids: an embedding reads its input (InferShapes lets only
+// embeddings do so).
+bool ReadsTokenIds(const ModelConfig& config, const ModelGraph& graph) {
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    if (!std::holds_alternative<EmbeddingConfig>(config.layers[i])) continue;
+    for (int v : graph.inputs[i]) {
+      if (v == 0) return true;
+    }
+  }
+  return false;
+}
+
+// Whether a layer sizes itself by the sequence length T (the input's first sample dimension).
+bool NeedsLength(const ModelConfig& config) {
+  for (const LayerConfig& layer : config.layers) {
+    if (std::holds_alternative<PositionEmbeddingConfig>(layer) ||
+        std::holds_alternative<CausalSelfAttentionConfig>(layer)) {
+      return true;
+    }
+  }
+  return false;
+}
 
 // Adds the nodes from the graph input to the normalised model input; returns its name.
 // Pixels: Cast to float, then (x * scale - mean) / std; features: (x - mean) / std.
@@ -304,16 +467,34 @@ absl::StatusOr<::onnx::ModelProto> CheckpointToOnnx(const std::string& checkpoin
   onnx_graph->set_name("kiln");
   OnnxGraphBuilder g(onnx_graph);
 
-  const bool pixels = info.norm.input == NormInput::kPixels;
-  g.AddInput(kOnnxInput, pixels ? TensorProto::UINT8 : TensorProto::FLOAT,
-             Dims(config.input_shape));
   // Tensor names per value (0 the model input, i + 1 node i's output).
   std::vector<std::string> values(config.layers.size() + 1);
-  KILN_ASSIGN_OR_RETURN(values[0], EmitNormalization(info.norm, config.input_shape, g));
+  // A token model takes int64 ids [N, T], T any length up to the block size; its length tensor
+  // sizes the position table and the causal mask.
+  const bool tokens = ReadsTokenIds(config, graph);
+  const std::string length_param = tokens ? kOnnxLength : "";
+  if (tokens) {
+    g.AddInput(kOnnxInput, TensorProto::INT64, Dims(config.input_shape), length_param);
+    values[0] = kOnnxInput;
+  } else {
+    const bool pixels = info.norm.input == NormInput::kPixels;
+    g.AddInput(kOnnxInput, pixels ? TensorProto::UINT8 : TensorProto::FLOAT,
+               Dims(config.input_shape));
+    KILN_ASSIGN_OR_RETURN(values[0], EmitNormalization(info.norm, config.input_shape, g));
+  }
+  std::string length;  // int64 [1]: T, the input's dimension after the batch
+  if (NeedsLength(config)) {
+    length = "input/length";
+    g.AddNode("Shape", "input/shape", {kOnnxInput}, {"input/shape"});
+    g.AddNode("Slice", length,
+              {"input/shape", g.AddInitializerI64("kiln.input_length_start", {1}, {1}),
+               g.AddInitializerI64("kiln.input_length_end", {1}, {2})},
+              {length});
+  }
 
   const size_t last = config.layers.size() - 1;
   const bool ends_in_softmax = std::holds_alternative<SoftmaxConfig>(config.layers[last]);
-  NodeEmitter emitter(config, weights, shapes, g);
+  NodeEmitter emitter(config, weights, shapes, length, g);
   for (size_t i = 0; i < config.layers.size(); ++i) {
     std::vector<std::string> inputs;
     for (int v : graph.inputs[i]) inputs.push_back(values[v]);
@@ -325,11 +506,11 @@ absl::StatusOr<::onnx::ModelProto> CheckpointToOnnx(const std::string& checkpoin
   }
   const std::vector<int64_t> out_dims = Dims(shapes.back());
   if (!ends_in_softmax) {
-    g.AddOutput(kOnnxLogits, TensorProto::FLOAT, out_dims);
+    g.AddOutput(kOnnxLogits, TensorProto::FLOAT, out_dims, length_param);
     SetAttribute(g.AddNode("Softmax", kOnnxProbabilities, {kOnnxLogits}, {kOnnxProbabilities}),
                  "axis", int64_t{-1});
   }
-  g.AddOutput(kOnnxProbabilities, TensorProto::FLOAT, out_dims);
+  g.AddOutput(kOnnxProbabilities, TensorProto::FLOAT, out_dims, length_param);
   return model;
 }
 

@@ -6,13 +6,19 @@ namespace kiln::client {
 namespace {
 
 void SetBatchedType(::onnx::ValueInfoProto* info, const std::string& name, int32_t elem_type,
-                    const std::vector<int64_t>& sample_dims) {
+                    const std::vector<int64_t>& sample_dims, const std::string& length_param) {
   info->set_name(name);
   ::onnx::TypeProto_Tensor* tensor = info->mutable_type()->mutable_tensor_type();
   tensor->set_elem_type(elem_type);
   ::onnx::TensorShapeProto* shape = tensor->mutable_shape();
   shape->add_dim()->set_dim_param("N");
-  for (int64_t d : sample_dims) shape->add_dim()->set_dim_value(d);
+  for (size_t i = 0; i < sample_dims.size(); ++i) {
+    if (i == 0 && !length_param.empty()) {
+      shape->add_dim()->set_dim_param(length_param);
+    } else {
+      shape->add_dim()->set_dim_value(sample_dims[i]);
+    }
+  }
 }
 
 }  // namespace
@@ -42,14 +48,27 @@ const std::string& OnnxGraphBuilder::AddInitializer(const std::string& name,
   return t->name();
 }
 
+const std::string& OnnxGraphBuilder::AddInitializerI64(const std::string& name,
+                                                       const std::vector<int64_t>& dims,
+                                                       const std::vector<int64_t>& values) {
+  ::onnx::TensorProto* t = graph_->add_initializer();
+  t->set_name(name);
+  t->set_data_type(::onnx::TensorProto::INT64);
+  for (int64_t d : dims) t->add_dims(d);
+  for (int64_t v : values) t->add_int64_data(v);
+  return t->name();
+}
+
 void OnnxGraphBuilder::AddInput(const std::string& name, int32_t elem_type,
-                                const std::vector<int64_t>& sample_dims) {
-  SetBatchedType(graph_->add_input(), name, elem_type, sample_dims);
+                                const std::vector<int64_t>& sample_dims,
+                                const std::string& length_param) {
+  SetBatchedType(graph_->add_input(), name, elem_type, sample_dims, length_param);
 }
 
 void OnnxGraphBuilder::AddOutput(const std::string& name, int32_t elem_type,
-                                 const std::vector<int64_t>& sample_dims) {
-  SetBatchedType(graph_->add_output(), name, elem_type, sample_dims);
+                                 const std::vector<int64_t>& sample_dims,
+                                 const std::string& length_param) {
+  SetBatchedType(graph_->add_output(), name, elem_type, sample_dims, length_param);
 }
 
 void SetAttribute(::onnx::NodeProto* node, const std::string& name, int64_t value) {

@@ -26,12 +26,17 @@ class OnnxGraphBuilder {
   const std::string& AddInitializer(const std::string& name, const std::vector<int64_t>& dims,
                                     const std::vector<float>& values);
 
-  // A graph input or output of `elem_type` (onnx::TensorProto::FLOAT, UINT8) whose first
-  // dimension is the symbolic batch "N" and the rest `sample_dims`.
-  void AddInput(const std::string& name, int32_t elem_type,
-                const std::vector<int64_t>& sample_dims);
+  // An int64 constant of `dims` (shapes, axes and slice bounds); returns `name`.
+  const std::string& AddInitializerI64(const std::string& name, const std::vector<int64_t>& dims,
+                                       const std::vector<int64_t>& values);
+
+  // A graph input or output of `elem_type` (onnx::TensorProto::FLOAT, UINT8, INT64) whose first
+  // dimension is the symbolic batch "N" and the rest `sample_dims`; with `length_param`, the
+  // first sample dimension is that symbol instead (a sequence's length "T", any up to its size).
+  void AddInput(const std::string& name, int32_t elem_type, const std::vector<int64_t>& sample_dims,
+                const std::string& length_param = "");
   void AddOutput(const std::string& name, int32_t elem_type,
-                 const std::vector<int64_t>& sample_dims);
+                 const std::vector<int64_t>& sample_dims, const std::string& length_param = "");
 
  private:
   ::onnx::GraphProto* graph_;

@@ -3,7 +3,9 @@
 
 OnnxExportInterop (tests/client/onnx_export_test.cc) writes, per model (mlp, cnn, graph: every
 layer kind in a residual DAG, table), DIR/NAME.onnx and DIR/NAME.eval.safetensors (the raw test
-inputs with kiln's logits, served probabilities and classes):
+inputs with kiln's logits, served probabilities and classes), and DIR/gpt.onnx with
+DIR/gpt.eval.safetensors (a tied 2-layer GPT: int64 token windows of the block's length and
+shorter, with kiln's logits [N, T, vocab]):
 
   dir=$(mktemp -d)
   KILN_ONNX_EXPORT_DIR="$dir" onnx_export_tests --gtest_filter='OnnxExportInterop.*'
@@ -31,7 +33,8 @@ from safetensors_torch_check import read  # noqa: E402  (the independent safeten
 
 MODELS = ("mlp", "cnn", "graph", "table")
 TOLERANCE = 1e-4
-ONNX_TYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.UINT8: np.uint8}
+ONNX_TYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.UINT8: np.uint8,
+              onnx.TensorProto.INT64: np.int64}
 
 
 def attributes(node):
@@ -80,6 +83,26 @@ def gemm(x, w, b, a):
     return y if b is None else y + a.get("beta", 1.0) * b
 
 
+def onnx_slice(x, starts, ends, axes=None, steps=None):
+    axes = range(len(starts)) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        index[int(axis)] = slice(int(start), int(end), int(step))  # numpy clamps as ONNX does
+    return x[tuple(index)]
+
+
+def reshape(x, shape):
+    # A 0 copies the input's dimension (opset 13 has no allowzero); -1 is inferred.
+    dims = [x.shape[i] if d == 0 else int(d) for i, d in enumerate(shape)]
+    return x.reshape(dims)
+
+
+def split(x, sizes, a):
+    axis = a.get("axis", 0)
+    return np.split(x, np.cumsum(sizes)[:-1].astype(int), axis=axis)
+
+
 ERF = np.vectorize(math.erf)
 
 # The operators kiln's exporter may emit, as the ONNX specification (opset 13) defines them.
@@ -104,21 +127,36 @@ OPS = {
     "Flatten": lambda i, a: i[0].reshape(int(np.prod(i[0].shape[:a.get("axis", 1)])), -1),
     "Softmax": lambda i, a: softmax(i[0], a.get("axis", -1)),
     "Identity": lambda i, a: i[0],
+    # Sequence models (GPT)
+    "Gather": lambda i, a: np.take(i[0], i[1], axis=a.get("axis", 0)),
+    "Shape": lambda i, a: np.array(i[0].shape, dtype=np.int64),
+    "Slice": lambda i, a: onnx_slice(*i),
+    "MatMul": lambda i, a: np.matmul(i[0], i[1]),
+    "Transpose": lambda i, a: np.transpose(i[0], a.get("perm")),
+    "Reshape": lambda i, a: reshape(i[0], i[1]),
+    "Split": lambda i, a: split(i[0], i[1], a),
+    "ReduceMean": lambda i, a: i[0].mean(axis=tuple(a["axes"]),
+                                         keepdims=bool(a.get("keepdims", 1))),
+    "Sqrt": lambda i, a: np.sqrt(i[0]),
 }
 
 
 def evaluate(model, feeds):
     """Runs the graph's nodes in order (ONNX requires topological order) over float64 values."""
-    values = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    values = {}
+    for t in model.graph.initializer:
+        array = numpy_helper.to_array(t)
+        values[t.name] = array.astype(np.float64) if array.dtype == np.float32 else array
     values.update(feeds)
     for node in model.graph.node:
         if node.op_type not in OPS:
             raise AssertionError(f"node {node.name}: operator {node.op_type} is not evaluated here")
         inputs = [values[name] for name in node.input if name]
-        out = OPS[node.op_type](inputs, attributes(node))
-        if out.dtype == np.float32:
-            out = out.astype(np.float64)
-        values[node.output[0]] = out
+        outs = OPS[node.op_type](inputs, attributes(node))
+        outs = outs if isinstance(outs, list) else [outs]
+        assert len(outs) == len(node.output), f"node {node.name}: {len(outs)} outputs"
+        for name, out in zip(node.output, outs):
+            values[name] = out.astype(np.float64) if out.dtype == np.float32 else out
     return {o.name: values[o.name] for o in model.graph.output}
 
 
@@ -159,11 +197,40 @@ def check(directory, name):
           f"outputs, accuracy {accuracy:.4f} as kiln's; ops {', '.join(ops)}")
 
 
+def dims(value_info):
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def check_gpt(directory):
+    """gpt.onnx: int64 ids [N, T] in, logits [N, T, vocab] out, for the full block and a shorter
+    window, against kiln's logits."""
+    model = onnx.load(os.path.join(directory, "gpt.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 13)], model.opset_import
+    (graph_input,) = model.graph.input
+    assert graph_input.type.tensor_type.elem_type == onnx.TensorProto.INT64, graph_input
+    assert dims(graph_input) == ["N", "T"], dims(graph_input)
+    assert [o.name for o in model.graph.output] == ["logits", "probabilities"]
+    assert dims(model.graph.output[0]) == ["N", "T", 11], dims(model.graph.output[0])
+    tensors, _ = read(os.path.join(directory, "gpt.eval.safetensors"))
+    worst = 0.0
+    for suffix in ("", "_short"):
+        ids, want = tensors["input" + suffix][1], tensors["logits" + suffix][1]
+        out = evaluate(model, {"input": ids})
+        worst = max(worst, compare("gpt logits" + suffix, out["logits"], want),
+                    compare("gpt probabilities" + suffix, out["probabilities"],
+                            softmax(want.astype(np.float64), -1)))
+    ops = sorted({n.op_type for n in model.graph.node})
+    print(f"OK: gpt.onnx: checker passes; logits for T = 16 and 6 within {worst:.2g} of kiln's; "
+          f"ops {', '.join(ops)}")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(f"usage: {sys.argv[0]} DIR")
     for name in MODELS:
         check(sys.argv[1], name)
+    check_gpt(sys.argv[1])
 
 
 if __name__ == "__main__":

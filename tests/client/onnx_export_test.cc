@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,7 @@
 #include "engine/rng.h"
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
+#include "tests/engine/gpt_config.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 
@@ -319,6 +321,74 @@ TEST(OnnxExport, AFileThatIsNotACheckpointIsRefusedAndNothingIsWritten) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// A 2-layer character GPT (vocab 11, block 16, 4 heads, width 32) in nanoGPT's layout, lm_head
+// tied to wte; the first attention has dropout, the identity at inference.
+ModelConfig TinyGpt() {
+  ModelConfig c = kiln::testing::GptConfig({11, 16, 2, 4, 32, /*tied=*/true});
+  for (LayerConfig& layer : c.layers) {
+    if (auto* a = std::get_if<CausalSelfAttentionConfig>(&layer)) {
+      a->dropout = 0.1f;
+      break;
+    }
+  }
+  return c;
+}
+
+TEST(OnnxExport, AGptTakesTokenIdsOfAnyLengthAndSharesItsTiedTable) {
+  TempDir dir;
+  const std::string path = dir.path() + "/gpt.safetensors";
+  WriteUntrained(TinyGpt(), PixelNorm(), path);
+  auto m = CheckpointToOnnx(path);
+  ASSERT_OK(m) << m.status();
+  const ::onnx::GraphProto& g = m->graph();
+  const auto& in_type = g.input(0).type().tensor_type();
+  EXPECT_EQ(in_type.elem_type(), ::onnx::TensorProto::INT64);
+  ASSERT_EQ(in_type.shape().dim_size(), 2);
+  EXPECT_EQ(in_type.shape().dim(0).dim_param(), "N");
+  EXPECT_EQ(in_type.shape().dim(1).dim_param(), "T");
+  ASSERT_EQ(g.output_size(), 2);
+  const auto& out_shape = g.output(0).type().tensor_type().shape();
+  ASSERT_EQ(out_shape.dim_size(), 3);
+  EXPECT_EQ(out_shape.dim(1).dim_param(), "T");
+  EXPECT_EQ(out_shape.dim(2).dim_value(), 11);
+  const std::multiset<std::string> ops = OpTypes(*m);
+  for (const char* op : {"Gather", "Shape", "Slice", "ReduceMean", "Sqrt", "MatMul", "Split",
+                         "Reshape", "Transpose", "Softmax", "Erf", "Concat"}) {
+    EXPECT_GT(ops.count(op), 0u) << op;
+  }
+  EXPECT_EQ(ops.count("Split"), 2u);  // one per attention layer
+  EXPECT_EQ(ops.count("Gemm"), 0u);   // every linear reads (N, T, d)
+  EXPECT_EQ(ops.count("Cast"), 0u);   // no input normalisation for token ids
+  EXPECT_EQ(ops.count("Dropout"), 0u);
+  std::multiset<std::string> inits;
+  for (const auto& t : g.initializer()) inits.insert(t.name());
+  EXPECT_EQ(inits.count("wte.weight"), 1u);  // read by the Gather and, transposed, by lm_head
+  EXPECT_EQ(inits.count("lm_head.weight"), 0u);
+  EXPECT_EQ(inits.count("kiln.causal_mask"), 1u);
+  for (const char* name : {"wpe.weight", "h.0.attn.c_attn.weight", "h.1.attn.c_proj.bias",
+                           "h.0.ln_1.weight", "h.1.mlp.c_proj.weight", "ln_f.bias"}) {
+    EXPECT_EQ(inits.count(name), 1u) << name;
+  }
+}
+
+TEST(OnnxExport, AGptCheckpointMissingATensorIsAnErrorNamingTheLayer) {
+  TempDir dir;
+  const std::string path = dir.path() + "/gpt.safetensors";
+  WriteUntrained(TinyGpt(), PixelNorm(), path);
+  auto contents = ReadSafetensors(path);
+  ASSERT_OK(contents);
+  std::vector<HostTensor> kept;
+  for (const HostTensor& t : contents->tensors) {
+    if (t.name != "h.1.attn.c_attn.bias") kept.push_back(t);
+  }
+  ASSERT_OK(WriteSafetensors(path, kept, contents->metadata));
+  auto m = CheckpointToOnnx(path);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(m.status().message().find("h.1.attn"), std::string::npos) << m.status();
+  EXPECT_NE(m.status().message().find("h.1.attn.c_attn.bias"), std::string::npos) << m.status();
+}
+
 // What the interop writer trains: a model, its data and normalisation, its optimizer.
 struct InteropCase {
   std::string name;
@@ -428,6 +498,75 @@ TEST(OnnxExportInterop, WritesTrainedCheckpointsTheirOnnxFilesAndKilnsOutputs) {
         {{"accuracy", absl::StrCat(eval->accuracy)}}));
     std::printf("%s: kiln test accuracy %.4f\n", c.name.c_str(), eval->accuracy);
   }
+}
+
+constexpr int64_t kBlock = 16;  // TinyGpt's
+
+// Token windows of `t` ids from seed, as int32 (kiln's input) and int64 (ONNX's).
+void TokenWindows(int64_t n, int64_t t, uint64_t seed, std::vector<int32_t>* ids32,
+                  std::vector<int64_t>* ids64) {
+  Rng rng(seed);
+  ids32->resize(n * t);
+  ids64->resize(n * t);
+  for (int64_t i = 0; i < n * t; ++i)
+    (*ids64)[i] = (*ids32)[i] = static_cast<int32_t>(rng.Below(11));
+}
+
+// DIR/gpt.safetensors: TinyGpt with every parameter moved off its init (layer norms' scales and
+// biases not one and zero; attention sharp enough to tell positions apart); DIR/gpt.onnx; and
+// DIR/gpt.eval.safetensors: int64 ids "input" [5, 16] and "input_short" [5, 6] (a window shorter
+// than the block) with kiln's eval "logits" and "logits_short" for them.
+TEST(OnnxExportInterop, WritesAGptCheckpointItsOnnxFileAndKilnsLogits) {
+  const char* dir = std::getenv("KILN_ONNX_EXPORT_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "KILN_ONNX_EXPORT_DIR not set";
+  auto backend = Cpu();
+  ASSERT_OK(backend);
+  Backend& b = **backend;
+  auto model = Model::Build(TinyGpt(), &b, 9);
+  ASSERT_OK(model) << model.status();
+  uint32_t seed = 300;
+  for (const NamedParameter& p : (*model)->parameters()) {
+    const bool scale = p.name.find(".ln_") != std::string::npos || p.name.starts_with("ln_f");
+    const bool is_vector = p.param->value.rank() == 1;
+    const float lo = is_vector ? (scale && p.name.ends_with("weight") ? 0.5f : -0.2f) : -0.3f;
+    const float hi = is_vector ? (scale && p.name.ends_with("weight") ? 1.5f : 0.2f) : 0.3f;
+    const std::vector<float> v =
+        kiln::testing::RandomValues(p.param->value.numel(), ++seed, lo, hi);
+    ASSERT_OK(b.CopyFromHost(v.data(), v.size() * 4, &p.param->value));
+  }
+  const std::string base = absl::StrCat(dir, "/gpt");
+  ASSERT_OK(WriteCheckpoint(base + ".safetensors", **model, nullptr, {}, PixelNorm()));
+  ASSERT_OK(ExportOnnx(base + ".safetensors", base + ".onnx"));
+  std::vector<HostTensor> eval;
+  for (const auto& [name, t] :
+       std::vector<std::pair<std::string, int64_t>>{{"", kBlock}, {"_short", 6}}) {
+    const int64_t n = 5;
+    std::vector<int32_t> ids32;
+    std::vector<int64_t> ids64;
+    TokenWindows(n, t, 40 + t, &ids32, &ids64);
+    // kiln's model takes full blocks: a shorter window runs padded with id 0, and its logits are
+    // the first t positions' (causal attention keeps the padding out, as generation relies on).
+    std::vector<int32_t> padded(n * kBlock, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(ids32.begin() + i * t, t, padded.begin() + i * kBlock);
+    }
+    auto ids = b.Allocate(DType::kI32, {n, kBlock});
+    ASSERT_OK(ids);
+    ASSERT_OK(b.CopyFromHost(padded.data(), padded.size() * 4, &*ids));
+    auto out = (*model)->Forward(*ids, Mode::kEval);
+    ASSERT_OK(out) << out.status();
+    const std::vector<float> all = kiln::testing::ToHost(b, **out);
+    std::vector<float> logits;
+    for (int64_t i = 0; i < n; ++i) {
+      logits.insert(logits.end(), all.begin() + i * kBlock * 11,
+                    all.begin() + (i * kBlock + t) * 11);
+    }
+    HostTensor input = HostTensorFromI64("input" + name, ids64);
+    input.shape = {n, t};
+    eval.push_back(std::move(input));
+    eval.push_back(HostTensorFromF32("logits" + name, logits.data(), {n, t, 11}));
+  }
+  ASSERT_OK(WriteSafetensors(base + ".eval.safetensors", eval, {}));
 }
 
 }  // namespace
