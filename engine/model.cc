@@ -172,43 +172,6 @@ absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_s
   return absl::OkStatus();
 }
 
-bool ReadsTokenIds(const ModelConfig& config) {
-  absl::StatusOr<ModelGraph> graph = ResolveGraph(config);
-  if (!graph.ok()) return false;
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    const std::vector<int>& in = graph->inputs[i];
-    if (std::holds_alternative<EmbeddingConfig>(config.layers[i]) &&
-        std::find(in.begin(), in.end(), 0) != in.end()) {
-      return true;
-    }
-  }
-  return false;
-}
-
-absl::Status CheckModelFitsTokens(const ModelConfig& config, int64_t vocab_size,
-                                  std::string_view which_view) {
-  const std::string which(which_view);
-  KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(config));
-  if (!ReadsTokenIds(config) || config.input_shape.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the ", which, " data are token ids: the model needs input_shape [T] (its block size) "
-        "and an embedding reading the input, got input ",
-        ShapeString(config.input_shape)));
-  }
-  const Shape& out = shapes.back();
-  if (out.size() != 2 || out[0] != config.input_shape[0]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a language model's output must be (T, vocabulary) logits for its ",
-                     config.input_shape[0], " positions, got ", ShapeString(out)));
-  }
-  if (vocab_size > out[1]) {
-    return absl::InvalidArgumentError(absl::StrCat("the model has ", out[1],
-                                                   " logits per position but the ", which,
-                                                   " vocabulary has ", vocab_size, " tokens"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckBatchNormBatches(const ModelConfig& model, int64_t batch_size, int64_t samples) {
   if (batch_size < 1 || samples < 1) return absl::OkStatus();  // other checks refuse these
   const int64_t last = samples % batch_size == 0 ? batch_size : samples % batch_size;

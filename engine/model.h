@@ -41,16 +41,6 @@ absl::Status CheckModelFitsData(const ModelConfig& config, const Shape& sample_s
                                 int64_t num_classes, std::string_view which,
                                 ModelPart* culprit = nullptr);
 
-// Whether the model is a language model: an embedding reads its input, T int32 token ids per
-// sample (input_shape {T}), and its output is (T, vocabulary) next-token logits.
-bool ReadsTokenIds(const ModelConfig& config);
-
-// The rule for whether token data fits a language model, used by SubmitJob and the trainer: the
-// model reads token ids, gives (T, V) logits for its T inputs, and V covers the data's
-// `vocab_size` ids. InvalidArgument naming what is at odds; errors of InferShapes pass through.
-absl::Status CheckModelFitsTokens(const ModelConfig& config, int64_t vocab_size,
-                                  std::string_view which);
-
 // Batch normalisation in training needs more than one value per channel (PyTorch raises
 // otherwise), so `samples` split into batches of `batch_size` must not leave a batch of one sample
 // where a batchnorm layer's channel holds one value per sample (batchnorm1d over features).

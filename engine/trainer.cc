@@ -18,6 +18,7 @@
 #include "engine/optim/grad_clip.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer.h"
+#include "engine/sequence_model.h"
 
 namespace kiln {
 
@@ -137,7 +138,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
 absl::Status Trainer::InitTokens() {
   // A text dataset's vocabulary, or for pre-tokenized shards the ids they hold.
   const int64_t vocab = tokens_->vocab_size > 0 ? tokens_->vocab_size : tokens_->max_token + 1;
-  KILN_RETURN_IF_ERROR(CheckModelFitsTokens(config_.model, vocab, "dataset's"));
+  KILN_RETURN_IF_ERROR(CheckModelFitsTokens(config_.model, vocab, "the dataset"));
   KILN_ASSIGN_OR_RETURN(model_, Model::Build(config_.model, backend_, config_.seed));
   KILN_ASSIGN_OR_RETURN(optimizer_,
                         Optimizer::Create(config_.optimizer, backend_, model_->parameters()));

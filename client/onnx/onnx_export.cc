@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/model_graph.h"
+#include "engine/sequence_model.h"
 #include "engine/safetensors.h"
 
 namespace kiln::client {
@@ -366,18 +367,6 @@ absl::StatusOr<std::string> NodeEmitter::Layer(const CausalSelfAttentionConfig& 
   return LastDimLinear(n + "merged", proj_w, proj_b, node_ + "/c_proj", out_);
 }
 
-// Whether the model reads token ids: an embedding reads its input (InferShapes lets only
-// embeddings do so).
-bool ReadsTokenIds(const ModelConfig& config, const ModelGraph& graph) {
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    if (!std::holds_alternative<EmbeddingConfig>(config.layers[i])) continue;
-    for (int v : graph.inputs[i]) {
-      if (v == 0) return true;
-    }
-  }
-  return false;
-}
-
 // Whether a layer sizes itself by the sequence length T (the input's first sample dimension).
 bool NeedsLength(const ModelConfig& config) {
   for (const LayerConfig& layer : config.layers) {
@@ -471,7 +460,7 @@ absl::StatusOr<::onnx::ModelProto> CheckpointToOnnx(const std::string& checkpoin
   std::vector<std::string> values(config.layers.size() + 1);
   // A token model takes int64 ids [N, T], T any length up to the block size; its length tensor
   // sizes the position table and the causal mask.
-  const bool tokens = ReadsTokenIds(config, graph);
+  const bool tokens = ReadsTokenIds(config);
   const std::string length_param = tokens ? kOnnxLength : "";
   if (tokens) {
     g.AddInput(kOnnxInput, TensorProto::INT64, Dims(config.input_shape), length_param);

@@ -13,6 +13,7 @@
 #include "engine/distributed/data_parallel.h"
 #include "engine/memory_plan.h"
 #include "engine/model.h"
+#include "engine/sequence_model.h"
 #include "server/jobs/job_slot.h"
 
 namespace kiln::server {

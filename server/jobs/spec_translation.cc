@@ -11,6 +11,7 @@
 #include "engine/model.h"
 #include "engine/model_graph.h"
 #include "engine/reference_configs.h"
+#include "engine/sequence_model.h"
 #include "server/jobs/job_labels.h"
 
 namespace kiln::server {
@@ -618,8 +619,8 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   if (!shapes.ok()) return Invalid("spec.model", shapes.status().message());
   if (ReadsTokenIds(config.model)) {
     // The vocabulary is checked at Submit, against the dataset's.
-    absl::Status fits = CheckModelFitsTokens(config.model, 0, "token");
-    if (!fits.ok()) return Invalid("spec.model", fits.message());
+    absl::Status sequence = SequenceModelShapeOf(config.model).status();
+    if (!sequence.ok()) return Invalid("spec.model", sequence.message());
   } else if (shapes->back().size() != 1) {
     return Invalid("spec.model", absl::StrCat("the last layer must output a vector of class "
                                               "logits, got ",

@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/data/token_data.h"
 #include "engine/model.h"
+#include "engine/sequence_model.h"
 #include "engine/trainer.h"
 #include "tests/engine/gpt_config.h"
 #include "tests/engine/test_util.h"
@@ -192,7 +193,7 @@ TEST_F(TokenTrainer, DataThatDoesNotFitIsRefusedNamingIt) {
   auto small_vocab = Trainer::Create(config, backend_.get(), &data_);
   EXPECT_TRUE(absl::IsInvalidArgument(small_vocab.status()));
   EXPECT_THAT(std::string(small_vocab.status().message()),
-              ::testing::HasSubstr("vocabulary has " + std::to_string(data_.vocab_size)));
+              ::testing::HasSubstr("vocabulary of " + std::to_string(data_.vocab_size)));
   // A block longer than the validation split: no window fits.
   config = Config(10, 10);
   config.model = GptConfig({data_.vocab_size, 1024, 1, 2, 32});

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"
@@ -174,6 +175,40 @@ void WriteToyDataset(const std::string& dir, int train_samples, int test_samples
     write("t10k-images-idx3-ubyte", ToyImagesIdx(test_samples, seed + 1));
     write("t10k-labels-idx1-ubyte", ToyLabelsIdx(test_samples, seed + 1));
   }
+}
+
+v1::JobSpec GptSpec(const std::string& dataset, int vocab) {
+  std::string layers = absl::StrCat(
+      R"({"name": "wte", "embedding": {"num_embeddings": )", vocab, R"(, "embedding_dim": 32}},
+          {"name": "wpe", "position_embedding": {"block_size": 16, "embedding_dim": 32}})");
+  std::string last = "wpe";
+  for (int b = 0; b < 2; ++b) {
+    const std::string h = absl::StrCat("h.", b);
+    layers += absl::StrCat(
+        R"(, {"name": ")", h, R"(.ln_1", "layernorm": {"normalized_shape": 32}, "inputs": [")",
+        last, R"("]},
+        {"name": ")", h, R"(.attn", "causal_self_attention": {"n_head": 4, "n_embd": 32}},
+        {"name": ")", h, R"(.res_1", "add": {}, "inputs": [")", last, R"(", ")", h, R"(.attn"]},
+        {"name": ")", h, R"(.ln_2", "layernorm": {"normalized_shape": 32}},
+        {"name": ")", h, R"(.mlp.c_fc", "linear": {"in_features": 32, "out_features": 128}},
+        {"name": ")", h, R"(.mlp.gelu", "gelu": {}},
+        {"name": ")", h, R"(.mlp.c_proj", "linear": {"in_features": 128, "out_features": 32}},
+        {"name": ")", h, R"(.res_2", "add": {}, "inputs": [")", h, R"(.res_1", ")", h,
+        R"(.mlp.c_proj"]})");
+    last = h + ".res_2";
+  }
+  layers += absl::StrCat(R"(, {"name": "ln_f", "layernorm": {"normalized_shape": 32}},
+      {"name": "lm_head", "linear": {"in_features": 32, "out_features": )", vocab,
+                         R"(, "bias": false, "tie_weight": "wte"}})");
+  const std::string json = absl::StrCat(
+      R"({"model": {"input_shape": [16], "init": "INIT_RULE_GPT2", "layers": [)", layers,
+      R"(]}, "optimizer": {"kind": "KIND_ADAMW", "lr": 0.001, "weight_decay": 0.1},
+      "dataset": ")", dataset, R"(", "batch_size": 12, "max_iters": 1000, "eval_interval": 300,
+      "eval_iters": 5, "gradient_accumulation_steps": 2, "grad_clip": 1.0})");
+  v1::JobSpec spec;
+  auto parsed = google::protobuf::util::JsonStringToMessage(json, &spec);
+  EXPECT_TRUE(parsed.ok()) << parsed.ToString();
+  return spec;
 }
 
 v1::JobSpec SmallSpec(const std::string& dataset, int epochs) {

@@ -42,6 +42,9 @@ void ResetPeakRss();
 
 // A 784-32-10 MLP with SGD on `dataset`, batch 32.
 v1::JobSpec SmallSpec(const std::string& dataset, int epochs);
+// A 2-block character GPT as a user writes it (nanoGPT's names; block 16, d 32, 4 heads, tied
+// lm_head over `vocab` tokens), AdamW, 1,000 iterations in intervals of 300, on `dataset`.
+v1::JobSpec GptSpec(const std::string& dataset, int vocab);
 // A CNN on 3x32x32 images (conv 3->4, relu, maxpool 4, flatten, linear 256->10), SGD, batch 32.
 v1::JobSpec SmallColourSpec(const std::string& dataset, int epochs);
 

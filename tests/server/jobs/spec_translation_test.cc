@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/data/augment.h"
 #include "engine/model.h"
+#include "engine/sequence_model.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -37,43 +38,8 @@ TEST(SpecTranslationTest, MnistMlpPresetIsTheReferenceConfiguration) {
   EXPECT_EQ(config->epochs, 10);
 }
 
-// A 2-block character GPT as a user writes it (nanoGPT's names), on a token dataset.
-v1::JobSpec GptSpec() {
-  std::string layers =
-      R"({"name": "wte", "embedding": {"num_embeddings": 65, "embedding_dim": 32}},
-          {"name": "wpe", "position_embedding": {"block_size": 16, "embedding_dim": 32}})";
-  std::string last = "wpe";
-  for (int b = 0; b < 2; ++b) {
-    const std::string h = absl::StrCat("h.", b);
-    layers += absl::StrCat(
-        R"(, {"name": ")", h, R"(.ln_1", "layernorm": {"normalized_shape": 32}, "inputs": [")",
-        last, R"("]},
-        {"name": ")", h, R"(.attn", "causal_self_attention": {"n_head": 4, "n_embd": 32}},
-        {"name": ")", h, R"(.res_1", "add": {}, "inputs": [")", last, R"(", ")", h, R"(.attn"]},
-        {"name": ")", h, R"(.ln_2", "layernorm": {"normalized_shape": 32}},
-        {"name": ")", h, R"(.mlp.c_fc", "linear": {"in_features": 32, "out_features": 128}},
-        {"name": ")", h, R"(.mlp.gelu", "gelu": {}},
-        {"name": ")", h, R"(.mlp.c_proj", "linear": {"in_features": 128, "out_features": 32}},
-        {"name": ")", h, R"(.res_2", "add": {}, "inputs": [")", h, R"(.res_1", ")", h,
-        R"(.mlp.c_proj"]})");
-    last = h + ".res_2";
-  }
-  layers += R"(, {"name": "ln_f", "layernorm": {"normalized_shape": 32}},
-      {"name": "lm_head", "linear": {"in_features": 32, "out_features": 65, "bias": false,
-                                     "tie_weight": "wte"}})";
-  const std::string json = absl::StrCat(
-      R"({"model": {"input_shape": [16], "init": "INIT_RULE_GPT2", "layers": [)", layers,
-      R"(]}, "optimizer": {"kind": "KIND_ADAMW", "lr": 0.001, "weight_decay": 0.1},
-      "dataset": "chars", "batch_size": 12, "max_iters": 1000, "eval_interval": 300,
-      "eval_iters": 5, "gradient_accumulation_steps": 2, "grad_clip": 1.0})");
-  v1::JobSpec spec;
-  auto parsed = google::protobuf::util::JsonStringToMessage(json, &spec);
-  EXPECT_TRUE(parsed.ok()) << parsed.ToString();
-  return spec;
-}
-
 TEST(SpecTranslationTest, AGptSpecTranslatesToTheEngineLayersAndAnIterationRun) {
-  auto config = TranslateSpec(GptSpec(), SpecLimits());
+  auto config = TranslateSpec(testing::GptSpec("chars", 65), SpecLimits());
   ASSERT_OK(config) << config.status();
   EXPECT_TRUE(ReadsTokenIds(config->model));
   EXPECT_EQ(config->model.init, InitRule::kGpt2);
@@ -94,7 +60,7 @@ TEST(SpecTranslationTest, AGptSpecTranslatesToTheEngineLayersAndAnIterationRun) 
 
 TEST(SpecTranslationTest, GptSpecErrorsNameTheField) {
   auto error = [](const std::function<void(v1::JobSpec*)>& edit) {
-    v1::JobSpec spec = GptSpec();
+    v1::JobSpec spec = testing::GptSpec("chars", 65);
     edit(&spec);
     auto config = TranslateSpec(spec, SpecLimits());
     return config.ok() ? std::string("ok") : std::string(config.status().message());
