@@ -55,8 +55,10 @@ absl::Status Generate(CommandEnv& env, const GenerateOptions& o) {
   if (!env.json()) std::fputc('\n', env.out);
   if (!status.ok()) return ServerError(status);
   if (env.json()) {
-    nlohmann::json out = {{"model_name", o.model},     {"model_version", version},
-                          {"prompt", o.prompt},        {"text_output", text},
+    nlohmann::json out = {{"model_name", o.model},
+                          {"model_version", version},
+                          {"prompt", o.prompt},
+                          {"text_output", text},
                           {"finish_reason", finish}};
     std::fprintf(env.out, "%s\n",
                  out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

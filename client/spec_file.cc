@@ -195,7 +195,8 @@ absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec) {
   if (!o.dataset.empty()) spec->set_dataset(o.dataset);
   if (spec->dataset().empty()) spec->set_dataset("mnist");
   if (o.epochs.has_value()) spec->set_epochs(*o.epochs);
-  if (spec->epochs() == 0) spec->set_epochs(1);
+  // A language model's run is counted in max_iters instead (kilnd refuses both).
+  if (spec->epochs() == 0 && spec->max_iters() == 0) spec->set_epochs(1);
   if (o.batch_size.has_value()) spec->set_batch_size(*o.batch_size);
   if (!o.device.empty()) spec->set_device(o.device);
   if (o.seed.has_value()) spec->set_seed(*o.seed);

@@ -29,9 +29,9 @@ GenerationCall CallOf(const kiln::v1::GenerateRequest& request) {
 
 }  // namespace
 
-grpc::Status GenerationGrpcService::Generate(grpc::ServerContext* context,
-                                             const kiln::v1::GenerateRequest* request,
-                                             grpc::ServerWriter<kiln::v1::GenerateResponse>* writer) {
+grpc::Status GenerationGrpcService::Generate(
+    grpc::ServerContext* context, const kiln::v1::GenerateRequest* request,
+    grpc::ServerWriter<kiln::v1::GenerateResponse>* writer) {
   if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
   absl::StatusOr<std::unique_ptr<Generation>> g = service_->Start(CallOf(*request));
   if (!g.ok()) return server::ToGrpcStatus(g.status());

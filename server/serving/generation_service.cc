@@ -16,8 +16,7 @@ absl::Status Prefixed(const ServedVersion& version, const absl::Status& status) 
 
 // The prompt's ids: text encoded with the vocabulary, or ids as given (checked by
 // CheckGeneration against the model's ids).
-absl::StatusOr<std::vector<int32_t>> PromptOf(const GenerationCall& call,
-                                              const LanguageModel& lm) {
+absl::StatusOr<std::vector<int32_t>> PromptOf(const GenerationCall& call, const LanguageModel& lm) {
   if (call.text_input.has_value() == call.input_ids.has_value()) {
     return absl::InvalidArgumentError(
         "give the prompt as exactly one of text_input (text) and input_ids (token ids)");
@@ -59,9 +58,10 @@ absl::StatusOr<std::unique_ptr<Generation>> GenerationService::Start(const Gener
                         repository_->Find(call.model, call.version));
   LanguageModel* lm = version->language_model();
   if (lm == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model \"", call.model, "\" is not a language model: generation needs a sequence model "
-        "(a GPT); use infer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model \"", call.model,
+                     "\" is not a language model: generation needs a sequence model "
+                     "(a GPT); use infer"));
   }
   absl::StatusOr<std::vector<int32_t>> prompt = PromptOf(call, *lm);
   if (!prompt.ok()) return Prefixed(*version, prompt.status());
@@ -75,9 +75,9 @@ absl::StatusOr<std::unique_ptr<Generation>> GenerationService::Start(const Gener
   int running = running_.load();
   do {
     if (running >= options_.max_generations) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "kilnd is running ", running, " generations, its limit (--max_generations ",
-          options_.max_generations, "); try again later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("kilnd is running ", running, " generations, its limit (--max_generations ",
+                       options_.max_generations, "); try again later"));
     }
   } while (!running_.compare_exchange_weak(running, running + 1));
   return std::unique_ptr<Generation>(
@@ -113,9 +113,9 @@ absl::StatusOr<GenerationResult> Generation::Run(
   // A token the vocabulary cannot spell (a model of more logits than characters) is the model's
   // fault, not the client's.
   if (!decode_error.ok()) {
-    return Prefixed(*version_, absl::DataLossError(absl::StrCat(
-                                   "generated a token outside the vocabulary: ",
-                                   decode_error.message())));
+    return Prefixed(*version_,
+                    absl::DataLossError(absl::StrCat("generated a token outside the vocabulary: ",
+                                                     decode_error.message())));
   }
   result.ids = std::move(*ids);
   result.finish_reason =

@@ -70,7 +70,9 @@ class Generation {
   friend class GenerationService;
   Generation(GenerationService* service, std::shared_ptr<const ServedVersion> version,
              std::vector<int32_t> prompt, GenerationParams params)
-      : service_(service), version_(std::move(version)), prompt_(std::move(prompt)),
+      : service_(service),
+        version_(std::move(version)),
+        prompt_(std::move(prompt)),
         params_(params) {}
 
   GenerationService* service_;

@@ -152,10 +152,10 @@ absl::Status InferenceService::InferTokens(const ServedVersion& version,
       DecodeTokenInput(request, lm.shape().context, lm.shape().token_ids);
   if (!input.ok()) return Prefixed(version, input.status());
   if (input->batch > options_.max_request_samples) {
-    return Prefixed(version, absl::InvalidArgumentError(absl::StrCat(
-                                 "input \"", kInputName, "\": batch ", input->batch,
-                                 " is over the limit of ", options_.max_request_samples,
-                                 " (--max_inference_batch)")));
+    return Prefixed(
+        version, absl::InvalidArgumentError(absl::StrCat(
+                     "input \"", kInputName, "\": batch ", input->batch, " is over the limit of ",
+                     options_.max_request_samples, " (--max_inference_batch)")));
   }
   response->set_model_name(version.model());
   response->set_model_version(version.version());

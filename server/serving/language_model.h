@@ -34,9 +34,7 @@ class LanguageModel {
   const SequenceModelShape& shape() const { return shape_; }
   const ModelConfig& config() const { return model_->config(); }
   // Null when the checkpoint carries no vocabulary.
-  const CharVocabulary* vocabulary() const {
-    return vocabulary_ ? &*vocabulary_ : nullptr;
-  }
+  const CharVocabulary* vocabulary() const { return vocabulary_ ? &*vocabulary_ : nullptr; }
 
   // `batch` prompts of `length` ids each (1..T, every id within the embedding's), row-major;
   // writes each one's logits at its last position, batch x vocab. Prompts shorter than T are

@@ -273,9 +273,8 @@ absl::Status ModelRepository::StartVersion(ServedVersion& version) const {
 absl::Status ModelRepository::StartLanguageModel(ServedVersion& version) const {
   const std::string who =
       absl::StrCat("model \"", version.model_, "\" version \"", version.version_, "\"");
-  absl::StatusOr<std::unique_ptr<LanguageModel>> lm =
-      LanguageModel::FromCheckpoint(version.checkpoint_path_, version.backend_.get(),
-                                    version.options_.batching.max_batch_size);
+  absl::StatusOr<std::unique_ptr<LanguageModel>> lm = LanguageModel::FromCheckpoint(
+      version.checkpoint_path_, version.backend_.get(), version.options_.batching.max_batch_size);
   if (!lm.ok()) {
     return absl::Status(lm.status().code(),
                         absl::StrCat(who, ": ", std::string(lm.status().message())));

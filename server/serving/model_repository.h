@@ -138,8 +138,8 @@ class ServedVersion {
   int64_t input_elems_ = 0, num_classes_ = 0;
   // Declared first: given back only after the backend and batcher have freed their memory.
   ServingMemoryBudget::Reservation reservation_;
-  std::unique_ptr<Backend> backend_;         // declared before the batcher: outlives it
-  std::unique_ptr<DynamicBatcher> batcher_;  // owns the session
+  std::unique_ptr<Backend> backend_;               // declared before the batcher: outlives it
+  std::unique_ptr<DynamicBatcher> batcher_;        // owns the session
   std::unique_ptr<LanguageModel> language_model_;  // instead of the batcher, for a GPT
 };
 

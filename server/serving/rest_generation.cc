@@ -22,7 +22,8 @@ constexpr char kModelPath[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
 absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
 
 absl::StatusOr<int64_t> IntField(const json& v, const std::string& name) {
-  if (!v.is_number_integer()) return Invalid(absl::StrCat("parameters.", name, ": must be an integer"));
+  if (!v.is_number_integer())
+    return Invalid(absl::StrCat("parameters.", name, ": must be an integer"));
   return v.get<int64_t>();
 }
 
@@ -46,8 +47,8 @@ absl::Status ParseParameters(const json& p, GenerationParams* params) {
       if (!v.is_number()) return Invalid("parameters.temperature: must be a number");
       params->temperature = v.get<double>();
     } else {
-      return Invalid(absl::StrCat("parameters.", key,
-                                  ": unknown; kilnd reads max_tokens, temperature, top_k and seed"));
+      return Invalid(absl::StrCat(
+          "parameters.", key, ": unknown; kilnd reads max_tokens, temperature, top_k and seed"));
     }
   }
   return absl::OkStatus();
@@ -75,9 +76,11 @@ std::string DataEvent(const json& data) {
 // Parses and starts a generation, or answers the error and returns null.
 std::unique_ptr<Generation> Begin(GenerationService* service, const httplib::Request& req,
                                   httplib::Response& res) {
-  absl::StatusOr<GenerationCall> call = ParseGenerateRequest(req.body, req.matches[1], VersionOf(req));
+  absl::StatusOr<GenerationCall> call =
+      ParseGenerateRequest(req.body, req.matches[1], VersionOf(req));
   absl::StatusOr<std::unique_ptr<Generation>> g =
-      call.ok() ? service->Start(*call) : absl::StatusOr<std::unique_ptr<Generation>>(call.status());
+      call.ok() ? service->Start(*call)
+                : absl::StatusOr<std::unique_ptr<Generation>>(call.status());
   if (!g.ok()) {
     ReplyStatus(res, g.status());
     return nullptr;
@@ -93,9 +96,9 @@ void Generate(GenerationService* service, const httplib::Request& req, httplib::
     ReplyStatus(res, result.status());
     return;
   }
-  res.set_content(Answer(*g, result->text, result->ids)
-                      .dump(-1, ' ', false, json::error_handler_t::replace),
-                  "application/json");
+  res.set_content(
+      Answer(*g, result->text, result->ids).dump(-1, ' ', false, json::error_handler_t::replace),
+      "application/json");
 }
 
 // Streams on the HTTP thread that answers: the generation runs inside the body's one turn,
@@ -151,8 +154,9 @@ absl::StatusOr<GenerationCall> ParseGenerateRequest(const std::string& body,
     } else if (key == "parameters") {
       if (absl::Status s = ParseParameters(v, &call.params); !s.ok()) return s;
     } else if (key != "id") {
-      return Invalid(absl::StrCat(key, ": unknown field; kilnd reads text_input, input_ids and "
-                                       "parameters"));
+      return Invalid(absl::StrCat(key,
+                                  ": unknown field; kilnd reads text_input, input_ids and "
+                                  "parameters"));
     }
   }
   return call;

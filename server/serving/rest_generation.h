@@ -1,7 +1,8 @@
 // Triton's generate extension on kilnd's HTTP listener, for language models:
-// POST /v2/models/NAME[/versions/V]/generate answers the whole text at once, and .../generate_stream
-// answers server-sent events, one per token. Both call serving::GenerationService, as the gRPC
-// GenerationService does; errors before the first token as the other REST errors
+// POST /v2/models/NAME[/versions/V]/generate answers the whole text at once, and
+// .../generate_stream answers server-sent events, one per token. Both call
+// serving::GenerationService, as the gRPC GenerationService does; errors before the first token as
+// the other REST errors
 // ({"error": ...} with 400, 404, 429, 503, ...), after it as a last `data: {"error": ...}` event.
 #pragma once
 

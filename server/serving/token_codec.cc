@@ -36,14 +36,14 @@ int64_t IdAt(const inference::ModelInferRequest::InferInputTensor& in, const std
 absl::StatusOr<TokenInput> DecodeTokenInput(const inference::ModelInferRequest& request,
                                             int64_t context, int64_t token_ids) {
   if (request.inputs_size() != 1 || request.inputs(0).name() != kInputName) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model takes one input, \"", kInputName, "\" (INT64 or INT32 token ids [batch, length])"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model takes one input, \"", kInputName,
+                     "\" (INT64 or INT32 token ids [batch, length])"));
   }
   for (const auto& out : request.outputs()) {
     if (out.name() != kLogitsOutput) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown output \"", out.name(),
-                                                     "\"; the model's output is \"",
-                                                     kLogitsOutput, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown output \"", out.name(), "\"; the model's output is \"", kLogitsOutput, "\""));
     }
   }
   const auto& in = request.inputs(0);
@@ -63,7 +63,8 @@ absl::StatusOr<TokenInput> DecodeTokenInput(const inference::ModelInferRequest& 
     return Invalid(who, absl::StrCat("shape ", shape, ": ", length,
                                      " positions is more than the model's context of ", context));
   }
-  if (batch > (int64_t{1} << 24)) return Invalid(who, absl::StrCat("shape ", shape, " is too large"));
+  if (batch > (int64_t{1} << 24))
+    return Invalid(who, absl::StrCat("shape ", shape, " is too large"));
   const int64_t n = batch * length;
   const std::string* raw = nullptr;
   if (request.raw_input_contents_size() > 0) {
@@ -96,7 +97,8 @@ absl::StatusOr<TokenInput> DecodeTokenInput(const inference::ModelInferRequest& 
   return input;
 }
 
-char* PrepareLogits(int64_t batch, int64_t vocab, bool raw, inference::ModelInferResponse* response) {
+char* PrepareLogits(int64_t batch, int64_t vocab, bool raw,
+                    inference::ModelInferResponse* response) {
   auto* out = response->add_outputs();
   out->set_name(kLogitsOutput);
   out->set_datatype("FP32");

@@ -27,6 +27,7 @@ absl::StatusOr<TokenInput> DecodeTokenInput(const inference::ModelInferRequest& 
 
 // Adds the "logits" output tensor [batch, vocab] to `response`, typed, or raw when `raw`, and
 // returns where its floats go (memcpy: raw storage need not be aligned).
-char* PrepareLogits(int64_t batch, int64_t vocab, bool raw, inference::ModelInferResponse* response);
+char* PrepareLogits(int64_t batch, int64_t vocab, bool raw,
+                    inference::ModelInferResponse* response);
 
 }  // namespace kiln::serving

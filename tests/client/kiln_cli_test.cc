@@ -954,12 +954,14 @@ TEST_F(KilnCliTest, GenerateStreamsTextFromADeployedGpt) {
   const std::string dir = *root_ + "/gpt-text";
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/a.txt") << "to be or not to be\nthat is the question\n";
-  RunResult up = Kiln({"upload", "gpt-bard", "--format", "text", dir + "/a.txt"});
+  RunResult up = Kiln({"upload", "gpt-bard", "--format", "text", dir + "/a.txt", "--val-fraction",
+                       "0.5"});
   ASSERT_EQ(up.exit_code, 0) << up.err;
   WriteFile(dir + "/gpt.json", TinyGptSpec("gpt-bard"));
   const std::string id = Submit(dir + "/gpt.json");
   ASSERT_FALSE(id.empty());
-  ASSERT_EQ(Kiln({"watch", id}).exit_code, 0);
+  RunResult watch = Kiln({"watch", id});
+  ASSERT_EQ(watch.exit_code, 0) << watch.out << watch.err;
   RunResult deploy = Kiln({"deploy", id + "@latest", "--name", "bard"});
   ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
 

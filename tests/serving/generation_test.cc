@@ -2,6 +2,8 @@
 // last-position logits, generation over REST (generate, generate_stream) and gRPC
 // (kiln.v1.GenerationService) against the engine's Generate with the same seed, every bad
 // input's error, and the bound on generations running at once.
+#include "engine/generation.h"
+
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -15,13 +17,13 @@
 #include "engine/backend_registry.h"
 #include "engine/checkpoint.h"
 #include "engine/data/char_vocabulary.h"
-#include "engine/generation.h"
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
 #include "server/http/http_server.h"
 #include "server/serving/generation_grpc_service.h"
 #include "server/serving/generation_service.h"
 #include "server/serving/rest_generation.h"
+#include "server/serving/rest_inference.h"
 #include "server/serving/token_codec.h"
 #include "tests/engine/gpt_config.h"
 #include "tests/serving/serving_test_support.h"
@@ -52,23 +54,24 @@ class GenerationTest : public ::testing::Test {
     model_ = std::move(*model);
     ASSERT_OK(WriteCheckpoint(dir_.file("gpt.ckpt"), *model_, nullptr, TrainingPosition{},
                               PixelNorm{}, vocabulary_->ToJson()));
-    ASSERT_OK(WriteCheckpoint(dir_.file("ids.ckpt"), *model_, nullptr, TrainingPosition{},
-                              PixelNorm{}));
+    ASSERT_OK(
+        WriteCheckpoint(dir_.file("ids.ckpt"), *model_, nullptr, TrainingPosition{}, PixelNorm{}));
     Deploy("gpt", dir_.file("gpt.ckpt"));
     Deploy("ids", dir_.file("ids.ckpt"));
     Deploy("mlp", serving::testing::SharedCheckpoints().mlp_flat);
     StartServers(4);
   }
 
-  void StartServers(int max_generations) {
+  void StartServers(int max_generations, absl::Duration max_duration = absl::Minutes(1)) {
     http_.reset();
     grpc_.reset();
     generation_ = std::make_unique<GenerationService>(
-        &server_.repository(), GenerationOptions{max_generations, absl::Minutes(1)});
+        &server_.repository(), GenerationOptions{max_generations, max_duration});
     http::HttpServerOptions options;
     options.listen = "127.0.0.1:0";
     http_ = std::make_unique<http::HttpServer>(std::move(options));
     AddGenerationRoutes(generation_.get(), http_.get());
+    AddKServeRoutes(&server_.service(), http_.get());
     absl::StatusOr<int> port = http_->Start();
     ASSERT_OK(port);
     client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
@@ -192,6 +195,25 @@ TEST_F(GenerationTest, InferTakesInt64AndInt32IdsAndAnswersLastPositionLogits) {
   }
 }
 
+TEST_F(GenerationTest, RestInferTakesJsonIdsAndAnswersLogits) {
+  const json request = {
+      {"inputs",
+       {{{"name", "input"}, {"datatype", "INT32"}, {"shape", {1, 3}}, {"data", {1, 2, 3}}}}}};
+  httplib::Result res = Post("/v2/models/gpt/infer", request);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json body = json::parse(res->body);
+  ASSERT_EQ(body.at("outputs").size(), 1u);
+  EXPECT_EQ(body.at("outputs")[0].at("name"), "logits");
+  std::vector<float> want = EngineLastLogits({1, 2, 3});
+  std::vector<float> got = body.at("outputs")[0].at("data").get<std::vector<float>>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5);
+  httplib::Result meta = client_->Get("/v2/models/gpt");
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(json::parse(meta->body).at("inputs")[0].at("datatype"), "INT64");
+}
+
 TEST_F(GenerationTest, MetadataShowsTokenIdsAndLogits) {
   inference::ModelMetadataRequest request;
   request.set_name("gpt");
@@ -199,9 +221,9 @@ TEST_F(GenerationTest, MetadataShowsTokenIdsAndLogits) {
   ASSERT_OK(server_.service().Metadata(request, &metadata));
   ASSERT_EQ(metadata.inputs_size(), 1);
   EXPECT_EQ(metadata.inputs(0).datatype(), "INT64");
-  EXPECT_THAT(std::vector<int64_t>(metadata.inputs(0).shape().begin(),
-                                   metadata.inputs(0).shape().end()),
-              ::testing::ElementsAre(-1, -1));
+  EXPECT_THAT(
+      std::vector<int64_t>(metadata.inputs(0).shape().begin(), metadata.inputs(0).shape().end()),
+      ::testing::ElementsAre(-1, -1));
   ASSERT_EQ(metadata.outputs_size(), 1);
   EXPECT_EQ(metadata.outputs(0).name(), "logits");
 }
@@ -211,8 +233,8 @@ TEST_F(GenerationTest, InferRefusesBadTokenInputsNamingTheInput) {
   absl::Status out_of_vocab = server_.service().Infer(TokenRequest("INT64", {{1, 99}}), &response);
   EXPECT_EQ(out_of_vocab.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(out_of_vocab.message(), HasSubstr("input \"input\": token id 99 at [0,1]"));
-  absl::Status too_long = server_.service().Infer(
-      TokenRequest("INT64", {{1, 2, 3, 4, 5, 6, 7, 8, 0}}), &response);
+  absl::Status too_long =
+      server_.service().Infer(TokenRequest("INT64", {{1, 2, 3, 4, 5, 6, 7, 8, 0}}), &response);
   EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_long.message(), HasSubstr("more than the model's context of 8"));
   absl::Status floats = server_.service().Infer(TokenRequest("FP32", {{1, 2}}), &response);
@@ -226,7 +248,10 @@ json GenerateBody(const std::string& prompt, int64_t max_tokens, double temperat
                   uint64_t seed) {
   return {{"text_input", prompt},
           {"parameters",
-           {{"max_tokens", max_tokens}, {"temperature", temperature}, {"top_k", top_k}, {"seed", seed}}}};
+           {{"max_tokens", max_tokens},
+            {"temperature", temperature},
+            {"top_k", top_k},
+            {"seed", seed}}}};
 }
 
 TEST_F(GenerationTest, RestGenerateGivesTheEngineText) {
@@ -298,6 +323,26 @@ TEST_F(GenerationTest, GrpcGenerateStreamsTheEngineTokens) {
   EXPECT_EQ(finish, "length");
 }
 
+TEST_F(GenerationTest, AGenerationPastItsLongestTimeEndsWithFinishReasonStop) {
+  StartServers(4, absl::ZeroDuration());  // every generation is past it after its first token
+  kiln::v1::GenerateRequest request;
+  request.set_model_name("gpt");
+  request.set_text_input("he");
+  request.mutable_parameters()->set_max_tokens(50);
+  grpc::ClientContext context;
+  auto reader = stub_->Generate(&context, request);
+  kiln::v1::GenerateResponse response;
+  int count = 0;
+  std::string finish;
+  while (reader->Read(&response)) {
+    ++count;
+    finish = response.finish_reason();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(count, 1);
+  EXPECT_EQ(finish, "stop");
+}
+
 TEST_F(GenerationTest, GrpcGenerateRefusesANonLanguageModel) {
   kiln::v1::GenerateRequest request;
   request.set_model_name("mlp");
@@ -319,8 +364,7 @@ TEST_F(GenerationTest, BadGenerationRequestsAreRefusedNamingWhatIsWrong) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {"/v2/models/gpt/generate", GenerateBody("hellX", 5, 1, 0, 1), 400,
-       "text_input: "},
+      {"/v2/models/gpt/generate", GenerateBody("hellX", 5, 1, 0, 1), 400, "text_input: "},
       {"/v2/models/gpt/generate", GenerateBody("hello world", 5, 1, 0, 1), 400, "prompt"},
       {"/v2/models/gpt/generate", GenerateBody("he", 64 * kBlock + 1, 1, 0, 1), 400, "max_tokens"},
       {"/v2/models/gpt/generate", GenerateBody("he", 5, -0.5, 0, 1), 400, "temperature"},

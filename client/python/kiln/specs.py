@@ -113,7 +113,7 @@ def build_spec(spec=None, **overrides):
         message.MergeFrom(_from_dict(rest, "overrides"))
     if not message.dataset:
         message.dataset = "mnist"
-    if message.epochs == 0:
+    if message.epochs == 0 and message.max_iters == 0:  # a language model counts max_iters
         message.epochs = 1
     if lr is not None:
         if message.optimizer.kind == spec_pb2.OptimizerSpec.KIND_UNSPECIFIED:
