@@ -41,8 +41,11 @@ absl::Status Generate(CommandEnv& env, const GenerateOptions& o) {
   auto reader = stub->Generate(context.get(), request);
   v1::GenerateResponse response;
   std::string text, finish, version;
-  if (!env.json()) std::fputs(o.prompt.c_str(), env.out);
+  bool first = true;
   while (reader->Read(&response)) {
+    // The prompt once kilnd has accepted it, so that an error is not printed after it.
+    if (first && !env.json()) std::fputs(o.prompt.c_str(), env.out);
+    first = false;
     text += response.text_output();
     version = response.model_version();
     if (!response.finish_reason().empty()) finish = response.finish_reason();
@@ -52,7 +55,7 @@ absl::Status Generate(CommandEnv& env, const GenerateOptions& o) {
     }
   }
   grpc::Status status = reader->Finish();
-  if (!env.json()) std::fputc('\n', env.out);
+  if (!first && !env.json()) std::fputc('\n', env.out);
   if (!status.ok()) return ServerError(status);
   if (env.json()) {
     nlohmann::json out = {{"model_name", o.model},

@@ -964,6 +964,7 @@ TEST_F(KilnCliTest, GenerateStreamsTextFromADeployedGpt) {
   ASSERT_EQ(watch.exit_code, 0) << watch.out << watch.err;
   RunResult deploy = Kiln({"deploy", id + "@latest", "--name", "bard"});
   ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
+  EXPECT_THAT(deploy.out, HasSubstr("generate with: kiln generate bard PROMPT"));
 
   RunResult json = Kiln({"generate", "bard", "to be", "--max-tokens", "12", "--temperature",
                          "0.9", "--seed", "3", "--output", "json"});
@@ -982,6 +983,7 @@ TEST_F(KilnCliTest, GenerateStreamsTextFromADeployedGpt) {
   RunResult unknown = Kiln({"generate", "bard", "to bZ"});
   EXPECT_EQ(unknown.exit_code, 1);
   EXPECT_THAT(unknown.err, AllOf(HasSubstr("INVALID_ARGUMENT"), HasSubstr("text_input")));
+  EXPECT_EQ(unknown.out, "");  // the prompt is printed only once kilnd accepts it
   RunResult not_gpt = Kiln({"generate", "nope-model", "x"});
   EXPECT_EQ(not_gpt.exit_code, 1);
   EXPECT_THAT(not_gpt.err, HasSubstr("NOT_FOUND"));
