@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
 #include "server/http/http_server.h"
+#include "server/http/route_label.h"
 #include "server/serving/generation_grpc_service.h"
 #include "server/serving/generation_service.h"
 #include "server/serving/rest_generation.h"
@@ -429,6 +430,12 @@ TEST_F(GenerationTest, GenerationsPastTheLimitAreRefusedUntilOneEnds) {
   httplib::Result after = Post("/v2/models/gpt/generate", GenerateBody("he", 3, 1, 0, 1));
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200) << after->body;
+}
+
+TEST(GenerationRouteLabelTest, GenerateRoutesFoldTheModelName) {
+  EXPECT_EQ(http::RouteLabel("/v2/models/gpt/generate"), "/v2/models/{model}/generate");
+  EXPECT_EQ(http::RouteLabel("/v2/models/gpt/versions/2/generate_stream"),
+            "/v2/models/{model}/generate_stream");
 }
 
 }  // namespace
