@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -430,6 +431,41 @@ TEST_F(GenerationTest, GenerationsPastTheLimitAreRefusedUntilOneEnds) {
   httplib::Result after = Post("/v2/models/gpt/generate", GenerateBody("he", 3, 1, 0, 1));
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200) << after->body;
+}
+
+// Generations and infers of one version at once take turns on its one model: each answer is the
+// one it gets alone.
+TEST_F(GenerationTest, ConcurrentGenerationsAndInfersOfOneVersionEachGetTheirOwnAnswer) {
+  const std::string want = EngineText("hello", {30, 0.8, 0, 9, true});
+  const std::vector<float> logits = EngineLastLogits({1, 2, 3});
+  std::vector<std::string> texts(4);
+  std::vector<std::vector<float>> inferred(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", http_->port());
+      client.set_read_timeout(20, 0);
+      httplib::Result res =
+          client.Post("/v2/models/gpt/generate_stream", GenerateBody("hello", 30, 0.8, 0, 9).dump(),
+                      "application/json");
+      if (res && res->status == 200) {
+        for (const json& e : Events(res->body)) texts[i] += e.at("text_output").get<std::string>();
+      }
+    });
+    threads.emplace_back([&, i] {
+      inference::ModelInferResponse response;
+      if (server_.service().Infer(TokenRequest("INT64", {{1, 2, 3}}), &response).ok()) {
+        const auto& c = response.outputs(0).contents().fp32_contents();
+        inferred[i].assign(c.begin(), c.end());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(texts[i], want) << i;
+    ASSERT_EQ(inferred[i].size(), logits.size()) << i;
+    for (size_t j = 0; j < logits.size(); ++j) EXPECT_NEAR(inferred[i][j], logits[j], 1e-5);
+  }
 }
 
 TEST(GenerationRouteLabelTest, GenerateRoutesFoldTheModelName) {
