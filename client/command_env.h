@@ -54,5 +54,6 @@ void AddCheckpointCommands(CLI::App& app, CommandEnv& env, Action* action);
 void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action);
 void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action);
 void AddHealthCommand(CLI::App& app, CommandEnv& env, Action* action);
+void AddGenerateCommand(CLI::App& app, CommandEnv& env, Action* action);
 
 }  // namespace kiln::client

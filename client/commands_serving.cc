@@ -89,12 +89,19 @@ absl::Status Deploy(CommandEnv& env, const DeployOptions& o) {
     nlohmann::json out = {{"model", name}, {"checkpoint", ref.ToString()}, {"versions", versions}};
     std::fprintf(env.out, "%s\n", out.dump(2).c_str());
   } else {
-    std::fprintf(env.out, "deployed %s as model %s%s\npredict with: kiln predict %s IMAGE.png\n",
-                 ref.ToString().c_str(), name.c_str(),
-                 versions.empty()
-                     ? ""
-                     : absl::StrCat(" (versions ", absl::StrJoin(versions, ", "), ")").c_str(),
-                 name.c_str());
+    // A language model takes token ids (INT64): it generates rather than predicts.
+    inference::ModelMetadataRequest meta_request;
+    meta_request.set_name(name);
+    inference::ModelMetadataResponse metadata;
+    auto meta_context = c->NewContext();
+    const bool language = stub->ModelMetadata(meta_context.get(), meta_request, &metadata).ok() &&
+                          metadata.inputs_size() > 0 && metadata.inputs(0).datatype() == "INT64";
+    std::fprintf(
+        env.out, "deployed %s as model %s%s\n%s\n", ref.ToString().c_str(), name.c_str(),
+        versions.empty() ? ""
+                         : absl::StrCat(" (versions ", absl::StrJoin(versions, ", "), ")").c_str(),
+        language ? absl::StrCat("generate with: kiln generate ", name, " PROMPT").c_str()
+                 : absl::StrCat("predict with: kiln predict ", name, " IMAGE.png").c_str());
   }
   return absl::OkStatus();
 }

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   kiln::client::AddCheckpointCommands(app, env, &action);
   kiln::client::AddDatasetCommands(app, env, &action);
   kiln::client::AddServingCommands(app, env, &action);
+  kiln::client::AddGenerateCommand(app, env, &action);
   kiln::client::AddHealthCommand(app, env, &action);
   app.footer(
       "Exit codes: 0 ok, 1 the server said no (or the job failed), 2 bad usage.\n\n"

@@ -26,6 +26,7 @@
 #include "server/http/route_label.h"
 #include "server/jobs/interrupted_writes.h"
 #include "server/serving/job_checkpoint_resolver.h"
+#include "server/serving/rest_generation.h"
 #include "server/serving/rest_inference.h"
 #include "server/web/web_page.h"
 
@@ -155,6 +156,12 @@ absl::Status CheckLimits(const DaemonOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_web_streams: must be in [1, ", most, "] (half the HTTP port's ",
                      most * 2, " threads), got ", options.max_web_long_answers));
+  }
+  // A REST generation holds an HTTP thread while it runs, as a web stream does.
+  if (const int most = http::HttpServerOptions{}.threads / 2;
+      options.max_generations < 1 || options.max_generations > most) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_generations: must be in [1, ", most,
+                                                   "], got ", options.max_generations));
   }
   if (options.web_stream_max_duration < absl::Seconds(1)) {
     return absl::InvalidArgumentError(
@@ -401,6 +408,10 @@ void Daemon::StartServing() {
               {"reason", std::string(noted.message())}});
   };
   inference_ = std::make_unique<serving::InferenceService>(models_.get(), inference);
+  generation_ = std::make_unique<serving::GenerationService>(
+      models_.get(),
+      serving::GenerationOptions{options_.max_generations, options_.web_stream_max_duration});
+  generation_grpc_ = std::make_unique<serving::GenerationGrpcService>(generation_.get());
   // Unset in ~Daemon, before models_ goes: /metrics is served until metrics_ goes.
   metrics->SetInferenceQueueSource([models = models_.get()] {
     std::vector<InferenceQueueDepth> depths;
@@ -454,6 +465,7 @@ absl::Status Daemon::StartGrpc() {
       &port_);
   builder.RegisterService(service_.get());
   builder.RegisterService(inference_.get());
+  builder.RegisterService(generation_grpc_.get());
   builder.RegisterService(workers_service_.get());
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   // A connection that never completes its handshake (or its HTTP/2 settings), or that makes no
@@ -534,6 +546,7 @@ absl::Status Daemon::StartHttp() {
   metrics_->AddMetricsRoute(
       server.get(), options_.metrics_require_token ? http::Access::kToken : http::Access::kOpen);
   serving::AddKServeRoutes(inference_.get(), server.get());
+  serving::AddGenerationRoutes(generation_.get(), server.get());
   // The web page and its JSON API, behind the same TLS and tokens.
   web::WebApiOptions web_options;
   web_options.max_long_answers = options_.max_web_long_answers;

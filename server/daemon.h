@@ -32,6 +32,8 @@
 #include "server/observability/job_observers.h"
 #include "server/observability/logging.h"
 #include "server/observability/metrics.h"
+#include "server/serving/generation_grpc_service.h"
+#include "server/serving/generation_service.h"
 #include "server/serving/inference_service.h"
 #include "server/serving/model_follower.h"
 #include "server/serving/model_repository.h"
@@ -111,6 +113,10 @@ struct DaemonOptions {
   // An event stream ends after this with an "end" event (DEADLINE_EXCEEDED) that the page answers
   // by opening it again: a client that never reads cannot keep a place for longer.
   absl::Duration web_stream_max_duration = absl::Minutes(5);
+  // Text generations running at once (REST generate, generate_stream, gRPC GenerationService),
+  // over all models; more are refused RESOURCE_EXHAUSTED (429). Each also ends after
+  // web_stream_max_duration.
+  int max_generations = 4;
   absl::Duration metrics_job_retention = absl::Minutes(10);
   int metrics_max_ended_jobs = 500;  // ended jobs whose series are kept at most
   // Security: TLS from these PEM files (none: plaintext); bearer tokens, one per line, required
@@ -185,6 +191,8 @@ class Daemon {
   // Serving: above server_, so in-flight inference calls end before these go.
   std::unique_ptr<serving::ModelRepository> models_;
   std::unique_ptr<serving::InferenceService> inference_;
+  std::unique_ptr<serving::GenerationService> generation_;
+  std::unique_ptr<serving::GenerationGrpcService> generation_grpc_;
   // Loads new versions of models that follow a job's checkpoints; before models_ goes.
   std::unique_ptr<serving::ModelFollower> follower_;
   // The web page's JSON API on http_ (null when http_ is); above http_, so it outlives its routes.

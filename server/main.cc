@@ -54,6 +54,10 @@ ABSL_FLAG(int, max_web_streams, 4,
           "one of the 16 HTTP threads (more are answered 503)");
 ABSL_FLAG(absl::Duration, web_stream_max_duration, absl::Minutes(5),
           "the longest a web event stream stays open; then it ends and the page opens it again");
+ABSL_FLAG(int, max_generations, 4,
+          "text generations (REST generate and generate_stream, gRPC GenerationService) running "
+          "at once over all models; more are refused (429, RESOURCE_EXHAUSTED). Each ends after "
+          "--web_stream_max_duration");
 ABSL_FLAG(int, max_health_watches, 256,
           "grpc.health.v1 Watch streams open at once (they need no token, so they have their own "
           "limit)");
@@ -218,6 +222,7 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.max_streams = absl::GetFlag(FLAGS_max_streams);
   options.max_web_long_answers = absl::GetFlag(FLAGS_max_web_streams);
   options.web_stream_max_duration = absl::GetFlag(FLAGS_web_stream_max_duration);
+  options.max_generations = absl::GetFlag(FLAGS_max_generations);
   for (const std::string& host : absl::GetFlag(FLAGS_http_allowed_hosts)) {
     options.http_allowed_hosts.push_back(absl::AsciiStrToLower(host));
   }

@@ -7,8 +7,8 @@
 namespace kiln::http {
 
 std::string RouteLabel(const std::string& path) {
-  static const std::regex* const kModel =
-      new std::regex(R"(/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?)");
+  static const std::regex* const kModel = new std::regex(
+      R"(/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/generate|/generate_stream)?)");
   static const std::regex* const kRepositoryModel =
       new std::regex(R"(/v2/repository/models/[^/]+/(load|unload))");
   for (const char* fixed :

@@ -1,6 +1,7 @@
 #include "server/serving/inference_service.h"
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "server/grpc/call_auth.h"
 #include "server/grpc/status_mapping.h"
 #include "server/serving/tensor_codec.h"
+#include "server/serving/token_codec.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -119,6 +121,7 @@ absl::Status InferenceService::Infer(const inference::ModelInferRequest& request
   if (request.model_name().empty()) return absl::InvalidArgumentError("model_name: required");
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const ServedVersion> version,
                         repository_->Find(request.model_name(), request.model_version()));
+  if (version->language_model() != nullptr) return InferTokens(*version, request, response);
   absl::StatusOr<PixelInput> input = DecodeInput(request, version->input_elems());
   if (!input.ok()) return Prefixed(*version, input.status());
   if (input->samples > options_.max_request_samples) {
@@ -141,6 +144,31 @@ absl::Status InferenceService::Infer(const inference::ModelInferRequest& request
   return version->batcher().Run(*input, buffers, info);
 }
 
+absl::Status InferenceService::InferTokens(const ServedVersion& version,
+                                           const inference::ModelInferRequest& request,
+                                           inference::ModelInferResponse* response) const {
+  LanguageModel& lm = *version.language_model();
+  absl::StatusOr<TokenInput> input =
+      DecodeTokenInput(request, lm.shape().context, lm.shape().token_ids);
+  if (!input.ok()) return Prefixed(version, input.status());
+  if (input->batch > options_.max_request_samples) {
+    return Prefixed(
+        version, absl::InvalidArgumentError(absl::StrCat(
+                     "input \"", kInputName, "\": batch ", input->batch, " is over the limit of ",
+                     options_.max_request_samples, " (--max_inference_batch)")));
+  }
+  response->set_model_name(version.model());
+  response->set_model_version(version.version());
+  response->set_id(request.id());
+  const int64_t vocab = lm.shape().vocab;
+  std::vector<float> logits(static_cast<size_t>(input->batch * vocab));
+  absl::Status ran = lm.LastLogits(input->ids, input->batch, input->length, logits.data());
+  if (!ran.ok()) return Prefixed(version, ran);
+  char* out = PrepareLogits(input->batch, vocab, request.raw_input_contents_size() > 0, response);
+  std::memcpy(out, logits.data(), logits.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
 absl::Status InferenceService::Metadata(const inference::ModelMetadataRequest& request,
                                         inference::ModelMetadataResponse* response) const {
   if (request.name().empty()) return absl::InvalidArgumentError("name: required");
@@ -150,6 +178,20 @@ absl::Status InferenceService::Metadata(const inference::ModelMetadataRequest& r
   response->set_name(version->model());
   for (const std::string& v : versions) response->add_versions(v);
   response->set_platform("kiln");
+  if (version->language_model() != nullptr) {
+    // Token ids [batch, length <= T]; INT32 is accepted too.
+    auto* input = response->add_inputs();
+    input->set_name(kInputName);
+    input->set_datatype("INT64");
+    input->add_shape(-1);
+    input->add_shape(-1);
+    auto* logits = response->add_outputs();
+    logits->set_name(kLogitsOutput);
+    logits->set_datatype("FP32");
+    logits->add_shape(-1);
+    logits->add_shape(version->num_classes());
+    return absl::OkStatus();
+  }
   // FP32 is the input's declared datatype; UINT8 (raw pixels) is accepted too.
   auto* input = response->add_inputs();
   input->set_name(kInputName);

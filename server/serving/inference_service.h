@@ -6,6 +6,9 @@
 // 0..255), typed or in raw_input_contents, shape [batch, ...] with the model's per-sample element
 // count; ModelMetadata reports it as FP32 [-1, ...input shape]. They answer "probabilities" (FP32
 // [batch, classes]) and "class" (INT64 [batch]), typed, or raw when the input was raw.
+// A language model (a GPT) takes token ids instead, INT64 or INT32 [batch, length <= T]
+// (metadata: INT64 [-1, -1]), and answers "logits" (FP32 [batch, vocab]) at each prompt's last
+// position (server/serving/token_codec.h).
 #pragma once
 
 #include <atomic>
@@ -145,6 +148,10 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   std::vector<std::string> Restore(const std::vector<DeploymentRecord>& records);
 
  private:
+  // Infer for a language model: token ids in, the last position's logits out.
+  absl::Status InferTokens(const ServedVersion& version,
+                           const inference::ModelInferRequest& request,
+                           inference::ModelInferResponse* response) const;
   // The records of `model`'s loaded versions, made from the repository (the one truth).
   std::vector<DeploymentRecord> RecordsOf(const std::string& model) const;
 

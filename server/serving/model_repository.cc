@@ -17,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/inference.h"
 #include "engine/memory_plan.h"
+#include "engine/sequence_model.h"
 
 namespace kiln::serving {
 namespace {
@@ -246,6 +247,8 @@ absl::Status ModelRepository::StartVersion(ServedVersion& version) const {
   if (absl::Status reserved = ReserveMemory(version, backend_options); !reserved.ok()) {
     return absl::Status(reserved.code(), absl::StrCat(who, ": ", reserved.message()));
   }
+  absl::StatusOr<CheckpointInfo> info = ReadCheckpointInfo(version.checkpoint_path_);
+  if (info.ok() && SequenceModelShapeOf(info->model).ok()) return StartLanguageModel(version);
   absl::StatusOr<std::unique_ptr<InferenceSession>> session = InferenceSession::FromCheckpoint(
       version.checkpoint_path_, version.backend_.get(), options.batching.max_batch_size);
   if (!session.ok()) {
@@ -263,6 +266,23 @@ absl::Status ModelRepository::StartVersion(ServedVersion& version) const {
   KILN_ASSIGN_OR_RETURN(version.batcher_,
                         DynamicBatcher::Create(std::move(*session), options.batching, who,
                                                std::move(prepare_thread), callers_run_when_idle));
+  version.reservation_.Loaded();
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::StartLanguageModel(ServedVersion& version) const {
+  const std::string who =
+      absl::StrCat("model \"", version.model_, "\" version \"", version.version_, "\"");
+  absl::StatusOr<std::unique_ptr<LanguageModel>> lm = LanguageModel::FromCheckpoint(
+      version.checkpoint_path_, version.backend_.get(), version.options_.batching.max_batch_size);
+  if (!lm.ok()) {
+    return absl::Status(lm.status().code(),
+                        absl::StrCat(who, ": ", std::string(lm.status().message())));
+  }
+  version.input_shape_ = {(*lm)->shape().context};
+  version.input_elems_ = (*lm)->shape().context;
+  version.num_classes_ = (*lm)->shape().vocab;
+  version.language_model_ = std::move(*lm);
   version.reservation_.Loaded();
   return absl::OkStatus();
 }
@@ -509,6 +529,7 @@ std::vector<VersionQueue> ModelRepository::Queues() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [name, model] : models_) {
     for (const auto& [n, v] : model.versions) {
+      if (v->language_model() != nullptr) continue;  // no batcher: calls take turns
       queues.push_back({name, v->version(), v->batcher().queued_requests()});
     }
   }

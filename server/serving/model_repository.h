@@ -19,6 +19,7 @@
 #include "engine/backend_registry.h"
 #include "engine/tensor.h"
 #include "server/serving/dynamic_batcher.h"
+#include "server/serving/language_model.h"
 #include "server/serving/serving_memory_budget.h"
 
 namespace kiln::serving {
@@ -121,7 +122,11 @@ class ServedVersion {
   int64_t num_classes() const { return num_classes_; }
   // The memory its plan says it needs (its share of max_total_memory_bytes while in memory).
   int64_t memory_bytes() const { return reservation_.bytes(); }
+  // An image or table model's batcher; a language model has none (language_model() instead).
   DynamicBatcher& batcher() const { return *batcher_; }
+  // The served sequence model (a GPT: input_shape() is {T} token ids, num_classes() its vocab),
+  // or null for other models. Its calls take turns on the model (LanguageModel).
+  LanguageModel* language_model() const { return language_model_.get(); }
 
  private:
   friend class ModelRepository;
@@ -133,8 +138,9 @@ class ServedVersion {
   int64_t input_elems_ = 0, num_classes_ = 0;
   // Declared first: given back only after the backend and batcher have freed their memory.
   ServingMemoryBudget::Reservation reservation_;
-  std::unique_ptr<Backend> backend_;         // declared before the batcher: outlives it
-  std::unique_ptr<DynamicBatcher> batcher_;  // owns the session
+  std::unique_ptr<Backend> backend_;               // declared before the batcher: outlives it
+  std::unique_ptr<DynamicBatcher> batcher_;        // owns the session
+  std::unique_ptr<LanguageModel> language_model_;  // instead of the batcher, for a GPT
 };
 
 // One row of the repository index.
@@ -233,6 +239,8 @@ class ModelRepository {
   // Makes `version`'s backend, reserves its planned memory, then makes its session and batcher;
   // the error names the version.
   absl::Status StartVersion(ServedVersion& version) const;
+  // StartVersion's last step for a sequence model: its LanguageModel instead of a batcher.
+  absl::Status StartLanguageModel(ServedVersion& version) const;
   // Plans the memory `version` needs on its backend (over max_memory_bytes: RESOURCE_EXHAUSTED)
   // and reserves it in the budget (RESOURCE_EXHAUSTED when it does not fit beside the rest).
   absl::Status ReserveMemory(ServedVersion& version, const BackendOptions& backend_options) const;

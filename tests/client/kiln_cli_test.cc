@@ -935,6 +935,61 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
   EXPECT_EQ(gone.exit_code, 1);
 }
 
+// A tiny character GPT (14-character vocabulary, context 8) for a few steps on a text dataset.
+std::string TinyGptSpec(const std::string& dataset) {
+  std::string layers =
+      R"({"name": "wte", "embedding": {"num_embeddings": 14, "embedding_dim": 16}},
+          {"name": "wpe", "position_embedding": {"block_size": 8, "embedding_dim": 16}},
+          {"name": "h.0.ln_1", "layernorm": {"normalized_shape": 16}},
+          {"name": "h.0.attn", "causal_self_attention": {"n_head": 2, "n_embd": 16}},
+          {"name": "h.0.res_1", "add": {}, "inputs": ["wpe", "h.0.attn"]},
+          {"name": "ln_f", "layernorm": {"normalized_shape": 16}},
+          {"name": "lm_head", "linear": {"in_features": 16, "out_features": 14, "bias": false}})";
+  return absl::StrCat(R"({"model": {"input_shape": [8], "layers": [)", layers,
+                      R"(]}, "optimizer": {"kind": "KIND_ADAMW", "lr": 0.001},
+                      "dataset": ")", dataset, R"(", "batch_size": 4, "max_iters": 4})");
+}
+
+TEST_F(KilnCliTest, GenerateStreamsTextFromADeployedGpt) {
+  const std::string dir = *root_ + "/gpt-text";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/a.txt") << "to be or not to be\nthat is the question\n";
+  RunResult up = Kiln({"upload", "gpt-bard", "--format", "text", dir + "/a.txt", "--val-fraction",
+                       "0.5"});
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  WriteFile(dir + "/gpt.json", TinyGptSpec("gpt-bard"));
+  const std::string id = Submit(dir + "/gpt.json");
+  ASSERT_FALSE(id.empty());
+  RunResult watch = Kiln({"watch", id});
+  ASSERT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  RunResult deploy = Kiln({"deploy", id + "@latest", "--name", "bard"});
+  ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
+  EXPECT_THAT(deploy.out, HasSubstr("generate with: kiln generate bard PROMPT"));
+
+  RunResult json = Kiln({"generate", "bard", "to be", "--max-tokens", "12", "--temperature",
+                         "0.9", "--seed", "3", "--output", "json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json out = nlohmann::json::parse(json.out);
+  const std::string text = out.at("text_output");
+  EXPECT_EQ(text.size(), 12u) << json.out;  // one ASCII character per token
+  EXPECT_EQ(out.at("finish_reason"), "length");
+  EXPECT_EQ(out.at("model_version"), "1");
+  // Plain output: the prompt, then the same tokens (the same seed) as they came.
+  RunResult plain = Kiln({"generate", "bard", "to be", "--max-tokens", "12", "--temperature",
+                          "0.9", "--seed", "3"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(plain.out, "to be" + text + "\n");
+
+  RunResult unknown = Kiln({"generate", "bard", "to bZ"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.err, AllOf(HasSubstr("INVALID_ARGUMENT"), HasSubstr("text_input")));
+  EXPECT_EQ(unknown.out, "");  // the prompt is printed only once kilnd accepts it
+  RunResult not_gpt = Kiln({"generate", "nope-model", "x"});
+  EXPECT_EQ(not_gpt.exit_code, 1);
+  EXPECT_THAT(not_gpt.err, HasSubstr("NOT_FOUND"));
+  EXPECT_EQ(Kiln({"undeploy", "bard"}).exit_code, 0);
+}
+
 TEST_F(KilnCliTest, ColourAndTableModelsServeWhatTheyWereTrainedOn) {
   RunResult models = Kiln({"models"});
   if (models.exit_code != 0 && absl::StrContains(models.err, "UNIMPLEMENTED")) {

@@ -14,6 +14,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "kiln/v1/generation.grpc.pb.h"
 #include "kiln/v1/training.grpc.pb.h"
 #include "security_test_support.h"
 #include "tests/support/connected_channel.h"
@@ -99,6 +100,17 @@ std::vector<std::pair<std::string, grpc::Status>> CallEveryKind(
     statuses.emplace_back("ServerLive",
                           inference->ServerLive(ContextWithToken(token).get(),
                                                 inference::ServerLiveRequest(), &response));
+  }
+  {
+    v1::GenerateRequest request;
+    request.set_model_name("digits");
+    request.set_text_input("a");
+    auto context = ContextWithToken(token);
+    auto reader = v1::GenerationService::NewStub(channel)->Generate(context.get(), request);
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+    }
+    statuses.emplace_back("Generate", reader->Finish());
   }
   std::string services;
   statuses.emplace_back("reflection", ListServicesByReflection(channel, token, &services));
@@ -209,7 +221,8 @@ TEST_F(BearerAuthTest, AnAcceptedTokenReachesEveryService) {
       EXPECT_OK(status) << call << ": " << status.error_message();
     }
     // Past auth, to the unknown job, model or dataset.
-    if (call == "WatchJob" || call == "ModelInfer" || call == "DeleteDataset") {
+    if (call == "WatchJob" || call == "ModelInfer" || call == "DeleteDataset" ||
+        call == "Generate") {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << call;
     }
   }
@@ -217,6 +230,7 @@ TEST_F(BearerAuthTest, AnAcceptedTokenReachesEveryService) {
   ASSERT_OK(ListServicesByReflection(channel_, kBravo, &services));
   EXPECT_THAT(services, HasSubstr("kiln.v1.Training"));
   EXPECT_THAT(services, HasSubstr("inference.GRPCInferenceService"));
+  EXPECT_THAT(services, HasSubstr("kiln.v1.GenerationService"));
 }
 
 TEST_F(BearerAuthTest, HealthNeedsNoToken) {

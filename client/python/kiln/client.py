@@ -8,11 +8,14 @@ from kiln import connection, specs, tensors, uploads
 from kiln.errors import KilnError, raised_as_kiln_error
 from kiln.events import StateEvent, event_from_proto
 from kiln.records import Checkpoint, Dataset, Job, ModelStatus
-from kiln.stubs import inference_grpc, inference_pb2, training_grpc, training_pb2
+from kiln.stubs import (generation_grpc, generation_pb2, inference_grpc, inference_pb2,
+                        training_grpc, training_pb2)
 
 # Calls that wait on training or loading get longer deadlines than plain lookups.
 _CALL_SECONDS = 30
 _LOAD_SECONDS = 300
+# kilnd ends a generation after its --web_stream_max_duration (5 minutes by default).
+_GENERATE_SECONDS = 1800
 _TRANSFER_SECONDS = 1800
 
 
@@ -40,6 +43,7 @@ class Client:
                                                 tls_server_name, connect_timeout)
         self._training = training_grpc.TrainingStub(self._channel)
         self._inference = inference_grpc.GRPCInferenceServiceStub(self._channel)
+        self._generation = generation_grpc.GenerationServiceStub(self._channel)
 
     def close(self):
         self._channel.close()
@@ -340,3 +344,33 @@ class Client:
         request = tensors.infer_request(model, version, spec.name or "input", sample_shape, array)
         response = self._call(self._inference.ModelInfer, request, timeout=_LOAD_SECONDS)
         return tensors.infer_result(model, response, request.inputs[0].shape[0])
+
+    def generate(self, model, prompt, max_tokens=200, temperature=0.8, top_k=0, seed=0,
+                 version=None, stream=False):
+        """Continues `prompt` with served language model `model` (a GPT): up to max_tokens tokens
+        drawn at `temperature` (0: greedy) among the top_k likeliest (0: all), the same seed
+        giving the same text. `prompt` is text (encoded with the checkpoint's vocabulary) or, for
+        a model trained on token shards, a list of token ids. Returns the generated text (a list
+        of ids for a model without a vocabulary); with stream=True, an iterator of each token's
+        text (or id) as kilnd chooses it."""
+        request = generation_pb2.GenerateRequest(
+            model_name=model, model_version="" if version is None else str(version),
+            parameters=generation_pb2.GenerationParameters(
+                max_tokens=int(max_tokens), temperature=float(temperature), top_k=int(top_k),
+                seed=int(seed)))
+        ids_only = not isinstance(prompt, str)
+        if ids_only:
+            request.input_ids.ids.extend(int(i) for i in prompt)
+        else:
+            request.text_input = prompt
+        tokens = self._generate_stream(request, ids_only)
+        if stream:
+            return tokens
+        tokens = list(tokens)
+        return tokens if ids_only else "".join(tokens)
+
+    def _generate_stream(self, request, ids_only):
+        with raised_as_kiln_error(self.address):
+            for response in self._generation.Generate(request, metadata=self._metadata,
+                                                      timeout=_GENERATE_SECONDS):
+                yield response.token_id if ids_only else response.text_output

@@ -623,7 +623,7 @@ async function showModels(signal) {
          el('table', {id: 'models'},
             el('thead', {},
                el('tr', {},
-                  ['MODEL', 'VERSIONS', 'REQUESTS', 'REQ/S', 'P50', 'P90', 'P99', 'CLASSIFY',
+                  ['MODEL', 'VERSIONS', 'REQUESTS', 'REQ/S', 'P50', 'P90', 'P99', 'TRY',
                    ''].map((h) => el('th', {}, h)))),
             tbody)),
       el('p', {class: 'note', id: 'models-empty', hidden: true},
@@ -647,7 +647,7 @@ async function showModels(signal) {
         new Map([...tbody.querySelectorAll('tr[data-model]')].map((r) => [r.dataset.model, r]));
     tbody.replaceChildren(...models.map((m) => {
       const old = kept.get(m.name);
-      const zone = old ? $('.dropzone', old) : dropZone(m.name);
+      const zone = old ? $('.try', old) : tryBox(m.name);
       // data-label: the column's name, shown beside each cell where the table stacks (narrow).
       return el(
           'tr', {'data-model': m.name}, el('td', {'data-label': 'MODEL'}, m.name),
@@ -662,7 +662,7 @@ async function showModels(signal) {
           el('td', {class: 'num', 'data-label': 'P50'}, ms(m.latency_seconds.p50)),
           el('td', {class: 'num', 'data-label': 'P90'}, ms(m.latency_seconds.p90)),
           el('td', {class: 'num', 'data-label': 'P99'}, ms(m.latency_seconds.p99)),
-          el('td', {'data-label': 'CLASSIFY'}, zone),
+          el('td', {'data-label': 'TRY'}, zone),
           el('td', {},
              el('button', {
                type: 'button',
@@ -687,6 +687,66 @@ async function showModels(signal) {
   while (!signal.aborted) {
     await new Promise((r) => setTimeout(r, REFRESH_MODELS_MS));
     if (!signal.aborted) await refresh().catch(reportError);
+  }
+}
+
+// A drop zone for image models, a prompt box for language models (token ids in: metadata INT64);
+// decided once the model's metadata arrives.
+function tryBox(model) {
+  const box = el('div', {class: 'try'});
+  api(`/v2/models/${encodeURIComponent(model)}`)
+      .then((meta) => box.append(
+                meta.inputs[0].datatype === 'INT64' ? promptBox(model) : dropZone(model)))
+      .catch(() => box.append(dropZone(model)));
+  return box;
+}
+
+// Prompt, max tokens and temperature; Generate streams the answer from generate_stream, one
+// server-sent event per token.
+function promptBox(model) {
+  const prompt = el('textarea', {rows: 2, 'aria-label': 'prompt for ' + model});
+  const maxTokens = el('input', {type: 'number', min: 1, value: 200, 'aria-label': 'max tokens'});
+  const temperature =
+      el('input', {type: 'number', min: 0, step: 0.1, value: 0.8, 'aria-label': 'temperature'});
+  const answer = el('pre', {class: 'generated', 'aria-live': 'polite'});
+  const button = el('button', {type: 'button'}, 'Generate');
+  button.addEventListener('click', () => {
+    button.disabled = true;
+    answer.textContent = prompt.value;
+    generate(model, prompt.value, Number(maxTokens.value), Number(temperature.value), (text) => {
+      answer.textContent += text;
+    }).catch(reportError).finally(() => {
+      button.disabled = false;
+    });
+  });
+  return el('div', {class: 'prompt-box', 'data-model': model}, prompt,
+            el('label', {}, 'max tokens ', maxTokens), el('label', {}, 'temperature ', temperature),
+            button, answer);
+}
+
+async function generate(model, text, maxTokens, temperature, onText) {
+  const res = await request(`/v2/models/${encodeURIComponent(model)}/generate_stream`, {
+    method: 'POST',
+    headers: {'Content-Type': 'application/json'},
+    body: JSON.stringify({
+      text_input: text,
+      parameters: {max_tokens: maxTokens, temperature, seed: Math.floor(Math.random() * 1e9)},
+    }),
+  });
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let pending = '';
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) return;
+    pending += value;
+    const events = pending.split('\n\n');
+    pending = events.pop();
+    for (const event of events) {
+      if (!event.startsWith('data: ')) continue;
+      const data = JSON.parse(event.slice(6));
+      if (data.error) throw new Error(data.error);
+      onText(data.text_output ?? '');
+    }
   }
 }
 

@@ -240,7 +240,34 @@ def exercise(kiln, np, addr, tmp):
     c.undeploy("blocks")
     check(("blocks", "READY") not in [(m.name, m.state) for m in c.models()],
           f"undeploy: still ready: {c.models()}")
+    exercise_generate(c)
     c.close()
+
+
+def exercise_generate(c):
+    """A tiny character GPT on the "bard" corpus (10 characters), deployed; generate() returns
+    the text, stream=True the same tokens one by one (the same seed)."""
+    layers = [
+        {"name": "wte", "embedding": {"num_embeddings": 10, "embedding_dim": 16}},
+        {"name": "wpe", "position_embedding": {"block_size": 8, "embedding_dim": 16}},
+        {"name": "h.0.ln_1", "layernorm": {"normalized_shape": 16}},
+        {"name": "h.0.attn", "causal_self_attention": {"n_head": 2, "n_embd": 16}},
+        {"name": "h.0.res_1", "add": {}, "inputs": ["wpe", "h.0.attn"]},
+        {"name": "ln_f", "layernorm": {"normalized_shape": 16}},
+        {"name": "lm_head", "linear": {"in_features": 16, "out_features": 10, "bias": False}},
+    ]
+    job = c.submit({"model": {"input_shape": [8], "layers": layers},
+                    "optimizer": {"kind": "adamw", "lr": 0.001}, "dataset": "bard",
+                    "batch_size": 2, "max_iters": 3})
+    check(c.wait(job).state == "SUCCEEDED", f"gpt job: {c.get(job)}")
+    c.deploy(job, name="bard")
+    text = c.generate("bard", "to be", max_tokens=9, temperature=0.9, seed=2)
+    check(isinstance(text, str) and len(text) == 9, f"generate: {text!r}")
+    pieces = list(c.generate("bard", "to be", max_tokens=9, temperature=0.9, seed=2, stream=True))
+    check(len(pieces) == 9 and "".join(pieces) == text, f"generate stream: {pieces} vs {text!r}")
+    expect_error("INVALID_ARGUMENT", c.generate, "bard", "to bZ")
+    expect_error("INVALID_ARGUMENT", c.generate, "bard", "to be", temperature=-1)
+    c.undeploy("bard")
 
 
 def run_example(addr, pythonpath, tmp):
