@@ -263,7 +263,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
     if (linear == nullptr || linear->tie_weight.empty()) continue;
     KILN_ASSIGN_OR_RETURN(size_t k, TiedEmbedding(config, i));
     static_cast<Linear*>(model->layers_[i].get())
-        ->BindTiedWeight(*model->layers_[k]->parameters()[0]);
+        ->BindTiedWeight(model->layers_[k]->parameters()[0]);
   }
   int64_t n_layer = 0;  // kGpt2 scales the residual projections by the attention layers
   for (const LayerConfig& l : config.layers)
@@ -417,13 +417,10 @@ absl::Status Model::ZeroGrad() {
 }
 
 std::vector<NamedParameter> Model::parameters() {
+  // A tied weight is its embedding's: the linear sharing it does not list it (Linear).
   std::vector<NamedParameter> out;
-  std::vector<const void*> seen;  // a tied weight is listed once, by its first holder
   for (size_t i = 0; i < layers_.size(); ++i) {
     for (Parameter* p : layers_[i]->parameters()) {
-      const void* data = p->value.raw();
-      if (std::find(seen.begin(), seen.end(), data) != seen.end()) continue;
-      seen.push_back(data);
       out.push_back({StateDictName(graph_.names[i], p->name), p});
     }
   }

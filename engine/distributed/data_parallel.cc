@@ -107,17 +107,24 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(Communicator*
   dp->tail_ = ViewOf(dp->flat_, dp->grad_floats_, {kTailFloats});
 
   // A dropout layer draws numel(its input) values per forward, in order: its per-sample count
-  // tells where a slice's samples start in the single process's stream.
+  // tells where a slice's samples start in the single process's stream. Causal attention draws
+  // its weights' (H x T x T) then its output's (T x C) per sample, in two runs over the batch: a
+  // rank's slice then draws its own disjoint part of the step's stream, not the single process's
+  // values (equally random, but not the same bits as one process, unlike dropout's).
   KILN_ASSIGN_OR_RETURN(std::vector<Shape> shapes, InferShapes(model->config()));
   for (size_t i = 0; i < model->config().layers.size(); ++i) {
-    const auto* d = std::get_if<DropoutConfig>(&model->config().layers[i]);
-    if (d == nullptr) continue;
-    dp->dropout_per_sample_.push_back(d->p == 0.0f ? 0 : NumElements(shapes[i + 1]));
+    const LayerConfig& layer = model->config().layers[i];
+    if (const auto* d = std::get_if<DropoutConfig>(&layer)) {
+      dp->dropout_per_sample_.push_back(d->p == 0.0f ? 0 : NumElements(shapes[i + 1]));
+    } else if (const auto* a = std::get_if<CausalSelfAttentionConfig>(&layer)) {
+      const int64_t t = shapes[i + 1][0];
+      dp->dropout_per_sample_.push_back(a->dropout == 0.0f ? 0 : a->n_head * t * t + t * a->n_embd);
+    }
   }
   if (dp->dropout_per_sample_.size() != model->random_offsets().size()) {
     return absl::UnimplementedError(
-        "data-parallel training knows how dropout draws random numbers, but this model has "
-        "another layer with a random stream");
+        "data-parallel training knows how dropout and attention draw random numbers, but this "
+        "model has another layer with a random stream");
   }
   return dp;
 }

@@ -6,7 +6,7 @@
 // seeded shuffle and takes its slice of each batch; the loss gradient of a slice of `local`
 // samples (a mean over `local`) is scaled by local / global, so the summed gradients are the mean
 // over the global batch. Dropout draws from the offsets the single process would have used for
-// the slice's samples. Only batch normalisation differs: its statistics are each rank's own
+// the slice's samples; causal attention's dropout from a disjoint part of the step's stream. Only batch normalisation differs: its statistics are each rank's own
 // (PyTorch's DDP without SyncBatchNorm).
 #pragma once
 

@@ -61,12 +61,14 @@ absl::StatusOr<std::unique_ptr<Layer>> Linear::Create(const LinearConfig& config
 }
 
 std::vector<Parameter*> Linear::parameters() {
-  if (config_.bias) return {&weight_, &bias_};
-  return {&weight_};
+  std::vector<Parameter*> out;
+  if (tied_ == nullptr) out.push_back(&weight_);
+  if (config_.bias) out.push_back(&bias_);
+  return out;
 }
 
 absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
-  if (weight_.value.numel() == 0) {
+  if (weight().value.numel() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("linear: weight tied to ", config_.tie_weight, " was never bound"));
   }
@@ -75,7 +77,7 @@ absl::Status Linear::Forward(const Tensor& x, Tensor* y, Mode) {
             in = static_cast<int>(config_.in_features),
             out = static_cast<int>(config_.out_features);
   KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kNo, Transpose::kYes, batch, out, in, 1.0f,
-                                      x.f32(), weight_.value.f32(), 0.0f, y->f32()));
+                                      x.f32(), weight().value.f32(), 0.0f, y->f32()));
   if (config_.bias) {
     KILN_RETURN_IF_ERROR(backend_->BiasForward(batch, out, bias_.value.f32(), y->f32()));
   }
@@ -88,14 +90,14 @@ absl::Status Linear::Backward(const Tensor& x, const Tensor&, const Tensor& dy, 
             out = static_cast<int>(config_.out_features);
   // dW (out, in) += dy^T (out, B) x (B, in)
   KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kYes, Transpose::kNo, out, in, batch, 1.0f,
-                                      dy.f32(), x.f32(), 1.0f, weight_.grad.f32()));
+                                      dy.f32(), x.f32(), 1.0f, weight().grad.f32()));
   if (config_.bias) {
     KILN_RETURN_IF_ERROR(backend_->BiasBackward(batch, out, dy.f32(), bias_.grad.f32()));
   }
   if (dx != nullptr) {
     // dx (B, in) = dy (B, out) W (out, in)
     KILN_RETURN_IF_ERROR(backend_->Gemm(Transpose::kNo, Transpose::kNo, batch, in, out, 1.0f,
-                                        dy.f32(), weight_.value.f32(), 0.0f, dx->f32()));
+                                        dy.f32(), weight().value.f32(), 0.0f, dx->f32()));
   }
   return absl::OkStatus();
 }

@@ -30,17 +30,19 @@ class Linear final : public Layer {
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
   std::vector<Parameter*> parameters() override;
-  // A tied weight's tensors: the embedding's value and grad, shared (weight_ keeps its name).
-  void BindTiedWeight(const Parameter& table) {
-    weight_.value = table.value;
-    weight_.grad = table.grad;
-  }
+  // A tied weight is the embedding's Parameter itself, read at every pass, so that whatever
+  // later replaces its tensors (data-parallel training moves every gradient into one buffer)
+  // this layer uses too. The layer then lists its bias only: the table is the embedding's.
+  void BindTiedWeight(Parameter* table) { tied_ = table; }
 
  private:
   Linear(const LinearConfig& config, Backend* backend, const Shape& input, Shape output)
       : Layer(backend, input, std::move(output)), config_(config) {}
+  const Parameter& weight() const { return tied_ != nullptr ? *tied_ : weight_; }
+
   LinearConfig config_;
   Parameter weight_, bias_;
+  Parameter* tied_ = nullptr;  // the embedding's table when config_.tie_weight is set
 };
 
 }  // namespace kiln

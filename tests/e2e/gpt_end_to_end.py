@@ -7,8 +7,11 @@ Writes a small text corpus here, starts KILND on temporary folders, uploads it w
 `kiln upload NAME --format text`, trains examples/char-gpt.json (nanoGPT's small model) for a few
 hundred iterations with `kiln submit --watch --output json`, and checks that the validation loss
 streamed at every interval falls well below an untrained model's ln(vocabulary). Then exports the
-checkpoint, which must carry the corpus's vocabulary, and, where later steps of the issue exist,
-deploys it and asks it for text.
+checkpoint, which must carry the corpus's vocabulary and the tied table once, deploys it, and
+asks it for text over REST (generate, generate_stream) and gRPC (`kiln generate`): the same seed
+gives the same text everywhere. Where /usr/bin/python3 has torch, the checkpoint is loaded into
+the PyTorch peer's GPT module with strict=True (tests/engine/gpt_torch_check.py) and its
+last-position logits for a prompt must be what KServe v2 infer answers for the same ids.
 """
 import json
 import math
@@ -18,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
@@ -48,6 +52,63 @@ def make_corpus(path, rng, chars=60000):
     return "".join(out)
 
 
+def http_port(tmp):
+    with open(os.path.join(tmp, "kilnd.out")) as f:
+        for line in f:
+            if "metrics on port" in line:
+                return int(line.rsplit(" ", 1)[1])
+    fail("kilnd did not say its HTTP port")
+
+
+def post(port, path, body):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.read().decode()
+
+
+def serve_and_compare(kiln, port, ckpt, chars):
+    """Text from the deployed model over REST and gRPC, and its logits against PyTorch's."""
+    params = {"max_tokens": 40, "temperature": 0.8, "top_k": 10, "seed": 7}
+    prompt = "The cat"
+    text = json.loads(post(port, "/v2/models/chars/generate",
+                           {"text_input": prompt, "parameters": params}))["text_output"]
+    if len(text) != 40 or any(c not in chars for c in text):
+        fail(f"generate gave {text!r}: not 40 characters of the vocabulary")
+    stream = post(port, "/v2/models/chars/generate_stream",
+                  {"text_input": prompt, "parameters": params})
+    events = [json.loads(line[len("data: "):]) for line in stream.splitlines()
+              if line.startswith("data: ")]
+    if "".join(e["text_output"] for e in events) != text or len(events) != 40:
+        fail(f"generate_stream's {len(events)} events do not join into generate's text")
+    grpc = json.loads(kiln("generate", "chars", prompt, "--max-tokens", "40", "--temperature",
+                           "0.8", "--top-k", "10", "--seed", "7", "--output", "json").stdout)
+    if grpc.get("text_output") != text:
+        fail(f"kiln generate (gRPC) gave {grpc!r}, REST {text!r}")
+    print(f"generated (REST, stream, gRPC alike): {prompt!r} -> {text!r}", flush=True)
+
+    ids = [chars.index(c) for c in prompt]
+    infer = json.loads(post(port, "/v2/models/chars/infer", {"inputs": [
+        {"name": "input", "datatype": "INT64", "shape": [1, len(ids)], "data": ids}]}))
+    served = infer["outputs"][0]["data"]
+    try:
+        import torch
+    except ImportError:
+        print("SKIP (torch part): /usr/bin/python3 cannot import torch", flush=True)
+        return
+    sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
+    from gpt_torch_check import load_kiln_gpt, logits_of
+    model, cfg = load_kiln_gpt(ckpt)
+    with torch.no_grad():
+        logits = logits_of(model, torch.tensor([ids]))[0, -1].tolist()
+    worst = max(abs(a - b) for a, b in zip(logits, served))
+    print(f"torch (strict=True, {cfg['checkpoint_parameters']} parameters) and KServe infer: "
+          f"last-position logits within {worst:.2e}", flush=True)
+    if len(logits) != len(served) or worst > 1e-3:
+        fail(f"torch's logits and the served model's differ by {worst}")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -57,7 +118,7 @@ def main():
     text = make_corpus(corpus, random.Random(36))
     vocab = len(set(text))
     try:
-        proc, addr = start_kilnd(kilnd, tmp)
+        proc, addr = start_kilnd(kilnd, tmp, "--metrics_listen", "127.0.0.1:0")
     except RuntimeError as e:
         fail(str(e))
     env = dict(os.environ, KILN_SERVER=addr)
@@ -100,6 +161,9 @@ def main():
             fail("the checkpoint's vocabulary is not the corpus's sorted characters")
         if "lm_head.weight" in header or "wte.weight" not in header:
             fail("a tied lm_head must be saved once, as wte.weight")
+
+        kiln("deploy", job, "--name", "chars")
+        serve_and_compare(kiln, http_port(tmp), ckpt, chars)
     finally:
         proc.terminate()
         proc.wait()
