@@ -513,24 +513,31 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Dataset& data) {
     const int count = static_cast<int>(std::min<int64_t>(kEvalBatchSize, end - start));
     KILN_RETURN_IF_ERROR(
         LoadBatch(pixels, labels, data.sample_elems(), index.i32() + start, count));
-    KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));
-    KILN_RETURN_IF_ERROR(
-        loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), nullptr));
-    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, ReadStepScalars());
+    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, EvalBatch());
     loss_sum += static_cast<double>(scalars.loss) * count;
     correct += scalars.correct;
   }
-  if (dp_ != nullptr) {
-    // Float sums: counts are exact below 2^24 samples, the loss to float precision.
-    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
-    KILN_RETURN_IF_ERROR(dp_->AllreduceHost(sums, 2));
-    loss_sum = sums[0];
-    correct = static_cast<int64_t>(sums[1]);
-  }
+  KILN_RETURN_IF_ERROR(SumOverRanks(&loss_sum, &correct));
   r.samples = data.size;
   r.loss = loss_sum / std::max<int64_t>(data.size, 1);
   r.accuracy = static_cast<double>(correct) / std::max<int64_t>(data.size, 1);
   return r;
+}
+
+absl::StatusOr<Trainer::StepScalars> Trainer::EvalBatch() {
+  KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));
+  KILN_RETURN_IF_ERROR(loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), nullptr));
+  return ReadStepScalars();
+}
+
+absl::Status Trainer::SumOverRanks(double* loss_sum, int64_t* correct) {
+  if (dp_ == nullptr) return absl::OkStatus();
+  // Float sums: counts are exact below 2^24, the loss to float precision.
+  float sums[2] = {static_cast<float>(*loss_sum), static_cast<float>(*correct)};
+  KILN_RETURN_IF_ERROR(dp_->AllreduceHost(sums, 2));
+  *loss_sum = sums[0];
+  *correct = static_cast<int64_t>(sums[1]);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EvalResult> Trainer::EvaluateTokens() {
@@ -545,19 +552,11 @@ absl::StatusOr<EvalResult> Trainer::EvaluateTokens() {
   for (int b = 0; b < config_.eval_iters; ++b) {
     KILN_RETURN_IF_ERROR(
         LoadTokenBatch(true, static_cast<uint64_t>(b), mine.offset, static_cast<int>(mine.count)));
-    KILN_ASSIGN_OR_RETURN(const Tensor* out, model_->Forward(batch_x_, Mode::kEval));
-    KILN_RETURN_IF_ERROR(
-        loss_->Compute(*out, batch_y_, step_scalars_.f32(), CorrectSlot(), nullptr));
-    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, ReadStepScalars());
+    KILN_ASSIGN_OR_RETURN(const StepScalars scalars, EvalBatch());
     loss_sum += static_cast<double>(scalars.loss) * mine.count;
     correct += scalars.correct;
   }
-  if (dp_ != nullptr) {
-    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
-    KILN_RETURN_IF_ERROR(dp_->AllreduceHost(sums, 2));
-    loss_sum = sums[0];
-    correct = static_cast<int64_t>(sums[1]);
-  }
+  KILN_RETURN_IF_ERROR(SumOverRanks(&loss_sum, &correct));
   const int64_t windows = int64_t{config_.eval_iters} * bs;
   r.samples = windows;
   r.loss = loss_sum / windows;  // each batch's loss is a mean over its windows' positions

@@ -184,6 +184,10 @@ class Trainer {
   // count over the global batch of `count` samples.
   absl::StatusOr<StepScalars> TrainStep(int epoch, int s, int count, const CropFlip* augment);
   int32_t* CorrectSlot();  // step_scalars_'s second element
+  // An evaluation batch (in batch_x_, batch_y_) forward and its loss, read back.
+  absl::StatusOr<StepScalars> EvalBatch();
+  // Data-parallel, each rank's evaluation sums become every rank's totals; else a no-op.
+  absl::Status SumOverRanks(double* loss_sum, int64_t* correct);
   // Waits for the step and reads both scalars with one device-to-host copy.
   absl::StatusOr<StepScalars> ReadStepScalars();
 

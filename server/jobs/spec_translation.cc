@@ -66,6 +66,43 @@ absl::StatusOr<Preset> FindPreset(const std::string& name) {
                                              absl::StrJoin(kPresetNames, ", ")));
 }
 
+// A Conv2dLayer under `field`, defaults filled in as PyTorch's, each axis's form checked.
+absl::StatusOr<LayerConfig> TranslateConv2d(const v1::Layer& layer, const std::string& field,
+                                            int64_t max) {
+  const v1::Conv2dLayer& l = layer.conv2d();
+  Conv2dConfig c;
+  c.in_channels = l.in_channels();
+  c.out_channels = l.out_channels();
+  c.kernel_size = l.kernel_size() == 0 ? 3 : l.kernel_size();
+  c.stride = l.stride() == 0 ? 1 : l.stride();
+  c.padding = l.padding();
+  c.bias = !l.has_bias() || l.bias();
+  KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.in_channels", c.in_channels, int64_t{1}, max));
+  KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.out_channels", c.out_channels, int64_t{1}, max));
+  KILN_RETURN_IF_ERROR(
+      InRange(field + ".conv2d.kernel_size", c.kernel_size, int64_t{1}, int64_t{64}));
+  KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.stride", c.stride, int64_t{1}, int64_t{64}));
+  // The per-axis forms: the square fields' bounds, per axis.
+  if (l.has_kernel_h()) c.kernel_h = l.kernel_h();
+  if (l.has_kernel_w()) c.kernel_w = l.kernel_w();
+  if (l.has_stride_h()) c.stride_h = l.stride_h();
+  if (l.has_stride_w()) c.stride_w = l.stride_w();
+  if (l.has_padding_h()) c.padding_h = l.padding_h();
+  if (l.has_padding_w()) c.padding_w = l.padding_w();
+  KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.kernel_h", c.KernelH(), int64_t{1}, int64_t{64}));
+  KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.kernel_w", c.KernelW(), int64_t{1}, int64_t{64}));
+  KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.stride_h", c.StrideH(), int64_t{1}, int64_t{64}));
+  KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.stride_w", c.StrideW(), int64_t{1}, int64_t{64}));
+  // Padding is checked against each axis's kernel, named as the spec gave it.
+  KILN_RETURN_IF_ERROR(
+      InRange(field + (l.has_padding_h() ? ".conv2d.padding_h" : ".conv2d.padding"), c.PaddingH(),
+              int64_t{0}, c.KernelH() - 1));
+  KILN_RETURN_IF_ERROR(
+      InRange(field + (l.has_padding_w() ? ".conv2d.padding_w" : ".conv2d.padding"), c.PaddingW(),
+              int64_t{0}, c.KernelW() - 1));
+  return c;
+}
+
 // The layers of a transformer (issue 36), each checked against the same per-dimension bound.
 absl::StatusOr<LayerConfig> TranslateSequenceLayer(const v1::Layer& layer, const std::string& field,
                                                    const SpecLimits& limits) {
@@ -135,45 +172,8 @@ absl::StatusOr<LayerConfig> TranslateLayer(const v1::Layer& layer, const std::st
       return LinearConfig{l.in_features(), l.out_features(), !l.has_bias() || l.bias(),
                           l.tie_weight()};
     }
-    case v1::Layer::kConv2D: {
-      const v1::Conv2dLayer& l = layer.conv2d();
-      Conv2dConfig c;
-      c.in_channels = l.in_channels();
-      c.out_channels = l.out_channels();
-      c.kernel_size = l.kernel_size() == 0 ? 3 : l.kernel_size();
-      c.stride = l.stride() == 0 ? 1 : l.stride();
-      c.padding = l.padding();
-      c.bias = !l.has_bias() || l.bias();
-      KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.in_channels", c.in_channels, int64_t{1}, max));
-      KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.out_channels", c.out_channels, int64_t{1}, max));
-      KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.kernel_size", c.kernel_size, int64_t{1}, int64_t{64}));
-      KILN_RETURN_IF_ERROR(InRange(field + ".conv2d.stride", c.stride, int64_t{1}, int64_t{64}));
-      // The per-axis forms: the square fields' bounds, per axis.
-      if (l.has_kernel_h()) c.kernel_h = l.kernel_h();
-      if (l.has_kernel_w()) c.kernel_w = l.kernel_w();
-      if (l.has_stride_h()) c.stride_h = l.stride_h();
-      if (l.has_stride_w()) c.stride_w = l.stride_w();
-      if (l.has_padding_h()) c.padding_h = l.padding_h();
-      if (l.has_padding_w()) c.padding_w = l.padding_w();
-      KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.kernel_h", c.KernelH(), int64_t{1}, int64_t{64}));
-      KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.kernel_w", c.KernelW(), int64_t{1}, int64_t{64}));
-      KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.stride_h", c.StrideH(), int64_t{1}, int64_t{64}));
-      KILN_RETURN_IF_ERROR(
-          InRange(field + ".conv2d.stride_w", c.StrideW(), int64_t{1}, int64_t{64}));
-      // Padding is checked against each axis's kernel, named as the spec gave it.
-      KILN_RETURN_IF_ERROR(
-          InRange(field + (l.has_padding_h() ? ".conv2d.padding_h" : ".conv2d.padding"),
-                  c.PaddingH(), int64_t{0}, c.KernelH() - 1));
-      KILN_RETURN_IF_ERROR(
-          InRange(field + (l.has_padding_w() ? ".conv2d.padding_w" : ".conv2d.padding"),
-                  c.PaddingW(), int64_t{0}, c.KernelW() - 1));
-      return c;
-    }
+    case v1::Layer::kConv2D:
+      return TranslateConv2d(layer, field, max);
     case v1::Layer::kRelu:
       return ReluConfig{};
     case v1::Layer::kMaxpool2D: {
@@ -494,6 +494,23 @@ absl::StatusOr<PixelNorm> TranslateNorm(const v1::PixelNormSpec& spec) {
   return n;
 }
 
+// What a schedule asks of the optimizer it drives: momentum to cycle, a floor under the peak.
+absl::Status CheckScheduleAgainstOptimizer(const LrScheduleConfig& schedule,
+                                           const OptimizerConfig& optimizer) {
+  if (schedule.kind == LrScheduleConfig::Kind::kOneCycle && schedule.cycle_momentum &&
+      optimizer.kind == OptimizerConfig::Kind::kSgd && optimizer.momentum <= 0) {
+    return Invalid("spec.schedule.cycle_momentum",
+                   "cycles SGD's momentum, which needs spec.optimizer.momentum > 0 (or set "
+                   "cycle_momentum false)");
+  }
+  if (schedule.kind == LrScheduleConfig::Kind::kWarmupCosine && schedule.eta_min > optimizer.lr) {
+    return Invalid("spec.schedule.eta_min",
+                   absl::StrCat("the warm-up cosine's floor (min_lr) ", schedule.eta_min,
+                                " is above the peak, spec.optimizer.lr ", optimizer.lr));
+  }
+  return absl::OkStatus();
+}
+
 // How long the job runs: epochs of the dataset, or for a language model max_iters iterations
 // in evaluation intervals (each an "epoch" of the run: the trainer's and kilnd's unit of events
 // and checkpoints). Also the per-step options of both: accumulation and clipping.
@@ -502,10 +519,10 @@ absl::Status TranslateRunLength(const v1::JobSpec& spec, const SpecLimits& limit
   config->grad_clip = spec.grad_clip();
   KILN_RETURN_IF_ERROR(InRange("spec.grad_clip", config->grad_clip, 0.0f, 1e6f));
   if (spec.max_iters() == 0) {
-    for (const auto& [field, set] : {std::pair{"spec.eval_interval", spec.eval_interval() != 0},
-                                     {"spec.eval_iters", spec.eval_iters() != 0},
-                                     {"spec.gradient_accumulation_steps",
-                                      spec.gradient_accumulation_steps() > 1}}) {
+    for (const auto& [field, set] :
+         {std::pair{"spec.eval_interval", spec.eval_interval() != 0},
+          {"spec.eval_iters", spec.eval_iters() != 0},
+          {"spec.gradient_accumulation_steps", spec.gradient_accumulation_steps() > 1}}) {
       if (set) return Invalid(field, "applies to language models, with spec.max_iters");
     }
     KILN_RETURN_IF_ERROR(InRange("spec.epochs", spec.epochs(), 1, limits.max_epochs));
@@ -515,28 +532,27 @@ absl::Status TranslateRunLength(const v1::JobSpec& spec, const SpecLimits& limit
   KILN_RETURN_IF_ERROR(
       InRange("spec.max_iters", spec.max_iters(), int64_t{1}, int64_t{10'000'000}));
   if (spec.epochs() != 0) {
-    return Invalid("spec.epochs", "leave it 0 with spec.max_iters: a language model's run is "
-                                  "counted in iterations");
+    return Invalid("spec.epochs",
+                   "leave it 0 with spec.max_iters: a language model's run is "
+                   "counted in iterations");
   }
   config->max_iters = spec.max_iters();
-  config->eval_interval = spec.eval_interval() == 0
-                              ? std::min<int64_t>(250, config->max_iters)
-                              : spec.eval_interval();
+  config->eval_interval =
+      spec.eval_interval() == 0 ? std::min<int64_t>(250, config->max_iters) : spec.eval_interval();
   KILN_RETURN_IF_ERROR(
       InRange("spec.eval_interval", config->eval_interval, int64_t{1}, config->max_iters));
   config->eval_iters = spec.eval_iters() == 0 ? 20 : spec.eval_iters();
   KILN_RETURN_IF_ERROR(InRange("spec.eval_iters", config->eval_iters, 1, 10'000));
   config->grad_accum =
       spec.gradient_accumulation_steps() == 0 ? 1 : spec.gradient_accumulation_steps();
-  KILN_RETURN_IF_ERROR(
-      InRange("spec.gradient_accumulation_steps", config->grad_accum, 1, 1024));
+  KILN_RETURN_IF_ERROR(InRange("spec.gradient_accumulation_steps", config->grad_accum, 1, 1024));
   const int64_t evaluations =
       (config->max_iters + config->eval_interval - 1) / config->eval_interval;
   if (evaluations > limits.max_epochs) {
-    return Invalid("spec.eval_interval",
-                   absl::StrCat("max_iters / eval_interval gives ", evaluations,
-                                " evaluations, over the limit of ", limits.max_epochs,
-                                " (--max_epochs)"));
+    return Invalid(
+        "spec.eval_interval",
+        absl::StrCat("max_iters / eval_interval gives ", evaluations,
+                     " evaluations, over the limit of ", limits.max_epochs, " (--max_epochs)"));
   }
   config->epochs = static_cast<int>(evaluations);
   return absl::OkStatus();
@@ -589,18 +605,7 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   config.augment.horizontal_flip = spec.augment().horizontal_flip();
   KILN_RETURN_IF_ERROR(InRange("spec.augment.random_crop_padding",
                                config.augment.random_crop_padding, 0, kMaxCropPadding));
-  if (config.schedule.kind == LrScheduleConfig::Kind::kOneCycle && config.schedule.cycle_momentum &&
-      config.optimizer.kind == OptimizerConfig::Kind::kSgd && config.optimizer.momentum <= 0) {
-    return Invalid("spec.schedule.cycle_momentum",
-                   "cycles SGD's momentum, which needs spec.optimizer.momentum > 0 (or set "
-                   "cycle_momentum false)");
-  }
-  if (config.schedule.kind == LrScheduleConfig::Kind::kWarmupCosine &&
-      config.schedule.eta_min > config.optimizer.lr) {
-    return Invalid("spec.schedule.eta_min",
-                   absl::StrCat("the warm-up cosine's floor (min_lr) ", config.schedule.eta_min,
-                                " is above the peak, spec.optimizer.lr ", config.optimizer.lr));
-  }
+  KILN_RETURN_IF_ERROR(CheckScheduleAgainstOptimizer(config.schedule, config.optimizer));
   KILN_RETURN_IF_ERROR(TranslateRunLength(spec, limits, &config));
   if (spec.batch_size() != 0) batch_size = spec.batch_size();
   KILN_RETURN_IF_ERROR(InRange("spec.batch_size", batch_size, 1, limits.max_batch_size));
