@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <utility>
 
@@ -83,14 +82,6 @@ absl::StatusOr<std::string> ResolveDevice(std::string_view device) {
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requested,
                                                        const BackendOptions& options) {
   KILN_ASSIGN_OR_RETURN(const std::string device, ResolveDevice(requested));
-  if (requested == "auto") {
-    std::string why;
-    if (device == "cpu") DeviceCount(&why);  // why there is no CUDA device
-#if KILN_WITH_CUDA
-    if (device != "cpu") why = CudaDeviceDescription(0);
-#endif
-    std::fprintf(stderr, "kiln: device auto: using %s (%s)\n", device.c_str(), why.c_str());
-  }
   if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend(CpuBackendThreads(options)));
 #if KILN_WITH_CUDA
   KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
@@ -145,6 +136,11 @@ std::vector<std::string> AvailableDevices() {
   std::vector<std::string> out = {"cpu"};
   for (int i = 0, n = DeviceCount(nullptr); i < n; ++i) out.push_back(absl::StrCat("cuda:", i));
   return out;
+}
+
+std::string NoCudaDeviceReason() {
+  std::string why;
+  return DeviceCount(&why) > 0 ? std::string() : why;
 }
 
 ScopedThreadBinding::ScopedThreadBinding() : saved_threads_(omp_get_max_threads()) {}

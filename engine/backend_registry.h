@@ -90,4 +90,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
 // "cpu" plus "cuda:0".. for every CUDA device found.
 std::vector<std::string> AvailableDevices();
 
+// Why no CUDA device is available ("no NVIDIA driver (...)", "this build of kiln has no CUDA
+// support"); empty when there is one. For the caller to report: the engine logs nothing itself.
+std::string NoCudaDeviceReason();
+
 }  // namespace kiln

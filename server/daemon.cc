@@ -505,7 +505,8 @@ void Daemon::AnnounceServing() {
   }
   log_->ServerStarted(WithPort(options_.listen, port_),
                       metrics_port() == 0 ? "" : WithPort(options_.metrics_listen, metrics_port()),
-                      options_.device, absl::StrJoin(AvailableDevices(), ","));
+                      options_.device, absl::StrJoin(AvailableDevices(), ","),
+                      NoCudaDeviceReason());
   log_->Log(LogLevel::kInfo, "security",
             {{"tls", TlsModeName(TlsModeOf(options_.tls))},
              {"auth", auth_tokens_ == nullptr ? "off" : "bearer"},

@@ -120,13 +120,16 @@ void EventLog::Log(LogLevel level, std::string_view event, absl::Span<const LogF
 }
 
 void EventLog::ServerStarted(const std::string& grpc_address, const std::string& metrics_address,
-                             const std::string& default_device, const std::string& devices) {
-  Log(LogLevel::kInfo, "server_started",
-      {{"grpc", grpc_address},
-       {"metrics", metrics_address.empty() ? std::string("off") : metrics_address},
-       {"device", default_device},
-       {"devices", devices},
-       {"pid", static_cast<int64_t>(getpid())}});
+                             const std::string& default_device, const std::string& devices,
+                             const std::string& no_cuda) {
+  std::vector<LogField> fields = {
+      {"grpc", grpc_address},
+      {"metrics", metrics_address.empty() ? std::string("off") : metrics_address},
+      {"device", default_device},
+      {"devices", devices}};
+  if (!no_cuda.empty()) fields.push_back({"no_cuda", no_cuda});
+  fields.push_back({"pid", static_cast<int64_t>(getpid())});
+  Log(LogLevel::kInfo, "server_started", fields);
 }
 
 void EventLog::JobSubmitted(const v1::Job& job) {

@@ -58,9 +58,11 @@ class EventLog {
   void Log(LogLevel level, std::string_view event, absl::Span<const LogField> fields);
 
   // The events kilnd emits; each carries the job id where there is one.
-  // metrics_address empty: not served. devices: those found, comma-separated.
+  // metrics_address empty: not served. devices: those found, comma-separated; no_cuda: why no
+  // CUDA device was found (the field is left out when one was).
   void ServerStarted(const std::string& grpc_address, const std::string& metrics_address,
-                     const std::string& default_device, const std::string& devices);
+                     const std::string& default_device, const std::string& devices,
+                     const std::string& no_cuda);
   void JobSubmitted(const v1::Job& job);
   void JobStarted(const v1::Job& job);
   void JobQueued(const v1::Job& job);  // again, after a resume or a restart

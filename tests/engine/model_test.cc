@@ -271,6 +271,19 @@ TEST(BackendRegistry, DeviceStrings) {
   }
 }
 
+// The engine writes no log lines of its own: kilnd's --log_format json promises that every line
+// on its stderr is JSON, and it says which devices it found (and why not CUDA) in its own event.
+TEST(BackendRegistry, AutoDeviceWritesNothingAndSaysWhyNoCudaOnRequest) {
+  ::testing::internal::CaptureStderr();
+  ASSERT_OK(CreateBackend("auto"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  if (AvailableDevices().size() == 1) {
+    EXPECT_FALSE(NoCudaDeviceReason().empty());
+  } else {
+    EXPECT_EQ(NoCudaDeviceReason(), "");
+  }
+}
+
 }  // namespace
 }  // namespace kiln
 

@@ -97,7 +97,7 @@ TEST(EventLogTest, EachEventIsOneLineWithTheJobId) {
   job.set_reason("out of\nmemory");
   log.JobStateChanged(job, v1::JOB_STATE_RUNNING);
   log.ModelDeployed("mnist", "1", "job-7", 3);
-  log.ServerStarted("127.0.0.1:7070", "127.0.0.1:9464", "auto", "cpu");
+  log.ServerStarted("127.0.0.1:7070", "127.0.0.1:9464", "auto", "cpu", "no NVIDIA driver");
 
   const std::vector<std::string> lines = Lines(f);
   std::fclose(f);
@@ -119,6 +119,7 @@ TEST(EventLogTest, EachEventIsOneLineWithTheJobId) {
   EXPECT_EQ(nlohmann::json::parse(lines[2])["test_accuracy"], 0.9);
   EXPECT_EQ(nlohmann::json::parse(lines[3])["kind"], "best");
   EXPECT_EQ(nlohmann::json::parse(lines[6])["metrics"], "127.0.0.1:9464");
+  EXPECT_EQ(nlohmann::json::parse(lines[6])["no_cuda"], "no NVIDIA driver");
 }
 
 TEST(EventLogTest, TheFirstQueuedStateIsTheSubmissionsAndLogsNothing) {
