@@ -5,6 +5,7 @@ file and what is missing or inconsistent; an empty list means the files have eve
 Nothing here builds an image, starts a container or talks to a cluster.
 """
 
+import collections
 import json
 import os
 import re
@@ -68,8 +69,13 @@ def under(path, directory):
 # Dockerfile
 
 
+# What an image promises the files that run it: its environment, exposed ports, volumes and user
+# (as USER writes it, "10001:10001").
+ImageContract = collections.namedtuple("ImageContract", "env ports volumes user")
+
+
 def image_contract(root):
-    """What the Dockerfile's final stage promises: its env, exposed ports and volumes."""
+    """What the Dockerfile's final stage promises."""
     _, stages = dockerfile_parser.parse(read(root, DOCKERFILE))
     final = stages[-1] if stages else dockerfile_parser.Stage("", None)
     ports = {int(p.split("/")[0]) for args in final.all("EXPOSE") for p in args.split()}
@@ -77,7 +83,41 @@ def image_contract(root):
     for args in final.all("VOLUME"):
         args = args.strip()
         volumes.update(yaml.safe_load(args) if args.startswith("[") else args.split())
-    return final.env(), ports, volumes
+    users = final.all("USER")
+    return ImageContract(final.env(), ports, volumes, users[-1].strip() if users else "")
+
+
+def built_image_contract(inspect):
+    """What a built image promises, from `podman image inspect` (or docker's)."""
+    config = inspect.get("Config") or {}
+    env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
+    ports = {int(p.split("/")[0]) for p in config.get("ExposedPorts") or {}}
+    return ImageContract(env, ports, set(config.get("Volumes") or {}), config.get("User") or "")
+
+
+def check_built_image(root, inspect):
+    """A built image against the Dockerfile it came from and the compose file and Kubernetes
+    manifests that run it: what the build really made, not what the Dockerfile's text says."""
+    where = "the built image"
+    problems = []
+    built, written = built_image_contract(inspect), image_contract(root)
+    for key, value in written.env.items():
+        if built.env.get(key) != value:
+            problems.append(f"{where}: {key}={built.env.get(key)!r}, the Dockerfile says {value!r}")
+    for field in ("ports", "volumes", "user"):
+        if getattr(built, field) != getattr(written, field):
+            problems.append(f"{where}: {field} {getattr(built, field)!r}, the Dockerfile says "
+                            f"{getattr(written, field)!r}")
+    config = inspect.get("Config") or {}
+    # Docker keeps the health check in Config, podman beside it.
+    healthcheck = config.get("Healthcheck") or inspect.get("Healthcheck") or {}
+    test = " ".join(healthcheck.get("Test") or [])
+    if not re.search(r"\bkiln\b.*\bhealth\b", test):
+        problems.append(f"{where}: no health check running `kiln ... health` (built in OCI "
+                        f"format? HEALTHCHECK needs --format docker): {test!r}")
+    if [os.path.basename(w) for w in config.get("Entrypoint") or []] != ["kilnd-entrypoint"]:
+        problems.append(f"{where}: entrypoint {config.get('Entrypoint')}, not kilnd-entrypoint")
+    return problems + check_compose(root, built) + check_kubernetes(root, built)
 
 
 def check_dockerfile(root):
@@ -157,7 +197,7 @@ def check_dockerfile(root):
     elif not user.isdigit():
         problems.append(f"{where}: USER {user} is not numeric (runAsNonRoot cannot verify it)")
 
-    env, ports, volumes = image_contract(root)
+    env, ports, volumes, _ = image_contract(root)
     problems += unknown_flag_vars(where, env, kilnd_flags(root))
     for flag in ("state_dir", "data_dir"):
         path = env.get(f"FLAGS_{flag}")
@@ -245,12 +285,13 @@ def gpu_reserved(service):
                for d in devices)
 
 
-def check_compose(root):
+def check_compose(root, contract=None):
+    """The compose file against the image's contract (the Dockerfile's, unless given)."""
     problems = []
     where = COMPOSE
     docs = load_yaml(root, COMPOSE)
     services = (docs[0] if docs else {}).get("services") or {}
-    env, ports, volumes = image_contract(root)
+    env, ports, volumes, _ = contract or image_contract(root)
     flags = kilnd_flags(root)
 
     # The kilnd variants: services built from the Dockerfile.
@@ -310,9 +351,18 @@ def check_compose(root):
                 aliases = {name}
                 for network in (s.get("networks") or {}).values():
                     aliases.update((network or {}).get("aliases") or [])
-                if not any(t in {f"{a}:{metrics_port}" for a in aliases} for t in targets):
+                scraped = [t for t in targets if t in {f"{a}:{metrics_port}" for a in aliases}]
+                if not scraped:
                     problems.append(f"{where}: prometheus ({source}) scrapes {targets}, not "
                                     f"{name} at port {metrics_port} by any of {sorted(aliases)}")
+                # kilnd refuses Host names it was not told of (DNS rebinding): 403 to scrapes.
+                allowed = environment(s).get("FLAGS_http_allowed_hosts", "").split(",")
+                for target in scraped:
+                    host = target.rsplit(":", 1)[0]
+                    if host not in allowed and host != "localhost":
+                        problems.append(f"{where}: {name} does not allow Host {host} "
+                                        f"(FLAGS_http_allowed_hosts), so it answers prometheus's "
+                                        f"scrapes of {target} with 403")
 
     # Grafana gets the provisioning and the dashboards where the provisioning looks for them.
     grafana = services.get("grafana")
@@ -348,7 +398,9 @@ def check_compose(root):
 # Kubernetes
 
 
-def check_kubernetes(root):
+def check_kubernetes(root, contract=None):
+    """deploy/k8s against the image's contract (the Dockerfile's, unless given)."""
+    contract = contract or image_contract(root)
     problems = []
     kustomization = f"{K8S}/kustomization.yaml"
     if not os.path.isfile(os.path.join(root, kustomization)):
@@ -419,6 +471,13 @@ def check_kubernetes(root):
     security = container.get("securityContext") or {}
     if not security.get("runAsNonRoot", pod_security.get("runAsNonRoot")):
         problems.append(f"{where}: runAsNonRoot is not true")
+    # The ids the pod runs as are the image's user, and fsGroup its group (which owns the
+    # volume's folders in the image), so that kilnd can write the state it finds there.
+    user, _, group = contract.user.partition(":")
+    for key, want in (("runAsUser", user), ("runAsGroup", group), ("fsGroup", group)):
+        have = security.get(key, pod_security.get(key))
+        if want.isdigit() and have is not None and have != int(want):
+            problems.append(f"{where}: {key} {have} is not the image's (USER {contract.user})")
     if security.get("readOnlyRootFilesystem") is not True:
         problems.append(f"{where}: readOnlyRootFilesystem is not true")
     if security.get("allowPrivilegeEscalation") is not False:
@@ -431,8 +490,7 @@ def check_kubernetes(root):
     if not any(name in configmaps for name in referenced):
         problems.append(f"{where}: the container's envFrom references none of the ConfigMaps "
                         f"{sorted(configmaps)}")
-    image_env, _, _ = image_contract(root)
-    flags_env = dict(image_env)
+    flags_env = dict(contract.env)
     for name in referenced:
         data = (configmaps.get(name) or {}).get("data") or {}
         problems += unknown_flag_vars(f"{K8S} ConfigMap {name}", data, kilnd_flags(root))

@@ -166,7 +166,7 @@ CASES = [
     ("dockerfile_cuda_on_cpu", [text_edit("Dockerfile", r"KILN_CUDA=OFF", "KILN_CUDA=ON")],
      "KILN_DEVICE=cpu builds with KILN_CUDA='ON'"),
     ("dockerfile_copies_build_tree",
-     [text_edit("Dockerfile", r"^COPY --from=build /src/build/server/kilnd .*$",
+     [text_edit("Dockerfile", r"^COPY --from=binaries /kilnd .*$",
                 "COPY --from=build /src/build /opt/kiln")],
      "copies a whole tree (/src/build)"),
     ("dockerfile_listens_on_loopback",
@@ -291,6 +291,14 @@ CASES = [
     ("k8s_rolling_update",
      [yaml_edit(DEPLOYMENT, lambda d: d[0]["spec"].update(strategy={"type": "RollingUpdate"}))],
      "strategy is not Recreate"),
+    ("compose_scrape_host_refused",
+     [yaml_edit(COMPOSE, lambda d: d[0]["services"]["kilnd-cpu"]["environment"].pop(
+         "FLAGS_http_allowed_hosts"))],
+     "kilnd-cpu does not allow Host kilnd (FLAGS_http_allowed_hosts)"),
+    ("k8s_user_not_the_images",
+     [yaml_edit(DEPLOYMENT, lambda d: d[0]["spec"]["template"]["spec"]["securityContext"].update(
+         runAsUser=1000))],
+     "runAsUser 1000 is not the image's (USER 10001:10001)"),
     ("k8s_two_replicas", [yaml_edit(DEPLOYMENT, lambda d: d[0]["spec"].update(replicas=2))],
      "replicas is 2, not 1"),
     ("k8s_grace_shorter_than_shutdown",
@@ -298,6 +306,20 @@ CASES = [
          terminationGracePeriodSeconds=20))],
      "terminationGracePeriodSeconds 20 is not longer than"),
 ]
+
+
+def inspect_of(contract, **config):
+    """`podman image inspect` of an image built as the Dockerfile says, with `config` over it."""
+    record = {
+        "Env": [f"{k}={v}" for k, v in contract.env.items()] + ["PATH=/usr/local/bin:/usr/bin"],
+        "ExposedPorts": {f"{p}/tcp": {} for p in contract.ports},
+        "Volumes": {v: {} for v in contract.volumes},
+        "User": contract.user,
+        "Healthcheck": {"Test": ["CMD-SHELL", "kiln --server 127.0.0.1:7070 health || exit 1"]},
+        "Entrypoint": ["kilnd-entrypoint"],
+    }
+    record.update(config)
+    return {"Config": record}
 
 
 def make_root(edits=()):
@@ -334,6 +356,21 @@ class DeployChecksCatchBreakage(unittest.TestCase):
                 self.assertTrue(any(expected in p for p in problems),
                                 f"{case}: expected a problem containing {expected!r}, "
                                 f"got {problems}")
+
+    def test_built_image_disagreements_are_named(self):
+        root = self.root()
+        contract = deploy_checks.image_contract(root)
+        self.assertEqual(deploy_checks.check_built_image(root, inspect_of(contract)), [])
+        env = [e for e in inspect_of(contract)["Config"]["Env"] if "FLAGS_state_dir" not in e]
+        for case, config, expected in (
+                ("root user", {"User": "0:0"}, "user '0:0', the Dockerfile says '10001:10001'"),
+                ("OCI format", {"Healthcheck": None}, "no health check running"),
+                ("a port lost", {"ExposedPorts": {"7070/tcp": {}}}, "ports {7070}"),
+                ("flag lost", {"Env": env}, "FLAGS_state_dir=None"),
+                ("entrypoint", {"Entrypoint": ["kilnd"]}, "not kilnd-entrypoint")):
+            with self.subTest(case=case):
+                problems = deploy_checks.check_built_image(root, inspect_of(contract, **config))
+                self.assertTrue(any(expected in p for p in problems), f"{case}: {problems}")
 
     def test_yamllint_rejects_a_duplicate_key(self):
         if shutil.which("yamllint") is None:
