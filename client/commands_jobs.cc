@@ -254,7 +254,7 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
                                                                           : " (started by kilnd)"));
     kv.Add("retries", absl::StrCat(job.retries(), " of ", job.spec().max_retries()));
   }
-  AddSpecDetails(job.spec(), &kv);
+  AddSpecDetails(job.spec(), job.resolved_spec(), &kv);
   kv.Add("epochs", absl::StrCat(job.epochs_done(), " of ", job.epochs(), " done"));
   kv.Add("steps", absl::StrCat(job.global_step()));
   if (job.epochs_done() > 0) {

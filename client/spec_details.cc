@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "client/format.h"
 #include "client/plain_enum_names.h"
-#include "client/spec_file.h"
 
 namespace kiln::client {
 namespace {
@@ -97,11 +96,12 @@ std::string LabelsText(const v1::JobSpec& spec) {
   return absl::StrJoin(sorted, ", ", absl::PairFormatter("="));
 }
 
-void AddSpecDetails(const v1::JobSpec& spec, KeyValueList* kv) {
-  // What the spec leaves unset comes from its preset, marked so.
-  absl::StatusOr<v1::JobSpec> preset = absl::NotFoundError("no preset");
-  if (!spec.preset().empty()) preset = PresetDefaults(spec.preset());
-  const std::string from_preset = absl::StrCat(" (", spec.preset(), "'s)");
+void AddSpecDetails(const v1::JobSpec& spec, const v1::JobSpec& resolved, KeyValueList* kv) {
+  // What the spec leaves unset is kilnd's to say (resolved); marked with where it comes from.
+  const std::string from =
+      spec.preset().empty() ? " (kilnd's default)" : absl::StrCat(" (", spec.preset(), "'s)");
+  const std::string unknown =
+      spec.preset().empty() ? "-" : absl::StrCat("- (", spec.preset(), "'s; kilnd did not say)");
   if (spec.model().layers_size() > 0) {
     kv->Add("input", absl::StrCat("[", absl::StrJoin(spec.model().input_shape(), ", "), "]"));
     for (int i = 0; i < spec.model().layers_size(); ++i) {
@@ -110,8 +110,10 @@ void AddSpecDetails(const v1::JobSpec& spec, KeyValueList* kv) {
   }
   if (spec.optimizer().kind() != v1::OptimizerSpec::KIND_UNSPECIFIED) {
     kv->Add("optimizer", KindAndFields(spec.optimizer()));
-  } else if (preset.ok()) {
-    kv->Add("optimizer", KindAndFields(preset->optimizer()) + from_preset);
+  } else if (resolved.optimizer().kind() != v1::OptimizerSpec::KIND_UNSPECIFIED) {
+    kv->Add("optimizer", KindAndFields(resolved.optimizer()) + from);
+  } else {
+    kv->Add("optimizer", unknown);
   }
   kv->Add("schedule", KindAndFields(spec.schedule()));
   const auto* loss_kind = v1::LossKind_descriptor()->FindValueByNumber(spec.loss());
@@ -122,16 +124,16 @@ void AddSpecDetails(const v1::JobSpec& spec, KeyValueList* kv) {
   kv->Add("loss", loss);
   if (spec.batch_size() > 0) {
     kv->Add("batch size", absl::StrCat(spec.batch_size()));
-  } else if (preset.ok()) {
-    kv->Add("batch size", absl::StrCat(preset->batch_size(), from_preset));
+  } else {
+    kv->Add("batch size",
+            resolved.batch_size() > 0 ? absl::StrCat(resolved.batch_size(), from) : unknown);
   }
   kv->Add("seed", absl::StrCat(spec.seed()));
   if (spec.has_normalization()) {
     kv->Add("normalisation", FieldsText(spec.normalization()));
-  } else if (preset.ok()) {
-    kv->Add("normalisation", FieldsText(preset->normalization()) + from_preset);
   } else {
-    kv->Add("normalisation", "scale=0.00392157 (kilnd's default: pixels to [0, 1])");
+    kv->Add("normalisation",
+            resolved.has_normalization() ? FieldsText(resolved.normalization()) + from : unknown);
   }
   const std::string policy = FieldsText(spec.checkpoint_policy());
   kv->Add("checkpointing", policy.empty() ? "at the end, on demand and at shutdown" : policy);

@@ -1,6 +1,6 @@
 // A job spec's hyperparameters as `kiln get` lists them: the model's layers, the optimizer, the
-// schedule, the loss, batch size, seed, normalisation and checkpoint policy, with a preset's
-// values filled in where the spec leaves them to it.
+// schedule, the loss, batch size, seed, normalisation and checkpoint policy, with what kilnd
+// resolved filled in where the spec leaves it to a preset.
 #pragma once
 
 #include <string>
@@ -18,7 +18,9 @@ std::string FieldsText(const google::protobuf::Message& m, const std::string& sk
 // "team=vision, owner=ana", keys sorted; "-" when there are none.
 std::string LabelsText(const v1::JobSpec& spec);
 
-// Adds the hyperparameter lines of `spec` to `kv`.
-void AddSpecDetails(const v1::JobSpec& spec, KeyValueList* kv);
+// Adds the hyperparameter lines of `spec` to `kv`. What the spec leaves unset (optimizer, batch
+// size, normalisation) comes from `resolved`, kilnd's Job.resolved_spec, marked "(PRESET's)" or
+// "(kilnd's default)"; a kilnd too old to send it leaves those lines saying so.
+void AddSpecDetails(const v1::JobSpec& spec, const v1::JobSpec& resolved, KeyValueList* kv);
 
 }  // namespace kiln::client

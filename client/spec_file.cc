@@ -90,8 +90,8 @@ absl::Status ApplyOptimizerFlags(const SpecOverrides& o, v1::JobSpec* spec) {
   if (o.optimizer.empty() && !tweaks) return absl::OkStatus();
   v1::OptimizerSpec* opt = spec->mutable_optimizer();
   if (opt->kind() == v1::OptimizerSpec::KIND_UNSPECIFIED && !spec->preset().empty()) {
-    absl::StatusOr<v1::JobSpec> preset = PresetDefaults(spec->preset());
-    if (preset.ok()) *opt = preset->optimizer();
+    absl::StatusOr<v1::OptimizerSpec> preset = PresetOptimizer(spec->preset());
+    if (preset.ok()) *opt = *std::move(preset);
   }
   if (!o.optimizer.empty()) {
     KILN_ASSIGN_OR_RETURN(
@@ -132,27 +132,19 @@ absl::Status ApplyLabels(const std::vector<std::string>& labels, v1::JobSpec* sp
 
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> PresetDefaults(const std::string& preset) {
-  v1::JobSpec spec;
-  v1::OptimizerSpec* opt = spec.mutable_optimizer();
-  v1::PixelNormSpec* norm = spec.mutable_normalization();
-  norm->set_scale(1.0f / 255.0f);
+absl::StatusOr<v1::OptimizerSpec> PresetOptimizer(const std::string& preset) {
+  v1::OptimizerSpec opt;
   if (preset == "mnist-mlp") {
-    opt->set_kind(v1::OptimizerSpec::KIND_SGD);
-    opt->set_lr(0.001f);
-    opt->set_momentum(0.9f);
-    spec.set_batch_size(128);
-    norm->set_mean(0.5f);
-    norm->set_std(0.5f);
+    opt.set_kind(v1::OptimizerSpec::KIND_SGD);
+    opt.set_lr(0.001f);
+    opt.set_momentum(0.9f);
   } else if (preset == "mnist-cnn") {
-    opt->set_kind(v1::OptimizerSpec::KIND_ADAM);
-    opt->set_lr(0.001f);
-    spec.set_batch_size(64);
-    norm->set_std(1.0f);
+    opt.set_kind(v1::OptimizerSpec::KIND_ADAM);
+    opt.set_lr(0.001f);
   } else {
     return absl::NotFoundError(absl::StrCat("no preset \"", preset, "\""));
   }
-  return spec;
+  return opt;
 }
 
 absl::StatusOr<v1::ScheduleSpec> ParseScheduleFlag(const std::string& text) {

@@ -50,9 +50,11 @@ struct SpecOverrides {
 // replaces the schedule. --label adds to the spec's labels. Bad values are usage errors.
 absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec);
 
-// What a preset ("mnist-mlp", "mnist-cnn") sets as model_spec.proto documents it: the optimizer,
-// batch size and normalisation. NotFound for any other name.
-absl::StatusOr<v1::JobSpec> PresetDefaults(const std::string& preset);
+// The optimizer a preset ("mnist-mlp", "mnist-cnn") sets, as model_spec.proto documents it, for
+// optimizer flags to apply to before the job exists. Everything else a preset sets the client
+// learns from kilnd (Job.resolved_spec); a test checks this copy against it. NotFound for any
+// other name.
+absl::StatusOr<v1::OptimizerSpec> PresetOptimizer(const std::string& preset);
 
 // Parses a --schedule value: a ScheduleSpec kind ("cosine", "one_cycle"), optionally followed by
 // ':' and comma-separated FIELD=VALUE pairs of ScheduleSpec's fields ("t_max=10,eta_min=1e-5").

@@ -51,6 +51,12 @@ std::string JobRowDamage(const v1::Job& job) {
   return absl::StrCat("the job's row holds ", absl::StrJoin(found, ", "));
 }
 
+// A job as kilnd answers it: with its resolved spec, worked out afresh (never stored).
+v1::Job WithResolvedSpec(v1::Job job) {
+  *job.mutable_resolved_spec() = ResolvedSpec(job.spec());
+  return job;
+}
+
 std::string NewJobId() {
   std::random_device rd;
   uint64_t bits = (uint64_t{rd()} << 32) | rd();
@@ -304,7 +310,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   v1::Job result = job;
   events_.Submitted(result);
   ScheduleLocked();
-  return result;
+  return WithResolvedSpec(std::move(result));
 }
 
 absl::StatusOr<std::string> JobManager::WorkerToken(const std::string& job_id) {
@@ -320,7 +326,7 @@ absl::StatusOr<std::string> JobManager::WorkerToken(const std::string& job_id) {
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
-  return slot->job;
+  return WithResolvedSpec(slot->job);
 }
 
 absl::StatusOr<JobPage> JobManager::List(const std::vector<v1::JobState>& states, int page_size,
@@ -331,6 +337,7 @@ absl::StatusOr<JobPage> JobManager::List(const std::vector<v1::JobState>& states
   for (v1::Job& job : page.jobs) {
     auto it = jobs_.find(job.id());
     if (it != jobs_.end()) job = it->second->job;
+    job = WithResolvedSpec(std::move(job));
   }
   return page;
 }
@@ -355,7 +362,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
           absl::StrCat("job ", job_id, " already ended (", JobStateName(slot->job.state()),
                        "); only queued or running jobs can be cancelled"));
   }
-  return slot->job;
+  return WithResolvedSpec(slot->job);
 }
 
 absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs,
@@ -439,7 +446,7 @@ absl::StatusOr<v1::Job> JobManager::Resume(const std::string& job_id, int epochs
   ++queued_count_;
   v1::Job result = job;
   ScheduleLocked();
-  return result;
+  return WithResolvedSpec(std::move(result));
 }
 
 absl::Status JobManager::DeleteDataset(const std::string& name) {

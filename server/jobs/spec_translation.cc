@@ -49,6 +49,9 @@ absl::Status TranslateBatchNorm(const Message& l, const std::string& field, int6
   return InRange(field + ".momentum", c->momentum, 0.0, 1.0);
 }
 
+// Without a preset or spec.normalization: pixels scaled to [0, 1].
+PixelNorm DefaultNorm() { return PixelNorm{1.0f / 255.0f, 0.0f, 1.0f}; }
+
 struct Preset {
   ModelConfig model;
   OptimizerConfig optimizer;
@@ -64,6 +67,47 @@ absl::StatusOr<Preset> FindPreset(const std::string& name) {
   if (name == "mnist-cnn") return preset(MnistCnnReference());
   return Invalid("spec.preset", absl::StrCat("unknown preset \"", name, "\"; expected one of ",
                                              absl::StrJoin(kPresetNames, ", ")));
+}
+
+// The optimizer as a spec would write it: PyTorch's defaults (betas, eps) left unset.
+v1::OptimizerSpec OptimizerSpecOf(const OptimizerConfig& c) {
+  v1::OptimizerSpec spec;
+  switch (c.kind) {
+    case OptimizerConfig::Kind::kSgd:
+      spec.set_kind(v1::OptimizerSpec::KIND_SGD);
+      break;
+    case OptimizerConfig::Kind::kAdam:
+      spec.set_kind(v1::OptimizerSpec::KIND_ADAM);
+      break;
+    case OptimizerConfig::Kind::kAdamW:
+      spec.set_kind(v1::OptimizerSpec::KIND_ADAMW);
+      break;
+  }
+  spec.set_lr(c.lr);
+  spec.set_weight_decay(c.weight_decay);
+  spec.set_momentum(c.momentum);
+  spec.set_dampening(c.dampening);
+  spec.set_nesterov(c.nesterov);
+  const OptimizerConfig defaults;
+  if (c.beta1 != defaults.beta1) spec.set_beta1(c.beta1);
+  if (c.beta2 != defaults.beta2) spec.set_beta2(c.beta2);
+  if (c.eps != defaults.eps) spec.set_eps(c.eps);
+  if (c.decay_rule == OptimizerConfig::DecayRule::kMatrices) {
+    spec.set_weight_decay_rule(v1::OptimizerSpec::WEIGHT_DECAY_RULE_MATRICES);
+  }
+  return spec;
+}
+
+v1::PixelNormSpec NormSpecOf(const PixelNorm& n) {
+  v1::PixelNormSpec spec;
+  spec.set_scale(n.scale);
+  if (n.channel_mean.empty()) {
+    spec.set_mean(n.mean);
+    spec.set_std(n.std);
+  }
+  spec.mutable_channel_mean()->Add(n.channel_mean.begin(), n.channel_mean.end());
+  spec.mutable_channel_std()->Add(n.channel_std.begin(), n.channel_std.end());
+  return spec;
 }
 
 // A Conv2dLayer under `field`, defaults filled in as PyTorch's, each axis's form checked.
@@ -560,10 +604,36 @@ absl::Status TranslateRunLength(const v1::JobSpec& spec, const SpecLimits& limit
 
 }  // namespace
 
+absl::StatusOr<v1::JobSpec> PresetRecipe(const std::string& name) {
+  KILN_ASSIGN_OR_RETURN(Preset preset, FindPreset(name));
+  v1::JobSpec recipe;
+  *recipe.mutable_optimizer() = OptimizerSpecOf(preset.optimizer);
+  recipe.set_batch_size(preset.batch_size);
+  *recipe.mutable_normalization() = NormSpecOf(preset.norm);
+  return recipe;
+}
+
+// The same precedence as TranslateSpec's: a field the spec sets wins, an optimizer whole.
+v1::JobSpec ResolvedSpec(const v1::JobSpec& spec) {
+  v1::JobSpec resolved = spec;
+  v1::JobSpec recipe;
+  *recipe.mutable_normalization() = NormSpecOf(DefaultNorm());
+  if (!spec.preset().empty()) {
+    absl::StatusOr<v1::JobSpec> preset = PresetRecipe(spec.preset());
+    if (preset.ok()) recipe = *std::move(preset);
+  }
+  if (spec.optimizer().kind() == v1::OptimizerSpec::KIND_UNSPECIFIED && recipe.has_optimizer()) {
+    *resolved.mutable_optimizer() = recipe.optimizer();
+  }
+  if (spec.batch_size() == 0) resolved.set_batch_size(recipe.batch_size());
+  if (!spec.has_normalization()) *resolved.mutable_normalization() = recipe.normalization();
+  return resolved;
+}
+
 absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
   KILN_RETURN_IF_ERROR(ValidateNameAndLabels(spec));
   TrainConfig config;
-  config.norm = PixelNorm{1.0f / 255.0f, 0.0f, 1.0f};
+  config.norm = DefaultNorm();
   bool have_model = false, have_optimizer = false;
   int batch_size = 0;
   if (!spec.preset().empty()) {

@@ -38,6 +38,16 @@ int64_t ActivationBytes(const std::vector<Shape>& shapes, int64_t batch_size);
 // The preset names, for messages and the CLI: "mnist-mlp", "mnist-cnn".
 inline constexpr const char* kPresetNames[] = {"mnist-mlp", "mnist-cnn"};
 
+// What preset `name` sets, in the spec's own terms: optimizer, batch_size and normalization, from
+// the same engine reference configs TranslateSpec expands. InvalidArgument for an unknown name.
+absl::StatusOr<v1::JobSpec> PresetRecipe(const std::string& name);
+
+// `spec` with the optimizer, batch_size and normalization it leaves unset filled in as
+// TranslateSpec fills them (its preset's; kilnd's default normalisation without one), for
+// clients to show what a job trains with. The model stays as the spec names it; an unknown
+// preset fills nothing in but the normalisation.
+v1::JobSpec ResolvedSpec(const v1::JobSpec& spec);
+
 // Expands the preset, checks every field's range and the model's shapes end to end, and returns
 // the engine config. Does not check the dataset or the device (the caller knows those).
 absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLimits& limits);

@@ -229,7 +229,7 @@ TEST(SpecDetailsTest, ListsGraphNodesAndCustomHyperparametersByPlainName) {
                             "g.textproto");
   ASSERT_OK(spec) << spec.status();
   KeyValueList kv;
-  AddSpecDetails(*spec, &kv);
+  AddSpecDetails(*spec, *spec, &kv);
   const std::string text = kv.Render();
   EXPECT_THAT(text, HasSubstr("input:          [1, 8, 8]\n"));
   EXPECT_THAT(text,
@@ -252,7 +252,7 @@ TEST(SpecDetailsTest, ShowsTheWeightDecayRuleAndTheWarmupCosineFields) {
   ASSERT_OK(spec) << spec.status();
   EXPECT_EQ(spec->optimizer().weight_decay_rule(), v1::OptimizerSpec::WEIGHT_DECAY_RULE_MATRICES);
   KeyValueList kv;
-  AddSpecDetails(*spec, &kv);
+  AddSpecDetails(*spec, *spec, &kv);
   const std::string text = kv.Render();
   EXPECT_THAT(text, HasSubstr("optimizer:      adamw lr=0.001 weight_decay=0.1 "
                               "weight_decay_rule=matrices\n"));

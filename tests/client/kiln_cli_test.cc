@@ -277,6 +277,43 @@ TEST_F(KilnCliTest, GetFillsInWhatThePresetSets) {
   EXPECT_EQ(Kiln({"watch", job.at("id")}).exit_code, 0);
 }
 
+// A plain preset job: `kiln get` shows the recipe kilnd resolved (Job.resolved_spec), the same
+// the web page shows, marked as the preset's.
+TEST_F(KilnCliTest, GetShowsThePresetsRecipeAsKilndResolvesIt) {
+  RunResult r = Kiln(
+      {"submit", "--preset", "mnist-cnn", "--dataset", "toy", "--epochs", "1", "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json job = nlohmann::json::parse(r.out);
+  EXPECT_EQ(job.at("resolved_spec").at("batch_size"), 64);
+  EXPECT_EQ(job.at("resolved_spec").at("optimizer").at("kind"), "KIND_ADAM");
+  RunResult get = Kiln({"get", job.at("id")});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("optimizer:      adam lr=0.001 (mnist-cnn's)\n"));
+  EXPECT_THAT(get.out, HasSubstr("batch size:     64 (mnist-cnn's)\n"));
+  EXPECT_THAT(get.out, HasSubstr("normalisation:  scale=0.00392157 std=1 (mnist-cnn's)\n"));
+  EXPECT_EQ(Kiln({"watch", job.at("id")}).exit_code, 0);
+}
+
+// The optimizer flags start from the client's copy of each preset's optimizer: it must be the
+// one kilnd trains with.
+TEST_F(KilnCliTest, TheClientsPresetOptimizersAreKilndsOwn) {
+  for (const std::string preset : {"mnist-mlp", "mnist-cnn"}) {
+    RunResult plain = Kiln({"submit", "--preset", preset, "--dataset", "toy", "--output", "json"});
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    const nlohmann::json kilnds = nlohmann::json::parse(plain.out).at("resolved_spec");
+    // --weight-decay 0 changes nothing but makes the client spell the preset's optimizer out.
+    RunResult spelled = Kiln({"submit", "--preset", preset, "--dataset", "toy", "--weight-decay",
+                              "0", "--output", "json"});
+    ASSERT_EQ(spelled.exit_code, 0) << spelled.err;
+    const nlohmann::json clients = nlohmann::json::parse(spelled.out).at("spec");
+    EXPECT_EQ(clients.at("optimizer"), kilnds.at("optimizer")) << preset;
+    for (const std::string& id : {nlohmann::json::parse(plain.out).at("id").get<std::string>(),
+                                  nlohmann::json::parse(spelled.out).at("id").get<std::string>()}) {
+      EXPECT_EQ(Kiln({"watch", id}).exit_code, 0);
+    }
+  }
+}
+
 TEST_F(KilnCliTest, BadNamesAndOverridesAreRefusedSayingWhatIsAccepted) {
   RunResult unknown = Kiln({"submit", *root_ + "/unknown-enum.json"});
   EXPECT_EQ(unknown.exit_code, 2);

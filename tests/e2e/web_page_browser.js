@@ -160,6 +160,40 @@ async function main() {
       const s = document.querySelector('[data-fact="state"]');
       return s && s.textContent === 'SUCCEEDED';
     }, {timeout: 90000});
+    // A plain preset job shows the recipe kilnd resolved from the preset, as `kiln get` does.
+    const fact = (k) => page.$eval(`[data-fact="${k}"]`, (d) => d.textContent);
+    const optimizer = await fact('optimizer');
+    check(optimizer === 'adam lr=0.001 (mnist-cnn\'s)',
+          `the preset job's optimizer reads "${optimizer}", not mnist-cnn's Adam at lr 0.001`);
+    const batch = await fact('batch size');
+    check(batch === '64 (mnist-cnn\'s)', `the preset job's batch size reads "${batch}", not 64`);
+    // One epoch: one accuracy point, which the chart must draw (the test series' colour shows
+    // on its canvas).
+    const drawn = await page.waitForFunction(() => {
+      const canvas = document.querySelector('#accuracy-chart canvas');
+      if (!canvas) return false;
+      const {data} = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height);
+      let n = 0;
+      for (let i = 0; i < data.length; i += 4) {
+        const near = (v, want) => Math.abs(v - want) < 40;
+        if (data[i + 3] > 128 && near(data[i], 0xb4) && near(data[i + 1], 0x47) &&
+            near(data[i + 2], 0x0c)) {
+          n++;
+        }
+      }
+      return n > 0 && n;
+    }, {timeout: 10000}).then((h) => h.jsonValue()).catch(() => 0);
+    check(drawn > 0, 'the one-epoch job\'s accuracy chart draws no point');
+    // Its learning rate is constant at 0.001: the axis ticks around it must read differently.
+    await page.waitForFunction(() => {
+      const values = JSON.parse(document.querySelector('#lr-chart').dataset.yTicks || '[]')
+                         .map(Number);
+      return values.length > 0 && Math.min(...values) <= 0.001 && Math.max(...values) >= 0.001;
+    }, WAIT);
+    const ticks = JSON.parse(await page.$eval('#lr-chart', (c) => c.dataset.yTicks));
+    check(ticks.length >= 2 && new Set(ticks).size === ticks.length,
+          `the learning-rate axis repeats tick labels: ${ticks.join(', ')}`);
+    await page.screenshot({path: path.join(artefacts, 'preset-job-1280.png'), fullPage: true});
     await page.goto(`${base}/#/compare/${job},${second}`, {waitUntil: 'domcontentloaded'});
     await page.waitForSelector('#compare-loss-chart[data-series=\'2\'] canvas', WAIT);
     const legend = await page.$$eval(

@@ -8,9 +8,12 @@ dataset (28x28 images whose label is where a bright block sits) and uploads it w
 calls every /api route without a token, which must be refused (401). Then it runs
 tests/e2e/web_page_browser.js, which opens the page and gives the token at its prompt; once the
 page shows its empty jobs table, this submits a job that trains for several seconds
-(--step_delay) and a short second one. The browser half checks that the table shows them and
+(--step_delay) and a short second one (a plain mnist-cnn preset of one epoch). The browser half checks that the table shows them and
 follows them, that the loss curve draws with live points arriving while the job runs,
-Checkpoint now, Resume and a checkpoint's download from the job's page, that two jobs compare on
+Checkpoint now, Resume and a checkpoint's download from the job's page, that the preset job's
+page shows the optimizer and batch size kilnd resolved from its preset, that its one-epoch
+accuracy chart draws its point and that its learning-rate ticks read differently, that two jobs
+compare on
 one chart, that a deployed checkpoint classifies an image dropped on the Models page (the class
 the page shows must be the one kilnd's REST inference answers for the same pixels), and
 Undeploy. No JavaScript error may occur.
@@ -183,8 +186,10 @@ def main():
         job = json.loads(run_kiln("--output", "json", "submit", "--preset", "mnist-mlp",
                                   "--dataset", "toy", "--epochs", "4", "--batch-size", "32",
                                   "--lr", "0.05", "--name", "web-test"))["id"]
-        second = json.loads(run_kiln("--output", "json", "submit", "--preset", "mnist-mlp",
-                                     "--dataset", "toy", "--epochs", "1", "--batch-size", "64",
+        # A plain preset of one epoch: the page shows the recipe kilnd resolved for it, and the
+        # accuracy chart's one point.
+        second = json.loads(run_kiln("--output", "json", "submit", "--preset", "mnist-cnn",
+                                     "--dataset", "toy", "--epochs", "1",
                                      "--name", "web-test-2"))["id"]
 
         browser.stdin.write(f"{job} {second}\n")

@@ -177,12 +177,76 @@ const workersText = (spec) =>
     String(Math.max(1, spec.workers || 0)) + (spec.external_workers ? ' (external)' : '');
 const ended = (job) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(stateName(job.state));
 
+// "adam lr=0.001", as `kiln get` words an optimizer: its kind, then the fields it sets.
+function optimizerText(opt) {
+  const words = [String(opt.kind).replace('KIND_', '').toLowerCase()];
+  for (const f
+           of ['lr', 'weight_decay', 'momentum', 'dampening', 'nesterov', 'beta1', 'beta2',
+               'eps']) {
+    if (opt[f] !== undefined && opt[f] !== 0 && opt[f] !== false) words.push(`${f}=${opt[f]}`);
+  }
+  if (opt.weight_decay_rule === 'WEIGHT_DECAY_RULE_MATRICES')
+    words.push('weight_decay_rule=matrices');
+  return words.join(' ');
+}
+// The optimizer and batch size a job trains with, as `kiln get` shows them: the spec's own, else
+// what kilnd resolved from its preset (job.resolved_spec), marked so. A kilnd from before
+// resolved_spec sends none: then "-".
+function recipe(job) {
+  const spec = job.spec || {};
+  const resolved = job.resolved_spec || {};
+  const from = spec.preset ? ` (${spec.preset}'s)` : '';
+  const hasKind = (o) => o && o.kind && o.kind !== 'KIND_UNSPECIFIED';
+  const optimizer = hasKind(spec.optimizer) ? optimizerText(spec.optimizer) :
+      hasKind(resolved.optimizer)           ? optimizerText(resolved.optimizer) + from :
+                                              '-';
+  const batch = spec.batch_size ? String(spec.batch_size) :
+      resolved.batch_size       ? resolved.batch_size + from :
+                                  '-';
+  return {optimizer, batch};
+}
+
 // ---- charts ------------------------------------------------------------------------------------
 
 const haveCharts = typeof uPlot !== 'undefined';
 const COLOURS = ['#b4470c', '#0969da', '#1a7f37', '#8250df', '#cf222e', '#9a6700', '#1b7c83'];
 
+// Tick labels with as many decimals as the step between ticks needs, so neighbours differ
+// (uPlot's default keeps 3: ticks 0.00175 and 0.002 both read "0.002"). Past 6 decimals,
+// exponents ("2.5e-7").
+function tickLabels(splits, incr) {
+  let decimals = 0;
+  while (decimals < 15) {
+    const scaled = incr * 10 ** decimals;
+    if (Math.abs(scaled - Math.round(scaled)) <= 1e-6 * scaled) break;
+    decimals++;
+  }
+  return splits.map((v) => {
+    if (v == null) return '';
+    if (decimals <= 6 || v === 0) return v.toFixed(Math.min(decimals, 6));
+    const digits = decimals + Math.floor(Math.log10(Math.abs(v)));
+    return v.toExponential(Math.min(20, Math.max(0, digits)));
+  });
+}
+
+// A y axis's size rule: as wide as its longest tick label needs (uPlot's default, 50 px, cuts
+// "0.00105"), never narrower than before, since uPlot lays out in a few cycles whose ticks (and
+// so their decimals) may differ, and the last cycle's labels must fit.
+function yAxisWidth() {
+  let widest = 0;
+  return (u, values, axisIdx) => {
+    const axis = u.axes[axisIdx];
+    const longest =
+        (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), '');
+    u.ctx.font = axis.font[0];
+    const width = axis.ticks.size + axis.gap + u.ctx.measureText(longest).width / devicePixelRatio;
+    widest = Math.max(widest, Math.ceil(width));
+    return widest;
+  };
+}
+
 // A uPlot chart in `container` that follows its width; `series` are the y series' labels.
+// Its y axis's latest tick labels are kept in box.dataset.yTicks (JSON), for the browser test.
 function makeChart(container, title, xLabel, series, {yRange} = {}) {
   const box = el('div', {class: 'chart'}, el('h3', {}, title));
   container.append(box);
@@ -197,14 +261,24 @@ function makeChart(container, title, xLabel, series, {yRange} = {}) {
         width: width(),
         height: 220,
         scales: {x: {time: false}, ...(yRange ? {y: {range: yRange}} : {})},
-        axes: [{label: xLabel}, {}],
+        axes: [
+          {label: xLabel}, {
+            values: (u, splits, axis, space, incr) => {
+              const labels = tickLabels(splits, incr);
+              box.dataset.yTicks = JSON.stringify(labels);
+              return labels;
+            },
+            size: yAxisWidth(),
+          }
+        ],
         series: [
           {label: xLabel}, ...series.map((label, i) => ({
                                            label,
                                            stroke: COLOURS[i % COLOURS.length],
                                            width: 1.5,
                                            spanGaps: true,
-                                           points: {show: false},
+                                           // uPlot's rule: points where they are sparse enough
+                                           // to tell apart, so one epoch's lone point shows.
                                          }))
         ],
       },
@@ -423,7 +497,7 @@ async function showJob(id, signal) {
 
   const renderJob = (job) => {
     const s = job.spec || {};
-    const opt = s.optimizer || {};
+    const trains = recipe(job);
     const entries = [
       ['state', stateName(job.state)],
       ['name', s.name || '-'],
@@ -434,12 +508,8 @@ async function showJob(id, signal) {
       ['workers', workersText(s)],
       ['epochs', `${job.epochs_done}/${job.epochs}`],
       ['step', job.global_step],
-      ['batch size', s.batch_size || '-'],
-      [
-        'optimizer',
-        `${String(opt.kind || '-').replace('KIND_', '')} lr=${opt.lr ?? '-'} momentum=${
-            opt.momentum ?? 0} weight_decay=${opt.weight_decay ?? 0}`
-      ],
+      ['batch size', trains.batch],
+      ['optimizer', trains.optimizer],
       ['best test accuracy', job.best_test_accuracy > 0 ? percent(job.best_test_accuracy) : '-'],
       ['attempts', job.attempts],
       ['retries', job.retries || 0],

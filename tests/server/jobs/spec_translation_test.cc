@@ -158,6 +158,61 @@ TEST(SpecTranslationTest, SetFieldsOverrideThePreset) {
   EXPECT_FLOAT_EQ(config->optimizer.beta1, 0.9f);
 }
 
+TEST(SpecTranslationTest, TheResolvedSpecFillsInWhatThePresetSets) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-cnn");
+  spec.set_epochs(1);
+  const v1::JobSpec cnn = ResolvedSpec(spec);
+  EXPECT_EQ(cnn.optimizer().kind(), v1::OptimizerSpec::KIND_ADAM);
+  EXPECT_FLOAT_EQ(cnn.optimizer().lr(), 0.001f);
+  EXPECT_FALSE(cnn.optimizer().has_beta1());  // PyTorch's defaults are left unsaid
+  EXPECT_EQ(cnn.batch_size(), 64);
+  EXPECT_FLOAT_EQ(cnn.normalization().scale(), 1.0f / 255.0f);
+  EXPECT_FLOAT_EQ(cnn.normalization().std(), 1.0f);
+  EXPECT_EQ(cnn.preset(), "mnist-cnn");
+  EXPECT_EQ(cnn.epochs(), 1);
+  EXPECT_EQ(cnn.model().layers_size(), 0);  // the model stays as the spec names it
+
+  // Fields the spec sets stay its own, as TranslateSpec takes them.
+  spec.set_preset("mnist-mlp");
+  spec.set_batch_size(32);
+  const v1::JobSpec mlp = ResolvedSpec(spec);
+  EXPECT_EQ(mlp.batch_size(), 32);
+  EXPECT_EQ(mlp.optimizer().kind(), v1::OptimizerSpec::KIND_SGD);
+  EXPECT_FLOAT_EQ(mlp.optimizer().momentum(), 0.9f);
+  EXPECT_FLOAT_EQ(mlp.normalization().mean(), 0.5f);
+
+  // Without a preset only the normalisation has a default; an unknown preset adds nothing.
+  const v1::JobSpec own = ResolvedSpec(testing::SmallSpec("toy", 1));
+  EXPECT_EQ(own.optimizer().kind(), testing::SmallSpec("toy", 1).optimizer().kind());
+  EXPECT_FLOAT_EQ(own.normalization().scale(), 1.0f / 255.0f);
+  EXPECT_FLOAT_EQ(own.normalization().std(), 1.0f);
+  v1::JobSpec unknown;
+  unknown.set_preset("no-such-preset");
+  EXPECT_EQ(ResolvedSpec(unknown).optimizer().kind(), v1::OptimizerSpec::KIND_UNSPECIFIED);
+  EXPECT_EQ(ResolvedSpec(unknown).batch_size(), 0);
+}
+
+TEST(SpecTranslationTest, AResolvedSpecTrainsAsItsPresetDoes) {
+  for (const char* name : kPresetNames) {
+    v1::JobSpec spec;
+    spec.set_preset(name);
+    spec.set_epochs(1);
+    auto from_preset = TranslateSpec(spec, SpecLimits());
+    auto from_resolved = TranslateSpec(ResolvedSpec(spec), SpecLimits());
+    ASSERT_OK(from_preset);
+    ASSERT_OK(from_resolved);
+    EXPECT_EQ(from_resolved->optimizer.kind, from_preset->optimizer.kind) << name;
+    EXPECT_EQ(from_resolved->optimizer.lr, from_preset->optimizer.lr) << name;
+    EXPECT_EQ(from_resolved->optimizer.momentum, from_preset->optimizer.momentum) << name;
+    EXPECT_EQ(from_resolved->optimizer.beta2, from_preset->optimizer.beta2) << name;
+    EXPECT_EQ(from_resolved->batch_size, from_preset->batch_size) << name;
+    EXPECT_EQ(from_resolved->norm.scale, from_preset->norm.scale) << name;
+    EXPECT_EQ(from_resolved->norm.mean, from_preset->norm.mean) << name;
+    EXPECT_EQ(from_resolved->norm.std, from_preset->norm.std) << name;
+  }
+}
+
 TEST(SpecTranslationTest, OneCycleAndLabelSmoothingTranslateWithPyTorchsDefaults) {
   v1::JobSpec spec;
   spec.set_preset("mnist-mlp");  // SGD momentum 0.9

@@ -220,6 +220,41 @@ TEST_F(WebApiTest, JobsAndCheckpointsAreTheJobManagersAsJson) {
   EXPECT_EQ(json::parse(models->body), json::parse(R"({"models": []})"));
 }
 
+TEST_F(WebApiTest, APresetJobCarriesItsResolvedRecipeAlsoAfterARestart) {
+  StartDaemon();
+  v1::JobSpec spec;
+  spec.set_preset("mnist-cnn");
+  spec.set_dataset("toy");
+  spec.set_epochs(1);
+  auto submitted = daemon_->manager().Submit(spec);
+  ASSERT_OK(submitted) << submitted.status();
+  const std::string id = submitted->id();
+  ASSERT_TRUE(
+      WaitFor([&] { return daemon_->manager().Get(id)->state() == v1::JOB_STATE_SUCCEEDED; },
+              absl::Seconds(120)));
+  auto expect_recipe = [&](const std::string& when) {
+    auto res = NewClient()->Get(absl::StrCat("/api/jobs/", id), Auth());
+    ASSERT_TRUE(res) << when;
+    ASSERT_EQ(res->status, 200) << when;
+    const json job = json::parse(res->body);
+    EXPECT_EQ(job.at("spec").at("batch_size"), 0) << when;  // as submitted
+    const json& recipe = job.at("resolved_spec");
+    EXPECT_EQ(recipe.at("batch_size"), 64) << when;
+    EXPECT_EQ(recipe.at("optimizer").at("kind"), "KIND_ADAM") << when;
+    EXPECT_NEAR(recipe.at("optimizer").at("lr").get<double>(), 0.001, 1e-7) << when;
+    EXPECT_EQ(recipe.at("preset"), "mnist-cnn") << when;
+    auto list = NewClient()->Get("/api/jobs", Auth());
+    ASSERT_TRUE(list) << when;
+    EXPECT_EQ(json::parse(list->body).at("jobs").at(0).at("resolved_spec").at("batch_size"), 64)
+        << when;
+  };
+  expect_recipe("while kilnd runs");
+  // The store holds the spec as submitted only: a restarted kilnd works the recipe out again.
+  daemon_.reset();
+  StartDaemon();
+  expect_recipe("after a restart");
+}
+
 TEST_F(WebApiTest, CheckpointCancelAndResumeActOnTheJob) {
   options_.step_delay = absl::Milliseconds(20);
   StartDaemon();
