@@ -653,6 +653,11 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   if (!have_model) return Invalid("spec.model", "required without a preset");
   if (spec.optimizer().kind() != v1::OptimizerSpec::KIND_UNSPECIFIED || !have_optimizer) {
     KILN_ASSIGN_OR_RETURN(config.optimizer, TranslateOptimizer(spec.optimizer()));
+  } else if (spec.optimizer().ByteSizeLong() > 0) {
+    // Fields set (proto3 writes only those) but no kind: they would be silently dropped.
+    return Invalid("spec.optimizer.kind",
+                   "required when the spec sets optimizer fields: a spec's optimizer replaces "
+                   "the preset's whole (kiln get shows the preset's, to copy from)");
   }
   KILN_ASSIGN_OR_RETURN(config.schedule, TranslateSchedule(spec.schedule()));
   switch (spec.loss()) {

@@ -158,6 +158,21 @@ TEST(SpecTranslationTest, SetFieldsOverrideThePreset) {
   EXPECT_FLOAT_EQ(config->optimizer.beta1, 0.9f);
 }
 
+// A spec's optimizer replaces its preset's whole, so optimizer fields without a kind would be
+// dropped without a word: they are refused, naming the field.
+TEST(SpecTranslationTest, OptimizerFieldsWithoutAKindOverAPresetAreRefused) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-cnn");
+  spec.set_epochs(1);
+  spec.mutable_optimizer()->set_lr(0.01f);
+  auto config = TranslateSpec(spec, SpecLimits());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), ::testing::HasSubstr("spec.optimizer.kind"));
+  EXPECT_THAT(config.status().message(), ::testing::HasSubstr("replaces the preset's whole"));
+  spec.mutable_optimizer()->Clear();  // no optimizer fields: the preset's, as before
+  ASSERT_OK(TranslateSpec(spec, SpecLimits()));
+}
+
 TEST(SpecTranslationTest, TheResolvedSpecFillsInWhatThePresetSets) {
   v1::JobSpec spec;
   spec.set_preset("mnist-cnn");
