@@ -94,11 +94,11 @@ class Podman:
 
     def adopt_labelled(self, label):
         """Records the containers, volumes and networks carrying `label` (compose's project)."""
-        for kind, ids in (("ps", self.containers), ("volume", self.volumes),
-                          ("network", self.networks)):
-            command = ["ps", "-a", "--format", "{{.ID}}"] if kind == "ps" else \
-                [kind, "ls", "--format", "{{.ID}}" if kind == "network" else "{{.Name}}"]
-            for ident in self(*command, "--filter", f"label={label}").split():
+        listings = ((self.containers, ("ps", "-a", "--format", "{{.ID}}")),
+                    (self.volumes, ("volume", "ls", "--format", "{{.Name}}")),
+                    (self.networks, ("network", "ls", "--format", "{{.ID}}")))
+        for ids, listing in listings:
+            for ident in self(*listing, "--filter", f"label={label}").split():
                 if ident not in ids:
                     ids.append(ident)
 
