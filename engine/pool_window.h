@@ -1,5 +1,6 @@
-// Which input pixels a pooling window covers along one axis, clipped to the input: the one rule
-// that both backends' pooling (engine/cpu/pool_ops.cc, engine/cuda/pool_ops.cu) follow. Plain
+// Which input pixels a pooling window covers along one axis, clipped to the input, and which
+// value wins a max-pooling window: the rules both backends' pooling (engine/cpu/pool_ops.cc,
+// fused_max_pool.cc, im2col_conv.cc, engine/cuda/pool_ops.cu) follow. Plain
 // C++ that nvcc also compiles for the device.
 #pragma once
 
@@ -23,5 +24,10 @@ KILN_HOST_DEVICE inline PoolSpan PoolWindow(int o, int stride, int pad, int kern
   const int start = o * stride - pad;
   return {start > 0 ? start : 0, start + kernel < size ? start + kernel : size};
 }
+
+// Whether `v`, met after `best` in a max-pooling window's scan order, takes its place: when
+// strictly greater, or NaN; a NaN once taken stays (PyTorch's `v > best || isnan(v)`). Every
+// max pooling of both backends, fused or not, picks its winners by this.
+KILN_HOST_DEVICE inline bool MaxPoolTakes(float v, float best) { return v > best || v != v; }
 
 }  // namespace kiln

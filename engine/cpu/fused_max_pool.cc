@@ -5,6 +5,7 @@
 
 #include "engine/backend_checks.h"
 #include "engine/cpu/cpu_parallel.h"
+#include "engine/pool_window.h"
 
 namespace kiln::cpu_internal {
 namespace {
@@ -42,13 +43,13 @@ void MaxPoolPlainForwardPlanes(const Pool2dGeometry& g, const float* x, bool rel
           float best = r0[2 * j];
           int index = 0;
           const float v1 = r0[2 * j + 1], v2 = r1[2 * j], v3 = r1[2 * j + 1];
-          const bool t1 = !(v1 <= best);
+          const bool t1 = MaxPoolTakes(v1, best);
           index = t1 ? 1 : index;
           best = t1 ? v1 : best;
-          const bool t2 = !(v2 <= best);
+          const bool t2 = MaxPoolTakes(v2, best);
           index = t2 ? 2 : index;
           best = t2 ? v2 : best;
-          const bool t3 = !(v3 <= best);
+          const bool t3 = MaxPoolTakes(v3, best);
           index = t3 ? 3 : index;
           best = t3 ? v3 : best;
           out[i * ow + j] = best;
@@ -62,7 +63,7 @@ void MaxPoolPlainForwardPlanes(const Pool2dGeometry& g, const float* x, bool rel
         for (int a = 0; a < kh; ++a) {
           for (int b = 0; b < kw; ++b) {
             const float v = top[a * in_w + j * kw + b];
-            if (!(v <= best)) {
+            if (MaxPoolTakes(v, best)) {
               best = v;
               index = a * kw + b;
             }
@@ -169,7 +170,7 @@ void MaxPoolBlocked16Forward(const Pool2dGeometry& g, const float* x, bool relu,
             const int k = a * kw + b;
 #pragma omp simd
             for (int c = 0; c < kBlock; ++c) {
-              const bool wins = !(v[c] <= best[c]);
+              const bool wins = MaxPoolTakes(v[c], best[c]);
               best[c] = wins ? v[c] : best[c];
               index[c] = wins ? k : index[c];
             }

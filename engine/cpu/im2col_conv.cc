@@ -13,6 +13,7 @@
 
 #include "engine/backend_checks.h"
 #include "engine/cpu/cpu_parallel.h"
+#include "engine/pool_window.h"
 
 namespace kiln::cpu_internal {
 namespace {
@@ -240,7 +241,7 @@ void PoolWindows(const WindowOrder& o, int channels, const float* out, bool relu
       const float* __restrict v = in + p * windows;
 #pragma omp simd
       for (int64_t q = 0; q < windows; ++q) {
-        const bool wins = !(v[q] <= best[q]);  // strictly greater, or NaN
+        const bool wins = MaxPoolTakes(v[q], best[q]);
         best[q] = wins ? v[q] : best[q];
         index[q] = wins ? p : index[q];
       }

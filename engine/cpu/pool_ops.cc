@@ -31,7 +31,7 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
     for (int i = 0; i < oh; ++i) {
       if (two_by_two) {
         // Window (a, b) in PyTorch's scan order: (0,0), (0,1), (1,0), (1,1); a later one wins
-        // only when strictly greater, or NaN (`!(v <= best)`), as in PyTorch. Written as selects:
+        // by MaxPoolTakes (greater, or NaN), as in PyTorch. Written as selects:
         // with random data, branches would mispredict half the time.
         const int top = 2 * i * in_w;
         const float* r0 = in + top;
@@ -42,13 +42,13 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
           float best_v = r0[2 * j];
           int best = q0;
           const float v1 = r0[2 * j + 1], v2 = r1[2 * j], v3 = r1[2 * j + 1];
-          const bool t1 = !(v1 <= best_v);
+          const bool t1 = MaxPoolTakes(v1, best_v);
           best = t1 ? q0 + 1 : best;
           best_v = t1 ? v1 : best_v;
-          const bool t2 = !(v2 <= best_v);
+          const bool t2 = MaxPoolTakes(v2, best_v);
           best = t2 ? q0 + in_w : best;
           best_v = t2 ? v2 : best_v;
-          const bool t3 = !(v3 <= best_v);
+          const bool t3 = MaxPoolTakes(v3, best_v);
           best = t3 ? q0 + in_w + 1 : best;
           best_v = t3 ? v3 : best_v;
           out[i * ow + j] = best_v;
@@ -65,7 +65,7 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
         for (int a = rows.lo; a < rows.hi; ++a) {
           for (int b = cols.lo; b < cols.hi; ++b) {
             const int q = a * in_w + b;
-            if (!(in[q] <= best_v)) best_v = in[best = q];
+            if (MaxPoolTakes(in[q], best_v)) best_v = in[best = q];
           }
         }
         out[i * ow + j] = best_v;

@@ -74,8 +74,7 @@ __global__ void maxpool_forward_kernel(PoolShape s, const float* x, float* y, in
       for (int b = w.cols.lo; b < w.cols.hi; ++b) {
         const int q = a * s.in_w + b;
         const float v = in[q];
-        // `!(v <= best_v)` also takes a NaN, exactly as the CPU backend does.
-        if (!(v <= best_v)) {
+        if (MaxPoolTakes(v, best_v)) {
           best_v = v;
           best = q;
         }

@@ -71,6 +71,36 @@ TEST_P(BackendEdgeCases, PoolingAnInputSmallerThanTheWindowIsInvalidArgument) {
   EXPECT_OK(backend_->MaxPool2dForward(Pool(2, 2, 2, 2), x.f32(), y.f32(), argmax.i32()));
 }
 
+// A NaN in a max-pooling window wins and stays the winner, as in PyTorch (`v > best || isnan(v)`):
+// a later, larger value does not replace it. Parity tests cannot see a rule both backends share.
+TEST_P(BackendEdgeCases, MaxPoolingKeepsANanWinnerAsPyTorchDoes) {
+  const float nan = std::nanf("");
+  // 2x2 windows (the CPU's vectorised path), then a 3x3 window with stride 1 (the general one).
+  // Window 0: NaN first; window 1: NaN second, then larger values.
+  Pool2dGeometry two = Pool(2, 4, 2, 2), three = Pool(3, 3, 3, 1);
+  two.batch = two.channels = three.batch = three.channels = 1;
+  const struct {
+    Pool2dGeometry g;
+    std::vector<float> x;
+    std::vector<int32_t> winners;
+  } cases[] = {{two, {nan, 1, 1, nan, 1, 1, 2, 3}, {0, 3}},
+               {three, {-1, nan, 5, 6, 7, 8, 9, 10, 11}, {1}}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "kernel " << c.g.kernel_h);
+    const int64_t outs = static_cast<int64_t>(c.winners.size());
+    Tensor x = Make(DType::kF32, {1, 1, c.g.in_h, c.g.in_w});
+    Tensor y = Make(DType::kF32, {outs}), argmax = Make(DType::kI32, {outs});
+    ASSERT_OK(backend_->CopyFromHost(c.x.data(), c.x.size() * sizeof(float), &x));
+    ASSERT_OK(backend_->MaxPool2dForward(c.g, x.f32(), y.f32(), argmax.i32()));
+    std::vector<float> got(outs);
+    std::vector<int32_t> won(outs);
+    ASSERT_OK(backend_->CopyToHost(y, got.data(), got.size() * sizeof(float)));
+    ASSERT_OK(backend_->CopyToHost(argmax, won.data(), won.size() * sizeof(int32_t)));
+    for (int64_t i = 0; i < outs; ++i) EXPECT_TRUE(std::isnan(got[i])) << "window " << i;
+    EXPECT_EQ(won, c.winners);
+  }
+}
+
 TEST_P(BackendEdgeCases, SoftmaxCrossEntropyOverNoRowsIsNanLossAndNoneCorrect) {
   Tensor loss = Make(DType::kF32, {1}), correct = Make(DType::kI32, {1});
   const float garbage = 7.0f;
@@ -261,6 +291,28 @@ TEST(CpuBackendEdgeCases, AFusedMaxPoolingThatDoesNotFitTheConvolutionIsInvalidA
                                           Activation::kRelu, w.data(), nullptr, nullptr);
     EXPECT_EQ(backward.code(), absl::StatusCode::kInvalidArgument) << backward;
   }
+}
+
+// The CPU's convolution with max pooling fused in keeps the same NaN rule as MaxPool2dForward:
+// a 1x1 convolution of weight 1 passes the input through, NaN included.
+TEST(CpuBackendEdgeCases, AFusedMaxPoolingKeepsANanWinnerAsTheUnfusedOneDoes) {
+  auto backend = CreateBackend("cpu");
+  ASSERT_OK(backend);
+  Conv2dGeometry g;
+  g.batch = g.in_channels = g.out_channels = 1;
+  g.in_h = 2;
+  g.in_w = 4;
+  g.kernel_h = g.kernel_w = 1;
+  Pool2dGeometry p = Pool(2, 4, 2, 2);
+  p.batch = p.channels = 1;
+  const float nan = std::nanf("");
+  const std::vector<float> x = {nan, 1, 1, nan, 1, 1, 2, 3}, w = {1.0f};
+  std::vector<float> y(2);
+  std::vector<uint8_t> winners(2);
+  ASSERT_OK((*backend)->Conv2dMaxPoolForward(g, p, x.data(), w.data(), nullptr,
+                                             Activation::kNone, winners.data(), y.data()));
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_TRUE(std::isnan(y[1]));
 }
 
 // SumOfSquares adds to its scalar (one call per gradient makes the global norm), leaves it alone
