@@ -57,17 +57,30 @@ absl::StatusOr<CudnnLibrary> Load() {
   KILN_CUDNN_SYMBOL(FindConvolutionBackwardFilterAlgorithmEx);
   KILN_CUDNN_SYMBOL(GetConvolutionBackwardFilterWorkspaceSize);
   KILN_CUDNN_SYMBOL(ConvolutionBackwardFilter);
-  KILN_CUDNN_SYMBOL(BatchNormalizationForwardTraining);
-  KILN_CUDNN_SYMBOL(BatchNormalizationForwardInference);
-  KILN_CUDNN_SYMBOL(BatchNormalizationBackward);
 #undef KILN_CUDNN_SYMBOL
   if (!missing.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("cuDNN at ", so.path, " lacks ", missing));
+  }
+  std::string batch_norm;
+#define KILN_CUDNN_OPTIONAL_SYMBOL(name) \
+  cuda_internal::ResolveSymbol(so, "cudnn" #name, &lib.name, &batch_norm)
+  KILN_CUDNN_OPTIONAL_SYMBOL(BatchNormalizationForwardTraining);
+  KILN_CUDNN_OPTIONAL_SYMBOL(BatchNormalizationForwardInference);
+  KILN_CUDNN_OPTIONAL_SYMBOL(BatchNormalizationBackward);
+#undef KILN_CUDNN_OPTIONAL_SYMBOL
+  if (!batch_norm.empty()) {
+    lib.batch_norm_missing = absl::StrCat("cuDNN at ", so.path, " lacks ", batch_norm);
   }
   return lib;
 }
 
 }  // namespace
+
+absl::Status CudnnLibrary::BatchNormAvailable() const {
+  if (batch_norm_missing.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      batch_norm_missing, " (deprecated in cuDNN 9): batch normalisation on CUDA needs them"));
+}
 
 absl::StatusOr<const CudnnLibrary*> Cudnn() {
   // Loaded once; the handle stays open for the life of the process.

@@ -4,6 +4,9 @@
 
 #include <cudnn.h>
 
+#include <string>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace kiln {
@@ -51,9 +54,15 @@ struct CudnnLibrary {
       GetConvolutionBackwardFilterWorkspaceSize;
   decltype(&cudnnConvolutionBackwardFilter) ConvolutionBackwardFilter;
 
+  // Deprecated in cuDNN 9 and optional here: a cuDNN without them keeps convolutions working,
+  // and batch normalisation alone answers BatchNormAvailable()'s error.
   decltype(&cudnnBatchNormalizationForwardTraining) BatchNormalizationForwardTraining;
   decltype(&cudnnBatchNormalizationForwardInference) BatchNormalizationForwardInference;
   decltype(&cudnnBatchNormalizationBackward) BatchNormalizationBackward;
+  std::string batch_norm_missing;  // the absent ones, with the library's path; empty if none
+
+  // FailedPrecondition naming the missing batch-norm entry points, else OK.
+  absl::Status BatchNormAvailable() const;
 };
 
 // The library, loaded on first use; thread-safe. FailedPrecondition naming what is missing (no

@@ -30,6 +30,7 @@ class BatchNormDescriptors {
   BatchNormDescriptors& operator=(const BatchNormDescriptors&) = delete;
 
   absl::Status Init(const BatchNormGeometry& g) {
+    KILN_RETURN_IF_ERROR(dnn_->BatchNormAvailable());  // every batch-norm call passes here
     if (g.spatial > std::numeric_limits<int>::max() ||
         int64_t{g.batch} * g.channels * g.spatial > std::numeric_limits<int>::max()) {
       return absl::InvalidArgumentError(absl::StrCat("batchnorm: ", g.batch, "x", g.channels, "x",
