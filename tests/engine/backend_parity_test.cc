@@ -226,6 +226,25 @@ class ParityTest : public ::testing::Test {
     EXPECT_LT(err, tol) << what << ": relative error " << err << " over " << want.size()
                         << " values";
   }
+  // For element-wise ops: every element within `tol` of the CPU's, relative to its magnitude
+  // (absolute below 1), so a few wrong elements cannot hide in a whole tensor's error.
+  void ExpectCloseEach(const Both& b, const std::string& what, double tol = kOpTolerance) {
+    const std::vector<float> want = Get(kCpu, b.t[kCpu]), got = Get(kTested, b.t[kTested]);
+    ASSERT_EQ(want.size(), got.size());
+    int64_t wrong = 0, first = -1;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const bool both_nan = std::isnan(want[i]) && std::isnan(got[i]);
+      const double err = std::abs(static_cast<double>(got[i]) - want[i]) /
+                         std::max(1.0, std::abs(static_cast<double>(want[i])));
+      if (!both_nan && !(err < tol)) {
+        if (wrong++ == 0) first = static_cast<int64_t>(i);
+      }
+    }
+    EXPECT_EQ(wrong, 0) << what << ": " << wrong << " of " << want.size()
+                        << " elements off by more than " << tol << ", the first at " << first
+                        << ": " << (first >= 0 ? got[first] : 0.0f) << " vs the CPU's "
+                        << (first >= 0 ? want[first] : 0.0f);
+  }
   void ExpectSameBits(const Both& b, const std::string& what) {
     EXPECT_TRUE(SameBits(Get(kCpu, b.t[kCpu]), Get(kTested, b.t[kTested]))) << what;
   }
@@ -383,7 +402,7 @@ TEST_P(OpParity, BiasForwardAddsAndBackwardAccumulates) {
     Both bias = Upload(RandomValues(c.cols, 5));
     ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.BiasForward(c.rows, c.cols, bias.f(s), y.f(s)); }));
-    ExpectClose(y, "bias forward");
+    ExpectCloseEach(y, "bias forward");
     Both dbias = Upload(RandomValues(c.cols, 6));  // accumulates onto what is there
     ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.BiasBackward(c.rows, c.cols, y.f(s), dbias.f(s)); }));
@@ -429,11 +448,11 @@ TEST_P(OpParity, ActivationsMatchForEveryKind) {
       ASSERT_OK(RunBoth([&](Backend& be, Side s) {
         return be.ActivationForward(kind, 0.1f, n, x.f(s), y.f(s));
       }));
-      ExpectClose(y, "activation forward");
+      ExpectCloseEach(y, "activation forward");
       ASSERT_OK(RunBoth([&](Backend& be, Side s) {
         return be.ActivationBackward(kind, 0.1f, n, x.f(s), y.f(s), dy.f(s), dx.f(s));
       }));
-      ExpectClose(dx, "activation backward");
+      ExpectCloseEach(dx, "activation backward");
     }
   }
 }
@@ -833,7 +852,7 @@ TEST_P(OpParity, MaxPoolPicksTheSameWinnersForEveryWindowShape) {
     Both dy = Upload(RandomValues(y_n, 24)), dx = Garbage(x_n);
     ASSERT_OK(RunBoth(
         [&](Backend& be, Side s) { return be.MaxPool2dBackward(g, dy.f(s), am.i(s), dx.f(s)); }));
-    ExpectClose(dx, "pool backward", 1e-6);
+    ExpectCloseEach(dx, "pool backward", 1e-6);
   }
 }
 
@@ -951,7 +970,7 @@ TEST_P(OpParity, MeanSquaredErrorMatchesWithAndWithoutGradient) {
                                    with_grad ? dy.f(s) : nullptr);
       }));
       ExpectClose(loss, "mse");
-      if (with_grad) ExpectClose(dy, "mse gradient");
+      if (with_grad) ExpectCloseEach(dy, "mse gradient");
     }
   }
 }
@@ -994,8 +1013,8 @@ TEST_P(OpParity, SgdUpdatesMatchForEveryMomentumVariant) {
                             hyper.momentum != 0 ? buf.f(s) : nullptr);
       }));
     }
-    ExpectClose(param, "param");
-    if (hyper.momentum != 0) ExpectClose(buf, "momentum buffer");
+    ExpectCloseEach(param, "param");
+    if (hyper.momentum != 0) ExpectCloseEach(buf, "momentum buffer");
   }
 }
 
@@ -1018,9 +1037,9 @@ TEST_P(OpParity, AdamAndAdamWUpdatesMatchIncludingLateSteps) {
           return be.AdamUpdate(n, hyper, param.f(s), grad.f(s), m.f(s), v.f(s));
         }));
       }
-      ExpectClose(param, "param");
-      ExpectClose(m, "exp_avg");
-      ExpectClose(v, "exp_avg_sq");
+      ExpectCloseEach(param, "param");
+      ExpectCloseEach(m, "exp_avg");
+      ExpectCloseEach(v, "exp_avg_sq");
     }
   }
 }
@@ -1079,7 +1098,7 @@ TEST_P(OpParity, GatherNormalizeMatchesForVectorAndScalarSampleSizes) {
       return be.GatherNormalize(c.count, c.sample_elems, idx.i(s), px.u(s), labels.i(s), norm,
                                 out.f(s), c.labels ? labels_out.i(s) : nullptr);
     }));
-    ExpectClose(out, "pixels");
+    ExpectCloseEach(out, "pixels");
     ExpectSameI32(labels_out, "labels");
   }
 }
@@ -1123,7 +1142,7 @@ TEST_P(OpParity, GatherAugmentNormalizeMatchesForEveryCropAndFlip) {
                                        reinterpret_cast<const CropFlip*>(dec.i(s)), norm, out.f(s),
                                        labels_out.i(s));
     }));
-    ExpectClose(out, "pixels");
+    ExpectCloseEach(out, "pixels");
     ExpectSameI32(labels_out, "labels");
   }
 }
@@ -1156,8 +1175,46 @@ TEST_P(OpParity, NormalizeMatchesInPlaceAndIntoAnotherBuffer) {
     ASSERT_OK(RunBoth([&](Backend& be, Side s) {
       return be.Normalize(c.count, c.sample_elems, in_place.f(s), cn, in_place.f(s));
     }));
-    ExpectClose(out, "normalized");
-    ExpectClose(in_place, "normalized in place");
+    ExpectCloseEach(out, "normalized");
+    ExpectCloseEach(in_place, "normalized in place");
+  }
+}
+
+// Table features (CSV, NumPy) gathered by index and normalised, with and without labels; odd
+// feature counts and repeated indices included.
+TEST_P(OpParity, GatherNormalizeF32MatchesForFeatureRows) {
+  for (int64_t features : {int64_t{1}, int64_t{13}, int64_t{784}}) {
+    for (bool with_labels : {true, false}) {
+      SCOPED_TRACE(::testing::Message()
+                   << features << " features" << (with_labels ? "" : ", no labels"));
+      const int rows = 61, count = 40;
+      Both table = Upload(RandomValues(rows * features, 47, -50.0f, 50.0f));
+      Both idx = UploadI32(RandomLabels(count, rows, 48));
+      Both labels = UploadI32(RandomLabels(rows, 7, 49));
+      Both out = Garbage(count * features), labels_out = UploadI32(std::vector<int32_t>(count, -1));
+      PixelNorm norm;
+      norm.scale = 1.0f;
+      norm.mean = 3.5f;
+      norm.std = 12.25f;
+      ASSERT_OK(RunBoth([&](Backend& be, Side s) {
+        return be.GatherNormalizeF32(count, features, idx.i(s), table.f(s), labels.i(s), norm,
+                                     out.f(s), with_labels ? labels_out.i(s) : nullptr);
+      }));
+      ExpectCloseEach(out, "features");
+      ExpectSameI32(labels_out, "labels");
+    }
+  }
+}
+
+// Scale multiplies in place, element by element (a data-parallel rank's share of the mean).
+TEST_P(OpParity, ScaleMultipliesEveryElementInPlace) {
+  for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{300000}}) {
+    SCOPED_TRACE(::testing::Message() << n << " values");
+    Both x = Upload(RandomValues(n, 50, -9, 9));
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Scale(n, 0.25f, x.f(s)); }));
+    ExpectSameBits(x, "x * 0.25");  // a power of two: exact on both
+    ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.Scale(n, 1.0f / 3, x.f(s)); }));
+    ExpectSameBits(x, "x / 3");  // one rounded multiply per element on both
   }
 }
 
