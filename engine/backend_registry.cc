@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
 #if defined(KILN_WITH_NCCL)
     NcclOptions nccl;
     nccl.timeout = options.timeout;
+    nccl.on_stuck_abort = options.on_stuck_abort;
     // CudaBackend is the one backend of kind kCuda.
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
                           NcclCommunicator::Create(store, rank, world_size,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -76,6 +77,9 @@ struct CommunicatorOptions {
   // or, when `gloo_interface` is set, that network interface's address ("eth0").
   std::string gloo_hostname = "127.0.0.1";
   std::string gloo_interface;
+  // NCCL only (NcclOptions::on_stuck_abort): called when aborting a failed communicator does not
+  // return, so that the process can end and free the GPU.
+  std::function<void(const std::string&)> on_stuck_abort;
 };
 
 // Joins rank `rank` of `world_size` through `store` (used only during the call) with the

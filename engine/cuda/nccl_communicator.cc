@@ -3,12 +3,16 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <chrono>
+#include <algorithm>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
@@ -19,8 +23,40 @@ namespace kiln {
 
 namespace {
 
-// Between looks at a running collective: short, since a step waits on it.
-constexpr auto kPoll = std::chrono::microseconds(20);
+// How a host thread waits on NCCL: it spins for the first kSpin (a step's collective is often
+// done within microseconds, and one sleep costs 60-80 us with timer slack), then sleeps, doubling
+// from kFirstSleep up to kMaxSleep.
+constexpr absl::Duration kSpin = absl::Microseconds(200);
+constexpr absl::Duration kFirstSleep = absl::Microseconds(10);
+constexpr absl::Duration kMaxSleep = absl::Microseconds(500);
+// The longest ncclCommAbort is waited for: it can block itself (on a peer's connection).
+constexpr absl::Duration kAbortWait = absl::Seconds(10);
+
+class Backoff {
+ public:
+  void Wait() {
+    if (absl::Now() < spin_until_) return;  // spin: the caller looks again at once
+    absl::SleepFor(sleep_);
+    sleep_ = std::min(sleep_ * 2, kMaxSleep);
+  }
+
+ private:
+  absl::Time spin_until_ = absl::Now() + kSpin;
+  absl::Duration sleep_ = kFirstSleep;
+};
+
+// Runs ncclCommAbort on a helper thread and waits for it at most kAbortWait. False when it has
+// not returned by then; it goes on running on its thread.
+bool AbortWithin(const NcclLibrary* nccl, ncclComm* comm, int device) {
+  auto returned = std::make_shared<std::promise<void>>();
+  std::future<void> done = returned->get_future();
+  std::thread([nccl, comm, device, returned] {
+    CudaDeviceGuard guard(device);
+    nccl->CommAbort(comm);
+    returned->set_value();
+  }).detach();
+  return done.wait_for(absl::ToChronoMilliseconds(kAbortWait)) == std::future_status::ready;
+}
 
 }  // namespace
 
@@ -55,8 +91,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::memcpy(id.internal, bytes.data(), bytes.size());
   }
 
-  auto comm = std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(nccl, rank, size, backend, options.timeout));
+  auto comm =
+      std::unique_ptr<NcclCommunicator>(new NcclCommunicator(nccl, rank, size, backend, options));
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&comm->done_, cudaEventDisableTiming));
   KILN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&comm->barrier_), sizeof(float)));
   // Non-blocking, so that a rank that never joins cannot hold this one inside NCCL: the
@@ -70,17 +106,31 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 NcclCommunicator::~NcclCommunicator() {
   CudaDeviceGuard guard(backend_->device());
-  if (comm_ != nullptr) {
-    // A healthy communicator is destroyed; a failed one was aborted already.
-    if (failed_.ok()) nccl_->CommDestroy(comm_);
-  }
+  if (comm_ != nullptr) Close();  // a failed communicator was aborted already
   if (done_ != nullptr) cudaEventDestroy(done_);
   if (barrier_ != nullptr) cudaFree(barrier_);
 }
 
+void NcclCommunicator::Close() {
+  // Finalize flushes this rank's outstanding work, polled under the timeout like a collective
+  // (the communicator is non-blocking); destroy then only frees. On an error or the timeout,
+  // Finish aborts instead.
+  const ncclResult_t finalize = nccl_->CommFinalize(comm_);
+  if (Finish("finalize", finalize, /*on_stream=*/false).ok()) {
+    nccl_->CommDestroy(std::exchange(comm_, nullptr));
+  }
+}
+
 absl::Status NcclCommunicator::Fail(absl::Status status) {
-  if (comm_ != nullptr) nccl_->CommAbort(comm_);  // frees the GPU from NCCL's kernels
   failed_ = std::move(status);
+  if (comm_ == nullptr) return failed_;
+  // The abort frees the GPU from NCCL's kernels; bounded, since it can block itself.
+  if (!AbortWithin(nccl_, std::exchange(comm_, nullptr), backend_->device())) {
+    failed_ = absl::Status(failed_.code(),
+                           absl::StrCat(failed_.message(), "; ncclCommAbort did not return within ",
+                                        absl::FormatDuration(kAbortWait)));
+    if (on_stuck_abort_) on_stuck_abort_(std::string(failed_.message()));
+  }
   return failed_;
 }
 
@@ -94,10 +144,14 @@ absl::Status NcclCommunicator::Finish(const char* what, int result, bool on_stre
         named(absl::StrCat(nccl_->GetErrorString(static_cast<ncclResult_t>(result)), " ", last))));
   }
   const absl::Time deadline = absl::Now() + timeout_;
+  Backoff backoff;
   bool recorded = false;
   while (true) {
     ncclResult_t async = ncclSuccess;
-    if (comm_ != nullptr) nccl_->CommGetAsyncError(comm_, &async);
+    if (comm_ != nullptr) {
+      const ncclResult_t asked = nccl_->CommGetAsyncError(comm_, &async);
+      if (asked != ncclSuccess) async = asked;  // a query that fails is no sign of health
+    }
     if (async != ncclSuccess && async != ncclInProgress) {
       return Fail(absl::UnavailableError(
           named(absl::StrCat(nccl_->GetErrorString(async), " ", nccl_->GetLastError(comm_),
@@ -123,7 +177,7 @@ absl::Status NcclCommunicator::Finish(const char* what, int result, bool on_stre
           named(absl::StrCat("not done after ", absl::FormatDuration(timeout_),
                              " (a rank has died or hung); the communicator was aborted"))));
     }
-    std::this_thread::sleep_for(kPoll);
+    backoff.Wait();
   }
 }
 

@@ -22,6 +22,7 @@ absl::StatusOr<NcclLibrary> Load() {
   ResolveSymbol(so, "ncclGetUniqueId", &lib.GetUniqueId, &missing);
   ResolveSymbol(so, "ncclCommInitRankConfig", &lib.CommInitRankConfig, &missing);
   ResolveSymbol(so, "ncclCommGetAsyncError", &lib.CommGetAsyncError, &missing);
+  ResolveSymbol(so, "ncclCommFinalize", &lib.CommFinalize, &missing);
   ResolveSymbol(so, "ncclCommAbort", &lib.CommAbort, &missing);
   ResolveSymbol(so, "ncclCommDestroy", &lib.CommDestroy, &missing);
   ResolveSymbol(so, "ncclAllReduce", &lib.AllReduce, &missing);

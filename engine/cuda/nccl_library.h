@@ -15,6 +15,7 @@ struct NcclLibrary {
   decltype(&ncclGetUniqueId) GetUniqueId;
   decltype(&ncclCommInitRankConfig) CommInitRankConfig;
   decltype(&ncclCommGetAsyncError) CommGetAsyncError;
+  decltype(&ncclCommFinalize) CommFinalize;
   decltype(&ncclCommAbort) CommAbort;
   decltype(&ncclCommDestroy) CommDestroy;
   decltype(&ncclAllReduce) AllReduce;

@@ -201,6 +201,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> RankRun::JoinPeers(Backend* backen
                         : kDefaultCollectiveTimeout;
   options.gloo_hostname = flags_.gloo_host;
   options.gloo_interface = flags_.gloo_interface;
+  // A stuck NCCL abort may leave its kernels on the GPU: only ending the process frees it, and
+  // kilnd then fails the attempt as for any worker that exits.
+  options.on_stuck_abort = [rank = flags_.rank](const std::string& why) {
+    std::fprintf(stderr, "kiln-worker rank %d: exiting: %s\n", rank, why.c_str());
+    std::fflush(stderr);
+    _exit(1);
+  };
   GrpcKeyValueStore store(connection_, flags_.job);
   return CreateCommunicator(backend, &store, flags_.rank, joined_.world_size(), options);
 }

@@ -4,8 +4,10 @@
 // runs them on the device machine.
 #include "engine/cuda/nccl_communicator.h"
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -91,6 +93,58 @@ TEST(NcclSingleGpu, OneRankCollectivesOnTheBackendsStream) {
       if (back[i] != 0.5f * i) return Fail(rank, "element " + std::to_string(i));
     }
     return 0;
+  });
+}
+
+// What one GPU can check beyond a single communicator: two communicators of one rank each on one
+// device, each on its own backend's stream, interleaved, keep their own data (a wrong buffer,
+// count or stream would mix or lose them); and a healthy communicator's teardown (finalize, then
+// destroy) returns promptly. A real reduction over two ranks needs two GPUs (NcclMultiGpu).
+TEST(NcclSingleGpu, TwoCommunicatorsOnOneDeviceKeepTheirOwnDataAndCloseQuickly) {
+  const std::string dir = MakeTempFolder();
+  RunOrSkip(1, dir, [&](int rank) {
+    constexpr int kCount = 4099;  // not a multiple of NCCL's chunking
+    std::unique_ptr<CudaBackend> backends[2] = {BackendOrSkip(0, dir), BackendOrSkip(0, dir)};
+    std::unique_ptr<NcclCommunicator> comms[2];
+    Tensor data[2];
+    for (int c = 0; c < 2; ++c) {
+      auto store = FileKeyValueStore::Open(absl::StrCat(dir, "/store-", c));
+      if (!store.ok()) return Fail(rank, store.status().ToString());
+      auto comm = NcclCommunicator::Create(store->get(), 0, 1, backends[c].get());
+      if (!comm.ok()) return Fail(rank, comm.status().ToString());
+      comms[c] = std::move(*comm);
+      auto t = backends[c]->Allocate(DType::kF32, {kCount});
+      if (!t.ok()) return Fail(rank, t.status().ToString());
+      data[c] = *t;
+      std::vector<float> host(kCount);
+      for (int i = 0; i < kCount; ++i) host[i] = (c == 0 ? 1.0f : -1.0f) * i;
+      if (!backends[c]->CopyFromHost(host.data(), kCount * 4, &data[c]).ok()) {
+        return Fail(rank, "copy");
+      }
+    }
+    for (int round = 0; round < 3; ++round) {
+      for (int c = 0; c < 2; ++c) {
+        if (!backends[c]->Scale(kCount, 2.0f, data[c].f32()).ok()) return Fail(rank, "scale");
+        if (absl::Status s = comms[c]->AllreduceSum(data[c].f32(), kCount); !s.ok()) {
+          return Fail(rank, s.ToString());
+        }
+      }
+    }
+    for (int c = 0; c < 2; ++c) {
+      std::vector<float> back(kCount);
+      if (!backends[c]->CopyToHost(data[c], back.data(), kCount * 4).ok())
+        return Fail(rank, "back");
+      for (int i = 0; i < kCount; ++i) {
+        if (back[i] != (c == 0 ? 8.0f : -8.0f) * i) {
+          return Fail(rank, absl::StrCat("communicator ", c, " element ", i, ": ", back[i]));
+        }
+      }
+    }
+    const auto closing = std::chrono::steady_clock::now();
+    for (auto& comm : comms) comm.reset();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - closing).count();
+    return took < 5 ? 0 : Fail(rank, absl::StrCat("teardown took ", took, " s"));
   });
 }
 
