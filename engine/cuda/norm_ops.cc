@@ -5,6 +5,7 @@
 // PyTorch's momentum.
 #include <cudnn.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,18 @@ class BatchNormDescriptors {
 
 constexpr float kOne = 1.0f, kZero = 0.0f;
 
+// cuDNN's legacy batch-norm calls have refused batches over 65,535 samples: inference runs in
+// chunks of at most this many (its statistics are per channel and fixed, so chunks are
+// independent); training, whose statistics span the whole batch, refuses more.
+constexpr int kCudnnMaxBatch = 65535;
+
+absl::Status CheckTrainingBatch(const BatchNormGeometry& g) {
+  if (g.batch <= kCudnnMaxBatch) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "batchnorm on CUDA: a training batch of ", g.batch, " samples is over cuDNN's batch-norm ",
+      "limit of ", kCudnnMaxBatch, " (use a smaller batch_size, or train on the CPU)"));
+}
+
 }  // namespace
 
 absl::Status CudaBackend::BatchNormForwardTraining(const BatchNormGeometry& g, double eps,
@@ -62,6 +75,7 @@ absl::Status CudaBackend::BatchNormForwardTraining(const BatchNormGeometry& g, d
                                                    float* running_mean, float* running_var,
                                                    float* saved_mean, float* saved_invstd) {
   KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/true));
+  KILN_RETURN_IF_ERROR(CheckTrainingBatch(g));
   KILN_RETURN_IF_ERROR(Activate());
   BatchNormDescriptors d(dnn_);
   KILN_RETURN_IF_ERROR(d.Init(g));
@@ -78,11 +92,16 @@ absl::Status CudaBackend::BatchNormForwardInference(const BatchNormGeometry& g, 
   KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/false));
   if (g.batch == 0) return absl::OkStatus();  // as on the CPU: nothing to do
   KILN_RETURN_IF_ERROR(Activate());
-  BatchNormDescriptors d(dnn_);
-  KILN_RETURN_IF_ERROR(d.Init(g));
-  KILN_CUDA_CHECK(dnn_->BatchNormalizationForwardInference(
-      cudnn_, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d.x(), x, d.x(), y, d.stats(), gamma, beta,
-      running_mean, running_var, eps));
+  const int64_t sample = int64_t{g.channels} * g.spatial;
+  for (int first = 0; first < g.batch; first += kCudnnMaxBatch) {
+    BatchNormGeometry chunk = g;
+    chunk.batch = std::min(kCudnnMaxBatch, g.batch - first);
+    BatchNormDescriptors d(dnn_);
+    KILN_RETURN_IF_ERROR(d.Init(chunk));
+    KILN_CUDA_CHECK(dnn_->BatchNormalizationForwardInference(
+        cudnn_, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d.x(), x + first * sample, d.x(),
+        y + first * sample, d.stats(), gamma, beta, running_mean, running_var, eps));
+  }
   return absl::OkStatus();
 }
 
@@ -91,6 +110,7 @@ absl::Status CudaBackend::BatchNormBackward(const BatchNormGeometry& g, double e
                                             const float* saved_invstd, const float* dy,
                                             float* dgamma, float* dbeta, float* dx) {
   KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/true));
+  KILN_RETURN_IF_ERROR(CheckTrainingBatch(g));
   KILN_RETURN_IF_ERROR(Activate());
   BatchNormDescriptors d(dnn_);
   KILN_RETURN_IF_ERROR(d.Init(g));
