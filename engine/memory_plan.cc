@@ -72,6 +72,14 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
             plan->needs.push_back({layer,
                                    absl::StrCat(LayerTypeName(model.layers[i]), " statistics"),
                                    Mul(Mul(c.affine ? 4 : 8, c.num_features), kFloat)});
+            // On the model's input no input gradient is wanted, but cuDNN writes one: the CUDA
+            // backend gives it scratch of the input's size at the training batch.
+            if (target.device == DeviceKind::kCuda && graph.inputs[i][0] == 0) {
+              plan->needs.push_back(
+                  {layer,
+                   absl::StrCat(LayerTypeName(model.layers[i]), " input-gradient scratch"),
+                   Mul(Mul(NumElements(shapes[0]), train_batch), kFloat)});
+            }
           } else if constexpr (std::is_same_v<C, LayerNormConfig>) {
             // Each position's mean and rstd.
             const int64_t rows = NumElements(shapes[graph.inputs[i][0]]) / c.normalized_shape;

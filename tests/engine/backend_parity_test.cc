@@ -283,6 +283,9 @@ class OpParity : public ParityTest, public ::testing::WithParamInterface<std::st
     tested_ = it->second->get();
   }
 
+  // One training step and one evaluation of `config` on both backends (defined with its test).
+  void ExpectBatchNormModelStepAndEvaluationMatch(const ModelConfig& config);
+
   static CpuBackend* reference_;
   static std::map<std::string, absl::StatusOr<std::unique_ptr<Backend>>>* made_;
 };
@@ -1569,9 +1572,26 @@ ModelConfig BatchNormCnn() {
   return m;
 }
 
+// Batch norm as the first layer: its backward wants no input gradient (a path of its own on
+// CUDA, where cuDNN writes one to scratch).
+ModelConfig BatchNormFirstCnn() {
+  ModelConfig m = BatchNormCnn();
+  BatchNorm2dConfig first;
+  first.num_features = 1;
+  m.layers.insert(m.layers.begin(), first);
+  return m;
+}
+
 // One training step and one evaluation: logits, parameter gradients and running statistics
-// (cuDNN's batch norm against the CPU's loops).
+// (cuDNN's batch norm against the CPU's loops), with batch norm inside and first.
 TEST_P(OpParity, BatchNormModelStepAndEvaluationMatch) {
+  for (const ModelConfig& config : {BatchNormCnn(), BatchNormFirstCnn()}) {
+    SCOPED_TRACE(::testing::Message() << config.layers.size() << " layers");
+    ExpectBatchNormModelStepAndEvaluationMatch(config);
+  }
+}
+
+void OpParity::ExpectBatchNormModelStepAndEvaluationMatch(const ModelConfig& config) {
   const int batch = 16;
   const std::vector<float> xv = RandomValues(batch * 784, 90, 0, 1);
   const std::vector<int32_t> yv = RandomLabels(batch, 10, 91);
@@ -1579,7 +1599,7 @@ TEST_P(OpParity, BatchNormModelStepAndEvaluationMatch) {
   std::vector<float> train_logits[2], eval_logits[2];
   for (Side s : {kCpu, kTested}) {
     Backend& be = backend(s);
-    auto m = Model::Build(BatchNormCnn(), &be, 7);
+    auto m = Model::Build(config, &be, 7);
     ASSERT_OK(m) << m.status();
     model[s] = std::move(*m);
     Tensor x = testing::MakeTensor(be, {batch, 1, 28, 28}, xv);

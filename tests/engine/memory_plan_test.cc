@@ -89,6 +89,25 @@ TEST(MemoryPlan, BatchNormCountsItsStatisticsAndParameters) {
   EXPECT_EQ(Find(*plan, 1, "batchnorm2d activations")->bytes, 2 * 16 * 64 * 32 * 4);
 }
 
+// Batch norm as the first layer needs no input gradient, but cuDNN writes one: the CUDA backend
+// puts it in scratch, which the plan counts on CUDA (and only there).
+TEST(MemoryPlan, BatchNormFirstCountsCudnnsInputGradientScratchOnCuda) {
+  TrainConfig c;
+  c.model.input_shape = {3, 8, 8};
+  BatchNorm2dConfig bn;
+  bn.num_features = 3;
+  c.model.layers = {bn, FlattenConfig{}, LinearConfig{192, 10}};
+  c.batch_size = 32;
+  auto cuda = PlanTrainingMemory(c, 100, 0, {DeviceKind::kCuda, 1});
+  ASSERT_OK(cuda);
+  const MemoryNeed* scratch = Find(*cuda, 0, "batchnorm2d input-gradient scratch");
+  ASSERT_NE(scratch, nullptr);
+  EXPECT_EQ(scratch->bytes, 32 * 192 * 4);
+  auto cpu = PlanTrainingMemory(c, 100, 0, {DeviceKind::kCpu, 1});
+  ASSERT_OK(cpu);
+  EXPECT_EQ(Find(*cpu, 0, "batchnorm2d input-gradient scratch"), nullptr);
+}
+
 Conv2dGeometry WideConvGeometry(int batch) {
   Conv2dGeometry g;
   g.batch = batch;
