@@ -72,9 +72,12 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
             plan->needs.push_back({layer,
                                    absl::StrCat(LayerTypeName(model.layers[i]), " statistics"),
                                    Mul(Mul(c.affine ? 4 : 8, c.num_features), kFloat)});
-            // On the model's input no input gradient is wanted, but cuDNN writes one: the CUDA
-            // backend gives it scratch of the input's size at the training batch.
-            if (target.device == DeviceKind::kCuda && graph.inputs[i][0] == 0) {
+            // On the model's input no input gradient is wanted, but cuDNN (which the CUDA
+            // backend calls where a channel has more than one value per sample) writes one: it
+            // gets scratch of the input's size at the training batch.
+            const int64_t per_channel = NumElements(shapes[0]) / c.num_features;
+            if (target.device == DeviceKind::kCuda && graph.inputs[i][0] == 0 &&
+                per_channel > 1) {
               plan->needs.push_back(
                   {layer,
                    absl::StrCat(LayerTypeName(model.layers[i]), " input-gradient scratch"),

@@ -90,7 +90,7 @@ TEST(MemoryPlan, BatchNormCountsItsStatisticsAndParameters) {
 }
 
 // Batch norm as the first layer needs no input gradient, but cuDNN writes one: the CUDA backend
-// puts it in scratch, which the plan counts on CUDA (and only there).
+// puts it in scratch, which the plan counts on CUDA (and only where cuDNN runs).
 TEST(MemoryPlan, BatchNormFirstCountsCudnnsInputGradientScratchOnCuda) {
   TrainConfig c;
   c.model.input_shape = {3, 8, 8};
@@ -106,6 +106,16 @@ TEST(MemoryPlan, BatchNormFirstCountsCudnnsInputGradientScratchOnCuda) {
   auto cpu = PlanTrainingMemory(c, 100, 0, {DeviceKind::kCpu, 1});
   ASSERT_OK(cpu);
   EXPECT_EQ(Find(*cpu, 0, "batchnorm2d input-gradient scratch"), nullptr);
+  // (batch, features) runs kiln's own kernels, which write no input gradient nobody wants.
+  TrainConfig features;
+  features.model.input_shape = {20};
+  BatchNorm1dConfig bn1d;
+  bn1d.num_features = 20;
+  features.model.layers = {bn1d, LinearConfig{20, 10}};
+  features.batch_size = 32;
+  auto plan = PlanTrainingMemory(features, 100, 0, {DeviceKind::kCuda, 1});
+  ASSERT_OK(plan);
+  EXPECT_EQ(Find(*plan, 0, "batchnorm1d input-gradient scratch"), nullptr);
 }
 
 Conv2dGeometry WideConvGeometry(int batch) {
