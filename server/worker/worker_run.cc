@@ -342,6 +342,8 @@ absl::Status RankRun::Train() {
 
   BackendOptions backend_options;
   backend_options.threads = flags_.threads > 0 ? flags_.threads : joined_.cpu_threads();
+  // From the spec every rank receives: the ranks of a job compute alike.
+  backend_options.precision = config.precision;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(joined_.device(), backend_options);
   KILN_RETURN_IF_ERROR(WithContext(backend.status(), absl::StrCat("device ", joined_.device())));
