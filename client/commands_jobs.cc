@@ -248,6 +248,7 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   kv.Add("parameters", absl::StrCat(job.parameter_count()));
   kv.Add("dataset", job.spec().dataset());
   kv.Add("device", job.device());
+  kv.Add("precision", PrecisionText(job.spec(), job.device()));
   if (job.spec().workers() > 1 || job.spec().external_workers()) {
     kv.Add("workers", absl::StrCat(std::max(1, job.spec().workers()), job.spec().external_workers()
                                                                           ? " (started elsewhere)"
@@ -373,6 +374,9 @@ void AddSubmitCommand(CLI::App& app, CommandEnv& env, Action* action) {
   submit->seed_opt = s->add_option("--seed", submit->seed, "Seed of initialisation and shuffling");
   s->add_option("--device", submit->overrides.device,
                 "Device: cpu, cuda:N or auto (default: the daemon's --device)");
+  s->add_option("--precision", submit->overrides.precision,
+                "fp32 (default) or tf32: TF32 tensor cores for GEMMs and convolutions on CUDA "
+                "(a CPU has none and trains as fp32)");
   s->add_option("--name", submit->overrides.name,
                 "A display name for the job (kiln jobs shows it; the id stays the key)");
   s->add_option("--label", submit->overrides.labels,

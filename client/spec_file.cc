@@ -119,6 +119,17 @@ absl::Status ApplyOptimizerFlags(const SpecOverrides& o, v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyPrecisionFlag(const std::string& flag, v1::JobSpec* spec) {
+  if (flag.empty()) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* precision,
+                        ParsePlainEnumName(v1::Precision_descriptor(), flag, "--precision"));
+  if (precision->number() == v1::PRECISION_UNSPECIFIED) {
+    return UsageError("--precision: expected fp32 or tf32");
+  }
+  spec->set_precision(static_cast<v1::Precision>(precision->number()));
+  return absl::OkStatus();
+}
+
 absl::Status ApplyLabels(const std::vector<std::string>& labels, v1::JobSpec* spec) {
   for (const std::string& label : labels) {
     const size_t eq = label.find('=');
@@ -202,6 +213,7 @@ absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec) {
   if (o.workers.has_value()) spec->set_workers(*o.workers);
   if (o.max_retries.has_value()) spec->set_max_retries(*o.max_retries);
   if (o.external_workers) spec->set_external_workers(true);
+  KILN_RETURN_IF_ERROR(ApplyPrecisionFlag(o.precision, spec));
   return ApplyLabels(o.labels, spec);
 }
 

@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -86,9 +85,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requeste
 #if KILN_WITH_CUDA
   KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
   CudaBackendOptions cuda;
-  // Until BackendOptions carries it: KILN_CUDA_ALLOW_TF32=1 lets GEMMs and convolutions use TF32.
-  const char* tf32 = std::getenv("KILN_CUDA_ALLOW_TF32");
-  cuda.allow_tf32 = tf32 != nullptr && std::string(tf32) == "1";
+  cuda.allow_tf32 = options.precision == Precision::kTf32;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(index, cuda));
   return std::unique_ptr<Backend>(std::move(backend));
 #else

@@ -15,6 +15,7 @@
 #include "engine/backend.h"
 #include "engine/distributed/communicator.h"
 #include "engine/distributed/key_value_store.h"
+#include "engine/precision.h"
 
 namespace kiln {
 
@@ -23,6 +24,9 @@ struct BackendOptions {
   // How many backends share the device side by side (jobs on one CPU): with threads = 0 a CPU
   // backend takes 1/shares of the cores, so their thread teams never oversubscribe them.
   int shares = 1;
+  // kTf32 lets a CUDA backend's GEMMs and convolutions use TF32 tensor cores; a CPU backend has
+  // none and computes float32 whatever this says.
+  Precision precision = Precision::kFp32;
 };
 
 // Restores the calling thread's binding (BindCallingThread) when it goes out of scope: for code
@@ -40,9 +44,9 @@ class ScopedThreadBinding {
 
 // "auto" takes cuda:0 when a CUDA device is present and the CPU otherwise, and says which on
 // stderr; "cuda:N" without such a device is NotFound naming the devices found. CUDA backends
-// keep TF32 off unless the environment sets KILN_CUDA_ALLOW_TF32=1. A CUDA backend that cannot
-// start (driver or library failure) is an error, never a silent fall back to the CPU. Never
-// aborts for lack of a driver.
+// allow TF32 only when options.precision is kTf32. A CUDA backend that cannot start (driver or
+// library failure) is an error, never a silent fall back to the CPU. Never aborts for lack of a
+// driver.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device,
                                                        const BackendOptions& options = {});
 

@@ -18,6 +18,7 @@
 #include "engine/model_config.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer_config.h"
+#include "engine/precision.h"
 #include "engine/rng.h"
 #include "engine/training_position.h"
 
@@ -46,6 +47,9 @@ struct TrainConfig {
   AugmentConfig augment;  // random crop and flip of training batches only
   // Clips the gradients' global norm to this before each step (torch's clip_grad_norm_); 0: off.
   float grad_clip = 0;
+  // The arithmetic of the backend a job creates for this run (BackendOptions::precision); the
+  // trainer computes on whatever backend it is given and does not read it.
+  Precision precision = Precision::kFp32;
   // A language model on a token dataset (max_iters > 0): it trains max_iters iterations of
   // batch_size windows, each step summing grad_accum micro-batches. Every eval_interval
   // iterations is an "epoch" (epochs is then ceil(max_iters / eval_interval)) that ends with

@@ -107,6 +107,7 @@ absl::Status JobRunner::Run() {
   // many times over when they do).
   BackendOptions backend_options;
   backend_options.shares = std::max(1, options_.max_jobs_per_device);
+  backend_options.precision = config.precision;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(device, backend_options));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                         CreateJobTrainer(config, backend.get(), data));

@@ -558,6 +558,20 @@ absl::Status CheckScheduleAgainstOptimizer(const LrScheduleConfig& schedule,
 // How long the job runs: epochs of the dataset, or for a language model max_iters iterations
 // in evaluation intervals (each an "epoch" of the run: the trainer's and kilnd's unit of events
 // and checkpoints). Also the per-step options of both: accumulation and clipping.
+// Unset is fp32: TF32 is asked for, never assumed.
+absl::StatusOr<Precision> TranslatePrecision(v1::Precision precision) {
+  switch (precision) {
+    case v1::PRECISION_UNSPECIFIED:
+    case v1::PRECISION_FP32:
+      return Precision::kFp32;
+    case v1::PRECISION_TF32:
+      return Precision::kTf32;
+    default:
+      return Invalid("spec.precision", absl::StrCat("unknown precision ", precision,
+                                                    " (PRECISION_FP32 or PRECISION_TF32)"));
+  }
+}
+
 absl::Status TranslateRunLength(const v1::JobSpec& spec, const SpecLimits& limits,
                                 TrainConfig* config) {
   config->grad_clip = spec.grad_clip();
@@ -627,6 +641,7 @@ v1::JobSpec ResolvedSpec(const v1::JobSpec& spec) {
   }
   if (spec.batch_size() == 0) resolved.set_batch_size(recipe.batch_size());
   if (!spec.has_normalization()) *resolved.mutable_normalization() = recipe.normalization();
+  if (spec.precision() == v1::PRECISION_UNSPECIFIED) resolved.set_precision(v1::PRECISION_FP32);
   return resolved;
 }
 
@@ -686,6 +701,7 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   KILN_RETURN_IF_ERROR(InRange("spec.batch_size", batch_size, 1, limits.max_batch_size));
   config.batch_size = batch_size;
   config.seed = spec.seed();
+  KILN_ASSIGN_OR_RETURN(config.precision, TranslatePrecision(spec.precision()));
   if (spec.has_normalization()) {
     KILN_ASSIGN_OR_RETURN(config.norm, TranslateNorm(spec.normalization()));
   }

@@ -42,8 +42,8 @@ inline constexpr const char* kPresetNames[] = {"mnist-mlp", "mnist-cnn"};
 // the same engine reference configs TranslateSpec expands. InvalidArgument for an unknown name.
 absl::StatusOr<v1::JobSpec> PresetRecipe(const std::string& name);
 
-// `spec` with the optimizer, batch_size and normalization it leaves unset filled in as
-// TranslateSpec fills them (its preset's; kilnd's default normalisation without one), for
+// `spec` with the optimizer, batch_size, normalization and precision it leaves unset filled in as
+// TranslateSpec fills them (its preset's; kilnd's default normalisation without one; fp32), for
 // clients to show what a job trains with. The model stays as the spec names it; an unknown
 // preset fills nothing in but the normalisation.
 v1::JobSpec ResolvedSpec(const v1::JobSpec& spec);

@@ -144,7 +144,10 @@ void EventLog::JobSubmitted(const v1::Job& job) {
 
 void EventLog::JobStarted(const v1::Job& job) {
   Log(LogLevel::kInfo, "job_started",
-      {{"job", job.id()}, {"device", job.device()}, {"attempt", job.attempts()}});
+      {{"job", job.id()},
+       {"device", job.device()},
+       {"precision", JobPrecisionText(job.spec().precision(), job.device())},
+       {"attempt", job.attempts()}});
 }
 
 void EventLog::JobQueued(const v1::Job& job) {

@@ -349,6 +349,8 @@ absl::Status RankRun::Train() {
 
   BackendOptions backend_options;
   backend_options.threads = flags_.threads > 0 ? flags_.threads : joined_.cpu_threads();
+  // From the spec every rank receives: the ranks of a job compute alike.
+  backend_options.precision = config.precision;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(joined_.device(), backend_options);
   KILN_RETURN_IF_ERROR(WithContext(backend.status(), absl::StrCat("device ", joined_.device())));
@@ -357,11 +359,12 @@ absl::Status RankRun::Train() {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> peers, JoinPeers(backend_.get()));
   timed_ = std::make_unique<TimedCommunicator>(std::move(peers));
   config.communicator = timed_.get();
-  std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers (training on %s%s)\n", flags_.rank,
-               joined_.world_size() - 1, joined_.device().c_str(),
+  std::fprintf(stderr, "kiln-worker: rank %d: met its %d peers (training on %s%s, precision %s)\n",
+               flags_.rank, joined_.world_size() - 1, joined_.device().c_str(),
                backend_->kind() == DeviceKind::kCpu
                    ? absl::StrCat(", threads=", CpuBackendThreads(backend_options)).c_str()
-                   : "");
+                   : "",
+               server::JobPrecisionText(joined_.spec().precision(), joined_.device()).c_str());
 
   KILN_ASSIGN_OR_RETURN(trainer_, server::CreateJobTrainer(config, backend_.get(), data_));
   KILN_RETURN_IF_ERROR(ResumeOnRank0(*trainer_));

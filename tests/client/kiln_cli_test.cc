@@ -190,6 +190,7 @@ TEST_F(KilnCliTest, JobsAndGetPrintTablesAndJson) {
   EXPECT_THAT(get.out, HasSubstr("state:"));
   EXPECT_THAT(get.out, HasSubstr("SUCCEEDED"));
   EXPECT_THAT(get.out, HasSubstr("epochs:         1 of 1 done"));
+  EXPECT_THAT(get.out, HasSubstr("precision:      fp32\n"));
 
   RunResult get_json = Kiln({"--output", "json", "get", id});
   ASSERT_EQ(get_json.exit_code, 0) << get_json.err;
@@ -259,6 +260,19 @@ TEST_F(KilnCliTest, PlainEnumNamesAndSubmitOverridesReachTheJobAndGetShowsThem) 
   EXPECT_THAT(nobody.out, HasSubstr("no jobs with those labels"));
 }
 
+// The CPU has no TF32 units: a tf32 job there trains as fp32, and `kiln get` says so.
+TEST_F(KilnCliTest, PrecisionFlagReachesTheJobAndGetSaysWhatTheCpuComputes) {
+  RunResult r = Kiln({"submit", *root_ + "/small.json", "--precision", "tf32", "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json job = nlohmann::json::parse(r.out);
+  EXPECT_EQ(job.at("spec").at("precision"), "PRECISION_TF32");
+  EXPECT_EQ(job.at("device"), "cpu");
+  ASSERT_EQ(Kiln({"watch", job.at("id")}).exit_code, 0);
+  RunResult get = Kiln({"get", job.at("id")});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("precision:      tf32 (on cpu: fp32, no TF32 units)\n"));
+}
+
 TEST_F(KilnCliTest, GetFillsInWhatThePresetSets) {
   RunResult r = Kiln({"submit", "--preset", "mnist-mlp", "--dataset", "toy", "--momentum", "0.5",
                       "--schedule", "one_cycle:anneal=linear", "--output", "json"});
@@ -323,6 +337,10 @@ TEST_F(KilnCliTest, BadNamesAndOverridesAreRefusedSayingWhatIsAccepted) {
   EXPECT_EQ(optimizer.exit_code, 2);
   EXPECT_THAT(optimizer.err, HasSubstr("--optimizer: unknown value \"rmsprop\"; expected sgd, "
                                        "adam or adamw"));
+  RunResult precision = Kiln({"submit", *root_ + "/small.json", "--precision", "bf16"});
+  EXPECT_EQ(precision.exit_code, 2);
+  EXPECT_THAT(precision.err,
+              HasSubstr("--precision: unknown value \"bf16\"; expected fp32 or tf32"));
   RunResult schedule = Kiln({"submit", *root_ + "/small.json", "--schedule", "linear"});
   EXPECT_EQ(schedule.exit_code, 2);
   EXPECT_THAT(schedule.err, HasSubstr("expected constant, step, cosine, one_cycle or warmup_cosine"));

@@ -165,6 +165,8 @@ async function main() {
     const optimizer = await fact('optimizer');
     check(optimizer === 'adam lr=0.001 (mnist-cnn\'s)',
           `the preset job's optimizer reads "${optimizer}", not mnist-cnn's Adam at lr 0.001`);
+    const precision = await fact('precision');
+    check(precision === 'fp32', `the preset job's precision reads "${precision}", not fp32`);
     const batch = await fact('batch size');
     check(batch === '64 (mnist-cnn\'s)', `the preset job's batch size reads "${batch}", not 64`);
     // One epoch: one accuracy point, which the chart must draw (the test series' colour shows

@@ -92,8 +92,8 @@ std::string PassAlgorithm(const std::string& algorithms, const std::string& pass
 }
 #endif
 
-// The backend for `device` as CreateBackend makes it, except that a CUDA backend keeps TF32 off
-// whatever KILN_CUDA_ALLOW_TF32 says: the op tolerances are float32's.
+// The backend for `device` as CreateBackend makes it for a job of precision fp32 (TF32 off on
+// CUDA): the op tolerances are float32's.
 absl::StatusOr<std::unique_ptr<Backend>> CreateFloat32Backend(const std::string& device) {
 #if KILN_WITH_CUDA
   if (device.rfind("cuda:", 0) == 0) {
@@ -1789,6 +1789,18 @@ TEST_F(CudaBackendTest, OutOfDeviceMemoryIsResourceExhaustedAndTheBackendCarries
   Both x = Upload(RandomValues(100, 1)), y = Garbage(100);
   ASSERT_OK(RunBoth([&](Backend& be, Side s) { return be.ReluForward(100, x.f(s), y.f(s)); }));
   ExpectSameBits(y, "relu after a failed allocation");
+}
+
+// A job's precision reaches cuBLAS and cuDNN through CreateBackend, and the backend says so.
+TEST_F(CudaBackendTest, CreateBackendAllowsTf32OnlyForPrecisionTf32AndSaysSo) {
+  BackendOptions options;
+  options.precision = Precision::kTf32;
+  auto tf32 = CreateBackend("cuda:0", options);
+  ASSERT_OK(tf32) << tf32.status();
+  EXPECT_NE(Description(**tf32).find("TF32 allowed"), std::string::npos) << Description(**tf32);
+  auto fp32 = CreateBackend("cuda:0");
+  ASSERT_OK(fp32) << fp32.status();
+  EXPECT_NE(Description(**fp32).find("TF32 off"), std::string::npos) << Description(**fp32);
 }
 
 TEST_F(CudaBackendTest, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {

@@ -500,6 +500,34 @@ TEST_F(TrainerTest, CheckpointCarriesTheModelConfigAndPosition) {
 }
 
 // Real MNIST (fetched by scripts/fetch-mnist): a short run learns far above chance.
+// A CPU has no TF32 units: a tf32 job there computes every bit as an fp32 one does.
+TEST(TrainerPrecisionTest, Tf32OnTheCpuTrainsBitIdenticallyToFp32) {
+  Dataset train = BandsDataset(200, 4, 8, 1), test = BandsDataset(100, 4, 8, 2);
+  std::vector<std::vector<float>> weights[2];
+  std::vector<float> losses[2];
+  for (Precision precision : {Precision::kFp32, Precision::kTf32}) {
+    const int i = precision == Precision::kTf32 ? 1 : 0;
+    TrainConfig c = SmallCnn(2);
+    c.precision = precision;
+    BackendOptions options;
+    options.threads = 2;
+    options.precision = precision;
+    auto backend = CreateBackend("cpu", options);
+    ASSERT_OK(backend);
+    auto t = Trainer::Create(c, backend->get(), &train, &test);
+    ASSERT_OK(t) << t.status();
+    Trainer::Callbacks cb;
+    cb.on_step = [&](const StepEvent& e) { losses[i].push_back(e.loss); };
+    ASSERT_OK((*t)->Run(cb));
+    for (const auto& p : (*t)->model().parameters()) {
+      weights[i].push_back(ToHost(**backend, p.param->value));
+    }
+  }
+  ASSERT_FALSE(losses[0].empty());
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(weights[1], weights[0]);
+}
+
 TEST(RealMnist, ShortMlpRunLearns) {
   const char* dir = std::getenv("KILN_TEST_MNIST_DIR");
   if (dir == nullptr || !std::filesystem::exists(std::string(dir) + "/train-labels-idx1-ubyte")) {

@@ -122,6 +122,27 @@ TEST(EventLogTest, EachEventIsOneLineWithTheJobId) {
   EXPECT_EQ(nlohmann::json::parse(lines[6])["no_cuda"], "no NVIDIA driver");
 }
 
+TEST(EventLogTest, JobStartedSaysThePrecisionAndThatACpuHasNoTf32) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  EventLog log(LogFormat::kJson, f);
+  v1::Job job;
+  job.set_id("job-8");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_device("cpu");
+  log.JobStateChanged(job, v1::JOB_STATE_QUEUED);  // precision unset: fp32
+  job.mutable_spec()->set_precision(v1::PRECISION_TF32);
+  log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
+  job.set_device("cuda:0");
+  log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
+  const std::vector<std::string> lines = Lines(f);
+  std::fclose(f);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(nlohmann::json::parse(lines[0])["precision"], "fp32");
+  EXPECT_EQ(nlohmann::json::parse(lines[1])["precision"], "tf32 (on cpu: fp32, no TF32 units)");
+  EXPECT_EQ(nlohmann::json::parse(lines[2])["precision"], "tf32");
+}
+
 TEST(EventLogTest, TheFirstQueuedStateIsTheSubmissionsAndLogsNothing) {
   std::FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);

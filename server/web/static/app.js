@@ -175,6 +175,16 @@ function age(timestamp) {
 // Ranks of a data-parallel job (spec.workers; 0 or 1: one, inside kilnd), as `kiln get` says.
 const workersText = (spec) =>
     String(Math.max(1, spec.workers || 0)) + (spec.external_workers ? ' (external)' : '');
+// "fp32", "tf32", or "tf32 (on cpu: fp32, no TF32 units)": as `kiln get` words a job's precision
+// (a CPU has no TF32 units, so a tf32 job there computes fp32).
+const precisionText = (spec, device) => {
+  const p = String(spec.precision || 'PRECISION_UNSPECIFIED');
+  if (p === 'PRECISION_UNSPECIFIED' || p === 'PRECISION_FP32') return 'fp32';
+  const plain = p.replace('PRECISION_', '').toLowerCase();
+  return p === 'PRECISION_TF32' && String(device || '').startsWith('cpu') ?
+      `${plain} (on cpu: fp32, no TF32 units)` :
+      plain;
+};
 const ended = (job) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(stateName(job.state));
 
 // "adam lr=0.001", as `kiln get` words an optimizer: its kind, then the fields it sets.
@@ -505,6 +515,7 @@ async function showJob(id, signal) {
       ['parameters', job.parameter_count],
       ['dataset', s.dataset],
       ['device', job.device],
+      ['precision', precisionText(s, job.device)],
       ['workers', workersText(s)],
       ['epochs', `${job.epochs_done}/${job.epochs}`],
       ['step', job.global_step],

@@ -136,6 +136,33 @@ TEST_F(TrainingServiceTest, JobTrainsAndTwoWatchersSeeEveryEpochThenTheFinalStat
   EXPECT_EQ(checkpoints[0].global_step(), 32);
 }
 
+// The CPU has no TF32 units: a tf32 job there trains, as fp32 does to the bit, and keeps its
+// precision in what GetJob answers.
+TEST_F(TrainingServiceTest, ATf32JobOnTheCpuTrainsAsFp32AndKeepsItsPrecision) {
+  StartDaemon();
+  v1::JobSpec spec = SmallSpec("toy", 2);
+  const std::string fp32_id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(*stub_, fp32_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  spec.set_precision(v1::PRECISION_TF32);
+  const std::string tf32_id = SubmitOrDie(spec);
+  ASSERT_TRUE(WaitForState(*stub_, tf32_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+
+  const v1::Job fp32 = GetJob(*stub_, fp32_id), tf32 = GetJob(*stub_, tf32_id);
+  EXPECT_EQ(tf32.device(), "cpu");
+  EXPECT_EQ(tf32.spec().precision(), v1::PRECISION_TF32);
+  EXPECT_EQ(tf32.resolved_spec().precision(), v1::PRECISION_TF32);
+  EXPECT_EQ(fp32.spec().precision(), v1::PRECISION_UNSPECIFIED);
+  EXPECT_EQ(fp32.resolved_spec().precision(), v1::PRECISION_FP32);
+  EXPECT_EQ(tf32.last_epoch().train_loss(), fp32.last_epoch().train_loss());
+  EXPECT_EQ(tf32.last_epoch().test_accuracy(), fp32.last_epoch().test_accuracy());
+
+  spec.set_precision(static_cast<v1::Precision>(9));
+  v1::Job refused;
+  grpc::Status status = Submit(spec, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("spec.precision"));
+}
+
 TEST_F(TrainingServiceTest, StreamsOverTheLimitAreRefusedUntilOneCloses) {
   options_.max_streams = 2;
   options_.step_delay = absl::Milliseconds(10);

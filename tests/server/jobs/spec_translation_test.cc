@@ -228,6 +228,37 @@ TEST(SpecTranslationTest, AResolvedSpecTrainsAsItsPresetDoes) {
   }
 }
 
+TEST(SpecTranslationTest, PrecisionTranslatesWithFp32AsTheDefault) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-mlp");
+  spec.set_epochs(1);
+  auto unset = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(unset) << unset.status();
+  EXPECT_EQ(unset->precision, Precision::kFp32);
+  EXPECT_EQ(ResolvedSpec(spec).precision(), v1::PRECISION_FP32);  // kilnd's default, said
+  spec.set_precision(v1::PRECISION_FP32);
+  auto fp32 = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(fp32) << fp32.status();
+  EXPECT_EQ(fp32->precision, Precision::kFp32);
+  spec.set_precision(v1::PRECISION_TF32);
+  auto tf32 = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(tf32) << tf32.status();
+  EXPECT_EQ(tf32->precision, Precision::kTf32);
+  EXPECT_EQ(ResolvedSpec(spec).precision(), v1::PRECISION_TF32);
+}
+
+TEST(SpecTranslationTest, AnUnknownPrecisionIsRefusedNamingTheField) {
+  v1::JobSpec spec;
+  spec.set_preset("mnist-mlp");
+  spec.set_epochs(1);
+  spec.set_precision(static_cast<v1::Precision>(7));  // a newer client's value, say
+  auto config = TranslateSpec(spec, SpecLimits());
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()),
+              ::testing::HasSubstr("spec.precision: unknown precision 7"));
+}
+
 TEST(SpecTranslationTest, OneCycleAndLabelSmoothingTranslateWithPyTorchsDefaults) {
   v1::JobSpec spec;
   spec.set_preset("mnist-mlp");  // SGD momentum 0.9

@@ -539,6 +539,22 @@ TEST_F(WorkerJobsTest, TwoWorkersTrainTheModelOneProcessTrainsWithEveryRankRepor
   EXPECT_THAT(metrics, HasSubstr("kiln_allreduce_duration_seconds_count{"));
 }
 
+// Every rank builds its backend from the spec it is handed: a tf32 job of two CPU workers trains
+// as the same job in fp32 does, to the bit (a CPU has no TF32 units), and keeps its precision.
+TEST_F(WorkerJobsTest, TheWorkersOfATf32JobOnTheCpuTrainAsFp32Workers) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  v1::JobSpec spec = Workers(2, 2);
+  const v1::Job fp32 = WaitForEnd(testing::SubmitJob(*stub_, spec));
+  spec.set_precision(v1::PRECISION_TF32);
+  const v1::Job tf32 = WaitForEnd(testing::SubmitJob(*stub_, spec));
+  ASSERT_EQ(fp32.state(), v1::JOB_STATE_SUCCEEDED) << fp32.reason();
+  ASSERT_EQ(tf32.state(), v1::JOB_STATE_SUCCEEDED) << tf32.reason();
+  EXPECT_EQ(tf32.spec().precision(), v1::PRECISION_TF32);
+  EXPECT_EQ(tf32.global_step(), fp32.global_step());
+  EXPECT_EQ(tf32.last_epoch().train_loss(), fp32.last_epoch().train_loss());
+  EXPECT_EQ(tf32.last_epoch().test_loss(), fp32.last_epoch().test_loss());
+}
+
 TEST_F(WorkerJobsTest, AKilledWorkerFailsTheJobNamingARankAndNoWorkerIsLeft) {
   ASSERT_NO_FATAL_FAILURE(StartKilnd("20ms"));
   const std::string id = testing::SubmitJob(*stub_, Workers(2, 1000));
