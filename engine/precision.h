@@ -1,5 +1,5 @@
-// A job's matrix arithmetic: float32 throughout, or TF32 tensor cores for GEMMs and convolutions
-// where the device has them. The engine's form of JobSpec.precision.
+// A job's matrix arithmetic: float32 throughout, TF32 tensor cores for GEMMs and convolutions
+// where the device has them, or bfloat16 GEMMs. The engine's form of JobSpec.precision.
 #pragma once
 
 #include <string_view>
@@ -9,11 +9,18 @@ namespace kiln {
 // kTf32 changes only what a CUDA backend's cuBLAS GEMMs and cuDNN convolutions may use (inputs
 // rounded to a 10-bit mantissa, float32 accumulation); weights, activations and optimizer state
 // stay float32. A CPU has no TF32 units, so there kTf32 computes exactly as kFp32.
-enum class Precision { kFp32, kTf32 };
+//
+// kBf16 is torch.autocast's rule for GEMMs (Linear layers, attention's batched products): their
+// inputs are rounded to bfloat16 (round to nearest even) and the products accumulate in float32
+// into float32 outputs. Everything else stays float32: convolutions (for now), softmax, losses,
+// normalisation, reductions, the optimizer and its state, and the weights, which the optimizer
+// updates in float32 (the bfloat16 copies are made from them at each use), so checkpoints hold
+// float32 weights as before.
+enum class Precision { kFp32, kTf32, kBf16 };
 
-// "fp32" or "tf32", as the CLI and the docs spell them.
+// "fp32", "tf32" or "bf16", as the CLI and the docs spell them.
 constexpr std::string_view PrecisionName(Precision p) {
-  return p == Precision::kTf32 ? "tf32" : "fp32";
+  return p == Precision::kTf32 ? "tf32" : p == Precision::kBf16 ? "bf16" : "fp32";
 }
 
 }  // namespace kiln
