@@ -81,11 +81,14 @@ absl::StatusOr<std::string> ResolveDevice(std::string_view device) {
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requested,
                                                        const BackendOptions& options) {
   KILN_ASSIGN_OR_RETURN(const std::string device, ResolveDevice(requested));
-  if (device == "cpu") return std::unique_ptr<Backend>(new CpuBackend(CpuBackendThreads(options)));
+  if (device == "cpu") {
+    return std::unique_ptr<Backend>(new CpuBackend(CpuBackendThreads(options), options.precision));
+  }
 #if KILN_WITH_CUDA
   KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
   CudaBackendOptions cuda;
   cuda.allow_tf32 = options.precision == Precision::kTf32;
+  cuda.bf16_gemm = options.precision == Precision::kBf16;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(index, cuda));
   return std::unique_ptr<Backend>(std::move(backend));
 #else

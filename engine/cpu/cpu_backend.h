@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/precision.h"
 
 namespace kiln {
 
@@ -17,8 +18,9 @@ class DnnlPrimitives;
 
 class CpuBackend final : public Backend {
  public:
-  // threads <= 0 means every core.
-  explicit CpuBackend(int threads);
+  // threads <= 0 means every core. Precision::kBf16 rounds GEMM inputs to bfloat16 (products
+  // accumulate in float32); kTf32 computes as kFp32, there being no TF32 units on a CPU.
+  explicit CpuBackend(int threads, Precision precision = Precision::kFp32);
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "cpu"; }
@@ -165,6 +167,7 @@ class CpuBackend final : public Backend {
                                                  Activation act);
 
   int threads_;
+  bool bf16_;  // Precision::kBf16: GEMM inputs rounded to bfloat16
   std::vector<float> workspace_;
   // For a fused max pooling: the convolution's output, which only the pooling reads, and the
   // pooling's input gradient where the convolution's backward takes it plain.

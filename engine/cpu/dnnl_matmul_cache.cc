@@ -2,8 +2,10 @@
 
 #include <functional>
 #include <new>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/bf16.h"
 #include "engine/cpu/dnnl_engine.h"
 
 namespace kiln::cpu_internal {
@@ -27,12 +29,12 @@ absl::Status DnnlMatmulCache::Run(const dnnl::stream& stream, Transpose ta, Tran
                                   float beta, float* c) {
   const Key key{ta == Transpose::kYes, tb == Transpose::kYes, m, n, k, alpha, beta, 0, 0, 0, 0};
   // A transposed operand is the same row-major storage read column-major ("ba").
-  const memory::desc a_md({m, k}, memory::data_type::f32,
-                          key.ta ? memory::format_tag::ba : memory::format_tag::ab);
-  const memory::desc b_md({k, n}, memory::data_type::f32,
-                          key.tb ? memory::format_tag::ba : memory::format_tag::ab);
-  const memory::desc c_md({m, n}, memory::data_type::f32, memory::format_tag::ab);
-  return Execute(stream, key, a_md, b_md, c_md, a, b, c);
+  const auto make = [&](memory::data_type in) {
+    return Operands{memory::desc({m, k}, in, key.ta ? memory::format_tag::ba : memory::format_tag::ab),
+                    memory::desc({k, n}, in, key.tb ? memory::format_tag::ba : memory::format_tag::ab),
+                    memory::desc({m, n}, memory::data_type::f32, memory::format_tag::ab)};
+  };
+  return Execute(stream, key, make, a, b, c);
 }
 
 bool DnnlMatmulCache::Batchable(int m, int n, int k, int64_t stride_a, int64_t stride_b) {
@@ -59,21 +61,38 @@ absl::Status DnnlMatmulCache::RunBatched(const dnnl::stream& stream, Transpose t
   // (batch, rows, cols) with explicit strides: a transposed operand's rows are 1 apart and its
   // columns a row length apart. A stride of 0 is a batch of 1 that oneDNN broadcasts (its
   // descriptors refuse a 0 stride on a longer axis); a lone matrix's batch stride is never read.
-  auto operand = [](int64_t stride, int count, int rows, int cols, bool transposed) {
+  auto operand = [](memory::data_type type, int64_t stride, int count, int rows, int cols,
+                    bool transposed) {
     const int64_t size = int64_t{rows} * cols;
     const memory::dim outer = stride == 0 ? size : stride;
-    return memory::desc({stride == 0 ? 1 : count, rows, cols}, memory::data_type::f32,
+    return memory::desc({stride == 0 ? 1 : count, rows, cols}, type,
                         transposed ? memory::dims{outer, 1, rows} : memory::dims{outer, cols, 1});
   };
-  const memory::desc a_md = operand(stride_a, batch, m, k, key.ta);
-  const memory::desc b_md = operand(stride_b, batch, k, n, key.tb);
-  const memory::desc c_md = operand(stride_c, batch, m, n, false);
-  return Execute(stream, key, a_md, b_md, c_md, a, b, c);
+  const auto make = [&](memory::data_type in) {
+    return Operands{operand(in, stride_a, batch, m, k, key.ta),
+                    operand(in, stride_b, batch, k, n, key.tb),
+                    operand(memory::data_type::f32, stride_c, batch, m, n, false)};
+  };
+  return Execute(stream, key, make, a, b, c);
+}
+
+DnnlMatmulCache::Entry DnnlMatmulCache::Create(const Key& key, const Operands& md,
+                                               bool bf16) const {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+  if (key.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(key.beta);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md.a, md.b, md.c), attr, DnnlEngine());
+  dnnl::matmul primitive(pd);
+  return Entry{std::move(pd), std::move(primitive), md, bf16};
 }
 
 absl::Status DnnlMatmulCache::Execute(const dnnl::stream& stream, const Key& key,
-                                      const memory::desc& a_md, const memory::desc& b_md,
-                                      const memory::desc& c_md, const float* a, const float* b,
+                                      const MakeOperands& make, const float* a, const float* b,
                                       float* c) {
   const char* what = key.batch > 0 ? "batched gemm" : "gemm";
   try {
@@ -81,25 +100,36 @@ absl::Status DnnlMatmulCache::Execute(const dnnl::stream& stream, const Key& key
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       if (cache_.size() >= kMaxCachedShapes) cache_.clear();
-      dnnl::primitive_attr attr;
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-      if (key.beta != 0.0f) {
-        dnnl::post_ops ops;
-        ops.append_sum(key.beta);
-        attr.set_post_ops(ops);
+      Entry entry = Create(key, make(bf16_ ? memory::data_type::bf16 : memory::data_type::f32),
+                           bf16_);
+      // oneDNN's reference kernels are slower than float32 by far: those shapes stay float32.
+      if (bf16_ && std::string(entry.pd.impl_info_str()).rfind("ref", 0) == 0) {
+        entry = Create(key, make(memory::data_type::f32), false);
+        ++reference_fallbacks_;
       }
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, DnnlEngine());
-      dnnl::matmul primitive(pd);
-      it = cache_.emplace(key, Entry{std::move(pd), std::move(primitive)}).first;
+      it = cache_.emplace(key, std::move(entry)).first;
     }
-    const memory::desc scratch_md = it->second.pd.scratchpad_desc();
+    const Entry& entry = it->second;
+    const void* a_in = a;
+    const void* b_in = b;
+    if (entry.bf16) {
+      // The operands' extents (strides and gaps included) keep their layout in bfloat16.
+      const int64_t a_elems = static_cast<int64_t>(entry.md.a.get_size() / sizeof(uint16_t));
+      const int64_t b_elems = static_cast<int64_t>(entry.md.b.get_size() / sizeof(uint16_t));
+      if (a16_.size() < static_cast<size_t>(a_elems)) a16_.resize(a_elems);
+      if (b16_.size() < static_cast<size_t>(b_elems)) b16_.resize(b_elems);
+      RoundToBf16(a_elems, a, a16_.data());
+      RoundToBf16(b_elems, b, b16_.data());
+      a_in = a16_.data();
+      b_in = b16_.data();
+    }
+    const memory::desc scratch_md = entry.pd.scratchpad_desc();
     if (scratchpad_.size() < scratch_md.get_size()) scratchpad_.resize(scratch_md.get_size());
     const dnnl::engine& engine = DnnlEngine();
-    it->second.primitive.execute(
-        stream, {{DNNL_ARG_SRC, memory(a_md, engine, const_cast<float*>(a))},
-                 {DNNL_ARG_WEIGHTS, memory(b_md, engine, const_cast<float*>(b))},
-                 {DNNL_ARG_DST, memory(c_md, engine, c)},
+    entry.primitive.execute(
+        stream, {{DNNL_ARG_SRC, memory(entry.md.a, engine, const_cast<void*>(a_in))},
+                 {DNNL_ARG_WEIGHTS, memory(entry.md.b, engine, const_cast<void*>(b_in))},
+                 {DNNL_ARG_DST, memory(entry.md.c, engine, c)},
                  {DNNL_ARG_SCRATCHPAD, memory(scratch_md, engine, scratchpad_.data())}});
   } catch (const dnnl::error& e) {
     return DnnlError(what, e);

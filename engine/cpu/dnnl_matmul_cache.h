@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -14,6 +15,13 @@ namespace kiln::cpu_internal {
 
 class DnnlMatmulCache {
  public:
+  // bfloat16 products (Precision::kBf16): A and B are rounded to bfloat16 (bf16.h) before each
+  // product, which accumulates in float32 into C. A shape whose bfloat16 primitive would be one of
+  // oneDNN's reference kernels (no AVX512_BF16 for it) stays float32; reference_fallbacks()
+  // counts those shapes. Set before the first product.
+  void UseBf16(bool bf16) { bf16_ = bf16; }
+  int reference_fallbacks() const { return reference_fallbacks_; }
+
   // C(m,n) = alpha * op(A) * op(B) + beta * C, Backend::Gemm's contract. Runs on the calling
   // thread's OpenMP team.
   absl::Status Run(const dnnl::stream& stream, Transpose ta, Transpose tb, int m, int n, int k,
@@ -44,19 +52,30 @@ class DnnlMatmulCache {
   struct KeyHash {
     size_t operator()(const Key& key) const;
   };
+  // The descriptors of A, B and C for A and B of the given data type (C is always float32).
+  struct Operands {
+    dnnl::memory::desc a, b, c;
+  };
+  using MakeOperands = std::function<Operands(dnnl::memory::data_type)>;
   struct Entry {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul primitive;
+    Operands md;
+    bool bf16;  // A and B are rounded to bfloat16 for it
   };
 
-  // Runs the primitive of `key` (made from these descriptors the first time) on a, b and c.
-  absl::Status Execute(const dnnl::stream& stream, const Key& key, const dnnl::memory::desc& a_md,
-                       const dnnl::memory::desc& b_md, const dnnl::memory::desc& c_md,
+  // Runs the primitive of `key` (made from make's descriptors the first time) on a, b and c.
+  absl::Status Execute(const dnnl::stream& stream, const Key& key, const MakeOperands& make,
                        const float* a, const float* b, float* c);
+  // The primitive for `key` on these operands.
+  Entry Create(const Key& key, const Operands& md, bool bf16) const;
 
   std::mutex mu_;  // guards the map; a backend's ops run one at a time
   std::unordered_map<Key, Entry, KeyHash> cache_;
   std::vector<char> scratchpad_;  // shared by every shape, grown to the largest
+  bool bf16_ = false;
+  int reference_fallbacks_ = 0;
+  std::vector<uint16_t> a16_, b16_;  // A and B rounded to bfloat16, grown to the largest
 };
 
 }  // namespace kiln::cpu_internal

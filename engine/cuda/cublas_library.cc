@@ -27,6 +27,8 @@ absl::StatusOr<CublasLibrary> Load() {
   ResolveSymbol(so, "cublasGetVersion_v2", &lib.GetVersion, &missing);
   ResolveSymbol(so, "cublasSgemm_v2", &lib.Sgemm, &missing);
   ResolveSymbol(so, "cublasSgemmStridedBatched", &lib.SgemmStridedBatched, &missing);
+  ResolveSymbol(so, "cublasGemmEx", &lib.GemmEx, &missing);
+  ResolveSymbol(so, "cublasGemmStridedBatchedEx", &lib.GemmStridedBatchedEx, &missing);
   ResolveSymbol(so, "cublasGetStatusName", &lib.GetStatusName, &missing);
   ResolveSymbol(so, "cublasGetStatusString", &lib.GetStatusString, &missing);
   if (lib.GetProperty == nullptr) {

@@ -20,6 +20,18 @@ struct CublasLibrary {
   decltype(&cublasGetVersion_v2) GetVersion;
   decltype(&cublasSgemm_v2) Sgemm;
   decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
+  // float32 operands with a compute type (CUBLAS_COMPUTE_32F_FAST_16BF: bfloat16 products). The
+  // C entry points: C++ sees overloads of these names (a deprecated cudaDataType compute type).
+  cublasStatus_t (*GemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                           const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                           int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                           cublasGemmAlgo_t);
+  cublasStatus_t (*GemmStridedBatchedEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                         int, int, const void*, const void*, cudaDataType, int,
+                                         long long, const void*, cudaDataType, int,  // NOLINT
+                                         long long, const void*, void*, cudaDataType, int,  // NOLINT
+                                         long long, int, cublasComputeType_t,  // NOLINT
+                                         cublasGemmAlgo_t);
   decltype(&cublasGetStatusName) GetStatusName;
   decltype(&cublasGetStatusString) GetStatusString;
 };

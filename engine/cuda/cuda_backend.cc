@@ -110,7 +110,8 @@ std::string CudaBackend::Description() const {
   return absl::StrCat(CudaDeviceDescription(device_), "; CUDA runtime ", runtime, ", driver ",
                       driver, ", cuBLAS ", cublas, ", cuDNN ",
                       dnn_ != nullptr ? dnn_->GetVersion() : 0,
-                      options_.allow_tf32 ? "; TF32 allowed" : "; TF32 off");
+                      options_.allow_tf32 ? "; TF32 allowed" : "; TF32 off",
+                      options_.bf16_gemm ? "; bf16 GEMMs" : "");
 }
 
 std::string CudaBackend::ConvolutionAlgorithms() const {
@@ -272,6 +273,13 @@ absl::Status CudaBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, 
   // keep their leading dimensions (the stored row lengths).
   const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
   const int lda = std::max(1, at ? m : k), ldb = std::max(1, bt ? k : n);
+  if (options_.bf16_gemm) {
+    KILN_CUDA_CHECK(blas_->GemmEx(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, CUDA_R_32F,
+                                  ldb, a, CUDA_R_32F, lda, &beta, c, CUDA_R_32F, n,
+                                  CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
   KILN_CUDA_CHECK(blas_->Sgemm(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
                                at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
                                &beta, c, n));

@@ -13,6 +13,9 @@ struct CudaBackendOptions {
   // TF32 tensor cores for GEMMs and convolutions: about 3x the matrix throughput of float32 with
   // a 10-bit mantissa. Off, results match the CPU backend to ~1e-6.
   bool allow_tf32 = false;
+  // bfloat16 GEMMs (Precision::kBf16): cuBLAS rounds the float32 operands to bfloat16 and
+  // accumulates in float32 (CUBLAS_COMPUTE_32F_FAST_16BF). Convolutions stay float32.
+  bool bf16_gemm = false;
   // Deterministic cuDNN algorithms chosen by heuristics (shape and device only), so every backend
   // and process on this machine computes the same bits; false times each algorithm once per shape
   // and keeps the fastest.

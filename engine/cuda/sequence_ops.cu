@@ -670,6 +670,13 @@ absl::Status CudaBackend::GemmStridedBatched(Transpose ta, Transpose tb, int m, 
   // their strides) swapped; TF32 follows the handle's math mode.
   const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
   const int lda = std::max(1, at ? m : k), ldb = std::max(1, bt ? k : n);
+  if (options_.bf16_gemm) {  // bfloat16 products, float32 accumulation (see Gemm)
+    KILN_CUDA_CHECK(blas_->GemmStridedBatchedEx(
+        cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N, at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+        b, CUDA_R_32F, ldb, stride_b, a, CUDA_R_32F, lda, stride_a, &beta, c, CUDA_R_32F, n,
+        stride_c, batch, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
   KILN_CUDA_CHECK(blas_->SgemmStridedBatched(
       cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N, at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
       ldb, stride_b, a, lda, stride_a, &beta, c, n, stride_c, batch));

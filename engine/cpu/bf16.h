@@ -1,0 +1,36 @@
+// bfloat16 as the CPU backend makes it for GEMM inputs (Precision::kBf16): a float's upper 16
+// bits after rounding to nearest, ties to even. Infinities stay infinities and a NaN stays a NaN
+// (quietened, so that rounding cannot carry its payload into an infinity); subnormals round like
+// any other value. The same rule as torch's float-to-bfloat16 conversion.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace kiln::cpu_internal {
+
+inline uint16_t FloatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+inline float Bf16ToFloat(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// dst[i] = FloatToBf16(src[i]) for i < n, on the calling thread's OpenMP team (where the
+// includer is built with OpenMP, as engine/cpu is); branch-free, so the compiler vectorises it.
+inline void RoundToBf16(int64_t n, const float* src, uint16_t* dst) {
+#ifdef _OPENMP
+#pragma omp parallel for simd if (n > (int64_t{1} << 16))
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+}
+
+}  // namespace kiln::cpu_internal
