@@ -4,7 +4,8 @@
 // without kilnd: what an iteration costs the engine, and with --profile where it goes (each layer
 // type's forward and backward; the backend is synchronised after every layer then, so the
 // profiled total runs a little slower). Usage:
-//   kiln-bench-gpt [THREADS] [ITERS] [--profile]    (defaults: 2 threads, 200 iterations)
+//   kiln-bench-gpt [THREADS] [ITERS] [--profile] [--bf16]    (defaults: 2 threads, 200
+//   iterations, fp32; --bf16: GEMMs in bfloat16, Precision::kBf16)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,18 +44,23 @@ std::string MakeShards() {
 
 int Main(int argc, char** argv) {
   int threads = 2, iters = 200;
-  bool profile = false;
+  bool profile = false, bf16 = false;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--profile") {
       profile = true;
+    } else if (std::string(argv[i]) == "--bf16") {
+      bf16 = true;
     } else {
       positional.push_back(argv[i]);
     }
   }
   if (!positional.empty()) threads = atoi(positional[0].c_str());
   if (positional.size() > 1) iters = atoi(positional[1].c_str());
-  auto backend = CreateBackend("cpu", {threads});
+  BackendOptions options;
+  options.threads = threads;
+  options.precision = bf16 ? Precision::kBf16 : Precision::kFp32;
+  auto backend = CreateBackend("cpu", options);
   const std::string dir = MakeShards();
   auto data = OpenTokenDataset(dir);
   if (!backend.ok() || !data.ok()) {
@@ -62,6 +68,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   TrainConfig c;
+  c.precision = options.precision;
   c.model = testing::GptConfig({kVocab, kBlock, 4, 4, 128, /*tied=*/true});
   c.model.init = InitRule::kGpt2;
   c.optimizer.kind = OptimizerConfig::Kind::kAdamW;
@@ -102,9 +109,10 @@ int Main(int argc, char** argv) {
   // nanoGPT's count: 6 N per token for the weights, plus attention's 12 L T d per token.
   const double n = static_cast<double>((*trainer)->model().parameter_count() - kBlock * 128);
   const double flops = (6 * n + 12.0 * 4 * kBlock * 128) * kBatch * kBlock;
-  printf("kiln-bench-gpt: %d threads, %d iterations: median %.2f ms/iter, %.0f tokens/s, "
+  printf("kiln-bench-gpt: %d threads, %d iterations, %s: median %.2f ms/iter, %.0f tokens/s, "
          "%.0f GFLOP/s\n",
-         threads, iters, median, kBatch * kBlock / (median / 1e3), flops / (median / 1e3) / 1e9);
+         threads, iters, bf16 ? "bf16" : "fp32", median, kBatch * kBlock / (median / 1e3),
+         flops / (median / 1e3) / 1e9);
   if (profile) {
     std::map<std::string, std::pair<double, double>> by_type;
     for (size_t i = 0; i < (*trainer)->model().num_layers(); ++i) {

@@ -100,17 +100,41 @@ nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
   return {{"layers", layers}, {"step_ms", step_ms}, {"layers_ms", in_layers}};
 }
 
-int Train(const std::string& model, int epochs, int threads, uint64_t seed, int batch, float lr,
-          const std::string& data, const std::string& device, const std::string& json_path,
-          bool infer, bool profile) {
+// What `kiln-bench train` was asked for.
+struct TrainArgs {
+  std::string model = "mlp", data = "data/mnist", device = "cpu", json_path, precision = "fp32";
+  int epochs = 1, threads = 2, batch = 0;
+  float lr = 0;
+  uint64_t seed = 0;
+  bool infer = true, profile = false;
+};
+
+kiln::Precision PrecisionNamed(const std::string& name) {
+  return name == "bf16"   ? kiln::Precision::kBf16
+         : name == "tf32" ? kiln::Precision::kTf32
+                          : kiln::Precision::kFp32;
+}
+
+int Train(const TrainArgs& args) {
+  const std::string& model = args.model;
+  const std::string& data = args.data;
+  const std::string& device = args.device;
+  const std::string& json_path = args.json_path;
+  const int epochs = args.epochs, threads = args.threads;
+  const uint64_t seed = args.seed;
+  const bool infer = args.infer, profile = args.profile;
   kiln::TrainConfig config =
       model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
   config.epochs = epochs;
   config.seed = seed;
-  if (batch > 0) config.batch_size = batch;
-  if (lr > 0) config.optimizer.lr = lr;
+  config.precision = PrecisionNamed(args.precision);
+  if (args.batch > 0) config.batch_size = args.batch;
+  if (args.lr > 0) config.optimizer.lr = args.lr;
 
-  auto backend = kiln::CreateBackend(device, {threads});
+  kiln::BackendOptions options;
+  options.threads = threads;
+  options.precision = config.precision;
+  auto backend = kiln::CreateBackend(device, options);
   if (!backend.ok()) {
     std::cerr << "kiln-bench: " << backend.status().message() << "\n";
     return 1;
@@ -126,9 +150,11 @@ int Train(const std::string& model, int epochs, int threads, uint64_t seed, int 
     std::cerr << "kiln-bench: " << trainer.status().message() << "\n";
     return 1;
   }
-  std::printf("# kiln-bench device=%s threads=%d model=%s epochs=%d batch=%d lr=%g seed=%llu\n",
-              (*backend)->name().c_str(), threads, model.c_str(), epochs, config.batch_size,
-              config.optimizer.lr, static_cast<unsigned long long>(seed));
+  std::printf(
+      "# kiln-bench device=%s threads=%d model=%s epochs=%d batch=%d lr=%g seed=%llu "
+      "precision=%s\n",
+      (*backend)->name().c_str(), threads, model.c_str(), epochs, config.batch_size,
+      config.optimizer.lr, static_cast<unsigned long long>(seed), args.precision.c_str());
   std::printf("# params=%lld train=%lld test=%lld\n",
               static_cast<long long>((*trainer)->model().parameter_count()),
               static_cast<long long>(splits->train.size),
@@ -201,25 +227,23 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln-bench: benchmarks of the kiln engine against the PyTorch peer"};
   app.require_subcommand(1);
   CLI::App* train = app.add_subcommand("train", "train a reference model on MNIST");
-  std::string model = "mlp", data = "data/mnist", device = "cpu", json_path;
-  int epochs = 1, threads = 2, batch = 0;
-  float lr = 0;
-  uint64_t seed = 0;
-  train->add_option("--model", model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
-  train->add_option("--epochs", epochs, "epochs to train")->check(CLI::Range(1, 1000));
-  train->add_option("--threads", threads, "CPU threads")->check(CLI::Range(1, 256));
-  train->add_option("--seed", seed, "random seed");
-  train->add_option("--batch", batch, "batch size (default: the reference's)");
-  train->add_option("--lr", lr, "learning rate (default: the reference's)");
-  train->add_option("--data", data, "folder with the MNIST IDX files");
-  train->add_option("--device", device, "auto, cpu or cuda:N");
-  train->add_option("--json", json_path, "also write the summary JSON to this file");
+  TrainArgs args;
+  train->add_option("--model", args.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
+  train->add_option("--epochs", args.epochs, "epochs to train")->check(CLI::Range(1, 1000));
+  train->add_option("--threads", args.threads, "CPU threads")->check(CLI::Range(1, 256));
+  train->add_option("--seed", args.seed, "random seed");
+  train->add_option("--batch", args.batch, "batch size (default: the reference's)");
+  train->add_option("--lr", args.lr, "learning rate (default: the reference's)");
+  train->add_option("--data", args.data, "folder with the MNIST IDX files");
+  train->add_option("--device", args.device, "auto, cpu or cuda:N");
+  train->add_option("--precision", args.precision, "fp32 (default), tf32 or bf16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  train->add_option("--json", args.json_path, "also write the summary JSON to this file");
   bool no_infer = false;
   train->add_flag("--no-infer", no_infer, "skip the inference benchmark after training");
-  bool profile = false;
-  train->add_flag("--profile", profile,
+  train->add_flag("--profile", args.profile,
                   "time every layer's forward and backward (synchronising after each; slower)");
   CLI11_PARSE(app, argc, argv);
-  return Train(model, epochs, threads, seed, batch, lr, data, device, json_path, !no_infer,
-               profile);
+  args.infer = !no_infer;
+  return Train(args);
 }
