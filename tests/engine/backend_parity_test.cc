@@ -1826,6 +1826,42 @@ TEST_F(CudaBackendTest, Tf32IsOnlyUsedWhenAllowedAndStaysWithinItsPrecision) {
   EXPECT_LT(err, 1e-2);
 }
 
+// Precision::kBf16 on CUDA (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF) against the CPU's bf16 GEMMs,
+// which round the same inputs to bfloat16 and accumulate in float32 too: the two differ by
+// float32 accumulation alone, far less than either differs from the float32 product. Plain and
+// batched; the description says bf16.
+TEST_F(CudaBackendTest, Bf16GemmsMatchTheCpusBf16GemmsAndNotTheFloat32Ones) {
+  BackendOptions options;
+  options.precision = Precision::kBf16;
+  auto gpu = CreateBackend("cuda:0", options);
+  ASSERT_OK(gpu) << gpu.status();
+  EXPECT_NE(Description(**gpu).find("bf16 GEMMs"), std::string::npos) << Description(**gpu);
+  CpuBackend cpu_bf16(2, Precision::kBf16);
+  const int m = 96, n = 80, k = 512, batch = 3;
+  const std::vector<float> av = RandomValues(batch * m * k, 13),
+                           bv = RandomValues(batch * k * n, 14);
+  std::vector<float> want(batch * m * n), plain(batch * m * n);
+  ASSERT_OK(cpu_bf16.GemmStridedBatched(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, av.data(),
+                                        m * k, bv.data(), k * n, 0.0f, want.data(), m * n, batch));
+  ASSERT_OK(cpu_->GemmStridedBatched(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, av.data(),
+                                     m * k, bv.data(), k * n, 0.0f, plain.data(), m * n, batch));
+  Backend& g = **gpu;
+  Tensor ta = testing::MakeTensor(g, {batch * m * k}, av),
+         tb = testing::MakeTensor(g, {batch * k * n}, bv);
+  auto tc = g.Allocate(DType::kF32, {batch * m * n}), one = g.Allocate(DType::kF32, {m * n});
+  ASSERT_TRUE(tc.ok() && one.ok());
+  ASSERT_OK(g.GemmStridedBatched(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, ta.f32(), m * k,
+                                 tb.f32(), k * n, 0.0f, tc->f32(), m * n, batch));
+  ASSERT_OK(
+      g.Gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, ta.f32(), tb.f32(), 0.0f, one->f32()));
+  const std::vector<float> got = testing::ToHost(g, *tc), first = testing::ToHost(g, *one);
+  const double err = RelativeError(got, want), moved = RelativeError(plain, want);
+  std::printf("# bf16 gemm: %.3g from the CPU's bf16, %.3g between bf16 and float32\n", err, moved);
+  EXPECT_LT(err, 1e-5);
+  EXPECT_GT(moved, 1e-4);
+  EXPECT_LT(RelativeError(first, std::vector<float>(want.begin(), want.begin() + m * n)), 1e-5);
+}
+
 TEST_F(CudaBackendTest, LabelsOutOfRangeAreInvalidArgumentByTheNextSync) {
   Both logits = Upload(RandomValues(40, 33)), loss = Garbage(1), dlogits = Garbage(40);
   Both correct = UploadI32({0}), labels = UploadI32({1, 2, 12, 3});
