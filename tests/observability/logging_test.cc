@@ -145,8 +145,10 @@ TEST(EventLogTest, JobStartedSaysThePrecisionAndThatACpuHasNoTf32) {
   EXPECT_EQ(nlohmann::json::parse(lines[0])["precision"], "fp32");
   EXPECT_EQ(nlohmann::json::parse(lines[1])["precision"], "tf32 (on cpu: fp32, no TF32 units)");
   EXPECT_EQ(nlohmann::json::parse(lines[2])["precision"], "tf32");
-  EXPECT_EQ(nlohmann::json::parse(lines[3])["precision"], "bf16 (GEMMs in bfloat16, the rest fp32)");
-  EXPECT_EQ(nlohmann::json::parse(lines[4])["precision"], "bf16 (GEMMs in bfloat16, the rest fp32)");
+  EXPECT_EQ(nlohmann::json::parse(lines[3])["precision"],
+            "bf16 (GEMMs in bfloat16, the rest fp32)");
+  EXPECT_EQ(nlohmann::json::parse(lines[4])["precision"],
+            "bf16 (GEMMs in bfloat16, the rest fp32)");
 }
 
 TEST(EventLogTest, TheFirstQueuedStateIsTheSubmissionsAndLogsNothing) {
