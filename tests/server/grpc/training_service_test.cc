@@ -207,8 +207,9 @@ std::vector<int64_t> ToyClasses(const std::string& address, const std::string& m
 // bfloat16 rounding of the GEMMs' inputs changes every step. The tolerance is measured: the same
 // toy task, model and optimizer in PyTorch over 40 seeds, with Linear inputs and gradients rounded
 // to bfloat16 (float32 accumulation) against float32, moved the last epoch's mean train loss by at
-// most 0.75% and the test accuracy by at most one sample in 64; we allow 3% and two samples. Its
-// checkpoint holds float32 weights, so it deploys and serves as an fp32 job's does.
+// most 0.75% and the test accuracy by at most one sample in 64 (bench/bf16-toy-tolerance); we
+// allow 3% and two samples. Its checkpoint holds float32 weights, so it deploys and serves as an
+// fp32 job's does.
 TEST_F(TrainingServiceTest, ABf16JobOnTheCpuTrainsNearFp32AndItsCheckpointServes) {
   StartDaemon();
   v1::JobSpec spec = SmallSpec("toy", 2);
