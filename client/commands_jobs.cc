@@ -375,8 +375,10 @@ void AddSubmitCommand(CLI::App& app, CommandEnv& env, Action* action) {
   s->add_option("--device", submit->overrides.device,
                 "Device: cpu, cuda:N or auto (default: the daemon's --device)");
   s->add_option("--precision", submit->overrides.precision,
-                "fp32 (default) or tf32: TF32 tensor cores for GEMMs and convolutions on CUDA "
-                "(a CPU has none and trains as fp32)");
+                "fp32 (default), tf32: TF32 tensor cores for GEMMs and convolutions on CUDA "
+                "(a CPU has none and trains as fp32), or bf16: GEMMs with bfloat16 inputs and "
+                "float32 accumulation on either backend, the rest (convolutions, weights, "
+                "optimizer, checkpoints) float32");
   s->add_option("--name", submit->overrides.name,
                 "A display name for the job (kiln jobs shows it; the id stays the key)");
   s->add_option("--label", submit->overrides.labels,

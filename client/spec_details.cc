@@ -148,6 +148,10 @@ std::string PrecisionText(const v1::JobSpec& spec, const std::string& device) {
   if (spec.precision() == v1::PRECISION_TF32 && absl::StartsWith(device, "cpu")) {
     absl::StrAppend(&text, " (on cpu: fp32, no TF32 units)");
   }
+  // Either backend rounds only the GEMMs' inputs; a reader should not take the job for all-bf16.
+  if (spec.precision() == v1::PRECISION_BF16) {
+    absl::StrAppend(&text, " (GEMMs in bfloat16, the rest fp32)");
+  }
   return text;
 }
 

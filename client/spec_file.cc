@@ -124,7 +124,7 @@ absl::Status ApplyPrecisionFlag(const std::string& flag, v1::JobSpec* spec) {
   KILN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* precision,
                         ParsePlainEnumName(v1::Precision_descriptor(), flag, "--precision"));
   if (precision->number() == v1::PRECISION_UNSPECIFIED) {
-    return UsageError("--precision: expected fp32 or tf32");
+    return UsageError("--precision: expected fp32, tf32 or bf16");
   }
   spec->set_precision(static_cast<v1::Precision>(precision->number()));
   return absl::OkStatus();

@@ -40,7 +40,7 @@ struct SpecOverrides {
   std::optional<int> workers;       // data-parallel ranks
   std::optional<int> max_retries;
   bool external_workers = false;
-  std::string precision;  // a plain or full Precision name: "tf32"
+  std::string precision;  // a plain or full Precision name: "tf32", "bf16"
 };
 
 // Applies `o` to `spec`. The dataset defaults to "mnist" and the epochs to 1 when neither the

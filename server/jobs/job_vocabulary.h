@@ -52,10 +52,12 @@ inline std::string CheckpointKindName(v1::CheckpointKind kind) {
   return name.empty() ? "checkpoint" : name;
 }
 
-// "fp32" or "tf32", as spec files and flags spell a job's precision; unset is fp32. On a CPU
-// device (no TF32 units) a tf32 job computes in fp32, and this says so: "tf32 (on cpu: fp32, no
-// TF32 units)", for the event log to match what `kiln get` shows.
+// "fp32", "tf32" or "bf16", as spec files and flags spell a job's precision; unset is fp32. On a
+// CPU device (no TF32 units) a tf32 job computes in fp32, and this says so: "tf32 (on cpu: fp32,
+// no TF32 units)". bf16 rounds only the GEMMs' inputs, on either backend: "bf16 (GEMMs in
+// bfloat16, the rest fp32)". For the event log to match what `kiln get` shows.
 inline std::string JobPrecisionText(v1::Precision precision, const std::string& device) {
+  if (precision == v1::PRECISION_BF16) return "bf16 (GEMMs in bfloat16, the rest fp32)";
   if (precision != v1::PRECISION_TF32) return "fp32";
   return absl::StartsWith(device, "cpu") ? "tf32 (on cpu: fp32, no TF32 units)" : "tf32";
 }

@@ -555,10 +555,7 @@ absl::Status CheckScheduleAgainstOptimizer(const LrScheduleConfig& schedule,
   return absl::OkStatus();
 }
 
-// How long the job runs: epochs of the dataset, or for a language model max_iters iterations
-// in evaluation intervals (each an "epoch" of the run: the trainer's and kilnd's unit of events
-// and checkpoints). Also the per-step options of both: accumulation and clipping.
-// Unset is fp32: TF32 is asked for, never assumed.
+// Unset is fp32: TF32 and bfloat16 are asked for, never assumed.
 absl::StatusOr<Precision> TranslatePrecision(v1::Precision precision) {
   switch (precision) {
     case v1::PRECISION_UNSPECIFIED:
@@ -566,12 +563,18 @@ absl::StatusOr<Precision> TranslatePrecision(v1::Precision precision) {
       return Precision::kFp32;
     case v1::PRECISION_TF32:
       return Precision::kTf32;
+    case v1::PRECISION_BF16:
+      return Precision::kBf16;
     default:
-      return Invalid("spec.precision", absl::StrCat("unknown precision ", precision,
-                                                    " (PRECISION_FP32 or PRECISION_TF32)"));
+      return Invalid("spec.precision",
+                     absl::StrCat("unknown precision ", precision,
+                                  " (PRECISION_FP32, PRECISION_TF32 or PRECISION_BF16)"));
   }
 }
 
+// How long the job runs: epochs of the dataset, or for a language model max_iters iterations
+// in evaluation intervals (each an "epoch" of the run: the trainer's and kilnd's unit of events
+// and checkpoints). Also the per-step options of both: accumulation and clipping.
 absl::Status TranslateRunLength(const v1::JobSpec& spec, const SpecLimits& limits,
                                 TrainConfig* config) {
   config->grad_clip = spec.grad_clip();

@@ -273,6 +273,19 @@ TEST_F(KilnCliTest, PrecisionFlagReachesTheJobAndGetSaysWhatTheCpuComputes) {
   EXPECT_THAT(get.out, HasSubstr("precision:      tf32 (on cpu: fp32, no TF32 units)\n"));
 }
 
+// bf16 rounds the GEMMs' inputs on either backend; `kiln get` says which part is bfloat16.
+TEST_F(KilnCliTest, Bf16PrecisionReachesTheJobAndGetSaysTheGemmsAreBfloat16) {
+  RunResult r = Kiln({"submit", *root_ + "/small.json", "--precision", "bf16", "--output", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json job = nlohmann::json::parse(r.out);
+  EXPECT_EQ(job.at("spec").at("precision"), "PRECISION_BF16");
+  ASSERT_EQ(Kiln({"watch", job.at("id")}).exit_code, 0);
+  RunResult get = Kiln({"get", job.at("id")});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_THAT(get.out, HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(get.out, HasSubstr("precision:      bf16 (GEMMs in bfloat16, the rest fp32)\n"));
+}
+
 TEST_F(KilnCliTest, GetFillsInWhatThePresetSets) {
   RunResult r = Kiln({"submit", "--preset", "mnist-mlp", "--dataset", "toy", "--momentum", "0.5",
                       "--schedule", "one_cycle:anneal=linear", "--output", "json"});
@@ -337,10 +350,10 @@ TEST_F(KilnCliTest, BadNamesAndOverridesAreRefusedSayingWhatIsAccepted) {
   EXPECT_EQ(optimizer.exit_code, 2);
   EXPECT_THAT(optimizer.err, HasSubstr("--optimizer: unknown value \"rmsprop\"; expected sgd, "
                                        "adam or adamw"));
-  RunResult precision = Kiln({"submit", *root_ + "/small.json", "--precision", "bf16"});
+  RunResult precision = Kiln({"submit", *root_ + "/small.json", "--precision", "fp16"});
   EXPECT_EQ(precision.exit_code, 2);
   EXPECT_THAT(precision.err,
-              HasSubstr("--precision: unknown value \"bf16\"; expected fp32 or tf32"));
+              HasSubstr("--precision: unknown value \"fp16\"; expected fp32, tf32 or bf16"));
   RunResult schedule = Kiln({"submit", *root_ + "/small.json", "--schedule", "linear"});
   EXPECT_EQ(schedule.exit_code, 2);
   EXPECT_THAT(schedule.err, HasSubstr("expected constant, step, cosine, one_cycle or warmup_cosine"));

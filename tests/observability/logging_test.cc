@@ -135,12 +135,20 @@ TEST(EventLogTest, JobStartedSaysThePrecisionAndThatACpuHasNoTf32) {
   log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
   job.set_device("cuda:0");
   log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
+  job.mutable_spec()->set_precision(v1::PRECISION_BF16);  // both backends have bf16 GEMMs
+  log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
+  job.set_device("cpu");
+  log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
   const std::vector<std::string> lines = Lines(f);
   std::fclose(f);
-  ASSERT_EQ(lines.size(), 3u);
+  ASSERT_EQ(lines.size(), 5u);
   EXPECT_EQ(nlohmann::json::parse(lines[0])["precision"], "fp32");
   EXPECT_EQ(nlohmann::json::parse(lines[1])["precision"], "tf32 (on cpu: fp32, no TF32 units)");
   EXPECT_EQ(nlohmann::json::parse(lines[2])["precision"], "tf32");
+  EXPECT_EQ(nlohmann::json::parse(lines[3])["precision"],
+            "bf16 (GEMMs in bfloat16, the rest fp32)");
+  EXPECT_EQ(nlohmann::json::parse(lines[4])["precision"],
+            "bf16 (GEMMs in bfloat16, the rest fp32)");
 }
 
 TEST(EventLogTest, TheFirstQueuedStateIsTheSubmissionsAndLogsNothing) {

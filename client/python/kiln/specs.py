@@ -76,7 +76,7 @@ def _from_dict(d, source):
 def build_spec(spec=None, **overrides):
     """A JobSpec from `spec` (dict, preset name, path of a .json file, JobSpec or None) with
     `overrides` applied: dataset, epochs, batch_size, lr, seed, device, preset, or any other
-    JobSpec field by name (optimizer={...}, label_smoothing=0.1, precision="tf32", ...). As
+    JobSpec field by name (optimizer={...}, label_smoothing=0.1, precision="bf16", ...). As
     `kiln submit`, the dataset defaults to "mnist" and the epochs to 1 when neither the spec nor
     overrides set them (nor max_iters, a language model's run)."""
     if spec is None:

@@ -175,12 +175,14 @@ function age(timestamp) {
 // Ranks of a data-parallel job (spec.workers; 0 or 1: one, inside kilnd), as `kiln get` says.
 const workersText = (spec) =>
     String(Math.max(1, spec.workers || 0)) + (spec.external_workers ? ' (external)' : '');
-// "fp32", "tf32", or "tf32 (on cpu: fp32, no TF32 units)": as `kiln get` words a job's precision
-// (a CPU has no TF32 units, so a tf32 job there computes fp32).
+// "fp32", "tf32", "tf32 (on cpu: fp32, no TF32 units)" or "bf16 (GEMMs in bfloat16, the rest
+// fp32)": as `kiln get` words a job's precision (a CPU has no TF32 units, so a tf32 job there
+// computes fp32; bf16 rounds only the GEMMs' inputs, on either backend).
 const precisionText = (spec, device) => {
   const p = String(spec.precision || 'PRECISION_UNSPECIFIED');
   if (p === 'PRECISION_UNSPECIFIED' || p === 'PRECISION_FP32') return 'fp32';
   const plain = p.replace('PRECISION_', '').toLowerCase();
+  if (p === 'PRECISION_BF16') return `${plain} (GEMMs in bfloat16, the rest fp32)`;
   return p === 'PRECISION_TF32' && String(device || '').startsWith('cpu') ?
       `${plain} (on cpu: fp32, no TF32 units)` :
       plain;

@@ -155,9 +155,11 @@ def exercise(kiln, np, addr, tmp):
           f"plain enum names: {plain}")
     tf32 = kiln.specs.build_spec("mnist-mlp", precision="tf32")
     check(tf32.precision == kiln.stubs.spec_pb2.PRECISION_TF32, f"precision=: {tf32}")
-    bf16 = expect_error("INVALID_ARGUMENT", kiln.specs.build_spec, "mnist-mlp", precision="bf16")
-    check('spec.precision: unknown value "bf16"; expected fp32 or tf32' in bf16.message,
-          f"precision=bf16: {bf16.message}")
+    bf16 = kiln.specs.build_spec("mnist-mlp", precision="bf16")
+    check(bf16.precision == kiln.stubs.spec_pb2.PRECISION_BF16, f"precision=bf16: {bf16}")
+    fp16 = expect_error("INVALID_ARGUMENT", kiln.specs.build_spec, "mnist-mlp", precision="fp16")
+    check('spec.precision: unknown value "fp16"; expected fp32, tf32 or bf16' in fp16.message,
+          f"precision=fp16: {fp16.message}")
     unknown = expect_error("INVALID_ARGUMENT", kiln.specs.build_spec,
                            {"optimizer": {"kind": "rmsprop"}})
     check('spec.optimizer.kind: unknown value "rmsprop"; expected sgd, adam or adamw' in

@@ -245,6 +245,11 @@ TEST(SpecTranslationTest, PrecisionTranslatesWithFp32AsTheDefault) {
   ASSERT_OK(tf32) << tf32.status();
   EXPECT_EQ(tf32->precision, Precision::kTf32);
   EXPECT_EQ(ResolvedSpec(spec).precision(), v1::PRECISION_TF32);
+  spec.set_precision(v1::PRECISION_BF16);
+  auto bf16 = TranslateSpec(spec, SpecLimits());
+  ASSERT_OK(bf16) << bf16.status();
+  EXPECT_EQ(bf16->precision, Precision::kBf16);
+  EXPECT_EQ(ResolvedSpec(spec).precision(), v1::PRECISION_BF16);
 }
 
 TEST(SpecTranslationTest, AnUnknownPrecisionIsRefusedNamingTheField) {
@@ -257,6 +262,7 @@ TEST(SpecTranslationTest, AnUnknownPrecisionIsRefusedNamingTheField) {
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(config.status().message()),
               ::testing::HasSubstr("spec.precision: unknown precision 7"));
+  EXPECT_THAT(std::string(config.status().message()), ::testing::HasSubstr("PRECISION_BF16"));
 }
 
 TEST(SpecTranslationTest, OneCycleAndLabelSmoothingTranslateWithPyTorchsDefaults) {

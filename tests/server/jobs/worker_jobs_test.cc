@@ -555,6 +555,23 @@ TEST_F(WorkerJobsTest, TheWorkersOfATf32JobOnTheCpuTrainAsFp32Workers) {
   EXPECT_EQ(tf32.last_epoch().test_loss(), fp32.last_epoch().test_loss());
 }
 
+// Each rank's backend takes bf16 from the spec it is handed, as it takes tf32: the job of two
+// CPU workers succeeds, keeps its precision and lands near the fp32 one (bfloat16 rounding moves
+// the loss; 3% is training_service_test's measured allowance for this toy MLP).
+TEST_F(WorkerJobsTest, TheWorkersOfABf16JobOnTheCpuTrainNearFp32Workers) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  v1::JobSpec spec = Workers(2, 2);
+  const v1::Job fp32 = WaitForEnd(testing::SubmitJob(*stub_, spec));
+  spec.set_precision(v1::PRECISION_BF16);
+  const v1::Job bf16 = WaitForEnd(testing::SubmitJob(*stub_, spec));
+  ASSERT_EQ(fp32.state(), v1::JOB_STATE_SUCCEEDED) << fp32.reason();
+  ASSERT_EQ(bf16.state(), v1::JOB_STATE_SUCCEEDED) << bf16.reason();
+  EXPECT_EQ(bf16.spec().precision(), v1::PRECISION_BF16);
+  EXPECT_EQ(bf16.global_step(), fp32.global_step());
+  const double fp32_loss = fp32.last_epoch().train_loss();
+  EXPECT_NEAR(bf16.last_epoch().train_loss(), fp32_loss, 0.03 * fp32_loss);
+}
+
 TEST_F(WorkerJobsTest, AKilledWorkerFailsTheJobNamingARankAndNoWorkerIsLeft) {
   ASSERT_NO_FATAL_FAILURE(StartKilnd("20ms"));
   const std::string id = testing::SubmitJob(*stub_, Workers(2, 1000));
