@@ -248,7 +248,7 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   kv.Add("parameters", absl::StrCat(job.parameter_count()));
   kv.Add("dataset", job.spec().dataset());
   kv.Add("device", job.device());
-  kv.Add("precision", PrecisionText(job.spec(), job.device()));
+  kv.Add("precision", job.precision_text().empty() ? "fp32" : job.precision_text());
   if (job.spec().workers() > 1 || job.spec().external_workers()) {
     kv.Add("workers", absl::StrCat(std::max(1, job.spec().workers()), job.spec().external_workers()
                                                                           ? " (started elsewhere)"

@@ -3,7 +3,6 @@
 #include <map>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/format.h"
@@ -138,21 +137,6 @@ void AddSpecDetails(const v1::JobSpec& spec, const v1::JobSpec& resolved, KeyVal
   }
   const std::string policy = FieldsText(spec.checkpoint_policy());
   kv->Add("checkpointing", policy.empty() ? "at the end, on demand and at shutdown" : policy);
-}
-
-std::string PrecisionText(const v1::JobSpec& spec, const std::string& device) {
-  if (spec.precision() == v1::PRECISION_UNSPECIFIED) return "fp32";
-  const auto* value = v1::Precision_descriptor()->FindValueByNumber(spec.precision());
-  // A value this client does not know: its number, as kilnd would have refused it.
-  std::string text = value != nullptr ? PlainEnumName(value) : absl::StrCat(spec.precision());
-  if (spec.precision() == v1::PRECISION_TF32 && absl::StartsWith(device, "cpu")) {
-    absl::StrAppend(&text, " (on cpu: fp32, no TF32 units)");
-  }
-  // Either backend rounds only the GEMMs' inputs; a reader should not take the job for all-bf16.
-  if (spec.precision() == v1::PRECISION_BF16) {
-    absl::StrAppend(&text, " (GEMMs in bfloat16, the rest fp32)");
-  }
-  return text;
 }
 
 }  // namespace kiln::client

@@ -23,9 +23,4 @@ std::string LabelsText(const v1::JobSpec& spec);
 // "(kilnd's default)"; a kilnd too old to send it leaves those lines saying so.
 void AddSpecDetails(const v1::JobSpec& spec, const v1::JobSpec& resolved, KeyValueList* kv);
 
-// What a job of `spec` on `device` computes in: "fp32" (also when unset), "tf32", or on a CPU,
-// which has no TF32 units, "tf32 (on cpu: fp32, no TF32 units)", or on either backend "bf16
-// (GEMMs in bfloat16, the rest fp32)". kilnd's event log says the same.
-std::string PrecisionText(const v1::JobSpec& spec, const std::string& device);
-
 }  // namespace kiln::client

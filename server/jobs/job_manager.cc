@@ -51,9 +51,11 @@ std::string JobRowDamage(const v1::Job& job) {
   return absl::StrCat("the job's row holds ", absl::StrJoin(found, ", "));
 }
 
-// A job as kilnd answers it: with its resolved spec, worked out afresh (never stored).
+// A job as kilnd answers it: with its resolved spec and its precision's wording, worked out
+// afresh (never stored).
 v1::Job WithResolvedSpec(v1::Job job) {
   *job.mutable_resolved_spec() = ResolvedSpec(job.spec());
+  job.set_precision_text(JobPrecisionText(job.spec().precision(), job.device()));
   return job;
 }
 

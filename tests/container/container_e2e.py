@@ -97,12 +97,12 @@ def check_image_contract(podman, image, root):
         f"volumes {sorted(config.get('Volumes'))}, {inspect['Size'] / 1e6:.0f} MB")
 
 
-def start_kilnd(podman, name, image, volume):
+def start_kilnd(podman, args, name, volume):
     """A kilnd container on `volume` with both ports published on loopback; (id, Kiln, http)."""
-    cid = podman.start(name, image, "-p", f"127.0.0.1::{GRPC_PORT}", "-p",
+    cid = podman.start(name, args.image, "-p", f"127.0.0.1::{GRPC_PORT}", "-p",
                        f"127.0.0.1::{HTTP_PORT}", "-v", f"{volume}:/var/lib/kiln",
                        "-e", "FLAGS_log_format=json")
-    kiln = Kiln(ARGS.kiln, podman.host_port(cid, GRPC_PORT))
+    kiln = Kiln(args.kiln, podman.host_port(cid, GRPC_PORT))
     base = f"http://127.0.0.1:{podman.host_port(cid, HTTP_PORT)}"
     wait_for(f"kilnd in {name} answering `kiln health`", lambda: kiln("health", timeout=10), 60)
     return cid, kiln, base
@@ -127,18 +127,18 @@ def check_json_logs(podman, cid, want_events):
     return events
 
 
-def first_container(podman, volume, mnist, work):
+def first_container(podman, args, volume, work):
     """Step 2 and 3; the ids of the trained job and of the job stopped by SIGTERM."""
     with step("start kilnd (container 1) and wait for health"):
-        cid, kiln, base = start_kilnd(podman, "kilnd-1", ARGS.image, volume)
+        cid, kiln, base = start_kilnd(podman, args, "kilnd-1", volume)
         podman("healthcheck", "run", cid)  # the image's HEALTHCHECK; exit 0: healthy
     with step("upload a slice of MNIST (2000 training, 500 test images)"):
         files = {}
         for split, count in (("train", 2000), ("t10k", 500)):
             for kind in ("images-idx3", "labels-idx1"):
                 files[f"{split}-{kind}"] = os.path.join(work, f"{split}-{kind}-ubyte")
-                cut_idx(os.path.join(mnist, f"{split}-{kind}-ubyte"), files[f"{split}-{kind}"],
-                        count)
+                cut_idx(os.path.join(args.mnist, f"{split}-{kind}-ubyte"),
+                        files[f"{split}-{kind}"], count)
         kiln("upload", "digits", "--train-images", files["train-images-idx3"], "--train-labels",
              files["train-labels-idx1"], "--test-images", files["t10k-images-idx3"],
              "--test-labels", files["t10k-labels-idx1"])
@@ -197,10 +197,10 @@ def first_container(podman, volume, mnist, work):
     return job, stopped
 
 
-def second_container(podman, volume, job, stopped):
+def second_container(podman, args, volume, work, job, stopped):
     """Step 4."""
     with step("a new container on the same volume: jobs, checkpoints, deployment"):
-        cid, kiln, base = start_kilnd(podman, "kilnd-2", ARGS.image, volume)
+        cid, kiln, base = start_kilnd(podman, args, "kilnd-2", volume)
         if kiln.state(job) != "JOB_STATE_SUCCEEDED":
             raise StepFailed(f"{job} is {kiln.state(job)} after the restart")
         kinds = {c["kind"] for c in kiln.json("checkpoints", job)["checkpoints"]}
@@ -212,8 +212,8 @@ def second_container(podman, volume, job, stopped):
         wait_for("model digits READY again", lambda: any(
             m["name"] == "digits" and m["state"] == "READY"
             for m in kiln.json("models")["models"]), 60)
-        got = json.loads(kiln("predict", "digits", ARGS.probe_images, "--index", "0",
-                              "--output", "json"))
+        got = json.loads(kiln("predict", "digits", os.path.join(work, "t10k-images-idx3-ubyte"),
+                              "--index", "0", "--output", "json"))
         if not got:
             raise StepFailed("predict after the restart answered nothing")
         wait_for(f"{stopped} resumed", lambda: kiln.state(stopped) == "JOB_STATE_RUNNING"
@@ -222,7 +222,7 @@ def second_container(podman, volume, job, stopped):
         podman("stop", "--time", "45", cid, timeout=120)
 
 
-def compose(podman, root, work):
+def compose(podman, args, work):
     """Step 5: deploy/docker-compose.yml's kilnd (cpu profile) and Prometheus."""
     project = os.path.basename(podman.prefix).replace("-", "")
     socket_path = os.path.join(work, "podman.sock")
@@ -236,10 +236,10 @@ def compose(podman, root, work):
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
         env.update({k: str(v) for k, v in ports.items()})
         env["DOCKER_HOST"] = f"unix://{socket_path}"
-        env["KILN_TEST_IMAGE"], env["KILN_TEST_PROMETHEUS_IMAGE"] = ARGS.image, \
-            ARGS.prometheus_image
+        env["KILN_TEST_IMAGE"] = args.image
+        env["KILN_TEST_PROMETHEUS_IMAGE"] = args.prometheus_image
         command = ["docker-compose", "--project-name", project, "--profile", "cpu",
-                   "-f", os.path.join(root, "deploy/docker-compose.yml"),
+                   "-f", os.path.join(args.root, "deploy/docker-compose.yml"),
                    "-f", os.path.join(HERE, "compose.test.yml")]
         with step("compose up kilnd (cpu profile) and Prometheus"):
             try:
@@ -247,7 +247,7 @@ def compose(podman, root, work):
                     timeout=300)
             finally:
                 podman.adopt_labelled(f"com.docker.compose.project={project}")
-            kiln = Kiln(ARGS.kiln, ports["KILN_GRPC_PORT"])
+            kiln = Kiln(args.kiln, ports["KILN_GRPC_PORT"])
             wait_for("compose's kilnd answering", lambda: kiln("health", timeout=10), 60)
         with step("Prometheus shows the kilnd target up and a kiln metric with data"):
             api = f"http://127.0.0.1:{ports['PROMETHEUS_PORT']}/api/v1"
@@ -272,25 +272,23 @@ def compose(podman, root, work):
 
 
 def main():
-    global ARGS
     parser = argparse.ArgumentParser()
     parser.add_argument("--image", required=True)
     parser.add_argument("--prometheus-image", required=True)
     parser.add_argument("--kiln", required=True)
     parser.add_argument("--mnist", required=True)
     parser.add_argument("--root", required=True)
-    ARGS = parser.parse_args()
+    args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="kiln-container-test-")
     podman = Podman(f"kiln-ctest-{os.getpid()}")
-    ARGS.probe_images = os.path.join(work, "t10k-images-idx3-ubyte")
     ok = False
     try:
         with step("the image against the Dockerfile, compose file and Kubernetes manifests"):
-            check_image_contract(podman, ARGS.image, ARGS.root)
+            check_image_contract(podman, args.image, args.root)
         volume = podman.create_volume("state")
-        job, stopped = first_container(podman, volume, ARGS.mnist, work)
-        second_container(podman, volume, job, stopped)
-        compose(podman, ARGS.root, work)
+        job, stopped = first_container(podman, args, volume, work)
+        second_container(podman, args, volume, work, job, stopped)
+        compose(podman, args, work)
         ok = True
     except StepFailed as error:
         print(f"container-test: {error}", file=sys.stderr)

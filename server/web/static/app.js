@@ -178,15 +178,6 @@ const workersText = (spec) =>
 // "fp32", "tf32", "tf32 (on cpu: fp32, no TF32 units)" or "bf16 (GEMMs in bfloat16, the rest
 // fp32)": as `kiln get` words a job's precision (a CPU has no TF32 units, so a tf32 job there
 // computes fp32; bf16 rounds only the GEMMs' inputs, on either backend).
-const precisionText = (spec, device) => {
-  const p = String(spec.precision || 'PRECISION_UNSPECIFIED');
-  if (p === 'PRECISION_UNSPECIFIED' || p === 'PRECISION_FP32') return 'fp32';
-  const plain = p.replace('PRECISION_', '').toLowerCase();
-  if (p === 'PRECISION_BF16') return `${plain} (GEMMs in bfloat16, the rest fp32)`;
-  return p === 'PRECISION_TF32' && String(device || '').startsWith('cpu') ?
-      `${plain} (on cpu: fp32, no TF32 units)` :
-      plain;
-};
 const ended = (job) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(stateName(job.state));
 
 // "adam lr=0.001", as `kiln get` words an optimizer: its kind, then the fields it sets.
@@ -517,7 +508,7 @@ async function showJob(id, signal) {
       ['parameters', job.parameter_count],
       ['dataset', s.dataset],
       ['device', job.device],
-      ['precision', precisionText(s, job.device)],
+      ['precision', job.precision_text || 'fp32'],
       ['workers', workersText(s)],
       ['epochs', `${job.epochs_done}/${job.epochs}`],
       ['step', job.global_step],
