@@ -175,9 +175,6 @@ function age(timestamp) {
 // Ranks of a data-parallel job (spec.workers; 0 or 1: one, inside kilnd), as `kiln get` says.
 const workersText = (spec) =>
     String(Math.max(1, spec.workers || 0)) + (spec.external_workers ? ' (external)' : '');
-// "fp32", "tf32", "tf32 (on cpu: fp32, no TF32 units)" or "bf16 (GEMMs in bfloat16, the rest
-// fp32)": as `kiln get` words a job's precision (a CPU has no TF32 units, so a tf32 job there
-// computes fp32; bf16 rounds only the GEMMs' inputs, on either backend).
 const ended = (job) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(stateName(job.state));
 
 // "adam lr=0.001", as `kiln get` words an optimizer: its kind, then the fields it sets.
