@@ -97,12 +97,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requeste
 #endif
 }
 
-int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass) {
+int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass,
+                           Precision precision) {
   // cuDNN algorithms are picked to fit the backend's fixed limit.
   if (device == DeviceKind::kCuda) {
     return static_cast<int64_t>(CudaBackendOptions{}.conv_workspace_limit);
   }
-  return CpuBackend::ConvWorkspaceBytes(g, threads, /*backward=*/pass == ConvPass::kBackward);
+  return CpuBackend::ConvWorkspaceBytes(g, threads, /*backward=*/pass == ConvPass::kBackward,
+                                        precision);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(

@@ -68,10 +68,12 @@ absl::Status ValidateDevice(std::string_view device);
 enum class ConvPass { kForward, kBackward };
 
 // The workspace, in bytes, that a backend of kind `device` made by CreateBackend holds for
-// convolution `g` in `pass`: on the CPU, for `threads` threads (CpuBackend::ConvWorkspaceBytes;
-// the largest int64 for a geometry it cannot run); on CUDA, cuDNN's fixed limit whatever the
-// shape. What the memory plan counts, without including any backend.
-int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass);
+// convolution `g` in `pass`: on the CPU, for `threads` threads in `precision`
+// (CpuBackend::ConvWorkspaceBytes; the largest int64 for a geometry it cannot run); on CUDA,
+// cuDNN's fixed limit whatever the shape. What the memory plan counts, without including any
+// backend.
+int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass,
+                           Precision precision);
 
 struct CommunicatorOptions {
   // Bounds the rendezvous and every collective: a peer that has not answered by then is taken

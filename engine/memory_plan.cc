@@ -36,11 +36,11 @@ int64_t LayerConvWorkspaceBytes(const Conv2dConfig& c, const Shape& input, int64
   int64_t bytes = 0;
   if (train_batch > 0) {
     bytes = ConvWorkspaceBytes(target.device, MakeConv2dGeometry(c, input, train_batch),
-                               target.threads, ConvPass::kBackward);
+                               target.threads, ConvPass::kBackward, target.precision);
   }
   const int64_t batch = std::max(train_batch, eval_batch);
   return std::max(bytes, ConvWorkspaceBytes(target.device, MakeConv2dGeometry(c, input, batch),
-                                            target.threads, ConvPass::kForward));
+                                            target.threads, ConvPass::kForward, target.precision));
 }
 
 // Per layer: activations and their gradients at `capacity` samples (the model keeps both at
@@ -76,11 +76,9 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
             // backend calls where a channel has more than one value per sample) writes one: it
             // gets scratch of the input's size at the training batch.
             const int64_t per_channel = NumElements(shapes[0]) / c.num_features;
-            if (target.device == DeviceKind::kCuda && graph.inputs[i][0] == 0 &&
-                per_channel > 1) {
+            if (target.device == DeviceKind::kCuda && graph.inputs[i][0] == 0 && per_channel > 1) {
               plan->needs.push_back(
-                  {layer,
-                   absl::StrCat(LayerTypeName(model.layers[i]), " input-gradient scratch"),
+                  {layer, absl::StrCat(LayerTypeName(model.layers[i]), " input-gradient scratch"),
                    Mul(Mul(NumElements(shapes[0]), train_batch), kFloat)});
             }
           } else if constexpr (std::is_same_v<C, LayerNormConfig>) {

@@ -27,15 +27,16 @@ struct MemoryNeed {
 
 struct MemoryPlan {
   std::vector<MemoryNeed> needs;
-  int64_t total_bytes() const;     // saturating at INT64_MAX
+  int64_t total_bytes() const;        // saturating at INT64_MAX
   const MemoryNeed& largest() const;  // needs is never empty
 };
 
 // Where the job runs: the device kind and, on the CPU, its thread count (the im2col workspace
-// is per thread).
+// is per thread) and precision (bf16 convolutions stage bfloat16 copies of their operands).
 struct MemoryTarget {
   DeviceKind device = DeviceKind::kCpu;
   int threads = 1;
+  Precision precision = Precision::kFp32;
 };
 
 // A training job on `train_samples` (and `test_samples`) samples of the model's input shape; for

@@ -64,21 +64,23 @@ int64_t Im2colBytes(const Conv2dGeometry& g, int threads, bool backward, bool po
 
 }  // namespace
 
-int64_t CpuBackend::ConvWorkspaceBytes(const Conv2dGeometry& g, int threads, bool backward) {
+int64_t CpuBackend::ConvWorkspaceBytes(const Conv2dGeometry& g, int threads, bool backward,
+                                       Precision precision) {
   // The plans the ops would make (with and without a bias and a ReLU they differ only by a few
   // floats: the larger, ReLU with bias, is counted), so the count is what the backend allocates.
   if (backward && Im2colBackward(g)) return Im2colBytes(g, threads, backward);
   const ConvKey key{g, /*bias=*/true, Activation::kRelu};
   ScopedTeamSize team(std::max(1, threads));
+  const bool bf16 = precision == Precision::kBf16;
   size_t bytes = 0;
   if (backward) {
-    auto plan = ConvBackwardPlan::Create(key.g, key.bias, key.act);
+    auto plan = ConvBackwardPlan::Create(key.g, key.bias, key.act, bf16);
     // A geometry oneDNN cannot plan can never run: no memory makes it fit.
     if (!plan.ok()) return std::numeric_limits<int64_t>::max();
     if ((*plan)->reference_kernel()) return Im2colBytes(g, threads, backward);
     bytes = (*plan)->workspace_bytes();
   } else {
-    auto plan = ConvForwardPlan::Create(key.g, key.bias, key.act);
+    auto plan = ConvForwardPlan::Create(key.g, key.bias, key.act, bf16);
     if (!plan.ok()) return std::numeric_limits<int64_t>::max();
     if ((*plan)->reference_kernel()) return Im2colBytes(g, threads, backward);
     bytes = (*plan)->workspace_bytes();

@@ -35,7 +35,7 @@ CpuBackend::CpuBackend(int threads, Precision precision)
       bf16_(precision == Precision::kBf16),
       dnnl_(std::make_unique<cpu_internal::DnnlPrimitives>()) {
   openblas_set_num_threads(threads_);
-  dnnl_->matmuls().UseBf16(bf16_);
+  dnnl_->UseBf16(bf16_);
 }
 
 CpuBackend::~CpuBackend() = default;

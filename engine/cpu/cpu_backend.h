@@ -18,8 +18,9 @@ class DnnlPrimitives;
 
 class CpuBackend final : public Backend {
  public:
-  // threads <= 0 means every core. Precision::kBf16 rounds GEMM inputs to bfloat16 (products
-  // accumulate in float32); kTf32 computes as kFp32, there being no TF32 units on a CPU.
+  // threads <= 0 means every core. Precision::kBf16 rounds the inputs of GEMMs and convolutions
+  // to bfloat16 (products accumulate in float32); kTf32 computes as kFp32, there being no TF32
+  // units on a CPU.
   explicit CpuBackend(int threads, Precision precision = Precision::kFp32);
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
@@ -141,12 +142,14 @@ class CpuBackend final : public Backend {
   absl::Status Normalize(int count, int64_t sample_elems, const float* x, const PixelNorm& norm,
                          float* out) override;
 
-  // The workspace (bytes) a convolution of geometry `g` takes on `threads` threads: the blocked
+  // The workspace (bytes) a convolution of geometry `g` takes on `threads` threads in
+  // `precision`: the blocked
   // copies of its operands and oneDNN's scratchpad, from the very plan the op makes. One
   // workspace is kept and shared by every convolution of the backend, grown to the largest asked
   // for; the memory plan counts a job's with this. The largest int64 for a geometry oneDNN cannot
   // run.
-  static int64_t ConvWorkspaceBytes(const Conv2dGeometry& g, int threads, bool backward);
+  static int64_t ConvWorkspaceBytes(const Conv2dGeometry& g, int threads, bool backward,
+                                    Precision precision);
   // What the backend holds now for its convolutions' workspace, in bytes.
   int64_t conv_workspace_held_bytes() const {
     return static_cast<int64_t>(workspace_.size() * sizeof(float));
@@ -167,7 +170,7 @@ class CpuBackend final : public Backend {
                                                  Activation act);
 
   int threads_;
-  bool bf16_;  // Precision::kBf16: GEMM inputs rounded to bfloat16
+  bool bf16_;  // Precision::kBf16: GEMM and convolution inputs rounded to bfloat16
   std::vector<float> workspace_;
   // For a fused max pooling: the convolution's output, which only the pooling reads, and the
   // pooling's input gradient where the convolution's backward takes it plain.

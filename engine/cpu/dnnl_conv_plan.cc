@@ -16,6 +16,7 @@ using dnnl::memory;
 using Tag = dnnl::memory::format_tag;
 
 constexpr auto kF32 = memory::data_type::f32;
+constexpr auto kBf16 = memory::data_type::bf16;
 
 // Lays out a workspace: slots 64-byte aligned, one after another, and one scratchpad that every
 // primitive of the plan shares (they run one after another).
@@ -100,12 +101,17 @@ void StageOut(const dnnl::stream& stream, const Staging& s, void* plain, char* w
                              {DNNL_ARG_SCRATCHPAD, scratchpad}});
 }
 
+// The plain tensors, and the "any" descriptors a primitive picks its layouts for: under bf16 the
+// operands a product reads (x, w, dy) are bfloat16 and the ones it writes (y, dw, dx) float32.
 struct ConvDescs {
-  memory::desc src, weights, dst, bias, src_any, weights_any, dst_any;
+  memory::desc src, weights, dst, bias;
+  memory::desc src_any, weights_any, dst_any;              // read: x, w (forward and dx), dy
+  memory::desc out_dst_any, out_weights_any, out_src_any;  // written: y, dw, dx
   memory::dims strides, padding;
 };
 
-ConvDescs DescsOf(const Conv2dGeometry& g, bool bias) {
+ConvDescs DescsOf(const Conv2dGeometry& g, bool bias, bool bf16) {
+  const memory::data_type read = bf16 ? kBf16 : kF32;
   ConvDescs d;
   const memory::dims src = {g.batch, g.in_channels, g.in_h, g.in_w};
   const memory::dims weights = {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
@@ -114,9 +120,12 @@ ConvDescs DescsOf(const Conv2dGeometry& g, bool bias) {
   d.weights = memory::desc(weights, kF32, Tag::oihw);
   d.dst = memory::desc(dst, kF32, Tag::nchw);
   if (bias) d.bias = memory::desc({g.out_channels}, kF32, Tag::x);
-  d.src_any = memory::desc(src, kF32, Tag::any);
-  d.weights_any = memory::desc(weights, kF32, Tag::any);
-  d.dst_any = memory::desc(dst, kF32, Tag::any);
+  d.src_any = memory::desc(src, read, Tag::any);
+  d.weights_any = memory::desc(weights, read, Tag::any);
+  d.dst_any = memory::desc(dst, read, Tag::any);
+  d.out_dst_any = memory::desc(dst, kF32, Tag::any);
+  d.out_weights_any = memory::desc(weights, kF32, Tag::any);
+  d.out_src_any = memory::desc(src, kF32, Tag::any);
   d.strides = {g.stride_h, g.stride_w};
   d.padding = {g.padding_h, g.padding_w};
   return d;
@@ -133,7 +142,7 @@ dnnl::convolution_forward::primitive_desc ForwardPd(const ConvDescs& d, Activati
   return dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                       algorithm::convolution_direct, d.src_any, d.weights_any,
-                                      d.bias, d.dst_any, d.strides, d.padding, d.padding),
+                                      d.bias, d.out_dst_any, d.strides, d.padding, d.padding),
       attr, DnnlEngine());
 }
 
@@ -145,13 +154,25 @@ bool IsReference(const dnnl::primitive_desc_base& pd) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ConvForwardPlan>> ConvForwardPlan::Create(const Conv2dGeometry& g,
-                                                                         bool bias,
-                                                                         Activation act) {
+                                                                         bool bias, Activation act,
+                                                                         bool bf16) {
+  if (bf16) {
+    // A geometry oneDNN cannot plan in bfloat16 (or only by its reference kernel) stays float32.
+    auto plan = Build(g, bias, act, /*bf16=*/true);
+    if (plan.ok() && !(*plan)->reference_kernel()) return plan;
+  }
+  return Build(g, bias, act, /*bf16=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<ConvForwardPlan>> ConvForwardPlan::Build(const Conv2dGeometry& g,
+                                                                        bool bias, Activation act,
+                                                                        bool bf16) {
   try {
-    const ConvDescs d = DescsOf(g, bias);
+    const ConvDescs d = DescsOf(g, bias, bf16);
     const auto pd = ForwardPd(d, act);
     auto plan = std::unique_ptr<ConvForwardPlan>(new ConvForwardPlan());
     plan->reference_kernel_ = IsReference(pd);
+    plan->bf16_ = bf16;
     plan->dst_blocked16_ =
         g.out_channels % 16 == 0 && pd.dst_desc() == memory::desc(d.dst.dims(), kF32, Tag::nChw16c);
     WorkspaceLayout layout;
@@ -205,24 +226,37 @@ absl::Status ConvForwardPlan::Execute(const dnnl::stream& stream, const float* x
 
 absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Create(const Conv2dGeometry& g,
                                                                            bool bias,
-                                                                           Activation act) {
+                                                                           Activation act,
+                                                                           bool bf16) {
+  if (bf16) {
+    // A geometry oneDNN cannot plan in bfloat16 (or only by its reference kernel) stays float32.
+    auto plan = Build(g, bias, act, /*bf16=*/true);
+    if (plan.ok() && !(*plan)->reference_kernel()) return plan;
+  }
+  return Build(g, bias, act, /*bf16=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Build(const Conv2dGeometry& g,
+                                                                          bool bias, Activation act,
+                                                                          bool bf16) {
   try {
-    const ConvDescs d = DescsOf(g, bias);
+    const ConvDescs d = DescsOf(g, bias, bf16);
     const auto hint = ForwardPd(d, act);
     const dnnl::primitive_attr attr = UserScratchpad();
     const dnnl::engine& engine = DnnlEngine();
     const dnnl::convolution_backward_weights::primitive_desc weights_pd(
         dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, d.src_any,
-                                                 d.weights_any, d.bias, d.dst_any, d.strides,
+                                                 d.out_weights_any, d.bias, d.dst_any, d.strides,
                                                  d.padding, d.padding),
         attr, engine, hint);
     const dnnl::convolution_backward_data::primitive_desc data_pd(
-        dnnl::convolution_backward_data::desc(algorithm::convolution_direct, d.src_any,
+        dnnl::convolution_backward_data::desc(algorithm::convolution_direct, d.out_src_any,
                                               d.weights_any, d.dst_any, d.strides, d.padding,
                                               d.padding),
         attr, engine, hint);
     auto plan = std::unique_ptr<ConvBackwardPlan>(new ConvBackwardPlan());
     plan->reference_kernel_ = IsReference(weights_pd) || IsReference(data_pd);
+    plan->bf16_ = bf16;
     plan->act_ = act;
     plan->out_elems_ = static_cast<int64_t>(d.dst.get_size() / sizeof(float));
     plan->out_channels_ = g.out_channels;

@@ -27,14 +27,21 @@ struct Staging {
   size_t offset = 0;      // of the staged copy in the workspace
 };
 
+// bf16 (Precision::kBf16, torch.autocast's rule): the convolution reads x, w and dy as bfloat16,
+// rounded to nearest even by the reorders that stage them, and accumulates into float32 y, dw and
+// dx. Where oneDNN has only its reference kernel for the bfloat16 form of a geometry (no
+// AVX512_BF16 kernel for it), the plan is the float32 one instead and bf16() says false.
+
 // y = act(conv(x, w) + bias): Backend::Conv2dForward's contract, ReLU fused as a post-op.
 class ConvForwardPlan {
  public:
   static absl::StatusOr<std::unique_ptr<ConvForwardPlan>> Create(const Conv2dGeometry& g, bool bias,
-                                                                 Activation act);
+                                                                 Activation act, bool bf16);
   size_t workspace_bytes() const { return workspace_bytes_; }
   // Whether oneDNN has only its reference kernel for this geometry (hours for a huge kernel).
   bool reference_kernel() const { return reference_kernel_; }
+  // Whether x and w are read as bfloat16.
+  bool bf16() const { return bf16_; }
   // `workspace` is 64-byte aligned and of workspace_bytes().
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* bias,
                    float* y, char* workspace) const;
@@ -47,9 +54,12 @@ class ConvForwardPlan {
 
  private:
   ConvForwardPlan() = default;
+  static absl::StatusOr<std::unique_ptr<ConvForwardPlan>> Build(const Conv2dGeometry& g, bool bias,
+                                                                Activation act, bool bf16);
   absl::Status Execute(const dnnl::stream& stream, const float* x, const float* w,
                        const float* bias, float* y, bool keep_blocked, char* workspace) const;
   bool reference_kernel_ = false;
+  bool bf16_ = false;
   bool dst_blocked16_ = false;
   dnnl::memory::desc bias_md_;
   dnnl::convolution_forward conv_;
@@ -63,9 +73,12 @@ class ConvForwardPlan {
 class ConvBackwardPlan {
  public:
   static absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> Create(const Conv2dGeometry& g,
-                                                                  bool bias, Activation act);
+                                                                  bool bias, Activation act,
+                                                                  bool bf16);
   size_t workspace_bytes() const { return workspace_bytes_; }
   bool reference_kernel() const { return reference_kernel_; }
+  // Whether x, w and dy are read as bfloat16.
+  bool bf16() const { return bf16_; }
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* y,
                    const float* dy, float* dw, float* dbias, float* dx, char* workspace) const;
   // Whether both primitives take dy in nChw16c (channels a multiple of 16): a caller may then
@@ -80,6 +93,8 @@ class ConvBackwardPlan {
 
  private:
   ConvBackwardPlan() = default;
+  static absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> Build(const Conv2dGeometry& g, bool bias,
+                                                                 Activation act, bool bf16);
   // Both primitives, from dy in the weight gradient's layout (`diff_dst_w`) and, where the data
   // gradient's differs, in plain (`dy`).
   absl::Status Execute(const dnnl::stream& stream, const float* x, const float* w,
@@ -90,6 +105,7 @@ class ConvBackwardPlan {
 
   Activation act_ = Activation::kNone;
   bool reference_kernel_ = false;
+  bool bf16_ = false;
   bool mask_into_blocks_ = false, diff_dst_blocked16_ = false;
   int64_t out_elems_ = 0, out_hw_ = 0;
   int out_channels_ = 0;

@@ -33,7 +33,7 @@ absl::StatusOr<const ConvForwardPlan*> DnnlPrimitives::Forward(const ConvKey& ke
   auto it = forward_.find(key);
   if (it != forward_.end()) return it->second.get();
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ConvForwardPlan> plan,
-                        ConvForwardPlan::Create(key.g, key.bias, key.act));
+                        ConvForwardPlan::Create(key.g, key.bias, key.act, bf16_));
   if (forward_.size() >= kMaxCachedShapes) forward_.clear();
   return forward_.emplace(key, std::move(plan)).first->second.get();
 }
@@ -43,7 +43,7 @@ absl::StatusOr<const ConvBackwardPlan*> DnnlPrimitives::Backward(const ConvKey& 
   auto it = backward_.find(key);
   if (it != backward_.end()) return it->second.get();
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ConvBackwardPlan> plan,
-                        ConvBackwardPlan::Create(key.g, key.bias, key.act));
+                        ConvBackwardPlan::Create(key.g, key.bias, key.act, bf16_));
   if (backward_.size() >= kMaxCachedShapes) backward_.clear();
   return backward_.emplace(key, std::move(plan)).first->second.get();
 }

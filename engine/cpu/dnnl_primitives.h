@@ -33,6 +33,12 @@ class DnnlPrimitives {
   DnnlPrimitives();
 
   const dnnl::stream& stream() const { return stream_; }
+  // bfloat16 GEMMs and convolutions (Precision::kBf16; see DnnlMatmulCache and ConvForwardPlan).
+  // Set before the first op.
+  void UseBf16(bool bf16) {
+    bf16_ = bf16;
+    matmuls_.UseBf16(bf16);
+  }
   DnnlMatmulCache& matmuls() { return matmuls_; }
   DnnlEltwiseCache& eltwise() { return eltwise_; }
   // The plan for `key`, created on first use (on the calling thread's team size) and kept.
@@ -43,6 +49,7 @@ class DnnlPrimitives {
   dnnl::stream stream_;
   DnnlMatmulCache matmuls_;
   DnnlEltwiseCache eltwise_;
+  bool bf16_ = false;
   std::mutex mu_;  // guards the maps; plans, once made, are never changed
   std::unordered_map<ConvKey, std::unique_ptr<ConvForwardPlan>, ConvKeyHash> forward_;
   std::unordered_map<ConvKey, std::unique_ptr<ConvBackwardPlan>, ConvKeyHash> backward_;

@@ -92,6 +92,7 @@ absl::Status JobAdmission::CheckJobMemory(const TrainConfig& config, const Datas
   target.device = device == "cpu" ? DeviceKind::kCpu : DeviceKind::kCuda;
   // Jobs side by side on the CPU each take their share of the cores (JobRunner).
   target.threads = CpuBackendThreads({0, std::max(1, max_jobs_per_device_)});
+  target.precision = config.precision;
   const bool tokens = HoldsTokens(info);
   KILN_ASSIGN_OR_RETURN(MemoryPlan plan,
                         PlanTrainingMemory(config, tokens ? info.train_tokens : info.train_samples,

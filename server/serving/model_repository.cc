@@ -481,6 +481,7 @@ absl::StatusOr<int64_t> ModelRepository::PlanMemory(const std::string& checkpoin
   MemoryTarget target;
   target.device = device;
   target.threads = CpuBackendThreads(backend_options);
+  target.precision = backend_options.precision;
   KILN_ASSIGN_OR_RETURN(MemoryPlan plan,
                         PlanInferenceMemory(info->model, options.batching.max_batch_size, target));
   const int64_t need = plan.total_bytes(), limit = options_.max_memory_bytes;

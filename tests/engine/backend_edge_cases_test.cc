@@ -5,14 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/backend.h"
 #include "engine/backend_registry.h"
-#include "engine/cpu/bf16.h"
 #include "engine/cpu/cpu_backend.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
@@ -38,19 +36,6 @@ class BackendEdgeCases : public ::testing::TestWithParam<std::string> {
 
   std::unique_ptr<Backend> backend_;
 };
-
-// Floats across many magnitudes and both signs, subnormals, zeros and specials among them.
-std::vector<float> RandomValuesForBf16() {
-  std::vector<float> v = {0.0f, -0.0f, 1e-40f, -3e-39f, 65504.0f, 3.4e38f};
-  uint32_t state = 12345;
-  for (int i = 0; i < 100000; ++i) {
-    state = state * 1664525u + 1013904223u;
-    float f;
-    std::memcpy(&f, &state, sizeof(f));
-    v.push_back(f);  // every bit pattern: NaNs and infinities included
-  }
-  return v;
-}
 
 Pool2dGeometry Pool(int h, int w, int kernel, int stride) {
   Pool2dGeometry g;
@@ -329,99 +314,6 @@ TEST(CpuBackendEdgeCases, AFusedMaxPoolingKeepsANanWinnerAsTheUnfusedOneDoes) {
                                              Activation::kNone, winners.data(), y.data()));
   EXPECT_TRUE(std::isnan(y[0]));
   EXPECT_TRUE(std::isnan(y[1]));
-}
-
-// bfloat16 by round to nearest even, as torch converts: ties go to the even neighbour, NaNs stay
-// NaNs (a signalling one is not carried into infinity), infinities and overflow to infinity as
-// IEEE rounding gives, subnormals rounded like any value.
-TEST(CpuBf16, RoundsToNearestEvenAndKeepsNanAndInfinity) {
-  auto bits = [](uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, sizeof(f));
-    return cpu_internal::FloatToBf16(f);
-  };
-  EXPECT_EQ(bits(0x3f800000u), 0x3f80);  // 1
-  EXPECT_EQ(bits(0x3f808000u), 0x3f80);  // 1 + 2^-8, a tie: to the even 1
-  EXPECT_EQ(bits(0x3f818000u), 0x3f82);  // a tie above an odd mantissa: up
-  EXPECT_EQ(bits(0x3f808001u), 0x3f81);  // past the tie: up
-  EXPECT_EQ(bits(0x3f807fffu), 0x3f80);  // short of it: down
-  EXPECT_EQ(bits(0xbf808001u), 0xbf81);  // the sign is kept
-  EXPECT_EQ(bits(0x7f800000u), 0x7f80);  // +inf
-  EXPECT_EQ(bits(0xff800000u), 0xff80);  // -inf
-  EXPECT_EQ(bits(0x7f7fffffu), 0x7f80);  // the largest float rounds to infinity
-  EXPECT_EQ(bits(0x00018000u), 0x0002);  // a subnormal tie: to even
-  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xffc00001u, 0x7fffffffu}) {
-    const float back = cpu_internal::Bf16ToFloat(bits(nan));
-    EXPECT_TRUE(std::isnan(back)) << std::hex << nan;
-  }
-  EXPECT_EQ(cpu_internal::Bf16ToFloat(0x3f81), 1.0078125f);
-  std::vector<float> many = RandomValuesForBf16();
-  std::vector<uint16_t> out(many.size());
-  cpu_internal::RoundToBf16(static_cast<int64_t>(many.size()), many.data(), out.data());
-  for (size_t i = 0; i < many.size(); ++i) {
-    ASSERT_EQ(out[i], cpu_internal::FloatToBf16(many[i])) << i;
-  }
-}
-
-// A bf16 backend's GEMMs (plain, transposed, one row, batched) equal the exact product of the
-// bfloat16-rounded inputs up to float32 accumulation, and are not the float32 product: the
-// rounding of the inputs is all that bf16 changes.
-TEST(CpuBf16, GemmsMultiplyTheRoundedInputsAndAccumulateInFloat32) {
-  CpuBackend bf16(2, Precision::kBf16), fp32(2, Precision::kFp32);
-  auto rounded = [](const std::vector<float>& v) {
-    std::vector<float> r(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      r[i] = cpu_internal::Bf16ToFloat(cpu_internal::FloatToBf16(v[i]));
-    }
-    return r;
-  };
-  struct Case {
-    int m, n, k;
-    bool ta, tb;
-  };
-  for (const Case& c : {Case{64, 48, 300, false, false}, Case{33, 17, 129, true, false},
-                        Case{20, 31, 64, false, true}, Case{1, 50, 200, false, true}}) {
-    SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k << " ta " << c.ta
-                                      << " tb " << c.tb);
-    const std::vector<float> a = testing::RandomValues(int64_t{c.m} * c.k, 81, -2, 2);
-    const std::vector<float> b = testing::RandomValues(int64_t{c.k} * c.n, 82, -2, 2);
-    const std::vector<float> ra = rounded(a), rb = rounded(b);
-    std::vector<float> got(int64_t{c.m} * c.n), plain(got.size());
-    const Transpose ta = c.ta ? Transpose::kYes : Transpose::kNo;
-    const Transpose tb = c.tb ? Transpose::kYes : Transpose::kNo;
-    ASSERT_OK(bf16.Gemm(ta, tb, c.m, c.n, c.k, 1.0f, a.data(), b.data(), 0.0f, got.data()));
-    ASSERT_OK(fp32.Gemm(ta, tb, c.m, c.n, c.k, 1.0f, a.data(), b.data(), 0.0f, plain.data()));
-    double worst = 0, moved = 0;
-    for (int i = 0; i < c.m; ++i) {
-      for (int j = 0; j < c.n; ++j) {
-        double exact = 0, magnitude = 0;
-        for (int p = 0; p < c.k; ++p) {
-          const double x = ra[c.ta ? int64_t{p} * c.m + i : int64_t{i} * c.k + p];
-          const double y = rb[c.tb ? int64_t{j} * c.k + p : int64_t{p} * c.n + j];
-          exact += x * y;
-          magnitude += std::abs(x * y);
-        }
-        const int64_t q = int64_t{i} * c.n + j;
-        // float32 accumulation of k products: within k ulps of their magnitudes' sum.
-        worst = std::max(worst, std::abs(got[q] - exact) / (magnitude * c.k * 0x1p-24));
-        moved = std::max(moved, std::abs(plain[q] - static_cast<double>(got[q])));
-      }
-    }
-    EXPECT_LE(worst, 1.0) << "error over float32 accumulation's bound";
-    EXPECT_GT(moved, 1e-3) << "the bf16 product equals the float32 one: inputs not rounded";
-  }
-  // The attention's batched products take the same rule.
-  const int m = 16, n = 16, k = 32, batch = 3;
-  const std::vector<float> a = testing::RandomValues(batch * m * k, 83, -2, 2);
-  const std::vector<float> b = testing::RandomValues(batch * k * n, 84, -2, 2);
-  std::vector<float> got(batch * m * n), one(m * n);
-  ASSERT_OK(bf16.GemmStridedBatched(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data(),
-                                    m * k, b.data(), k * n, 0.0f, got.data(), m * n, batch));
-  ASSERT_OK(bf16.Gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data() + 2 * m * k,
-                      b.data() + 2 * k * n, 0.0f, one.data()));
-  for (int q = 0; q < m * n; ++q) {
-    EXPECT_NEAR(got[2 * m * n + q], one[q], 1e-5f * std::max(1.0f, std::abs(one[q]))) << q;
-  }
 }
 
 // SumOfSquares adds to its scalar (one call per gradient makes the global norm), leaves it alone

@@ -132,8 +132,10 @@ Conv2dGeometry WideConvGeometry(int batch) {
 TEST(MemoryPlan, TheConvWorkspaceIsTheLargerOfTheBackwardAndTheForwardPlanAndNamesItsLayer) {
   auto plan = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCpu, 2});
   ASSERT_OK(plan);
-  const int64_t backward = CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, true);
-  const int64_t forward = CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, false);
+  const int64_t backward =
+      CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, true, Precision::kFp32);
+  const int64_t forward =
+      CpuBackend::ConvWorkspaceBytes(WideConvGeometry(1), 2, false, Precision::kFp32);
   // The backward stages more than the forward: the masked gradient, dw, x for another primitive.
   EXPECT_GT(backward, forward);
   ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
@@ -148,15 +150,19 @@ TEST(MemoryPlan, TheConvWorkspaceIsTheLargerOfTheBackwardAndTheForwardPlanAndNam
   EXPECT_EQ(Find(*cuda, 0, "conv2d workspace")->bytes, int64_t{256} << 20);
 }
 
-// The count is what the backend then holds: the same plans, made on the same number of threads.
-TEST(MemoryPlan, TheCountedConvWorkspaceIsWhatTheBackendAllocates) {
+// The count is what the backend then holds: the same plans, made on the same number of threads
+// in the same precision (bf16 stages bfloat16 copies of x, w and dy).
+class CountedConvWorkspace : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(CountedConvWorkspace, IsWhatTheBackendAllocates) {
+  const Precision precision = GetParam();
   Conv2dGeometry g;  // the reference CNN's second convolution
   g.batch = 64;
   g.in_channels = 32;
   g.in_h = g.in_w = 13;
   g.out_channels = 64;
   g.kernel_h = g.kernel_w = 3;
-  CpuBackend backend(2);
+  CpuBackend backend(2, precision);
   auto x = backend.Allocate(DType::kF32, {64, 32, 13, 13});
   auto w = backend.Allocate(DType::kF32, {64, 32, 3, 3});
   auto b = backend.Allocate(DType::kF32, {64});
@@ -167,11 +173,17 @@ TEST(MemoryPlan, TheCountedConvWorkspaceIsWhatTheBackendAllocates) {
   auto dx = backend.Allocate(DType::kF32, {64, 32, 13, 13});
   for (auto* t : {&x, &w, &b, &y, &dy, &dw, &db, &dx}) ASSERT_OK(*t);
   ASSERT_OK(backend.Conv2dForward(g, x->f32(), w->f32(), b->f32(), Activation::kRelu, y->f32()));
-  EXPECT_EQ(backend.conv_workspace_held_bytes(), CpuBackend::ConvWorkspaceBytes(g, 2, false));
+  EXPECT_EQ(backend.conv_workspace_held_bytes(),
+            CpuBackend::ConvWorkspaceBytes(g, 2, false, precision));
   ASSERT_OK(backend.Conv2dBackward(g, x->f32(), w->f32(), y->f32(), dy->f32(), Activation::kRelu,
                                    dw->f32(), db->f32(), dx->f32()));
-  EXPECT_EQ(backend.conv_workspace_held_bytes(), CpuBackend::ConvWorkspaceBytes(g, 2, true));
+  EXPECT_EQ(backend.conv_workspace_held_bytes(),
+            CpuBackend::ConvWorkspaceBytes(g, 2, true, precision));
 }
+
+INSTANTIATE_TEST_SUITE_P(MemoryPlan, CountedConvWorkspace,
+                         ::testing::Values(Precision::kFp32, Precision::kBf16),
+                         [](const auto& info) { return std::string(PrecisionName(info.param)); });
 
 TEST(MemoryPlan, ServingCountsTheForwardAtTheLargestBatchAndNoOptimizer) {
   auto plan = PlanInferenceMemory(WideConv().model, 4, {DeviceKind::kCpu, 2});
@@ -179,7 +191,7 @@ TEST(MemoryPlan, ServingCountsTheForwardAtTheLargestBatchAndNoOptimizer) {
   EXPECT_EQ(Find(*plan, -1, "optimizer state"), nullptr);
   ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
   EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes,
-            CpuBackend::ConvWorkspaceBytes(WideConvGeometry(4), 2, false));
+            CpuBackend::ConvWorkspaceBytes(WideConvGeometry(4), 2, false, Precision::kFp32));
   EXPECT_EQ(Find(*plan, 0, "conv2d activations")->bytes, int64_t{2} * 32 * 1000 * 1000 * 4 * 4);
 }
 
@@ -210,9 +222,10 @@ TEST(MemoryPlan, NewLayersCountTheirActivationsAndPaddedMaxPoolItsArgmax) {
   ASSERT_NE(Find(*plan, 5, "adaptive_avgpool2d activations"), nullptr);
   EXPECT_EQ(Find(*plan, 5, "adaptive_avgpool2d activations")->bytes, int64_t{2} * 8 * 16 * 4);
   ASSERT_NE(Find(*plan, 0, "conv2d workspace"), nullptr);
-  EXPECT_EQ(Find(*plan, 0, "conv2d workspace")->bytes,
-            CpuBackend::ConvWorkspaceBytes(
-                MakeConv2dGeometry(conv, c.model.input_shape, c.batch_size), 2, true));
+  EXPECT_EQ(
+      Find(*plan, 0, "conv2d workspace")->bytes,
+      CpuBackend::ConvWorkspaceBytes(MakeConv2dGeometry(conv, c.model.input_shape, c.batch_size), 2,
+                                     true, Precision::kFp32));
 }
 
 TEST(MemoryPlan, HostileSizesSaturateInsteadOfWrappingAround) {
