@@ -24,6 +24,20 @@ inline float Bf16ToFloat(uint16_t h) {
   return f;
 }
 
+// v as an element of a float32 buffer (as it is) or of a bfloat16 one (FloatToBf16), the
+// pointer's type choosing: for kernels templated on the type of what they write.
+inline float AsElement(float v, const float*) { return v; }
+inline uint16_t AsElement(float v, const uint16_t*) { return FloatToBf16(v); }
+
+// dst[i] = FloatToBf16(src[i]) for i < n on the calling thread alone: for short rows inside a
+// parallel loop, where even a parallel region that its if() keeps to one thread costs a call.
+inline void RoundRowToBf16(int64_t n, const float* src, uint16_t* dst) {
+#ifdef _OPENMP
+#pragma omp simd
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+}
+
 // dst[i] = FloatToBf16(src[i]) for i < n, on the calling thread's OpenMP team (where the
 // includer is built with OpenMP, as engine/cpu is); branch-free, so the compiler vectorises it.
 inline void RoundToBf16(int64_t n, const float* src, uint16_t* dst) {

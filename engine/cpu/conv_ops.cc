@@ -204,8 +204,14 @@ absl::Status CpuBackend::Conv2dMaxPoolBackward(const Conv2dGeometry& g, const Po
                           dnnl_->Backward(ConvKey{g, dbias != nullptr, act}));
     char* workspace = ConvWorkspace(plan->workspace_bytes());
     if (workspace == nullptr) return WorkspaceError(g, plan->workspace_bytes());
-    cpu_internal::MaxPoolBlocked16Backward(pool, winners, dy, plan->BlockedDiffDst(workspace),
-                                           threads_);
+    void* blocked = plan->BlockedDiffDst(workspace);
+    if (plan->bf16()) {
+      cpu_internal::MaxPoolBlocked16Backward(pool, winners, dy, static_cast<uint16_t*>(blocked),
+                                             threads_);
+    } else {
+      cpu_internal::MaxPoolBlocked16Backward(pool, winners, dy, static_cast<float*>(blocked),
+                                             threads_);
+    }
     return plan->RunFromBlockedDiffDst(dnnl_->stream(), x, w, dw, dbias, dx, workspace);
   }
   const int64_t out_elems = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();

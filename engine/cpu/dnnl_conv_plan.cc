@@ -5,6 +5,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "engine/cpu/bf16.h"
 #include "engine/cpu/cpu_parallel.h"
 #include "engine/cpu/dnnl_engine.h"
 
@@ -269,7 +270,7 @@ absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Build(const 
     // blocking it, in one pass instead of a masking pass and a reorder.
     plan->diff_dst_blocked16_ =
         plan->diff_dst_shared_ && g.out_channels % 16 == 0 &&
-        weights_pd.diff_dst_desc() == memory::desc(d.dst.dims(), kF32, Tag::nChw16c);
+        weights_pd.diff_dst_desc() == memory::desc(d.dst.dims(), bf16 ? kBf16 : kF32, Tag::nChw16c);
     plan->mask_into_blocks_ = act == Activation::kRelu && plan->diff_dst_blocked16_;
     if (act == Activation::kRelu && !plan->mask_into_blocks_) {
       plan->masked_offset_ = layout.Add(d.dst.get_size());
@@ -297,19 +298,34 @@ absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Build(const 
   }
 }
 
-void ConvBackwardPlan::MaskIntoBlocks(const float* y, const float* dy, float* blocked) const {
-  const int64_t hw = out_hw_, blocks = out_elems_ / (16 * hw);
-#pragma omp parallel for schedule(static) if (out_elems_ > kParallelMin)
+namespace {
+
+// ConvBackwardPlan::MaskIntoBlocks into float32 or bfloat16 blocks.
+template <typename T>
+void MaskIntoBlocksOf(int64_t out_elems, int64_t hw, const float* y, const float* dy, T* blocked) {
+  const int64_t blocks = out_elems / (16 * hw);
+#pragma omp parallel for schedule(static) if (out_elems > kParallelMin)
   for (int64_t b = 0; b < blocks; ++b) {
     // Block b is 16 consecutive NCHW planes, interleaved: blocked[p * 16 + c] = plane c at p.
     const float* yb = y + b * 16 * hw;
     const float* db = dy + b * 16 * hw;
-    float* out = blocked + b * 16 * hw;
+    T* out = blocked + b * 16 * hw;
     for (int c = 0; c < 16; ++c) {
       const float* yc = yb + c * hw;
       const float* dc = db + c * hw;
-      for (int64_t p = 0; p < hw; ++p) out[p * 16 + c] = yc[p] > 0.0f ? dc[p] : 0.0f;
+      for (int64_t p = 0; p < hw; ++p)
+        out[p * 16 + c] = AsElement(yc[p] > 0.0f ? dc[p] : 0.0f, out);
     }
+  }
+}
+
+}  // namespace
+
+void ConvBackwardPlan::MaskIntoBlocks(const float* y, const float* dy, void* blocked) const {
+  if (bf16_) {
+    MaskIntoBlocksOf(out_elems_, out_hw_, y, dy, static_cast<uint16_t*>(blocked));
+  } else {
+    MaskIntoBlocksOf(out_elems_, out_hw_, y, dy, static_cast<float*>(blocked));
   }
 }
 
@@ -317,7 +333,7 @@ absl::Status ConvBackwardPlan::Run(const dnnl::stream& stream, const float* x, c
                                    const float* y, const float* dy, float* dw, float* dbias,
                                    float* dx, char* workspace) const {
   if (mask_into_blocks_) {
-    MaskIntoBlocks(y, dy, reinterpret_cast<float*>(workspace + diff_dst_w_.offset));
+    MaskIntoBlocks(y, dy, workspace + diff_dst_w_.offset);
   } else if (act_ == Activation::kRelu) {
     // The fused ReLU's backward: pass the gradient where the output was positive.
     float* masked = reinterpret_cast<float*>(workspace + masked_offset_);

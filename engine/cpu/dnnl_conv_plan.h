@@ -82,12 +82,10 @@ class ConvBackwardPlan {
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* y,
                    const float* dy, float* dw, float* dbias, float* dx, char* workspace) const;
   // Whether both primitives take dy in nChw16c (channels a multiple of 16): a caller may then
-  // write dy, already masked, straight into BlockedDiffDst and call RunFromBlockedDiffDst (the
-  // fused max pooling's backward does), saving the reorder.
+  // write dy, already masked, straight into BlockedDiffDst (float32, or bfloat16 where bf16())
+  // and call RunFromBlockedDiffDst (the fused max pooling's backward does), saving the reorder.
   bool diff_dst_blocked16() const { return diff_dst_blocked16_; }
-  float* BlockedDiffDst(char* workspace) const {
-    return reinterpret_cast<float*>(workspace + diff_dst_w_.offset);
-  }
+  void* BlockedDiffDst(char* workspace) const { return workspace + diff_dst_w_.offset; }
   absl::Status RunFromBlockedDiffDst(const dnnl::stream& stream, const float* x, const float* w,
                                      float* dw, float* dbias, float* dx, char* workspace) const;
 
@@ -100,8 +98,9 @@ class ConvBackwardPlan {
   absl::Status Execute(const dnnl::stream& stream, const float* x, const float* w,
                        const dnnl::memory& diff_dst_w, const float* dy, float* dw, float* dbias,
                        float* dx, char* workspace, const dnnl::memory& scratchpad) const;
-  // The ReLU's backward straight into dy's nChw16c copy: blocked = (y > 0 ? dy : 0), reordered.
-  void MaskIntoBlocks(const float* y, const float* dy, float* blocked) const;
+  // The ReLU's backward straight into dy's nChw16c copy: blocked = (y > 0 ? dy : 0), reordered
+  // (and rounded to bfloat16 where bf16()).
+  void MaskIntoBlocks(const float* y, const float* dy, void* blocked) const;
 
   Activation act_ = Activation::kNone;
   bool reference_kernel_ = false;

@@ -26,8 +26,11 @@ void MaxPoolBlocked16Forward(const Pool2dGeometry& g, const float* x, bool relu,
 // dx (plain) = dy at each window's recorded winner, zero elsewhere (and where masked).
 void MaxPoolPlainBackward(const Pool2dGeometry& g, const uint8_t* winners, const float* dy,
                           float* dx, int threads);
-// The same from winners in nChw16c, dx written in nChw16c.
+// The same from winners in nChw16c, dx written in nChw16c: float32, or bfloat16 (rounded to
+// nearest even, bf16.h) for a bf16 convolution's backward.
 void MaxPoolBlocked16Backward(const Pool2dGeometry& g, const uint8_t* winners, const float* dy,
                               float* dx, int threads);
+void MaxPoolBlocked16Backward(const Pool2dGeometry& g, const uint8_t* winners, const float* dy,
+                              uint16_t* dx, int threads);
 
 }  // namespace kiln::cpu_internal

@@ -154,8 +154,8 @@ TEST(Model, ParameterNamesFollowTorchSequential) {
   ASSERT_OK(model);
   std::vector<std::string> names;
   for (const auto& p : (*model)->parameters()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias",
-                                             "7.weight", "7.bias", "9.weight", "9.bias"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias", "7.weight",
+                                             "7.bias", "9.weight", "9.bias"}));
 }
 
 TEST(Model, InitialisationIsSeededAndBoundedAsPyTorch) {
@@ -201,8 +201,7 @@ TEST(ModelConfigJson, RoundTripsAndRejectsUnknownLayers) {
   EXPECT_NE(bad.status().message().find("layer 0 lstm: unknown layer type"), std::string::npos);
   auto bad_field =
       ModelConfigFromJson(R"({"input_shape":[4],"layers":[{"type":"linear","in_features":"4"}]})");
-  EXPECT_NE(bad_field.status().message().find("in_features must be an integer"),
-            std::string::npos);
+  EXPECT_NE(bad_field.status().message().find("in_features must be an integer"), std::string::npos);
   EXPECT_FALSE(ModelConfigFromJson("{").ok());
 }
 
@@ -304,8 +303,12 @@ void ExpectNear(const std::vector<float>& a, const std::vector<float>& b, double
   }
 }
 
-void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch, double tolerance = 0) {
-  auto backend = CreateBackend("cpu", {2});
+void ExpectFusedMatchesSeparate(const ModelConfig& c, int batch, double tolerance = 0,
+                                Precision precision = Precision::kFp32) {
+  BackendOptions options;
+  options.threads = 2;
+  options.precision = precision;
+  auto backend = CreateBackend("cpu", options);
   ASSERT_OK(backend);
   auto fused = Model::Build(c, backend->get(), 1, Fusion::kFuse);
   auto plain = Model::Build(c, backend->get(), 1, Fusion::kNone);
@@ -391,6 +394,24 @@ TEST(Model, FusedMaxPoolMatchesSeparateLayersWithoutReluAndWiderWindows) {
       {{3, 11, 11},
        {Conv2dConfig{3, 32, 3, 1, 1}, MaxPool2dConfig{3}, FlattenConfig{}, LinearConfig{288, 5}}},
       4);
+}
+
+// In bf16 the fused layers write the masked gradient straight into the convolution's bfloat16
+// blocks, rounding as the separate layers' reorder does: the same values exactly, with a ReLU
+// alone (its mask applied while blocking), with a max pooling, and with both.
+TEST(Model, FusedLayersMatchSeparateLayersInBf16) {
+  const ModelConfig relu{
+      {32, 13, 13},
+      {Conv2dConfig{32, 64, 3}, ReluConfig{}, FlattenConfig{}, LinearConfig{64 * 11 * 11, 10}}};
+  const ModelConfig pool{
+      {32, 13, 13},
+      {Conv2dConfig{32, 64, 3}, MaxPool2dConfig{2}, FlattenConfig{}, LinearConfig{1600, 10}}};
+  const ModelConfig both{{32, 13, 13},
+                         {Conv2dConfig{32, 64, 3}, ReluConfig{}, MaxPool2dConfig{2},
+                          FlattenConfig{}, LinearConfig{1600, 10}}};
+  for (const ModelConfig* c : {&relu, &pool, &both}) {
+    ExpectFusedMatchesSeparate(*c, 3, 0, Precision::kBf16);
+  }
 }
 
 // Pooling that overlaps or pads is not fused, and a conv2d output read twice fuses nothing.
