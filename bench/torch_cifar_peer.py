@@ -185,6 +185,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--augment", action="store_true")
     ap.add_argument("--check-checkpoint", default=None)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: torch.autocast(bfloat16) around the forward and loss")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -238,19 +240,22 @@ def main():
             if a.augment:
                 xb = augment(xb, g)
             opt.zero_grad()
-            loss = lossf(net(xb), yb)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                loss = lossf(net(xb), yb)
             loss.backward()
             opt.step()
             if sched is not None:
                 sched.step()
             loss_sum += loss.item() * idx.shape[0]
         dt = time.perf_counter() - t0
-        acc = accuracy(net, xte, yte)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            acc = accuracy(net, xte, yte)
         epochs.append({"epoch": ep, "train_s": dt, "samples_per_s": n / dt,
                        "train_loss": loss_sum / n, "test_acc": acc})
         print(f"epoch {ep}: train_s={dt:.3f} samples/s={n / dt:.0f} loss={loss_sum / n:.4f} "
               f"test_acc={acc:.2f}%", flush=True)
     summary = {"workload": a.workload, "threads": a.threads, "batch": bs, "epochs": epochs,
+               "precision": a.precision,
                "augment": a.augment, "torch": torch.__version__}
     print("SUMMARY " + json.dumps(summary), flush=True)
     if a.json:
