@@ -121,7 +121,7 @@ absl::Status Deploy(CommandEnv& env, const DeployOptions& o) {
         env.out, "deployed %s as model %s%s%s\n%s\n", ref.ToString().c_str(), name.c_str(),
         versions.empty() ? ""
                          : absl::StrCat(" (versions ", absl::StrJoin(versions, ", "), ")").c_str(),
-        served.empty() ? "" : absl::StrCat(", ", served).c_str(),
+        served.empty() ? "" : absl::StrCat(", precision ", served).c_str(),
         language ? absl::StrCat("generate with: kiln generate ", name, " PROMPT").c_str()
                  : absl::StrCat("predict with: kiln predict ", name, " IMAGE.png").c_str());
   }

@@ -963,6 +963,7 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
   RunResult deploy = Kiln({"deploy", id + "@latest", "--name", "toy-digits", "--max-batch", "8",
                            "--max-delay-us", "100"});
   ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
+  EXPECT_THAT(deploy.out, HasSubstr("(versions 1), precision fp32\n")) << deploy.out;
   EXPECT_THAT(Kiln({"models"}).out, HasSubstr("toy-digits"));
 
   // Test images of the toy set, whose labels are known, as PGM files.
