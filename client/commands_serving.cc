@@ -21,6 +21,7 @@
 #include "client/image_file.h"
 #include "client/image_resize.h"
 #include "client/job_ref.h"
+#include "client/spec_file.h"
 #include "client/table.h"
 #include "common/status_macros.h"
 #include "inference/grpc_service.grpc.pb.h"
@@ -36,6 +37,7 @@ struct DeployOptions {
   std::string name;
   std::string version;
   std::string device;
+  std::string precision;  // as --precision says it; empty: kilnd's default (fp32)
   int64_t max_batch = 0;
   int64_t max_delay_us = -1;
   std::string version_policy;
@@ -54,8 +56,27 @@ inference::ModelRepositoryParameter IntParam(int64_t v) {
   return p;
 }
 
+// The "precision" parameter of `version` of `model` (empty: the default) as ModelMetadata says
+// it, with the metadata in *metadata; empty when the call fails or kilnd does not say.
+std::string MetadataPrecision(GRPCInferenceService::Stub& stub, Connection& c,
+                              const std::string& model, const std::string& version,
+                              inference::ModelMetadataResponse* metadata) {
+  inference::ModelMetadataRequest request;
+  request.set_name(model);
+  request.set_version(version);
+  auto context = c.NewContext();
+  if (!stub.ModelMetadata(context.get(), request, metadata).ok()) return "";
+  auto it = metadata->parameters().find("precision");
+  return it == metadata->parameters().end() ? "" : it->second.string_param();
+}
+
 absl::Status Deploy(CommandEnv& env, const DeployOptions& o) {
   KILN_ASSIGN_OR_RETURN(CheckpointRef ref, ParseCheckpointRef(o.ref));
+  std::string precision;  // as kilnd spells it; empty: its default
+  if (!o.precision.empty()) {
+    KILN_ASSIGN_OR_RETURN(v1::Precision p, ParsePrecisionFlag(o.precision, "--precision"));
+    precision = PrecisionWord(p);
+  }
   const std::string name = o.name.empty() ? ref.job_id : o.name;
   KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
   auto stub = GRPCInferenceService::NewStub(c->channel());
@@ -68,6 +89,7 @@ absl::Status Deploy(CommandEnv& env, const DeployOptions& o) {
   if (o.max_delay_us >= 0) params["max_queue_delay_us"] = IntParam(o.max_delay_us);
   if (!o.version.empty()) params["version"] = StringParam(o.version);
   if (!o.device.empty()) params["device"] = StringParam(o.device);
+  if (!precision.empty()) params["precision"] = StringParam(precision);
   if (!o.version_policy.empty()) params["version_policy"] = StringParam(o.version_policy);
   if (o.follow) params["follow"] = StringParam("true");
   inference::RepositoryModelLoadResponse response;
@@ -85,21 +107,21 @@ absl::Status Deploy(CommandEnv& env, const DeployOptions& o) {
       if (m.name() == name && !m.version().empty()) versions.push_back(m.version());
     }
   }
+  // What the loaded version computes in, as kilnd says (the default version when unnamed).
+  inference::ModelMetadataResponse metadata;
+  const std::string served = MetadataPrecision(*stub, *c, name, o.version, &metadata);
   if (env.json()) {
     nlohmann::json out = {{"model", name}, {"checkpoint", ref.ToString()}, {"versions", versions}};
+    if (!served.empty()) out["precision"] = served;
     std::fprintf(env.out, "%s\n", out.dump(2).c_str());
   } else {
     // A language model takes token ids (INT64): it generates rather than predicts.
-    inference::ModelMetadataRequest meta_request;
-    meta_request.set_name(name);
-    inference::ModelMetadataResponse metadata;
-    auto meta_context = c->NewContext();
-    const bool language = stub->ModelMetadata(meta_context.get(), meta_request, &metadata).ok() &&
-                          metadata.inputs_size() > 0 && metadata.inputs(0).datatype() == "INT64";
+    const bool language = metadata.inputs_size() > 0 && metadata.inputs(0).datatype() == "INT64";
     std::fprintf(
-        env.out, "deployed %s as model %s%s\n%s\n", ref.ToString().c_str(), name.c_str(),
+        env.out, "deployed %s as model %s%s%s\n%s\n", ref.ToString().c_str(), name.c_str(),
         versions.empty() ? ""
                          : absl::StrCat(" (versions ", absl::StrJoin(versions, ", "), ")").c_str(),
+        served.empty() ? "" : absl::StrCat(", precision ", served).c_str(),
         language ? absl::StrCat("generate with: kiln generate ", name, " PROMPT").c_str()
                  : absl::StrCat("predict with: kiln predict ", name, " IMAGE.png").c_str());
   }
@@ -133,17 +155,31 @@ absl::Status Models(CommandEnv& env) {
   grpc::Status status =
       stub->RepositoryIndex(context.get(), inference::RepositoryIndexRequest(), &response);
   if (!status.ok()) return ServerError(status);
+  // What each loaded version computes in (ModelMetadata's "precision"); empty for the others.
+  std::vector<std::string> precisions;
+  for (const auto& m : response.models()) {
+    inference::ModelMetadataResponse metadata;
+    precisions.push_back(m.state() == "READY" && !m.version().empty()
+                             ? MetadataPrecision(*stub, *c, m.name(), m.version(), &metadata)
+                             : "");
+  }
   if (env.json()) {
-    PrintJson(env, response);
+    nlohmann::json out = nlohmann::json::parse(MessageToJson(response, false));
+    for (size_t i = 0; i < precisions.size(); ++i) {
+      if (!precisions[i].empty()) out["models"][i]["precision"] = precisions[i];
+    }
+    std::fprintf(env.out, "%s\n", out.dump(2).c_str());
     return absl::OkStatus();
   }
   if (response.models().empty()) {
     std::fprintf(env.out, "no models; deploy one with: kiln deploy JOB\n");
     return absl::OkStatus();
   }
-  Table table({"NAME", "VERSION", "STATE", "REASON"});
-  for (const auto& m : response.models())
-    table.AddRow({m.name(), m.version(), m.state(), m.reason()});
+  Table table({"NAME", "VERSION", "STATE", "PRECISION", "REASON"});
+  for (int i = 0; i < response.models_size(); ++i) {
+    const auto& m = response.models(i);
+    table.AddRow({m.name(), m.version(), m.state(), precisions[i], m.reason()});
+  }
   table.Print(env.out);
   return absl::OkStatus();
 }
@@ -413,11 +449,15 @@ void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action) {
                   "Longest a request waits for a batch to fill, in microseconds")
       ->check(CLI::NonNegativeNumber);
   dep->add_option("--device", d->device, "Device to serve on: cpu, cuda:N or auto");
+  dep->add_option("--precision", d->precision,
+                  "What the version's GEMMs compute in: fp32 (default), tf32 or bf16 (inputs "
+                  "rounded to bfloat16, float32 sums; answers close to fp32's)");
   dep->footer(
       "Examples:\n"
       "  kiln deploy job-3f9c2a1b7d04 --name digits\n"
       "  kiln deploy job-3f9c2a1b7d04@best --name digits --max-batch 64 --max-delay-us 200\n"
       "  kiln deploy job-3f9c2a1b7d04@best --name live --follow --version-policy latest:2\n"
+      "  kiln deploy job-3f9c2a1b7d04@best --name digits --precision bf16\n"
       "  kiln predict digits seven.png");
   dep->callback([&env, action, d] { *action = [&env, d] { return Deploy(env, *d); }; });
 

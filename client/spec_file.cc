@@ -121,12 +121,8 @@ absl::Status ApplyOptimizerFlags(const SpecOverrides& o, v1::JobSpec* spec) {
 
 absl::Status ApplyPrecisionFlag(const std::string& flag, v1::JobSpec* spec) {
   if (flag.empty()) return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* precision,
-                        ParsePlainEnumName(v1::Precision_descriptor(), flag, "--precision"));
-  if (precision->number() == v1::PRECISION_UNSPECIFIED) {
-    return UsageError("--precision: expected fp32, tf32 or bf16");
-  }
-  spec->set_precision(static_cast<v1::Precision>(precision->number()));
+  KILN_ASSIGN_OR_RETURN(v1::Precision precision, ParsePrecisionFlag(flag, "--precision"));
+  spec->set_precision(precision);
   return absl::OkStatus();
 }
 
@@ -156,6 +152,20 @@ absl::StatusOr<v1::OptimizerSpec> PresetOptimizer(const std::string& preset) {
     return absl::NotFoundError(absl::StrCat("no preset \"", preset, "\""));
   }
   return opt;
+}
+
+absl::StatusOr<v1::Precision> ParsePrecisionFlag(const std::string& text, const std::string& flag) {
+  KILN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* precision,
+                        ParsePlainEnumName(v1::Precision_descriptor(), text, flag));
+  if (precision->number() == v1::PRECISION_UNSPECIFIED) {
+    return UsageError(absl::StrCat(flag, ": expected fp32, tf32 or bf16"));
+  }
+  return static_cast<v1::Precision>(precision->number());
+}
+
+std::string PrecisionWord(v1::Precision precision) {
+  if (precision == v1::PRECISION_UNSPECIFIED) precision = v1::PRECISION_FP32;
+  return PlainEnumName(v1::Precision_descriptor()->FindValueByNumber(precision));
 }
 
 absl::StatusOr<v1::ScheduleSpec> ParseScheduleFlag(const std::string& text) {

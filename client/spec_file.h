@@ -57,6 +57,15 @@ absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec);
 // other name.
 absl::StatusOr<v1::OptimizerSpec> PresetOptimizer(const std::string& preset);
 
+// A --precision flag's value (`flag` names it in errors): "fp32", "tf32" or "bf16", in any case,
+// or the full name ("PRECISION_BF16"); a usage error otherwise. The client's one reading of a
+// precision word, for jobs (JobSpec.precision) and deployments (the "precision" load parameter,
+// sent as PrecisionWord spells it).
+absl::StatusOr<v1::Precision> ParsePrecisionFlag(const std::string& text, const std::string& flag);
+
+// "fp32", "tf32" or "bf16": how kiln and kilnd spell `precision` (unset is fp32).
+std::string PrecisionWord(v1::Precision precision);
+
 // Parses a --schedule value: a ScheduleSpec kind ("cosine", "one_cycle"), optionally followed by
 // ':' and comma-separated FIELD=VALUE pairs of ScheduleSpec's fields ("t_max=10,eta_min=1e-5").
 absl::StatusOr<v1::ScheduleSpec> ParseScheduleFlag(const std::string& text);

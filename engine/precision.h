@@ -2,6 +2,7 @@
 // where the device has them, or bfloat16 GEMMs. The engine's form of JobSpec.precision.
 #pragma once
 
+#include <optional>
 #include <string_view>
 
 namespace kiln {
@@ -21,6 +22,18 @@ enum class Precision { kFp32, kTf32, kBf16 };
 // "fp32", "tf32" or "bf16", as the CLI and the docs spell them.
 constexpr std::string_view PrecisionName(Precision p) {
   return p == Precision::kTf32 ? "tf32" : p == Precision::kBf16 ? "bf16" : "fp32";
+}
+
+// The words PrecisionNamed accepts, as an error message lists them.
+inline constexpr std::string_view kPrecisionNames = "fp32, tf32 or bf16";
+
+// The precision PrecisionName spells `name` (exactly, lower-case), or nullopt for any other word.
+// The one parser of these words (a serving load's "precision" parameter).
+constexpr std::optional<Precision> PrecisionNamed(std::string_view name) {
+  for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
+    if (PrecisionName(p) == name) return p;
+  }
+  return std::nullopt;
 }
 
 }  // namespace kiln

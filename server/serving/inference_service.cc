@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/precision.h"
 #include "server/grpc/call_auth.h"
 #include "server/grpc/status_mapping.h"
 #include "server/serving/tensor_codec.h"
@@ -45,6 +47,16 @@ absl::StatusOr<int64_t> IntParameter(const std::string& key,
       absl::StrCat("parameter \"", key, "\": must be an int64_param (or a string holding one)"));
 }
 
+// "fp32", "tf32" or "bf16" (PrecisionNamed); any other word or type names the parameter.
+absl::StatusOr<Precision> PrecisionParameter(const std::string& key,
+                                             const inference::ModelRepositoryParameter& p) {
+  KILN_ASSIGN_OR_RETURN(std::string word, StringParameter(key, p));
+  if (std::optional<Precision> precision = PrecisionNamed(word)) return *precision;
+  return absl::InvalidArgumentError(absl::StrCat("parameter \"", key, "\": \"", word,
+                                                 "\" is not a precision; expected ",
+                                                 std::string(kPrecisionNames)));
+}
+
 absl::StatusOr<LoadRequest> ParseLoad(const inference::RepositoryModelLoadRequest& request,
                                       const DeploymentOptions& defaults) {
   if (request.model_name().empty()) return absl::InvalidArgumentError("model_name: required");
@@ -72,6 +84,8 @@ absl::StatusOr<LoadRequest> ParseLoad(const inference::RepositoryModelLoadReques
             absl::StrCat("parameter \"threads\": ", n, " is out of range 0..1024"));
       }
       load.options.threads = static_cast<int>(n);
+    } else if (key == "precision") {
+      KILN_ASSIGN_OR_RETURN(load.options.precision, PrecisionParameter(key, value));
     } else if (key == "version_policy") {
       KILN_ASSIGN_OR_RETURN(std::string text, StringParameter(key, value));
       KILN_ASSIGN_OR_RETURN(load.policy, VersionPolicy::Parse(text));
@@ -84,7 +98,8 @@ absl::StatusOr<LoadRequest> ParseLoad(const inference::RepositoryModelLoadReques
       return absl::InvalidArgumentError(
           absl::StrCat("parameter \"", key,
                        "\" is not supported; kilnd reads checkpoint, version, device, threads, "
-                       "max_batch_size, max_queue_delay_us, version_policy and follow"));
+                       "precision, max_batch_size, max_queue_delay_us, version_policy and "
+                       "follow"));
     }
   }
   // "follow": "true" follows the checkpoint source as given (e.g. "JOB@best").
@@ -105,6 +120,7 @@ inference::RepositoryModelLoadRequest LoadRequestFor(const std::string& model,
   params["checkpoint"].set_string_param(source);
   params["device"].set_string_param(options.device);
   params["threads"].set_int64_param(options.threads);
+  params["precision"].set_string_param(std::string(PrecisionName(options.precision)));
   params["max_batch_size"].set_int64_param(options.batching.max_batch_size);
   params["max_queue_delay_us"].set_int64_param(options.batching.max_queue_delay_us);
   return request;
@@ -178,6 +194,8 @@ absl::Status InferenceService::Metadata(const inference::ModelMetadataRequest& r
   response->set_name(version->model());
   for (const std::string& v : versions) response->add_versions(v);
   response->set_platform("kiln");
+  (*response->mutable_parameters())["precision"].set_string_param(
+      std::string(PrecisionName(version->options().precision)));
   if (version->language_model() != nullptr) {
     // Token ids [batch, length <= T]; INT32 is accepted too.
     auto* input = response->add_inputs();

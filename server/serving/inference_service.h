@@ -47,7 +47,7 @@ inline constexpr char kInterruptedRestoreReason[] =
     "load it again, or unload it";
 
 // The RepositoryModelLoad that deploys `source` as `model` with `options` (checkpoint, device,
-// threads and batching): what a recorded deployment replays and what following a job sends.
+// threads, precision and batching): what a recorded deployment replays and what following a job sends.
 inference::RepositoryModelLoadRequest LoadRequestFor(const std::string& model,
                                                      const std::string& source,
                                                      const DeploymentOptions& options);

@@ -337,12 +337,14 @@ std::string ModelMetadataJson(const inference::ModelMetadataResponse& metadata) 
   json inputs = json::array(), outputs = json::array();
   for (const auto& t : metadata.inputs()) inputs.push_back(TensorMetadataJson(t));
   for (const auto& t : metadata.outputs()) outputs.push_back(TensorMetadataJson(t));
-  return Dump(json{{"name", metadata.name()},
-                   {"versions", std::vector<std::string>(metadata.versions().begin(),
-                                                         metadata.versions().end())},
-                   {"platform", metadata.platform()},
-                   {"inputs", std::move(inputs)},
-                   {"outputs", std::move(outputs)}});
+  json out{{"name", metadata.name()},
+           {"versions",
+            std::vector<std::string>(metadata.versions().begin(), metadata.versions().end())},
+           {"platform", metadata.platform()},
+           {"inputs", std::move(inputs)},
+           {"outputs", std::move(outputs)}};
+  if (!metadata.parameters().empty()) out["parameters"] = ParametersJson(metadata.parameters());
+  return Dump(out);
 }
 
 std::string RepositoryIndexJson(const inference::RepositoryIndexResponse& index) {

@@ -235,6 +235,7 @@ absl::Status ModelRepository::StartVersion(ServedVersion& version) const {
       absl::StrCat("model \"", version.model_, "\" version \"", version.version_, "\"");
   BackendOptions backend_options;
   backend_options.threads = options.threads;
+  backend_options.precision = options.precision;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       options_.backend_factory ? options_.backend_factory(options.device, backend_options)
                                : CreateBackend(options.device, backend_options);

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
 #include "engine/backend_registry.h"
+#include "engine/precision.h"
 #include "engine/tensor.h"
 #include "server/serving/dynamic_batcher.h"
 #include "server/serving/language_model.h"
@@ -55,6 +56,9 @@ struct DeploymentOptions {
   // CPU threads of the version's forward passes (0: every core). One keeps batch-1 latency low
   // and leaves the cores to training; batches still run at full speed per thread.
   int threads = 1;
+  // The forward passes' GEMMs (BackendOptions.precision): kBf16 rounds their inputs to bfloat16,
+  // so answers come close to, but not always bit-equal to, kFp32's from the same checkpoint.
+  Precision precision = Precision::kFp32;
   BatchingOptions batching;
 };
 
@@ -163,7 +167,8 @@ class ModelRepository {
 
   // Resolves and loads a checkpoint as a version of `request.model`, starting its batcher, then
   // makes it the model's default version and points the resolved aliases at it. A version with
-  // the same label is replaced; requests already holding the old one finish on it.
+  // the same label is replaced, whatever options (device, precision, ...) either was loaded with;
+  // requests already holding the old one finish on it.
   // InvalidArgument for a bad name or option; the resolver's or loader's error otherwise.
   absl::StatusOr<std::shared_ptr<const ServedVersion>> Load(const LoadRequest& request);
 

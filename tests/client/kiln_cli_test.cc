@@ -963,6 +963,7 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
   RunResult deploy = Kiln({"deploy", id + "@latest", "--name", "toy-digits", "--max-batch", "8",
                            "--max-delay-us", "100"});
   ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
+  EXPECT_THAT(deploy.out, HasSubstr("(versions 1), precision fp32\n")) << deploy.out;
   EXPECT_THAT(Kiln({"models"}).out, HasSubstr("toy-digits"));
 
   // Test images of the toy set, whose labels are known, as PGM files.
@@ -989,6 +990,22 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
                           "latest:1", "--follow", "--output", "json"});
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(nlohmann::json::parse(again.out).at("versions"), nlohmann::json({"2"})) << again.out;
+  // --precision bf16 loads a version whose GEMMs run in bfloat16; deploy and models say so.
+  RunResult bf16 = Kiln(
+      {"deploy", id + "@best", "--name", "toy-bf16", "--precision", "BF16", "--output", "json"});
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.err;
+  EXPECT_EQ(nlohmann::json::parse(bf16.out).at("precision"), "bf16") << bf16.out;
+  RunResult listed = Kiln({"models"});
+  EXPECT_THAT(listed.out, ::testing::ContainsRegex("toy-bf16 +1 +READY +bf16")) << listed.out;
+  EXPECT_THAT(listed.out, ::testing::ContainsRegex("toy-digits +2 +READY +fp32")) << listed.out;
+  RunResult listed_json = Kiln({"models", "--output", "json"});
+  EXPECT_THAT(listed_json.out, HasSubstr("\"precision\": \"bf16\"")) << listed_json.out;
+  EXPECT_EQ(Kiln({"undeploy", "toy-bf16"}).exit_code, 0);
+  // A word that is no precision is a usage error before anything is sent.
+  RunResult bad_precision = Kiln({"deploy", id, "--name", "toy-bf16", "--precision", "fp16"});
+  EXPECT_EQ(bad_precision.exit_code, 2);
+  EXPECT_THAT(bad_precision.err,
+              HasSubstr("--precision: unknown value \"fp16\"; expected fp32, tf32 or bf16"));
   RunResult bad_policy = Kiln({"deploy", id, "--name", "toy-digits", "--version-policy", "newest"});
   EXPECT_EQ(bad_policy.exit_code, 1);
   EXPECT_THAT(bad_policy.err, HasSubstr("version_policy \"newest\" must be latest:N"));

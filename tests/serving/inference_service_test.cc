@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "engine/backend_registry.h"
 #include "engine/inference.h"
+#include "engine/precision.h"
 #include "tests/serving/serving_test_support.h"
 #include "tests/support/status_matchers.h"
 
@@ -458,6 +460,15 @@ TEST_F(InferenceServiceTest, RepositoryExtensionLoadsIndexesAndUnloads) {
         {"max_batch_size", StringParam("5000")}},
        grpc::StatusCode::INVALID_ARGUMENT,
        "max_batch_size must be in 1..1024, got 5000"},
+      {"m",
+       {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
+        {"precision", StringParam("fp16")}},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "parameter \"precision\": \"fp16\" is not a precision; expected fp32, tf32 or bf16"},
+      {"m",
+       {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)}, {"precision", batch}},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "parameter \"precision\": must be a string_param"},
   };
   for (const Case& c : cases) {
     grpc::Status status = LoadRpc(*stub_, c.model, c.params);
@@ -467,6 +478,93 @@ TEST_F(InferenceServiceTest, RepositoryExtensionLoadsIndexesAndUnloads) {
   grpc::Status unknown = UnloadRpc(*stub_, "ghost");
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(unknown.error_message(), "unknown model \"ghost\"");
+}
+
+// The load parameter's words are PrecisionName's, read back exactly (the one parser of them).
+static_assert(PrecisionNamed(PrecisionName(Precision::kBf16)) == Precision::kBf16 &&
+                  PrecisionNamed("tf32") == Precision::kTf32 &&
+                  PrecisionNamed("fp32") == Precision::kFp32 && !PrecisionNamed("fp16") &&
+                  !PrecisionNamed("BF16") && !PrecisionNamed(""),
+              "PrecisionNamed reads back exactly what PrecisionName writes");
+
+// The "precision" a version was loaded with, as ModelMetadata says it.
+std::string MetadataPrecision(inference::GRPCInferenceService::Stub& stub, const std::string& model,
+                              const std::string& version) {
+  grpc::ClientContext context;
+  inference::ModelMetadataRequest request;
+  request.set_name(model);
+  request.set_version(version);
+  inference::ModelMetadataResponse meta;
+  EXPECT_OK(stub.ModelMetadata(&context, request, &meta));
+  auto it = meta.parameters().find("precision");
+  return it == meta.parameters().end() ? "(none)" : it->second.string_param();
+}
+
+// How far a bf16 version's probabilities may be from its fp32 twin's, absolute. bfloat16 keeps 8
+// significant bits, so each rounded GEMM input is off by at most u = 2^-9 relative, each product
+// by about 2u. The test MLP's first layer sums 784 products of inputs in [-2, 2] with weights of
+// about 1/sqrt(784): the worst case bound 2u * sum |x w| is ~0.1 on a hidden unit, but the
+// roundings are independent, so the error grows as sqrt(784) terms, ~5e-3; the 32-wide second
+// layer adds less. A logit change of d moves a softmax probability p by at most ~2 p d <= 2d.
+// Measured over these 64 images with oneDNN's AVX512_BF16 kernels: max |dp| = 2.4e-3, inside
+// that estimate. 2e-2 leaves an eightfold margin (other CPUs sum in other orders) yet is far
+// below the probabilities' own spread, so a wrong model or unnormalised output would still fail.
+// (A CPU without AVX512_BF16 keeps such GEMMs float32, see DnnlMatmulCache, and the not-equal
+// check below would fail there, as the engine's own bf16 GEMM tests would.)
+constexpr float kBf16ProbabilityTolerance = 2e-2f;
+
+// A version loaded with precision bf16 says so in its metadata and predicts close to, but not
+// bit-equal to, the same checkpoint loaded in fp32: bf16 GEMMs really ran. Loading the same
+// version number again with another precision replaces it, as any other load of that label does.
+TEST_F(InferenceServiceTest, ABf16LoadPredictsCloseToFp32AndSaysSoInMetadata) {
+  ASSERT_OK(LoadRpc(*stub_, "mlp",
+                    {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
+                     {"device", StringParam("cpu")},
+                     {"precision", StringParam("bf16")},
+                     {"version", StringParam("2")}}));
+  EXPECT_EQ(MetadataPrecision(*stub_, "mlp", "1"), "fp32");
+  EXPECT_EQ(MetadataPrecision(*stub_, "mlp", "2"), "bf16");
+  EXPECT_EQ((*server_.repository().Find("mlp", "2"))->options().precision, Precision::kBf16);
+
+  const int n = 64;
+  const std::vector<uint8_t> images = testing::SampleImages(n, 23);
+  auto answer_of = [&](const std::string& version) {
+    auto request = MakeRequest("mlp", images.data(), n, "UINT8", Form::kRaw);
+    request.set_model_version(version);
+    inference::ModelInferResponse response;
+    grpc::Status status = Infer(*stub_, request, &response);
+    EXPECT_OK(status) << status.error_message();
+    return ReadAnswer(response);
+  };
+  const Answer fp32 = answer_of("1"), bf16 = answer_of("2");
+  ASSERT_EQ(fp32.probabilities.size(), size_t{n * kClasses});
+  ASSERT_EQ(bf16.probabilities.size(), fp32.probabilities.size());
+  float max_diff = 0;
+  for (size_t i = 0; i < fp32.probabilities.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(fp32.probabilities[i] - bf16.probabilities[i]));
+  }
+  RecordProperty("bf16_max_probability_difference", std::to_string(max_diff));
+  EXPECT_LE(max_diff, kBf16ProbabilityTolerance);
+  EXPECT_GT(max_diff, 0.0f) << "bf16 answered bit for bit as fp32: its GEMMs did not run in bf16";
+  // A class may only flip where fp32's top two probabilities were within the tolerance's reach.
+  for (int s = 0; s < n; ++s) {
+    if (fp32.classes[s] == bf16.classes[s]) continue;
+    const float* p = &fp32.probabilities[s * kClasses];
+    EXPECT_LE(std::abs(p[fp32.classes[s]] - p[bf16.classes[s]]), 2 * kBf16ProbabilityTolerance)
+        << "sample " << s;
+  }
+
+  // Version 2 loaded again in fp32 replaces the bf16 one: the same bits as version 1 now.
+  ASSERT_OK(LoadRpc(*stub_, "mlp",
+                    {{"checkpoint", StringParam(SharedCheckpoints().mlp_flat)},
+                     {"device", StringParam("cpu")},
+                     {"precision", StringParam("fp32")},
+                     {"version", StringParam("2")}}));
+  EXPECT_EQ(MetadataPrecision(*stub_, "mlp", "2"), "fp32");
+  EXPECT_EQ(answer_of("2").probabilities, fp32.probabilities);
+  EXPECT_EQ(
+      IndexRpc(*stub_, true),
+      std::vector<std::string>({"cnn:1:READY:", "image:1:READY:", "mlp:1:READY:", "mlp:2:READY:"}));
 }
 
 // Every load and unload hands the model's loaded versions to record_deployments, as load
@@ -486,7 +584,8 @@ TEST(InferenceServiceRecordsTest, LoadsAndUnloadsAreRecordedAndRestoredElsewhere
   const std::string flat = SharedCheckpoints().mlp_flat, other = SharedCheckpoints().mlp_flat_other;
   ASSERT_OK(service.LoadModel(LoadMessage("a", {{"checkpoint", flat}, {"max_batch_size", "8"}})));
   ASSERT_OK(service.LoadModel(LoadMessage("a", {{"checkpoint", other}, {"threads", "2"}})));
-  ASSERT_OK(service.LoadModel(LoadMessage("b", {{"checkpoint", flat}, {"version", "9"}})));
+  ASSERT_OK(service.LoadModel(
+      LoadMessage("b", {{"checkpoint", flat}, {"version", "9"}, {"precision", "bf16"}})));
   ASSERT_OK(service.LoadModel(LoadMessage("c", {{"checkpoint", flat}})));
   inference::RepositoryModelUnloadRequest unload;
   unload.set_model_name("c");
@@ -515,7 +614,9 @@ TEST(InferenceServiceRecordsTest, LoadsAndUnloadsAreRecordedAndRestoredElsewhere
   EXPECT_EQ((*a2)->checkpoint_path(), other);
   EXPECT_EQ((*a2)->options().threads, 2);
   EXPECT_EQ((*restored_repo.Find("a", ""))->version(), "2");  // the default stays the newest
-  EXPECT_OK(restored_repo.Find("b", "9"));
+  ASSERT_OK(restored_repo.Find("b", "9"));
+  EXPECT_EQ((*restored_repo.Find("b", "9"))->options().precision, Precision::kBf16);
+  EXPECT_EQ((*a1)->options().precision, Precision::kFp32);
 
   // A record whose checkpoint is gone fails alone, with its reason in the index.
   std::vector<DeploymentRecord> broken = all;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/precision.h"
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
 #include "server/http/http_server.h"
@@ -177,6 +178,9 @@ TEST_F(RestInferenceTest, ModelMetadataAndReadinessAnswerAsGrpc) {
     EXPECT_EQ(j.at("outputs")[0].at("name"), "probabilities");
     EXPECT_EQ(j.at("outputs")[0].at("shape"), json::array({-1, kClasses}));
     EXPECT_EQ(j.at("outputs")[1].at("datatype"), "INT64");
+    EXPECT_EQ(j.at("parameters").at("precision"),
+              grpc_meta.parameters().at("precision").string_param());
+    EXPECT_EQ(j.at("parameters").at("precision"), "fp32");
     // The same through the versioned path.
     httplib::Result versioned = client_->Get(
         absl::StrCat("/v2/models/", model, "/versions/", grpc_meta.versions(0)).c_str());
@@ -569,6 +573,34 @@ TEST_F(RestInferenceTest, RepositoryExtensionOverRest) {
   index = PostJson("/v2/repository/index", R"({"ready": true})");
   ASSERT_TRUE(index);
   EXPECT_EQ(json::parse(index->body).size(), 2u);
+
+  // A precision load parameter over REST: the version's metadata says it, on both paths.
+  const json bf16_load = {
+      {"parameters", {{"checkpoint", SharedCheckpoints().mlp_flat}, {"precision", "bf16"}}}};
+  httplib::Result bf16_loaded = PostJson("/v2/repository/models/half/load", bf16_load.dump());
+  ASSERT_TRUE(bf16_loaded);
+  ASSERT_EQ(bf16_loaded->status, 200) << bf16_loaded->body;
+  httplib::Result half_meta = client_->Get("/v2/models/half/versions/1");
+  ASSERT_TRUE(half_meta);
+  ASSERT_EQ(half_meta->status, 200) << half_meta->body;
+  EXPECT_EQ(json::parse(half_meta->body).at("parameters"), json({{"precision", "bf16"}}));
+  EXPECT_EQ((*server_.repository().Find("half", "1"))->options().precision, Precision::kBf16);
+
+  // A precision that is not one, or not a string: 400 naming the parameter and the words.
+  for (const char* body :
+       {R"({"parameters": {"precision": "half"}})", R"({"parameters": {"precision": 16}})"}) {
+    httplib::Result bad_precision = PostJson("/v2/repository/models/half/load", body);
+    ASSERT_TRUE(bad_precision);
+    EXPECT_EQ(bad_precision->status, 400) << body;
+    EXPECT_THAT(json::parse(bad_precision->body).at("error").get<std::string>(),
+                HasSubstr("parameter \"precision\": "))
+        << body;
+  }
+  httplib::Result bad_word =
+      PostJson("/v2/repository/models/half/load", R"({"parameters": {"precision": "half"}})");
+  ASSERT_TRUE(bad_word);
+  EXPECT_EQ(json::parse(bad_word->body).at("error"),
+            "parameter \"precision\": \"half\" is not a precision; expected fp32, tf32 or bf16");
 
   // A parameter kilnd does not read: the gRPC path's error.
   inference::RepositoryModelLoadRequest bad;

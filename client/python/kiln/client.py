@@ -285,13 +285,15 @@ class Client:
 
     def deploy(self, job, name=None, checkpoint="latest", max_batch_size=None,
                max_queue_delay_us=None, version=None, device=None, version_policy=None,
-               follow=False):
+               follow=False, precision=None):
         """Serves a checkpoint of `job` ("latest", "best", an id or a Checkpoint) as model `name`
         (default: the job id) and returns the name once the model is loaded. max_batch_size and
         max_queue_delay_us set its dynamic batching; device: "cpu", "cuda:N" or "auto";
         version: the version number (default: the model's next); version_policy: "latest:N",
         "all" or "specific:1,3"; follow=True loads each new checkpoint that "latest" or "best"
-        then names as the next version."""
+        then names as the next version; precision: "fp32" (kilnd's default), "tf32" or "bf16"
+        (GEMM inputs rounded to bfloat16: answers close to fp32's), as model_precision() then
+        says."""
         if isinstance(checkpoint, Checkpoint):
             checkpoint = checkpoint.id
         name = name or _job_id(job)
@@ -306,7 +308,7 @@ class Client:
         if follow:
             params["follow"] = inference_pb2.ModelRepositoryParameter(string_param="true")
         for key, value in (("version", version), ("device", device),
-                           ("version_policy", version_policy)):
+                           ("version_policy", version_policy), ("precision", precision)):
             if value is not None:
                 params[key] = inference_pb2.ModelRepositoryParameter(string_param=str(value))
         self._call(self._inference.RepositoryModelLoad,
@@ -322,6 +324,13 @@ class Client:
         self._call(self._inference.RepositoryModelUnload,
                    inference_pb2.RepositoryModelUnloadRequest(model_name=name, parameters=params),
                    timeout=_LOAD_SECONDS)
+
+    def model_precision(self, model, version=None):
+        """What served `model` (`version`, default its newest) computes in: "fp32", "tf32" or
+        "bf16", as it was loaded (ModelMetadata's "precision" parameter)."""
+        metadata = self._call(self._inference.ModelMetadata, inference_pb2.ModelMetadataRequest(
+            name=model, version="" if version is None else str(version)))
+        return metadata.parameters["precision"].string_param
 
     def models(self):
         """Every version of every model kilnd knows, with its state."""

@@ -244,6 +244,16 @@ def exercise(kiln, np, addr, tmp):
     versions = [m.version for m in c.models() if m.name == "blocks"]
     check(versions == ["2"], f"deploy with version_policy latest:1: versions {versions}")
     expect_error("INVALID_ARGUMENT", c.deploy, job, name="blocks", version_policy="newest")
+    # A bf16 version says so and answers close to the fp32 one (GEMM inputs in bfloat16).
+    check(c.model_precision("blocks") == "fp32", f"precision: {c.model_precision('blocks')}")
+    c.deploy(job, name="blocks-bf16", checkpoint="latest", precision="bf16")
+    check(c.model_precision("blocks-bf16") == "bf16",
+          f"precision bf16: {c.model_precision('blocks-bf16')}")
+    p16, _ = c.predict("blocks-bf16", x)
+    p32_latest, _ = c.predict("blocks", x)
+    check(np.allclose(p16, p32_latest, atol=2e-2), "predict: bf16 far from fp32")
+    expect_error("INVALID_ARGUMENT", c.deploy, job, name="blocks-bf16", precision="fp16")
+    c.undeploy("blocks-bf16")
     c.undeploy("blocks")
     check(("blocks", "READY") not in [(m.name, m.state) for m in c.models()],
           f"undeploy: still ready: {c.models()}")
