@@ -135,7 +135,7 @@ TEST(EventLogTest, JobStartedSaysThePrecisionAndThatACpuHasNoTf32) {
   log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
   job.set_device("cuda:0");
   log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
-  job.mutable_spec()->set_precision(v1::PRECISION_BF16);  // both backends have bf16 GEMMs
+  job.mutable_spec()->set_precision(v1::PRECISION_BF16);  // convolutions too on the CPU
   log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
   job.set_device("cpu");
   log.JobStateChanged(job, v1::JOB_STATE_QUEUED);
@@ -148,7 +148,7 @@ TEST(EventLogTest, JobStartedSaysThePrecisionAndThatACpuHasNoTf32) {
   EXPECT_EQ(nlohmann::json::parse(lines[3])["precision"],
             "bf16 (GEMMs in bfloat16, the rest fp32)");
   EXPECT_EQ(nlohmann::json::parse(lines[4])["precision"],
-            "bf16 (GEMMs in bfloat16, the rest fp32)");
+            "bf16 (GEMMs and convolutions in bfloat16, the rest fp32)");
 }
 
 TEST(EventLogTest, TheFirstQueuedStateIsTheSubmissionsAndLogsNothing) {
