@@ -32,10 +32,8 @@ double PhysicalMemoryBytes() {
 
 CpuBackend::CpuBackend(int threads, Precision precision)
     : threads_(threads > 0 ? threads : omp_get_num_procs()),
-      bf16_(precision == Precision::kBf16),
-      dnnl_(std::make_unique<cpu_internal::DnnlPrimitives>()) {
+      dnnl_(std::make_unique<cpu_internal::DnnlPrimitives>(precision == Precision::kBf16)) {
   openblas_set_num_threads(threads_);
-  dnnl_->UseBf16(bf16_);
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -121,7 +119,7 @@ absl::Status CpuBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, f
     for (int64_t i = 0; i < int64_t{m} * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
     return absl::OkStatus();
   }
-  if (m == 1 && !bf16_) {
+  if (m == 1 && !dnnl_->bf16()) {
     // One row (batch-1 inference): sgemv reads B once, where sgemm would first pack all of it.
     // A 1 x k matrix is a contiguous vector whether or not it is transposed.
     if (bt) {

@@ -170,7 +170,6 @@ class CpuBackend final : public Backend {
                                                  Activation act);
 
   int threads_;
-  bool bf16_;  // Precision::kBf16: GEMM and convolution inputs rounded to bfloat16
   std::vector<float> workspace_;
   // For a fused max pooling: the convolution's output, which only the pooling reads, and the
   // pooling's input gradient where the convolution's backward takes it plain.

@@ -15,11 +15,11 @@ namespace kiln::cpu_internal {
 
 class DnnlMatmulCache {
  public:
-  // bfloat16 products (Precision::kBf16): A and B are rounded to bfloat16 (bf16.h) before each
-  // product, which accumulates in float32 into C. A shape whose bfloat16 primitive would be one of
-  // oneDNN's reference kernels (no AVX512_BF16 for it) stays float32; reference_fallbacks()
-  // counts those shapes. Set before the first product.
-  void UseBf16(bool bf16) { bf16_ = bf16; }
+  // bf16: bfloat16 products (Precision::kBf16): A and B are rounded to bfloat16 (bf16.h) before
+  // each product, which accumulates in float32 into C. A shape whose bfloat16 primitive would be
+  // one of oneDNN's reference kernels (no AVX512_BF16 for it) stays float32;
+  // reference_fallbacks() counts those shapes.
+  explicit DnnlMatmulCache(bool bf16) : bf16_(bf16) {}
   int reference_fallbacks() const { return reference_fallbacks_; }
 
   // C(m,n) = alpha * op(A) * op(B) + beta * C, Backend::Gemm's contract. Runs on the calling
@@ -73,7 +73,7 @@ class DnnlMatmulCache {
   std::mutex mu_;  // guards the map; a backend's ops run one at a time
   std::unordered_map<Key, Entry, KeyHash> cache_;
   std::vector<char> scratchpad_;  // shared by every shape, grown to the largest
-  bool bf16_ = false;
+  const bool bf16_;
   int reference_fallbacks_ = 0;
   std::vector<uint16_t> a16_, b16_;  // A and B rounded to bfloat16, grown to the largest
 };

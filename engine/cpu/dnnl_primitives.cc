@@ -26,7 +26,7 @@ size_t ConvKeyHash::operator()(const ConvKey& key) const {
   return h;
 }
 
-DnnlPrimitives::DnnlPrimitives() : stream_(DnnlEngine()) {}
+DnnlPrimitives::DnnlPrimitives(bool bf16) : stream_(DnnlEngine()), matmuls_(bf16), bf16_(bf16) {}
 
 absl::StatusOr<const ConvForwardPlan*> DnnlPrimitives::Forward(const ConvKey& key) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -30,15 +30,12 @@ struct ConvKeyHash {
 
 class DnnlPrimitives {
  public:
-  DnnlPrimitives();
+  // bf16: bfloat16 GEMMs and convolutions (Precision::kBf16; see DnnlMatmulCache and
+  // ConvForwardPlan).
+  explicit DnnlPrimitives(bool bf16);
 
   const dnnl::stream& stream() const { return stream_; }
-  // bfloat16 GEMMs and convolutions (Precision::kBf16; see DnnlMatmulCache and ConvForwardPlan).
-  // Set before the first op.
-  void UseBf16(bool bf16) {
-    bf16_ = bf16;
-    matmuls_.UseBf16(bf16);
-  }
+  bool bf16() const { return bf16_; }
   DnnlMatmulCache& matmuls() { return matmuls_; }
   DnnlEltwiseCache& eltwise() { return eltwise_; }
   // The plan for `key`, created on first use (on the calling thread's team size) and kept.
@@ -49,7 +46,7 @@ class DnnlPrimitives {
   dnnl::stream stream_;
   DnnlMatmulCache matmuls_;
   DnnlEltwiseCache eltwise_;
-  bool bf16_ = false;
+  const bool bf16_;
   std::mutex mu_;  // guards the maps; plans, once made, are never changed
   std::unordered_map<ConvKey, std::unique_ptr<ConvForwardPlan>, ConvKeyHash> forward_;
   std::unordered_map<ConvKey, std::unique_ptr<ConvBackwardPlan>, ConvKeyHash> backward_;
