@@ -28,6 +28,29 @@ int64_t Mul(int64_t a, int64_t b) {
 }
 int64_t Add(int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; }
 
+// The largest A plus B, in elements, of the GEMMs a layer runs on `capacity` samples (forward
+// and both backward products), for the CPU backend's bfloat16 copies of them (bf16, one pair
+// shared by every GEMM, grown to the largest). 0 for a layer without GEMMs.
+int64_t Bf16GemmOperandElements(const LayerConfig& layer, const Shape& input, const Shape& output,
+                                int64_t capacity) {
+  const int64_t x = Mul(NumElements(input), capacity), y = Mul(NumElements(output), capacity);
+  if (const auto* c = std::get_if<LinearConfig>(&layer)) {
+    const int64_t w = Mul(c->in_features, c->out_features);
+    // y = x W^T, dx = dy W, dW = dy^T x.
+    return std::max({Add(x, w), Add(y, w), Add(y, x)});
+  }
+  if (const auto* c = std::get_if<CausalSelfAttentionConfig>(&layer)) {
+    // The q, k, v projection (3d outputs) and its backward products, the T x T scores of every
+    // head against v, and the output projection.
+    const int64_t d = c->n_embd, t = input.empty() ? 0 : input[0];
+    const int64_t qkv = Mul(3, x), w_qkv = Mul(3 * d, d);
+    const int64_t scores = Mul(Mul(Mul(c->n_head, t), t), capacity);
+    return std::max(
+        {Add(x, w_qkv), Add(qkv, w_qkv), Add(qkv, x), Add(scores, x), Add(Mul(2, x), Mul(d, d))});
+  }
+  return 0;
+}
+
 // The convolution workspace of layer `i` on `target`, for a training batch and an evaluation
 // (forward-only) batch. The backend keeps one workspace grown to the largest plan: the training
 // batch's backward or the forward at the larger batch (on CUDA, the fixed limit either way).
@@ -52,11 +75,19 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
                            const MemoryTarget& target, MemoryPlan* plan) {
   KILN_ASSIGN_OR_RETURN(ModelGraph graph, ResolveGraph(model));
   MemoryNeed workspace{-1, "conv2d workspace", 0};
+  MemoryNeed bf16_copies{-1, "bf16 GEMM operand copies", 0};
+  const bool bf16_gemms = target.device == DeviceKind::kCpu && target.precision == Precision::kBf16;
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const int layer = static_cast<int>(i);
     const int64_t out = Mul(NumElements(shapes[i + 1]), capacity);
     plan->needs.push_back({layer, absl::StrCat(LayerTypeName(model.layers[i]), " activations"),
                            Mul(2 * out, kFloat)});
+    if (bf16_gemms) {
+      const int64_t bytes = Mul(Bf16GemmOperandElements(model.layers[i], shapes[graph.inputs[i][0]],
+                                                        shapes[i + 1], capacity),
+                                sizeof(uint16_t));
+      if (bytes > bf16_copies.bytes) bf16_copies = {layer, "bf16 GEMM operand copies", bytes};
+    }
     std::visit(
         [&](const auto& c) {
           using C = std::decay_t<decltype(c)>;
@@ -100,6 +131,7 @@ absl::Status AddLayerNeeds(const ModelConfig& model, const std::vector<Shape>& s
         model.layers[i]);
   }
   if (workspace.bytes > 0) plan->needs.push_back(workspace);
+  if (bf16_copies.bytes > 0) plan->needs.push_back(bf16_copies);
   int64_t scratch = 0;
   for (int64_t elements : GradientScratchElements(graph, shapes)) {
     scratch = Add(scratch, Mul(Mul(elements, capacity), kFloat));

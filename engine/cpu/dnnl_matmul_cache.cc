@@ -135,7 +135,7 @@ absl::Status DnnlMatmulCache::Execute(const dnnl::stream& stream, const Key& key
     return DnnlError(what, e);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(what, ": out of memory for the oneDNN scratchpad"));
+        absl::StrCat(what, ": out of memory for the oneDNN scratchpad or the bfloat16 operands"));
   }
   return absl::OkStatus();
 }
