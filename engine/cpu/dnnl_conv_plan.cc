@@ -147,6 +147,17 @@ dnnl::convolution_forward::primitive_desc ForwardPd(const ConvDescs& d, Activati
       attr, DnnlEngine());
 }
 
+// The bfloat16 plan where asked for and oneDNN has more than its reference kernel for it, else
+// the float32 one (which reports a geometry no plan can run).
+template <typename Plan, typename BuildFn>
+absl::StatusOr<std::unique_ptr<Plan>> PreferBf16(bool bf16, const BuildFn& build) {
+  if (bf16) {
+    absl::StatusOr<std::unique_ptr<Plan>> plan = build(true);
+    if (plan.ok() && !(*plan)->reference_kernel()) return plan;
+  }
+  return build(false);
+}
+
 // Whether a primitive is oneDNN's reference implementation ("ref:any"): plain loops, no JIT.
 bool IsReference(const dnnl::primitive_desc_base& pd) {
   return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
@@ -157,12 +168,7 @@ bool IsReference(const dnnl::primitive_desc_base& pd) {
 absl::StatusOr<std::unique_ptr<ConvForwardPlan>> ConvForwardPlan::Create(const Conv2dGeometry& g,
                                                                          bool bias, Activation act,
                                                                          bool bf16) {
-  if (bf16) {
-    // A geometry oneDNN cannot plan in bfloat16 (or only by its reference kernel) stays float32.
-    auto plan = Build(g, bias, act, /*bf16=*/true);
-    if (plan.ok() && !(*plan)->reference_kernel()) return plan;
-  }
-  return Build(g, bias, act, /*bf16=*/false);
+  return PreferBf16<ConvForwardPlan>(bf16, [&](bool b) { return Build(g, bias, act, b); });
 }
 
 absl::StatusOr<std::unique_ptr<ConvForwardPlan>> ConvForwardPlan::Build(const Conv2dGeometry& g,
@@ -229,12 +235,7 @@ absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Create(const
                                                                            bool bias,
                                                                            Activation act,
                                                                            bool bf16) {
-  if (bf16) {
-    // A geometry oneDNN cannot plan in bfloat16 (or only by its reference kernel) stays float32.
-    auto plan = Build(g, bias, act, /*bf16=*/true);
-    if (plan.ok() && !(*plan)->reference_kernel()) return plan;
-  }
-  return Build(g, bias, act, /*bf16=*/false);
+  return PreferBf16<ConvBackwardPlan>(bf16, [&](bool b) { return Build(g, bias, act, b); });
 }
 
 absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Build(const Conv2dGeometry& g,

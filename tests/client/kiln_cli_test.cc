@@ -121,6 +121,30 @@ class KilnCliTest : public ::testing::Test {
     return nlohmann::json::parse(r.out).at("id").get<std::string>();
   }
 
+  // `kiln predict MODEL` on five toy images whose labels are known, as PGM files named
+  // PREFIX0.pgm...: the answer as JSON, and how many of the five it classified right.
+  static nlohmann::json PredictToyDigits(const std::string& model, const std::string& prefix,
+                                         int* right) {
+    std::vector<std::string> args = {"predict", model, "--output", "json"};
+    std::vector<int> labels;
+    for (int i = 0; i < 5; ++i) {
+      const std::string file = absl::StrCat(*root_, "/", prefix, i, ".pgm");
+      WriteFile(file, ToyPgm(i, 2));
+      args.push_back(file);
+      labels.push_back(ToyLabel(i, 2));
+    }
+    RunResult predict = Kiln(args);
+    EXPECT_EQ(predict.exit_code, 0) << predict.err;
+    *right = 0;
+    if (predict.exit_code != 0) return nlohmann::json();
+    const nlohmann::json out = nlohmann::json::parse(predict.out);
+    EXPECT_EQ(out.at("predictions").size(), 5u) << predict.out;
+    for (size_t i = 0; i < out.at("predictions").size() && i < 5; ++i) {
+      *right += out.at("predictions")[i].at("class") == labels[i];
+    }
+    return out;
+  }
+
   static std::string* root_;
   static Kilnd* fast_;
   static Kilnd* slow_;
@@ -294,21 +318,10 @@ TEST_F(KilnCliTest, Bf16PrecisionReachesTheJobAndGetSaysTheGemmsAreBfloat16) {
   }
   ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
   EXPECT_THAT(deploy.out, HasSubstr("precision bf16")) << deploy.out;
-  std::vector<std::string> args = {"predict", "toy-bf16-trained", "--output", "json"};
-  std::vector<int> labels;
-  for (int i = 0; i < 5; ++i) {
-    const std::string file = absl::StrCat(*root_, "/bf16-digit", i, ".pgm");
-    WriteFile(file, ToyPgm(i, 2));
-    args.push_back(file);
-    labels.push_back(ToyLabel(i, 2));
-  }
-  RunResult predict = Kiln(args);
-  ASSERT_EQ(predict.exit_code, 0) << predict.err;
-  const nlohmann::json out = nlohmann::json::parse(predict.out);
-  ASSERT_EQ(out.at("predictions").size(), 5u);
   int right = 0;
-  for (int i = 0; i < 5; ++i) right += out.at("predictions")[i].at("class") == labels[i];
-  EXPECT_GE(right, 4) << predict.out;
+  const nlohmann::json out = PredictToyDigits("toy-bf16-trained", "bf16-digit", &right);
+  ASSERT_FALSE(out.is_null());
+  EXPECT_GE(right, 4) << out.dump();
 }
 
 TEST_F(KilnCliTest, GetFillsInWhatThePresetSets) {
@@ -381,7 +394,8 @@ TEST_F(KilnCliTest, BadNamesAndOverridesAreRefusedSayingWhatIsAccepted) {
               HasSubstr("--precision: unknown value \"fp16\"; expected fp32, tf32 or bf16"));
   RunResult schedule = Kiln({"submit", *root_ + "/small.json", "--schedule", "linear"});
   EXPECT_EQ(schedule.exit_code, 2);
-  EXPECT_THAT(schedule.err, HasSubstr("expected constant, step, cosine, one_cycle or warmup_cosine"));
+  EXPECT_THAT(schedule.err,
+              HasSubstr("expected constant, step, cosine, one_cycle or warmup_cosine"));
   RunResult field = Kiln({"submit", *root_ + "/small.json", "--schedule", "step:size=2"});
   EXPECT_EQ(field.exit_code, 2);
   EXPECT_THAT(field.err, HasSubstr("--schedule \"step:size=2\""));
@@ -992,24 +1006,13 @@ TEST_F(KilnCliTest, DeployAndPredictClassifyImagesWithKnownLabels) {
   EXPECT_THAT(Kiln({"models"}).out, HasSubstr("toy-digits"));
 
   // Test images of the toy set, whose labels are known, as PGM files.
-  std::vector<std::string> args = {"predict", "toy-digits", "--output", "json"};
-  std::vector<int> labels;
-  for (int i = 0; i < 5; ++i) {
-    const std::string file = absl::StrCat(*root_, "/digit", i, ".pgm");
-    WriteFile(file, ToyPgm(i, 2));
-    args.push_back(file);
-    labels.push_back(ToyLabel(i, 2));
-  }
-  RunResult predict = Kiln(args);
-  ASSERT_EQ(predict.exit_code, 0) << predict.err;
-  const nlohmann::json out = nlohmann::json::parse(predict.out);
-  ASSERT_EQ(out.at("predictions").size(), 5u);
   int right = 0;
-  for (int i = 0; i < 5; ++i) right += out.at("predictions")[i].at("class") == labels[i];
-  EXPECT_GE(right, 4) << predict.out;
+  const nlohmann::json out = PredictToyDigits("toy-digits", "digit", &right);
+  ASSERT_FALSE(out.is_null());
+  EXPECT_GE(right, 4) << out.dump();
 
   // Every answer names the version that gave it; versions are numbered per model.
-  EXPECT_EQ(out.at("version"), "1") << predict.out;
+  EXPECT_EQ(out.at("version"), "1") << out.dump();
   // A second deployment under latest:1 replaces the first as version 2; following is accepted.
   RunResult again = Kiln({"deploy", id + "@best", "--name", "toy-digits", "--version-policy",
                           "latest:1", "--follow", "--output", "json"});
@@ -1057,15 +1060,16 @@ std::string TinyGptSpec(const std::string& dataset) {
           {"name": "lm_head", "linear": {"in_features": 16, "out_features": 14, "bias": false}})";
   return absl::StrCat(R"({"model": {"input_shape": [8], "layers": [)", layers,
                       R"(]}, "optimizer": {"kind": "KIND_ADAMW", "lr": 0.001},
-                      "dataset": ")", dataset, R"(", "batch_size": 4, "max_iters": 4})");
+                      "dataset": ")",
+                      dataset, R"(", "batch_size": 4, "max_iters": 4})");
 }
 
 TEST_F(KilnCliTest, GenerateStreamsTextFromADeployedGpt) {
   const std::string dir = *root_ + "/gpt-text";
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/a.txt") << "to be or not to be\nthat is the question\n";
-  RunResult up = Kiln({"upload", "gpt-bard", "--format", "text", dir + "/a.txt", "--val-fraction",
-                       "0.5"});
+  RunResult up =
+      Kiln({"upload", "gpt-bard", "--format", "text", dir + "/a.txt", "--val-fraction", "0.5"});
   ASSERT_EQ(up.exit_code, 0) << up.err;
   WriteFile(dir + "/gpt.json", TinyGptSpec("gpt-bard"));
   const std::string id = Submit(dir + "/gpt.json");
@@ -1076,8 +1080,8 @@ TEST_F(KilnCliTest, GenerateStreamsTextFromADeployedGpt) {
   ASSERT_EQ(deploy.exit_code, 0) << deploy.err;
   EXPECT_THAT(deploy.out, HasSubstr("generate with: kiln generate bard PROMPT"));
 
-  RunResult json = Kiln({"generate", "bard", "to be", "--max-tokens", "12", "--temperature",
-                         "0.9", "--seed", "3", "--output", "json"});
+  RunResult json = Kiln({"generate", "bard", "to be", "--max-tokens", "12", "--temperature", "0.9",
+                         "--seed", "3", "--output", "json"});
   ASSERT_EQ(json.exit_code, 0) << json.err;
   const nlohmann::json out = nlohmann::json::parse(json.out);
   const std::string text = out.at("text_output");
@@ -1085,8 +1089,8 @@ TEST_F(KilnCliTest, GenerateStreamsTextFromADeployedGpt) {
   EXPECT_EQ(out.at("finish_reason"), "length");
   EXPECT_EQ(out.at("model_version"), "1");
   // Plain output: the prompt, then the same tokens (the same seed) as they came.
-  RunResult plain = Kiln({"generate", "bard", "to be", "--max-tokens", "12", "--temperature",
-                          "0.9", "--seed", "3"});
+  RunResult plain = Kiln(
+      {"generate", "bard", "to be", "--max-tokens", "12", "--temperature", "0.9", "--seed", "3"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_EQ(plain.out, "to be" + text + "\n");
 
