@@ -185,6 +185,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--augment", action="store_true")
     ap.add_argument("--check-checkpoint", default=None)
+    ap.add_argument("--channels-last", action="store_true",
+                    help="resnet: the model and each batch in torch.channels_last (NHWC)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="bf16: torch.autocast(bfloat16) around the forward and loss")
     ap.add_argument("--json", default=None)
@@ -211,6 +213,10 @@ def main():
 
     xtr, ytr, xte, yte = (load_cifar if a.workload == "resnet" else load_table)(a.data)
     net = ResNet8() if a.workload == "resnet" else table_mlp(xtr.shape[1])
+    if a.channels_last and a.workload == "resnet":
+        net = net.to(memory_format=torch.channels_last)
+        xtr = xtr.contiguous(memory_format=torch.channels_last)
+        xte = xte.contiguous(memory_format=torch.channels_last)
 
     n = xtr.shape[0]
     if a.workload == "resnet":
@@ -227,6 +233,7 @@ def main():
         lossf = nn.CrossEntropyLoss()
     print(f"# torch {torch.__version__} threads={torch.get_num_threads()} workload={a.workload} "
           f"train={n} test={xte.shape[0]} batch={bs} epochs={a.epochs} augment={a.augment} "
+          f"channels_last={a.channels_last} precision={a.precision} "
           f"params={sum(p.numel() for p in net.parameters())}", flush=True)
     g = torch.Generator().manual_seed(a.seed)
     epochs = []
@@ -237,6 +244,8 @@ def main():
         for i in range(0, n, bs):
             idx = perm[i:i + bs]
             xb, yb = xtr[idx], ytr[idx]
+            if a.channels_last and a.workload == "resnet":
+                xb = xb.contiguous(memory_format=torch.channels_last)
             if a.augment:
                 xb = augment(xb, g)
             opt.zero_grad()
