@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/json_bounds.h"
+#include "engine/precision.h"
 #include "nlohmann/json.hpp"
 #include "server/web/api_replies.h"
 
@@ -256,11 +257,15 @@ void WebApi::AddModelRoutes(http::HttpServer* server) {
       json version = {{"version", entry.version},
                       {"state", entry.state},
                       {"reason", entry.reason},
-                      {"source", ""}};
+                      {"source", ""},
+                      {"precision", ""}};
       if (!entry.version.empty()) {
         absl::StatusOr<std::shared_ptr<const serving::ServedVersion>> served =
             models_->Find(entry.name, entry.version);
-        if (served.ok()) version["source"] = (*served)->source();
+        if (served.ok()) {
+          version["source"] = (*served)->source();
+          version["precision"] = std::string(PrecisionName((*served)->options().precision));
+        }
       }
       model["versions"].push_back(std::move(version));
     }

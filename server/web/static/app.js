@@ -727,7 +727,9 @@ async function showModels(signal) {
                  (v) => el(
                      'div', {class: 'version'},
                      (v.version ? `v${v.version} ` : '') + v.state +
-                         (v.source ? ` (${v.source})` : '') + (v.reason ? ': ' + v.reason : '')))),
+                         (v.source ? ` (${v.source})` : '') +
+                         (v.precision && v.precision !== 'fp32' ? ` ${v.precision}` : '') +
+                         (v.reason ? ': ' + v.reason : '')))),
           el('td', {class: 'num', 'data-label': 'REQUESTS'}, String(m.requests)),
           el('td', {class: 'num', 'data-label': 'REQ/S'}, rate(m)),
           el('td', {class: 'num', 'data-label': 'P50'}, ms(m.latency_seconds.p50)),

@@ -218,6 +218,21 @@ TEST_F(WebApiTest, JobsAndCheckpointsAreTheJobManagersAsJson) {
   auto models = client->Get("/api/models", Auth());
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body), json::parse(R"({"models": []})"));
+
+  // A version loaded in bf16, as the page's deploy (or `kiln deploy --precision bf16`) loads it:
+  // the models' list says so beside its source.
+  const std::string load_body =
+      json{{"parameters", {{"checkpoint", second + "@latest"}, {"precision", "bf16"}}}}.dump();
+  auto load = client->Post("/v2/repository/models/toy-bf16/load", Auth(), load_body,
+                           "application/json");
+  ASSERT_TRUE(load);
+  ASSERT_EQ(load->status, 200) << load->body;
+  models = client->Get("/api/models", Auth());
+  ASSERT_TRUE(models);
+  const json listed = json::parse(models->body).at("models");
+  ASSERT_EQ(listed.size(), 1u) << models->body;
+  EXPECT_EQ(listed[0].at("name"), "toy-bf16");
+  EXPECT_EQ(listed[0].at("versions")[0].at("precision"), "bf16") << models->body;
 }
 
 TEST_F(WebApiTest, APresetJobCarriesItsResolvedRecipeAlsoAfterARestart) {
