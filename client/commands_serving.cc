@@ -326,80 +326,50 @@ std::vector<float> OutputFloats(const inference::ModelInferResponse& response, i
   return {tensor.contents().fp32_contents().begin(), tensor.contents().fp32_contents().end()};
 }
 
-absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
-  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
-  auto stub = GRPCInferenceService::NewStub(c->channel());
+// A request's input: table rows as FP32 features or images as UINT8 pixels, one kind per request.
+struct Payload {
+  bool rows = false;
+  std::string bytes;
+};
 
-  // The model's input: its name and per-sample shape (after the batch dimension).
-  inference::ModelMetadataRequest meta_request;
-  meta_request.set_name(o.model);
-  meta_request.set_version(o.version);
-  inference::ModelMetadataResponse metadata;
-  auto meta_context = c->NewContext();
-  grpc::Status status = stub->ModelMetadata(meta_context.get(), meta_request, &metadata);
-  if (!status.ok()) return ServerError(status);
-  if (metadata.inputs().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("model ", o.model, " declares no inputs"));
-  }
-  const auto& input = metadata.inputs(0);
-  std::vector<int64_t> sample_shape(input.shape().begin() + std::min(1, input.shape_size()),
-                                    input.shape().end());
+// The samples packed for a model whose per-sample shape is `sample_shape`: a usage error naming
+// the file where an image has another size, or where rows and images are mixed.
+absl::StatusOr<Payload> PackSamples(const std::vector<Sample>& samples,
+                                    const std::vector<int64_t>& sample_shape,
+                                    const std::string& model) {
   const int64_t elements =
       std::accumulate(sample_shape.begin(), sample_shape.end(), int64_t{1},
                       [](int64_t a, int64_t b) { return a * std::max<int64_t>(b, 1); });
-  KILN_ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadSamples(o, sample_shape));
-  // Table rows go as FP32 features, images as UINT8 pixels; one kind per request.
-  const bool rows = !samples.empty() && !samples[0].features.empty();
-  std::string pixels;
+  Payload payload;
+  payload.rows = !samples.empty() && !samples[0].features.empty();
   for (const Sample& s : samples) {
-    if (rows != !s.features.empty()) {
+    if (payload.rows != !s.features.empty()) {
       return UsageError("tables and images cannot be sent in one request");
     }
-    if (rows) {
-      pixels.append(reinterpret_cast<const char*>(s.features.data()),
-                    s.features.size() * sizeof(float));
+    if (payload.rows) {
+      payload.bytes.append(reinterpret_cast<const char*>(s.features.data()),
+                           s.features.size() * sizeof(float));
       continue;
     }
     if (static_cast<int64_t>(s.image.pixels.size()) != elements) {
       int height = 0, width = 0;
-      return UsageError(absl::StrFormat(
-          "%s is %dx%dx%d (%d values) but model %s takes %d per sample (%s); %s", s.label,
-          s.image.channels, s.image.height, s.image.width, s.image.pixels.size(), o.model, elements,
-          absl::StrJoin(sample_shape, "x"),
-          ModelImageSize(sample_shape, &height, &width)
-              ? "--resize brings pictures to the model's size"
-              : "MNIST models want 28x28 grayscale, CIFAR-10 ones 32x32 colour"));
+      return UsageError(
+          absl::StrFormat("%s is %dx%dx%d (%d values) but model %s takes %d per sample (%s); %s",
+                          s.label, s.image.channels, s.image.height, s.image.width,
+                          s.image.pixels.size(), model, elements, absl::StrJoin(sample_shape, "x"),
+                          ModelImageSize(sample_shape, &height, &width)
+                              ? "--resize brings pictures to the model's size"
+                              : "MNIST models want 28x28 grayscale, CIFAR-10 ones 32x32 colour"));
     }
-    pixels.append(s.image.pixels.begin(), s.image.pixels.end());
+    payload.bytes.append(s.image.pixels.begin(), s.image.pixels.end());
   }
+  return payload;
+}
 
-  inference::ModelInferRequest request;
-  request.set_model_name(o.model);
-  request.set_model_version(o.version);
-  auto* tensor = request.add_inputs();
-  tensor->set_name(input.name().empty() ? "input" : input.name());
-  tensor->set_datatype(rows ? "FP32" : "UINT8");
-  tensor->add_shape(static_cast<int64_t>(samples.size()));
-  for (int64_t d : sample_shape) tensor->add_shape(d);
-  request.add_raw_input_contents(std::move(pixels));
-  request.add_outputs()->set_name("probabilities");
-  inference::ModelInferResponse response;
-  auto context = c->NewContext(absl::Minutes(1));
-  status = stub->ModelInfer(context.get(), request, &response);
-  if (!status.ok()) return ServerError(status);
-
-  int probs = -1;
-  for (int i = 0; i < response.outputs_size(); ++i) {
-    if (response.outputs(i).name() == "probabilities") probs = i;
-  }
-  if (probs < 0) return absl::DataLossError("the server's answer has no \"probabilities\" output");
-  const std::vector<float> values = OutputFloats(response, probs);
-  const size_t classes = samples.empty() ? 0 : values.size() / samples.size();
-  if (classes == 0 || classes * samples.size() != values.size()) {
-    return absl::DataLossError(absl::StrCat("\"probabilities\" holds ", values.size(),
-                                            " values for ", samples.size(), " samples"));
-  }
-
+// Each sample's class, probability and runners-up (o.top of them), as a table or JSON.
+void PrintPredictions(CommandEnv& env, const PredictOptions& o, const std::string& version,
+                      const std::vector<Sample>& samples, const std::vector<float>& values,
+                      size_t classes) {
   nlohmann::json predictions = nlohmann::json::array();
   Table table({"FILE", "CLASS", "PROBABILITY", "RUNNERS-UP"});
   for (size_t s = 0; s < samples.size(); ++s) {
@@ -419,12 +389,62 @@ absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
                   absl::StrFormat("%.2f%%", 100.0 * p[order[0]]), absl::StrJoin(runners, "  ")});
   }
   if (env.json()) {
-    nlohmann::json out = {
-        {"model", o.model}, {"version", response.model_version()}, {"predictions", predictions}};
+    nlohmann::json out = {{"model", o.model}, {"version", version}, {"predictions", predictions}};
     std::fprintf(env.out, "%s\n", out.dump(2).c_str());
   } else {
     table.Print(env.out);
   }
+}
+
+absl::Status Predict(CommandEnv& env, const PredictOptions& o) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = GRPCInferenceService::NewStub(c->channel());
+
+  // The model's input: its name and per-sample shape (after the batch dimension).
+  inference::ModelMetadataRequest meta_request;
+  meta_request.set_name(o.model);
+  meta_request.set_version(o.version);
+  inference::ModelMetadataResponse metadata;
+  auto meta_context = c->NewContext();
+  grpc::Status status = stub->ModelMetadata(meta_context.get(), meta_request, &metadata);
+  if (!status.ok()) return ServerError(status);
+  if (metadata.inputs().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("model ", o.model, " declares no inputs"));
+  }
+  const auto& input = metadata.inputs(0);
+  std::vector<int64_t> sample_shape(input.shape().begin() + std::min(1, input.shape_size()),
+                                    input.shape().end());
+  KILN_ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadSamples(o, sample_shape));
+  KILN_ASSIGN_OR_RETURN(Payload payload, PackSamples(samples, sample_shape, o.model));
+
+  inference::ModelInferRequest request;
+  request.set_model_name(o.model);
+  request.set_model_version(o.version);
+  auto* tensor = request.add_inputs();
+  tensor->set_name(input.name().empty() ? "input" : input.name());
+  tensor->set_datatype(payload.rows ? "FP32" : "UINT8");
+  tensor->add_shape(static_cast<int64_t>(samples.size()));
+  for (int64_t d : sample_shape) tensor->add_shape(d);
+  request.add_raw_input_contents(std::move(payload.bytes));
+  request.add_outputs()->set_name("probabilities");
+  inference::ModelInferResponse response;
+  auto context = c->NewContext(absl::Minutes(1));
+  status = stub->ModelInfer(context.get(), request, &response);
+  if (!status.ok()) return ServerError(status);
+
+  int probs = -1;
+  for (int i = 0; i < response.outputs_size(); ++i) {
+    if (response.outputs(i).name() == "probabilities") probs = i;
+  }
+  if (probs < 0) return absl::DataLossError("the server's answer has no \"probabilities\" output");
+  const std::vector<float> values = OutputFloats(response, probs);
+  const size_t classes = samples.empty() ? 0 : values.size() / samples.size();
+  if (classes == 0 || classes * samples.size() != values.size()) {
+    return absl::DataLossError(absl::StrCat("\"probabilities\" holds ", values.size(),
+                                            " values for ", samples.size(), " samples"));
+  }
+
+  PrintPredictions(env, o, response.model_version(), samples, values, classes);
   return absl::OkStatus();
 }
 

@@ -165,6 +165,93 @@ json TensorMetadataJson(const inference::ModelMetadataResponse::TensorMetadata& 
           {"shape", std::vector<int64_t>(t.shape().begin(), t.shape().end())}};
 }
 
+// Input i of a REST inference request into out->request: its tensor from JSON data, or from the
+// next binary_data_size bytes of `binary` (after *binary_used, which it advances; only with the
+// Inference-Header-Content-Length header). Counts JSON inputs in *json_inputs.
+absl::Status ReadInferInput(json& in, size_t i, absl::string_view binary, bool length_header,
+                            size_t* binary_used, int* json_inputs, RestInferRequest* out) {
+  const std::string who = absl::StrCat("inputs[", i, "]");
+  if (!in.is_object()) return Invalid(absl::StrCat(who, ": must be an object"));
+  auto* tensor = out->request.add_inputs();
+  KILN_ASSIGN_OR_RETURN(std::string name, StringField(in, "name", who, true));
+  KILN_ASSIGN_OR_RETURN(std::string datatype, StringField(in, "datatype", who, true));
+  tensor->set_name(name);
+  tensor->set_datatype(datatype);
+  const std::string named = absl::StrCat("input \"", name, "\"");
+  auto shape = in.find("shape");
+  if (shape == in.end() || !shape->is_array()) {
+    return Invalid(absl::StrCat(named, ": shape: required, an array of integers"));
+  }
+  for (const json& d : *shape) {
+    if (!d.is_number_integer()) {
+      return Invalid(absl::StrCat(named, ": shape: ", JsonPreview(d), " is not an integer"));
+    }
+    tensor->add_shape(d.get<int64_t>());
+  }
+  int64_t binary_size = -1;
+  if (auto params = in.find("parameters"); params != in.end()) {
+    KILN_RETURN_IF_ERROR(ReadInferParameters(*params, named, tensor->mutable_parameters()));
+    auto size = tensor->mutable_parameters()->find("binary_data_size");
+    if (size != tensor->mutable_parameters()->end()) {
+      if (size->second.parameter_choice_case() != inference::InferParameter::kInt64Param ||
+          size->second.int64_param() < 0) {
+        return Invalid(absl::StrCat(named, ": parameters.binary_data_size: must be a byte count"));
+      }
+      binary_size = size->second.int64_param();
+      tensor->mutable_parameters()->erase(size);
+    }
+  }
+  auto data = in.find("data");
+  if (binary_size >= 0) {
+    if (!length_header) {
+      return Invalid(absl::StrCat(named,
+                                  ": binary_data_size needs the "
+                                  "Inference-Header-Content-Length header"));
+    }
+    if (data != in.end()) {
+      return Invalid(absl::StrCat(named, ": has both data and binary_data_size"));
+    }
+    if (binary_size > static_cast<int64_t>(binary.size() - *binary_used)) {
+      return Invalid(absl::StrCat(named, ": binary_data_size ", binary_size, " is more than the ",
+                                  binary.size() - *binary_used, " bytes left in the body"));
+    }
+    out->request.add_raw_input_contents(std::string(binary.substr(*binary_used, binary_size)));
+    *binary_used += static_cast<size_t>(binary_size);
+    out->binary_input = true;
+    return absl::OkStatus();
+  }
+  ++*json_inputs;
+  if (data == in.end()) {
+    return Invalid(absl::StrCat(named,
+                                ": data: required (or binary data with "
+                                "parameters.binary_data_size)"));
+  }
+  absl::Status filled = UnpackTensorData(*data, datatype, tensor->mutable_contents());
+  if (!filled.ok()) return Invalid(absl::StrCat(named, ": ", filled.message()));
+  *data = nullptr;  // the packed elements, no longer needed beside the typed ones
+  return absl::OkStatus();
+}
+
+// The request's "outputs" (which, and which as binary data) into out.
+absl::Status ReadRequestedOutputs(const json& outputs, RestInferRequest* out) {
+  if (!outputs.is_array()) return Invalid("outputs: must be an array");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const json& o = outputs[i];
+    const std::string who = absl::StrCat("outputs[", i, "]");
+    if (!o.is_object()) return Invalid(absl::StrCat(who, ": must be an object"));
+    auto* requested = out->request.add_outputs();
+    KILN_ASSIGN_OR_RETURN(std::string name, StringField(o, "name", who, true));
+    requested->set_name(name);
+    if (auto params = o.find("parameters"); params != o.end()) {
+      KILN_RETURN_IF_ERROR(ReadInferParameters(*params, who, requested->mutable_parameters()));
+      KILN_ASSIGN_OR_RETURN(bool binary_out,
+                            TakeBoolParameter(requested->mutable_parameters(), "binary_data", who));
+      if (binary_out) out->binary_outputs.insert(name);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
@@ -201,67 +288,8 @@ absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
   size_t binary_used = 0;
   int json_inputs = 0;
   for (size_t i = 0; i < inputs->size(); ++i) {
-    json& in = (*inputs)[i];
-    const std::string who = absl::StrCat("inputs[", i, "]");
-    if (!in.is_object()) return Invalid(absl::StrCat(who, ": must be an object"));
-    auto* tensor = r.add_inputs();
-    KILN_ASSIGN_OR_RETURN(std::string name, StringField(in, "name", who, true));
-    KILN_ASSIGN_OR_RETURN(std::string datatype, StringField(in, "datatype", who, true));
-    tensor->set_name(name);
-    tensor->set_datatype(datatype);
-    const std::string named = absl::StrCat("input \"", name, "\"");
-    auto shape = in.find("shape");
-    if (shape == in.end() || !shape->is_array()) {
-      return Invalid(absl::StrCat(named, ": shape: required, an array of integers"));
-    }
-    for (const json& d : *shape) {
-      if (!d.is_number_integer()) {
-        return Invalid(absl::StrCat(named, ": shape: ", JsonPreview(d), " is not an integer"));
-      }
-      tensor->add_shape(d.get<int64_t>());
-    }
-    int64_t binary_size = -1;
-    if (auto params = in.find("parameters"); params != in.end()) {
-      KILN_RETURN_IF_ERROR(ReadInferParameters(*params, named, tensor->mutable_parameters()));
-      auto size = tensor->mutable_parameters()->find("binary_data_size");
-      if (size != tensor->mutable_parameters()->end()) {
-        if (size->second.parameter_choice_case() != inference::InferParameter::kInt64Param ||
-            size->second.int64_param() < 0) {
-          return Invalid(
-              absl::StrCat(named, ": parameters.binary_data_size: must be a byte count"));
-        }
-        binary_size = size->second.int64_param();
-        tensor->mutable_parameters()->erase(size);
-      }
-    }
-    auto data = in.find("data");
-    if (binary_size >= 0) {
-      if (!json_size.has_value()) {
-        return Invalid(absl::StrCat(named,
-                                    ": binary_data_size needs the "
-                                    "Inference-Header-Content-Length header"));
-      }
-      if (data != in.end()) {
-        return Invalid(absl::StrCat(named, ": has both data and binary_data_size"));
-      }
-      if (binary_size > static_cast<int64_t>(binary.size() - binary_used)) {
-        return Invalid(absl::StrCat(named, ": binary_data_size ", binary_size, " is more than the ",
-                                    binary.size() - binary_used, " bytes left in the body"));
-      }
-      r.add_raw_input_contents(std::string(binary.substr(binary_used, binary_size)));
-      binary_used += static_cast<size_t>(binary_size);
-      out.binary_input = true;
-      continue;
-    }
-    ++json_inputs;
-    if (data == in.end()) {
-      return Invalid(absl::StrCat(named,
-                                  ": data: required (or binary data with "
-                                  "parameters.binary_data_size)"));
-    }
-    absl::Status filled = UnpackTensorData(*data, datatype, tensor->mutable_contents());
-    if (!filled.ok()) return Invalid(absl::StrCat(named, ": ", filled.message()));
-    *data = nullptr;  // the packed elements, no longer needed beside the typed ones
+    KILN_RETURN_IF_ERROR(ReadInferInput((*inputs)[i], i, binary, json_size.has_value(),
+                                        &binary_used, &json_inputs, &out));
   }
   if (out.binary_input && json_inputs > 0) {
     return Invalid("inputs: either all as binary data or all as JSON data, not both");
@@ -271,21 +299,7 @@ absl::StatusOr<RestInferRequest> ParseInferRequest(absl::string_view body,
                                 " bytes of binary data that no input's binary_data_size claims"));
   }
   if (auto outputs = j.find("outputs"); outputs != j.end()) {
-    if (!outputs->is_array()) return Invalid("outputs: must be an array");
-    for (size_t i = 0; i < outputs->size(); ++i) {
-      const json& o = (*outputs)[i];
-      const std::string who = absl::StrCat("outputs[", i, "]");
-      if (!o.is_object()) return Invalid(absl::StrCat(who, ": must be an object"));
-      auto* requested = r.add_outputs();
-      KILN_ASSIGN_OR_RETURN(std::string name, StringField(o, "name", who, true));
-      requested->set_name(name);
-      if (auto params = o.find("parameters"); params != o.end()) {
-        KILN_RETURN_IF_ERROR(ReadInferParameters(*params, who, requested->mutable_parameters()));
-        KILN_ASSIGN_OR_RETURN(bool binary_out, TakeBoolParameter(requested->mutable_parameters(),
-                                                                 "binary_data", who));
-        if (binary_out) out.binary_outputs.insert(name);
-      }
-    }
+    KILN_RETURN_IF_ERROR(ReadRequestedOutputs(*outputs, &out));
   }
   return out;
 }
