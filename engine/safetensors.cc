@@ -92,6 +92,15 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
+// What is wrong with `name` as a tensor's name, "" when nothing is: the writer's rule and the
+// reader's, so that every file read can be written back.
+std::string TensorNameProblem(const std::string& name) {
+  if (name.empty()) return "a tensor has an empty name";
+  if (name == kMetadataKey) return "a tensor may not be called \"__metadata__\"";
+  if (!IsValidUtf8(name)) return "a tensor name is not valid UTF-8";
+  return "";
+}
+
 // A JSON string literal. Input is valid UTF-8 (checked by the caller), so dump() cannot throw;
 // `replace` makes sure of it.
 std::string JsonString(std::string_view s) {
@@ -252,9 +261,9 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
   std::set<std::string_view> names;
   uint64_t offset = 0;
   for (const HostTensor& t : tensors) {
-    if (t.name.empty()) return invalid("a tensor has an empty name");
-    if (t.name == kMetadataKey) return invalid("a tensor may not be called \"__metadata__\"");
-    if (!IsValidUtf8(t.name)) return invalid("a tensor name is not valid UTF-8");
+    if (const std::string problem = TensorNameProblem(t.name); !problem.empty()) {
+      return invalid(problem);
+    }
     const std::string name = JsonString(t.name);
     if (!names.insert(t.name).second) return invalid(absl::StrCat("duplicate tensor ", name));
     uint64_t bytes = 0;
@@ -454,6 +463,9 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes,
         contents.metadata.emplace(mkey, mvalue.get<std::string>());
       }
       continue;
+    }
+    if (const std::string problem = TensorNameProblem(key); !problem.empty()) {
+      return invalid(problem);
     }
     KILN_ASSIGN_OR_RETURN(Entry entry, ParseEntry(source, key, value, data.size()));
     entries.push_back(std::move(entry));

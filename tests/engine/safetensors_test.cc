@@ -287,6 +287,10 @@ std::vector<Corruption> Corruptions() {
        C::kInvalidArgument, "leaves a gap after tensor \"a\""},
       {"gap at start", with_entry(R"({"dtype":"U8","shape":[4],"data_offsets":[4,8]})"),
        C::kInvalidArgument, "leaves a gap after the start of the data section"},
+      // The writer refuses an empty name, so the reader does too (found by the fuzzer: an
+      // accepted file that could not be written back).
+      {"empty name", MakeFile(R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", kData8),
+       C::kInvalidArgument, "a tensor has an empty name"},
       {"duplicate names", MakeFile("{" + kGoodEntry + "," + kGoodEntry + "}", kData8),
        C::kInvalidArgument, "duplicate key \"a\""},
       {"duplicate metadata keys", MakeFile(R"({"__metadata__":{"k":"1","k":"2"}})", ""),
