@@ -1,7 +1,8 @@
 // The op set every device implements. Layers, losses and optimizers call only this interface;
 // the CPU and CUDA backends differ only in how they implement it.
 //
-// Conventions: every array is float32 unless said otherwise, row-major, images NCHW. Pointers are
+// Conventions: every array is float32 unless said otherwise, row-major, images NCHW (or nChw16c
+// where a geometry's ImageLayout says so, on a backend that TakesNchw16c). Pointers are
 // device memory of this backend. Ops are issued in order on the backend's stream; results are
 // visible to later ops at once and to the host after Synchronize() (or a Copy*Host). Gradients of
 // parameters accumulate (+=); gradients of activations overwrite (=). The checks an op's inputs
@@ -32,30 +33,46 @@ enum class Activation { kNone, kRelu };
 // ReLU x > 0 ? x : slope x; SiLU x sigmoid(x).
 enum class ActivationKind { kTanh, kSigmoid, kGelu, kLeakyRelu, kSilu };
 
-// Geometry of a 2-D convolution over a batch of NCHW images; stride and zero padding per axis.
+// How a batch of images lies in memory. kNchw: plain. kNchw16c: oneDNN's blocked layout on
+// AVX-512, (batch, channels / 16, h, w, 16), for channel counts that are multiples of 16 (so as
+// many floats as NCHW; with h = w = 1 the two are the same bytes). A model keeps the activations
+// between ops that take it in nChw16c on a backend that does (Backend::TakesNchw16c), so that its
+// convolutions run without a reorder on either side.
+enum class ImageLayout { kNchw, kNchw16c };
+inline const char* ImageLayoutName(ImageLayout l) {
+  return l == ImageLayout::kNchw16c ? "nChw16c" : "NCHW";
+}
+
+// Geometry of a 2-D convolution over a batch of images; stride and zero padding per axis. The
+// layouts: x_layout of x and dx, y_layout of y and dy.
 struct Conv2dGeometry {
   int batch = 0, in_channels = 0, in_h = 0, in_w = 0;
   int out_channels = 0, kernel_h = 0, kernel_w = 0;
   int stride_h = 1, stride_w = 1, padding_h = 0, padding_w = 0;
+  ImageLayout x_layout = ImageLayout::kNchw, y_layout = ImageLayout::kNchw;
   int out_h() const { return (in_h + 2 * padding_h - kernel_h) / stride_h + 1; }
   int out_w() const { return (in_w + 2 * padding_w - kernel_w) / stride_w + 1; }
 };
 
-// Geometry of a pooling window over a batch of NCHW images (floor mode). Padding is implicit:
+// Geometry of a pooling window over a batch of images (floor mode). Padding is implicit:
 // max pooling never picks a padded position, average pooling counts it as a zero
-// (PyTorch's count_include_pad=True), so every window divides by kernel_h * kernel_w.
+// (PyTorch's count_include_pad=True), so every window divides by kernel_h * kernel_w. `layout`
+// is x's and y's (max pooling takes NCHW only).
 struct Pool2dGeometry {
   int batch = 0, channels = 0, in_h = 0, in_w = 0;
   int kernel_h = 2, kernel_w = 2, stride_h = 2, stride_w = 2, padding_h = 0, padding_w = 0;
+  ImageLayout layout = ImageLayout::kNchw;
   int out_h() const { return (in_h + 2 * padding_h - kernel_h) / stride_h + 1; }
   int out_w() const { return (in_w + 2 * padding_w - kernel_w) / stride_w + 1; }
 };
 
 // Batch normalisation over x viewed as (batch, channels, spatial): statistics per channel over
-// batch and spatial (spatial = H*W for batchnorm2d, 1 or L for batchnorm1d).
+// batch and spatial (spatial = H*W for batchnorm2d, 1 or L for batchnorm1d). `layout`: of x, y,
+// dy and dx as images (batchnorm2d's; kNchw16c where the model keeps them blocked).
 struct BatchNormGeometry {
   int batch = 0, channels = 0;
   int64_t spatial = 1;
+  ImageLayout layout = ImageLayout::kNchw;
   int64_t values_per_channel() const { return int64_t{batch} * spatial; }
 };
 
@@ -149,6 +166,9 @@ class Backend {
   virtual absl::Status Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
                                       const float* y, const float* dy, Activation act, float* dw,
                                       float* dbias, float* dx) = 0;
+  // Whether this backend's convolutions, average pooling and batch normalisation take images in
+  // ImageLayout::kNchw16c (the layouts in their geometries); where not, they refuse it.
+  virtual bool TakesNchw16c() const { return false; }
   // y = max over each window; argmax(int32, same shape as y) records the winner for backward
   // (its flat index in the unpadded input plane). CheckPool2d's rules for both passes.
   virtual absl::Status MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
@@ -221,10 +241,9 @@ class Backend {
   // From the forward's x, mean and rstd: dx = the input gradient (overwritten; when not null),
   // dgamma += sum over rows of dy * xhat, dbeta += sum over rows of dy (when not null; gamma null
   // for no affine).
-  virtual absl::Status LayerNormBackward(int64_t rows, int cols, const float* x,
-                                         const float* gamma, const float* mean, const float* rstd,
-                                         const float* dy, float* dx, float* dgamma,
-                                         float* dbeta) = 0;
+  virtual absl::Status LayerNormBackward(int64_t rows, int cols, const float* x, const float* gamma,
+                                         const float* mean, const float* rstd, const float* dy,
+                                         float* dx, float* dgamma, float* dbeta) = 0;
   // y(count, dim) = table[ids[i]] from table(vocab, dim), ids int32 in [0, vocab) (the caller
   // checks ids from outside on the host; a backend never reads outside the table: an id out of
   // range gives a zero row on CUDA and InvalidArgument on the CPU). CheckEmbedding's rules.

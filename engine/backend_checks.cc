@@ -6,6 +6,28 @@
 
 namespace kiln {
 
+absl::Status CheckImageLayout(const char* op, ImageLayout layout, int channels,
+                              const Backend& backend) {
+  if (layout == ImageLayout::kNchw) return absl::OkStatus();
+  if (!backend.TakesNchw16c()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", backend.name(), " takes images in NCHW, not ", ImageLayoutName(layout)));
+  }
+  if (channels % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": images in nChw16c need a multiple of 16 channels, got ", channels));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckConv2dLayouts(const Conv2dGeometry& g, const Backend& backend) {
+  if (absl::Status s = CheckImageLayout("conv2d input", g.x_layout, g.in_channels, backend);
+      !s.ok()) {
+    return s;
+  }
+  return CheckImageLayout("conv2d output", g.y_layout, g.out_channels, backend);
+}
+
 absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training) {
   if (g.batch < 0 || g.channels < 1 || g.spatial < 1 || !(eps > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("batchnorm: invalid geometry ", g.batch, "x",
@@ -63,14 +85,25 @@ absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g) {
   return absl::OkStatus();
 }
 
+absl::Status CheckMaxPool2d(const Pool2dGeometry& g) {
+  if (absl::Status s = CheckPool2d("maxpool2d", g); !s.ok()) return s;
+  if (g.layout != ImageLayout::kNchw) {
+    return absl::InvalidArgumentError("maxpool2d: takes images in NCHW only");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckFusableMaxPool(const Conv2dGeometry& g, const Pool2dGeometry& pool) {
-  if (absl::Status s = CheckPool2d("maxpool2d", pool); !s.ok()) return s;
+  if (absl::Status s = CheckMaxPool2d(pool); !s.ok()) return s;
   if (pool.stride_h != pool.kernel_h || pool.stride_w != pool.kernel_w || pool.padding_h != 0 ||
       pool.padding_w != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "maxpool2d fused into conv2d: needs stride == kernel and no padding, got kernel ",
         pool.kernel_h, "x", pool.kernel_w, " stride ", pool.stride_h, "x", pool.stride_w,
         " padding ", pool.padding_h, "x", pool.padding_w));
+  }
+  if (g.x_layout != ImageLayout::kNchw || g.y_layout != ImageLayout::kNchw) {
+    return absl::InvalidArgumentError("maxpool2d fused into conv2d: takes images in NCHW only");
   }
   if (int64_t{pool.kernel_h} * pool.kernel_w >= kMaskedWinner) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -121,9 +154,9 @@ absl::Status CheckLayerNorm(int64_t rows, int cols, float eps) {
 
 absl::Status CheckEmbedding(int64_t count, int vocab, int dim) {
   if (count < 0 || vocab < 1 || dim < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("embedding of ", count, " ids into a table of ", vocab, " x ", dim,
-                     ": needs count >= 0, vocab >= 1 and dim >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat("embedding of ", count, " ids into a table of ",
+                                                   vocab, " x ", dim,
+                                                   ": needs count >= 0, vocab >= 1 and dim >= 1"));
   }
   return absl::OkStatus();
 }
@@ -131,15 +164,13 @@ absl::Status CheckEmbedding(int64_t count, int vocab, int dim) {
 absl::Status CheckGemmStridedBatched(int m, int n, int k, int64_t stride_a, int64_t stride_b,
                                      int64_t stride_c, int batch) {
   if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("batched GEMM of ", batch, " x (", m, " x ", k,
-                                                   ") * (", k, " x ", n, ") with strides ",
-                                                   stride_a, " and ", stride_b,
-                                                   ": no extent or stride may be negative"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batched GEMM of ", batch, " x (", m, " x ", k, ") * (", k, " x ", n, ") with strides ",
+        stride_a, " and ", stride_b, ": no extent or stride may be negative"));
   }
   if (batch > 1 && stride_c < int64_t{m} * n) {
     return absl::InvalidArgumentError(absl::StrCat("batched GEMM: stride_c ", stride_c,
-                                                   " would overlap the ", m, " x ", n,
-                                                   " results"));
+                                                   " would overlap the ", m, " x ", n, " results"));
   }
   return absl::OkStatus();
 }
@@ -168,8 +199,8 @@ absl::Status CheckCausalSoftmaxAt(int64_t batch, int queries, int keys, int offs
 
 absl::Status CheckTranspose0213(int64_t a, int64_t b, int64_t c, int64_t d) {
   if (a < 0 || b < 0 || c < 0 || d < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Transpose0213 of (", a, ", ", b, ", ", c, ", ", d, "): no extent may be negative"));
+    return absl::InvalidArgumentError(absl::StrCat("Transpose0213 of (", a, ", ", b, ", ", c, ", ",
+                                                   d, "): no extent may be negative"));
   }
   return absl::OkStatus();
 }

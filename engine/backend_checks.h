@@ -12,6 +12,13 @@
 
 namespace kiln {
 
+// Before an op over images (`op` names it) of `channels` channels in `layout`: nChw16c only on a
+// backend that TakesNchw16c, and for a channel count that is a multiple of 16.
+absl::Status CheckImageLayout(const char* op, ImageLayout layout, int channels,
+                              const Backend& backend);
+// Before a convolution: CheckImageLayout for x and y.
+absl::Status CheckConv2dLayouts(const Conv2dGeometry& g, const Backend& backend);
+
 // Before a batch normalisation: a non-negative geometry, eps > 0 and, in training, more than one
 // value per channel (an unbiased variance needs two), as PyTorch.
 absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training);
@@ -27,6 +34,8 @@ absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity);
 // padded input, and padding at most half the window (PyTorch's rule; it also keeps a real pixel in
 // every window).
 absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g);
+// Before max pooling: CheckPool2d's rules, over images in NCHW (no backend max-pools nChw16c).
+absl::Status CheckMaxPool2d(const Pool2dGeometry& g);
 
 // A fused max pooling records each window's winner as a byte: its position in scan order
 // (a * kernel_w + b), or this where the fused ReLU passes no gradient.
@@ -34,7 +43,7 @@ inline constexpr uint8_t kMaskedWinner = 255;
 
 // Whether max pooling of geometry `pool` over the output of convolution `g` can run fused into
 // it (Backend::Conv2dMaxPoolForward): non-overlapping windows without padding, of fewer than
-// kMaskedWinner positions, over exactly the convolution's output.
+// kMaskedWinner positions, over exactly the convolution's output, all in NCHW.
 absl::Status CheckFusableMaxPool(const Conv2dGeometry& g, const Pool2dGeometry& pool);
 
 // Before a softmax cross-entropy: at least one class, no negative row count, a label smoothing in

@@ -30,6 +30,54 @@ absl::StatusOr<Shape> NodeOutputShape(const C& c, const std::vector<NodeInput>& 
   }
 }
 
+// Which values the model keeps in nChw16c on a backend that takes it (Backend::TakesNchw16c):
+// images of a multiple of 16 channels and more than one pixel, between layers that all take the
+// layout, so that the convolutions run without a reorder on either side. A conv2d reads and
+// writes either layout (one with a layer fused onto its output keeps NCHW on both sides); batch
+// norm, ReLU, add and average pooling keep their input's (ReLU and add are element-wise, blind to
+// it), so all the images of such a layer share one; every other layer's inputs and outputs, the
+// model's input and output, and values that fused layers alias are NCHW. An image of one pixel
+// is the same bytes in either layout, so it is NCHW and joins no constraint.
+std::vector<bool> Nchw16cValues(const ModelConfig& config, const ModelGraph& g,
+                                const std::vector<Shape>& shapes, const std::vector<bool>& fused,
+                                const std::vector<int>& fused_into) {
+  const size_t n = config.layers.size();
+  auto pixels = [&](size_t v) { return shapes[v].size() == 3 && shapes[v][1] * shapes[v][2] > 1; };
+  auto is_conv = [&](size_t j) {
+    return std::holds_alternative<Conv2dConfig>(config.layers[j]) && fused_into[j + 1] < 0;
+  };
+  auto keeps_layout = [&](size_t j) {
+    const LayerConfig& l = config.layers[j];
+    return !fused[j] &&
+           (std::holds_alternative<BatchNorm2dConfig>(l) || std::holds_alternative<ReluConfig>(l) ||
+            std::holds_alternative<AddConfig>(l) || std::holds_alternative<AvgPool2dConfig>(l) ||
+            std::holds_alternative<AdaptiveAvgPool2dConfig>(l));
+  };
+  std::vector<bool> blocked(n + 1, false);
+  for (size_t v = 1; v < n; ++v) {
+    blocked[v] = pixels(v) && shapes[v][0] % 16 == 0 && fused_into[v] < 0 &&
+                 (is_conv(v - 1) || keeps_layout(v - 1));
+  }
+  // Undo candidates a reader or a layout-keeping layer cannot have, until nothing changes.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t j = 0; j < n; ++j) {
+      if (is_conv(j)) continue;
+      std::vector<int> group = g.inputs[j];
+      if (keeps_layout(j)) group.push_back(static_cast<int>(j + 1));
+      group.erase(std::remove_if(group.begin(), group.end(), [&](int v) { return !pixels(v); }),
+                  group.end());
+      const bool all = std::all_of(group.begin(), group.end(), [&](int v) { return blocked[v]; });
+      if (keeps_layout(j) && all) continue;
+      for (int v : group) {
+        changed = changed || blocked[v];
+        blocked[v] = false;
+      }
+    }
+  }
+  return blocked;
+}
+
 // Node i's inputs with their names and shapes.
 std::vector<NodeInput> NodeInputsOf(const ModelGraph& g, const std::vector<Shape>& shapes,
                                     size_t i) {
@@ -237,6 +285,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
       max_pool_of[producer] = pool->kernel_size;
     }
   }
+  model->nchw16c_.assign(n + 1, false);
+  if (fusion == Fusion::kFuse && backend->TakesNchw16c()) {
+    model->nchw16c_ = Nchw16cValues(config, g, model->shapes_, model->fused_, model->fused_into_);
+  }
+  auto layout = [&](int v) {
+    return model->nchw16c_[v] ? ImageLayout::kNchw16c : ImageLayout::kNchw;
+  };
   Rng rng(seed);
   for (size_t i = 0; i < n; ++i) {
     LayerContext ctx;
@@ -252,6 +307,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
       ctx.fused = Activation::kRelu;
     }
     ctx.fused_max_pool = max_pool_of[i];
+    // A layer that keeps its input's layout runs in it even where its output has one pixel.
+    ctx.input_layout = layout(g.inputs[i][0]);
+    ctx.output_layout = layout(static_cast<int>(i + 1));
     KILN_ASSIGN_OR_RETURN(
         std::unique_ptr<Layer> layer,
         std::visit([&](const auto& c) { return MakeLayer(c, ctx); }, config.layers[i]));

@@ -123,6 +123,10 @@ class Model {
   // Node i's name ("layer1.0.conv1", or "3" when unnamed).
   const std::string& node_name(size_t i) const { return graph_.names[i]; }
   bool layer_fused(size_t i) const { return fused_[i]; }
+  // How layer i's output is kept (Nchw16cValues in model.cc).
+  ImageLayout output_layout(size_t i) const {
+    return nchw16c_[i + 1] ? ImageLayout::kNchw16c : ImageLayout::kNchw;
+  }
   // Starts (or with nullptr stops) adding each layer's forward and backward time to `times`.
   void set_layer_times(LayerTimes* times);
 
@@ -146,6 +150,8 @@ class Model {
   std::vector<bool> fused_;
   // fused_into_[v]: the layer fused onto value v (its only reader), or -1.
   std::vector<int> fused_into_;
+  // nchw16c_[v]: value v (and its gradient) is kept in ImageLayout::kNchw16c.
+  std::vector<bool> nchw16c_;
   // activations_[0] is unused (the input is the caller's); [i+1] the output of layer i.
   std::vector<Tensor> activations_;
   std::vector<Tensor> grads_;  // grads_[v] is d loss / d activations_[v]

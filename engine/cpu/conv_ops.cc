@@ -16,6 +16,7 @@
 #include "engine/cpu/dnnl_primitives.h"
 #include "engine/cpu/fused_max_pool.h"
 #include "engine/cpu/im2col_conv.h"
+#include "engine/cpu/nchw16c.h"
 
 namespace kiln {
 
@@ -30,7 +31,7 @@ namespace {
 // that im2col + sgemm does better than oneDNN's blocked kernel, which first interleaves dy into
 // 16-channel blocks: the reference CNN's conv1 backward 0.52 ms against 0.74-0.77 ms a step
 // (2 threads, quiet machine). Its forward is even (0.37 against 0.40 ms) and stays on oneDNN.
-bool Im2colBackward(const Conv2dGeometry& g) { return g.in_channels == 1; }
+bool Im2colTakesBackward(const Conv2dGeometry& g) { return g.in_channels == 1; }
 
 // The workspace is handed out 64-byte aligned: this much more than a plan asks for.
 constexpr int64_t kAlignSlack = 64;
@@ -68,7 +69,7 @@ int64_t CpuBackend::ConvWorkspaceBytes(const Conv2dGeometry& g, int threads, boo
                                        Precision precision) {
   // The plans the ops would make (with and without a bias and a ReLU they differ only by a few
   // floats: the larger, ReLU with bias, is counted), so the count is what the backend allocates.
-  if (backward && Im2colBackward(g)) return Im2colBytes(g, threads, backward);
+  if (backward && Im2colTakesBackward(g)) return Im2colBytes(g, threads, backward);
   const ConvKey key{g, /*bias=*/true, Activation::kRelu};
   ScopedTeamSize team(std::max(1, threads));
   const bool bf16 = precision == Precision::kBf16;
@@ -96,17 +97,64 @@ char* CpuBackend::ConvWorkspace(size_t plan_bytes) {
   return reinterpret_cast<char*>((p + 63) / 64 * 64);
 }
 
+const float* CpuBackend::AsNchw(ImageLayout layout, int batch, int channels, int64_t hw,
+                                const float* x, int slot) {
+  if (layout == ImageLayout::kNchw || x == nullptr) return x;
+  float* copy = Scratch(&nchw_copies_[slot], static_cast<size_t>(int64_t{batch} * channels * hw));
+  if (copy != nullptr) cpu_internal::Nchw16cToNchw(batch, channels, hw, x, copy, threads_);
+  return copy;
+}
+
+absl::Status CpuBackend::Im2colForward(const Conv2dGeometry& g, const float* x, const float* w,
+                                       const float* bias, Activation act, float* y) {
+  const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/false);
+  float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
+  if (scratch == nullptr) return WorkspaceError(g, bytes);
+  Conv2dGeometry plain = g;
+  plain.x_layout = plain.y_layout = ImageLayout::kNchw;
+  const int64_t in_hw = int64_t{g.in_h} * g.in_w, out_hw = int64_t{g.out_h()} * g.out_w();
+  const float* px = AsNchw(g.x_layout, g.batch, g.in_channels, in_hw, x, 0);
+  float* py = g.y_layout == ImageLayout::kNchw
+                  ? y
+                  : Scratch(&nchw_copies_[3],
+                            static_cast<size_t>(int64_t{g.batch} * g.out_channels * out_hw));
+  if (px == nullptr || py == nullptr) return WorkspaceError(g, bytes);
+  cpu_internal::Im2colConv2dForward(plain, px, w, bias, act, py, threads_, scratch);
+  if (py != y) cpu_internal::NchwToNchw16c(g.batch, g.out_channels, out_hw, py, y, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Im2colBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                                        const float* y, const float* dy, Activation act, float* dw,
+                                        float* dbias, float* dx) {
+  const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/true);
+  float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
+  if (scratch == nullptr) return WorkspaceError(g, bytes);
+  Conv2dGeometry plain = g;
+  plain.x_layout = plain.y_layout = ImageLayout::kNchw;
+  const int64_t in_hw = int64_t{g.in_h} * g.in_w, out_hw = int64_t{g.out_h()} * g.out_w();
+  const float* px = AsNchw(g.x_layout, g.batch, g.in_channels, in_hw, x, 0);
+  const float* py = AsNchw(g.y_layout, g.batch, g.out_channels, out_hw, y, 1);
+  const float* pdy = AsNchw(g.y_layout, g.batch, g.out_channels, out_hw, dy, 2);
+  float* pdx = dx == nullptr || g.x_layout == ImageLayout::kNchw
+                   ? dx
+                   : Scratch(&nchw_copies_[3],
+                             static_cast<size_t>(int64_t{g.batch} * g.in_channels * in_hw));
+  if (px == nullptr || (y != nullptr && py == nullptr) || pdy == nullptr ||
+      (dx != nullptr && pdx == nullptr)) {
+    return WorkspaceError(g, bytes);
+  }
+  cpu_internal::Im2colConv2dBackward(plain, px, w, py, pdy, act, dw, dbias, pdx, threads_, scratch);
+  if (pdx != dx) cpu_internal::NchwToNchw16c(g.batch, g.in_channels, in_hw, pdx, dx, threads_);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
                                        const float* bias, Activation act, float* y) {
+  KILN_RETURN_IF_ERROR(CheckConv2dLayouts(g, *this));
   KILN_ASSIGN_OR_RETURN(const ConvForwardPlan* plan,
                         dnnl_->Forward(ConvKey{g, bias != nullptr, act}));
-  if (plan->reference_kernel()) {
-    const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/false);
-    float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
-    if (scratch == nullptr) return WorkspaceError(g, bytes);
-    cpu_internal::Im2colConv2dForward(g, x, w, bias, act, y, threads_, scratch);
-    return absl::OkStatus();
-  }
+  if (plan->reference_kernel()) return Im2colForward(g, x, w, bias, act, y);
   char* workspace = ConvWorkspace(plan->workspace_bytes());
   if (workspace == nullptr) return WorkspaceError(g, plan->workspace_bytes());
   return plan->Run(dnnl_->stream(), x, w, bias, y, workspace);
@@ -115,16 +163,13 @@ absl::Status CpuBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, 
 absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
                                         const float* y, const float* dy, Activation act, float* dw,
                                         float* dbias, float* dx) {
+  KILN_RETURN_IF_ERROR(CheckConv2dLayouts(g, *this));
   const ConvBackwardPlan* plan = nullptr;
-  if (!Im2colBackward(g)) {
+  if (!Im2colTakesBackward(g)) {
     KILN_ASSIGN_OR_RETURN(plan, dnnl_->Backward(ConvKey{g, dbias != nullptr, act}));
   }
   if (plan == nullptr || plan->reference_kernel()) {
-    const int64_t bytes = Im2colBytes(g, threads_, /*backward=*/true);
-    float* scratch = Scratch(&workspace_, static_cast<size_t>(bytes / 4));
-    if (scratch == nullptr) return WorkspaceError(g, bytes);
-    cpu_internal::Im2colConv2dBackward(g, x, w, y, dy, act, dw, dbias, dx, threads_, scratch);
-    return absl::OkStatus();
+    return Im2colBackward(g, x, w, y, dy, act, dw, dbias, dx);
   }
   char* workspace = ConvWorkspace(plan->workspace_bytes());
   if (workspace == nullptr) return WorkspaceError(g, plan->workspace_bytes());
@@ -142,7 +187,7 @@ absl::Status CpuBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x,
 // The output itself is not kept: the winners are (a sixteenth of its bytes for 2x2 windows).
 absl::StatusOr<CpuBackend::FusedPoolPath> CpuBackend::FusedPoolPathFor(const Conv2dGeometry& g,
                                                                        bool bias, Activation act) {
-  if (Im2colBackward(g)) return FusedPoolPath::kIm2col;
+  if (Im2colTakesBackward(g)) return FusedPoolPath::kIm2col;
   const ConvKey key{g, bias, act};
   KILN_ASSIGN_OR_RETURN(const ConvForwardPlan* forward, dnnl_->Forward(key));
   if (forward->reference_kernel()) return FusedPoolPath::kIm2col;

@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
                               const float* y, const float* dy, Activation act, float* dw,
                               float* dbias, float* dx) override;
   bool FusesConvMaxPool() const override { return true; }
+  bool TakesNchw16c() const override { return true; }
   absl::Status Conv2dMaxPoolForward(const Conv2dGeometry& g, const Pool2dGeometry& pool,
                                     const float* x, const float* w, const float* bias,
                                     Activation act, uint8_t* winners, float* y) override;
@@ -164,6 +165,18 @@ class CpuBackend final : public Backend {
   // allocated.
   char* ConvWorkspace(size_t plan_bytes);
 
+  // The im2col convolutions (where oneDNN has only its reference kernel, and the backward of one
+  // input channel), which run in NCHW: operands in nChw16c are converted on the way in and out.
+  absl::Status Im2colForward(const Conv2dGeometry& g, const float* x, const float* w,
+                             const float* bias, Activation act, float* y);
+  absl::Status Im2colBackward(const Conv2dGeometry& g, const float* x, const float* w,
+                              const float* y, const float* dy, Activation act, float* dw,
+                              float* dbias, float* dx);
+  // x in NCHW: x itself, or its conversion from `layout` into nchw_copies_[slot]; null when that
+  // cannot be allocated.
+  const float* AsNchw(ImageLayout layout, int batch, int channels, int64_t hw, const float* x,
+                      int slot);
+
   // How Conv2dMaxPool{Forward,Backward} run for convolution g (conv_ops.cc).
   enum class FusedPoolPath { kIm2col, kBlocked16, kPlain };
   absl::StatusOr<FusedPoolPath> FusedPoolPathFor(const Conv2dGeometry& g, bool bias,
@@ -174,6 +187,8 @@ class CpuBackend final : public Backend {
   // For a fused max pooling: the convolution's output, which only the pooling reads, and the
   // pooling's input gradient where the convolution's backward takes it plain.
   std::vector<float> conv_out_, pool_grad_;
+  // NCHW copies of an im2col convolution's operands given in nChw16c: x, y, dy, and its output.
+  std::vector<float> nchw_copies_[4];
   std::unique_ptr<cpu_internal::DnnlPrimitives> dnnl_;
 };
 

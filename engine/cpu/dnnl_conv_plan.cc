@@ -117,9 +117,12 @@ ConvDescs DescsOf(const Conv2dGeometry& g, bool bias, bool bf16) {
   const memory::dims src = {g.batch, g.in_channels, g.in_h, g.in_w};
   const memory::dims weights = {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
   const memory::dims dst = {g.batch, g.out_channels, g.out_h(), g.out_w()};
-  d.src = memory::desc(src, kF32, Tag::nchw);
+  // The caller's x and y (and so dx and dy) in the layouts it keeps them in: where those are the
+  // primitive's, no reorder runs.
+  auto tag = [](ImageLayout l) { return l == ImageLayout::kNchw16c ? Tag::nChw16c : Tag::nchw; };
+  d.src = memory::desc(src, kF32, tag(g.x_layout));
   d.weights = memory::desc(weights, kF32, Tag::oihw);
-  d.dst = memory::desc(dst, kF32, Tag::nchw);
+  d.dst = memory::desc(dst, kF32, tag(g.y_layout));
   if (bias) d.bias = memory::desc({g.out_channels}, kF32, Tag::x);
   d.src_any = memory::desc(src, read, Tag::any);
   d.weights_any = memory::desc(weights, read, Tag::any);
@@ -272,7 +275,9 @@ absl::StatusOr<std::unique_ptr<ConvBackwardPlan>> ConvBackwardPlan::Build(const 
     plan->diff_dst_blocked16_ =
         plan->diff_dst_shared_ && g.out_channels % 16 == 0 &&
         weights_pd.diff_dst_desc() == memory::desc(d.dst.dims(), bf16 ? kBf16 : kF32, Tag::nChw16c);
-    plan->mask_into_blocks_ = act == Activation::kRelu && plan->diff_dst_blocked16_;
+    // (MaskIntoBlocks reads y and dy in NCHW.)
+    plan->mask_into_blocks_ =
+        act == Activation::kRelu && plan->diff_dst_blocked16_ && g.y_layout == ImageLayout::kNchw;
     if (act == Activation::kRelu && !plan->mask_into_blocks_) {
       plan->masked_offset_ = layout.Add(d.dst.get_size());
     }

@@ -11,8 +11,8 @@ bool ConvKey::operator==(const ConvKey& o) const {
   return g.batch == o.g.batch && g.in_channels == o.g.in_channels && g.in_h == o.g.in_h &&
          g.in_w == o.g.in_w && g.out_channels == o.g.out_channels && g.kernel_h == o.g.kernel_h &&
          g.kernel_w == o.g.kernel_w && g.stride_h == o.g.stride_h && g.stride_w == o.g.stride_w &&
-         g.padding_h == o.g.padding_h && g.padding_w == o.g.padding_w && bias == o.bias &&
-         act == o.act;
+         g.padding_h == o.g.padding_h && g.padding_w == o.g.padding_w &&
+         g.x_layout == o.g.x_layout && g.y_layout == o.g.y_layout && bias == o.bias && act == o.act;
 }
 
 size_t ConvKeyHash::operator()(const ConvKey& key) const {
@@ -20,6 +20,7 @@ size_t ConvKeyHash::operator()(const ConvKey& key) const {
   for (const int v :
        {key.g.batch, key.g.in_channels, key.g.in_h, key.g.in_w, key.g.out_channels, key.g.kernel_h,
         key.g.kernel_w, key.g.stride_h, key.g.stride_w, key.g.padding_h, key.g.padding_w,
+        static_cast<int>(key.g.x_layout), static_cast<int>(key.g.y_layout),
         static_cast<int>(key.bias), static_cast<int>(key.act)}) {
     h = h * 1000003u ^ std::hash<int>()(v);
   }

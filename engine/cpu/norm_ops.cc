@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/status_macros.h"
 #include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
+#include "engine/cpu/nchw16c.h"
 
 namespace kiln {
 
@@ -162,6 +164,12 @@ absl::Status CpuBackend::BatchNormForwardTraining(const BatchNormGeometry& g, do
                                                   float* running_mean, float* running_var,
                                                   float* saved_mean, float* saved_invstd) {
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (g.layout == ImageLayout::kNchw16c) {
+    cpu_internal::BatchNormNchw16cForwardTraining(g, eps, momentum, x, gamma, beta, y, running_mean,
+                                                  running_var, saved_mean, saved_invstd, threads_);
+    return absl::OkStatus();
+  }
   const int64_t n = g.values_per_channel();
   if (g.spatial == 1) {
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
@@ -208,6 +216,12 @@ absl::Status CpuBackend::BatchNormForwardInference(const BatchNormGeometry& g, d
                                                    const float* beta, const float* running_mean,
                                                    const float* running_var, float* y) {
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/false); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (g.layout == ImageLayout::kNchw16c) {
+    cpu_internal::BatchNormNchw16cForwardInference(g, eps, x, gamma, beta, running_mean,
+                                                   running_var, y, threads_);
+    return absl::OkStatus();
+  }
   const int64_t n = g.values_per_channel();
   if (g.spatial == 1) {
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)
@@ -230,6 +244,12 @@ absl::Status CpuBackend::BatchNormBackward(const BatchNormGeometry& g, double ep
                                            const float* saved_invstd, const float* dy,
                                            float* dgamma, float* dbeta, float* dx) {
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (g.layout == ImageLayout::kNchw16c) {
+    cpu_internal::BatchNormNchw16cBackward(g, x, gamma, saved_mean, saved_invstd, dy, dgamma, dbeta,
+                                           dx, threads_);
+    return absl::OkStatus();
+  }
   const int64_t n = g.values_per_channel();
   if (g.spatial == 1) {
 #pragma omp parallel for num_threads(threads_) schedule(static) if (n * g.channels > kParallelMin)

@@ -4,9 +4,11 @@
 
 #include <cstring>
 
+#include "common/status_macros.h"
 #include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
+#include "engine/cpu/nchw16c.h"
 #include "engine/pool_window.h"
 
 namespace kiln {
@@ -15,7 +17,7 @@ using cpu_internal::kParallelMin;
 
 absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                           int32_t* argmax) {
-  if (absl::Status s = CheckPool2d("maxpool2d", g); !s.ok()) return s;
+  if (absl::Status s = CheckMaxPool2d(g); !s.ok()) return s;
   // The geometry in locals: stores through `argmax` (int32) could alias g's ints, which made
   // GCC reload them for every output.
   const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
@@ -78,7 +80,7 @@ absl::Status CpuBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* 
 
 absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                            const int32_t* argmax, float* dx) {
-  if (absl::Status s = CheckPool2d("maxpool2d", g); !s.ok()) return s;
+  if (absl::Status s = CheckMaxPool2d(g); !s.ok()) return s;
   const int ohw = g.out_h() * g.out_w(), planes = g.batch * g.channels;
   const int in_hw = g.in_h * g.in_w;
 #pragma omp parallel for num_threads(threads_) if (int64_t{planes} * in_hw > kParallelMin)
@@ -94,6 +96,11 @@ absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float*
 
 absl::Status CpuBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
   if (absl::Status s = CheckPool2d("avgpool2d", g); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
+  if (g.layout == ImageLayout::kNchw16c) {
+    cpu_internal::AvgPoolNchw16cForward(g, x, y, threads_);
+    return absl::OkStatus();
+  }
   const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
   const int in_h = g.in_h, in_w = g.in_w, kernel_h = g.kernel_h, kernel_w = g.kernel_w;
   const int stride_h = g.stride_h, stride_w = g.stride_w, pad_h = g.padding_h, pad_w = g.padding_w;
@@ -120,6 +127,11 @@ absl::Status CpuBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* 
 
 absl::Status CpuBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
   if (absl::Status s = CheckPool2d("avgpool2d", g); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
+  if (g.layout == ImageLayout::kNchw16c) {
+    cpu_internal::AvgPoolNchw16cBackward(g, dy, dx, threads_);
+    return absl::OkStatus();
+  }
   const int oh = g.out_h(), ow = g.out_w(), planes = g.batch * g.channels;
   const int in_h = g.in_h, in_w = g.in_w, kernel_h = g.kernel_h, kernel_w = g.kernel_w;
   const int stride_h = g.stride_h, stride_w = g.stride_w, pad_h = g.padding_h, pad_w = g.padding_w;

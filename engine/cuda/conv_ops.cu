@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_checks.h"
 #include "engine/cuda/conv_cudnn.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
@@ -88,6 +89,7 @@ std::string ConvContext(const Conv2dGeometry& g, const char* pass) {
 
 absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x, const float* w,
                                         const float* bias, Activation act, float* y) {
+  KILN_RETURN_IF_ERROR(CheckConv2dLayouts(g, *this));
   if (g.batch == 0) return absl::OkStatus();  // as on the CPU: nothing to do
   KILN_RETURN_IF_ERROR(Activate());
   const WorkspaceFn workspace = [this](size_t bytes) {
@@ -104,6 +106,7 @@ absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x,
 absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x, const float* w,
                                          const float* y, const float* dy, Activation act, float* dw,
                                          float* dbias, float* dx) {
+  KILN_RETURN_IF_ERROR(CheckConv2dLayouts(g, *this));
   if (g.batch == 0) return absl::OkStatus();
   KILN_RETURN_IF_ERROR(Activate());
   const int64_t plane = int64_t{g.out_h()} * g.out_w();

@@ -190,7 +190,7 @@ ck::PoolShape ToPoolShape(const Pool2dGeometry& g) {
 
 absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float* x, float* y,
                                            int32_t* argmax) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
+  KILN_RETURN_IF_ERROR(CheckMaxPool2d(g));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::maxpool_forward(stream_, ToPoolShape(g), x, y, argmax));
   return absl::OkStatus();
@@ -198,7 +198,7 @@ absl::Status CudaBackend::MaxPool2dForward(const Pool2dGeometry& g, const float*
 
 absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float* dy,
                                             const int32_t* argmax, float* dx) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("maxpool2d", g));
+  KILN_RETURN_IF_ERROR(CheckMaxPool2d(g));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::maxpool_backward(stream_, ToPoolShape(g), dy, argmax, dx));
   return absl::OkStatus();
@@ -206,6 +206,7 @@ absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float
 
 absl::Status CudaBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
   KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
+  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::avgpool_forward(stream_, ToPoolShape(g), x, y));
   return absl::OkStatus();
@@ -213,6 +214,7 @@ absl::Status CudaBackend::AvgPool2dForward(const Pool2dGeometry& g, const float*
 
 absl::Status CudaBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
   KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
+  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::avgpool_backward(stream_, ToPoolShape(g), dy, dx));
   return absl::OkStatus();

@@ -13,8 +13,9 @@ absl::StatusOr<Shape> OutputShape(const AvgPool2dConfig& c, const Shape& in) {
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const AvgPool2dConfig& c,
                                                  const LayerContext& ctx) {
-  const Pool2dGeometry window =
+  Pool2dGeometry window =
       MakePool2dGeometry(c.kernel_size, c.stride, c.padding, ctx.input, /*batch=*/0);
+  window.layout = ctx.input_layout;
   return std::make_unique<AvgPool2d>("avgpool2d", window, ctx.backend, ctx.input, ctx.output);
 }
 
@@ -43,6 +44,7 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const AdaptiveAvgPool2dConfig& 
   window.kernel_h = window.stride_h = static_cast<int>(ctx.input[1] / c.output_h);
   window.kernel_w = window.stride_w = static_cast<int>(ctx.input[2] / c.output_w);
   window.padding_h = window.padding_w = 0;
+  window.layout = ctx.input_layout;
   return std::make_unique<AvgPool2d>("adaptive_avgpool2d", window, ctx.backend, ctx.input,
                                      ctx.output);
 }

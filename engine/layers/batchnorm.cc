@@ -52,7 +52,7 @@ absl::StatusOr<Shape> OutputShape(const BatchNorm1dConfig& c, const Shape& in) {
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const BatchNorm2dConfig& c,
                                                  const LayerContext& ctx) {
-  return BatchNorm::Create("batchnorm2d", c, ctx.backend, ctx.input);
+  return BatchNorm::Create("batchnorm2d", c, ctx.backend, ctx.input, ctx.input_layout);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const BatchNorm1dConfig& c,
@@ -61,8 +61,10 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const BatchNorm1dConfig& c,
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> BatchNorm::Create(const char* type, const BatchNormFields& c,
-                                                         Backend* backend, const Shape& shape) {
+                                                         Backend* backend, const Shape& shape,
+                                                         ImageLayout layout) {
   auto layer = std::unique_ptr<BatchNorm>(new BatchNorm(type, c, backend, shape));
+  layer->layout_ = layout;
   const Shape channels = {c.num_features};
   if (c.affine) {
     layer->weight_.name = "weight";
@@ -105,6 +107,7 @@ BatchNormGeometry BatchNorm::Geometry(const Tensor& x) const {
   g.batch = static_cast<int>(x.dim(0));
   g.channels = static_cast<int>(config_.num_features);
   g.spatial = NumElements(input_shape_) / config_.num_features;
+  g.layout = layout_;
   return g;
 }
 

@@ -58,13 +58,16 @@ int64_t ParameterCount(const Conv2dConfig& c) {
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const Conv2dConfig& c, const LayerContext& ctx) {
   return Conv2d::Create(c, ctx.backend, ctx.input, ctx.output, ctx.rng, ctx.fused,
-                        ctx.fused_max_pool);
+                        ctx.fused_max_pool, ctx.input_layout, ctx.output_layout);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> Conv2d::Create(const Conv2dConfig& config, Backend* backend,
                                                       const Shape& input, const Shape& output,
-                                                      Rng* rng, Activation act, int64_t max_pool) {
+                                                      Rng* rng, Activation act, int64_t max_pool,
+                                                      ImageLayout x_layout, ImageLayout y_layout) {
   auto layer = std::unique_ptr<Conv2d>(new Conv2d(config, backend, input, output, act, max_pool));
+  layer->x_layout_ = x_layout;
+  layer->y_layout_ = y_layout;
   const int64_t kh = config.KernelH(), kw = config.KernelW();
   const float bound = 1.0f / std::sqrt(static_cast<float>(config.in_channels * kh * kw));
   KILN_RETURN_IF_ERROR(InitUniformParameter(backend, "weight",
@@ -99,7 +102,10 @@ Conv2dGeometry MakeConv2dGeometry(const Conv2dConfig& c, const Shape& input, int
 }
 
 Conv2dGeometry Conv2d::Geometry(int64_t batch) const {
-  return MakeConv2dGeometry(config_, input_shape_, batch);
+  Conv2dGeometry g = MakeConv2dGeometry(config_, input_shape_, batch);
+  g.x_layout = x_layout_;
+  g.y_layout = y_layout_;
+  return g;
 }
 
 Pool2dGeometry Conv2d::PoolGeometry(int64_t batch) const {

@@ -24,11 +24,14 @@ class Conv2d final : public Layer {
  public:
   // `act` is an activation fused into this layer (the model fuses a following ReLU);
   // `max_pool` > 0 a max pooling of that kernel size and stride fused after it, which the
-  // layer's output (Forward's y) then is; `output` stays the convolution's.
+  // layer's output (Forward's y) then is; `output` stays the convolution's. x_layout (of x and
+  // dx) and y_layout (of y and dy): how the model keeps them (LayerContext).
   static absl::StatusOr<std::unique_ptr<Layer>> Create(const Conv2dConfig& config, Backend* backend,
                                                        const Shape& input, const Shape& output,
                                                        Rng* rng, Activation act = Activation::kNone,
-                                                       int64_t max_pool = 0);
+                                                       int64_t max_pool = 0,
+                                                       ImageLayout x_layout = ImageLayout::kNchw,
+                                                       ImageLayout y_layout = ImageLayout::kNchw);
   const char* type() const override { return "conv2d"; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
@@ -43,6 +46,7 @@ class Conv2d final : public Layer {
   Conv2dConfig config_;
   Activation act_;
   int64_t max_pool_;
+  ImageLayout x_layout_ = ImageLayout::kNchw, y_layout_ = ImageLayout::kNchw;
   Parameter weight_, bias_;
   Tensor winners_;  // with a fused max pooling, its winners (Backend::Conv2dMaxPoolForward)
 };

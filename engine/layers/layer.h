@@ -71,6 +71,10 @@ struct LayerContext {
   // A conv2d's fused max pooling (Backend::Conv2dMaxPoolForward): its kernel size, stride the
   // same and no padding; 0 for none. The layer's output is then the pooled one.
   int64_t fused_max_pool = 0;
+  // How the model keeps the layer's first input and its output, where they are images
+  // (Backend::TakesNchw16c): a conv2d's two may differ; batch norm and average pooling run in
+  // their input's.
+  ImageLayout input_layout = ImageLayout::kNchw, output_layout = ImageLayout::kNchw;
 };
 
 class Layer {

@@ -414,6 +414,96 @@ TEST(Model, FusedLayersMatchSeparateLayersInBf16) {
   }
 }
 
+BatchNorm2dConfig BatchNormOf(int64_t features) {
+  BatchNorm2dConfig c;
+  c.num_features = features;
+  return c;
+}
+
+// The ResNet example's shape at 8x8: a 3-channel stem, an identity block of 16 channels and a
+// downsampling block to 32 with a 1x1 projection, global average pooling, a classifier.
+ModelConfig ResidualBlocks() {
+  ModelConfig c;
+  c.input_shape = {3, 8, 8};
+  // clang-format off
+  c.layers = {Conv2dConfig{3, 16, 3, 1, 1}, BatchNormOf(16), ReluConfig{},
+              Conv2dConfig{16, 16, 3, 1, 1}, BatchNormOf(16), ReluConfig{},
+              Conv2dConfig{16, 16, 3, 1, 1}, BatchNormOf(16), AddConfig{}, ReluConfig{},
+              Conv2dConfig{16, 32, 3, 2, 1}, BatchNormOf(32), ReluConfig{},
+              Conv2dConfig{32, 32, 3, 1, 1}, BatchNormOf(32),
+              Conv2dConfig{16, 32, 1, 2, 0}, BatchNormOf(32), AddConfig{}, ReluConfig{},
+              AdaptiveAvgPool2dConfig{1, 1}, FlattenConfig{}, LinearConfig{32, 5}};
+  c.names = {"conv1", "bn1", "relu", "l1.conv1", "l1.bn1", "l1.relu1", "l1.conv2", "l1.bn2",
+             "l1.add", "l1.relu2", "l2.conv1", "l2.bn1", "l2.relu1", "l2.conv2", "l2.bn2",
+             "l2.short", "l2.short_bn", "l2.add", "l2.relu2", "pool", "flatten", "fc"};
+  // clang-format on
+  c.inputs.resize(c.layers.size());
+  c.inputs[8] = {"l1.bn2", "relu"};
+  c.inputs[15] = {"l1.relu2"};
+  c.inputs[17] = {"l2.bn2", "l2.short_bn"};
+  return c;
+}
+
+// On the CPU the images between the convolutions of residual blocks stay in nChw16c: every
+// value from the stem's output to the last ReLU; the pooled one-pixel output and the classifier
+// are NCHW. The results are those of the separate NCHW layers (batch norm's sums in another
+// order: within 1e-5), and repeat bit for bit.
+TEST(Model, ResidualBlocksKeepImagesInNchw16cAndMatchNchwLayers) {
+  const ModelConfig c = ResidualBlocks();
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_OK(backend);
+  auto model = Model::Build(c, backend->get(), 1);
+  ASSERT_OK(model);
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    const ImageLayout want = i < 19 ? ImageLayout::kNchw16c : ImageLayout::kNchw;
+    EXPECT_EQ((*model)->output_layout(i), want) << (*model)->node_name(i);
+  }
+  auto separate = Model::Build(c, backend->get(), 1, Fusion::kNone);
+  ASSERT_OK(separate);
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    EXPECT_EQ((*separate)->output_layout(i), ImageLayout::kNchw) << (*separate)->node_name(i);
+  }
+  ExpectFusedMatchesSeparate(c, 4, 1e-5);
+  ExpectFusedMatchesSeparate(c, 4, 1e-5, Precision::kBf16);
+  // Twice the same pass: the same bits.
+  Tensor x = testing::MakeTensor(**backend, {4, 3, 8, 8}, testing::RandomValues(4 * 192, 9));
+  Tensor dout = testing::MakeTensor(**backend, {4, 5}, testing::RandomValues(20, 10));
+  std::vector<float> runs[2];
+  for (auto& run : runs) {
+    auto y = (*model)->Forward(x, Mode::kTrain);
+    ASSERT_OK(y);
+    run = testing::ToHost(**backend, **y);
+    ASSERT_OK((*model)->ZeroGrad());
+    ASSERT_OK((*model)->Backward(dout));
+    for (const auto& p : (*model)->parameters()) {
+      const std::vector<float> g = testing::ToHost(**backend, p.param->grad);
+      run.insert(run.end(), g.begin(), g.end());
+    }
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+// A value a layer that takes only NCHW reads (a max pooling, a flatten), the model's output, a
+// channel count that is not a multiple of 16, and values fused layers alias all stay NCHW; so do
+// the images of a layer that keeps its input's layout next to one of them.
+TEST(Model, KeepsNchwWhereAReaderOrTheChannelCountNeedsIt) {
+  auto backend = CreateBackend("cpu", {2});
+  ASSERT_OK(backend);
+  const ModelConfig c{{16, 8, 8},
+                      {Conv2dConfig{16, 16, 3, 1, 1}, BatchNormOf(16), ReluConfig{},
+                       MaxPool2dConfig{2}, Conv2dConfig{16, 8, 3, 1, 1}, BatchNormOf(8),
+                       Conv2dConfig{8, 16, 3, 1, 1}, ReluConfig{}, FlattenConfig{},
+                       LinearConfig{16 * 16, 3}}};
+  auto model = Model::Build(c, backend->get(), 1);
+  ASSERT_OK(model);
+  // conv -> bn -> relu -> maxpool: the max pooling takes NCHW, and batch norm and ReLU keep it.
+  for (size_t i : {0, 1, 2, 3, 4, 5}) EXPECT_EQ((*model)->output_layout(i), ImageLayout::kNchw) << i;
+  // The last conv2d's ReLU is fused into it, and flatten reads it.
+  EXPECT_TRUE((*model)->layer_fused(7));
+  EXPECT_EQ((*model)->output_layout(6), ImageLayout::kNchw);
+  ExpectFusedMatchesSeparate(c, 3, 1e-5);
+}
+
 // Pooling that overlaps or pads is not fused, and a conv2d output read twice fuses nothing.
 TEST(Model, MaxPoolFusesOnlyOverNonOverlappingWindowsOfASingleReader) {
   auto backend = CreateBackend("cpu", {2});
