@@ -1,23 +1,31 @@
 // kiln-bench: trains the reference configurations on real MNIST and prints the same per-epoch
-// numbers and SUMMARY JSON line as ../shared/peers/torch_peer.py, so the two compare directly.
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
+// numbers and SUMMARY JSON line as ../shared/peers/torch_peer.py, so the two compare directly;
+// `kiln-bench infer` times serving a job spec's model (the ResNet example) on the CIFAR-10 test
+// batch, as `bench/torch_cifar_peer.py --infer-only` times the peer's.
+#include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "engine/backend_registry.h"
+#include "engine/data/cifar10_reader.h"
 #include "engine/data/dataset.h"
 #include "engine/inference.h"
 #include "engine/model.h"
 #include "engine/reference_configs.h"
 #include "engine/trainer.h"
+#include "google/protobuf/util/json_util.h"
+#include "kiln/v1/model_spec.pb.h"
+#include "server/jobs/spec_translation.h"
 
 namespace {
 
@@ -91,12 +99,18 @@ nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
     // A graph's node is shown by name; a Sequential layer's name is its index.
     std::printf("  %-5s %-10s %9.3f %9.3f%s\n", model.node_name(i).c_str(), model.layer_type(i),
                 fwd, bwd, note);
-    layers.push_back({{"layer", i}, {"name", model.node_name(i)}, {"type", model.layer_type(i)},
-                      {"forward_ms", fwd}, {"backward_ms", bwd}, {"fused", model.layer_fused(i)}});
+    layers.push_back({{"layer", i},
+                      {"name", model.node_name(i)},
+                      {"type", model.layer_type(i)},
+                      {"forward_ms", fwd},
+                      {"backward_ms", bwd},
+                      {"fused", model.layer_fused(i)}});
   }
   const double step_ms = train_seconds * 1e3 / steps;
-  std::printf("  layers %.3f ms of a %.3f ms step; the rest (batch, loss, zero_grad, optimizer) "
-              "%.3f ms\n", in_layers, step_ms, step_ms - in_layers);
+  std::printf(
+      "  layers %.3f ms of a %.3f ms step; the rest (batch, loss, zero_grad, optimizer) "
+      "%.3f ms\n",
+      in_layers, step_ms, step_ms - in_layers);
   return {{"layers", layers}, {"step_ms", step_ms}, {"layers_ms", in_layers}};
 }
 
@@ -123,8 +137,7 @@ int Train(const TrainArgs& args) {
   const int epochs = args.epochs, threads = args.threads;
   const uint64_t seed = args.seed;
   const bool infer = args.infer, profile = args.profile;
-  kiln::TrainConfig config =
-      model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
+  kiln::TrainConfig config = model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
   config.epochs = epochs;
   config.seed = seed;
   config.precision = PrecisionNamed(args.precision);
@@ -202,11 +215,12 @@ int Train(const TrainArgs& args) {
       return 1;
     }
     summary["inference"] = *inf;
-    std::printf("inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
-                " (best of 5; median %.0f)\n",
-                (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
-                (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
-                (*inf)["b256_img_per_s_median"].get<double>());
+    std::printf(
+        "inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
+        " (best of 5; median %.0f)\n",
+        (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
+        (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
+        (*inf)["b256_img_per_s_median"].get<double>());
   }
   std::printf("SUMMARY %s\n", summary.dump().c_str());
   if (!json_path.empty()) {
@@ -218,6 +232,64 @@ int Train(const TrainArgs& args) {
     std::fputs(summary.dump(1).c_str(), f);
     std::fclose(f);
   }
+  return 0;
+}
+
+// What `kiln-bench infer` was asked for.
+struct InferArgs {
+  std::string spec = "examples/resnet-cifar.json", cifar, device = "cpu", precision = "fp32";
+  int threads = 2;
+};
+
+// The spec's model (untrained: speed does not depend on the weights) served from a checkpoint
+// with the spec's normalisation, through BenchInference on the CIFAR-10 test batch.
+int Infer(const InferArgs& args) {
+  // The spec as kilnd takes it: its JSON form, translated by kilnd's own rules.
+  std::ifstream in(args.spec);
+  std::stringstream text;
+  text << in.rdbuf();
+  kiln::v1::JobSpec spec;
+  if (auto s = google::protobuf::util::JsonStringToMessage(text.str(), &spec); !in || !s.ok()) {
+    std::cerr << "kiln-bench: " << args.spec << " is not a job spec: " << s.ToString() << "\n";
+    return 1;
+  }
+  auto translated = kiln::server::TranslateSpec(spec, kiln::server::SpecLimits{});
+  if (!translated.ok()) {
+    std::cerr << "kiln-bench: " << args.spec << ": " << translated.status().message() << "\n";
+    return 1;
+  }
+  kiln::TrainConfig config = *translated;
+  config.precision = PrecisionNamed(args.precision);
+  kiln::BackendOptions options;
+  options.threads = args.threads;
+  options.precision = config.precision;
+  auto backend = kiln::CreateBackend(args.device, options);
+  auto test = kiln::ReadCifar10File(args.cifar + "/test_batch.bin");
+  if (!backend.ok() || !test.ok()) {
+    std::cerr << "kiln-bench: "
+              << (backend.ok() ? test.status().message() : backend.status().message()) << "\n";
+    return 1;
+  }
+  auto trainer = kiln::Trainer::Create(config, backend->get(), &*test, &*test);
+  if (!trainer.ok()) {
+    std::cerr << "kiln-bench: " << trainer.status().message() << "\n";
+    return 1;
+  }
+  auto inf = BenchInference(**trainer, backend->get(), *test);
+  if (!inf.ok()) {
+    std::cerr << "kiln-bench: inference: " << inf.status().message() << "\n";
+    return 1;
+  }
+  std::printf("# kiln-bench infer device=%s threads=%d spec=%s precision=%s test=%lld\n",
+              (*backend)->name().c_str(), args.threads, args.spec.c_str(), args.precision.c_str(),
+              static_cast<long long>(test->size));
+  std::printf(
+      "inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
+      " (best of 5; median %.0f)\n",
+      (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
+      (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
+      (*inf)["b256_img_per_s_median"].get<double>());
+  std::printf("SUMMARY %s\n", nlohmann::json{{"inference", *inf}}.dump().c_str());
   return 0;
 }
 
@@ -243,7 +315,18 @@ int main(int argc, char** argv) {
   train->add_flag("--no-infer", no_infer, "skip the inference benchmark after training");
   train->add_flag("--profile", args.profile,
                   "time every layer's forward and backward (synchronising after each; slower)");
+  CLI::App* infer = app.add_subcommand("infer", "time serving a job spec's model on CIFAR-10");
+  InferArgs infer_args;
+  infer->add_option("--spec", infer_args.spec, "job spec JSON whose model is served")
+      ->check(CLI::ExistingFile);
+  infer->add_option("--cifar", infer_args.cifar, "folder with CIFAR-10's test_batch.bin")
+      ->required();
+  infer->add_option("--threads", infer_args.threads, "CPU threads")->check(CLI::Range(1, 256));
+  infer->add_option("--device", infer_args.device, "auto, cpu or cuda:N");
+  infer->add_option("--precision", infer_args.precision, "fp32 (default), tf32 or bf16")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
+  if (infer->parsed()) return Infer(infer_args);
   args.infer = !no_infer;
   return Train(args);
 }

@@ -24,6 +24,7 @@ per-epoch permutation. Run with the system python (Debian's python3-torch 1.13).
 import argparse
 import json
 import os
+import statistics
 import struct
 import sys
 import time
@@ -176,6 +177,34 @@ def normalise_as_kiln(x, norm):
     return (x * scale - mean.reshape(shape)) / std.reshape(shape)
 
 
+@torch.no_grad()
+def bench_inference(net, xte, n_single=2000, warm=100, reps=5):
+    """The MNIST peer's protocol (and kiln-bench's): batch 1 over n_single test images after
+    `warm` warm-up ones, then batch 256 over the test set, best and median of `reps`."""
+    net.eval()
+    for i in range(warm):
+        net(xte[i:i + 1])
+    lat = []
+    t0 = time.perf_counter()
+    for i in range(n_single):
+        s = time.perf_counter_ns()
+        net(xte[i:i + 1])
+        lat.append(time.perf_counter_ns() - s)
+    t_single = time.perf_counter() - t0
+    net(xte[:256])
+    t256 = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for i in range(0, xte.shape[0], 256):
+            net(xte[i:i + 256])
+        t256.append(time.perf_counter() - t0)
+    return {"b1_img_per_s": n_single / t_single,
+            "b1_median_us": statistics.median(lat) / 1000.0,
+            "b1_p90_us": sorted(lat)[int(0.9 * len(lat))] / 1000.0,
+            "b256_img_per_s_best": xte.shape[0] / min(t256),
+            "b256_img_per_s_median": xte.shape[0] / statistics.median(t256)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", choices=["resnet", "table"])
@@ -189,6 +218,9 @@ def main():
                     help="resnet: the model and each batch in torch.channels_last (NHWC)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="bf16: torch.autocast(bfloat16) around the forward and loss")
+    ap.add_argument("--infer-only", action="store_true",
+                    help="resnet: time inference of an untrained model on the test batch "
+                         "(as `kiln-bench infer`), no training")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -209,6 +241,23 @@ def main():
         print(f"checkpoint {a.check_checkpoint}: loaded with strict=True; "
               f"test_acc={accuracy(net, xte, yte):.2f}% correct={correct}/{xte.shape[0]} "
               f"first_class={first}", flush=True)
+        return 0
+
+    if a.infer_only:
+        xte, _ = raw_test_split("resnet", a.data)
+        xte = normalise_as_kiln(xte, (1 / 255, torch.tensor([0.219] * 3), torch.tensor([0.3318] * 3)))
+        net = ResNet8()
+        if a.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+            xte = xte.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            inf = bench_inference(net, xte)
+        print(f"# torch {torch.__version__} threads={torch.get_num_threads()} infer-only "
+              f"channels_last={a.channels_last} precision={a.precision}", flush=True)
+        print(f"inference: b1 {inf['b1_img_per_s']:.0f} img/s, b1 median {inf['b1_median_us']:.1f} us"
+              f" (p90 {inf['b1_p90_us']:.1f} us), b256 {inf['b256_img_per_s_best']:.0f} img/s"
+              f" (best of 5; median {inf['b256_img_per_s_median']:.0f})", flush=True)
+        print("SUMMARY " + json.dumps({"inference": inf}), flush=True)
         return 0
 
     xtr, ytr, xte, yte = (load_cifar if a.workload == "resnet" else load_table)(a.data)
