@@ -95,7 +95,7 @@ nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
     const double fwd = t.forward_s[i] * 1e3 / std::max<int64_t>(t.forward_calls, 1);
     const double bwd = t.backward_s[i] * 1e3 / steps;
     in_layers += fwd + bwd;
-    const char* note = model.layer_fused(i) ? " (fused into the conv2d before it)" : "";
+    const char* note = model.layer_fused(i) ? " (fused into the layer before it)" : "";
     // A graph's node is shown by name; a Sequential layer's name is its index.
     std::printf("  %-5s %-10s %9.3f %9.3f%s\n", model.node_name(i).c_str(), model.layer_type(i),
                 fwd, bwd, note);

@@ -229,6 +229,34 @@ class Backend {
                                          const float* gamma, const float* saved_mean,
                                          const float* saved_invstd, const float* dy, float* dgamma,
                                          float* dbeta, float* dx) = 0;
+  // Batch normalisation and the ReLU that alone reads its output, as one op: y = max(0, bn(x)),
+  // the same values as the batch norm then ReluForward, in one pass over y. The backward takes
+  // that y for the ReLU's mask and gives what ReluBackward then BatchNormBackward give. Whether
+  // this backend runs the pair so (the model fuses it only then).
+  virtual bool FusesBatchNormRelu() const { return false; }
+  virtual absl::Status BatchNormReluForwardTraining(const BatchNormGeometry& /*g*/, double /*eps*/,
+                                                    double /*momentum*/, const float* /*x*/,
+                                                    const float* /*gamma*/, const float* /*beta*/,
+                                                    float* /*y*/, float* /*running_mean*/,
+                                                    float* /*running_var*/, float* /*saved_mean*/,
+                                                    float* /*saved_invstd*/) {
+    return absl::UnimplementedError(absl::StrCat(name(), " does not fuse batch norm and ReLU"));
+  }
+  virtual absl::Status BatchNormReluForwardInference(const BatchNormGeometry& /*g*/, double /*eps*/,
+                                                     const float* /*x*/, const float* /*gamma*/,
+                                                     const float* /*beta*/,
+                                                     const float* /*running_mean*/,
+                                                     const float* /*running_var*/, float* /*y*/) {
+    return absl::UnimplementedError(absl::StrCat(name(), " does not fuse batch norm and ReLU"));
+  }
+  virtual absl::Status BatchNormReluBackward(const BatchNormGeometry& /*g*/, double /*eps*/,
+                                             const float* /*x*/, const float* /*gamma*/,
+                                             const float* /*saved_mean*/,
+                                             const float* /*saved_invstd*/, const float* /*y*/,
+                                             const float* /*dy*/, float* /*dgamma*/,
+                                             float* /*dbeta*/, float* /*dx*/) {
+    return absl::UnimplementedError(absl::StrCat(name(), " does not fuse batch norm and ReLU"));
+  }
 
   // --- sequences (transformers) -----------------------------------------------------------
   // Layer normalisation over the last dimension of x(rows, cols), PyTorch's nn.LayerNorm:

@@ -249,45 +249,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
   KILN_ASSIGN_OR_RETURN(model->shapes_, ShapesOf(config, model->graph_));
   const ModelGraph& g = model->graph_;
   const size_t n = config.layers.size();
-  // A ReLU fuses into the conv2d whose output it reads when nothing else reads that output; a
-  // max pooling of non-overlapping windows then into that conv2d too (after the ReLU, if any),
-  // where the backend runs the pair (Backend::FusesConvMaxPool).
-  model->fused_.assign(n, false);
-  model->fused_into_.assign(n + 1, -1);
   std::vector<int64_t> max_pool_of(n, 0);  // by conv2d layer: its fused pooling's kernel
   if (fusion == Fusion::kFuse) {
-    for (size_t j = 0; j < n; ++j) {
-      const int v = g.inputs[j][0];
-      if (std::holds_alternative<ReluConfig>(config.layers[j]) && v > 0 && g.readers[v] == 1 &&
-          std::holds_alternative<Conv2dConfig>(config.layers[v - 1])) {
-        model->fused_[j] = true;
-        model->fused_into_[v] = static_cast<int>(j);
-      }
-    }
-    for (size_t j = 0; j < n && backend->FusesConvMaxPool(); ++j) {
-      const auto* pool = std::get_if<MaxPool2dConfig>(&config.layers[j]);
-      const int v = g.inputs[j][0];
-      if (pool == nullptr || v == 0 || g.readers[v] != 1) continue;
-      // The conv2d producing v, directly or through its fused ReLU.
-      const int producer = model->fused_[v - 1] ? g.inputs[v - 1][0] - 1 : v - 1;
-      const auto* conv = std::get_if<Conv2dConfig>(&config.layers[producer]);
-      if (conv == nullptr) continue;
-      // The backend's own rule (windows, padding, winner bytes), on a one-sample geometry.
-      const Shape& conv_input = model->shapes_[g.inputs[producer][0]];
-      if (!CheckFusableMaxPool(MakeConv2dGeometry(*conv, conv_input, 1),
-                               MakePool2dGeometry(pool->kernel_size, pool->stride, pool->padding,
-                                                  model->shapes_[v], 1))
-               .ok()) {
-        continue;
-      }
-      model->fused_[j] = true;
-      model->fused_into_[v] = static_cast<int>(j);
-      max_pool_of[producer] = pool->kernel_size;
-    }
-  }
-  model->nchw16c_.assign(n + 1, false);
-  if (fusion == Fusion::kFuse && backend->TakesNchw16c()) {
-    model->nchw16c_ = Nchw16cValues(config, g, model->shapes_, model->fused_, model->fused_into_);
+    model->PlanFusion(&max_pool_of);
+  } else {
+    model->fused_.assign(n, false);
+    model->fused_into_.assign(n + 1, -1);
+    model->nchw16c_.assign(n + 1, false);
   }
   auto layout = [&](int v) {
     return model->nchw16c_[v] ? ImageLayout::kNchw16c : ImageLayout::kNchw;
@@ -301,7 +269,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
     ctx.output = model->shapes_[i + 1];
     ctx.rng = &rng;
     ctx.stream_seed = SplitMix64(seed + 0x51ED + i);
-    // Only a conv2d fuses the ReLU after it (cuDNN's conv-bias-activation).
+    // A conv2d or a batchnorm2d runs the ReLU fused after it.
     const int fused_next = model->fused_into_[i + 1];
     if (fused_next >= 0 && std::holds_alternative<ReluConfig>(config.layers[fused_next])) {
       ctx.fused = Activation::kRelu;
@@ -329,6 +297,58 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
   KILN_RETURN_IF_ERROR(ApplyInitRule(config.init, n_layer, seed, backend, model->parameters()));
   model->scratch_elements_ = GradientScratchElements(g, model->shapes_);
   return model;
+}
+
+void Model::PlanFusion(std::vector<int64_t>* max_pool_of) {
+  const ModelConfig& config = config_;
+  const ModelGraph& g = graph_;
+  const size_t n = config.layers.size();
+  fused_.assign(n, false);
+  fused_into_.assign(n + 1, -1);
+  auto fuse = [&](size_t j, int v) {
+    fused_[j] = true;
+    fused_into_[v] = static_cast<int>(j);
+  };
+  // A ReLU fuses into the conv2d whose output it reads when nothing else reads that output; a
+  // max pooling of non-overlapping windows then into that conv2d too (after the ReLU, if any),
+  // where the backend runs the pair (Backend::FusesConvMaxPool).
+  for (size_t j = 0; j < n; ++j) {
+    const int v = g.inputs[j][0];
+    if (std::holds_alternative<ReluConfig>(config.layers[j]) && v > 0 && g.readers[v] == 1 &&
+        std::holds_alternative<Conv2dConfig>(config.layers[v - 1])) {
+      fuse(j, v);
+    }
+  }
+  for (size_t j = 0; j < n && backend_->FusesConvMaxPool(); ++j) {
+    const auto* pool = std::get_if<MaxPool2dConfig>(&config.layers[j]);
+    const int v = g.inputs[j][0];
+    if (pool == nullptr || v == 0 || g.readers[v] != 1) continue;
+    // The conv2d producing v, directly or through its fused ReLU.
+    const int producer = fused_[v - 1] ? g.inputs[v - 1][0] - 1 : v - 1;
+    const auto* conv = std::get_if<Conv2dConfig>(&config.layers[producer]);
+    if (conv == nullptr) continue;
+    // The backend's own rule (windows, padding, winner bytes), on a one-sample geometry.
+    const Shape& conv_input = shapes_[g.inputs[producer][0]];
+    if (!CheckFusableMaxPool(
+             MakeConv2dGeometry(*conv, conv_input, 1),
+             MakePool2dGeometry(pool->kernel_size, pool->stride, pool->padding, shapes_[v], 1))
+             .ok()) {
+      continue;
+    }
+    fuse(j, v);
+    (*max_pool_of)[producer] = pool->kernel_size;
+  }
+  nchw16c_.assign(n + 1, false);
+  if (backend_->TakesNchw16c()) nchw16c_ = Nchw16cValues(config, g, shapes_, fused_, fused_into_);
+  // Then a ReLU into the batchnorm2d whose nChw16c output only it reads, where the backend runs
+  // the pair (Backend::FusesBatchNormRelu); its layout is the batch norm's already.
+  for (size_t j = 0; j < n && backend_->FusesBatchNormRelu(); ++j) {
+    const int v = g.inputs[j][0];
+    if (std::holds_alternative<ReluConfig>(config.layers[j]) && v > 0 && g.readers[v] == 1 &&
+        std::holds_alternative<BatchNorm2dConfig>(config.layers[v - 1]) && nchw16c_[v]) {
+      fuse(j, v);
+    }
+  }
 }
 
 absl::Status Model::EnsureActivations(int64_t batch) {

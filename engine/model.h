@@ -61,7 +61,9 @@ struct NamedBuffer {
 // kFuse runs a ReLU that reads a conv2d's output inside the convolution when nothing else reads
 // that output (same results, one pass less over memory each way), and likewise a max pooling of
 // non-overlapping windows after it where the backend can (the CPU's keeps the convolution's
-// output in its blocked layout then); kNone keeps every layer separate.
+// output in its blocked layout then); on a backend that takes nChw16c it keeps images in that
+// layout between the layers that take it, and runs a ReLU inside the batchnorm2d before it
+// there (Backend::FusesBatchNormRelu). kNone keeps every layer separate and every image NCHW.
 enum class Fusion { kFuse, kNone };
 
 // Wall time per layer of the training passes (kTrain forwards and backwards) made while attached
@@ -132,6 +134,9 @@ class Model {
 
  private:
   Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
+  // Which layers run fused into the one before them (fused_, fused_into_; a conv2d's max pooling
+  // kernel in max_pool_of) and which values stay in nChw16c (nchw16c_), for Fusion::kFuse.
+  void PlanFusion(std::vector<int64_t>* max_pool_of);
   absl::Status EnsureActivations(int64_t batch);
   // d loss / d (output of layer i): past the fused layers that alias that output.
   const Tensor& OutputGrad(size_t i, const Tensor& dout) const;
@@ -144,9 +149,9 @@ class Model {
   ModelGraph graph_;
   std::vector<Shape> shapes_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  // fused_[i]: layer i (a ReLU, a max pooling) runs inside the conv2d whose output it reads
-  // (through a fused ReLU for the pooling), the only reader; its output aliases the conv2d's,
-  // which holds the last fused layer's output.
+  // fused_[i]: layer i (a ReLU, a max pooling) runs inside the conv2d or batchnorm2d whose output
+  // it reads (through a fused ReLU for the pooling), the only reader; its output aliases that
+  // layer's, which holds the last fused layer's output.
   std::vector<bool> fused_;
   // fused_into_[v]: the layer fused onto value v (its only reader), or -1.
   std::vector<int> fused_into_;

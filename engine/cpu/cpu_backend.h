@@ -89,6 +89,20 @@ class CpuBackend final : public Backend {
                                  const float* gamma, const float* saved_mean,
                                  const float* saved_invstd, const float* dy, float* dgamma,
                                  float* dbeta, float* dx) override;
+  // In one pass over nChw16c images; over NCHW the two ops one after the other.
+  bool FusesBatchNormRelu() const override { return true; }
+  absl::Status BatchNormReluForwardTraining(const BatchNormGeometry& g, double eps, double momentum,
+                                            const float* x, const float* gamma, const float* beta,
+                                            float* y, float* running_mean, float* running_var,
+                                            float* saved_mean, float* saved_invstd) override;
+  absl::Status BatchNormReluForwardInference(const BatchNormGeometry& g, double eps, const float* x,
+                                             const float* gamma, const float* beta,
+                                             const float* running_mean, const float* running_var,
+                                             float* y) override;
+  absl::Status BatchNormReluBackward(const BatchNormGeometry& g, double eps, const float* x,
+                                     const float* gamma, const float* saved_mean,
+                                     const float* saved_invstd, const float* y, const float* dy,
+                                     float* dgamma, float* dbeta, float* dx) override;
 
   // Sequence ops (transformers): sequence_ops.cc.
   absl::Status LayerNormForward(int64_t rows, int cols, float eps, const float* x,
@@ -187,6 +201,8 @@ class CpuBackend final : public Backend {
   // For a fused max pooling: the convolution's output, which only the pooling reads, and the
   // pooling's input gradient where the convolution's backward takes it plain.
   std::vector<float> conv_out_, pool_grad_;
+  // The ReLU's masked gradient before an NCHW batch norm's backward (BatchNormReluBackward).
+  std::vector<float> masked_grad_;
   // NCHW copies of an im2col convolution's operands given in nChw16c: x, y, dy, and its output.
   std::vector<float> nchw_copies_[4];
   std::unique_ptr<cpu_internal::DnnlPrimitives> dnnl_;

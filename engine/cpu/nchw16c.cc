@@ -56,9 +56,10 @@ void ChannelSums(const BatchNormGeometry& g, int threads, const AddFn& add, doub
   }
 }
 
-// y = x * scale[c] + shift[c] over every value.
-void ScaleShift(const BatchNormGeometry& g, const float* scale, const float* shift, const float* x,
-                float* y, int threads) {
+// y = x * scale[c] + shift[c] over every value, then max(0, y) as ReluForward where kRelu.
+template <bool kRelu>
+void ScaleShiftOf(const BatchNormGeometry& g, const float* scale, const float* shift,
+                  const float* x, float* y, int threads) {
   const int blocks = Blocks(g.channels);
   const int64_t rows = int64_t{g.batch} * blocks;
 #pragma omp parallel for num_threads(threads) \
@@ -71,8 +72,20 @@ void ScaleShift(const BatchNormGeometry& g, const float* scale, const float* shi
     float* __restrict out = y + r * g.spatial * kLanes;
     for (int64_t s = 0; s < g.spatial; ++s) {
 #pragma omp simd
-      for (int j = 0; j < kLanes; ++j) out[s * kLanes + j] = in[s * kLanes + j] * sc[j] + sh[j];
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = in[s * kLanes + j] * sc[j] + sh[j];
+        out[s * kLanes + j] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
+      }
     }
+  }
+}
+
+void ScaleShift(const BatchNormGeometry& g, const float* scale, const float* shift, const float* x,
+                bool relu, float* y, int threads) {
+  if (relu) {
+    ScaleShiftOf<true>(g, scale, shift, x, y, threads);
+  } else {
+    ScaleShiftOf<false>(g, scale, shift, x, y, threads);
   }
 }
 
@@ -109,7 +122,7 @@ void Nchw16cToNchw(int batch, int channels, int64_t hw, const float* src, float*
 // The statistics as the NCHW loops (norm_ops.cc) form them from the same sums.
 void BatchNormNchw16cForwardTraining(const BatchNormGeometry& g, double eps, double momentum,
                                      const float* x, const float* gamma, const float* beta,
-                                     float* y, float* running_mean, float* running_var,
+                                     bool relu, float* y, float* running_mean, float* running_var,
                                      float* saved_mean, float* saved_invstd, int threads) {
   const int channels = g.channels;
   const double n = static_cast<double>(g.values_per_channel());
@@ -145,25 +158,34 @@ void BatchNormNchw16cForwardTraining(const BatchNormGeometry& g, double eps, dou
     scale[c] = static_cast<float>(s);
     shift[c] = static_cast<float>(beta[c] - mean[c] * s);
   }
-  ScaleShift(g, scale.data(), shift.data(), x, y, threads);
+  ScaleShift(g, scale.data(), shift.data(), x, relu, y, threads);
 }
 
 void BatchNormNchw16cForwardInference(const BatchNormGeometry& g, double eps, const float* x,
                                       const float* gamma, const float* beta,
-                                      const float* running_mean, const float* running_var, float* y,
-                                      int threads) {
+                                      const float* running_mean, const float* running_var,
+                                      bool relu, float* y, int threads) {
   std::vector<float> scale(g.channels), shift(g.channels);
   for (int c = 0; c < g.channels; ++c) {
     const double s = gamma[c] / std::sqrt(static_cast<double>(running_var[c]) + eps);
     scale[c] = static_cast<float>(s);
     shift[c] = static_cast<float>(beta[c] - running_mean[c] * s);
   }
-  ScaleShift(g, scale.data(), shift.data(), x, y, threads);
+  ScaleShift(g, scale.data(), shift.data(), x, relu, y, threads);
 }
 
-void BatchNormNchw16cBackward(const BatchNormGeometry& g, const float* x, const float* gamma,
-                              const float* saved_mean, const float* saved_invstd, const float* dy,
-                              float* dgamma, float* dbeta, float* dx, int threads) {
+namespace {
+
+// BatchNormNchw16cBackward, with dy masked where relu_y is not positive when kRelu.
+template <bool kRelu>
+void BackwardOf(const BatchNormGeometry& g, const float* x, const float* gamma,
+                const float* saved_mean, const float* saved_invstd, const float* relu_y,
+                const float* dy, float* dgamma, float* dbeta, float* dx, int threads) {
+  // dy as the ReLU's backward passes it on (both loads unconditional, as in ReluBackward).
+  auto grad = [&](int64_t i) {
+    const float d = dy[i];
+    return kRelu ? (relu_y[i] > 0.0f ? d : 0.0f) : d;
+  };
   const int channels = g.channels, blocks = Blocks(channels);
   const double n = static_cast<double>(g.values_per_channel());
   std::vector<double> mean(saved_mean, saved_mean + channels);
@@ -175,11 +197,14 @@ void BatchNormNchw16cBackward(const BatchNormGeometry& g, const float* x, const 
         const int c0 = block * kLanes;
         const double* m = mean.data() + c0;
         const double* is = invstd.data() + c0;
+        // The 16 gradients first: a select inside the double accumulation did not vectorise.
+        float d[kLanes];
+#pragma omp simd
+        for (int j = 0; j < kLanes; ++j) d[j] = grad(at + j);
 #pragma omp simd
         for (int j = 0; j < kLanes; ++j) {
-          const float d = dy[at + j];
-          acc[0][j] += d;
-          acc[1][j] += d * (x[at + j] - m[j]) * is[j];
+          acc[0][j] += d[j];
+          acc[1][j] += d[j] * (x[at + j] - m[j]) * is[j];
         }
       },
       sums.data());
@@ -204,16 +229,30 @@ void BatchNormNchw16cBackward(const BatchNormGeometry& g, const float* x, const 
     const int c0 = static_cast<int>(r % blocks) * kLanes;
     const float *kc = &k[c0], *mdy = &mean_dy[c0], *mdx = &mean_dy_xhat[c0], *mc = &m[c0],
                 *isc = &is[c0];
-    const float* __restrict in = x + r * g.spatial * kLanes;
-    const float* __restrict d = dy + r * g.spatial * kLanes;
-    float* __restrict out = dx + r * g.spatial * kLanes;
+    const int64_t base = r * g.spatial * kLanes;
+    const float* __restrict in = x + base;
+    float* __restrict out = dx + base;
     for (int64_t s = 0; s < g.spatial; ++s) {
 #pragma omp simd
       for (int j = 0; j < kLanes; ++j) {
         const int64_t i = s * kLanes + j;
-        out[i] = kc[j] * (d[i] - mdy[j] - (in[i] - mc[j]) * isc[j] * mdx[j]);
+        out[i] = kc[j] * (grad(base + i) - mdy[j] - (in[i] - mc[j]) * isc[j] * mdx[j]);
       }
     }
+  }
+}
+
+}  // namespace
+
+void BatchNormNchw16cBackward(const BatchNormGeometry& g, const float* x, const float* gamma,
+                              const float* saved_mean, const float* saved_invstd,
+                              const float* relu_y, const float* dy, float* dgamma, float* dbeta,
+                              float* dx, int threads) {
+  if (relu_y != nullptr) {
+    BackwardOf<true>(g, x, gamma, saved_mean, saved_invstd, relu_y, dy, dgamma, dbeta, dx, threads);
+  } else {
+    BackwardOf<false>(g, x, gamma, saved_mean, saved_invstd, nullptr, dy, dgamma, dbeta, dx,
+                      threads);
   }
 }
 

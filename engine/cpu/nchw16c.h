@@ -20,18 +20,21 @@ namespace kiln::cpu_internal {
 void NchwToNchw16c(int batch, int channels, int64_t hw, const float* src, float* dst, int threads);
 void Nchw16cToNchw(int batch, int channels, int64_t hw, const float* src, float* dst, int threads);
 
-// Backend::BatchNorm*'s contracts over x, y, dy, dx in nChw16c (g.spatial = h * w).
+// Backend::BatchNorm*'s contracts over x, y, dy, dx in nChw16c (g.spatial = h * w); with `relu`
+// Backend::BatchNormRelu*'s (the backward then masks dy where relu_y, the forward's y, is not
+// positive).
 void BatchNormNchw16cForwardTraining(const BatchNormGeometry& g, double eps, double momentum,
                                      const float* x, const float* gamma, const float* beta,
-                                     float* y, float* running_mean, float* running_var,
+                                     bool relu, float* y, float* running_mean, float* running_var,
                                      float* saved_mean, float* saved_invstd, int threads);
 void BatchNormNchw16cForwardInference(const BatchNormGeometry& g, double eps, const float* x,
                                       const float* gamma, const float* beta,
-                                      const float* running_mean, const float* running_var, float* y,
-                                      int threads);
+                                      const float* running_mean, const float* running_var,
+                                      bool relu, float* y, int threads);
 void BatchNormNchw16cBackward(const BatchNormGeometry& g, const float* x, const float* gamma,
-                              const float* saved_mean, const float* saved_invstd, const float* dy,
-                              float* dgamma, float* dbeta, float* dx, int threads);
+                              const float* saved_mean, const float* saved_invstd,
+                              const float* relu_y, const float* dy, float* dgamma, float* dbeta,
+                              float* dx, int threads);
 
 // Backend::AvgPool2d*'s contracts over x, y, dy, dx in nChw16c.
 void AvgPoolNchw16cForward(const Pool2dGeometry& g, const float* x, float* y, int threads);

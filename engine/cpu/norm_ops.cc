@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
@@ -166,8 +167,9 @@ absl::Status CpuBackend::BatchNormForwardTraining(const BatchNormGeometry& g, do
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
   KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
   if (g.layout == ImageLayout::kNchw16c) {
-    cpu_internal::BatchNormNchw16cForwardTraining(g, eps, momentum, x, gamma, beta, y, running_mean,
-                                                  running_var, saved_mean, saved_invstd, threads_);
+    cpu_internal::BatchNormNchw16cForwardTraining(g, eps, momentum, x, gamma, beta, /*relu=*/false,
+                                                  y, running_mean, running_var, saved_mean,
+                                                  saved_invstd, threads_);
     return absl::OkStatus();
   }
   const int64_t n = g.values_per_channel();
@@ -219,7 +221,7 @@ absl::Status CpuBackend::BatchNormForwardInference(const BatchNormGeometry& g, d
   KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
   if (g.layout == ImageLayout::kNchw16c) {
     cpu_internal::BatchNormNchw16cForwardInference(g, eps, x, gamma, beta, running_mean,
-                                                   running_var, y, threads_);
+                                                   running_var, /*relu=*/false, y, threads_);
     return absl::OkStatus();
   }
   const int64_t n = g.values_per_channel();
@@ -246,8 +248,8 @@ absl::Status CpuBackend::BatchNormBackward(const BatchNormGeometry& g, double ep
   if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
   KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
   if (g.layout == ImageLayout::kNchw16c) {
-    cpu_internal::BatchNormNchw16cBackward(g, x, gamma, saved_mean, saved_invstd, dy, dgamma, dbeta,
-                                           dx, threads_);
+    cpu_internal::BatchNormNchw16cBackward(g, x, gamma, saved_mean, saved_invstd,
+                                           /*relu_y=*/nullptr, dy, dgamma, dbeta, dx, threads_);
     return absl::OkStatus();
   }
   const int64_t n = g.values_per_channel();
@@ -289,6 +291,66 @@ absl::Status CpuBackend::BatchNormBackward(const BatchNormGeometry& g, double ep
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// Over nChw16c the ReLU runs in the batch norm's last pass (the forward's scale-and-shift, the
+// backward's sums and dx); over NCHW the two ops run one after the other.
+absl::Status CpuBackend::BatchNormReluForwardTraining(const BatchNormGeometry& g, double eps,
+                                                      double momentum, const float* x,
+                                                      const float* gamma, const float* beta,
+                                                      float* y, float* running_mean,
+                                                      float* running_var, float* saved_mean,
+                                                      float* saved_invstd) {
+  if (g.layout != ImageLayout::kNchw16c) {
+    KILN_RETURN_IF_ERROR(BatchNormForwardTraining(g, eps, momentum, x, gamma, beta, y, running_mean,
+                                                  running_var, saved_mean, saved_invstd));
+    return ReluForward(int64_t{g.batch} * g.channels * g.spatial, y, y);
+  }
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  cpu_internal::BatchNormNchw16cForwardTraining(g, eps, momentum, x, gamma, beta, /*relu=*/true, y,
+                                                running_mean, running_var, saved_mean, saved_invstd,
+                                                threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormReluForwardInference(const BatchNormGeometry& g, double eps,
+                                                       const float* x, const float* gamma,
+                                                       const float* beta, const float* running_mean,
+                                                       const float* running_var, float* y) {
+  if (g.layout != ImageLayout::kNchw16c) {
+    KILN_RETURN_IF_ERROR(
+        BatchNormForwardInference(g, eps, x, gamma, beta, running_mean, running_var, y));
+    return ReluForward(int64_t{g.batch} * g.channels * g.spatial, y, y);
+  }
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/false); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  cpu_internal::BatchNormNchw16cForwardInference(g, eps, x, gamma, beta, running_mean, running_var,
+                                                 /*relu=*/true, y, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BatchNormReluBackward(const BatchNormGeometry& g, double eps,
+                                               const float* x, const float* gamma,
+                                               const float* saved_mean, const float* saved_invstd,
+                                               const float* y, const float* dy, float* dgamma,
+                                               float* dbeta, float* dx) {
+  if (g.layout != ImageLayout::kNchw16c) {
+    if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
+    const int64_t n = int64_t{g.batch} * g.channels * g.spatial;
+    float* masked = Scratch(&masked_grad_, static_cast<size_t>(n));
+    if (masked == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of memory for the batch norm's ", n * 4, " bytes of masked gradient"));
+    }
+    KILN_RETURN_IF_ERROR(ReluBackward(n, y, dy, masked));
+    return BatchNormBackward(g, eps, x, gamma, saved_mean, saved_invstd, masked, dgamma, dbeta, dx);
+  }
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
+  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  cpu_internal::BatchNormNchw16cBackward(g, x, gamma, saved_mean, saved_invstd, y, dy, dgamma,
+                                         dbeta, dx, threads_);
   return absl::OkStatus();
 }
 

@@ -52,7 +52,7 @@ absl::StatusOr<Shape> OutputShape(const BatchNorm1dConfig& c, const Shape& in) {
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const BatchNorm2dConfig& c,
                                                  const LayerContext& ctx) {
-  return BatchNorm::Create("batchnorm2d", c, ctx.backend, ctx.input, ctx.input_layout);
+  return BatchNorm::Create("batchnorm2d", c, ctx.backend, ctx.input, ctx.input_layout, ctx.fused);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const BatchNorm1dConfig& c,
@@ -62,9 +62,10 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const BatchNorm1dConfig& c,
 
 absl::StatusOr<std::unique_ptr<Layer>> BatchNorm::Create(const char* type, const BatchNormFields& c,
                                                          Backend* backend, const Shape& shape,
-                                                         ImageLayout layout) {
+                                                         ImageLayout layout, Activation act) {
   auto layer = std::unique_ptr<BatchNorm>(new BatchNorm(type, c, backend, shape));
   layer->layout_ = layout;
+  layer->act_ = act;
   const Shape channels = {c.num_features};
   if (c.affine) {
     layer->weight_.name = "weight";
@@ -116,27 +117,36 @@ absl::Status BatchNorm::Forward(const Tensor& x, Tensor* y, Mode mode) {
   const float* gamma = config_.affine ? weight_.value.f32() : fixed_gamma_.f32();
   const float* beta = config_.affine ? bias_.value.f32() : fixed_beta_.f32();
   absl::Status s;
+  // With a fused ReLU, the batch norm's ops that apply it.
+  auto inference = act_ == Activation::kRelu ? &Backend::BatchNormReluForwardInference
+                                             : &Backend::BatchNormForwardInference;
+  auto training = act_ == Activation::kRelu ? &Backend::BatchNormReluForwardTraining
+                                            : &Backend::BatchNormForwardTraining;
   if (mode == Mode::kEval) {
-    s = backend_->BatchNormForwardInference(g, config_.eps, x.f32(), gamma, beta,
-                                            running_mean_.value.f32(), running_var_.value.f32(),
-                                            y->f32());
+    s = (backend_->*inference)(g, config_.eps, x.f32(), gamma, beta, running_mean_.value.f32(),
+                               running_var_.value.f32(), y->f32());
   } else {
-    s = backend_->BatchNormForwardTraining(
-        g, config_.eps, config_.momentum, x.f32(), gamma, beta, y->f32(), running_mean_.value.f32(),
-        running_var_.value.f32(), saved_mean_.f32(), saved_invstd_.f32());
+    s = (backend_->*training)(g, config_.eps, config_.momentum, x.f32(), gamma, beta, y->f32(),
+                              running_mean_.value.f32(), running_var_.value.f32(),
+                              saved_mean_.f32(), saved_invstd_.f32());
     if (s.ok()) ++num_batches_tracked_.count;
   }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(Where(), s.message()));
   return absl::OkStatus();
 }
 
-absl::Status BatchNorm::Backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx) {
+absl::Status BatchNorm::Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) {
   const float* gamma = config_.affine ? weight_.value.f32() : fixed_gamma_.f32();
   float* dgamma = config_.affine ? weight_.grad.f32() : unused_grads_.f32();
   float* dbeta = config_.affine ? bias_.grad.f32() : unused_grads_.f32() + config_.num_features;
-  absl::Status s = backend_->BatchNormBackward(Geometry(x), config_.eps, x.f32(), gamma,
-                                               saved_mean_.f32(), saved_invstd_.f32(), dy.f32(),
-                                               dgamma, dbeta, dx ? dx->f32() : nullptr);
+  float* dx_or_null = dx != nullptr ? dx->f32() : nullptr;
+  absl::Status s =
+      act_ == Activation::kRelu
+          ? backend_->BatchNormReluBackward(Geometry(x), config_.eps, x.f32(), gamma,
+                                            saved_mean_.f32(), saved_invstd_.f32(), y.f32(),
+                                            dy.f32(), dgamma, dbeta, dx_or_null)
+          : backend_->BatchNormBackward(Geometry(x), config_.eps, x.f32(), gamma, saved_mean_.f32(),
+                                        saved_invstd_.f32(), dy.f32(), dgamma, dbeta, dx_or_null);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(Where(), s.message()));
   return absl::OkStatus();
 }

@@ -29,10 +29,12 @@ class BatchNorm final : public Layer {
  public:
   // `type` is "batchnorm2d" or "batchnorm1d"; `shape` the per-sample input (and output) shape,
   // whose first dimension is the channel; `layout` how the model keeps x, y and their gradients
-  // (a batchnorm2d's may be nChw16c).
+  // (a batchnorm2d's may be nChw16c); `act` a ReLU the model fused after it
+  // (Backend::FusesBatchNormRelu), which Forward's y then is.
   static absl::StatusOr<std::unique_ptr<Layer>> Create(const char* type, const BatchNormFields& c,
                                                        Backend* backend, const Shape& shape,
-                                                       ImageLayout layout = ImageLayout::kNchw);
+                                                       ImageLayout layout = ImageLayout::kNchw,
+                                                       Activation act = Activation::kNone);
   const char* type() const override { return type_; }
   absl::Status Forward(const Tensor& x, Tensor* y, Mode mode) override;
   absl::Status Backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
@@ -49,6 +51,7 @@ class BatchNorm final : public Layer {
   const char* type_;
   BatchNormFields config_;
   ImageLayout layout_ = ImageLayout::kNchw;
+  Activation act_ = Activation::kNone;
   Parameter weight_, bias_;
   StateBuffer running_mean_, running_var_, num_batches_tracked_;
   // The last training pass's statistics per channel, for Backward.

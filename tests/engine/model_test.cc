@@ -458,6 +458,9 @@ TEST(Model, ResidualBlocksKeepImagesInNchw16cAndMatchNchwLayers) {
     const ImageLayout want = i < 19 ? ImageLayout::kNchw16c : ImageLayout::kNchw;
     EXPECT_EQ((*model)->output_layout(i), want) << (*model)->node_name(i);
   }
+  // The ReLUs that alone read a batch norm's output run inside it; those after an add do not.
+  for (size_t i : {2, 5, 12}) EXPECT_TRUE((*model)->layer_fused(i)) << (*model)->node_name(i);
+  for (size_t i : {9, 18}) EXPECT_FALSE((*model)->layer_fused(i)) << (*model)->node_name(i);
   auto separate = Model::Build(c, backend->get(), 1, Fusion::kNone);
   ASSERT_OK(separate);
   for (size_t i = 0; i < c.layers.size(); ++i) {
@@ -489,15 +492,16 @@ TEST(Model, ResidualBlocksKeepImagesInNchw16cAndMatchNchwLayers) {
 TEST(Model, KeepsNchwWhereAReaderOrTheChannelCountNeedsIt) {
   auto backend = CreateBackend("cpu", {2});
   ASSERT_OK(backend);
-  const ModelConfig c{{16, 8, 8},
-                      {Conv2dConfig{16, 16, 3, 1, 1}, BatchNormOf(16), ReluConfig{},
-                       MaxPool2dConfig{2}, Conv2dConfig{16, 8, 3, 1, 1}, BatchNormOf(8),
-                       Conv2dConfig{8, 16, 3, 1, 1}, ReluConfig{}, FlattenConfig{},
-                       LinearConfig{16 * 16, 3}}};
+  const ModelConfig c{
+      {16, 8, 8},
+      {Conv2dConfig{16, 16, 3, 1, 1}, BatchNormOf(16), ReluConfig{}, MaxPool2dConfig{2},
+       Conv2dConfig{16, 8, 3, 1, 1}, BatchNormOf(8), Conv2dConfig{8, 16, 3, 1, 1}, ReluConfig{},
+       FlattenConfig{}, LinearConfig{16 * 16, 3}}};
   auto model = Model::Build(c, backend->get(), 1);
   ASSERT_OK(model);
   // conv -> bn -> relu -> maxpool: the max pooling takes NCHW, and batch norm and ReLU keep it.
-  for (size_t i : {0, 1, 2, 3, 4, 5}) EXPECT_EQ((*model)->output_layout(i), ImageLayout::kNchw) << i;
+  for (size_t i : {0, 1, 2, 3, 4, 5})
+    EXPECT_EQ((*model)->output_layout(i), ImageLayout::kNchw) << i;
   // The last conv2d's ReLU is fused into it, and flatten reads it.
   EXPECT_TRUE((*model)->layer_fused(7));
   EXPECT_EQ((*model)->output_layout(6), ImageLayout::kNchw);

@@ -22,8 +22,7 @@ using testing::RandomValues;
 using testing::ToHost;
 
 // The test's own conversions: plain[(n, c, p)] <-> blocked[(n, c / 16, p, c % 16)].
-std::vector<float> ToBlocked(const std::vector<float>& plain, int batch, int channels,
-                             int64_t hw) {
+std::vector<float> ToBlocked(const std::vector<float>& plain, int batch, int channels, int64_t hw) {
   std::vector<float> out(plain.size());
   for (int n = 0; n < batch; ++n) {
     for (int c = 0; c < channels; ++c) {
@@ -35,8 +34,7 @@ std::vector<float> ToBlocked(const std::vector<float>& plain, int batch, int cha
   }
   return out;
 }
-std::vector<float> ToPlain(const std::vector<float>& blocked, int batch, int channels,
-                           int64_t hw) {
+std::vector<float> ToPlain(const std::vector<float>& blocked, int batch, int channels, int64_t hw) {
   std::vector<float> out(blocked.size());
   for (int n = 0; n < batch; ++n) {
     for (int c = 0; c < channels; ++c) {
@@ -92,7 +90,8 @@ TEST(Nchw16c, ConvolutionsGiveTheSameBitsInEveryLayout) {
     g.padding_h = g.padding_w = c.pad;
     const int64_t in_hw = int64_t{c.hw} * c.hw, out_hw = int64_t{g.out_h()} * g.out_w();
     const int64_t xn = c.batch * c.in_c * in_hw, yn = c.batch * c.out_c * out_hw;
-    const std::vector<float> xv = RandomValues(xn, 1), wv = RandomValues(c.out_c * c.in_c * c.k * c.k, 2),
+    const std::vector<float> xv = RandomValues(xn, 1),
+                             wv = RandomValues(c.out_c * c.in_c * c.k * c.k, 2),
                              bv = RandomValues(c.out_c, 3), dyv = RandomValues(yn, 4);
     for (Activation act : {Activation::kNone, Activation::kRelu}) {
       std::vector<float> want[4];
@@ -144,10 +143,11 @@ TEST(Nchw16c, AveragePoolingGivesTheSameBits) {
   auto backend = Cpu();
   ASSERT_NE(backend, nullptr);
   Backend& b = *backend;
-  for (const Pool2dGeometry& base :
-       {Pool2dGeometry{3, 32, 8, 8, 8, 8, 8, 8, 0, 0}, Pool2dGeometry{2, 16, 7, 7, 3, 3, 2, 2, 1, 1},
-        Pool2dGeometry{2, 16, 6, 6, 2, 2, 2, 2, 0, 0}}) {
-    const int64_t in_hw = int64_t{base.in_h} * base.in_w, out_hw = int64_t{base.out_h()} * base.out_w();
+  for (const Pool2dGeometry& base : {Pool2dGeometry{3, 32, 8, 8, 8, 8, 8, 8, 0, 0},
+                                     Pool2dGeometry{2, 16, 7, 7, 3, 3, 2, 2, 1, 1},
+                                     Pool2dGeometry{2, 16, 6, 6, 2, 2, 2, 2, 0, 0}}) {
+    const int64_t in_hw = int64_t{base.in_h} * base.in_w,
+                  out_hw = int64_t{base.out_h()} * base.out_w();
     const int64_t xn = base.batch * base.channels * in_hw, yn = base.batch * base.channels * out_hw;
     const std::vector<float> xv = RandomValues(xn, 7), dyv = RandomValues(yn, 8);
     std::vector<float> results[2][2];
@@ -161,8 +161,10 @@ TEST(Nchw16c, AveragePoolingGivesTheSameBits) {
       Tensor dy = MakeTensor(b, {yn}, blocked ? ToBlocked(dyv, g.batch, g.channels, out_hw) : dyv);
       Tensor dx = MakeTensor(b, {xn}, std::vector<float>(xn, 1.0f));
       ASSERT_OK(b.AvgPool2dBackward(g, dy.f32(), dx.f32()));
-      results[blocked][0] = blocked ? ToPlain(ToHost(b, y), g.batch, g.channels, out_hw) : ToHost(b, y);
-      results[blocked][1] = blocked ? ToPlain(ToHost(b, dx), g.batch, g.channels, in_hw) : ToHost(b, dx);
+      results[blocked][0] =
+          blocked ? ToPlain(ToHost(b, y), g.batch, g.channels, out_hw) : ToHost(b, y);
+      results[blocked][1] =
+          blocked ? ToPlain(ToHost(b, dx), g.batch, g.channels, in_hw) : ToHost(b, dx);
     }
     EXPECT_EQ(results[1][0], results[0][0]) << base.kernel_h;
     EXPECT_EQ(results[1][1], results[0][1]) << base.kernel_h;
@@ -173,8 +175,9 @@ TEST(Nchw16c, AveragePoolingGivesTheSameBits) {
 // double in another order (within 1e-6 relative); the statistics written for the backward and
 // the running ones likewise. Bits do not depend on the thread count.
 TEST(Nchw16c, BatchNormMatchesNchwAndRepeatsOnAnyThreadCount) {
-  for (const BatchNormGeometry& base : {BatchNormGeometry{8, 16, 9 * 9}, BatchNormGeometry{3, 64, 4},
-                                        BatchNormGeometry{2, 32, 7 * 5}}) {
+  for (const BatchNormGeometry& base :
+       {BatchNormGeometry{8, 16, 9 * 9}, BatchNormGeometry{3, 64, 4},
+        BatchNormGeometry{2, 32, 7 * 5}}) {
     const int c = base.channels;
     const int64_t n = int64_t{base.batch} * c * base.spatial;
     const std::vector<float> xv = RandomValues(n, 11, -2, 3), dyv = RandomValues(n, 12);
@@ -197,10 +200,12 @@ TEST(Nchw16c, BatchNormMatchesNchwAndRepeatsOnAnyThreadCount) {
       };
       Tensor x = MakeTensor(b, {n}, in(xv)), dy = MakeTensor(b, {n}, in(dyv));
       Tensor gm = MakeTensor(b, {c}, gamma), bt = MakeTensor(b, {c}, beta);
-      Tensor y = MakeTensor(b, {n}, std::vector<float>(n)), dx = MakeTensor(b, {n}, std::vector<float>(n));
+      Tensor y = MakeTensor(b, {n}, std::vector<float>(n)),
+             dx = MakeTensor(b, {n}, std::vector<float>(n));
       Tensor rm = MakeTensor(b, {c}, std::vector<float>(c, 0.1f));
       Tensor rv = MakeTensor(b, {c}, std::vector<float>(c, 0.9f));
-      Tensor sm = MakeTensor(b, {c}, std::vector<float>(c)), si = MakeTensor(b, {c}, std::vector<float>(c));
+      Tensor sm = MakeTensor(b, {c}, std::vector<float>(c)),
+             si = MakeTensor(b, {c}, std::vector<float>(c));
       Tensor dg = MakeTensor(b, {c}, std::vector<float>(c, 0.5f));
       Tensor dbt = MakeTensor(b, {c}, std::vector<float>(c, 0.5f));
       Tensor yi = MakeTensor(b, {n}, std::vector<float>(n));
@@ -220,6 +225,61 @@ TEST(Nchw16c, BatchNormMatchesNchwAndRepeatsOnAnyThreadCount) {
     }
     ExpectWithin(runs[1], runs[0], 1e-5, "nChw16c against NCHW");
     EXPECT_EQ(runs[2], runs[1]) << "nChw16c on 1 thread against 2";
+  }
+}
+
+// Batch norm with the ReLU fused gives the bits of the two ops one after the other, in both
+// layouts (nChw16c in one pass; NCHW as the two ops), in training, evaluation and backward.
+TEST(Nchw16c, BatchNormWithReluGivesTheBitsOfTheTwoOps) {
+  auto backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  Backend& b = *backend;
+  ASSERT_TRUE(b.FusesBatchNormRelu());
+  for (ImageLayout layout : {ImageLayout::kNchw16c, ImageLayout::kNchw}) {
+    BatchNormGeometry g{4, 32, 6 * 5};
+    g.layout = layout;
+    const int c = g.channels;
+    const int64_t n = int64_t{g.batch} * c * g.spatial;
+    const std::vector<float> xv = RandomValues(n, 21, -2, 3), dyv = RandomValues(n, 22);
+    const std::vector<float> gamma = RandomValues(c, 23, 0.5f, 1.5f), beta = RandomValues(c, 24);
+    std::vector<float> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = MakeTensor(b, {n}, xv), dy = MakeTensor(b, {n}, dyv);
+      Tensor gm = MakeTensor(b, {c}, gamma), bt = MakeTensor(b, {c}, beta);
+      Tensor y = MakeTensor(b, {n}, std::vector<float>(n)),
+             dx = MakeTensor(b, {n}, std::vector<float>(n));
+      Tensor masked = MakeTensor(b, {n}, std::vector<float>(n));
+      Tensor rm = MakeTensor(b, {c}, std::vector<float>(c, 0.1f)),
+             rv = MakeTensor(b, {c}, std::vector<float>(c, 0.9f));
+      Tensor sm = MakeTensor(b, {c}, std::vector<float>(c)),
+             si = MakeTensor(b, {c}, std::vector<float>(c));
+      Tensor dg = MakeTensor(b, {c}, std::vector<float>(c)),
+             dbt = MakeTensor(b, {c}, std::vector<float>(c));
+      Tensor yi = MakeTensor(b, {n}, std::vector<float>(n));
+      if (fused == 1) {
+        ASSERT_OK(b.BatchNormReluForwardTraining(g, 1e-5, 0.1, x.f32(), gm.f32(), bt.f32(), y.f32(),
+                                                 rm.f32(), rv.f32(), sm.f32(), si.f32()));
+        ASSERT_OK(b.BatchNormReluBackward(g, 1e-5, x.f32(), gm.f32(), sm.f32(), si.f32(), y.f32(),
+                                          dy.f32(), dg.f32(), dbt.f32(), dx.f32()));
+        ASSERT_OK(b.BatchNormReluForwardInference(g, 1e-5, x.f32(), gm.f32(), bt.f32(), rm.f32(),
+                                                  rv.f32(), yi.f32()));
+      } else {
+        ASSERT_OK(b.BatchNormForwardTraining(g, 1e-5, 0.1, x.f32(), gm.f32(), bt.f32(), y.f32(),
+                                             rm.f32(), rv.f32(), sm.f32(), si.f32()));
+        ASSERT_OK(b.ReluForward(n, y.f32(), y.f32()));
+        ASSERT_OK(b.ReluBackward(n, y.f32(), dy.f32(), masked.f32()));
+        ASSERT_OK(b.BatchNormBackward(g, 1e-5, x.f32(), gm.f32(), sm.f32(), si.f32(), masked.f32(),
+                                      dg.f32(), dbt.f32(), dx.f32()));
+        ASSERT_OK(b.BatchNormForwardInference(g, 1e-5, x.f32(), gm.f32(), bt.f32(), rm.f32(),
+                                              rv.f32(), yi.f32()));
+        ASSERT_OK(b.ReluForward(n, yi.f32(), yi.f32()));
+      }
+      for (const Tensor* t : {&y, &dx, &dg, &dbt, &rm, &rv, &yi}) {
+        const std::vector<float> v = ToHost(b, *t);
+        results[fused].insert(results[fused].end(), v.begin(), v.end());
+      }
+    }
+    EXPECT_EQ(results[1], results[0]) << ImageLayoutName(layout);
   }
 }
 
@@ -249,8 +309,9 @@ TEST(Nchw16c, RefusesChannelsThatAreNotBlocksOf16AndMaxPooling) {
   conv.x_layout = ImageLayout::kNchw16c;
   std::vector<float> w(16 * 27), out(16 * 4);
   st = backend->Conv2dForward(conv, x.data(), w.data(), nullptr, Activation::kNone, out.data());
-  EXPECT_NE(st.message().find("conv2d input: images in nChw16c need a multiple of 16 channels, got 3"),
-            std::string::npos)
+  EXPECT_NE(
+      st.message().find("conv2d input: images in nChw16c need a multiple of 16 channels, got 3"),
+      std::string::npos)
       << st;
 }
 
@@ -261,6 +322,7 @@ TEST(Nchw16c, CudaRefusesItAndItsModelsKeepNchw) {
   auto backend = CreateBackend("cuda:0", {2});
   ASSERT_OK(backend);
   EXPECT_FALSE((*backend)->TakesNchw16c());
+  EXPECT_FALSE((*backend)->FusesBatchNormRelu());
   BatchNormGeometry bn{2, 16, 4};
   bn.layout = ImageLayout::kNchw16c;
   Tensor v = MakeTensor(**backend, {128}, std::vector<float>(128, 1.0f));
