@@ -81,6 +81,16 @@ absl::StatusOr<nlohmann::json> BenchInference(kiln::Trainer& trainer, kiln::Back
                         {"b256_img_per_s_median", test.size / t256[t256.size() / 2]}};
 }
 
+// BenchInference's numbers as the peers print them.
+void PrintInference(const nlohmann::json& inf) {
+  std::printf(
+      "inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
+      " (best of 5; median %.0f)\n",
+      inf["b1_img_per_s"].get<double>(), inf["b1_median_us"].get<double>(),
+      inf["b1_p90_us"].get<double>(), inf["b256_img_per_s_best"].get<double>(),
+      inf["b256_img_per_s_median"].get<double>());
+}
+
 // Per-layer milliseconds per training step (forward and backward; evaluation excluded); what the
 // layers leave of the step is batch loading, the loss, zeroing gradients and the optimizer.
 nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
@@ -215,12 +225,7 @@ int Train(const TrainArgs& args) {
       return 1;
     }
     summary["inference"] = *inf;
-    std::printf(
-        "inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
-        " (best of 5; median %.0f)\n",
-        (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
-        (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
-        (*inf)["b256_img_per_s_median"].get<double>());
+    PrintInference(*inf);
   }
   std::printf("SUMMARY %s\n", summary.dump().c_str());
   if (!json_path.empty()) {
@@ -283,12 +288,7 @@ int Infer(const InferArgs& args) {
   std::printf("# kiln-bench infer device=%s threads=%d spec=%s precision=%s test=%lld\n",
               (*backend)->name().c_str(), args.threads, args.spec.c_str(), args.precision.c_str(),
               static_cast<long long>(test->size));
-  std::printf(
-      "inference: b1 %.0f img/s, b1 median %.1f us (p90 %.1f us), b256 %.0f img/s"
-      " (best of 5; median %.0f)\n",
-      (*inf)["b1_img_per_s"].get<double>(), (*inf)["b1_median_us"].get<double>(),
-      (*inf)["b1_p90_us"].get<double>(), (*inf)["b256_img_per_s_best"].get<double>(),
-      (*inf)["b256_img_per_s_median"].get<double>());
+  PrintInference(*inf);
   std::printf("SUMMARY %s\n", nlohmann::json{{"inference", *inf}}.dump().c_str());
   return 0;
 }
