@@ -17,6 +17,7 @@
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/uint8_infer_request.h"
 
 namespace kiln::server {
 namespace {
@@ -234,14 +235,8 @@ class DeploymentRestartTest : public RestartTest {
   static std::string ServedVersion(inference::GRPCInferenceService::Stub& stub,
                                    const std::string& model, std::string* probabilities = nullptr) {
     grpc::ClientContext context;
-    inference::ModelInferRequest request;
-    request.set_model_name(model);
-    auto* input = request.add_inputs();
-    input->set_name("input");
-    input->set_datatype("UINT8");
-    input->add_shape(1);
-    input->add_shape(784);
-    request.add_raw_input_contents(std::string(784, '\x40'));
+    const inference::ModelInferRequest request =
+        kiln::testing::Uint8InferRequest(model, 1, std::string(784, '\x40'));
     inference::ModelInferResponse response;
     grpc::Status status = stub.ModelInfer(&context, request, &response);
     if (probabilities != nullptr && status.ok() && response.raw_output_contents_size() > 0) {

@@ -22,6 +22,7 @@
 #include "server_test_support.h"
 #include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/uint8_infer_request.h"
 
 namespace kiln::server {
 namespace {
@@ -72,6 +73,23 @@ class TrainingServiceTest : public ::testing::Test {
     grpc::Status status = Submit(spec, &job);
     EXPECT_OK(status) << status.error_message();
     return job.id();
+  }
+  // The toy job for 2 epochs in fp32 (the default precision), then in `precision`, each waited
+  // for until it succeeded: their ids (a test failure, and empty ids, where one did not).
+  std::pair<std::string, std::string> TrainToyInFp32And(v1::Precision precision) {
+    v1::JobSpec spec = SmallSpec("toy", 2);
+    const std::string fp32_id = SubmitOrDie(spec);
+    spec.set_precision(precision);
+    if (!WaitForState(*stub_, fp32_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60))) {
+      ADD_FAILURE() << "the fp32 job " << fp32_id << " did not succeed";
+      return {};
+    }
+    const std::string other_id = SubmitOrDie(spec);
+    if (!WaitForState(*stub_, other_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60))) {
+      ADD_FAILURE() << "the job " << other_id << " did not succeed";
+      return {};
+    }
+    return {fp32_id, other_id};
   }
   grpc::Status Cancel(const std::string& id, v1::Job* job) {
     grpc::ClientContext context;
@@ -142,12 +160,8 @@ TEST_F(TrainingServiceTest, JobTrainsAndTwoWatchersSeeEveryEpochThenTheFinalStat
 // precision in what GetJob answers.
 TEST_F(TrainingServiceTest, ATf32JobOnTheCpuTrainsAsFp32AndKeepsItsPrecision) {
   StartDaemon();
-  v1::JobSpec spec = SmallSpec("toy", 2);
-  const std::string fp32_id = SubmitOrDie(spec);
-  ASSERT_TRUE(WaitForState(*stub_, fp32_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
-  spec.set_precision(v1::PRECISION_TF32);
-  const std::string tf32_id = SubmitOrDie(spec);
-  ASSERT_TRUE(WaitForState(*stub_, tf32_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  const auto [fp32_id, tf32_id] = TrainToyInFp32And(v1::PRECISION_TF32);
+  ASSERT_FALSE(tf32_id.empty());
 
   const v1::Job fp32 = GetJob(*stub_, fp32_id), tf32 = GetJob(*stub_, tf32_id);
   EXPECT_EQ(tf32.device(), "cpu");
@@ -158,6 +172,7 @@ TEST_F(TrainingServiceTest, ATf32JobOnTheCpuTrainsAsFp32AndKeepsItsPrecision) {
   EXPECT_EQ(tf32.last_epoch().train_loss(), fp32.last_epoch().train_loss());
   EXPECT_EQ(tf32.last_epoch().test_accuracy(), fp32.last_epoch().test_accuracy());
 
+  v1::JobSpec spec = SmallSpec("toy", 2);
   spec.set_precision(static_cast<v1::Precision>(9));
   v1::Job refused;
   grpc::Status status = Submit(spec, &refused);
@@ -177,14 +192,7 @@ std::vector<int64_t> ToyClasses(const std::string& address, const std::string& m
     }
   }
   grpc::ClientContext context;
-  inference::ModelInferRequest request;
-  request.set_model_name(model);
-  auto* input = request.add_inputs();
-  input->set_name("input");
-  input->set_datatype("UINT8");
-  input->add_shape(10);
-  input->add_shape(784);
-  request.add_raw_input_contents(images);
+  inference::ModelInferRequest request = kiln::testing::Uint8InferRequest(model, 10, images);
   request.add_outputs()->set_name("class");
   request.add_outputs()->set_name("probabilities");
   inference::ModelInferResponse response;
@@ -212,12 +220,8 @@ std::vector<int64_t> ToyClasses(const std::string& address, const std::string& m
 // fp32 job's does.
 TEST_F(TrainingServiceTest, ABf16JobOnTheCpuTrainsNearFp32AndItsCheckpointServes) {
   StartDaemon();
-  v1::JobSpec spec = SmallSpec("toy", 2);
-  const std::string fp32_id = SubmitOrDie(spec);
-  ASSERT_TRUE(WaitForState(*stub_, fp32_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
-  spec.set_precision(v1::PRECISION_BF16);
-  const std::string bf16_id = SubmitOrDie(spec);
-  ASSERT_TRUE(WaitForState(*stub_, bf16_id, v1::JOB_STATE_SUCCEEDED, absl::Seconds(60)));
+  const auto [fp32_id, bf16_id] = TrainToyInFp32And(v1::PRECISION_BF16);
+  ASSERT_FALSE(bf16_id.empty());
 
   const v1::Job fp32 = GetJob(*stub_, fp32_id), bf16 = GetJob(*stub_, bf16_id);
   EXPECT_EQ(bf16.device(), "cpu");

@@ -443,6 +443,14 @@ class WorkerJobsTest : public ::testing::Test {
     return spec;
   }
   v1::Job Get(const std::string& id) { return testing::GetJob(*stub_, id); }
+  // A job of two CPU workers for 2 epochs in fp32 (the default precision), then the same in
+  // `precision`, each as it ended.
+  std::pair<v1::Job, v1::Job> TrainWorkersInFp32And(v1::Precision precision) {
+    v1::JobSpec spec = Workers(2, 2);
+    const v1::Job fp32 = WaitForEnd(testing::SubmitJob(*stub_, spec));
+    spec.set_precision(precision);
+    return {fp32, WaitForEnd(testing::SubmitJob(*stub_, spec))};
+  }
   v1::Job WaitForEnd(const std::string& id) {
     v1::Job job;
     WaitFor(
@@ -543,10 +551,7 @@ TEST_F(WorkerJobsTest, TwoWorkersTrainTheModelOneProcessTrainsWithEveryRankRepor
 // as the same job in fp32 does, to the bit (a CPU has no TF32 units), and keeps its precision.
 TEST_F(WorkerJobsTest, TheWorkersOfATf32JobOnTheCpuTrainAsFp32Workers) {
   ASSERT_NO_FATAL_FAILURE(StartKilnd());
-  v1::JobSpec spec = Workers(2, 2);
-  const v1::Job fp32 = WaitForEnd(testing::SubmitJob(*stub_, spec));
-  spec.set_precision(v1::PRECISION_TF32);
-  const v1::Job tf32 = WaitForEnd(testing::SubmitJob(*stub_, spec));
+  const auto [fp32, tf32] = TrainWorkersInFp32And(v1::PRECISION_TF32);
   ASSERT_EQ(fp32.state(), v1::JOB_STATE_SUCCEEDED) << fp32.reason();
   ASSERT_EQ(tf32.state(), v1::JOB_STATE_SUCCEEDED) << tf32.reason();
   EXPECT_EQ(tf32.spec().precision(), v1::PRECISION_TF32);
@@ -560,10 +565,7 @@ TEST_F(WorkerJobsTest, TheWorkersOfATf32JobOnTheCpuTrainAsFp32Workers) {
 // the loss; 3% is training_service_test's measured allowance for this toy MLP).
 TEST_F(WorkerJobsTest, TheWorkersOfABf16JobOnTheCpuTrainNearFp32Workers) {
   ASSERT_NO_FATAL_FAILURE(StartKilnd());
-  v1::JobSpec spec = Workers(2, 2);
-  const v1::Job fp32 = WaitForEnd(testing::SubmitJob(*stub_, spec));
-  spec.set_precision(v1::PRECISION_BF16);
-  const v1::Job bf16 = WaitForEnd(testing::SubmitJob(*stub_, spec));
+  const auto [fp32, bf16] = TrainWorkersInFp32And(v1::PRECISION_BF16);
   ASSERT_EQ(fp32.state(), v1::JOB_STATE_SUCCEEDED) << fp32.reason();
   ASSERT_EQ(bf16.state(), v1::JOB_STATE_SUCCEEDED) << bf16.reason();
   EXPECT_EQ(bf16.spec().precision(), v1::PRECISION_BF16);
