@@ -24,7 +24,6 @@ per-epoch permutation. Run with the system python (Debian's python3-torch 1.13).
 import argparse
 import json
 import os
-import statistics
 import struct
 import sys
 import time
@@ -177,34 +176,6 @@ def normalise_as_kiln(x, norm):
     return (x * scale - mean.reshape(shape)) / std.reshape(shape)
 
 
-@torch.no_grad()
-def bench_inference(net, xte, n_single=2000, warm=100, reps=5):
-    """The MNIST peer's protocol (and kiln-bench's): batch 1 over n_single test images after
-    `warm` warm-up ones, then batch 256 over the test set, best and median of `reps`."""
-    net.eval()
-    for i in range(warm):
-        net(xte[i:i + 1])
-    lat = []
-    t0 = time.perf_counter()
-    for i in range(n_single):
-        s = time.perf_counter_ns()
-        net(xte[i:i + 1])
-        lat.append(time.perf_counter_ns() - s)
-    t_single = time.perf_counter() - t0
-    net(xte[:256])
-    t256 = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for i in range(0, xte.shape[0], 256):
-            net(xte[i:i + 256])
-        t256.append(time.perf_counter() - t0)
-    return {"b1_img_per_s": n_single / t_single,
-            "b1_median_us": statistics.median(lat) / 1000.0,
-            "b1_p90_us": sorted(lat)[int(0.9 * len(lat))] / 1000.0,
-            "b256_img_per_s_best": xte.shape[0] / min(t256),
-            "b256_img_per_s_median": xte.shape[0] / statistics.median(t256)}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", choices=["resnet", "table"])
@@ -244,6 +215,10 @@ def main():
         return 0
 
     if a.infer_only:
+        # The MNIST peer's inference protocol (kiln-bench's BenchInference follows it too).
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "shared", "peers"))
+        from torch_peer import bench_inference
         xte, _ = raw_test_split("resnet", a.data)
         xte = normalise_as_kiln(xte, (1 / 255, torch.tensor([0.219] * 3), torch.tensor([0.3318] * 3)))
         net = ResNet8()

@@ -28,7 +28,8 @@ absl::Status CheckConv2dLayouts(const Conv2dGeometry& g, const Backend& backend)
   return CheckImageLayout("conv2d output", g.y_layout, g.out_channels, backend);
 }
 
-absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training) {
+absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training,
+                            const Backend& backend) {
   if (g.batch < 0 || g.channels < 1 || g.spatial < 1 || !(eps > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("batchnorm: invalid geometry ", g.batch, "x",
                                                    g.channels, "x", g.spatial, " eps ", eps));
@@ -38,7 +39,7 @@ absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool trainin
         absl::StrCat("batchnorm: expected more than 1 value per channel when training, got ",
                      g.values_per_channel(), " (batch ", g.batch, " x ", g.spatial, ")"));
   }
-  return absl::OkStatus();
+  return CheckImageLayout("batchnorm", g.layout, g.channels, backend);
 }
 
 absl::Status CheckAugmentGeometry(const AugmentGeometry& g, int norm_channels) {
@@ -91,6 +92,11 @@ absl::Status CheckMaxPool2d(const Pool2dGeometry& g) {
     return absl::InvalidArgumentError("maxpool2d: takes images in NCHW only");
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckAvgPool2d(const Pool2dGeometry& g, const Backend& backend) {
+  if (absl::Status s = CheckPool2d("avgpool2d", g); !s.ok()) return s;
+  return CheckImageLayout("avgpool2d", g.layout, g.channels, backend);
 }
 
 absl::Status CheckFusableMaxPool(const Conv2dGeometry& g, const Pool2dGeometry& pool) {

@@ -19,9 +19,11 @@ absl::Status CheckImageLayout(const char* op, ImageLayout layout, int channels,
 // Before a convolution: CheckImageLayout for x and y.
 absl::Status CheckConv2dLayouts(const Conv2dGeometry& g, const Backend& backend);
 
-// Before a batch normalisation: a non-negative geometry, eps > 0 and, in training, more than one
-// value per channel (an unbiased variance needs two), as PyTorch.
-absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training);
+// Before a batch normalisation on `backend`: a non-negative geometry, eps > 0 and, in training,
+// more than one value per channel (an unbiased variance needs two), as PyTorch; then
+// CheckImageLayout.
+absl::Status CheckBatchNorm(const BatchNormGeometry& g, double eps, bool training,
+                            const Backend& backend);
 
 // Before GatherAugmentNormalize: a geometry of whole images, and a normalisation of one channel or
 // one per image channel (torchvision normalises per channel).
@@ -36,6 +38,8 @@ absl::Status CheckCopyFits(const char* op, size_t bytes, size_t capacity);
 absl::Status CheckPool2d(const char* op, const Pool2dGeometry& g);
 // Before max pooling: CheckPool2d's rules, over images in NCHW (no backend max-pools nChw16c).
 absl::Status CheckMaxPool2d(const Pool2dGeometry& g);
+// Before average pooling on `backend`: CheckPool2d's rules, then CheckImageLayout.
+absl::Status CheckAvgPool2d(const Pool2dGeometry& g, const Backend& backend);
 
 // A fused max pooling records each window's winner as a byte: its position in scan order
 // (a * kernel_w + b), or this where the fused ReLU passes no gradient.

@@ -250,13 +250,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
   const ModelGraph& g = model->graph_;
   const size_t n = config.layers.size();
   std::vector<int64_t> max_pool_of(n, 0);  // by conv2d layer: its fused pooling's kernel
-  if (fusion == Fusion::kFuse) {
-    model->PlanFusion(&max_pool_of);
-  } else {
-    model->fused_.assign(n, false);
-    model->fused_into_.assign(n + 1, -1);
-    model->nchw16c_.assign(n + 1, false);
-  }
+  model->PlanFusion(fusion, &max_pool_of);
   auto layout = [&](int v) {
     return model->nchw16c_[v] ? ImageLayout::kNchw16c : ImageLayout::kNchw;
   };
@@ -299,12 +293,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
   return model;
 }
 
-void Model::PlanFusion(std::vector<int64_t>* max_pool_of) {
+void Model::PlanFusion(Fusion fusion, std::vector<int64_t>* max_pool_of) {
   const ModelConfig& config = config_;
   const ModelGraph& g = graph_;
   const size_t n = config.layers.size();
   fused_.assign(n, false);
   fused_into_.assign(n + 1, -1);
+  nchw16c_.assign(n + 1, false);
+  if (fusion == Fusion::kNone) return;
   auto fuse = [&](size_t j, int v) {
     fused_[j] = true;
     fused_into_[v] = static_cast<int>(j);
@@ -338,7 +334,6 @@ void Model::PlanFusion(std::vector<int64_t>* max_pool_of) {
     fuse(j, v);
     (*max_pool_of)[producer] = pool->kernel_size;
   }
-  nchw16c_.assign(n + 1, false);
   if (backend_->TakesNchw16c()) nchw16c_ = Nchw16cValues(config, g, shapes_, fused_, fused_into_);
   // Then a ReLU into the batchnorm2d whose nChw16c output only it reads, where the backend runs
   // the pair (Backend::FusesBatchNormRelu); its layout is the batch norm's already.

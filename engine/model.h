@@ -135,8 +135,8 @@ class Model {
  private:
   Model(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
   // Which layers run fused into the one before them (fused_, fused_into_; a conv2d's max pooling
-  // kernel in max_pool_of) and which values stay in nChw16c (nchw16c_), for Fusion::kFuse.
-  void PlanFusion(std::vector<int64_t>* max_pool_of);
+  // kernel in max_pool_of) and which values stay in nChw16c (nchw16c_); none under kNone.
+  void PlanFusion(Fusion fusion, std::vector<int64_t>* max_pool_of);
   absl::Status EnsureActivations(int64_t batch);
   // d loss / d (output of layer i): past the fused layers that alias that output.
   const Tensor& OutputGrad(size_t i, const Tensor& dout) const;

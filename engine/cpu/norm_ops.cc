@@ -164,8 +164,7 @@ absl::Status CpuBackend::BatchNormForwardTraining(const BatchNormGeometry& g, do
                                                   const float* gamma, const float* beta, float* y,
                                                   float* running_mean, float* running_var,
                                                   float* saved_mean, float* saved_invstd) {
-  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true, *this); !s.ok()) return s;
   if (g.layout == ImageLayout::kNchw16c) {
     cpu_internal::BatchNormNchw16cForwardTraining(g, eps, momentum, x, gamma, beta, /*relu=*/false,
                                                   y, running_mean, running_var, saved_mean,
@@ -217,8 +216,7 @@ absl::Status CpuBackend::BatchNormForwardInference(const BatchNormGeometry& g, d
                                                    const float* x, const float* gamma,
                                                    const float* beta, const float* running_mean,
                                                    const float* running_var, float* y) {
-  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/false); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/false, *this); !s.ok()) return s;
   if (g.layout == ImageLayout::kNchw16c) {
     cpu_internal::BatchNormNchw16cForwardInference(g, eps, x, gamma, beta, running_mean,
                                                    running_var, /*relu=*/false, y, threads_);
@@ -245,8 +243,7 @@ absl::Status CpuBackend::BatchNormBackward(const BatchNormGeometry& g, double ep
                                            const float* gamma, const float* saved_mean,
                                            const float* saved_invstd, const float* dy,
                                            float* dgamma, float* dbeta, float* dx) {
-  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true, *this); !s.ok()) return s;
   if (g.layout == ImageLayout::kNchw16c) {
     cpu_internal::BatchNormNchw16cBackward(g, x, gamma, saved_mean, saved_invstd,
                                            /*relu_y=*/nullptr, dy, dgamma, dbeta, dx, threads_);
@@ -307,8 +304,7 @@ absl::Status CpuBackend::BatchNormReluForwardTraining(const BatchNormGeometry& g
                                                   running_var, saved_mean, saved_invstd));
     return ReluForward(int64_t{g.batch} * g.channels * g.spatial, y, y);
   }
-  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true, *this); !s.ok()) return s;
   cpu_internal::BatchNormNchw16cForwardTraining(g, eps, momentum, x, gamma, beta, /*relu=*/true, y,
                                                 running_mean, running_var, saved_mean, saved_invstd,
                                                 threads_);
@@ -324,8 +320,7 @@ absl::Status CpuBackend::BatchNormReluForwardInference(const BatchNormGeometry& 
         BatchNormForwardInference(g, eps, x, gamma, beta, running_mean, running_var, y));
     return ReluForward(int64_t{g.batch} * g.channels * g.spatial, y, y);
   }
-  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/false); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/false, *this); !s.ok()) return s;
   cpu_internal::BatchNormNchw16cForwardInference(g, eps, x, gamma, beta, running_mean, running_var,
                                                  /*relu=*/true, y, threads_);
   return absl::OkStatus();
@@ -337,7 +332,7 @@ absl::Status CpuBackend::BatchNormReluBackward(const BatchNormGeometry& g, doubl
                                                const float* y, const float* dy, float* dgamma,
                                                float* dbeta, float* dx) {
   if (g.layout != ImageLayout::kNchw16c) {
-    if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
+    if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true, *this); !s.ok()) return s;
     const int64_t n = int64_t{g.batch} * g.channels * g.spatial;
     float* masked = Scratch(&masked_grad_, static_cast<size_t>(n));
     if (masked == nullptr) {
@@ -347,8 +342,7 @@ absl::Status CpuBackend::BatchNormReluBackward(const BatchNormGeometry& g, doubl
     KILN_RETURN_IF_ERROR(ReluBackward(n, y, dy, masked));
     return BatchNormBackward(g, eps, x, gamma, saved_mean, saved_invstd, masked, dgamma, dbeta, dx);
   }
-  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  if (absl::Status s = CheckBatchNorm(g, eps, /*training=*/true, *this); !s.ok()) return s;
   cpu_internal::BatchNormNchw16cBackward(g, x, gamma, saved_mean, saved_invstd, y, dy, dgamma,
                                          dbeta, dx, threads_);
   return absl::OkStatus();

@@ -4,7 +4,6 @@
 
 #include <cstring>
 
-#include "common/status_macros.h"
 #include "engine/backend_checks.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/cpu_parallel.h"
@@ -95,8 +94,7 @@ absl::Status CpuBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float*
 }
 
 absl::Status CpuBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
-  if (absl::Status s = CheckPool2d("avgpool2d", g); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
+  if (absl::Status s = CheckAvgPool2d(g, *this); !s.ok()) return s;
   if (g.layout == ImageLayout::kNchw16c) {
     cpu_internal::AvgPoolNchw16cForward(g, x, y, threads_);
     return absl::OkStatus();
@@ -126,8 +124,7 @@ absl::Status CpuBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* 
 }
 
 absl::Status CpuBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
-  if (absl::Status s = CheckPool2d("avgpool2d", g); !s.ok()) return s;
-  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
+  if (absl::Status s = CheckAvgPool2d(g, *this); !s.ok()) return s;
   if (g.layout == ImageLayout::kNchw16c) {
     cpu_internal::AvgPoolNchw16cBackward(g, dy, dx, threads_);
     return absl::OkStatus();

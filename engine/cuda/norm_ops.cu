@@ -227,8 +227,7 @@ absl::Status CudaBackend::BatchNormForwardTraining(const BatchNormGeometry& g, d
                                                    const float* gamma, const float* beta, float* y,
                                                    float* running_mean, float* running_var,
                                                    float* saved_mean, float* saved_invstd) {
-  KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/true));
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/true, *this));
   KILN_RETURN_IF_ERROR(Activate());
   if (g.spatial == 1) {
     KILN_CUDA_CHECK(ck::batchnorm_features_forward_training(
@@ -249,8 +248,7 @@ absl::Status CudaBackend::BatchNormForwardInference(const BatchNormGeometry& g, 
                                                     const float* x, const float* gamma,
                                                     const float* beta, const float* running_mean,
                                                     const float* running_var, float* y) {
-  KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/false));
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/false, *this));
   if (g.batch == 0) return absl::OkStatus();  // as on the CPU: nothing to do
   KILN_RETURN_IF_ERROR(Activate());
   if (g.spatial == 1) {
@@ -275,8 +273,7 @@ absl::Status CudaBackend::BatchNormBackward(const BatchNormGeometry& g, double e
                                             const float* gamma, const float* saved_mean,
                                             const float* saved_invstd, const float* dy,
                                             float* dgamma, float* dbeta, float* dx) {
-  KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/true));
-  KILN_RETURN_IF_ERROR(CheckImageLayout("batchnorm", g.layout, g.channels, *this));
+  KILN_RETURN_IF_ERROR(CheckBatchNorm(g, eps, /*training=*/true, *this));
   KILN_RETURN_IF_ERROR(Activate());
   if (g.spatial == 1) {  // writes dx only when asked: no scratch
     KILN_CUDA_CHECK(ck::batchnorm_features_backward(stream_, g.batch, g.channels, x, gamma,

@@ -205,16 +205,14 @@ absl::Status CudaBackend::MaxPool2dBackward(const Pool2dGeometry& g, const float
 }
 
 absl::Status CudaBackend::AvgPool2dForward(const Pool2dGeometry& g, const float* x, float* y) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
-  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
+  KILN_RETURN_IF_ERROR(CheckAvgPool2d(g, *this));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::avgpool_forward(stream_, ToPoolShape(g), x, y));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::AvgPool2dBackward(const Pool2dGeometry& g, const float* dy, float* dx) {
-  KILN_RETURN_IF_ERROR(CheckPool2d("avgpool2d", g));
-  KILN_RETURN_IF_ERROR(CheckImageLayout("avgpool2d", g.layout, g.channels, *this));
+  KILN_RETURN_IF_ERROR(CheckAvgPool2d(g, *this));
   KILN_RETURN_IF_ERROR(Activate());
   KILN_CUDA_CHECK(ck::avgpool_backward(stream_, ToPoolShape(g), dy, dx));
   return absl::OkStatus();
