@@ -54,6 +54,7 @@ void AddCheckpointCommands(CLI::App& app, CommandEnv& env, Action* action);
 void AddDatasetCommands(CLI::App& app, CommandEnv& env, Action* action);
 void AddServingCommands(CLI::App& app, CommandEnv& env, Action* action);
 void AddHealthCommand(CLI::App& app, CommandEnv& env, Action* action);
+void AddWhoAmICommand(CLI::App& app, CommandEnv& env, Action* action);
 void AddGenerateCommand(CLI::App& app, CommandEnv& env, Action* action);
 
 }  // namespace kiln::client

@@ -75,21 +75,23 @@ absl::Status ListDatasets(CommandEnv& env) {
   }
   // Token datasets count tokens in TRAIN and TEST (their validation split), and give their
   // vocabulary (text) or largest token id (llm.c shards, whose vocabulary is the model's).
-  Table table({"NAME", "FORMAT", "TRAIN", "TEST", "SHAPE", "CLASSES/VOCAB", "SIZE"});
+  Table table({"NAME", "OWNER", "FORMAT", "TRAIN", "TEST", "SHAPE", "CLASSES/VOCAB", "SIZE"});
   for (const v1::Dataset& d : response.datasets()) {
     const bool tokens =
         d.format() == v1::DATASET_FORMAT_TEXT || d.format() == v1::DATASET_FORMAT_TOKENS;
     if (tokens) {
-      table.AddRow({d.name(), FormatName(d.format()), absl::StrCat(d.train_tokens(), " tokens"),
+      table.AddRow({d.name(), OwnerText(d.owner()), FormatName(d.format()),
+                    absl::StrCat(d.train_tokens(), " tokens"),
                     absl::StrCat(d.val_tokens(), " tokens"), "-",
                     d.vocab_size() > 0 ? absl::StrCat("vocab ", d.vocab_size())
                                        : absl::StrCat("ids 0-", d.max_token()),
                     FormatBytes(d.size_bytes())});
       continue;
     }
-    table.AddRow({d.name(), FormatName(d.format()), absl::StrCat(d.train_samples()),
-                  absl::StrCat(d.test_samples()), absl::StrJoin(d.sample_shape(), "x"),
-                  absl::StrCat(d.num_classes()), FormatBytes(d.size_bytes())});
+    table.AddRow({d.name(), OwnerText(d.owner()), FormatName(d.format()),
+                  absl::StrCat(d.train_samples()), absl::StrCat(d.test_samples()),
+                  absl::StrJoin(d.sample_shape(), "x"), absl::StrCat(d.num_classes()),
+                  FormatBytes(d.size_bytes())});
   }
   table.Print(env.out);
   return absl::OkStatus();

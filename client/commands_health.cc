@@ -1,4 +1,4 @@
-// kiln health: whether kilnd answers, and which of its services are serving.
+// `kiln health` (what kilnd serves) and `kiln whoami` (who it takes the token for).
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "kiln/v1/training.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln::client {
@@ -96,7 +97,45 @@ absl::Status Health(CommandEnv& env) {
   return absl::OkStatus();
 }
 
+absl::Status WhoAmI(CommandEnv& env) {
+  KILN_ASSIGN_OR_RETURN(Connection * c, env.Connect());
+  auto stub = v1::Training::NewStub(c->channel());
+  v1::WhoAmIResponse response;
+  auto context = c->NewContext();
+  grpc::Status status = stub->WhoAmI(context.get(), v1::WhoAmIRequest(), &response);
+  if (!status.ok()) return ServerError(status);
+  if (env.json()) {
+    PrintJson(env, response);
+    return absl::OkStatus();
+  }
+  if (!response.auth()) {
+    std::fprintf(env.out, "kilnd at %s checks no tokens: every caller is an admin\n",
+                 c->server().c_str());
+    return absl::OkStatus();
+  }
+  KeyValueList kv;
+  kv.Add("user", response.user());
+  kv.Add("team", response.team().empty() ? "- (none)" : response.team());
+  kv.Add("role", response.role());
+  kv.Print(env.out);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+void AddWhoAmICommand(CLI::App& app, CommandEnv& env, Action* action) {
+  CLI::App* w =
+      app.add_subcommand("whoami", "Say who kilnd takes this token for: user, team, role");
+  w->footer(
+      "The token comes from --token / KILN_TOKEN; kilnd's token file names its user, team and "
+      "role\n"
+      "(viewer: read and predict; member: also change the team's jobs, datasets and deployments;\n"
+      "admin: everything).\n\n"
+      "Examples:\n"
+      "  kiln whoami\n"
+      "  kiln whoami --output json");
+  w->callback([&env, action] { *action = [&env] { return WhoAmI(env); }; });
+}
 
 void AddHealthCommand(CLI::App& app, CommandEnv& env, Action* action) {
   CLI::App* h = app.add_subcommand("health", "Check that kilnd is up and what it serves");

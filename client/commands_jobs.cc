@@ -216,18 +216,18 @@ absl::Status ListJobs(CommandEnv& env, const std::vector<std::string>& states, i
     std::fprintf(env.out, "no jobs; start one with: kiln submit --preset mnist-mlp --watch\n");
     return absl::OkStatus();
   }
-  Table table(
-      {"JOB", "NAME", "STATE", "MODEL", "DATASET", "DEVICE", "EPOCHS", "STEP", "TEST ACC", "AGE"});
+  Table table({"JOB", "NAME", "OWNER", "STATE", "MODEL", "DATASET", "DEVICE", "EPOCHS", "STEP",
+               "TEST ACC", "AGE"});
   const absl::Time now = absl::Now();
   for (const v1::Job& job : all.jobs()) {
-    table.AddRow({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
-                  StateName(job.state()), ModelSummary(job.spec()), job.spec().dataset(),
-                  DeviceText(job), absl::StrCat(job.epochs_done(), "/", job.epochs()),
-                  absl::StrCat(job.global_step()),
-                  job.epochs_done() > 0 && job.last_epoch().test_samples() > 0
-                      ? FormatPercent(job.last_epoch().test_accuracy())
-                      : "-",
-                  FormatAge(job.create_time(), now)});
+    table.AddRow(
+        {job.id(), job.spec().name().empty() ? "-" : job.spec().name(), OwnerText(job.owner()),
+         StateName(job.state()), ModelSummary(job.spec()), job.spec().dataset(), DeviceText(job),
+         absl::StrCat(job.epochs_done(), "/", job.epochs()), absl::StrCat(job.global_step()),
+         job.epochs_done() > 0 && job.last_epoch().test_samples() > 0
+             ? FormatPercent(job.last_epoch().test_accuracy())
+             : "-",
+         FormatAge(job.create_time(), now)});
   }
   table.Print(env.out);
   return absl::OkStatus();
@@ -242,6 +242,7 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   kv.Add("job", job.id());
   if (!job.spec().name().empty()) kv.Add("name", job.spec().name());
   if (!job.spec().labels().empty()) kv.Add("labels", LabelsText(job.spec()));
+  kv.Add("owner", OwnerText(job.owner()));
   kv.Add("state", StateName(job.state()));
   if (!job.reason().empty()) kv.Add("reason", job.reason());
   kv.Add("model", ModelSummary(job.spec()));

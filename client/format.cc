@@ -53,6 +53,11 @@ std::string FormatAge(const google::protobuf::Timestamp& t, absl::Time now) {
   return absl::StrCat(s / 86400, "d");
 }
 
+std::string OwnerText(const v1::Owner& owner) {
+  if (owner.user().empty() && owner.team().empty()) return "-";
+  return owner.team().empty() ? owner.user() : absl::StrCat(owner.user(), "/", owner.team());
+}
+
 std::string ModelSummary(const v1::JobSpec& spec) {
   if (spec.model().layers_size() > 0) {
     std::string s = absl::StrCat("custom (", spec.model().layers_size(), " layers)");

@@ -28,5 +28,8 @@ std::string FormatAge(const google::protobuf::Timestamp& t, absl::Time now);
 absl::Time ToAbslTime(const google::protobuf::Timestamp& t);
 // What a job trains: its preset, or "custom (N layers)".
 std::string ModelSummary(const v1::JobSpec& spec);
+// Who made a job or dataset: "alice/vision" (user/team), "alice" for an admin of no team, "-"
+// for one made before identities, while auth was off, or placed by hand.
+std::string OwnerText(const v1::Owner& owner);
 
 }  // namespace kiln::client

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   kiln::client::AddServingCommands(app, env, &action);
   kiln::client::AddGenerateCommand(app, env, &action);
   kiln::client::AddHealthCommand(app, env, &action);
+  kiln::client::AddWhoAmICommand(app, env, &action);
   app.footer(
       "Exit codes: 0 ok, 1 the server said no (or the job failed), 2 bad usage.\n\n"
       "Examples:\n"

@@ -301,6 +301,7 @@ absl::Status Daemon::StartSecurity() {
   }
   if (!options_.auth_tokens_file.empty()) {
     KILN_ASSIGN_OR_RETURN(auth_tokens_, AuthTokens::Load(options_.auth_tokens_file));
+    LogBareTokens();
   }
   return absl::OkStatus();
 }
@@ -346,8 +347,10 @@ absl::Status Daemon::StartJobs() {
   manager_ = std::make_unique<JobManager>(store_.get(), broadcaster_.get(), datasets_.get(),
                                           manager_options);
   KILN_RETURN_IF_ERROR(manager_->Recover());
-  service_ = std::make_unique<TrainingService>(manager_.get(), datasets_.get(), broadcaster_.get(),
-                                               options_.max_streams);
+  audit_ = std::make_unique<AuditLog>(log_.get());
+  access_ = std::make_unique<JobAccess>(manager_.get(), datasets_.get(), audit_.get());
+  service_ = std::make_unique<TrainingService>(access_.get(), datasets_.get(), broadcaster_.get(),
+                                               options_.max_streams, auth_tokens_ != nullptr);
   workers_service_ =
       std::make_unique<WorkersService>(worker_registry_.get(), manager_.get(), datasets_.get(),
                                        options_.state_dir, options_.limits.max_job_memory_bytes);
@@ -381,6 +384,15 @@ void Daemon::StartServing() {
       metrics->ForgetInferenceModel(model);
       log->Log(LogLevel::kInfo, "model_undeployed", {{"model", model}});
     }
+  };
+  // Deployments come from a job the caller's team may change; each load and unload is audited.
+  inference.check_source = [access = access_.get()](const Caller& caller,
+                                                    const std::string& source) {
+    return access->MayDeployFrom(caller, source);
+  };
+  inference.audit = [audit = audit_.get()](const Caller& caller, Action action,
+                                           const std::string& object, const absl::Status& outcome) {
+    audit->Record(caller, action, object, outcome);
   };
   // Deployments are recorded on every change and loaded again at start.
   inference.record_deployments = [store = store_.get()](
@@ -531,12 +543,13 @@ absl::Status Daemon::StartHttp() {
   if (auth_tokens_ != nullptr) {
     http.authorize = [tokens = auth_tokens_.get(),
                       metrics = metrics_.get()](const std::vector<std::string_view>& values) {
-      const AuthOutcome outcome = CheckAuthorization(values, *tokens);
-      if (outcome == AuthOutcome::kAccepted) return absl::OkStatus();
+      Caller caller;
+      const AuthOutcome outcome = CheckAuthorization(values, *tokens, &caller);
+      if (outcome == AuthOutcome::kAccepted) return absl::StatusOr<Caller>(std::move(caller));
       metrics->AuthFailed(AuthFailureReason(outcome));
-      return absl::UnauthenticatedError(outcome == AuthOutcome::kMissing
-                                            ? kMissingBearerTokenMessage
-                                            : kInvalidBearerTokenMessage);
+      return absl::StatusOr<Caller>(absl::UnauthenticatedError(outcome == AuthOutcome::kMissing
+                                                                   ? kMissingBearerTokenMessage
+                                                                   : kInvalidBearerTokenMessage));
     };
   }
   http.on_request = [metrics = metrics_.get()](const std::string& path, int status,
@@ -552,7 +565,7 @@ absl::Status Daemon::StartHttp() {
   web::WebApiOptions web_options;
   web_options.max_long_answers = options_.max_web_long_answers;
   web_options.max_stream_duration = options_.web_stream_max_duration;
-  auto web_api = std::make_unique<web::WebApi>(manager_.get(), broadcaster_.get(), models_.get(),
+  auto web_api = std::make_unique<web::WebApi>(access_.get(), broadcaster_.get(), models_.get(),
                                                metrics_.get(), jobs_feed_.get(), web_options);
   web_api->AddRoutes(server.get());
   web::AddWebPageRoutes(server.get());
@@ -601,7 +614,19 @@ absl::Status Daemon::ReloadAuthTokens() {
   }
   log_->Log(LogLevel::kInfo, "auth_tokens_reloaded",
             {{"file", auth_tokens_->path()}, {"tokens", *count}});
+  LogBareTokens();
   return absl::OkStatus();
+}
+
+void Daemon::LogBareTokens() {
+  if (const int bare = auth_tokens_->bare_tokens(); bare > 0) {
+    log_->Log(LogLevel::kWarning, "auth_tokens_without_identity",
+              {{"file", auth_tokens_->path()},
+               {"tokens", bare},
+               {"meaning",
+                "each is an admin named \"admin\" of no team; give it user=, team= and "
+                "role= to say who it is"}});
+  }
 }
 
 absl::StatusOr<bool> Daemon::ReloadTls() {

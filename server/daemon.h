@@ -16,8 +16,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/access/audit_log.h"
+#include "server/access/auth_tokens.h"
+#include "server/access/job_access.h"
 #include "server/datasets/dataset_catalog.h"
-#include "server/grpc/auth_tokens.h"
 #include "server/grpc/connection_guard.h"
 #include "server/grpc/health_service.h"
 #include "server/grpc/tls_credentials.h"
@@ -79,7 +81,7 @@ struct DaemonOptions {
   // Step events kept per job (JobStoreOptions); older steps are thinned past it.
   int64_t max_step_events_per_job = 10'000;
   int64_t max_epoch_events_per_job = 20'000;  // epoch events kept per job; the oldest go
-  int watch_replay_page_events = 256;  // see JobManagerOptions; tests make it small
+  int watch_replay_page_events = 256;         // see JobManagerOptions; tests make it small
   SpecLimits limits;
   absl::Duration step_delay = absl::ZeroDuration();  // tests only
   // Jobs of several workers: the kiln-worker executable started for local workers (empty: the
@@ -162,6 +164,8 @@ class Daemon {
   void Reload();
 
  private:
+  // A warning naming how many tokens have no identity (each an admin), when some have none.
+  void LogBareTokens();
   Daemon() = default;
 
   DaemonOptions options_;
@@ -185,6 +189,8 @@ class Daemon {
   // Attempts of jobs of several workers and their tokens; outlives the manager and the service.
   std::unique_ptr<WorkerRegistry> worker_registry_;
   std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<AuditLog> audit_;
+  std::unique_ptr<JobAccess> access_;  // the jobs core as each caller sees it
   std::unique_ptr<TrainingService> service_;
   std::unique_ptr<WorkersService> workers_service_;
   std::unique_ptr<HealthService> health_service_;  // above server_: outlives its calls

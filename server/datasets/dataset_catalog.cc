@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/atomic_file.h"
 #include "common/resource_name.h"
 #include "common/status_macros.h"
 #include "engine/data/idx_reader.h"
@@ -150,6 +151,27 @@ int RenameNoReplace(const std::string& from, const std::string& to) {
 }
 
 // The data files of a dataset folder (hidden ones, like the manifest, are not), by name.
+// Who uploaded a dataset: "user\nteam\n" in a dot-file beside its data (never listed as one).
+constexpr char kOwnerFileName[] = ".kiln-owner";
+
+absl::Status WriteDatasetOwner(const std::string& dir, const v1::Owner& owner) {
+  return WriteFileAtomically(absl::StrCat(dir, "/", kOwnerFileName),
+                             absl::StrCat(owner.user(), "\n", owner.team(), "\n"));
+}
+
+// Empty for a folder without the file (placed by hand) or with one that does not parse.
+v1::Owner ReadDatasetOwner(const std::string& dir) {
+  v1::Owner owner;
+  std::ifstream in(absl::StrCat(dir, "/", kOwnerFileName));
+  std::string user, team;
+  if (in && std::getline(in, user) && std::getline(in, team) && user.size() <= 64 &&
+      team.size() <= 64) {
+    owner.set_user(user);
+    owner.set_team(team);
+  }
+  return owner;
+}
+
 std::vector<DatasetFileStat> StatFiles(const std::string& dir) {
   std::vector<DatasetFileStat> files;
   std::error_code ec;
@@ -264,10 +286,17 @@ absl::Status DatasetCatalog::CheckFolder(const std::string& name) const {
     return absl::InvalidArgumentError(absl::StrCat("dataset name \"", name, "\" is not valid"));
   }
   std::error_code ec;
-  if (!fs::is_directory(PathOf(name), ec)) {
-    return absl::NotFoundError(absl::StrCat("dataset \"", name, "\" not found in ", data_dir_));
-  }
+  if (!fs::is_directory(PathOf(name), ec)) return NotFound(name);
   return absl::OkStatus();
+}
+
+absl::Status DatasetCatalog::NotFound(const std::string& name) const {
+  return absl::NotFoundError(absl::StrCat("dataset \"", name, "\" not found in ", data_dir_));
+}
+
+v1::Owner DatasetCatalog::OwnerOf(const std::string& name) const {
+  if (!IsValidName(name)) return v1::Owner();
+  return ReadDatasetOwner(PathOf(name));
 }
 
 bool DatasetCatalog::Exists(const std::string& name) const {
@@ -308,6 +337,9 @@ absl::StatusOr<v1::Dataset> DatasetCatalog::Describe(const std::string& name) co
   KILN_ASSIGN_OR_RETURN(DatasetInfo info, Facts(name, files));
   v1::Dataset d;
   d.set_name(name);
+  if (v1::Owner owner = ReadDatasetOwner(PathOf(name)); !owner.user().empty()) {
+    *d.mutable_owner() = std::move(owner);
+  }
   d.set_train_samples(info.train_samples);
   d.set_test_samples(info.test_samples);
   for (int64_t dim : info.sample_shape) d.add_sample_shape(dim);
@@ -479,7 +511,7 @@ absl::Status DatasetCatalog::Delete(const std::string& name) {
   if (RenameNoReplace(PathOf(name), aside) != 0) {
     const int err = errno;
     if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("dataset \"", name, "\" not found in ", data_dir_));
+      return NotFound(name);
     }
     return absl::UnavailableError(
         absl::StrCat("cannot delete dataset \"", name, "\": rename: ", std::strerror(err)));
@@ -968,6 +1000,7 @@ absl::StatusOr<v1::Dataset> DatasetUpload::Commit() {
   }
   // The facts are gathered once, here, for every later listing and submission to read.
   KILN_RETURN_IF_ERROR(WriteDatasetManifest(temp_dir_, info, files));
+  if (!owner_.user().empty()) KILN_RETURN_IF_ERROR(WriteDatasetOwner(temp_dir_, owner_));
   const std::string final_dir = catalog_->data_dir() + "/" + name_;
   if (RenameNoReplace(temp_dir_, final_dir) != 0) {
     const int err = errno;

@@ -52,6 +52,10 @@ class DatasetCatalog {
   // NotFound when there is no such dataset; the reason when it is unreadable.
   absl::StatusOr<v1::Dataset> Describe(const std::string& name) const;
   absl::StatusOr<DatasetInfo> Inspect(const std::string& name) const;
+  // Who uploaded it (Dataset.owner; empty for a folder placed by hand or none at all).
+  v1::Owner OwnerOf(const std::string& name) const;
+  // The NotFound a lookup of a dataset that is not there answers (also one another team owns).
+  absl::Status NotFound(const std::string& name) const;
   // Whether a dataset folder of that name is there (its files are not read).
   bool Exists(const std::string& name) const;
   // Loads both splits into memory. InvalidArgument for a token dataset (OpenTokens opens those).
@@ -115,6 +119,8 @@ class DatasetUpload {
   // Checks every expected file was finished and the files agree, writes the dataset's manifest,
   // and publishes the folder under its name with one rename that never replaces anything.
   absl::StatusOr<v1::Dataset> Commit();
+  // Who uploads it (Dataset.owner), written beside its files by Commit.
+  void set_owner(v1::Owner owner) { owner_ = std::move(owner); }
 
  private:
   friend class DatasetCatalog;
@@ -170,6 +176,7 @@ class DatasetUpload {
   DatasetFormat format_;
   CsvOptions csv_;
   double val_fraction_;
+  v1::Owner owner_;
   std::vector<std::string> text_order_;  // kText: the corpus's files as they came
   bool committed_ = false;
   int64_t stored_bytes_ = 0;

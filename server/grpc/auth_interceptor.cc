@@ -48,8 +48,8 @@ class BearerAuthInterceptor : public grpc::experimental::Interceptor {
 
  private:
   void Decide(std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
-    // Whatever a client sent under our key must not pass for our verdict.
-    metadata.erase(kAuthVerdictKey);
+    // Whatever a client sent under our keys must not pass for our verdict.
+    for (const char* key : kAuthKeys) metadata.erase(key);
     const char* method = info_->method();
     if (method != nullptr && absl::StartsWith(method, kHealthPrefix)) return;
     // Workers present their job's worker token instead, which the Workers service checks.
@@ -60,9 +60,14 @@ class BearerAuthInterceptor : public grpc::experimental::Interceptor {
     for (auto it = begin; it != end; ++it) {
       values.emplace_back(it->second.data(), it->second.size());
     }
-    const AuthOutcome outcome = CheckAuthorization(values, *tokens_);
+    const AuthOutcome outcome = CheckAuthorization(values, *tokens_, &caller_);
     if (outcome == AuthOutcome::kAccepted) {
+      // The metadata holds references: the values live as long as this interceptor (the call).
+      role_ = std::string(RoleName(caller_.role));
       metadata.emplace(kAuthVerdictKey, kAuthVerdictAccepted);
+      metadata.emplace(kAuthUserKey, caller_.user);
+      metadata.emplace(kAuthTeamKey, caller_.team);
+      metadata.emplace(kAuthRoleKey, role_);
       return;
     }
     const bool missing = outcome == AuthOutcome::kMissing;
@@ -78,6 +83,8 @@ class BearerAuthInterceptor : public grpc::experimental::Interceptor {
   const AuthTokens* const tokens_;
   const AuthFailureCallback* const on_failure_;
   std::optional<grpc::Status> rejection_;
+  Caller caller_;
+  std::string role_;
 };
 
 class BearerAuthInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
@@ -98,7 +105,7 @@ class BearerAuthInterceptorFactory : public grpc::experimental::ServerIntercepto
 }  // namespace
 
 AuthOutcome CheckAuthorization(const std::vector<std::string_view>& values,
-                               const AuthTokens& tokens) {
+                               const AuthTokens& tokens, Caller* caller) {
   AuthOutcome outcome = AuthOutcome::kMissing;
   for (std::string_view value : values) {
     const absl::string_view v(value.data(), value.size());
@@ -109,7 +116,10 @@ AuthOutcome CheckAuthorization(const std::vector<std::string_view>& values,
     }
     const absl::string_view token = absl::StripAsciiWhitespace(v.substr(kBearerScheme.size()));
     if (token.empty()) continue;
-    if (tokens.Accepts(std::string_view(token.data(), token.size()))) return AuthOutcome::kAccepted;
+    if (std::optional<Caller> found = tokens.Find(std::string_view(token.data(), token.size()))) {
+      *caller = *std::move(found);
+      return AuthOutcome::kAccepted;
+    }
     outcome = AuthOutcome::kInvalid;
   }
   return outcome;

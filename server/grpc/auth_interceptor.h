@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "server/grpc/auth_tokens.h"
+#include "server/access/auth_tokens.h"
 
 namespace grpc::experimental {
 class ServerInterceptorFactoryInterface;
@@ -20,10 +20,11 @@ namespace kiln::server {
 enum class AuthOutcome { kAccepted, kMissing, kInvalid };
 
 // What the "authorization" metadata values of one call amount to: kAccepted when one of them is
-// "Bearer T" (scheme in any case) with T accepted by `tokens`; kMissing when there is none or
-// its token is empty; kInvalid otherwise (a wrong token, or another scheme).
+// "Bearer T" (scheme in any case) with T accepted by `tokens`, and then `*caller` is who T names;
+// kMissing when there is none or its token is empty; kInvalid otherwise (a wrong token, or
+// another scheme).
 AuthOutcome CheckAuthorization(const std::vector<std::string_view>& values,
-                               const AuthTokens& tokens);
+                               const AuthTokens& tokens, Caller* caller);
 
 // "missing" or "invalid": the `reason` label of kiln_auth_failures_total.
 std::string_view AuthFailureReason(AuthOutcome outcome);

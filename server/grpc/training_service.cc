@@ -182,9 +182,14 @@ CsvOptions UploadCsvOptions(const v1::CsvOptions& csv) {
 // ends the upload without publishing anything: the DatasetUpload's folder goes with it.
 class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
  public:
-  UploadReactor(grpc::CallbackServerContext* context, const DatasetCatalog* datasets,
-                v1::Dataset* response, StreamSlots::Slot slot)
-      : context_(context), datasets_(datasets), response_(response), slot_(std::move(slot)) {
+  UploadReactor(grpc::CallbackServerContext* context, JobAccess* jobs, Caller caller,
+                const DatasetCatalog* datasets, v1::Dataset* response, StreamSlots::Slot slot)
+      : context_(context),
+        jobs_(jobs),
+        caller_(std::move(caller)),
+        datasets_(datasets),
+        response_(response),
+        slot_(std::move(slot)) {
     StartRead(&request_);
   }
 
@@ -202,7 +207,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
         Finish(ToGrpcStatus(absl::InvalidArgumentError("header: the upload sent no header")));
         return;
       }
-      absl::StatusOr<v1::Dataset> dataset = upload_->Commit();
+      absl::StatusOr<v1::Dataset> dataset = jobs_->CommitUpload(caller_, name_, *upload_);
       upload_.reset();
       if (dataset.ok()) *response_ = *dataset;
       Finish(ToGrpcStatus(dataset.status()));
@@ -215,15 +220,21 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       } else {
         const v1::UploadDatasetHeader& header = request_.header();
         const auto& files = header.files();
+        name_ = header.name();
         absl::StatusOr<DatasetFormat> format = UploadFormat(header.format());
+        if (format.ok()) {
+          if (absl::Status allowed = jobs_->AuthorizeUpload(caller_, name_); !allowed.ok()) {
+            format = allowed;
+          }
+        }
         absl::StatusOr<std::unique_ptr<DatasetUpload>> upload =
-            format.ok() ? datasets_->BeginUpload(
-                              header.name(), std::vector<std::string>(files.begin(), files.end()),
-                              *format, UploadCsvOptions(header.csv()),
-                              // Unset (0) is nanoGPT's split; the catalog checks the range.
-                              header.val_fraction() == 0 ? kDefaultValFraction
-                                                         : header.val_fraction())
-                        : absl::StatusOr<std::unique_ptr<DatasetUpload>>(format.status());
+            format.ok()
+                ? datasets_->BeginUpload(
+                      header.name(), std::vector<std::string>(files.begin(), files.end()), *format,
+                      UploadCsvOptions(header.csv()),
+                      // Unset (0) is nanoGPT's split; the catalog checks the range.
+                      header.val_fraction() == 0 ? kDefaultValFraction : header.val_fraction())
+                : absl::StatusOr<std::unique_ptr<DatasetUpload>>(format.status());
         if (upload.ok()) upload_ = *std::move(upload);
         status = upload.status();
       }
@@ -244,8 +255,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
 
  private:
   grpc::CallbackServerContext* context_;
+  JobAccess* jobs_;
+  const Caller caller_;
   const DatasetCatalog* datasets_;
   v1::Dataset* response_;
+  std::string name_;  // the header's
   StreamSlots::Slot slot_;
   v1::UploadDatasetRequest request_;
   std::unique_ptr<DatasetUpload> upload_;
@@ -256,31 +270,34 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
 grpc::ServerUnaryReactor* TrainingService::SubmitJob(grpc::CallbackServerContext* context,
                                                      const v1::SubmitJobRequest* request,
                                                      v1::Job* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (!request->has_spec()) {
     return FinishWithError(context, absl::InvalidArgumentError("spec: required"));
   }
-  return FinishWith(context, manager_->Submit(request->spec()), response);
+  return FinishWith(context, jobs_->Submit(*caller, request->spec()), response);
 }
 
 grpc::ServerUnaryReactor* TrainingService::GetJob(grpc::CallbackServerContext* context,
                                                   const v1::GetJobRequest* request,
                                                   v1::Job* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
-  return FinishWith(context, manager_->Get(request->job_id()), response);
+  return FinishWith(context, jobs_->Get(*caller, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* TrainingService::GetWorkerToken(grpc::CallbackServerContext* context,
                                                           const v1::GetWorkerTokenRequest* request,
                                                           v1::GetWorkerTokenResponse* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
-  absl::StatusOr<std::string> token = manager_->WorkerToken(request->job_id());
+  absl::StatusOr<std::string> token = jobs_->WorkerToken(*caller, request->job_id());
   if (!token.ok()) return FinishWithError(context, token.status());
   v1::GetWorkerTokenResponse answer;
   answer.set_token(*std::move(token));
@@ -291,7 +308,8 @@ grpc::ServerUnaryReactor* TrainingService::GetWorkerToken(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* TrainingService::ListJobs(grpc::CallbackServerContext* context,
                                                     const v1::ListJobsRequest* request,
                                                     v1::ListJobsResponse* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   int page_size = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
   if (page_size < 1 || page_size > kMaxPageSize) {
     return FinishWithError(
@@ -306,7 +324,7 @@ grpc::ServerUnaryReactor* TrainingService::ListJobs(grpc::CallbackServerContext*
     }
     states.push_back(static_cast<v1::JobState>(state));
   }
-  absl::StatusOr<JobPage> page = manager_->List(states, page_size, request->page_token());
+  absl::StatusOr<JobPage> page = jobs_->List(*caller, states, page_size, request->page_token());
   if (page.ok()) {
     for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
     response->set_next_page_token(page->next_page_token);
@@ -317,17 +335,19 @@ grpc::ServerUnaryReactor* TrainingService::ListJobs(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* TrainingService::CancelJob(grpc::CallbackServerContext* context,
                                                      const v1::CancelJobRequest* request,
                                                      v1::Job* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
-  return FinishWith(context, manager_->Cancel(request->job_id()), response);
+  return FinishWith(context, jobs_->Cancel(*caller, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* TrainingService::ResumeJob(grpc::CallbackServerContext* context,
                                                      const v1::ResumeJobRequest* request,
                                                      v1::Job* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
@@ -338,20 +358,22 @@ grpc::ServerUnaryReactor* TrainingService::ResumeJob(grpc::CallbackServerContext
                                         request->checkpoint_id())));
   }
   return FinishWith(
-      context, manager_->Resume(request->job_id(), request->epochs(), request->checkpoint_id()),
+      context,
+      jobs_->Resume(*caller, request->job_id(), request->epochs(), request->checkpoint_id()),
       response);
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* TrainingService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return new RefusedWrite<v1::JobEvent>(s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return new RefusedWrite<v1::JobEvent>(caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return new RefusedWrite<v1::JobEvent>(s);
   }
   absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
   if (!slot.ok()) return new RefusedWrite<v1::JobEvent>(slot.status());
   absl::StatusOr<JobWatch> watch =
-      manager_->Watch(request->job_id(), request->include_steps(), request->live_only());
+      jobs_->Watch(*caller, request->job_id(), request->include_steps(), request->live_only());
   if (!watch.ok()) return new RefusedWrite<v1::JobEvent>(watch.status());
   return new WatchReactor(*std::move(watch), broadcaster_, *std::move(slot));
 }
@@ -359,28 +381,31 @@ grpc::ServerWriteReactor<v1::JobEvent>* TrainingService::WatchJob(
 grpc::ServerUnaryReactor* TrainingService::CreateCheckpoint(
     grpc::CallbackServerContext* context, const v1::CreateCheckpointRequest* request,
     v1::Checkpoint* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Answered from the training thread once the checkpoint is on disk.
-  manager_->RequestCheckpoint(request->job_id(),
-                              [reactor, response](absl::StatusOr<v1::Checkpoint> c) {
-                                if (c.ok()) *response = *std::move(c);
-                                reactor->Finish(ToGrpcStatus(c.status()));
-                              });
+  jobs_->RequestCheckpoint(*caller, request->job_id(),
+                           [reactor, response](absl::StatusOr<v1::Checkpoint> c) {
+                             if (c.ok()) *response = *std::move(c);
+                             reactor->Finish(ToGrpcStatus(c.status()));
+                           });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* TrainingService::ListCheckpoints(
     grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
-  absl::StatusOr<std::vector<v1::Checkpoint>> list = manager_->ListCheckpoints(request->job_id());
+  absl::StatusOr<std::vector<v1::Checkpoint>> list =
+      jobs_->ListCheckpoints(*caller, request->job_id());
   if (list.ok()) {
     for (v1::Checkpoint& c : *list) *response->add_checkpoints() = std::move(c);
   }
@@ -390,7 +415,8 @@ grpc::ServerUnaryReactor* TrainingService::ListCheckpoints(
 grpc::ServerUnaryReactor* TrainingService::DeleteCheckpoint(
     grpc::CallbackServerContext* context, const v1::DeleteCheckpointRequest* request,
     v1::Checkpoint* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return FinishWithError(context, s);
   }
@@ -400,14 +426,15 @@ grpc::ServerUnaryReactor* TrainingService::DeleteCheckpoint(
                                         "from ListCheckpoints), got ",
                                         request->checkpoint_id())));
   }
-  return FinishWith(
-      context, manager_->DeleteCheckpoint(request->job_id(), request->checkpoint_id()), response);
+  return FinishWith(context,
+                    jobs_->DeleteCheckpoint(*caller, request->job_id(), request->checkpoint_id()),
+                    response);
 }
 
 grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint(
     grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok())
-    return new RefusedWrite<v1::CheckpointChunk>(s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return new RefusedWrite<v1::CheckpointChunk>(caller.status());
   if (absl::Status s = RequireJobId(request->job_id()); !s.ok()) {
     return new RefusedWrite<v1::CheckpointChunk>(s);
   }
@@ -417,7 +444,7 @@ grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint
         "chunk_size: must be in [0, ", kMaxChunkBytes, "], got ", request->chunk_size())));
   }
   absl::StatusOr<std::unique_ptr<CheckpointExport>> source =
-      manager_->ExportCheckpoint(request->job_id(), request->checkpoint_id(), chunk);
+      jobs_->ExportCheckpoint(*caller, request->job_id(), request->checkpoint_id(), chunk);
   if (!source.ok()) return new RefusedWrite<v1::CheckpointChunk>(source.status());
   absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
   if (!slot.ok()) return new RefusedWrite<v1::CheckpointChunk>(slot.status());
@@ -427,8 +454,9 @@ grpc::ServerWriteReactor<v1::CheckpointChunk>* TrainingService::ExportCheckpoint
 grpc::ServerUnaryReactor* TrainingService::ListDatasets(grpc::CallbackServerContext* context,
                                                         const v1::ListDatasetsRequest* /*request*/,
                                                         v1::ListDatasetsResponse* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
-  absl::StatusOr<std::vector<v1::Dataset>> list = datasets_->List();
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
+  absl::StatusOr<std::vector<v1::Dataset>> list = jobs_->ListDatasets(*caller);
   if (list.ok()) {
     for (v1::Dataset& d : *list) *response->add_datasets() = std::move(d);
   }
@@ -438,20 +466,35 @@ grpc::ServerUnaryReactor* TrainingService::ListDatasets(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TrainingService::DeleteDataset(grpc::CallbackServerContext* context,
                                                          const v1::DeleteDatasetRequest* request,
                                                          v1::DeleteDatasetResponse* /*response*/) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok()) return FinishWithError(context, s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
   if (request->name().empty()) {
     return FinishWithError(context, absl::InvalidArgumentError("name: required"));
   }
-  return FinishWithError(context, manager_->DeleteDataset(request->name()));
+  return FinishWithError(context, jobs_->DeleteDataset(*caller, request->name()));
 }
 
 grpc::ServerReadReactor<v1::UploadDatasetRequest>* TrainingService::UploadDataset(
     grpc::CallbackServerContext* context, v1::Dataset* response) {
-  if (absl::Status s = CallAuthStatus(*context); !s.ok())
-    return new RefusedRead<v1::UploadDatasetRequest>(s);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return new RefusedRead<v1::UploadDatasetRequest>(caller.status());
   absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire();
   if (!slot.ok()) return new RefusedRead<v1::UploadDatasetRequest>(slot.status());
-  return new UploadReactor(context, datasets_, response, *std::move(slot));
+  return new UploadReactor(context, jobs_, *std::move(caller), datasets_, response,
+                           *std::move(slot));
+}
+
+grpc::ServerUnaryReactor* TrainingService::WhoAmI(grpc::CallbackServerContext* context,
+                                                  const v1::WhoAmIRequest* /*request*/,
+                                                  v1::WhoAmIResponse* response) {
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishWithError(context, caller.status());
+  v1::WhoAmIResponse answer;
+  answer.set_user(caller->user);
+  answer.set_team(caller->team);
+  answer.set_role(std::string(RoleName(caller->role)));
+  answer.set_auth(auth_);
+  return FinishWith(context, absl::StatusOr<v1::WhoAmIResponse>(std::move(answer)), response);
 }
 
 }  // namespace kiln::server

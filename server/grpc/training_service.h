@@ -1,8 +1,10 @@
 // kiln.v1.Training over gRPC's callback API: a thin translator that checks request fields,
-// calls the job manager and the dataset catalog, and maps absl::Status to grpc::Status.
+// learns the caller (call_auth.h), calls the jobs core as that caller sees it (JobAccess), and
+// maps absl::Status to grpc::Status.
 #pragma once
 
 #include "kiln/v1/training.grpc.pb.h"
+#include "server/access/job_access.h"
 #include "server/datasets/dataset_catalog.h"
 #include "server/grpc/stream_slots.h"
 #include "server/jobs/job_manager.h"
@@ -13,9 +15,14 @@ namespace kiln::server {
 class TrainingService final : public v1::Training::CallbackService {
  public:
   // `max_streams`: streaming calls (WatchJob, ExportCheckpoint, UploadDataset) open at once.
-  TrainingService(JobManager* manager, const DatasetCatalog* datasets,
-                  MetricBroadcaster* broadcaster, int max_streams)
-      : manager_(manager), datasets_(datasets), broadcaster_(broadcaster), streams_(max_streams) {}
+  // `auth`: whether kilnd checks bearer tokens (WhoAmI says).
+  TrainingService(JobAccess* jobs, const DatasetCatalog* datasets, MetricBroadcaster* broadcaster,
+                  int max_streams, bool auth)
+      : jobs_(jobs),
+        datasets_(datasets),
+        broadcaster_(broadcaster),
+        streams_(max_streams),
+        auth_(auth) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -55,12 +62,16 @@ class TrainingService final : public v1::Training::CallbackService {
   grpc::ServerUnaryReactor* DeleteDataset(grpc::CallbackServerContext* context,
                                           const v1::DeleteDatasetRequest* request,
                                           v1::DeleteDatasetResponse* response) override;
+  grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* context,
+                                   const v1::WhoAmIRequest* request,
+                                   v1::WhoAmIResponse* response) override;
 
  private:
-  JobManager* manager_;
+  JobAccess* jobs_;
   const DatasetCatalog* datasets_;
   MetricBroadcaster* broadcaster_;
   StreamSlots streams_;
+  const bool auth_;
 };
 
 }  // namespace kiln::server

@@ -337,7 +337,8 @@ HttpServer::~HttpServer() {
   if (ssl_ctx_ != nullptr) SSL_CTX_free(ssl_ctx_);
 }
 
-HttpServer::Handler HttpServer::Guarded(Access access, Handler handler) const {
+std::function<void(const httplib::Request&, httplib::Response&)> HttpServer::Guarded(
+    Access access, Handler handler) const {
   return [this, access, handler = std::move(handler)](const httplib::Request& req,
                                                       httplib::Response& res) {
     // With tokens a rebinding page has none to send: only cross-site requests are refused then.
@@ -351,20 +352,22 @@ HttpServer::Handler HttpServer::Guarded(Access access, Handler handler) const {
       ReplyError(res, 403, std::string(origin.message()));
       return;
     }
+    Caller caller = Caller::Unchecked();
     if (access == Access::kToken && options_.authorize) {
       std::vector<std::string_view> values;
       const auto [begin, end] = req.headers.equal_range("Authorization");
       for (auto it = begin; it != end; ++it) values.emplace_back(it->second);
-      absl::Status allowed = options_.authorize(values);
+      absl::StatusOr<Caller> allowed = options_.authorize(values);
       if (!allowed.ok()) {
         res.set_header("WWW-Authenticate", "Bearer");
-        ReplyError(res, 401, std::string(allowed.message()));
+        ReplyError(res, 401, std::string(allowed.status().message()));
         return;
       }
+      caller = *std::move(allowed);
     }
     // No exception leaves a handler: one that escapes is this request's 500, not kilnd's end.
     try {
-      handler(req, res);
+      handler(req, res, caller);
     } catch (const std::exception& e) {
       ReplyError(res, 500, absl::StrCat("internal error: ", e.what()));
     } catch (...) {

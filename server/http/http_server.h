@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/access/caller.h"
 #include "server/http/request_meter.h"
 #include "server/http/request_origin.h"
 
@@ -43,6 +44,8 @@ struct Response;
 typedef struct ssl_ctx_st SSL_CTX;
 
 namespace kiln::http {
+
+using server::Caller;
 
 class TlsHandshakeIdentity;
 class HttpListener;
@@ -77,8 +80,8 @@ struct HttpLimits {
   // min_read_rate bytes written; past it the client is cut (a trickling or stalled reader).
   absl::Duration write_wait_grace = absl::Seconds(10);
   int64_t min_read_rate = 64 << 10;  // bytes per second
-  int probe_threads = 2;         // the lane of the probe paths, apart from `threads`
-  int max_queued_requests = 64;  // whole heads waiting for a general thread; more are 503
+  int probe_threads = 2;             // the lane of the probe paths, apart from `threads`
+  int max_queued_requests = 64;      // whole heads waiting for a general thread; more are 503
   absl::Duration stop_grace = absl::Seconds(2);  // Stop() lets requests being answered finish
 };
 
@@ -93,9 +96,11 @@ struct HttpServerOptions {
   // TLS when set: asked at each handshake for the set in force, so renewed files reach new
   // connections without a restart. Null: plaintext.
   std::function<HttpTlsPems()> tls;
-  // Bearer tokens when set: given a request's Authorization header values, OK or
-  // Unauthenticated with the message to answer (401). Routes added with kToken call it.
-  std::function<absl::Status(const std::vector<std::string_view>& authorization)> authorize;
+  // Bearer tokens when set: given a request's Authorization header values, who the token names,
+  // or Unauthenticated with the message to answer (401). Routes added with kToken call it, and
+  // their handlers get its caller; without it (and on kOpen routes) Caller::Unchecked().
+  std::function<absl::StatusOr<Caller>(const std::vector<std::string_view>& authorization)>
+      authorize;
   // Checked on every routed request (request_origin.h): cross-site requests always refused; the
   // Host header too when `authorize` is unset (without tokens, DNS rebinding could read).
   OriginPolicy origin;
@@ -116,7 +121,8 @@ enum class Access { kOpen, kToken };
 // out is answered 500 and goes no further.
 class HttpServer {
  public:
-  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  using Handler =
+      std::function<void(const httplib::Request&, httplib::Response&, const Caller& caller)>;
 
   explicit HttpServer(HttpServerOptions options);
   ~HttpServer();  // Stop()
@@ -144,7 +150,9 @@ class HttpServer {
   struct Route;
   enum class RouteMatch { kRouted, kOtherMethod, kNone };
 
-  Handler Guarded(Access access, Handler handler) const;
+  // httplib's handler for a route: the origin and token checks, then `handler` with the caller.
+  std::function<void(const httplib::Request&, httplib::Response&)> Guarded(Access access,
+                                                                           Handler handler) const;
   // Whether a route takes `method` on `path`; `allow` gets the methods that would.
   RouteMatch FindRoute(const std::string& method, const std::string& path,
                        std::string* allow) const;

@@ -95,8 +95,12 @@ JobManager::~JobManager() {
 
 absl::StatusOr<std::shared_ptr<JobSlot>> JobManager::FindLocked(const std::string& job_id) {
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (it == jobs_.end()) return JobNotFound(job_id);
   return it->second;
+}
+
+absl::Status JobNotFound(const std::string& job_id) {
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
 }
 
 absl::Status JobManager::SetStateLocked(JobSlot& slot, v1::JobState state,
@@ -272,7 +276,7 @@ void JobManager::FailDamagedLocked(JobSlot& slot, const std::string& damage, boo
   if (absl::Status s = store_->PutJob(slot.job); !s.ok()) StoreFailedLocked(s);
 }
 
-absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const v1::Owner& owner) {
   KILN_ASSIGN_OR_RETURN(AdmittedJob admitted, admission_.Admit(spec));
   TrainConfig& config = admitted.config;
   const std::string& device = admitted.device;
@@ -296,6 +300,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     job.set_id(NewJobId());
   } while (jobs_.count(job.id()) > 0);
   *job.mutable_spec() = spec;
+  if (!owner.user().empty() || !owner.team().empty()) *job.mutable_owner() = owner;
   // The interval a language model's run takes by default, kept, so readers of the job need not
   // know the rule (clients count iterations with it).
   if (config.max_iters > 0)
@@ -332,8 +337,9 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
 }
 
 absl::StatusOr<JobPage> JobManager::List(const std::vector<v1::JobState>& states, int page_size,
-                                         const std::string& page_token) {
-  KILN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(states, page_size, page_token));
+                                         const std::string& page_token,
+                                         const std::optional<std::string>& team) {
+  KILN_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(states, page_size, page_token, team));
   // The in-memory copy has the live step count; the store's has everything else as well.
   std::lock_guard<std::mutex> lock(mu_);
   for (v1::Job& job : page.jobs) {

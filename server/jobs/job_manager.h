@@ -69,6 +69,9 @@ struct JobWatch {
   std::shared_ptr<Subscription> live;         // null when the job had already ended
 };
 
+// The NotFound a lookup of a job that is not there answers (also one another team owns).
+absl::Status JobNotFound(const std::string& job_id);
+
 // Thread-safe.
 class JobManager {
  public:
@@ -80,10 +83,13 @@ class JobManager {
   // latest checkpoint. Call once, before anything else.
   absl::Status Recover();
 
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  // `owner`: who submits it, recorded in the job (Job.owner).
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const v1::Owner& owner = {});
   absl::StatusOr<v1::Job> Get(const std::string& job_id);
+  // `team` set: only that team's jobs and those of no team (JobStore::ListJobs).
   absl::StatusOr<JobPage> List(const std::vector<v1::JobState>& states, int page_size,
-                               const std::string& page_token);
+                               const std::string& page_token,
+                               const std::optional<std::string>& team = std::nullopt);
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // checkpoint_id 0: from the newest checkpoint that verifies; else from that one (which must
   // verify: DATA_LOSS otherwise), pinned in the job until the run writes its own.

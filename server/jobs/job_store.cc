@@ -191,6 +191,13 @@ constexpr const char* kSchemaV8 = R"sql(
 ALTER TABLE deployments ADD COLUMN restoring INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 9: who submitted each job and for which team (Job.owner); empty for older jobs.
+constexpr const char* kSchemaV9 = R"sql(
+ALTER TABLE jobs ADD COLUMN owner_user TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN owner_team TEXT NOT NULL DEFAULT '';
+CREATE INDEX IF NOT EXISTS jobs_by_team ON jobs(owner_team, rowid);
+)sql";
+
 // Doubles as little-endian bytes (the machines kilnd runs on), and back.
 std::string PackDoubles(const google::protobuf::RepeatedField<double>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
@@ -205,7 +212,7 @@ constexpr const char* kJobColumns =
     "j.rowid, j.id, j.state, j.reason, j.device, j.create_ms, j.start_ms, j.end_ms, j.epochs, "
     "j.epochs_done, j.global_step, j.best_test_accuracy, j.attempts, j.resumed_from_step, "
     "j.parameter_count, j.last_epoch, s.spec, j.crash_resumes, j.interrupted_by_shutdown, "
-    "j.resume_checkpoint_id, j.retries";
+    "j.resume_checkpoint_id, j.retries, j.owner_user, j.owner_team";
 
 v1::Job JobFromRow(const Statement& s) {
   v1::Job job;
@@ -230,6 +237,10 @@ v1::Job JobFromRow(const Statement& s) {
   job.set_interrupted_by_shutdown(s.Int(18) != 0);
   job.set_resume_checkpoint_id(s.Int(19));
   job.set_retries(static_cast<int32_t>(s.Int(20)));
+  if (!s.Text(21).empty() || !s.Text(22).empty()) {
+    job.mutable_owner()->set_user(s.Text(21));
+    job.mutable_owner()->set_team(s.Text(22));
+  }
   return job;
 }
 
@@ -331,6 +342,7 @@ absl::Status JobStore::Migrate() {
   if (status.ok() && version < 6) status = Exec(kSchemaV6);
   if (status.ok() && version < 7) status = Exec(kSchemaV7);
   if (status.ok() && version < 8) status = Exec(kSchemaV8);
+  if (status.ok() && version < 9) status = Exec(kSchemaV9);
   if (status.ok()) status = Exec("DELETE FROM schema_version");
   if (status.ok()) {
     status = Exec(absl::StrCat("INSERT INTO schema_version VALUES (", kSchemaVersion, ")").c_str());
@@ -355,8 +367,8 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
               "INSERT INTO jobs (id, state, reason, device, create_ms, start_ms, end_ms, epochs, "
               "epochs_done, global_step, best_test_accuracy, attempts, resumed_from_step, "
               "parameter_count, last_epoch, crash_resumes, interrupted_by_shutdown, "
-              "resume_checkpoint_id, retries) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-              "?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) "
+              "resume_checkpoint_id, retries, owner_user, owner_team) VALUES (?1, ?2, ?3, ?4, ?5, "
+              "?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) "
               "ON CONFLICT(id) DO UPDATE SET state = ?2, reason = ?3, device = ?4, start_ms = ?6, "
               "end_ms = ?7, epochs = ?8, epochs_done = ?9, global_step = ?10, "
               "best_test_accuracy = ?11, attempts = ?12, resumed_from_step = ?13, "
@@ -382,6 +394,8 @@ absl::Status JobStore::PutJobLocked(const v1::Job& job) {
   s.Bind(17, job.interrupted_by_shutdown() ? 1 : 0);
   s.Bind(18, job.resume_checkpoint_id());
   s.Bind(19, job.retries());
+  s.Bind(20, job.owner().user());  // the owner never changes: not in the UPDATE
+  s.Bind(21, job.owner().team());
   KILN_RETURN_IF_ERROR(s.Run());
   Statement spec(db_, "INSERT OR IGNORE INTO specs (job_id, spec) VALUES (?1, ?2)");
   KILN_RETURN_IF_ERROR(spec.status());
@@ -749,7 +763,8 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::AllJobs() {
 }
 
 absl::StatusOr<JobPage> JobStore::ListJobs(const std::vector<v1::JobState>& states, int page_size,
-                                           const std::string& page_token) {
+                                           const std::string& page_token,
+                                           const std::optional<std::string>& team) {
   int64_t before = INT64_MAX;
   if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &before) || before <= 0)) {
     return absl::InvalidArgumentError(
@@ -760,6 +775,7 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const std::vector<v1::JobState>& stat
     std::vector<int> values(states.begin(), states.end());
     absl::StrAppend(&where, " AND j.state IN (", absl::StrJoin(values, ", "), ")");
   }
+  if (team.has_value()) absl::StrAppend(&where, " AND j.owner_team IN ('', ?3)");
   std::lock_guard<std::mutex> lock(mu_);
   Statement s(db_, absl::StrCat("SELECT ", kJobColumns,
                                 " FROM jobs j JOIN specs s ON s.job_id = j.id WHERE ", where,
@@ -768,6 +784,7 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const std::vector<v1::JobState>& stat
   KILN_RETURN_IF_ERROR(s.status());
   s.Bind(1, before);
   s.Bind(2, page_size + 1);  // one more tells whether another page follows
+  if (team.has_value()) s.Bind(3, *team);
   JobPage page;
   absl::Status status;
   int64_t last_rowid = 0;

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,7 @@ struct JobStoreOptions {
 class JobStore {
  public:
   // The schema version this code reads and writes; older databases are migrated on open.
-  static constexpr int kSchemaVersion = 8;
+  static constexpr int kSchemaVersion = 9;
   static constexpr int64_t kMinStepEventsPerJob = 100;
 
   // Opens (creating if needed) the database at `path`, and thins the step and epoch history of
@@ -69,8 +70,10 @@ class JobStore {
   // Every job, oldest first: for recovery at start.
   absl::StatusOr<std::vector<v1::Job>> AllJobs();
   // Newest first, filtered by state (none: all), after the position in `page_token`.
+  // `team` set: only jobs of that team and of no team (those every team sees).
   absl::StatusOr<JobPage> ListJobs(const std::vector<v1::JobState>& states, int page_size,
-                                   const std::string& page_token);
+                                   const std::string& page_token,
+                                   const std::optional<std::string>& team = std::nullopt);
 
   // One page of the job's events: the first `limit` (at least 1) with after_seq < seq <= max_seq,
   // in seq order, marked replayed; step events only if include_steps. Fewer than `limit`: the

@@ -397,9 +397,10 @@ absl::Status Metrics::Serve(const std::string& listen) {
 }
 
 void Metrics::AddMetricsRoute(http::HttpServer* server, http::Access access) {
-  server->Get("/metrics", access, [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(Scrape(), "text/plain; version=0.0.4; charset=utf-8");
-  });
+  server->Get("/metrics", access,
+              [this](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+                res.set_content(Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+              });
 }
 
 std::string Metrics::Scrape() const {

@@ -360,22 +360,34 @@ absl::Status InferenceService::InferCounted(const inference::ModelInferRequest& 
   return status;
 }
 
-absl::Status InferenceService::LoadAnnounced(const inference::RepositoryModelLoadRequest& request) {
-  absl::Status status = LoadModel(request);
+absl::Status InferenceService::LoadAnnounced(const server::Caller& caller,
+                                             const inference::RepositoryModelLoadRequest& request) {
+  auto it = request.parameters().find("checkpoint");
+  const std::string source =
+      it != request.parameters().end() ? it->second.string_param() : request.model_name();
+  absl::Status status = server::Authorize(caller, server::Action::kDeploy);
+  if (status.ok() && options_.check_source) status = options_.check_source(caller, source);
+  if (status.ok()) status = LoadModel(request);
   if (status.ok() && options_.on_repository_change) {
-    auto it = request.parameters().find("checkpoint");
-    options_.on_repository_change(
-        request.model_name(),
-        it != request.parameters().end() ? it->second.string_param() : request.model_name(), true);
+    options_.on_repository_change(request.model_name(), source, true);
+  }
+  if (options_.audit) {
+    options_.audit(caller, server::Action::kDeploy,
+                   absl::StrCat("model ", request.model_name(), " from ", source), status);
   }
   return status;
 }
 
 absl::Status InferenceService::UnloadAnnounced(
-    const inference::RepositoryModelUnloadRequest& request) {
-  absl::Status status = UnloadModel(request);
+    const server::Caller& caller, const inference::RepositoryModelUnloadRequest& request) {
+  absl::Status status = server::Authorize(caller, server::Action::kUndeploy);
+  if (status.ok()) status = UnloadModel(request);
   if (status.ok() && options_.on_repository_change) {
     options_.on_repository_change(request.model_name(), "", false);
+  }
+  if (options_.audit) {
+    options_.audit(caller, server::Action::kUndeploy, absl::StrCat("model ", request.model_name()),
+                   status);
   }
   return status;
 }
@@ -443,15 +455,17 @@ grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext* context,
 grpc::Status InferenceService::RepositoryModelLoad(
     grpc::ServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  return server::ToGrpcStatus(LoadAnnounced(*request));
+  absl::StatusOr<server::Caller> caller = server::CallerOf(*context);
+  if (!caller.ok()) return server::ToGrpcStatus(caller.status());
+  return server::ToGrpcStatus(LoadAnnounced(*caller, *request));
 }
 
 grpc::Status InferenceService::RepositoryModelUnload(
     grpc::ServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  return server::ToGrpcStatus(UnloadAnnounced(*request));
+  absl::StatusOr<server::Caller> caller = server::CallerOf(*context);
+  if (!caller.ok()) return server::ToGrpcStatus(caller.status());
+  return server::ToGrpcStatus(UnloadAnnounced(*caller, *request));
 }
 
 }  // namespace kiln::serving

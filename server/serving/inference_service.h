@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "inference/grpc_service.grpc.pb.h"
+#include "server/access/access_rules.h"
 #include "server/serving/model_repository.h"
 
 namespace kiln::serving {
@@ -47,7 +48,8 @@ inline constexpr char kInterruptedRestoreReason[] =
     "load it again, or unload it";
 
 // The RepositoryModelLoad that deploys `source` as `model` with `options` (checkpoint, device,
-// threads, precision and batching): what a recorded deployment replays and what following a job sends.
+// threads, precision and batching): what a recorded deployment replays and what following a job
+// sends.
 inference::RepositoryModelLoadRequest LoadRequestFor(const std::string& model,
                                                      const std::string& source,
                                                      const DeploymentOptions& options);
@@ -75,6 +77,14 @@ struct InferenceServiceOptions {
   // record is loading, so that a start killed while loading it does not load it again at the
   // next start (restore_interrupted), and die again.
   std::function<void(const DeploymentRecord&, RestorePhase)> note_restore;
+  // Before a load by a caller whose role may deploy: OK when the caller may deploy from
+  // `source` (the "checkpoint" parameter, e.g. "JOB@best"): NotFound for a job it does not see,
+  // PermissionDenied for one it may not change. Unset: every source.
+  std::function<absl::Status(const server::Caller&, const std::string& source)> check_source;
+  // Each load and unload a caller asked for, with its outcome (refusals too): the audit log.
+  std::function<void(const server::Caller&, server::Action, const std::string& object,
+                     const absl::Status& outcome)>
+      audit;
 };
 
 class InferenceService final : public inference::GRPCInferenceService::Service {
@@ -128,9 +138,12 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   // Infer, and its outcome counted (on_infer) as ModelInfer counts it.
   absl::Status InferCounted(const inference::ModelInferRequest& request,
                             inference::ModelInferResponse* response) const;
-  // LoadModel / UnloadModel, announced (on_repository_change) as the RPCs announce them.
-  absl::Status LoadAnnounced(const inference::RepositoryModelLoadRequest& request);
-  absl::Status UnloadAnnounced(const inference::RepositoryModelUnloadRequest& request);
+  // LoadModel / UnloadModel for `caller` (a member or admin: access_rules.h; the source checked
+  // by check_source), announced (on_repository_change) as the RPCs announce them, and audited.
+  absl::Status LoadAnnounced(const server::Caller& caller,
+                             const inference::RepositoryModelLoadRequest& request);
+  absl::Status UnloadAnnounced(const server::Caller& caller,
+                               const inference::RepositoryModelUnloadRequest& request);
 
   absl::Status Infer(const inference::ModelInferRequest& request,
                      inference::ModelInferResponse* response,

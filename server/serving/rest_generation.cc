@@ -164,13 +164,11 @@ absl::StatusOr<GenerationCall> ParseGenerateRequest(const std::string& body,
 
 void AddGenerationRoutes(GenerationService* service, http::HttpServer* server) {
   server->Post(absl::StrCat(kModelPath, "/generate"), Access::kToken,
-               [service](const httplib::Request& req, httplib::Response& res) {
-                 Generate(service, req, res);
-               });
+               [service](const httplib::Request& req, httplib::Response& res,
+                         const server::Caller&) { Generate(service, req, res); });
   server->Post(absl::StrCat(kModelPath, "/generate_stream"), Access::kToken,
-               [service](const httplib::Request& req, httplib::Response& res) {
-                 GenerateStream(service, req, res);
-               });
+               [service](const httplib::Request& req, httplib::Response& res,
+                         const server::Caller&) { GenerateStream(service, req, res); });
 }
 
 }  // namespace kiln::serving

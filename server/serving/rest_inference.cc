@@ -62,77 +62,83 @@ void Infer(InferenceService* service, const httplib::Request& req, httplib::Resp
 void AddKServeRoutes(InferenceService* service, HttpServer* server) {
   // Health answers by status alone (200, or 400 for "no"), with an empty body.
   server->Get("/v2/health/live", Access::kOpen,
-              [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+              [](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+                res.status = 200;
+              });
   server->Get("/v2/health/ready", Access::kOpen,
-              [service](const httplib::Request&, httplib::Response& res) {
+              [service](const httplib::Request&, httplib::Response& res, const server::Caller&) {
                 res.status = service->Ready() ? 200 : 400;
               });
-  server->Get("/v2/?", Access::kToken, [service](const httplib::Request&, httplib::Response& res) {
-    inference::ServerMetadataResponse metadata;
-    service->ServerInfo(&metadata);
-    res.set_content(ServerMetadataJson(metadata), kJson);
-  });
-  server->Get(absl::StrCat(kModelPath, "/ready"), Access::kToken,
-              [service](const httplib::Request& req, httplib::Response& res) {
-                absl::StatusOr<bool> ready = service->ModelIsReady(req.matches[1], VersionOf(req));
-                if (!ready.ok()) {
-                  ReplyStatus(res, ready.status());
-                  return;
-                }
-                res.status = *ready ? 200 : 400;
+  server->Get("/v2/?", Access::kToken,
+              [service](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+                inference::ServerMetadataResponse metadata;
+                service->ServerInfo(&metadata);
+                res.set_content(ServerMetadataJson(metadata), kJson);
               });
-  server->Get(kModelPath, Access::kToken,
-              [service](const httplib::Request& req, httplib::Response& res) {
-                inference::ModelMetadataRequest request;
-                request.set_name(req.matches[1]);
-                request.set_version(VersionOf(req));
-                inference::ModelMetadataResponse metadata;
-                if (absl::Status s = service->Metadata(request, &metadata); !s.ok()) {
-                  ReplyStatus(res, s);
-                  return;
-                }
-                res.set_content(ModelMetadataJson(metadata), kJson);
-              });
-  server->Post(
-      absl::StrCat(kModelPath, "/infer"), Access::kToken,
-      [service](const httplib::Request& req, httplib::Response& res) { Infer(service, req, res); });
+  server->Get(
+      absl::StrCat(kModelPath, "/ready"), Access::kToken,
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller&) {
+        absl::StatusOr<bool> ready = service->ModelIsReady(req.matches[1], VersionOf(req));
+        if (!ready.ok()) {
+          ReplyStatus(res, ready.status());
+          return;
+        }
+        res.status = *ready ? 200 : 400;
+      });
+  server->Get(
+      kModelPath, Access::kToken,
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller&) {
+        inference::ModelMetadataRequest request;
+        request.set_name(req.matches[1]);
+        request.set_version(VersionOf(req));
+        inference::ModelMetadataResponse metadata;
+        if (absl::Status s = service->Metadata(request, &metadata); !s.ok()) {
+          ReplyStatus(res, s);
+          return;
+        }
+        res.set_content(ModelMetadataJson(metadata), kJson);
+      });
+  server->Post(absl::StrCat(kModelPath, "/infer"), Access::kToken,
+               [service](const httplib::Request& req, httplib::Response& res,
+                         const server::Caller&) { Infer(service, req, res); });
   // The repository extension, as Triton serves it over HTTP.
-  server->Post("/v2/repository/index", Access::kToken,
-               [service](const httplib::Request& req, httplib::Response& res) {
-                 absl::StatusOr<inference::RepositoryIndexRequest> request =
-                     ParseIndexRequest(req.body);
-                 if (!request.ok()) {
-                   ReplyStatus(res, request.status());
-                   return;
-                 }
-                 inference::RepositoryIndexResponse index;
-                 service->Index(*request, &index);
-                 res.set_content(RepositoryIndexJson(index), kJson);
-               });
-  server->Post(R"(/v2/repository/models/([^/]+)/load)", Access::kToken,
-               [service](const httplib::Request& req, httplib::Response& res) {
-                 absl::StatusOr<inference::RepositoryModelLoadRequest> request =
-                     ParseLoadRequest(req.body, req.matches[1]);
-                 absl::Status s =
-                     request.ok() ? service->LoadAnnounced(*request) : request.status();
-                 if (!s.ok()) {
-                   ReplyStatus(res, s);
-                   return;
-                 }
-                 res.status = 200;
-               });
-  server->Post(R"(/v2/repository/models/([^/]+)/unload)", Access::kToken,
-               [service](const httplib::Request& req, httplib::Response& res) {
-                 absl::StatusOr<inference::RepositoryModelUnloadRequest> request =
-                     ParseUnloadRequest(req.body, req.matches[1]);
-                 absl::Status s =
-                     request.ok() ? service->UnloadAnnounced(*request) : request.status();
-                 if (!s.ok()) {
-                   ReplyStatus(res, s);
-                   return;
-                 }
-                 res.status = 200;
-               });
+  server->Post(
+      "/v2/repository/index", Access::kToken,
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller&) {
+        absl::StatusOr<inference::RepositoryIndexRequest> request = ParseIndexRequest(req.body);
+        if (!request.ok()) {
+          ReplyStatus(res, request.status());
+          return;
+        }
+        inference::RepositoryIndexResponse index;
+        service->Index(*request, &index);
+        res.set_content(RepositoryIndexJson(index), kJson);
+      });
+  server->Post(
+      R"(/v2/repository/models/([^/]+)/load)", Access::kToken,
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+        absl::StatusOr<inference::RepositoryModelLoadRequest> request =
+            ParseLoadRequest(req.body, req.matches[1]);
+        absl::Status s = request.ok() ? service->LoadAnnounced(caller, *request) : request.status();
+        if (!s.ok()) {
+          ReplyStatus(res, s);
+          return;
+        }
+        res.status = 200;
+      });
+  server->Post(
+      R"(/v2/repository/models/([^/]+)/unload)", Access::kToken,
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+        absl::StatusOr<inference::RepositoryModelUnloadRequest> request =
+            ParseUnloadRequest(req.body, req.matches[1]);
+        absl::Status s =
+            request.ok() ? service->UnloadAnnounced(caller, *request) : request.status();
+        if (!s.ok()) {
+          ReplyStatus(res, s);
+          return;
+        }
+        res.status = 200;
+      });
 }
 
 }  // namespace kiln::serving

@@ -101,12 +101,16 @@ class JobEventStream final : public SseStream {
 
 // Which jobs changed: an "open" event at once (the page then reads the table, missing nothing),
 // then "jobs" events {"job_ids": [...]} at most once per kFeedInterval, until kilnd stops or the
-// client goes.
+// client goes. Only jobs the caller sees are named (`sees`): another team's are not there.
 class JobsFeedStream final : public SseStream {
  public:
-  JobsFeedStream(JobsFeed* feed, std::unique_ptr<LongAnswerLimit::Slot> slot,
-                 const LongAnswerLimit* limit)
-      : feed_(feed), listener_(feed->Listen()), slot_(std::move(slot)), limit_(limit) {}
+  JobsFeedStream(JobsFeed* feed, std::function<bool(const std::string& job_id)> sees,
+                 std::unique_ptr<LongAnswerLimit::Slot> slot, const LongAnswerLimit* limit)
+      : feed_(feed),
+        sees_(std::move(sees)),
+        listener_(feed->Listen()),
+        slot_(std::move(slot)),
+        limit_(limit) {}
   ~JobsFeedStream() override { feed_->Forget(listener_); }
 
  private:
@@ -127,11 +131,16 @@ class JobsFeedStream final : public SseStream {
       return "";
     }
     if (!listener_->WaitTake(&changed, kStreamTurn)) return "";
+    for (auto it = changed.begin(); it != changed.end();) {
+      it = sees_(*it) ? std::next(it) : changed.erase(it);
+    }
+    if (changed.empty()) return "";
     next_send_ = now + kFeedInterval;
     return SseEvent("jobs", json{{"job_ids", changed}}.dump());
   }
 
   JobsFeed* feed_;
+  const std::function<bool(const std::string&)> sees_;
   std::shared_ptr<JobsFeed::Listener> listener_;
   std::unique_ptr<LongAnswerLimit::Slot> slot_;
   const LongAnswerLimit* limit_;
@@ -143,7 +152,7 @@ class JobsFeedStream final : public SseStream {
 
 void WebApi::AddEventRoutes(http::HttpServer* server) {
   Get(server, "/api/jobs/([^/]+)/events",
-      [this](const httplib::Request& req, httplib::Response& res) {
+      [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
         absl::StatusOr<bool> steps = FlagParam(req, "steps", true);
         absl::StatusOr<bool> follow = FlagParam(req, "follow", true);
         for (const absl::Status& s : {steps.status(), follow.status()}) {
@@ -155,7 +164,7 @@ void WebApi::AddEventRoutes(http::HttpServer* server) {
         std::unique_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
         if (slot == nullptr) return;
         absl::StatusOr<server::JobWatch> watch =
-            jobs_->Watch(req.matches[1], *steps, /*live_only=*/false);
+            jobs_->Watch(caller, req.matches[1], *steps, /*live_only=*/false);
         if (!watch.ok()) {
           ReplyStatus(res, watch.status());
           return;
@@ -166,12 +175,18 @@ void WebApi::AddEventRoutes(http::HttpServer* server) {
                          options_.max_stream_duration);
       });
 
-  Get(server, "/api/events", [this](const httplib::Request&, httplib::Response& res) {
-    std::unique_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
-    if (slot == nullptr) return;
-    SseStream::Start(res, std::make_shared<JobsFeedStream>(feed_, std::move(slot), &long_answers_),
-                     options_.max_stream_duration);
-  });
+  Get(server, "/api/events",
+      [this](const httplib::Request&, httplib::Response& res, const server::Caller& caller) {
+        std::unique_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
+        if (slot == nullptr) return;
+        auto sees = [jobs = jobs_, caller](const std::string& job_id) {
+          return jobs->Get(caller, job_id).ok();
+        };
+        SseStream::Start(res,
+                         std::make_shared<JobsFeedStream>(feed_, std::move(sees), std::move(slot),
+                                                          &long_answers_),
+                         options_.max_stream_duration);
+      });
 }
 
 }  // namespace kiln::web

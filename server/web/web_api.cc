@@ -78,7 +78,7 @@ absl::Status ParseResume(const std::string& body, int* epochs, int64_t* checkpoi
 
 const std::vector<WebApiRoute>& WebApiRoutes() { return Routes(); }
 
-WebApi::WebApi(server::JobManager* jobs, server::MetricBroadcaster* broadcaster,
+WebApi::WebApi(server::JobAccess* jobs, server::MetricBroadcaster* broadcaster,
                serving::ModelRepository* models, server::Metrics* metrics, JobsFeed* feed,
                WebApiOptions options)
     : jobs_(jobs),
@@ -119,56 +119,59 @@ void WebApi::Post(http::HttpServer* server, const std::string& pattern,
 }
 
 void WebApi::AddJobRoutes(http::HttpServer* server) {
-  Get(server, "/api/jobs", [this](const httplib::Request& req, httplib::Response& res) {
-    int page_size = kDefaultPageSize;
-    if (req.has_param("page_size") &&
-        (!absl::SimpleAtoi(req.get_param_value("page_size"), &page_size) || page_size < 1 ||
-         page_size > kMaxPageSize)) {
-      http::ReplyError(res, 400,
-                       absl::StrCat("page_size: must be an integer in [1, ", kMaxPageSize,
-                                    "], got \"", req.get_param_value("page_size"), "\""));
-      return;
-    }
-    absl::StatusOr<server::JobPage> page =
-        jobs_->List({}, page_size, req.get_param_value("page_token"));
-    if (!page.ok()) {
-      ReplyStatus(res, page.status());
-      return;
-    }
-    // Newest first, as ListJobs and `kiln jobs` order them.
-    std::string body = "{\"jobs\":[";
-    for (size_t i = 0; i < page->jobs.size(); ++i) {
-      absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson(page->jobs[i]));
-    }
-    absl::StrAppend(&body, "],\"next_page_token\":", json(page->next_page_token).dump(), "}");
-    ReplyJson(res, body);
-  });
+  Get(server, "/api/jobs",
+      [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+        int page_size = kDefaultPageSize;
+        if (req.has_param("page_size") &&
+            (!absl::SimpleAtoi(req.get_param_value("page_size"), &page_size) || page_size < 1 ||
+             page_size > kMaxPageSize)) {
+          http::ReplyError(res, 400,
+                           absl::StrCat("page_size: must be an integer in [1, ", kMaxPageSize,
+                                        "], got \"", req.get_param_value("page_size"), "\""));
+          return;
+        }
+        absl::StatusOr<server::JobPage> page =
+            jobs_->List(caller, {}, page_size, req.get_param_value("page_token"));
+        if (!page.ok()) {
+          ReplyStatus(res, page.status());
+          return;
+        }
+        // Newest first, as ListJobs and `kiln jobs` order them.
+        std::string body = "{\"jobs\":[";
+        for (size_t i = 0; i < page->jobs.size(); ++i) {
+          absl::StrAppend(&body, i == 0 ? "" : ",", ProtoJson(page->jobs[i]));
+        }
+        absl::StrAppend(&body, "],\"next_page_token\":", json(page->next_page_token).dump(), "}");
+        ReplyJson(res, body);
+      });
 
-  Get(server, "/api/jobs/([^/]+)", [this](const httplib::Request& req, httplib::Response& res) {
-    ReplyMessage(res, jobs_->Get(req.matches[1]));
-  });
+  Get(server, "/api/jobs/([^/]+)",
+      [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+        ReplyMessage(res, jobs_->Get(caller, req.matches[1]));
+      });
 
   Post(server, "/api/jobs/([^/]+)/cancel",
-       [this](const httplib::Request& req, httplib::Response& res) {
-         ReplyMessage(res, jobs_->Cancel(req.matches[1]));
+       [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+         ReplyMessage(res, jobs_->Cancel(caller, req.matches[1]));
        });
 
   Post(server, "/api/jobs/([^/]+)/resume",
-       [this](const httplib::Request& req, httplib::Response& res) {
+       [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
          int epochs = 0;
          int64_t checkpoint_id = 0;
          if (absl::Status s = ParseResume(req.body, &epochs, &checkpoint_id); !s.ok()) {
            ReplyStatus(res, s);
            return;
          }
-         ReplyMessage(res, jobs_->Resume(req.matches[1], epochs, checkpoint_id));
+         ReplyMessage(res, jobs_->Resume(caller, req.matches[1], epochs, checkpoint_id));
        });
 }
 
 void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
   Get(server, "/api/jobs/([^/]+)/checkpoints",
-      [this](const httplib::Request& req, httplib::Response& res) {
-        absl::StatusOr<std::vector<v1::Checkpoint>> list = jobs_->ListCheckpoints(req.matches[1]);
+      [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+        absl::StatusOr<std::vector<v1::Checkpoint>> list =
+            jobs_->ListCheckpoints(caller, req.matches[1]);
         if (!list.ok()) {
           ReplyStatus(res, list.status());
           return;
@@ -182,7 +185,7 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
 
   // The checkpoint's file, streamed from the same export the gRPC ExportCheckpoint streams.
   Get(server, R"(/api/jobs/([^/]+)/checkpoints/(\d+)/file)",
-      [this](const httplib::Request& req, httplib::Response& res) {
+      [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
         int64_t checkpoint_id = 0;
         if (!absl::SimpleAtoi(req.matches[2].str(), &checkpoint_id)) {
           http::ReplyError(res, 400, "checkpoint id: not a number");
@@ -193,7 +196,7 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
         std::shared_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
         if (slot == nullptr) return;
         absl::StatusOr<std::unique_ptr<server::CheckpointExport>> source =
-            jobs_->ExportCheckpoint(job_id, checkpoint_id, kExportChunkBytes);
+            jobs_->ExportCheckpoint(caller, job_id, checkpoint_id, kExportChunkBytes);
         if (!source.ok()) {
           ReplyStatus(res, source.status());
           return;
@@ -222,13 +225,13 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
 
   // Answered once the checkpoint is on disk (after the job's current step), as CreateCheckpoint.
   Post(server, "/api/jobs/([^/]+)/checkpoint",
-       [this](const httplib::Request& req, httplib::Response& res) {
+       [this](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
          // Shared with the training thread, which may call back after this request gave up.
          auto written = std::make_shared<std::promise<absl::StatusOr<v1::Checkpoint>>>();
          std::future<absl::StatusOr<v1::Checkpoint>> result = written->get_future();
-         jobs_->RequestCheckpoint(req.matches[1], [written](absl::StatusOr<v1::Checkpoint> c) {
-           written->set_value(std::move(c));
-         });
+         jobs_->RequestCheckpoint(
+             caller, req.matches[1],
+             [written](absl::StatusOr<v1::Checkpoint> c) { written->set_value(std::move(c)); });
          if (result.wait_for(absl::ToChronoNanoseconds(options_.checkpoint_timeout)) !=
              std::future_status::ready) {
            http::ReplyError(res, 504,
@@ -243,44 +246,46 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
 
 void WebApi::AddModelRoutes(http::HttpServer* server) {
   // The repository's index with each model's serving numbers from the metrics registry.
-  Get(server, "/api/models", [this](const httplib::Request&, httplib::Response& res) {
-    std::map<std::string, json> by_name;
-    for (const serving::ModelIndexEntry& entry : models_->Index()) {
-      json& model = by_name[entry.name];
-      if (model.is_null()) {
-        model = {{"name", entry.name},
-                 {"versions", json::array()},
-                 {"requests", 0},
-                 {"failed_requests", 0},
-                 {"latency_seconds", {{"p50", 0}, {"p90", 0}, {"p99", 0}}}};
-      }
-      json version = {{"version", entry.version},
-                      {"state", entry.state},
-                      {"reason", entry.reason},
-                      {"source", ""},
-                      {"precision", ""}};
-      if (!entry.version.empty()) {
-        absl::StatusOr<std::shared_ptr<const serving::ServedVersion>> served =
-            models_->Find(entry.name, entry.version);
-        if (served.ok()) {
-          version["source"] = (*served)->source();
-          version["precision"] = std::string(PrecisionName((*served)->options().precision));
+  Get(server, "/api/models",
+      [this](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+        std::map<std::string, json> by_name;
+        for (const serving::ModelIndexEntry& entry : models_->Index()) {
+          json& model = by_name[entry.name];
+          if (model.is_null()) {
+            model = {{"name", entry.name},
+                     {"versions", json::array()},
+                     {"requests", 0},
+                     {"failed_requests", 0},
+                     {"latency_seconds", {{"p50", 0}, {"p90", 0}, {"p99", 0}}}};
+          }
+          json version = {{"version", entry.version},
+                          {"state", entry.state},
+                          {"reason", entry.reason},
+                          {"source", ""},
+                          {"precision", ""}};
+          if (!entry.version.empty()) {
+            absl::StatusOr<std::shared_ptr<const serving::ServedVersion>> served =
+                models_->Find(entry.name, entry.version);
+            if (served.ok()) {
+              version["source"] = (*served)->source();
+              version["precision"] = std::string(PrecisionName((*served)->options().precision));
+            }
+          }
+          model["versions"].push_back(std::move(version));
         }
-      }
-      model["versions"].push_back(std::move(version));
-    }
-    for (const server::InferenceModelStats& stats : metrics_->InferenceStats()) {
-      auto it = by_name.find(stats.model);
-      if (it == by_name.end()) continue;  // undeployed; its series go with it
-      it->second["requests"] = stats.requests;
-      it->second["failed_requests"] = stats.failed_requests;
-      it->second["latency_seconds"] = {
-          {"p50", stats.p50_seconds}, {"p90", stats.p90_seconds}, {"p99", stats.p99_seconds}};
-    }
-    json models = json::array();
-    for (auto& [name, model] : by_name) models.push_back(std::move(model));
-    ReplyJson(res, json{{"models", models}}.dump(-1, ' ', false, json::error_handler_t::replace));
-  });
+        for (const server::InferenceModelStats& stats : metrics_->InferenceStats()) {
+          auto it = by_name.find(stats.model);
+          if (it == by_name.end()) continue;  // undeployed; its series go with it
+          it->second["requests"] = stats.requests;
+          it->second["failed_requests"] = stats.failed_requests;
+          it->second["latency_seconds"] = {
+              {"p50", stats.p50_seconds}, {"p90", stats.p90_seconds}, {"p99", stats.p99_seconds}};
+        }
+        json models = json::array();
+        for (auto& [name, model] : by_name) models.push_back(std::move(model));
+        ReplyJson(res,
+                  json{{"models", models}}.dump(-1, ' ', false, json::error_handler_t::replace));
+      });
 }
 
 }  // namespace kiln::web

@@ -1,7 +1,7 @@
 // The JSON API behind kilnd's web page, on kilnd's HTTP listener under /api: jobs, their
 // checkpoints and actions, served models with their serving numbers, and live updates as
 // Server-Sent Events. A thin translator like the gRPC services: each route validates, calls the
-// same JobManager / ModelRepository / Metrics call the gRPC side calls, and maps absl::Status to
+// same JobAccess / ModelRepository / Metrics call the gRPC side calls, and maps absl::Status to
 // an HTTP status with a JSON error {"error": ...}. Messages are proto3 JSON (snake_case names,
 // enums by name, 64-bit integers as strings). Deploy, undeploy and inference use the KServe v2
 // REST routes (/v2/repository/..., /v2/models/.../infer), which already exist.
@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/access/job_access.h"
 #include "server/http/http_server.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/metric_broadcaster.h"
@@ -45,7 +46,7 @@ const std::vector<WebApiRoute>& WebApiRoutes();
 // Every pointer must outlive the HttpServer the routes are added to. Thread-safe.
 class WebApi {
  public:
-  WebApi(server::JobManager* jobs, server::MetricBroadcaster* broadcaster,
+  WebApi(server::JobAccess* jobs, server::MetricBroadcaster* broadcaster,
          serving::ModelRepository* models, server::Metrics* metrics, JobsFeed* feed,
          WebApiOptions options = {});
 
@@ -74,7 +75,7 @@ class WebApi {
   void Post(http::HttpServer* server, const std::string& pattern,
             http::HttpServer::Handler handler);
 
-  server::JobManager* jobs_;
+  server::JobAccess* jobs_;
   server::MetricBroadcaster* broadcaster_;
   serving::ModelRepository* models_;
   server::Metrics* metrics_;

@@ -28,8 +28,8 @@ void AddWebPageRoutes(http::HttpServer* server) {
   for (const WebAsset& asset : WebAssets()) {
     auto compressed = std::make_shared<CompressedAsset>(asset.bytes);
     server->Get(std::string(asset.path), http::Access::kOpen,
-                [compressed, type = ContentTypeOf(asset.path)](const httplib::Request& req,
-                                                               httplib::Response& res) {
+                [compressed, type = ContentTypeOf(asset.path)](
+                    const httplib::Request& req, httplib::Response& res, const server::Caller&) {
                   res.status = 200;
                   // A new kilnd may serve a new page: the browser asks again each time.
                   res.set_header("Cache-Control", "no-cache");

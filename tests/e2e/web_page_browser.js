@@ -71,16 +71,16 @@ async function main() {
     await page.waitForSelector(`#jobs tr[data-job-id="${second}"]`, WAIT);
     const headers = await page.$$eval('#jobs thead th', (ths) => ths.map((t) => t.textContent));
     for (const h
-             of ['JOB', 'NAME', 'STATE', 'MODEL', 'DATASET', 'DEVICE', 'EPOCHS', 'STEP', 'TEST ACC',
-                 'AGE']) {
+             of ['JOB', 'NAME', 'OWNER', 'STATE', 'MODEL', 'DATASET', 'DEVICE', 'EPOCHS', 'STEP',
+                 'TEST ACC', 'AGE']) {
       check(headers.includes(h), `the jobs table has no ${h} column: ${headers}`);
     }
     // The table follows the job live: its step count grows without a reload.
     const stepOf = () => page.$eval(
-        `#jobs tr[data-job-id="${job}"] td:nth-child(10)`, (td) => Number(td.textContent));
+        `#jobs tr[data-job-id="${job}"] td:nth-child(11)`, (td) => Number(td.textContent));
     const firstStep = await stepOf();
     await page.waitForFunction((id, s) => {
-      const td = document.querySelector(`#jobs tr[data-job-id="${id}"] td:nth-child(10)`);
+      const td = document.querySelector(`#jobs tr[data-job-id="${id}"] td:nth-child(11)`);
       return td && Number(td.textContent) > s;
     }, WAIT, job, firstStep);
     await page.screenshot({path: path.join(artefacts, 'jobs-1280.png')});

@@ -173,22 +173,25 @@ class HttpPortTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     server_ = std::make_unique<HttpServer>(std::move(options));
     for (const char* probe : {"/metrics", "/v2/health/live", "/v2/health/ready"}) {
-      server_->Get(probe, Access::kOpen, [](const httplib::Request&, httplib::Response& res) {
-        res.set_content("kiln_up 1\n", "text/plain");
-      });
+      server_->Get(probe, Access::kOpen,
+                   [](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+                     res.set_content("kiln_up 1\n", "text/plain");
+                   });
     }
     server_->Post("/v2/echo", Access::kOpen,
-                  [](const httplib::Request& req, httplib::Response& res) {
+                  [](const httplib::Request& req, httplib::Response& res, const server::Caller&) {
                     res.set_content(std::to_string(req.body.size()), "text/plain");
                   });
-    server_->Get("/slow", Access::kOpen, [this](const httplib::Request&, httplib::Response& res) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::seconds(60), [this] { return released_; });
-      res.set_content("done", "text/plain");
-    });
-    server_->Get("/big", Access::kOpen, [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(std::string(64 << 20, 'b'), "application/octet-stream");
-    });
+    server_->Get("/slow", Access::kOpen,
+                 [this](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+                   std::unique_lock<std::mutex> lock(mu_);
+                   cv_.wait_for(lock, std::chrono::seconds(60), [this] { return released_; });
+                   res.set_content("done", "text/plain");
+                 });
+    server_->Get("/big", Access::kOpen,
+                 [](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+                   res.set_content(std::string(64 << 20, 'b'), "application/octet-stream");
+                 });
     web::AddWebPageRoutes(server_.get());
     absl::StatusOr<int> port = server_->Start();
     ASSERT_TRUE(port.ok()) << port.status();
@@ -300,7 +303,8 @@ TEST_F(HttpPortTest, BodiesToUnroutedMethodsAndPathsAreNeverRead) {
   // A Content-Length body to no route is not read either: answered at once, not after the
   // client has sent (or failed to send) 10 GiB.
   const int fd = Keep(Connect(port_));
-  ASSERT_TRUE(SendAll(fd, "POST /x HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10737418240\r\n\r\n"));
+  ASSERT_TRUE(
+      SendAll(fd, "POST /x HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10737418240\r\n\r\n"));
   const absl::Time asked = absl::Now();
   EXPECT_EQ(ReadAnswer(fd, absl::Seconds(10)).status, 404);
   EXPECT_LT(absl::Now() - asked, absl::Seconds(2));
@@ -330,7 +334,8 @@ TEST_F(HttpPortTest, ARoutedChunkedBodyStopsAtTheLimit) {
   EXPECT_LT(grown, int64_t{16} << 20);
   // Under the limit, in chunks of every size, it is read whole.
   const int ok = Keep(Connect(port_));
-  std::string body = "POST /v2/echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string body =
+      "POST /v2/echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n";
   int64_t total = 0;
   for (int size : {1, 7, 4096, 65536}) {
     absl::StrAppend(&body, absl::Hex(size), "\r\n", std::string(size, 'y'), "\r\n");
@@ -357,9 +362,9 @@ TEST_F(HttpPortTest, RangesAreIgnoredSoAFileComesOnce) {
   while (ranges.size() < 7000) ranges += ",0-";
   for (const std::string& range : {ranges, std::string("bytes=0-9")}) {
     const int fd = Keep(Connect(port_));
-    ASSERT_TRUE(
-        SendAll(fd, absl::StrCat("GET ", std::string(largest->path), " HTTP/1.1\r\nHost: localhost\r\n",
-                                 "Range: ", range, "\r\n\r\n")));
+    ASSERT_TRUE(SendAll(
+        fd, absl::StrCat("GET ", std::string(largest->path), " HTTP/1.1\r\nHost: localhost\r\n",
+                         "Range: ", range, "\r\n\r\n")));
     const Answer got = ReadAnswer(fd, absl::Seconds(30));
     EXPECT_EQ(got.status, 200) << range.size() << " bytes of ranges";
     EXPECT_EQ(got.body.size(), largest->bytes.size()) << range.size() << " bytes of ranges";
@@ -467,8 +472,8 @@ TEST_F(HttpPortTest, ProbesAnswerWhileSlowClientsHoldEveryOtherThread) {
   };
   for (int i = 0; i < 16; ++i) {
     attackers.emplace_back(
-        trickle, "GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + std::string(1000, 'p'),
-        "");
+        trickle,
+        "GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + std::string(1000, 'p'), "");
     attackers.emplace_back(
         [&](std::string head) {
           while (!stop) {
@@ -591,7 +596,8 @@ TEST_F(HttpPortTest, StopEndsWithinItsGraceWhateverTheClientsDo) {
     const int fd = Keep(Connect(port_));
     const bool body = i % 2 == 1;
     clients.emplace_back([fd, body, &stop] {
-      if (body) SendAll(fd, "POST /v2/echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n");
+      if (body)
+        SendAll(fd, "POST /v2/echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n");
       const std::string drip = body ? "x" : "GET /metrics HTTP/1.1\r\nX-Pad: ppppppppppppp";
       for (size_t b = 0; !stop; ++b) {
         if (send(fd, &drip[b % drip.size()], 1, MSG_NOSIGNAL) != 1) break;
@@ -637,7 +643,9 @@ TEST(HttpPortFloodTest, SigtermEndsKilndWithinTheShutdownTimeoutWhateverHttpClie
     held.push_back(fd);
     trickles.emplace_back([fd, i, &stop] {
       if (i % 2 == 1) {
-        SendAll(fd, "POST /v2/models/m/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: 99\r\n\r\n");
+        SendAll(
+            fd,
+            "POST /v2/models/m/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: 99\r\n\r\n");
       }
       const std::string drip = i % 2 == 1 ? "x" : "GET /metrics HTTP/1.1\r\nX-Pad: ";
       for (size_t b = 0; !stop; ++b) {

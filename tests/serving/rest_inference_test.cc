@@ -619,10 +619,11 @@ TEST_F(RestInferenceTest, RepositoryExtensionOverRest) {
 
 TEST_F(RestInferenceTest, BearerTokensGuardV2ButNotHealth) {
   HttpServerOptions options;
-  options.authorize = [](const std::vector<std::string_view>& values) {
+  options.authorize =
+      [](const std::vector<std::string_view>& values) -> absl::StatusOr<server::Caller> {
     if (values.empty()) return absl::UnauthenticatedError("missing bearer token");
     for (std::string_view v : values) {
-      if (v == "Bearer s3cret") return absl::OkStatus();
+      if (v == "Bearer s3cret") return server::Caller{"tester", "ops", server::Role::kAdmin};
     }
     return absl::UnauthenticatedError("invalid bearer token");
   };

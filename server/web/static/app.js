@@ -347,6 +347,13 @@ class JobCurves {
 
 // ---- jobs --------------------------------------------------------------------------------------
 
+// Who made a job: "user/team", "user" for an admin of no team, "-" for one of no owner (made
+// before identities or while auth was off), as `kiln jobs` writes it.
+function ownerText(owner) {
+  if (!owner || (!owner.user && !owner.team)) return '-';
+  return owner.team ? `${owner.user}/${owner.team}` : owner.user;
+}
+
 function jobRow(job, selected) {
   const id = job.id;
   const spec = job.spec || {};
@@ -367,7 +374,7 @@ function jobRow(job, selected) {
              e.target.checked ? selected.add(id) : selected.delete(id);
            }
          })),
-      el('td', {}, id), el('td', {}, spec.name || '-'),
+      el('td', {}, id), el('td', {}, spec.name || '-'), el('td', {}, ownerText(job.owner)),
       el('td', {class: 'state state-' + stateName(job.state)}, stateName(job.state)),
       el('td', {}, modelSummary(spec)), el('td', {}, spec.dataset || '-'),
       el('td', {}, job.device || '-'), el('td', {class: 'num'}, workersText(spec)),
@@ -400,9 +407,9 @@ async function showJobs(signal) {
             el('thead', {},
                el('tr', {},
                   [
-                    '', 'JOB', 'NAME', 'STATE', 'MODEL', 'DATASET', 'DEVICE', 'WORKERS', 'EPOCHS',
-                    'STEP', 'TEST ACC', 'BEST ACC', 'AGE'
-                  ].map((h, i) => el('th', {class: i >= 7 ? 'num' : ''}, h)))),
+                    '', 'JOB', 'NAME', 'OWNER', 'STATE', 'MODEL', 'DATASET', 'DEVICE', 'WORKERS',
+                    'EPOCHS', 'STEP', 'TEST ACC', 'BEST ACC', 'AGE'
+                  ].map((h, i) => el('th', {class: i >= 8 ? 'num' : ''}, h)))),
             tbody)),
       el('p', {class: 'note', id: 'jobs-empty', hidden: true},
          'No jobs yet; start one with: kiln submit --preset mnist-mlp --watch'),
@@ -501,6 +508,7 @@ async function showJob(id, signal) {
     const entries = [
       ['state', stateName(job.state)],
       ['name', s.name || '-'],
+      ['owner', ownerText(job.owner)],
       ['model', modelSummary(s)],
       ['parameters', job.parameter_count],
       ['dataset', s.dataset],

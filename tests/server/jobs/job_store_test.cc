@@ -355,6 +355,8 @@ TEST(JobStoreTest, AVersionOneStoreIsMigratedKeepingItsJobs) {
                           "ALTER TABLE checkpoints DROP COLUMN sha256", "DROP TABLE deployments",
                           "ALTER TABLE jobs DROP COLUMN retries",
                           "ALTER TABLE step_metrics DROP COLUMN rank_samples_per_sec",
+                          "DROP INDEX jobs_by_team", "ALTER TABLE jobs DROP COLUMN owner_user",
+                          "ALTER TABLE jobs DROP COLUMN owner_team",
                           "UPDATE schema_version SET version = 1"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
   }

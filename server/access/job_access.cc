@@ -1,0 +1,191 @@
+#include "server/access/job_access.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace kiln::server {
+namespace {
+
+const absl::Status& StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+v1::Owner OwnerOf(const Caller& caller) {
+  v1::Owner owner;
+  owner.set_user(caller.user);
+  owner.set_team(caller.team);
+  return owner;
+}
+
+// The team an admin lists (every one: nullopt) or another caller's.
+std::optional<std::string> ListedTeam(const Caller& caller) {
+  if (caller.role == Role::kAdmin) return std::nullopt;
+  return caller.team;
+}
+
+}  // namespace
+
+template <typename T>
+T JobAccess::Audited(const Caller& caller, Action action, const std::string& object, T outcome) {
+  audit_->Record(caller, action, object, StatusOf(outcome));
+  return outcome;
+}
+
+absl::StatusOr<v1::Job> JobAccess::Visible(const Caller& caller, const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = manager_->Get(job_id);
+  if (job.ok() && !Sees(caller, job->owner().team())) return JobNotFound(job_id);
+  return job;
+}
+
+absl::Status JobAccess::MayChangeJob(const Caller& caller, Action action,
+                                     const std::string& job_id) {
+  // The role first: a viewer is told what it may not do before whether the job exists.
+  absl::Status allowed = Authorize(caller, action);
+  if (allowed.ok()) {
+    absl::StatusOr<v1::Job> job = Visible(caller, job_id);
+    allowed = job.ok() ? AuthorizeOn(caller, action, job->owner().team()) : job.status();
+  }
+  if (!allowed.ok()) audit_->Record(caller, action, job_id, allowed);
+  return allowed;
+}
+
+absl::StatusOr<v1::Job> JobAccess::Submit(const Caller& caller, const v1::JobSpec& spec) {
+  const std::string object = absl::StrCat("dataset ", spec.dataset());
+  if (absl::Status s = Authorize(caller, Action::kSubmitJob); !s.ok()) {
+    return Audited<absl::StatusOr<v1::Job>>(caller, Action::kSubmitJob, object, s);
+  }
+  // Another team's dataset is not there for this caller: refused as a missing one is.
+  if (!spec.dataset().empty() && datasets_->Exists(spec.dataset()) &&
+      !Sees(caller, datasets_->OwnerOf(spec.dataset()).team())) {
+    return Audited<absl::StatusOr<v1::Job>>(
+        caller, Action::kSubmitJob, object,
+        absl::NotFoundError(
+            absl::StrCat("spec.dataset: ", datasets_->NotFound(spec.dataset()).message())));
+  }
+  absl::StatusOr<v1::Job> job = manager_->Submit(spec, OwnerOf(caller));
+  audit_->Record(caller, Action::kSubmitJob, job.ok() ? job->id() : object, job.status());
+  return job;
+}
+
+absl::StatusOr<v1::Job> JobAccess::Get(const Caller& caller, const std::string& job_id) {
+  KILN_RETURN_IF_ERROR(Authorize(caller, Action::kRead));
+  return Visible(caller, job_id);
+}
+
+absl::StatusOr<JobPage> JobAccess::List(const Caller& caller,
+                                        const std::vector<v1::JobState>& states, int page_size,
+                                        const std::string& page_token) {
+  KILN_RETURN_IF_ERROR(Authorize(caller, Action::kRead));
+  return manager_->List(states, page_size, page_token, ListedTeam(caller));
+}
+
+absl::StatusOr<v1::Job> JobAccess::Cancel(const Caller& caller, const std::string& job_id) {
+  KILN_RETURN_IF_ERROR(MayChangeJob(caller, Action::kCancelJob, job_id));
+  return Audited(caller, Action::kCancelJob, job_id, manager_->Cancel(job_id));
+}
+
+absl::StatusOr<v1::Job> JobAccess::Resume(const Caller& caller, const std::string& job_id,
+                                          int epochs, int64_t checkpoint_id) {
+  KILN_RETURN_IF_ERROR(MayChangeJob(caller, Action::kResumeJob, job_id));
+  return Audited(caller, Action::kResumeJob, job_id,
+                 manager_->Resume(job_id, epochs, checkpoint_id));
+}
+
+absl::StatusOr<JobWatch> JobAccess::Watch(const Caller& caller, const std::string& job_id,
+                                          bool include_steps, bool live_only) {
+  KILN_RETURN_IF_ERROR(Get(caller, job_id).status());
+  return manager_->Watch(job_id, include_steps, live_only);
+}
+
+void JobAccess::RequestCheckpoint(const Caller& caller, const std::string& job_id,
+                                  CheckpointDone done) {
+  if (absl::Status s = MayChangeJob(caller, Action::kCreateCheckpoint, job_id); !s.ok()) {
+    done(s);
+    return;
+  }
+  // Audited when written (or not), on the thread that answers.
+  manager_->RequestCheckpoint(
+      job_id, [this, caller, job_id, done = std::move(done)](absl::StatusOr<v1::Checkpoint> c) {
+        audit_->Record(caller, Action::kCreateCheckpoint, job_id, c.status());
+        done(std::move(c));
+      });
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> JobAccess::ListCheckpoints(const Caller& caller,
+                                                                       const std::string& job_id) {
+  KILN_RETURN_IF_ERROR(Get(caller, job_id).status());
+  return manager_->ListCheckpoints(job_id);
+}
+
+absl::StatusOr<v1::Checkpoint> JobAccess::DeleteCheckpoint(const Caller& caller,
+                                                           const std::string& job_id,
+                                                           int64_t checkpoint_id) {
+  KILN_RETURN_IF_ERROR(MayChangeJob(caller, Action::kDeleteCheckpoint, job_id));
+  return Audited(caller, Action::kDeleteCheckpoint, absl::StrCat(job_id, "@", checkpoint_id),
+                 manager_->DeleteCheckpoint(job_id, checkpoint_id));
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointExport>> JobAccess::ExportCheckpoint(
+    const Caller& caller, const std::string& job_id, int64_t checkpoint_id, int chunk_bytes) {
+  KILN_RETURN_IF_ERROR(MayChangeJob(caller, Action::kExportCheckpoint, job_id));
+  absl::StatusOr<std::unique_ptr<CheckpointExport>> source =
+      manager_->ExportCheckpoint(job_id, checkpoint_id, chunk_bytes);
+  audit_->Record(caller, Action::kExportCheckpoint, absl::StrCat(job_id, "@", checkpoint_id),
+                 source.status());
+  return source;
+}
+
+absl::StatusOr<std::string> JobAccess::WorkerToken(const Caller& caller,
+                                                   const std::string& job_id) {
+  KILN_RETURN_IF_ERROR(MayChangeJob(caller, Action::kGetWorkerToken, job_id));
+  absl::StatusOr<std::string> token = manager_->WorkerToken(job_id);
+  audit_->Record(caller, Action::kGetWorkerToken, job_id, token.status());  // never the token
+  return token;
+}
+
+absl::Status JobAccess::MayDeployFrom(const Caller& caller, const std::string& source) {
+  const std::string job_id = source.substr(0, source.find('@'));
+  if (job_id.empty()) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(v1::Job job, Visible(caller, job_id));
+  return AuthorizeOn(caller, Action::kDeploy, job.owner().team());
+}
+
+absl::StatusOr<std::vector<v1::Dataset>> JobAccess::ListDatasets(const Caller& caller) {
+  KILN_RETURN_IF_ERROR(Authorize(caller, Action::kRead));
+  KILN_ASSIGN_OR_RETURN(std::vector<v1::Dataset> all, datasets_->List());
+  std::vector<v1::Dataset> seen;
+  for (v1::Dataset& d : all) {
+    if (Sees(caller, d.owner().team())) seen.push_back(std::move(d));
+  }
+  return seen;
+}
+
+absl::Status JobAccess::DeleteDataset(const Caller& caller, const std::string& name) {
+  const std::string object = absl::StrCat("dataset ", name);
+  absl::Status allowed = Authorize(caller, Action::kDeleteDataset);
+  if (allowed.ok() && datasets_->Exists(name)) {
+    const std::string team = datasets_->OwnerOf(name).team();
+    allowed = Sees(caller, team) ? AuthorizeOn(caller, Action::kDeleteDataset, team)
+                                 : datasets_->NotFound(name);
+  }
+  if (!allowed.ok()) return Audited(caller, Action::kDeleteDataset, object, allowed);
+  return Audited(caller, Action::kDeleteDataset, object, manager_->DeleteDataset(name));
+}
+
+absl::Status JobAccess::AuthorizeUpload(const Caller& caller, const std::string& name) {
+  absl::Status allowed = Authorize(caller, Action::kUploadDataset);
+  if (!allowed.ok()) audit_->Record(caller, Action::kUploadDataset, "dataset " + name, allowed);
+  return allowed;
+}
+
+absl::StatusOr<v1::Dataset> JobAccess::CommitUpload(const Caller& caller, const std::string& name,
+                                                    DatasetUpload& upload) {
+  upload.set_owner(OwnerOf(caller));
+  return Audited(caller, Action::kUploadDataset, "dataset " + name, upload.Commit());
+}
+
+}  // namespace kiln::server
