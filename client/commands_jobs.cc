@@ -250,6 +250,8 @@ void PrintJob(CommandEnv& env, const v1::Job& job) {
   kv.Add("dataset", job.spec().dataset());
   kv.Add("device", job.device());
   kv.Add("precision", job.precision_text().empty() ? "fp32" : job.precision_text());
+  kv.Add("priority", absl::StrCat(PriorityWord(job.spec().priority()),
+                                  job.spec().non_preemptible() ? " (never preempted)" : ""));
   if (job.spec().workers() > 1 || job.spec().external_workers()) {
     kv.Add("workers", absl::StrCat(std::max(1, job.spec().workers()), job.spec().external_workers()
                                                                           ? " (started elsewhere)"
@@ -380,6 +382,12 @@ void AddSubmitCommand(CLI::App& app, CommandEnv& env, Action* action) {
                 "(a CPU has none and trains as fp32), or bf16: GEMMs with bfloat16 inputs and "
                 "float32 accumulation on either backend, the rest (convolutions, weights, "
                 "optimizer, checkpoints) float32");
+  s->add_option("--priority", submit->overrides.priority,
+                "low, normal (default) or high: each device's queue runs higher priorities "
+                "first, and a high job preempts a lower one that holds its device (which "
+                "checkpoints and resumes later, to the same bits)");
+  s->add_flag("--non-preemptible", submit->overrides.non_preemptible,
+              "Never preempted by a higher-priority job (admins only)");
   s->add_option("--name", submit->overrides.name,
                 "A display name for the job (kiln jobs shows it; the id stays the key)");
   s->add_option("--label", submit->overrides.labels,

@@ -126,6 +126,17 @@ absl::Status ApplyPrecisionFlag(const std::string& flag, v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyPriorityFlag(const std::string& flag, v1::JobSpec* spec) {
+  if (flag.empty()) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* priority,
+                        ParsePlainEnumName(v1::Priority_descriptor(), flag, "--priority"));
+  if (priority->number() == v1::PRIORITY_UNSPECIFIED) {
+    return UsageError("--priority: expected low, normal or high");
+  }
+  spec->set_priority(static_cast<v1::Priority>(priority->number()));
+  return absl::OkStatus();
+}
+
 absl::Status ApplyLabels(const std::vector<std::string>& labels, v1::JobSpec* spec) {
   for (const std::string& label : labels) {
     const size_t eq = label.find('=');
@@ -161,6 +172,11 @@ absl::StatusOr<v1::Precision> ParsePrecisionFlag(const std::string& text, const 
     return UsageError(absl::StrCat(flag, ": expected fp32, tf32 or bf16"));
   }
   return static_cast<v1::Precision>(precision->number());
+}
+
+std::string PriorityWord(v1::Priority priority) {
+  if (priority == v1::PRIORITY_UNSPECIFIED) priority = v1::PRIORITY_NORMAL;
+  return PlainEnumName(v1::Priority_descriptor()->FindValueByNumber(priority));
 }
 
 std::string PrecisionWord(v1::Precision precision) {
@@ -224,6 +240,8 @@ absl::Status ApplyOverrides(const SpecOverrides& o, v1::JobSpec* spec) {
   if (o.max_retries.has_value()) spec->set_max_retries(*o.max_retries);
   if (o.external_workers) spec->set_external_workers(true);
   KILN_RETURN_IF_ERROR(ApplyPrecisionFlag(o.precision, spec));
+  KILN_RETURN_IF_ERROR(ApplyPriorityFlag(o.priority, spec));
+  if (o.non_preemptible) spec->set_non_preemptible(true);
   return ApplyLabels(o.labels, spec);
 }
 

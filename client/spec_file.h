@@ -41,6 +41,8 @@ struct SpecOverrides {
   std::optional<int> max_retries;
   bool external_workers = false;
   std::string precision;  // a plain or full Precision name: "tf32", "bf16"
+  std::string priority;   // a plain or full Priority name: "low", "normal", "high"
+  bool non_preemptible = false;
 };
 
 // Applies `o` to `spec`. The dataset defaults to "mnist" and the epochs to 1 when neither the
@@ -65,6 +67,8 @@ absl::StatusOr<v1::Precision> ParsePrecisionFlag(const std::string& text, const 
 
 // "fp32", "tf32" or "bf16": how kiln and kilnd spell `precision` (unset is fp32).
 std::string PrecisionWord(v1::Precision precision);
+// "low", "normal" or "high": how kiln spells `priority` (unset is normal).
+std::string PriorityWord(v1::Priority priority);
 
 // Parses a --schedule value: a ScheduleSpec kind ("cosine", "one_cycle"), optionally followed by
 // ':' and comma-separated FIELD=VALUE pairs of ScheduleSpec's fields ("t_max=10,eta_min=1e-5").

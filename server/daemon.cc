@@ -90,6 +90,11 @@ int ClampedMillis(absl::Duration d) {
 // The limits and sizes a client or the machine bounds; raises the open-file limit to its hard
 // limit on the way.
 absl::Status CheckLimits(const DaemonOptions& options) {
+  if (options.team_quota.max_running_jobs < 0 || options.team_quota.max_gpus < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--team_max_running_jobs and --team_max_gpus: must be 0 (no limit) or more, got ",
+        options.team_quota.max_running_jobs, " and ", options.team_quota.max_gpus));
+  }
   // Every limit must let something through; a zero would refuse all work in confusing ways.
   const std::pair<const char*, int64_t> limits[] = {
       {"max_queued_jobs", options.max_queued_jobs},
@@ -327,6 +332,16 @@ absl::Status Daemon::StartJobs() {
   manager_options.max_jobs_per_device = options_.max_jobs_per_device;
   manager_options.max_crash_resumes = options_.max_crash_resumes;
   manager_options.max_queued_jobs = options_.max_queued_jobs;
+  manager_options.team_quota = options_.team_quota;
+  manager_options.on_preempt = [metrics = metrics_.get(), log = log_.get()](
+                                   const v1::Job& preempted, const v1::Job& waiting) {
+    metrics->JobPreempted(preempted);
+    log->Log(LogLevel::kInfo, "job_preempted",
+             {{"job", preempted.id()},
+              {"priority", PriorityName(preempted.spec().priority())},
+              {"by", waiting.id()},
+              {"by_priority", PriorityName(waiting.spec().priority())}});
+  };
   manager_options.limits = options_.limits;
   manager_options.step_delay = options_.step_delay;
   manager_options.on_store_writable = [this](bool writable) { StoreWritable(writable); };

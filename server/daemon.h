@@ -59,6 +59,7 @@ struct DaemonOptions {
   int max_jobs_per_device = 1;
   int max_crash_resumes = 3;  // see JobManagerOptions
   int max_queued_jobs = 1000;
+  TeamQuota team_quota;  // what one team runs at once (0: no limit)
   int64_t max_upload_bytes = int64_t{512} << 20;
   int max_message_bytes = 16 << 20;
   // Connections (server/grpc/connection_guard.h): at most max_connections open, none taking the

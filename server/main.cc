@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, data_dir, "", "folder of named datasets, one subfolder ea
 ABSL_FLAG(std::string, device, "auto", "default device for jobs: auto, cpu or cuda:N");
 ABSL_FLAG(int, max_jobs_per_device, 1, "jobs running at once on each device");
 ABSL_FLAG(int, max_queued_jobs, 1000, "jobs waiting at once; more are refused");
+ABSL_FLAG(int, team_max_running_jobs, 0,
+          "jobs one team (the token file's team=) runs at once; more wait (0: no limit)");
+ABSL_FLAG(int, team_max_gpus, 0, "GPUs one team's running jobs hold at once (0: no limit)");
 ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20,
           "size limit of one dataset upload, counted after decompression");
 ABSL_FLAG(int64_t, max_parameters, 50'000'000, "largest model accepted, in parameters");
@@ -201,6 +204,8 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.max_jobs_per_device = absl::GetFlag(FLAGS_max_jobs_per_device);
   options.max_crash_resumes = absl::GetFlag(FLAGS_max_crash_resumes);
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  options.team_quota.max_running_jobs = absl::GetFlag(FLAGS_team_max_running_jobs);
+  options.team_quota.max_gpus = absl::GetFlag(FLAGS_team_max_gpus);
   options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
   options.limits.max_parameters = absl::GetFlag(FLAGS_max_parameters);
   options.limits.max_layers = absl::GetFlag(FLAGS_max_layers);

@@ -55,8 +55,16 @@ absl::Status JobAccess::MayChangeJob(const Caller& caller, Action action,
 
 absl::StatusOr<v1::Job> JobAccess::Submit(const Caller& caller, const v1::JobSpec& spec) {
   const std::string object = absl::StrCat("dataset ", spec.dataset());
-  if (absl::Status s = Authorize(caller, Action::kSubmitJob); !s.ok()) {
-    return Audited<absl::StatusOr<v1::Job>>(caller, Action::kSubmitJob, object, s);
+  absl::Status allowed = Authorize(caller, Action::kSubmitJob);
+  // A job no one may preempt holds its device against every priority: an admin's call.
+  if (allowed.ok() && spec.non_preemptible() && caller.role != Role::kAdmin) {
+    allowed = absl::PermissionDeniedError(
+        absl::StrCat("spec.non_preemptible: only an admin may submit a job no one may preempt "
+                     "(user \"",
+                     caller.user, "\" is a ", std::string(RoleName(caller.role)), ")"));
+  }
+  if (!allowed.ok()) {
+    return Audited<absl::StatusOr<v1::Job>>(caller, Action::kSubmitJob, object, allowed);
   }
   // Another team's dataset is not there for this caller: refused as a missing one is.
   if (!spec.dataset().empty() && datasets_->Exists(spec.dataset()) &&

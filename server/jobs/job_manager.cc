@@ -53,6 +53,15 @@ std::string JobRowDamage(const v1::Job& job) {
 
 // A job as kilnd answers it: with its resolved spec and its precision's wording, worked out
 // afresh (never stored).
+// The GPUs a job holds while it runs: a gang's one per worker, any other CUDA job's one.
+int GpusWanted(const v1::Job& job) {
+  if (!job.device().starts_with("cuda")) return 0;
+  if (job.device() == "cuda" && !job.spec().external_workers()) {
+    return std::max(1, job.spec().workers());
+  }
+  return 1;
+}
+
 v1::Job WithResolvedSpec(v1::Job job) {
   *job.mutable_resolved_spec() = ResolvedSpec(job.spec());
   job.set_precision_text(JobPrecisionText(job.spec().precision(), job.device()));
@@ -586,25 +595,103 @@ void JobManager::ReapThreadsLocked() {
 
 void JobManager::ScheduleLocked() {
   ReapThreadsLocked();
-  if (shutting_down_ || !store_writable_) return;  // read-only: the retry loop calls again
+  if (shutting_down_ || !store_writable_) return;
   for (auto& [device, queue] : queues_) {
     while (!queue.empty()) {
-      const std::shared_ptr<JobSlot>& slot = jobs_[queue.front()];
+      const std::optional<size_t> next = NextToStartLocked(queue);
+      if (!next.has_value()) break;
+      const std::shared_ptr<JobSlot> slot = jobs_[queue[*next]];
       std::string why;
       std::vector<std::string> devices = DevicesToStartLocked(*slot, &why);
       if (devices.empty()) {
-        // FIFO: the head waits, and so does everything behind it; the queue says why.
-        if (!why.empty() && slot->job.reason() != why) {
-          slot->job.set_reason(why);
-          store_->PutJob(slot->job).IgnoreError();
-        }
+        // The first in line waits, and so does everything behind it; it may ask a job of a
+        // lower priority for its slot. The queue says why.
+        if (why.empty()) why = PreemptForLocked(*slot);
+        NoteWhyQueuedLocked(*slot, why);
         break;
       }
       slot->devices = std::move(devices);
       if (!StartLocked(slot)) return;
-      queue.pop_front();
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(*next));
     }
   }
+}
+
+std::map<std::string, TeamUsage> JobManager::TeamUsageLocked() const {
+  std::map<std::string, TeamUsage> usage;
+  for (const auto& [id, slot] : jobs_) {
+    if (slot->job.state() != v1::JOB_STATE_RUNNING || slot->devices.empty()) continue;
+    TeamUsage& u = usage[slot->job.owner().team()];
+    ++u.running_jobs;
+    for (const std::string& d : slot->devices) u.gpus += d.starts_with("cuda") ? 1 : 0;
+  }
+  return usage;
+}
+
+std::optional<size_t> JobManager::NextToStartLocked(const std::deque<std::string>& queue) {
+  const std::map<std::string, TeamUsage> usage = TeamUsageLocked();
+  std::vector<QueuedJob> queued;
+  queued.reserve(queue.size());
+  for (const std::string& id : queue) {
+    const v1::Job& job = jobs_[id]->job;
+    queued.push_back({id, job.spec().priority(), job.owner().team()});
+  }
+  for (size_t i : StartOrder(queued, usage)) {
+    JobSlot& slot = *jobs_[queue[i]];
+    const auto team = usage.find(queued[i].team);
+    const std::string over =
+        QuotaBlock(queued[i].team, team == usage.end() ? TeamUsage() : team->second,
+                   GpusWanted(slot.job), options_.team_quota);
+    // A team at its quota waits; the jobs of others behind it do not.
+    if (!over.empty()) {
+      NoteWhyQueuedLocked(slot, over);
+      continue;
+    }
+    return i;
+  }
+  return std::nullopt;
+}
+
+std::string JobManager::PreemptForLocked(const JobSlot& waiting) {
+  const v1::Job& job = waiting.job;
+  // A gang needs several GPUs freed at once: it waits for them (see DevicesToStartLocked).
+  if (job.device() == "cuda" && !job.spec().external_workers()) return "";
+  std::vector<RunningJob> running;
+  for (const auto& [id, slot] : jobs_) {
+    if (slot->job.state() != v1::JOB_STATE_RUNNING || slot->devices.empty()) continue;
+    running.push_back({id, slot->job.spec().priority(), !slot->job.spec().non_preemptible(),
+                       slot->preempt || slot->stop || slot->cancel,
+                       TimestampToMillis(slot->job.start_time()), slot->devices});
+  }
+  std::string victim;
+  if (!ChoosePreemption(job.spec().priority(), job.device(), running, &victim)) return "";
+  if (victim.empty()) return "waiting for a stopping job to free its slot";
+  JobSlot& stopping = *jobs_[victim];
+  stopping.preempted_by = job.id();
+  stopping.preempt = true;
+  if (options_.on_preempt) options_.on_preempt(stopping.job, job);
+  return absl::StrCat("preempting ", victim, " (priority ",
+                      PriorityName(stopping.job.spec().priority()), ")");
+}
+
+void JobManager::NoteWhyQueuedLocked(JobSlot& slot, const std::string& why) {
+  if (why.empty() || slot.job.reason() == why) return;
+  slot.job.set_reason(why);
+  store_->PutJob(slot.job).IgnoreError();
+}
+
+void JobManager::RequeuePreemptedLocked(const std::shared_ptr<JobSlot>& slot) {
+  slot->preempt = false;
+  const std::string reason = absl::StrCat("preempted by ", slot->preempted_by);
+  if (!SetStateLocked(*slot, v1::JOB_STATE_QUEUED, reason).ok()) {
+    // The store refuses writes: it stays RUNNING there, as after a shutdown, and the next start
+    // resumes it from the checkpoint it just wrote.
+    slot->job.set_interrupted_by_shutdown(true);
+    events_.Interrupted(slot->job);
+    return;
+  }
+  queues_[slot->job.device()].push_back(slot->job.id());
+  ++queued_count_;
 }
 
 std::vector<std::string> JobManager::DevicesToStartLocked(const JobSlot& slot, std::string* why) {
@@ -678,6 +765,8 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
     // Left RUNNING in the store on purpose: the next start resumes it, not as a crash.
     slot->job.set_interrupted_by_shutdown(true);
     events_.Interrupted(slot->job);
+  } else if (slot->preempt) {
+    RequeuePreemptedLocked(slot);
   } else {
     SetOrQueueStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message()));
   }
@@ -708,7 +797,7 @@ absl::Status JobManager::RunWorkerAttempts(JobSlot& slot) {
     }
     absl::Status status =
         WorkerJobRunner(&slot, &mu_, store_, &events_, datasets_, devices, options_.workers).Run();
-    if (status.ok() || slot.cancel || slot.stop) return status;
+    if (status.ok() || slot.cancel || slot.stop || slot.preempt) return status;
     std::lock_guard<std::mutex> lock(mu_);
     if (slot.job.retries() >= slot.job.spec().max_retries() || shutting_down_) return status;
     // Again from the latest checkpoint, as a new attempt with a state event saying why.

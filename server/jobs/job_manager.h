@@ -32,6 +32,7 @@
 #include "server/jobs/metric_broadcaster.h"
 #include "server/jobs/spec_translation.h"
 #include "server/jobs/worker_job_runner.h"
+#include "server/scheduling/queue_order.h"
 
 namespace kiln::server {
 
@@ -55,6 +56,11 @@ struct JobManagerOptions {
   std::function<void(bool writable)> on_store_writable;
   // While the store refuses writes: how often the unrecorded state changes are tried again.
   absl::Duration store_retry_interval = absl::Seconds(2);
+  // What one team may run at once (--team_max_running_jobs, --team_max_gpus; 0: no limit).
+  TeamQuota team_quota;
+  // Called (under the manager's lock: it must not call back) when `waiting` asks `preempted` to
+  // stop for its slot: metrics and the event log.
+  std::function<void(const v1::Job& preempted, const v1::Job& waiting)> on_preempt;
   // Jobs of several workers (JobSpec.workers): how they are started and coordinated. Without a
   // registry (workers.registry null) such jobs are refused at Submit.
   WorkerRunnerOptions workers;
@@ -144,6 +150,19 @@ class JobManager {
   // all pass, the store is writable again and queued jobs start.
   void StoreRetryLoop();
   void ScheduleLocked();
+  // Who runs what, by team, over every device.
+  std::map<std::string, TeamUsage> TeamUsageLocked() const;
+  // The index in `queue` of the job to start next (StartOrder), skipping those whose team is at
+  // its quota (each then says so); nullopt when none may.
+  std::optional<size_t> NextToStartLocked(const std::deque<std::string>& queue);
+  // Asks a running job of a lower priority on `waiting`'s device to stop for it
+  // (ChoosePreemption); why `waiting` still waits, or empty when it preempts none.
+  std::string PreemptForLocked(const JobSlot& waiting);
+  // Records why a queued job waits (Job.reason), when it changed.
+  void NoteWhyQueuedLocked(JobSlot& slot, const std::string& why);
+  // A preempted job back in its queue (QUEUED, "preempted by JOB"), to resume from the
+  // checkpoint it wrote on stopping.
+  void RequeuePreemptedLocked(const std::shared_ptr<JobSlot>& slot);
   // False (nothing changed) when the store refused the job's RUNNING state.
   bool StartLocked(const std::shared_ptr<JobSlot>& slot);
   // Runs one attempt (JobRunner) on the slot's thread, then records how it ended.

@@ -113,6 +113,7 @@ absl::Status JobRunner::Run() {
                         CreateJobTrainer(config, backend.get(), data));
   KILN_RETURN_IF_ERROR(Resume(*trainer));
   if (slot_->stop) return absl::AbortedError("kilnd is shutting down");
+  if (slot_->preempt) return absl::AbortedError("preempted before its first step");
   events_->TrainingStarted(job_id, spec, epochs_);
 
   TrainingRun run(policy, config.batch_size, data.TrainSize(), best_so_far, this);
@@ -143,6 +144,7 @@ absl::StatusOr<RunCommands> JobRunner::Commands(Trainer&) {
   commands.checkpoint = slot_->checkpoint_wanted.exchange(false);
   commands.stop = slot_->stop.load();
   commands.cancel = slot_->cancel.load();
+  commands.preempt = slot_->preempt.load();
   return commands;
 }
 

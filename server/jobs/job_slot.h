@@ -29,6 +29,10 @@ struct JobSlot {
   int64_t next_seq = 1;  // guarded
   std::atomic<bool> cancel{false};
   std::atomic<bool> stop{false};  // daemon shutdown: checkpoint and stop, stay RUNNING
+  // A higher-priority job (preempted_by, guarded) wants the device: checkpoint, stop, and queue
+  // again, to resume from that checkpoint.
+  std::atomic<bool> preempt{false};
+  std::string preempted_by;
   std::atomic<bool> checkpoint_wanted{false};
   std::vector<CheckpointDone> checkpoint_waiters;  // guarded
   // A state change the store refused (a full disk): the job keeps its recorded state, in memory

@@ -705,6 +705,11 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
   config.batch_size = batch_size;
   config.seed = spec.seed();
   KILN_ASSIGN_OR_RETURN(config.precision, TranslatePrecision(spec.precision()));
+  if (!v1::Priority_IsValid(spec.priority())) {
+    return Invalid("spec.priority",
+                   absl::StrCat("unknown priority ", spec.priority(),
+                                " (PRIORITY_LOW, PRIORITY_NORMAL or PRIORITY_HIGH)"));
+  }
   if (spec.has_normalization()) {
     KILN_ASSIGN_OR_RETURN(config.norm, TranslateNorm(spec.normalization()));
   }

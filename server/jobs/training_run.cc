@@ -83,6 +83,14 @@ absl::Status TrainingRun::AfterStep(Trainer& trainer) {
     return absl::CancelledError(
         absl::StrCat("cancelled at global step ", trainer.position().global_step));
   }
+  if (commands.preempt) {
+    // Without this checkpoint the requeued job would start over: a failure fails the job.
+    KILN_RETURN_IF_ERROR(WithContext(host_->WriteCheckpoint(trainer, v1::CHECKPOINT_KIND_PREEMPTED),
+                                     "checkpoint on preemption"));
+    KILN_RETURN_IF_ERROR(host_->BeforeStopping());
+    return absl::AbortedError(
+        absl::StrCat("preempted at global step ", trainer.position().global_step));
+  }
   return absl::OkStatus();
 }
 

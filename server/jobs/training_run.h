@@ -42,6 +42,9 @@ struct RunCommands {
   bool checkpoint = false;  // write an on-demand checkpoint, then go on
   bool stop = false;        // kilnd is shutting down: keep where the run got to, stop
   bool cancel = false;      // the job was cancelled: the same, as a cancel
+  // A higher-priority job wants the device: a checkpoint whatever the policy (the job resumes
+  // from it), then stop.
+  bool preempt = false;
 };
 
 // What differs between the callers of a TrainingRun. Called on the training thread.

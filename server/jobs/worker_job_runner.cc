@@ -478,7 +478,9 @@ absl::Status WorkerJobRunner::Supervise(WorkerAttempt& attempt, bool external) {
           " did not join within ",
           absl::FormatDuration(external ? options_.external_join_timeout : options_.join_timeout)));
     }
-    if (!told_to_stop && (slot_->cancel || slot_->stop)) {
+    // A preemption stops the workers as a shutdown does (their policy's checkpoint, then stop):
+    // the gang goes back to the queue as one unit.
+    if (!told_to_stop && (slot_->cancel || slot_->stop || slot_->preempt)) {
       (slot_->cancel ? cancel_sent_ : stop_sent_) = true;  // before rank 0 can act on it
       attempt.Command(slot_->cancel ? v1::WorkerCommand::ACTION_CANCEL
                                     : v1::WorkerCommand::ACTION_STOP);

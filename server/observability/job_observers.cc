@@ -6,12 +6,14 @@ namespace kiln::server {
 
 void JobMetricsObserver::OnRecovered(const v1::Job& job) {
   metrics_->JobStateChanged(job.id(), v1::JOB_STATE_UNSPECIFIED, job.state());
+  metrics_->JobQueueChanged(job, v1::JOB_STATE_UNSPECIFIED);
 }
 
 void JobMetricsObserver::OnSubmitted(const v1::Job&) { metrics_->JobSubmitted(); }
 
 void JobMetricsObserver::OnStateChanged(const v1::Job& job, v1::JobState from) {
   metrics_->JobStateChanged(job.id(), from, job.state());
+  metrics_->JobQueueChanged(job, from);
 }
 
 void JobMetricsObserver::OnTrainingStarted(const std::string& job_id, const v1::JobSpec& spec,

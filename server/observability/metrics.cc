@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "engine/trainer.h"
 #include "server/jobs/job_vocabulary.h"
+#include "server/scheduling/queue_order.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -68,6 +69,20 @@ const Histogram::BucketBoundaries& CheckpointBuckets() {
       0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
   return *b;
 }
+// A job waits from a second (a free slot) to days (a busy GPU node).
+const Histogram::BucketBoundaries& QueueWaitBuckets() {
+  static const auto* b = new Histogram::BucketBoundaries{
+      0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 24 * 3600};
+  return *b;
+}
+
+// The labels of a job's place in the queues.
+std::map<std::string, std::string> QueueLabels(const v1::Job& job) {
+  const std::string& team = job.owner().team();
+  return {{"priority", PriorityName(job.spec().priority())},
+          {"team", team.empty() ? "none" : team}};
+}
+
 const Histogram::BucketBoundaries& BatchBuckets() {
   static const auto* b =
       new Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
@@ -344,6 +359,14 @@ Metrics::Metrics(MetricsOptions options)
   checkpoint_bytes_ =
       Declare(BuildGauge(), r, "kiln_checkpoint_bytes", "Size of the job's latest checkpoint.");
 
+  queued_jobs_ = Declare(BuildGauge(), r, "kiln_queued_jobs",
+                         "Jobs waiting in a device's queue, by priority and team.");
+  queue_wait_ = Declare(BuildHistogram(), r, "kiln_queue_wait_seconds",
+                        "Time from a job's (re)queueing to its start, by priority and team.");
+  preemptions_ =
+      Declare(BuildCounter(), r, "kiln_preemptions_total",
+              "Running jobs asked to stop for a higher-priority one, by their priority.");
+
   inference_requests_ = Declare(BuildCounter(), r, "kiln_inference_requests_total",
                                 "Inference requests, by model, version and status code.");
   inference_duration_ = Declare(BuildHistogram(), r, "kiln_inference_request_duration_seconds",
@@ -356,6 +379,10 @@ Metrics::Metrics(MetricsOptions options)
   build_info_
       ->Add({{"version", KILN_VERSION}, {"cuda", KILN_CUDA_VERSION}, {"cudnn", KILN_CUDNN_VERSION}})
       .Set(1);
+  // Zero from the start, so a dashboard shows "no preemptions" rather than no data.
+  for (v1::Priority p : {v1::PRIORITY_LOW, v1::PRIORITY_NORMAL, v1::PRIORITY_HIGH}) {
+    preemptions_->Add({{"priority", PriorityName(p)}});
+  }
   for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
                          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
     jobs_by_state_[s] = &jobs_->Add({{"state", JobStateLabel(s)}});
@@ -447,6 +474,31 @@ void Metrics::JobStateChanged(const std::string& job_id, v1::JobState from, v1::
     s->expires = absl::Now() + options_.job_retention;
     reaper_cv_.notify_all();
   }
+}
+
+void Metrics::JobQueueChanged(const v1::Job& job, v1::JobState from) {
+  const bool was = from == v1::JOB_STATE_QUEUED;
+  const bool is = job.state() == v1::JOB_STATE_QUEUED;
+  if (was == is) return;
+  const std::map<std::string, std::string> labels = QueueLabels(job);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (is) {
+    queued_jobs_->Add(labels).Increment();
+    queued_since_[job.id()] = absl::Now();
+    return;
+  }
+  queued_jobs_->Add(labels).Decrement();
+  auto since = queued_since_.find(job.id());
+  if (since == queued_since_.end()) return;
+  if (job.state() == v1::JOB_STATE_RUNNING) {
+    queue_wait_->Add(labels, QueueWaitBuckets())
+        .Observe(absl::ToDoubleSeconds(absl::Now() - since->second));
+  }
+  queued_since_.erase(since);
+}
+
+void Metrics::JobPreempted(const v1::Job& job) {
+  preemptions_->Add({{"priority", PriorityName(job.spec().priority())}}).Increment();
 }
 
 Metrics::JobSeries* Metrics::FindJobLocked(const std::string& job_id) {

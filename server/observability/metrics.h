@@ -123,6 +123,12 @@ class Metrics {
   // A job moved from `from` (UNSPECIFIED for a job just created or loaded) to `to`. Final states
   // count a completion and start the retention clock of the job's series; a new run stops it.
   void JobStateChanged(const std::string& job_id, v1::JobState from, v1::JobState to);
+  // Who waits: kiln_queued_jobs{priority, team} as `job` (already in its new state) enters or
+  // leaves QUEUED, and on leaving it for RUNNING, how long it waited
+  // (kiln_queue_wait_seconds{priority, team}). Teams come from the token file: bounded.
+  void JobQueueChanged(const v1::Job& job, v1::JobState from);
+  // A higher-priority job asked `job` to stop for its slot: kiln_preemptions_total{priority}.
+  void JobPreempted(const v1::Job& job);
 
   // --- training, per job ----------------------------------------------------------------------
   // A run of the job begins: its series (labels job_id, model) exist from now on.
@@ -201,6 +207,9 @@ class Metrics {
   // Process-wide families.
   prometheus::Family<prometheus::Gauge>* build_info_;
   prometheus::Family<prometheus::Gauge>* jobs_;
+  prometheus::Family<prometheus::Gauge>* queued_jobs_;
+  prometheus::Family<prometheus::Histogram>* queue_wait_;
+  prometheus::Family<prometheus::Counter>* preemptions_;
   prometheus::Family<prometheus::Counter>* job_submissions_;
   prometheus::Family<prometheus::Counter>* job_completions_;
   prometheus::Family<prometheus::Counter>* grpc_requests_;
@@ -246,6 +255,7 @@ class Metrics {
   std::map<std::string, std::unique_ptr<JobSeries>> jobs_series_;  // guarded by mu_
   std::set<std::string> grpc_methods_;                             // guarded by mu_
   std::set<std::string> inference_models_;                         // guarded by mu_
+  std::map<std::string, absl::Time> queued_since_;                 // guarded by mu_
   // Apart from mu_, so a scrape reading the queues never holds up the per-request updates.
   mutable std::mutex queue_source_mu_;
   std::function<std::vector<InferenceQueueDepth>()> queue_source_;  // guarded by queue_source_mu_

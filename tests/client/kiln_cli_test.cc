@@ -438,8 +438,9 @@ TEST_F(KilnCliTest, ACheckpointKindIsSpelledTheSameInTheTableThePathTheWatchAndK
   EXPECT_THAT(none.out, HasSubstr("no checkpoints of those kinds"));
   RunResult hyphen = Kiln({"checkpoints", id, "--kind", "on-demand"}, slow_);
   EXPECT_EQ(hyphen.exit_code, 2);
-  EXPECT_THAT(hyphen.err,
-              HasSubstr("expected periodic, best, on_demand, shutdown, final or cancel"));
+  EXPECT_THAT(
+      hyphen.err,
+      HasSubstr("expected periodic, best, on_demand, shutdown, final, cancel or preempted"));
 }
 
 TEST_F(KilnCliTest, CancelStopsARunningJobAndWatchThenExitsOne) {

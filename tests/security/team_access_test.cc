@@ -119,6 +119,20 @@ TEST_F(TeamAccessTest, AViewerReadsItsTeamsJobsButChangesNothing) {
   ASSERT_OK(Cancel(kAlice, job.id()));
 }
 
+TEST_F(TeamAccessTest, OnlyAnAdminSubmitsAJobNoOneMayPreempt) {
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_preset("mnist-mlp");
+  request.mutable_spec()->set_dataset("toy");
+  request.mutable_spec()->set_epochs(1);
+  request.mutable_spec()->set_non_preemptible(true);
+  v1::Job job;
+  grpc::Status refused = stub_->SubmitJob(ContextWithToken(kAlice).get(), request, &job);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("spec.non_preemptible: only an admin"));
+  ASSERT_OK(stub_->SubmitJob(ContextWithToken(kRoot).get(), request, &job));
+  EXPECT_TRUE(job.spec().non_preemptible());
+}
+
 TEST_F(TeamAccessTest, AnotherTeamsJobIsNotFoundAndAnAdminSeesAndChangesIt) {
   v1::Job job;
   ASSERT_OK(Submit(kAlice, &job));
@@ -153,8 +167,9 @@ TEST_F(TeamAccessTest, AnotherTeamsJobIsNotFoundAndAnAdminSeesAndChangesIt) {
   EXPECT_THAT(log, HasSubstr(absl::StrCat("user=carol team=speech role=member action=cancel_job "
                                           "object=",
                                           job.id(), " outcome=NOT_FOUND")));
-  EXPECT_THAT(log, HasSubstr(absl::StrCat("user=root team=\"\" role=admin action=cancel_job object=",
-                                          job.id(), " outcome=ok")));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(
+                       "user=root team=\"\" role=admin action=cancel_job object=", job.id(),
+                       " outcome=ok")));
   EXPECT_THAT(log, HasSubstr(absl::StrCat("user=alice team=vision role=member action=submit_job "
                                           "object=",
                                           job.id(), " outcome=ok")));
