@@ -90,10 +90,13 @@ int ClampedMillis(absl::Duration d) {
 // The limits and sizes a client or the machine bounds; raises the open-file limit to its hard
 // limit on the way.
 absl::Status CheckLimits(const DaemonOptions& options) {
-  if (options.team_quota.max_running_jobs < 0 || options.team_quota.max_gpus < 0) {
+  if (options.team_quota.max_running_jobs < 0 || options.team_quota.max_gpus < 0 ||
+      options.team_max_storage_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--team_max_running_jobs and --team_max_gpus: must be 0 (no limit) or more, got ",
-        options.team_quota.max_running_jobs, " and ", options.team_quota.max_gpus));
+        "--team_max_running_jobs, --team_max_gpus and --team_max_storage_bytes: must be 0 (no "
+        "limit) or more, got ",
+        options.team_quota.max_running_jobs, ", ", options.team_quota.max_gpus, " and ",
+        options.team_max_storage_bytes));
   }
   // Every limit must let something through; a zero would refuse all work in confusing ways.
   const std::pair<const char*, int64_t> limits[] = {
@@ -363,7 +366,13 @@ absl::Status Daemon::StartJobs() {
                                           manager_options);
   KILN_RETURN_IF_ERROR(manager_->Recover());
   audit_ = std::make_unique<AuditLog>(log_.get());
-  access_ = std::make_unique<JobAccess>(manager_.get(), datasets_.get(), audit_.get());
+  JobAccessOptions access_options;
+  access_options.team_max_storage_bytes = options_.team_max_storage_bytes;
+  access_options.on_storage_refusal = [metrics = metrics_.get()](const std::string& team) {
+    metrics->QuotaRefused(team, "storage");
+  };
+  access_ = std::make_unique<JobAccess>(manager_.get(), datasets_.get(), audit_.get(),
+                                        std::move(access_options));
   service_ = std::make_unique<TrainingService>(access_.get(), datasets_.get(), broadcaster_.get(),
                                                options_.max_streams, auth_tokens_ != nullptr);
   workers_service_ =
@@ -377,6 +386,10 @@ void Daemon::StartServing() {
   serving::ModelRepositoryOptions models;
   models.resolver = serving::MakeJobCheckpointResolver(
       [m = manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
+  // A served version belongs to the team of the job it was trained by.
+  models.sees_source = [access = access_.get()](const Caller& caller, const std::string& source) {
+    return access->SeesModelSource(caller, source);
+  };
   models.max_batch_size_limit = options_.max_deploy_batch_size;
   models.max_memory_bytes = options_.limits.max_job_memory_bytes;
   models.max_total_memory_bytes = options_.max_serving_memory_bytes;

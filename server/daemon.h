@@ -59,7 +59,8 @@ struct DaemonOptions {
   int max_jobs_per_device = 1;
   int max_crash_resumes = 3;  // see JobManagerOptions
   int max_queued_jobs = 1000;
-  TeamQuota team_quota;  // what one team runs at once (0: no limit)
+  TeamQuota team_quota;                // what one team runs at once (0: no limit)
+  int64_t team_max_storage_bytes = 0;  // datasets and checkpoints one team keeps (0: no limit)
   int64_t max_upload_bytes = int64_t{512} << 20;
   int max_message_bytes = 16 << 20;
   // Connections (server/grpc/connection_guard.h): at most max_connections open, none taking the
@@ -189,9 +190,11 @@ class Daemon {
   std::unique_ptr<DatasetCatalog> datasets_;
   // Attempts of jobs of several workers and their tokens; outlives the manager and the service.
   std::unique_ptr<WorkerRegistry> worker_registry_;
-  std::unique_ptr<JobManager> manager_;
+  // Declared before the manager, so they outlive its training threads, which answer (and so
+  // audit) checkpoint requests until they stop.
   std::unique_ptr<AuditLog> audit_;
   std::unique_ptr<JobAccess> access_;  // the jobs core as each caller sees it
+  std::unique_ptr<JobManager> manager_;
   std::unique_ptr<TrainingService> service_;
   std::unique_ptr<WorkersService> workers_service_;
   std::unique_ptr<HealthService> health_service_;  // above server_: outlives its calls

@@ -32,6 +32,9 @@ ABSL_FLAG(int, max_queued_jobs, 1000, "jobs waiting at once; more are refused");
 ABSL_FLAG(int, team_max_running_jobs, 0,
           "jobs one team (the token file's team=) runs at once; more wait (0: no limit)");
 ABSL_FLAG(int, team_max_gpus, 0, "GPUs one team's running jobs hold at once (0: no limit)");
+ABSL_FLAG(int64_t, team_max_storage_bytes, 0,
+          "bytes of datasets and checkpoints one team keeps; past it its uploads, submissions and "
+          "resumes are refused (0: no limit)");
 ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20,
           "size limit of one dataset upload, counted after decompression");
 ABSL_FLAG(int64_t, max_parameters, 50'000'000, "largest model accepted, in parameters");
@@ -206,6 +209,7 @@ absl::StatusOr<kiln::server::DaemonOptions> OptionsFromFlags() {
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.team_quota.max_running_jobs = absl::GetFlag(FLAGS_team_max_running_jobs);
   options.team_quota.max_gpus = absl::GetFlag(FLAGS_team_max_gpus);
+  options.team_max_storage_bytes = absl::GetFlag(FLAGS_team_max_storage_bytes);
   options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
   options.limits.max_parameters = absl::GetFlag(FLAGS_max_parameters);
   options.limits.max_layers = absl::GetFlag(FLAGS_max_layers);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
 #include "common/status_macros.h"
 
 namespace kiln::server {
@@ -35,6 +36,27 @@ T JobAccess::Audited(const Caller& caller, Action action, const std::string& obj
   return outcome;
 }
 
+absl::Status JobAccess::CheckStorage(const Caller& caller, int64_t adding) {
+  const int64_t quota = options_.team_max_storage_bytes;
+  if (quota <= 0 || caller.team.empty()) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(const int64_t checkpoints, manager_->CheckpointBytesOfTeam(caller.team));
+  KILN_ASSIGN_OR_RETURN(const std::vector<v1::Dataset> all, datasets_->List());
+  int64_t datasets = 0;
+  for (const v1::Dataset& d : all) {
+    if (d.owner().team() == caller.team) datasets += d.size_bytes();
+  }
+  const int64_t stored = checkpoints + datasets;
+  // At the quota a job would still write checkpoints: refused too, not only past it.
+  if (adding > 0 ? stored + adding <= quota : stored < quota) return absl::OkStatus();
+  if (options_.on_storage_refusal) options_.on_storage_refusal(caller.team);
+  return absl::ResourceExhaustedError(
+      absl::StrCat("team ", caller.team, " stores ", FormatBytes(stored), " (datasets ",
+                   FormatBytes(datasets), ", checkpoints ", FormatBytes(checkpoints), ")",
+                   adding > 0 ? absl::StrCat(" and this upload adds ", FormatBytes(adding)) : "",
+                   "; its quota is ", FormatBytes(quota),
+                   " (--team_max_storage_bytes): delete datasets or checkpoints, or ask an admin"));
+}
+
 absl::StatusOr<v1::Job> JobAccess::Visible(const Caller& caller, const std::string& job_id) {
   absl::StatusOr<v1::Job> job = manager_->Get(job_id);
   if (job.ok() && !Sees(caller, job->owner().team())) return JobNotFound(job_id);
@@ -63,6 +85,7 @@ absl::StatusOr<v1::Job> JobAccess::Submit(const Caller& caller, const v1::JobSpe
                      "(user \"",
                      caller.user, "\" is a ", std::string(RoleName(caller.role)), ")"));
   }
+  if (allowed.ok()) allowed = CheckStorage(caller, 0);
   if (!allowed.ok()) {
     return Audited<absl::StatusOr<v1::Job>>(caller, Action::kSubmitJob, object, allowed);
   }
@@ -99,6 +122,9 @@ absl::StatusOr<v1::Job> JobAccess::Cancel(const Caller& caller, const std::strin
 absl::StatusOr<v1::Job> JobAccess::Resume(const Caller& caller, const std::string& job_id,
                                           int epochs, int64_t checkpoint_id) {
   KILN_RETURN_IF_ERROR(MayChangeJob(caller, Action::kResumeJob, job_id));
+  if (absl::Status s = CheckStorage(caller, 0); !s.ok()) {
+    return Audited<absl::StatusOr<v1::Job>>(caller, Action::kResumeJob, job_id, s);
+  }
   return Audited(caller, Action::kResumeJob, job_id,
                  manager_->Resume(job_id, epochs, checkpoint_id));
 }
@@ -162,6 +188,12 @@ absl::Status JobAccess::MayDeployFrom(const Caller& caller, const std::string& s
   return AuthorizeOn(caller, Action::kDeploy, job.owner().team());
 }
 
+bool JobAccess::SeesModelSource(const Caller& caller, const std::string& source) {
+  if (caller.role == Role::kAdmin) return true;
+  const std::string job_id = source.substr(0, source.find('@'));
+  return !job_id.empty() && Visible(caller, job_id).ok();
+}
+
 absl::StatusOr<std::vector<v1::Dataset>> JobAccess::ListDatasets(const Caller& caller) {
   KILN_RETURN_IF_ERROR(Authorize(caller, Action::kRead));
   KILN_ASSIGN_OR_RETURN(std::vector<v1::Dataset> all, datasets_->List());
@@ -186,12 +218,17 @@ absl::Status JobAccess::DeleteDataset(const Caller& caller, const std::string& n
 
 absl::Status JobAccess::AuthorizeUpload(const Caller& caller, const std::string& name) {
   absl::Status allowed = Authorize(caller, Action::kUploadDataset);
+  if (allowed.ok()) allowed = CheckStorage(caller, 0);
   if (!allowed.ok()) audit_->Record(caller, Action::kUploadDataset, "dataset " + name, allowed);
   return allowed;
 }
 
 absl::StatusOr<v1::Dataset> JobAccess::CommitUpload(const Caller& caller, const std::string& name,
                                                     DatasetUpload& upload) {
+  if (absl::Status s = CheckStorage(caller, upload.stored_bytes()); !s.ok()) {
+    return Audited<absl::StatusOr<v1::Dataset>>(caller, Action::kUploadDataset, "dataset " + name,
+                                                s);
+  }
   upload.set_owner(OwnerOf(caller));
   return Audited(caller, Action::kUploadDataset, "dataset " + name, upload.Commit());
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,11 +23,21 @@
 
 namespace kiln::server {
 
+struct JobAccessOptions {
+  // What one team may store, its uploaded datasets and its jobs' checkpoints together
+  // (--team_max_storage_bytes; 0: no limit). Past it, uploads, submissions and resumes of that
+  // team are RESOURCE_EXHAUSTED naming the quota; running jobs go on.
+  int64_t team_max_storage_bytes = 0;
+  // Called for each call a team quota refused, with the team: kiln_quota_refusals_total.
+  std::function<void(const std::string& team)> on_storage_refusal;
+};
+
 // Thread-safe. The manager, the catalog and the audit log must outlive it.
 class JobAccess {
  public:
-  JobAccess(JobManager* manager, const DatasetCatalog* datasets, AuditLog* audit)
-      : manager_(manager), datasets_(datasets), audit_(audit) {}
+  JobAccess(JobManager* manager, const DatasetCatalog* datasets, AuditLog* audit,
+            JobAccessOptions options = {})
+      : manager_(manager), datasets_(datasets), audit_(audit), options_(std::move(options)) {}
 
   absl::StatusOr<v1::Job> Submit(const Caller& caller, const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> Get(const Caller& caller, const std::string& job_id);
@@ -54,6 +65,9 @@ class JobAccess {
   // OK for a source that names no job (the model repository refuses it). Not audited: the
   // deployment is, with its outcome.
   absl::Status MayDeployFrom(const Caller& caller, const std::string& source);
+  // Whether the caller sees a model version served from `source` (its pinned "JOB@17"): it sees
+  // the job. A model with no version in memory (empty source) only an admin sees.
+  bool SeesModelSource(const Caller& caller, const std::string& source);
 
   // The datasets the caller sees: its team's and those of no team (every one for an admin).
   absl::StatusOr<std::vector<v1::Dataset>> ListDatasets(const Caller& caller);
@@ -69,6 +83,9 @@ class JobAccess {
   absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& job_id);
   // Visible, then AuthorizeOn for `action`; audited when refused.
   absl::Status MayChangeJob(const Caller& caller, Action action, const std::string& job_id);
+  // OK while the caller's team stores no more than its quota with `adding` more bytes;
+  // ResourceExhausted naming the quota and what the team stores otherwise.
+  absl::Status CheckStorage(const Caller& caller, int64_t adding);
   // `outcome`, audited.
   template <typename T>
   T Audited(const Caller& caller, Action action, const std::string& object, T outcome);
@@ -76,6 +93,7 @@ class JobAccess {
   JobManager* const manager_;
   const DatasetCatalog* const datasets_;
   AuditLog* const audit_;
+  const JobAccessOptions options_;
 };
 
 }  // namespace kiln::server

@@ -119,6 +119,8 @@ class DatasetUpload {
   // Checks every expected file was finished and the files agree, writes the dataset's manifest,
   // and publishes the folder under its name with one rename that never replaces anything.
   absl::StatusOr<v1::Dataset> Commit();
+  // Bytes received so far, as stored (compressed files count compressed).
+  int64_t stored_bytes() const { return stored_bytes_; }
   // Who uploads it (Dataset.owner), written beside its files by Commit.
   void set_owner(v1::Owner owner) { owner_ = std::move(owner); }
 

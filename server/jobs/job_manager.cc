@@ -681,7 +681,6 @@ void JobManager::NoteWhyQueuedLocked(JobSlot& slot, const std::string& why) {
 }
 
 void JobManager::RequeuePreemptedLocked(const std::shared_ptr<JobSlot>& slot) {
-  slot->preempt = false;
   const std::string reason = absl::StrCat("preempted by ", slot->preempted_by);
   if (!SetStateLocked(*slot, v1::JOB_STATE_QUEUED, reason).ok()) {
     // The store refuses writes: it stays RUNNING there, as after a shutdown, and the next start
@@ -755,6 +754,9 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
   std::lock_guard<std::mutex> lock(mu_);
   waiters.swap(slot->checkpoint_waiters);
   slot->checkpoint_wanted = false;
+  // Cleared whatever the outcome: a preemption that a success, a cancel or a shutdown overtook
+  // must not stop the job's next run.
+  const bool preempted = slot->preempt.exchange(false);
   // A final state the store refuses is retried until recorded; until then the job is RUNNING,
   // as the store says, and a restart resumes it.
   if (status.ok()) {
@@ -765,7 +767,7 @@ void JobManager::RunJob(std::shared_ptr<JobSlot> slot) {
     // Left RUNNING in the store on purpose: the next start resumes it, not as a crash.
     slot->job.set_interrupted_by_shutdown(true);
     events_.Interrupted(slot->job);
-  } else if (slot->preempt) {
+  } else if (preempted) {
     RequeuePreemptedLocked(slot);
   } else {
     SetOrQueueStateLocked(*slot, v1::JOB_STATE_FAILED, std::string(status.message()));

@@ -125,6 +125,11 @@ class JobManager {
   // FailedPrecondition for a job that runs in kilnd's process.
   absl::StatusOr<std::string> WorkerToken(const std::string& job_id);
 
+  // The bytes of the checkpoints `team`'s jobs keep (JobStore::CheckpointBytesOfTeam).
+  absl::StatusOr<int64_t> CheckpointBytesOfTeam(const std::string& team) {
+    return store_->CheckpointBytesOfTeam(team);
+  }
+
   // Whether the store took the last write tried (false: read-only until it does again).
   bool store_writable();
 

@@ -918,19 +918,24 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::EventsPage(const std::string
 
 absl::StatusOr<int64_t> JobStore::MaxSeq(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement s(db_,
-              "SELECT MAX(m) FROM ("
-              "SELECT MAX(seq) AS m FROM state_changes WHERE job_id = ?1 UNION ALL "
-              "SELECT MAX(seq) FROM step_metrics WHERE job_id = ?1 UNION ALL "
-              "SELECT MAX(seq) FROM epoch_metrics WHERE job_id = ?1 UNION ALL "
-              "SELECT MAX(seq) FROM checkpoints WHERE job_id = ?1)");
+  return QueryInt64Locked(
+      "SELECT MAX(m) FROM ("
+      "SELECT MAX(seq) AS m FROM state_changes WHERE job_id = ?1 UNION ALL "
+      "SELECT MAX(seq) FROM step_metrics WHERE job_id = ?1 UNION ALL "
+      "SELECT MAX(seq) FROM epoch_metrics WHERE job_id = ?1 UNION ALL "
+      "SELECT MAX(seq) FROM checkpoints WHERE job_id = ?1)",
+      job_id);
+}
+
+absl::StatusOr<int64_t> JobStore::QueryInt64Locked(const char* sql, const std::string& arg) {
+  Statement s(db_, sql);
   KILN_RETURN_IF_ERROR(s.status());
-  s.Bind(1, job_id);
+  s.Bind(1, arg);
   absl::Status status;
-  int64_t max_seq = 0;
-  if (s.Step(&status)) max_seq = s.Int(0);
+  int64_t value = 0;  // also for a NULL (no rows to take the MAX of)
+  if (s.Step(&status)) value = s.Int(0);
   KILN_RETURN_IF_ERROR(status);
-  return max_seq;
+  return value;
 }
 
 absl::Status JobStore::InsertCheckpoint(v1::Checkpoint* c) {
@@ -987,6 +992,14 @@ absl::StatusOr<std::vector<v1::Checkpoint>> JobStore::Checkpoints(const std::str
   while (s.Step(&status)) out.push_back(CheckpointFromRow(s));
   KILN_RETURN_IF_ERROR(status);
   return out;
+}
+
+absl::StatusOr<int64_t> JobStore::CheckpointBytesOfTeam(const std::string& team) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return QueryInt64Locked(
+      "SELECT COALESCE(SUM(c.size_bytes), 0) FROM checkpoints c JOIN jobs j ON j.id = c.job_id "
+      "WHERE j.owner_team = ?1 AND c.deleted = 0",
+      team);
 }
 
 absl::Status JobStore::SetModelDeployments(const std::string& model,

@@ -92,6 +92,8 @@ class JobStore {
   absl::Status DeleteCheckpoint(int64_t checkpoint_id);
   // The job's indexed checkpoints, oldest first.
   absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(const std::string& job_id);
+  // The bytes of the indexed checkpoints of `team`'s jobs (Job.owner.team).
+  absl::StatusOr<int64_t> CheckpointBytesOfTeam(const std::string& team);
 
   // Replaces everything recorded of `model` with `versions` (oldest first; empty: the model is
   // gone), in one synced transaction.
@@ -138,6 +140,8 @@ class JobStore {
   };
   absl::Status AppendEventLocked(const std::string& job_id, const v1::JobEvent& event);
   absl::Status PutJobLocked(const v1::Job& job);
+  // The first column of the first row of `sql` with `arg` bound to ?1; 0 when there is none.
+  absl::StatusOr<int64_t> QueryInt64Locked(const char* sql, const std::string& arg);
   // Counts the step just appended and thins the job's steps when over the bound.
   absl::Status StepAppendedLocked(const std::string& job_id);
   // The job's rows in `table` (step_metrics, epoch_metrics) after one more was appended: cached

@@ -366,6 +366,9 @@ Metrics::Metrics(MetricsOptions options)
   preemptions_ =
       Declare(BuildCounter(), r, "kiln_preemptions_total",
               "Running jobs asked to stop for a higher-priority one, by their priority.");
+  quota_refusals_ = Declare(BuildCounter(), r, "kiln_quota_refusals_total",
+                            "Calls a team quota refused (uploads, submissions, resumes), by team "
+                            "and quota.");
 
   inference_requests_ = Declare(BuildCounter(), r, "kiln_inference_requests_total",
                                 "Inference requests, by model, version and status code.");
@@ -499,6 +502,10 @@ void Metrics::JobQueueChanged(const v1::Job& job, v1::JobState from) {
 
 void Metrics::JobPreempted(const v1::Job& job) {
   preemptions_->Add({{"priority", PriorityName(job.spec().priority())}}).Increment();
+}
+
+void Metrics::QuotaRefused(const std::string& team, const std::string& quota) {
+  quota_refusals_->Add({{"team", team}, {"quota", quota}}).Increment();
 }
 
 Metrics::JobSeries* Metrics::FindJobLocked(const std::string& job_id) {

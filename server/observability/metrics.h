@@ -129,6 +129,8 @@ class Metrics {
   void JobQueueChanged(const v1::Job& job, v1::JobState from);
   // A higher-priority job asked `job` to stop for its slot: kiln_preemptions_total{priority}.
   void JobPreempted(const v1::Job& job);
+  // A call of `team` refused by its `quota` ("storage"): kiln_quota_refusals_total{team, quota}.
+  void QuotaRefused(const std::string& team, const std::string& quota);
 
   // --- training, per job ----------------------------------------------------------------------
   // A run of the job begins: its series (labels job_id, model) exist from now on.
@@ -210,6 +212,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* queued_jobs_;
   prometheus::Family<prometheus::Histogram>* queue_wait_;
   prometheus::Family<prometheus::Counter>* preemptions_;
+  prometheus::Family<prometheus::Counter>* quota_refusals_;
   prometheus::Family<prometheus::Counter>* job_submissions_;
   prometheus::Family<prometheus::Counter>* job_completions_;
   prometheus::Family<prometheus::Counter>* grpc_requests_;

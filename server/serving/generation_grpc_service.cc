@@ -32,8 +32,9 @@ GenerationCall CallOf(const kiln::v1::GenerateRequest& request) {
 grpc::Status GenerationGrpcService::Generate(
     grpc::ServerContext* context, const kiln::v1::GenerateRequest* request,
     grpc::ServerWriter<kiln::v1::GenerateResponse>* writer) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  absl::StatusOr<std::unique_ptr<Generation>> g = service_->Start(CallOf(*request));
+  absl::StatusOr<server::Caller> caller = server::CallerOf(*context);
+  if (!caller.ok()) return server::ToGrpcStatus(caller.status());
+  absl::StatusOr<std::unique_ptr<Generation>> g = service_->Start(*caller, CallOf(*request));
   if (!g.ok()) return server::ToGrpcStatus(g.status());
   // Each token is written once the next is known (or generation ended), so that the last
   // response can carry the finish reason.

@@ -52,10 +52,11 @@ absl::StatusOr<std::vector<int32_t>> PromptOf(const GenerationCall& call, const 
 GenerationService::GenerationService(ModelRepository* repository, GenerationOptions options)
     : repository_(repository), options_(std::move(options)) {}
 
-absl::StatusOr<std::unique_ptr<Generation>> GenerationService::Start(const GenerationCall& call) {
+absl::StatusOr<std::unique_ptr<Generation>> GenerationService::Start(const server::Caller& caller,
+                                                                     const GenerationCall& call) {
   if (call.model.empty()) return absl::InvalidArgumentError("model_name: required");
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const ServedVersion> version,
-                        repository_->Find(call.model, call.version));
+                        repository_->FindFor(caller, call.model, call.version));
   LanguageModel* lm = version->language_model();
   if (lm == nullptr) {
     return absl::InvalidArgumentError(

@@ -91,7 +91,8 @@ class GenerationService {
   // place. InvalidArgument naming the field at fault ("text_input: character 'é' at ..."), or
   // "model \"m\" is not a language model"; NotFound / Unavailable as ModelRepository::Find;
   // RESOURCE_EXHAUSTED when max_generations are running.
-  absl::StatusOr<std::unique_ptr<Generation>> Start(const GenerationCall& call);
+  absl::StatusOr<std::unique_ptr<Generation>> Start(const server::Caller& caller,
+                                                    const GenerationCall& call);
 
   int running() const { return running_.load(); }
   const GenerationOptions& options() const { return options_; }

@@ -131,12 +131,14 @@ InferenceService::InferenceService(ModelRepository* repository, InferenceService
   if (options_.server_version.empty()) options_.server_version = KILN_VERSION;
 }
 
-absl::Status InferenceService::Infer(const inference::ModelInferRequest& request,
+absl::Status InferenceService::Infer(const server::Caller& caller,
+                                     const inference::ModelInferRequest& request,
                                      inference::ModelInferResponse* response,
                                      DynamicBatcher::RunInfo* info) const {
   if (request.model_name().empty()) return absl::InvalidArgumentError("model_name: required");
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const ServedVersion> version,
-                        repository_->Find(request.model_name(), request.model_version()));
+  KILN_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ServedVersion> version,
+      repository_->FindFor(caller, request.model_name(), request.model_version()));
   if (version->language_model() != nullptr) return InferTokens(*version, request, response);
   absl::StatusOr<PixelInput> input = DecodeInput(request, version->input_elems());
   if (!input.ok()) return Prefixed(*version, input.status());
@@ -185,11 +187,12 @@ absl::Status InferenceService::InferTokens(const ServedVersion& version,
   return absl::OkStatus();
 }
 
-absl::Status InferenceService::Metadata(const inference::ModelMetadataRequest& request,
+absl::Status InferenceService::Metadata(const server::Caller& caller,
+                                        const inference::ModelMetadataRequest& request,
                                         inference::ModelMetadataResponse* response) const {
   if (request.name().empty()) return absl::InvalidArgumentError("name: required");
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const ServedVersion> version,
-                        repository_->Find(request.name(), request.version()));
+                        repository_->FindFor(caller, request.name(), request.version()));
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> versions, repository_->Versions(request.name()));
   response->set_name(version->model());
   for (const std::string& v : versions) response->add_versions(v);
@@ -311,10 +314,11 @@ absl::Status InferenceService::UnloadModel(const inference::RepositoryModelUnloa
                                    recorded.message()));
 }
 
-absl::StatusOr<bool> InferenceService::ModelIsReady(const std::string& model,
+absl::StatusOr<bool> InferenceService::ModelIsReady(const server::Caller& caller,
+                                                    const std::string& model,
                                                     const std::string& version) const {
   if (model.empty()) return absl::InvalidArgumentError("name: required");
-  return repository_->Find(model, version).ok();
+  return repository_->FindFor(caller, model, version).ok();
 }
 
 void InferenceService::ServerInfo(inference::ServerMetadataResponse* response) const {
@@ -323,9 +327,10 @@ void InferenceService::ServerInfo(inference::ServerMetadataResponse* response) c
   response->add_extensions("model_repository");
 }
 
-void InferenceService::Index(const inference::RepositoryIndexRequest& request,
+void InferenceService::Index(const server::Caller& caller,
+                             const inference::RepositoryIndexRequest& request,
                              inference::RepositoryIndexResponse* response) const {
-  for (const ModelIndexEntry& entry : repository_->Index()) {
+  for (const ModelIndexEntry& entry : repository_->IndexFor(caller)) {
     if (request.ready() && entry.state != "READY") continue;
     auto* model = response->add_models();
     model->set_name(entry.name);
@@ -335,11 +340,12 @@ void InferenceService::Index(const inference::RepositoryIndexRequest& request,
   }
 }
 
-absl::Status InferenceService::InferCounted(const inference::ModelInferRequest& request,
+absl::Status InferenceService::InferCounted(const server::Caller& caller,
+                                            const inference::ModelInferRequest& request,
                                             inference::ModelInferResponse* response) const {
   const auto start = std::chrono::steady_clock::now();
   DynamicBatcher::RunInfo info;
-  absl::Status status = Infer(request, response, &info);
+  absl::Status status = Infer(caller, request, response, &info);
   if (options_.on_infer) {
     // Labels name only what is loaded: a client's random model and version names would each
     // make series of their own.
@@ -411,8 +417,9 @@ grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
 grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
                                           const inference::ModelReadyRequest* request,
                                           inference::ModelReadyResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  absl::StatusOr<bool> ready = ModelIsReady(request->name(), request->version());
+  absl::StatusOr<server::Caller> caller = server::CallerOf(*context);
+  if (!caller.ok()) return server::ToGrpcStatus(caller.status());
+  absl::StatusOr<bool> ready = ModelIsReady(*caller, request->name(), request->version());
   if (!ready.ok()) return server::ToGrpcStatus(ready.status());
   response->set_ready(*ready);
   return grpc::Status::OK;
@@ -429,8 +436,9 @@ grpc::Status InferenceService::ServerMetadata(grpc::ServerContext* context,
 grpc::Status InferenceService::ModelMetadata(grpc::ServerContext* context,
                                              const inference::ModelMetadataRequest* request,
                                              inference::ModelMetadataResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  absl::Status status = Metadata(*request, response);
+  absl::StatusOr<server::Caller> caller = server::CallerOf(*context);
+  if (!caller.ok()) return server::ToGrpcStatus(caller.status());
+  absl::Status status = Metadata(*caller, *request, response);
   if (!status.ok()) response->Clear();
   return server::ToGrpcStatus(status);
 }
@@ -438,8 +446,9 @@ grpc::Status InferenceService::ModelMetadata(grpc::ServerContext* context,
 grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
                                           const inference::ModelInferRequest* request,
                                           inference::ModelInferResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  absl::Status status = InferCounted(*request, response);
+  absl::StatusOr<server::Caller> caller = server::CallerOf(*context);
+  if (!caller.ok()) return server::ToGrpcStatus(caller.status());
+  absl::Status status = InferCounted(*caller, *request, response);
   if (!status.ok()) response->Clear();
   return server::ToGrpcStatus(status);
 }
@@ -447,8 +456,9 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
 grpc::Status InferenceService::RepositoryIndex(grpc::ServerContext* context,
                                                const inference::RepositoryIndexRequest* request,
                                                inference::RepositoryIndexResponse* response) {
-  if (absl::Status s = server::CallAuthStatus(*context); !s.ok()) return server::ToGrpcStatus(s);
-  Index(*request, response);
+  absl::StatusOr<server::Caller> caller = server::CallerOf(*context);
+  if (!caller.ok()) return server::ToGrpcStatus(caller.status());
+  Index(*caller, *request, response);
   return grpc::Status::OK;
 }
 

@@ -128,15 +128,18 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
                                      inference::RepositoryModelUnloadResponse* response) override;
 
   // The same calls without gRPC, for other transports (server/http), the daemon and tests. A
-  // transport's handler calls these and nothing else, so every protocol answers alike.
+  // transport's handler calls these and nothing else, so every protocol answers alike. A model
+  // the caller does not see (ModelRepositoryOptions::sees_source) is answered as an unknown one.
   bool Ready() const { return ready_.load(std::memory_order_relaxed); }
   // False, not an error, for an unknown or unloaded model or version; InvalidArgument for no name.
-  absl::StatusOr<bool> ModelIsReady(const std::string& model, const std::string& version) const;
+  absl::StatusOr<bool> ModelIsReady(const server::Caller& caller, const std::string& model,
+                                    const std::string& version) const;
   void ServerInfo(inference::ServerMetadataResponse* response) const;
-  void Index(const inference::RepositoryIndexRequest& request,
+  void Index(const server::Caller& caller, const inference::RepositoryIndexRequest& request,
              inference::RepositoryIndexResponse* response) const;
   // Infer, and its outcome counted (on_infer) as ModelInfer counts it.
-  absl::Status InferCounted(const inference::ModelInferRequest& request,
+  absl::Status InferCounted(const server::Caller& caller,
+                            const inference::ModelInferRequest& request,
                             inference::ModelInferResponse* response) const;
   // LoadModel / UnloadModel for `caller` (a member or admin: access_rules.h; the source checked
   // by check_source), announced (on_repository_change) as the RPCs announce them, and audited.
@@ -145,10 +148,11 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   absl::Status UnloadAnnounced(const server::Caller& caller,
                                const inference::RepositoryModelUnloadRequest& request);
 
-  absl::Status Infer(const inference::ModelInferRequest& request,
+  absl::Status Infer(const server::Caller& caller, const inference::ModelInferRequest& request,
                      inference::ModelInferResponse* response,
                      DynamicBatcher::RunInfo* info = nullptr) const;
-  absl::Status Metadata(const inference::ModelMetadataRequest& request,
+  absl::Status Metadata(const server::Caller& caller,
+                        const inference::ModelMetadataRequest& request,
                         inference::ModelMetadataResponse* response) const;
   absl::Status LoadModel(const inference::RepositoryModelLoadRequest& request);
   absl::Status UnloadModel(const inference::RepositoryModelUnloadRequest& request);

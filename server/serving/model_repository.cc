@@ -404,7 +404,7 @@ absl::Status ModelRepository::Unload(const std::string& model, const std::string
   if (it == models_.end()) {
     // Unloading twice changes nothing.
     if (unloaded_.count(model) > 0 || was_unavailable) return absl::OkStatus();
-    return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
+    return UnknownModel(model);
   }
   Model& m = it->second;
   if (version.empty()) {
@@ -435,6 +435,22 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::Find(
   if (const int64_t found = FindVersionLocked(m, version); found != 0) return m.versions.at(found);
   return absl::NotFoundError(absl::StrCat("model \"", model, "\" has no version \"", version,
                                           "\" (versions: ", VersionList(m), ")"));
+}
+
+absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::FindFor(
+    const server::Caller& caller, const std::string& model, const std::string& version) const {
+  if (!options_.sees_source) return Find(model, version);
+  absl::StatusOr<std::shared_ptr<const ServedVersion>> newest = Find(model, "");
+  if (!options_.sees_source(caller, newest.ok() ? (*newest)->source() : "")) {
+    return UnknownModel(model);
+  }
+  absl::StatusOr<std::shared_ptr<const ServedVersion>> found = Find(model, version);
+  if (found.ok() && !options_.sees_source(caller, (*found)->source())) return UnknownModel(model);
+  return found;
+}
+
+absl::Status ModelRepository::UnknownModel(const std::string& model) {
+  return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
 }
 
 void ModelRepository::MarkUnavailable(const std::string& model, const std::string& version,
@@ -505,24 +521,35 @@ absl::StatusOr<const ModelRepository::Model*> ModelRepository::FindModelLocked(
     return absl::UnavailableError(
         absl::StrCat("model \"", model, "\" version \"", version, "\" is unavailable: ", reason));
   }
-  return absl::NotFoundError(absl::StrCat("unknown model \"", model, "\""));
+  return UnknownModel(model);
 }
 
 std::vector<ModelIndexEntry> ModelRepository::Index() const {
   std::vector<ModelIndexEntry> index;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [name, model] : models_) {
-    for (const auto& [n, v] : model.versions) index.push_back({name, v->version(), "READY", ""});
+    for (const auto& [n, v] : model.versions) {
+      index.push_back({name, v->version(), "READY", "", v->source()});
+    }
   }
-  for (const std::string& name : unloaded_) index.push_back({name, "", "UNAVAILABLE", "unloaded"});
+  for (const std::string& name : unloaded_)
+    index.push_back({name, "", "UNAVAILABLE", "unloaded", ""});
   for (const auto& [name, versions] : unavailable_) {
     for (const auto& [label, reason] : versions) {
-      index.push_back({name, label, "UNAVAILABLE", reason});
+      index.push_back({name, label, "UNAVAILABLE", reason, ""});
     }
   }
   std::stable_sort(
       index.begin(), index.end(),
       [](const ModelIndexEntry& a, const ModelIndexEntry& b) { return a.name < b.name; });
+  return index;
+}
+
+std::vector<ModelIndexEntry> ModelRepository::IndexFor(const server::Caller& caller) const {
+  std::vector<ModelIndexEntry> index = Index();
+  if (!options_.sees_source) return index;
+  std::erase_if(index,
+                [&](const ModelIndexEntry& e) { return !options_.sees_source(caller, e.source); });
   return index;
 }
 

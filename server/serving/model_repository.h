@@ -19,6 +19,7 @@
 #include "engine/backend_registry.h"
 #include "engine/precision.h"
 #include "engine/tensor.h"
+#include "server/access/caller.h"
 #include "server/serving/dynamic_batcher.h"
 #include "server/serving/language_model.h"
 #include "server/serving/serving_memory_budget.h"
@@ -95,6 +96,10 @@ struct ModelRepositoryOptions {
   // same plan; a load that would go past it is RESOURCE_EXHAUSTED (ServingMemoryBudget). kilnd
   // passes --max_serving_memory_bytes.
   int64_t max_total_memory_bytes = int64_t{32} << 30;
+  // Whether a caller sees a version loaded from `source` (its pinned form, "JOB@17"; empty for a
+  // model with no version in memory): kilnd's rule is the source job's team (JobAccess). Unset:
+  // every caller sees everything. FindFor and IndexFor ask it.
+  std::function<bool(const server::Caller&, const std::string& source)> sees_source;
 };
 
 // What to load: `source` goes to the resolver. Versions are numbered per model (1, 2, 3, ...):
@@ -152,6 +157,7 @@ struct ModelIndexEntry {
   std::string name, version;
   std::string state;   // "READY" or "UNAVAILABLE"
   std::string reason;  // why UNAVAILABLE
+  std::string source;  // READY: the version's pinned source ("JOB@17"); else empty
 };
 
 // How many requests one loaded version's batcher holds waiting, for metrics.
@@ -182,6 +188,11 @@ class ModelRepository {
   // for an unloaded model; both name it.
   absl::StatusOr<std::shared_ptr<const ServedVersion>> Find(const std::string& model,
                                                             const std::string& version) const;
+  // Find for `caller`: a model whose newest version, or whose version asked for, the caller does
+  // not see (options.sees_source) is answered as a model that does not exist.
+  absl::StatusOr<std::shared_ptr<const ServedVersion>> FindFor(const server::Caller& caller,
+                                                               const std::string& model,
+                                                               const std::string& version) const;
 
   // Records that `version` of `model` could not be loaded (e.g. restoring it after a restart),
   // with the reason: the index shows it UNAVAILABLE with that reason, and requests for a model
@@ -201,6 +212,8 @@ class ModelRepository {
   // Every loaded version (READY), every version marked unavailable and every unloaded model
   // (UNAVAILABLE, with the reason), by name.
   std::vector<ModelIndexEntry> Index() const;
+  // The entries `caller` sees (options.sees_source).
+  std::vector<ModelIndexEntry> IndexFor(const server::Caller& caller) const;
 
   // Every loaded version's waiting requests (DynamicBatcher::queued_requests), by name; a
   // version that is unloaded, or replaced and still finishing its requests, is not listed.
@@ -211,6 +224,9 @@ class ModelRepository {
   ServingMemoryUse MemoryInUse() const { return budget_->InUse(); }
 
   const ModelRepositoryOptions& options() const { return options_; }
+
+  // The NotFound a model that does not exist answers (also one the caller does not see).
+  static absl::Status UnknownModel(const std::string& model);
 
  private:
   struct Model {

@@ -75,11 +75,11 @@ std::string DataEvent(const json& data) {
 
 // Parses and starts a generation, or answers the error and returns null.
 std::unique_ptr<Generation> Begin(GenerationService* service, const httplib::Request& req,
-                                  httplib::Response& res) {
+                                  httplib::Response& res, const server::Caller& caller) {
   absl::StatusOr<GenerationCall> call =
       ParseGenerateRequest(req.body, req.matches[1], VersionOf(req));
   absl::StatusOr<std::unique_ptr<Generation>> g =
-      call.ok() ? service->Start(*call)
+      call.ok() ? service->Start(caller, *call)
                 : absl::StatusOr<std::unique_ptr<Generation>>(call.status());
   if (!g.ok()) {
     ReplyStatus(res, g.status());
@@ -88,8 +88,9 @@ std::unique_ptr<Generation> Begin(GenerationService* service, const httplib::Req
   return std::move(*g);
 }
 
-void Generate(GenerationService* service, const httplib::Request& req, httplib::Response& res) {
-  std::unique_ptr<Generation> g = Begin(service, req, res);
+void Generate(GenerationService* service, const httplib::Request& req, httplib::Response& res,
+              const server::Caller& caller) {
+  std::unique_ptr<Generation> g = Begin(service, req, res, caller);
   if (g == nullptr) return;
   absl::StatusOr<GenerationResult> result = g->Run(nullptr);
   if (!result.ok()) {
@@ -103,9 +104,9 @@ void Generate(GenerationService* service, const httplib::Request& req, httplib::
 
 // Streams on the HTTP thread that answers: the generation runs inside the body's one turn,
 // writing each token's event as it is chosen and stopping when the client has gone.
-void GenerateStream(GenerationService* service, const httplib::Request& req,
-                    httplib::Response& res) {
-  std::shared_ptr<Generation> g = Begin(service, req, res);
+void GenerateStream(GenerationService* service, const httplib::Request& req, httplib::Response& res,
+                    const server::Caller& caller) {
+  std::shared_ptr<Generation> g = Begin(service, req, res, caller);
   if (g == nullptr) return;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
@@ -165,10 +166,12 @@ absl::StatusOr<GenerationCall> ParseGenerateRequest(const std::string& body,
 void AddGenerationRoutes(GenerationService* service, http::HttpServer* server) {
   server->Post(absl::StrCat(kModelPath, "/generate"), Access::kToken,
                [service](const httplib::Request& req, httplib::Response& res,
-                         const server::Caller&) { Generate(service, req, res); });
-  server->Post(absl::StrCat(kModelPath, "/generate_stream"), Access::kToken,
-               [service](const httplib::Request& req, httplib::Response& res,
-                         const server::Caller&) { GenerateStream(service, req, res); });
+                         const server::Caller& caller) { Generate(service, req, res, caller); });
+  server->Post(
+      absl::StrCat(kModelPath, "/generate_stream"), Access::kToken,
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+        GenerateStream(service, req, res, caller);
+      });
 }
 
 }  // namespace kiln::serving

@@ -27,7 +27,8 @@ std::string VersionOf(const httplib::Request& req) {
   return req.matches.size() > 2 ? std::string(req.matches[2]) : std::string();
 }
 
-void Infer(InferenceService* service, const httplib::Request& req, httplib::Response& res) {
+void Infer(InferenceService* service, const httplib::Request& req, httplib::Response& res,
+           const server::Caller& caller) {
   std::optional<size_t> json_size;
   if (req.has_header("Inference-Header-Content-Length")) {
     size_t n;
@@ -44,7 +45,8 @@ void Infer(InferenceService* service, const httplib::Request& req, httplib::Resp
     return;
   }
   inference::ModelInferResponse response;
-  if (absl::Status status = service->InferCounted(request->request, &response); !status.ok()) {
+  if (absl::Status status = service->InferCounted(caller, request->request, &response);
+      !status.ok()) {
     ReplyStatus(res, status);
     return;
   }
@@ -77,8 +79,8 @@ void AddKServeRoutes(InferenceService* service, HttpServer* server) {
               });
   server->Get(
       absl::StrCat(kModelPath, "/ready"), Access::kToken,
-      [service](const httplib::Request& req, httplib::Response& res, const server::Caller&) {
-        absl::StatusOr<bool> ready = service->ModelIsReady(req.matches[1], VersionOf(req));
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
+        absl::StatusOr<bool> ready = service->ModelIsReady(caller, req.matches[1], VersionOf(req));
         if (!ready.ok()) {
           ReplyStatus(res, ready.status());
           return;
@@ -87,12 +89,12 @@ void AddKServeRoutes(InferenceService* service, HttpServer* server) {
       });
   server->Get(
       kModelPath, Access::kToken,
-      [service](const httplib::Request& req, httplib::Response& res, const server::Caller&) {
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
         inference::ModelMetadataRequest request;
         request.set_name(req.matches[1]);
         request.set_version(VersionOf(req));
         inference::ModelMetadataResponse metadata;
-        if (absl::Status s = service->Metadata(request, &metadata); !s.ok()) {
+        if (absl::Status s = service->Metadata(caller, request, &metadata); !s.ok()) {
           ReplyStatus(res, s);
           return;
         }
@@ -100,18 +102,18 @@ void AddKServeRoutes(InferenceService* service, HttpServer* server) {
       });
   server->Post(absl::StrCat(kModelPath, "/infer"), Access::kToken,
                [service](const httplib::Request& req, httplib::Response& res,
-                         const server::Caller&) { Infer(service, req, res); });
+                         const server::Caller& caller) { Infer(service, req, res, caller); });
   // The repository extension, as Triton serves it over HTTP.
   server->Post(
       "/v2/repository/index", Access::kToken,
-      [service](const httplib::Request& req, httplib::Response& res, const server::Caller&) {
+      [service](const httplib::Request& req, httplib::Response& res, const server::Caller& caller) {
         absl::StatusOr<inference::RepositoryIndexRequest> request = ParseIndexRequest(req.body);
         if (!request.ok()) {
           ReplyStatus(res, request.status());
           return;
         }
         inference::RepositoryIndexResponse index;
-        service->Index(*request, &index);
+        service->Index(caller, *request, &index);
         res.set_content(RepositoryIndexJson(index), kJson);
       });
   server->Post(

@@ -247,9 +247,9 @@ void WebApi::AddCheckpointRoutes(http::HttpServer* server) {
 void WebApi::AddModelRoutes(http::HttpServer* server) {
   // The repository's index with each model's serving numbers from the metrics registry.
   Get(server, "/api/models",
-      [this](const httplib::Request&, httplib::Response& res, const server::Caller&) {
+      [this](const httplib::Request&, httplib::Response& res, const server::Caller& caller) {
         std::map<std::string, json> by_name;
-        for (const serving::ModelIndexEntry& entry : models_->Index()) {
+        for (const serving::ModelIndexEntry& entry : models_->IndexFor(caller)) {
           json& model = by_name[entry.name];
           if (model.is_null()) {
             model = {{"name", entry.name},

@@ -10,13 +10,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli_test_support.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "kiln/v1/training.grpc.pb.h"
 #include "security_test_support.h"
 #include "tests/support/connected_channel.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/uint8_infer_request.h"
 
 namespace kiln::security::testing {
 namespace {
@@ -252,6 +255,114 @@ TEST_F(TeamAccessTest, WhoAmIAndTheCliSayWhoTheCallerIsAndWhoOwnsWhat) {
   ASSERT_TRUE(cancel_web);
   EXPECT_EQ(cancel_web->status, 403);
   ASSERT_OK(Cancel(kAlice, job.id()));
+}
+
+TEST_F(TeamAccessTest, AModelIsItsJobsTeamsToSeePredictAndDeploy) {
+  v1::SubmitJobRequest submit;
+  submit.mutable_spec()->set_preset("mnist-mlp");
+  submit.mutable_spec()->set_dataset("toy");
+  submit.mutable_spec()->set_epochs(1);
+  v1::Job job;
+  ASSERT_OK(stub_->SubmitJob(ContextWithToken(kAlice).get(), submit, &job));
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  for (int i = 0; i < 600 && job.state() != v1::JOB_STATE_SUCCEEDED; ++i) {
+    ASSERT_OK(stub_->GetJob(ContextWithToken(kAlice).get(), get, &job));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+
+  auto serving =
+      inference::GRPCInferenceService::NewStub(kiln::testing::ConnectedChannel(kilnd_->address()));
+  inference::RepositoryModelLoadRequest load;
+  load.set_model_name("vis-model");
+  (*load.mutable_parameters())["checkpoint"].set_string_param(job.id());
+  inference::RepositoryModelLoadResponse loaded;
+  // Carol's team does not see the job: it is not there to deploy from.
+  grpc::Status theirs = serving->RepositoryModelLoad(ContextWithToken(kCarol).get(), load, &loaded);
+  EXPECT_EQ(theirs.error_code(), grpc::StatusCode::NOT_FOUND) << theirs.error_message();
+  EXPECT_EQ(serving->RepositoryModelLoad(ContextWithToken(kBob).get(), load, &loaded).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_OK(serving->RepositoryModelLoad(ContextWithToken(kAlice).get(), load, &loaded));
+
+  const inference::ModelInferRequest request =
+      kiln::testing::Uint8InferRequest("vis-model", 1, std::string(784, '\x40'));
+  inference::ModelInferResponse response;
+  ASSERT_OK(serving->ModelInfer(ContextWithToken(kBob).get(), request, &response));
+  grpc::Status hidden = serving->ModelInfer(ContextWithToken(kCarol).get(), request, &response);
+  EXPECT_EQ(hidden.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(hidden.error_message(), "unknown model \"vis-model\"");
+  inference::ModelMetadataRequest meta;
+  meta.set_name("vis-model");
+  inference::ModelMetadataResponse metadata;
+  EXPECT_EQ(serving->ModelMetadata(ContextWithToken(kCarol).get(), meta, &metadata).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  auto indexed = [&](const std::string& token) {
+    inference::RepositoryIndexResponse index;
+    EXPECT_OK(serving->RepositoryIndex(ContextWithToken(token).get(),
+                                       inference::RepositoryIndexRequest(), &index));
+    for (const auto& m : index.models()) {
+      if (m.name() == "vis-model") return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(indexed(kBob));
+  EXPECT_TRUE(indexed(kRoot));
+  EXPECT_FALSE(indexed(kCarol));
+  // The web page's model list too.
+  httplib::Client http("127.0.0.1", kilnd_->metrics_port());
+  httplib::Result models =
+      http.Get("/api/models", {{"Authorization", absl::StrCat("Bearer ", kCarol)}});
+  ASSERT_TRUE(models);
+  EXPECT_THAT(models->body, Not(HasSubstr("vis-model")));
+  ASSERT_TRUE(kilnd_->WaitForStderr("action=deploy", 3, absl::Seconds(10))) << kilnd_->Stderr();
+  EXPECT_THAT(kilnd_->Stderr(),
+              HasSubstr("user=alice team=vision role=member action=deploy object=\"model vis-model "
+                        "from " +
+                        job.id() + "\" outcome=ok"));
+}
+
+TEST(TeamStorageQuotaTest, UploadsPastATeamsStorageQuotaAreRefusedNamingIt) {
+  const std::string root = MakeTempDir("kiln-quota");
+  std::filesystem::create_directories(root + "/data");
+  WriteFile(root + "/tokens", absl::StrCat(kAlice, " user=alice team=vision role=member\n", kCarol,
+                                           " user=carol team=speech role=member\n"));
+  KilndUnderTest kilnd(root);
+  // Room for one toy dataset of 32 + 8 images (31 KiB), not two.
+  ASSERT_TRUE(
+      kilnd.Start({"--auth_tokens_file=" + root + "/tokens", "--team_max_storage_bytes=50000"}))
+      << kilnd.Stderr();
+  const std::string dir = root + "/upload";
+  client::testing::WriteToyDataset(dir, 32, 8, /*seed=*/5);
+  auto upload = [&](const char* token, const std::string& name) {
+    return RunCommand(
+        {KILN_PATH, "--server", kilnd.address(), "upload", name, "--train-images",
+         dir + "/train-images-idx3-ubyte", "--train-labels", dir + "/train-labels-idx1-ubyte",
+         "--test-images", dir + "/t10k-images-idx3-ubyte", "--test-labels",
+         dir + "/t10k-labels-idx1-ubyte"},
+        {std::string("KILN_TOKEN=") + token}, absl::Seconds(60));
+  };
+  RunResult first = upload(kAlice, "vis-1");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  RunResult second = upload(kAlice, "vis-2");
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.err, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(second.err, HasSubstr("team vision stores"));
+  EXPECT_THAT(second.err, HasSubstr("(--team_max_storage_bytes)"));
+  // Another team's quota is its own.
+  RunResult other = upload(kCarol, "speech-1");
+  EXPECT_EQ(other.exit_code, 0) << other.err;
+  auto stub = v1::Training::NewStub(kiln::testing::ConnectedChannel(kilnd.address()));
+  v1::ListDatasetsResponse datasets;
+  ASSERT_OK(
+      stub->ListDatasets(ContextWithToken(kAlice).get(), v1::ListDatasetsRequest(), &datasets));
+  ASSERT_EQ(datasets.datasets_size(), 1) << "the refused upload published nothing";
+  auto scrape = ScrapeMetrics(kilnd.metrics_port());
+  ASSERT_OK(scrape) << scrape.status();
+  EXPECT_EQ(SampleValue(*scrape, "kiln_quota_refusals_total{quota=\"storage\",team=\"vision\"}"),
+            1);
+  kilnd.Stop();
+  std::filesystem::remove_all(root);
 }
 
 TEST(TeamAccessStartupTest, ABareTokenIsAnAdminAndTheLogSaysSo) {

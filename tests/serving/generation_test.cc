@@ -173,7 +173,8 @@ TEST_F(GenerationTest, InferTakesInt64AndInt32IdsAndAnswersLastPositionLogits) {
   for (const std::string datatype : {"INT64", "INT32"}) {
     SCOPED_TRACE(datatype);
     inference::ModelInferResponse response;
-    ASSERT_OK(server_.service().Infer(TokenRequest(datatype, rows), &response));
+    ASSERT_OK(server_.service().Infer(server::Caller::Unchecked(), TokenRequest(datatype, rows),
+                                      &response));
     ASSERT_EQ(response.outputs_size(), 1);
     EXPECT_EQ(response.outputs(0).name(), "logits");
     EXPECT_EQ(response.outputs(0).datatype(), "FP32");
@@ -190,7 +191,8 @@ TEST_F(GenerationTest, InferTakesInt64AndInt32IdsAndAnswersLastPositionLogits) {
   }
   // A full-length prompt, one row.
   inference::ModelInferResponse full;
-  ASSERT_OK(server_.service().Infer(TokenRequest("INT64", {{1, 2, 3, 4, 5, 6, 7, 8}}), &full));
+  ASSERT_OK(server_.service().Infer(server::Caller::Unchecked(),
+                                    TokenRequest("INT64", {{1, 2, 3, 4, 5, 6, 7, 8}}), &full));
   std::vector<float> want = EngineLastLogits({1, 2, 3, 4, 5, 6, 7, 8});
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(full.outputs(0).contents().fp32_contents(i), want[i], 1e-5);
@@ -220,7 +222,7 @@ TEST_F(GenerationTest, MetadataShowsTokenIdsAndLogits) {
   inference::ModelMetadataRequest request;
   request.set_name("gpt");
   inference::ModelMetadataResponse metadata;
-  ASSERT_OK(server_.service().Metadata(request, &metadata));
+  ASSERT_OK(server_.service().Metadata(server::Caller::Unchecked(), request, &metadata));
   ASSERT_EQ(metadata.inputs_size(), 1);
   EXPECT_EQ(metadata.inputs(0).datatype(), "INT64");
   EXPECT_THAT(
@@ -232,17 +234,20 @@ TEST_F(GenerationTest, MetadataShowsTokenIdsAndLogits) {
 
 TEST_F(GenerationTest, InferRefusesBadTokenInputsNamingTheInput) {
   inference::ModelInferResponse response;
-  absl::Status out_of_vocab = server_.service().Infer(TokenRequest("INT64", {{1, 99}}), &response);
+  absl::Status out_of_vocab = server_.service().Infer(server::Caller::Unchecked(),
+                                                      TokenRequest("INT64", {{1, 99}}), &response);
   EXPECT_EQ(out_of_vocab.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(out_of_vocab.message(), HasSubstr("input \"input\": token id 99 at [0,1]"));
-  absl::Status too_long =
-      server_.service().Infer(TokenRequest("INT64", {{1, 2, 3, 4, 5, 6, 7, 8, 0}}), &response);
+  absl::Status too_long = server_.service().Infer(
+      server::Caller::Unchecked(), TokenRequest("INT64", {{1, 2, 3, 4, 5, 6, 7, 8, 0}}), &response);
   EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_long.message(), HasSubstr("more than the model's context of 8"));
-  absl::Status floats = server_.service().Infer(TokenRequest("FP32", {{1, 2}}), &response);
+  absl::Status floats = server_.service().Infer(server::Caller::Unchecked(),
+                                                TokenRequest("FP32", {{1, 2}}), &response);
   EXPECT_EQ(floats.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(floats.message(), HasSubstr("input \"input\": datatype \"FP32\""));
-  absl::Status negative = server_.service().Infer(TokenRequest("INT32", {{-1}}), &response);
+  absl::Status negative = server_.service().Infer(server::Caller::Unchecked(),
+                                                  TokenRequest("INT32", {{-1}}), &response);
   EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -418,9 +423,11 @@ TEST_F(GenerationTest, GenerationsPastTheLimitAreRefusedUntilOneEnds) {
   GenerationCall call;
   call.model = "gpt";
   call.text_input = "he";
-  absl::StatusOr<std::unique_ptr<Generation>> held = generation_->Start(call);
+  absl::StatusOr<std::unique_ptr<Generation>> held =
+      generation_->Start(server::Caller::Unchecked(), call);
   ASSERT_OK(held);
-  absl::StatusOr<std::unique_ptr<Generation>> second = generation_->Start(call);
+  absl::StatusOr<std::unique_ptr<Generation>> second =
+      generation_->Start(server::Caller::Unchecked(), call);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(second.status().message(), HasSubstr("--max_generations 1"));
   httplib::Result res = Post("/v2/models/gpt/generate", GenerateBody("he", 3, 1, 0, 1));
@@ -454,7 +461,9 @@ TEST_F(GenerationTest, ConcurrentGenerationsAndInfersOfOneVersionEachGetTheirOwn
     });
     threads.emplace_back([&, i] {
       inference::ModelInferResponse response;
-      if (server_.service().Infer(TokenRequest("INT64", {{1, 2, 3}}), &response).ok()) {
+      if (server_.service()
+              .Infer(server::Caller::Unchecked(), TokenRequest("INT64", {{1, 2, 3}}), &response)
+              .ok()) {
         const auto& c = response.outputs(0).contents().fp32_contents();
         inferred[i].assign(c.begin(), c.end());
       }

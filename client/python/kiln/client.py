@@ -203,8 +203,14 @@ class Client:
 
     # Datasets.
 
+    def whoami(self):
+        """Who kilnd takes this client's token for: {"user", "team", "role", "auth"} (role
+        "viewer", "member" or "admin"; auth False when kilnd checks no tokens)."""
+        r = self._call(self._training.WhoAmI, training_pb2.WhoAmIRequest())
+        return {"user": r.user, "team": r.team, "role": r.role, "auth": r.auth}
+
     def datasets(self):
-        """The datasets under kilnd's data dir, by name."""
+        """The datasets under kilnd's data dir that this caller sees, by name."""
         response = self._call(self._training.ListDatasets, training_pb2.ListDatasetsRequest())
         return [Dataset.from_proto(d) for d in response.datasets]
 

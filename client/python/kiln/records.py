@@ -4,7 +4,7 @@ import dataclasses
 import datetime
 from typing import Any, Optional
 
-from kiln.stubs import training_pb2
+from kiln.stubs import spec_pb2, training_pb2
 
 
 def enum_name(enum, value, prefix):
@@ -43,11 +43,19 @@ class Checkpoint:
                    _time(c.create_time), c)
 
 
+def _owner(o):
+    """ "user/team", "user" for an admin of no team, "" for none."""
+    if not o.user and not o.team:
+        return ""
+    return f"{o.user}/{o.team}" if o.team else o.user
+
+
 @dataclasses.dataclass
 class Job:
     """A job as kilnd knows it. name, labels: the spec's display name and labels; state:
     "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"; last_epoch: the latest finished
-    epoch's metrics (an EpochEvent's fields) or None."""
+    epoch's metrics (an EpochEvent's fields) or None; owner: "user/team" of whoever submitted it
+    ("" before identities or without auth); priority: "LOW", "NORMAL" or "HIGH"."""
     id: str
     name: str
     labels: dict
@@ -64,6 +72,8 @@ class Job:
     create_time: Optional[datetime.datetime]
     start_time: Optional[datetime.datetime]
     end_time: Optional[datetime.datetime]
+    owner: str
+    priority: str
     proto: Any = dataclasses.field(repr=False)
 
     FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -85,7 +95,8 @@ class Job:
                    enum_name(training_pb2.JobState, j.state, "JOB_STATE_"), j.reason,
                    j.device, j.epochs, j.epochs_done, j.global_step, j.best_test_accuracy,
                    j.parameter_count, j.attempts, last, _time(j.create_time),
-                   _time(j.start_time), _time(j.end_time), j)
+                   _time(j.start_time), _time(j.end_time), _owner(j.owner),
+                   enum_name(spec_pb2.Priority, j.spec.priority or spec_pb2.PRIORITY_NORMAL, "PRIORITY_"), j)
 
 
 @dataclasses.dataclass

@@ -106,6 +106,8 @@ def exercise(kiln, np, addr, tmp):
     expect_error("UNAUTHENTICATED", kiln.Client(addr, token="wrong").jobs)
     expect_error("UNAUTHENTICATED", kiln.Client(addr).jobs)
     c = kiln.Client(addr, token=TOKEN)
+    me = c.whoami()
+    check(me == {"user": "pat", "team": "vision", "role": "member", "auth": True}, f"whoami: {me}")
 
     d = os.path.join(tmp, "blocks")
     ds = c.upload("blocks", os.path.join(d, "train-images"), os.path.join(d, "train-labels"),
@@ -168,8 +170,9 @@ def exercise(kiln, np, addr, tmp):
 
     expect_error("INVALID_ARGUMENT", c.submit, SPEC, dataset="blocks", batch_size=0)
     job = c.submit(SPEC, dataset="blocks", epochs=3, batch_size=32, name="blocks run",
-                   labels={"team": "vision"})
+                   labels={"team": "vision"}, priority="high")
     check(job.id.startswith("job-") and job.state in ("QUEUED", "RUNNING"), f"submit: {job}")
+    check(job.owner == "pat/vision" and job.priority == "HIGH", f"owner, priority: {job}")
     check(job.name == "blocks run" and job.labels == {"team": "vision"}, f"name, labels: {job}")
     check([j.id for j in c.jobs(labels={"team": "vision"})] == [job.id] and
           not c.jobs(labels={"team": "audio"}) and c.jobs(labels={"team": None}),
@@ -350,7 +353,7 @@ def main():
     write_idx(os.path.join(tmp, "blocks"), "train", *make_images(512, rng), 512)
     write_idx(os.path.join(tmp, "blocks"), "test", *make_images(128, rng), 128)
     with open(os.path.join(tmp, "tokens"), "w") as f:
-        f.write(f"# the test's client\n{TOKEN}\n")
+        f.write(f"# the test's client\n{TOKEN} user=pat team=vision role=member\n")
     procs = []
     try:
         proc, addr = start_kilnd(kilnd, tmp, "plain", "--auth_tokens_file",
