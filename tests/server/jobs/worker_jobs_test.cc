@@ -654,6 +654,36 @@ TEST_F(WorkerJobsTest, AShutdownStopsTheWorkersAndTheJobResumesOnRestart) {
   EXPECT_EQ(job.crash_resumes(), 0);
 }
 
+// A job of several workers is preempted as one unit: every worker stops (writing the policy's
+// shutdown checkpoint), the job waits its turn, and resumes to the bits an uninterrupted run of
+// the same spec reaches.
+TEST_F(WorkerJobsTest, AHighPriorityJobPreemptsAJobOfWorkersWhichResumesToTheSameBits) {
+  ASSERT_NO_FATAL_FAILURE(StartKilnd());
+  v1::JobSpec low = Workers(2, 3);
+  low.set_priority(v1::PRIORITY_LOW);
+  const v1::Job uninterrupted = WaitForEnd(testing::SubmitJob(*stub_, low));
+  ASSERT_EQ(uninterrupted.state(), v1::JOB_STATE_SUCCEEDED) << uninterrupted.reason();
+
+  ASSERT_NO_FATAL_FAILURE(StartKilnd("20ms"));
+  const std::string id = testing::SubmitJob(*stub_, low);
+  ASSERT_TRUE(WaitForSteps(id, 3)) << Get(id).reason();
+  v1::JobSpec high = SmallSpec("toy", 1);
+  high.set_priority(v1::PRIORITY_HIGH);
+  const std::string urgent = testing::SubmitJob(*stub_, high);
+  ASSERT_TRUE(WaitFor([&] { return Get(id).state() == v1::JOB_STATE_QUEUED; }, kWait))
+      << Get(id).reason();
+  EXPECT_EQ(Get(id).reason(), "preempted by " + urgent);
+  EXPECT_TRUE(WaitFor([&] { return WorkerPids(id).empty(); }, absl::Seconds(30)));
+  EXPECT_EQ(testing::ListCheckpoints(*stub_, id).back().kind(), v1::CHECKPOINT_KIND_SHUTDOWN);
+  EXPECT_EQ(WaitForEnd(urgent).state(), v1::JOB_STATE_SUCCEEDED);
+  const v1::Job resumed = WaitForEnd(id);
+  ASSERT_EQ(resumed.state(), v1::JOB_STATE_SUCCEEDED) << resumed.reason();
+  EXPECT_EQ(resumed.attempts(), 2);
+  EXPECT_EQ(resumed.global_step(), uninterrupted.global_step());
+  EXPECT_EQ(resumed.last_epoch().train_loss(), uninterrupted.last_epoch().train_loss());
+  EXPECT_EQ(resumed.last_epoch().test_loss(), uninterrupted.last_epoch().test_loss());
+}
+
 // A resumed attempt must not take its first epoch for the best so far: kilnd tells its workers
 // the job's best, which their "best" checkpoints (keep_best) must beat.
 TEST_F(WorkerJobsTest, AResumedAttemptTellsItsWorkersTheJobsBestAccuracy) {
