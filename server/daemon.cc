@@ -381,19 +381,9 @@ absl::Status Daemon::StartJobs() {
   return absl::OkStatus();
 }
 
-void Daemon::StartServing() {
-  // Serving: deployments name a job's checkpoint ("JOB@best"), resolved through the manager.
-  serving::ModelRepositoryOptions models;
-  models.resolver = serving::MakeJobCheckpointResolver(
-      [m = manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
-  // A served version belongs to the team of the job it was trained by.
-  models.sees_source = [access = access_.get()](const Caller& caller, const std::string& source) {
-    return access->SeesModelSource(caller, source);
-  };
-  models.max_batch_size_limit = options_.max_deploy_batch_size;
-  models.max_memory_bytes = options_.limits.max_job_memory_bytes;
-  models.max_total_memory_bytes = options_.max_serving_memory_bytes;
-  models_ = std::make_unique<serving::ModelRepository>(std::move(models));
+// What the inference service reports to and asks of the rest of kilnd: metrics, the event log,
+// the access rules, the audit log and the store of deployments.
+serving::InferenceServiceOptions Daemon::InferenceOptions() {
   serving::InferenceServiceOptions inference;
   inference.max_request_samples = options_.max_inference_batch;
   inference.default_deployment.device = options_.device;
@@ -447,7 +437,25 @@ void Daemon::StartServing() {
               {"version", record.version},
               {"reason", std::string(noted.message())}});
   };
-  inference_ = std::make_unique<serving::InferenceService>(models_.get(), inference);
+  return inference;
+}
+
+void Daemon::StartServing() {
+  // Serving: deployments name a job's checkpoint ("JOB@best"), resolved through the manager.
+  serving::ModelRepositoryOptions models;
+  models.resolver = serving::MakeJobCheckpointResolver(
+      [m = manager_.get()](const std::string& job) { return m->ListCheckpoints(job); });
+  // A served version belongs to the team of the job it was trained by.
+  models.sees_source = [access = access_.get()](const Caller& caller, const std::string& source) {
+    return access->SeesModelSource(caller, source);
+  };
+  models.max_batch_size_limit = options_.max_deploy_batch_size;
+  models.max_memory_bytes = options_.limits.max_job_memory_bytes;
+  models.max_total_memory_bytes = options_.max_serving_memory_bytes;
+  models_ = std::make_unique<serving::ModelRepository>(std::move(models));
+  Metrics* metrics = metrics_.get();
+  EventLog* log = log_.get();
+  inference_ = std::make_unique<serving::InferenceService>(models_.get(), InferenceOptions());
   generation_ = std::make_unique<serving::GenerationService>(
       models_.get(),
       serving::GenerationOptions{options_.max_generations, options_.web_stream_max_duration});

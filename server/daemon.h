@@ -228,6 +228,7 @@ class Daemon {
   absl::Status StartJobs();
   // The model repository, the inference service and the follower of checkpoints.
   void StartServing();
+  serving::InferenceServiceOptions InferenceOptions();
   // The deployments recorded before the last stop that can be read; while there are any,
   // serving is not ready (RestoreModels loads them once the server is up).
   absl::StatusOr<std::vector<serving::DeploymentRecord>> DeploymentsToRestore();

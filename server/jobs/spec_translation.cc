@@ -619,6 +619,48 @@ absl::Status TranslateRunLength(const v1::JobSpec& spec, const SpecLimits& limit
   return absl::OkStatus();
 }
 
+// The translated model's shapes, kind, normalisation and size against the limits, before
+// anything is allocated.
+absl::Status CheckModelFits(const TrainConfig& config, const SpecLimits& limits) {
+  // Shapes through the whole model, before anything is allocated.
+  absl::StatusOr<std::vector<Shape>> shapes = InferShapes(config.model);
+  if (!shapes.ok()) return Invalid("spec.model", shapes.status().message());
+  if (ReadsTokenIds(config.model)) {
+    // The vocabulary is checked at Submit, against the dataset's.
+    absl::Status sequence = SequenceModelShapeOf(config.model).status();
+    if (!sequence.ok()) return Invalid("spec.model", sequence.message());
+  } else if (shapes->back().size() != 1) {
+    return Invalid("spec.model", absl::StrCat("the last layer must output a vector of class "
+                                              "logits, got ",
+                                              ShapeString(shapes->back())));
+  }
+  if (config.max_iters > 0 && !ReadsTokenIds(config.model)) {
+    return Invalid("spec.max_iters",
+                   "is for language models (an embedding reading token ids); set epochs instead");
+  }
+  if (config.norm.channels() > 1 && !config.model.input_shape.empty() &&
+      config.model.input_shape[0] != config.norm.channels()) {
+    return Invalid("spec.normalization.channel_mean",
+                   absl::StrCat(config.norm.channels(), " channels but the model's input is ",
+                                ShapeString(config.model.input_shape),
+                                " (channels first, e.g. [3, 32, 32] for 3)"));
+  }
+  const int64_t parameters = CountParameters(config.model);
+  if (parameters > limits.max_parameters) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec.model: ", parameters,
+                                                     " parameters exceed the limit of ",
+                                                     limits.max_parameters, " (--max_parameters)"));
+  }
+  const int64_t activation_bytes = ActivationBytes(*shapes, config.batch_size);
+  if (activation_bytes > limits.max_activation_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spec.model: a batch of ", config.batch_size, " needs ", activation_bytes,
+                     " bytes of activations and gradients, over the limit of ",
+                     limits.max_activation_bytes, " (--max_activation_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> PresetRecipe(const std::string& name) {
@@ -718,42 +760,7 @@ absl::StatusOr<TrainConfig> TranslateSpec(const v1::JobSpec& spec, const SpecLim
                                limits.max_epochs));
   KILN_RETURN_IF_ERROR(InRange("spec.checkpoint_policy.keep_last", policy.keep_last(), 0, 1000));
 
-  // Shapes through the whole model, before anything is allocated.
-  absl::StatusOr<std::vector<Shape>> shapes = InferShapes(config.model);
-  if (!shapes.ok()) return Invalid("spec.model", shapes.status().message());
-  if (ReadsTokenIds(config.model)) {
-    // The vocabulary is checked at Submit, against the dataset's.
-    absl::Status sequence = SequenceModelShapeOf(config.model).status();
-    if (!sequence.ok()) return Invalid("spec.model", sequence.message());
-  } else if (shapes->back().size() != 1) {
-    return Invalid("spec.model", absl::StrCat("the last layer must output a vector of class "
-                                              "logits, got ",
-                                              ShapeString(shapes->back())));
-  }
-  if (config.max_iters > 0 && !ReadsTokenIds(config.model)) {
-    return Invalid("spec.max_iters",
-                   "is for language models (an embedding reading token ids); set epochs instead");
-  }
-  if (config.norm.channels() > 1 && !config.model.input_shape.empty() &&
-      config.model.input_shape[0] != config.norm.channels()) {
-    return Invalid("spec.normalization.channel_mean",
-                   absl::StrCat(config.norm.channels(), " channels but the model's input is ",
-                                ShapeString(config.model.input_shape),
-                                " (channels first, e.g. [3, 32, 32] for 3)"));
-  }
-  const int64_t parameters = CountParameters(config.model);
-  if (parameters > limits.max_parameters) {
-    return absl::ResourceExhaustedError(absl::StrCat("spec.model: ", parameters,
-                                                     " parameters exceed the limit of ",
-                                                     limits.max_parameters, " (--max_parameters)"));
-  }
-  const int64_t activation_bytes = ActivationBytes(*shapes, config.batch_size);
-  if (activation_bytes > limits.max_activation_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("spec.model: a batch of ", config.batch_size, " needs ", activation_bytes,
-                     " bytes of activations and gradients, over the limit of ",
-                     limits.max_activation_bytes, " (--max_activation_bytes)"));
-  }
+  KILN_RETURN_IF_ERROR(CheckModelFits(config, limits));
   return config;
 }
 
