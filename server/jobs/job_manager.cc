@@ -689,7 +689,14 @@ void JobManager::RequeuePreemptedLocked(const std::shared_ptr<JobSlot>& slot) {
     events_.Interrupted(slot->job);
     return;
   }
-  queues_[slot->job.device()].push_back(slot->job.id());
+  // Back in its place by submission, not at the end: jobs that came after it do not overtake it
+  // because it was preempted.
+  std::deque<std::string>& queue = queues_[slot->job.device()];
+  const int64_t submitted = TimestampToMillis(slot->job.create_time());
+  auto place = std::find_if(queue.begin(), queue.end(), [&](const std::string& id) {
+    return TimestampToMillis(jobs_[id]->job.create_time()) > submitted;
+  });
+  queue.insert(place, slot->job.id());
   ++queued_count_;
 }
 

@@ -119,6 +119,8 @@ TEST_F(JobPriorityTest, AHighJobPreemptsALowOneWhichResumesToTheBitsOfAnUninterr
   StartManager(slow);
   const std::string low = Submit(low_spec);
   ASSERT_TRUE(WaitForSteps(low, 3));
+  // Another low job, submitted after it: the preempted one keeps its place ahead of this one.
+  const std::string later = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_LOW));
   const std::string high = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_HIGH));
   v1::Job preempted;
   ASSERT_TRUE(WaitForState(high, v1::JOB_STATE_RUNNING));
@@ -141,6 +143,8 @@ TEST_F(JobPriorityTest, AHighJobPreemptsALowOneWhichResumesToTheBitsOfAnUninterr
   EXPECT_EQ(resumed.last_epoch().train_loss(), uninterrupted.last_epoch().train_loss());
   EXPECT_EQ(resumed.last_epoch().test_loss(), uninterrupted.last_epoch().test_loss());
   EXPECT_EQ(resumed.last_epoch().test_accuracy(), uninterrupted.last_epoch().test_accuracy());
+  ASSERT_TRUE(WaitForState(later, v1::JOB_STATE_SUCCEEDED));
+  EXPECT_THAT(observer_.Started(), ElementsAre(reference, low, high, low, later));
   EXPECT_THAT(observer_.States(low), ElementsAre("state JOB_STATE_UNSPECIFIED->JOB_STATE_QUEUED",
                                                  "state JOB_STATE_QUEUED->JOB_STATE_RUNNING",
                                                  "state JOB_STATE_RUNNING->JOB_STATE_QUEUED",
