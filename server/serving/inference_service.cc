@@ -366,12 +366,27 @@ absl::Status InferenceService::InferCounted(const server::Caller& caller,
   return status;
 }
 
+absl::Status InferenceService::CheckModelName(const server::Caller& caller,
+                                              const std::string& model, bool loading) const {
+  if (!repository_->Find(model, "").ok()) return absl::OkStatus();  // nothing served under it
+  absl::StatusOr<std::shared_ptr<const ServedVersion>> seen =
+      repository_->FindFor(caller, model, "");
+  if (!seen.ok()) {
+    if (!loading) return seen.status();  // another team's: not there for this caller
+    return absl::AlreadyExistsError(absl::StrCat(
+        "model_name: \"", model, "\" is served for another team; deploy under another name"));
+  }
+  return options_.check_source ? options_.check_source(caller, (*seen)->source())
+                               : absl::OkStatus();
+}
+
 absl::Status InferenceService::LoadAnnounced(const server::Caller& caller,
                                              const inference::RepositoryModelLoadRequest& request) {
   auto it = request.parameters().find("checkpoint");
   const std::string source =
       it != request.parameters().end() ? it->second.string_param() : request.model_name();
   absl::Status status = server::Authorize(caller, server::Action::kDeploy);
+  if (status.ok()) status = CheckModelName(caller, request.model_name(), /*loading=*/true);
   if (status.ok() && options_.check_source) status = options_.check_source(caller, source);
   if (status.ok()) status = LoadModel(request);
   if (status.ok() && options_.on_repository_change) {
@@ -387,6 +402,7 @@ absl::Status InferenceService::LoadAnnounced(const server::Caller& caller,
 absl::Status InferenceService::UnloadAnnounced(
     const server::Caller& caller, const inference::RepositoryModelUnloadRequest& request) {
   absl::Status status = server::Authorize(caller, server::Action::kUndeploy);
+  if (status.ok()) status = CheckModelName(caller, request.model_name(), /*loading=*/false);
   if (status.ok()) status = UnloadModel(request);
   if (status.ok() && options_.on_repository_change) {
     options_.on_repository_change(request.model_name(), "", false);

@@ -143,6 +143,11 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
                             inference::ModelInferResponse* response) const;
   // LoadModel / UnloadModel for `caller` (a member or admin: access_rules.h; the source checked
   // by check_source), announced (on_repository_change) as the RPCs announce them, and audited.
+  // Whether `caller` may load into or unload `model`: OK when nothing is served under the name;
+  // else the caller must see its newest version (another team's: NotFound on unload,
+  // AlreadyExists on load) and may change the job it came from (check_source).
+  absl::Status CheckModelName(const server::Caller& caller, const std::string& model,
+                              bool loading) const;
   absl::Status LoadAnnounced(const server::Caller& caller,
                              const inference::RepositoryModelLoadRequest& request);
   absl::Status UnloadAnnounced(const server::Caller& caller,

@@ -309,6 +309,24 @@ TEST_F(TeamAccessTest, AModelIsItsJobsTeamsToSeePredictAndDeploy) {
   EXPECT_TRUE(indexed(kBob));
   EXPECT_TRUE(indexed(kRoot));
   EXPECT_FALSE(indexed(kCarol));
+  // Nor can Carol unload it, or load her own job's weights under its name.
+  inference::RepositoryModelUnloadRequest unload;
+  unload.set_model_name("vis-model");
+  inference::RepositoryModelUnloadResponse unloaded;
+  EXPECT_EQ(serving->RepositoryModelUnload(ContextWithToken(kCarol).get(), unload, &unloaded)
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  ASSERT_OK(serving->ModelInfer(ContextWithToken(kBob).get(), request, &response));
+  v1::Job carols;
+  ASSERT_OK(stub_->SubmitJob(ContextWithToken(kCarol).get(), submit, &carols));
+  get.set_job_id(carols.id());
+  for (int i = 0; i < 600 && carols.state() != v1::JOB_STATE_SUCCEEDED; ++i) {
+    ASSERT_OK(stub_->GetJob(ContextWithToken(kCarol).get(), get, &carols));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  (*load.mutable_parameters())["checkpoint"].set_string_param(carols.id());
+  grpc::Status taken = serving->RepositoryModelLoad(ContextWithToken(kCarol).get(), load, &loaded);
+  EXPECT_EQ(taken.error_code(), grpc::StatusCode::ALREADY_EXISTS) << taken.error_message();
   // The web page's model list too.
   httplib::Client http("127.0.0.1", kilnd_->metrics_port());
   httplib::Result models =
