@@ -1,6 +1,7 @@
 #include "server/access/audit_log.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -9,25 +10,15 @@ namespace kiln::server {
 void AuditLog::Record(const Caller& caller, Action action, std::string_view object,
                       const absl::Status& outcome) {
   if (log_ == nullptr) return;
-  const std::string code = outcome.ok() ? "ok" : absl::StatusCodeToString(outcome.code());
-  if (outcome.ok()) {
-    log_->Log(LogLevel::kInfo, "audit",
-              {{"user", caller.user},
-               {"team", caller.team},
-               {"role", RoleName(caller.role)},
-               {"action", ActionName(action)},
-               {"object", object},
-               {"outcome", code}});
-  } else {
-    log_->Log(LogLevel::kWarning, "audit",
-              {{"user", caller.user},
-               {"team", caller.team},
-               {"role", RoleName(caller.role)},
-               {"action", ActionName(action)},
-               {"object", object},
-               {"outcome", code},
-               {"reason", std::string(outcome.message())}});
-  }
+  std::vector<LogField> fields = {
+      {"user", caller.user},
+      {"team", caller.team},
+      {"role", RoleName(caller.role)},
+      {"action", ActionName(action)},
+      {"object", object},
+      {"outcome", outcome.ok() ? std::string("ok") : absl::StatusCodeToString(outcome.code())}};
+  if (!outcome.ok()) fields.emplace_back("reason", std::string(outcome.message()));
+  log_->Log(outcome.ok() ? LogLevel::kInfo : LogLevel::kWarning, "audit", fields);
 }
 
 }  // namespace kiln::server

@@ -57,10 +57,15 @@ absl::Status JobAccess::CheckStorage(const Caller& caller, int64_t adding) {
                    " (--team_max_storage_bytes): delete datasets or checkpoints, or ask an admin"));
 }
 
-absl::StatusOr<v1::Job> JobAccess::Visible(const Caller& caller, const std::string& job_id) {
-  absl::StatusOr<v1::Job> job = manager_->Get(job_id);
-  if (job.ok() && !Sees(caller, job->owner().team())) return JobNotFound(job_id);
-  return job;
+absl::StatusOr<std::string> JobAccess::VisibleTeam(const Caller& caller,
+                                                   const std::string& job_id) {
+  absl::StatusOr<std::string> team = manager_->OwnerTeam(job_id);
+  if (team.ok() && !Sees(caller, *team)) return JobNotFound(job_id);
+  return team;
+}
+
+bool JobAccess::SeesJob(const Caller& caller, const std::string& job_id) {
+  return VisibleTeam(caller, job_id).ok();
 }
 
 absl::Status JobAccess::MayChangeJob(const Caller& caller, Action action,
@@ -68,8 +73,8 @@ absl::Status JobAccess::MayChangeJob(const Caller& caller, Action action,
   // The role first: a viewer is told what it may not do before whether the job exists.
   absl::Status allowed = Authorize(caller, action);
   if (allowed.ok()) {
-    absl::StatusOr<v1::Job> job = Visible(caller, job_id);
-    allowed = job.ok() ? AuthorizeOn(caller, action, job->owner().team()) : job.status();
+    absl::StatusOr<std::string> team = VisibleTeam(caller, job_id);
+    allowed = team.ok() ? AuthorizeOn(caller, action, *team) : team.status();
   }
   if (!allowed.ok()) audit_->Record(caller, action, job_id, allowed);
   return allowed;
@@ -104,7 +109,8 @@ absl::StatusOr<v1::Job> JobAccess::Submit(const Caller& caller, const v1::JobSpe
 
 absl::StatusOr<v1::Job> JobAccess::Get(const Caller& caller, const std::string& job_id) {
   KILN_RETURN_IF_ERROR(Authorize(caller, Action::kRead));
-  return Visible(caller, job_id);
+  KILN_RETURN_IF_ERROR(VisibleTeam(caller, job_id).status());
+  return manager_->Get(job_id);
 }
 
 absl::StatusOr<JobPage> JobAccess::List(const Caller& caller,
@@ -131,7 +137,8 @@ absl::StatusOr<v1::Job> JobAccess::Resume(const Caller& caller, const std::strin
 
 absl::StatusOr<JobWatch> JobAccess::Watch(const Caller& caller, const std::string& job_id,
                                           bool include_steps, bool live_only) {
-  KILN_RETURN_IF_ERROR(Get(caller, job_id).status());
+  KILN_RETURN_IF_ERROR(Authorize(caller, Action::kRead));
+  KILN_RETURN_IF_ERROR(VisibleTeam(caller, job_id).status());
   return manager_->Watch(job_id, include_steps, live_only);
 }
 
@@ -151,7 +158,8 @@ void JobAccess::RequestCheckpoint(const Caller& caller, const std::string& job_i
 
 absl::StatusOr<std::vector<v1::Checkpoint>> JobAccess::ListCheckpoints(const Caller& caller,
                                                                        const std::string& job_id) {
-  KILN_RETURN_IF_ERROR(Get(caller, job_id).status());
+  KILN_RETURN_IF_ERROR(Authorize(caller, Action::kRead));
+  KILN_RETURN_IF_ERROR(VisibleTeam(caller, job_id).status());
   return manager_->ListCheckpoints(job_id);
 }
 
@@ -184,14 +192,14 @@ absl::StatusOr<std::string> JobAccess::WorkerToken(const Caller& caller,
 absl::Status JobAccess::MayDeployFrom(const Caller& caller, const std::string& source) {
   const std::string job_id = source.substr(0, source.find('@'));
   if (job_id.empty()) return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(v1::Job job, Visible(caller, job_id));
-  return AuthorizeOn(caller, Action::kDeploy, job.owner().team());
+  KILN_ASSIGN_OR_RETURN(const std::string team, VisibleTeam(caller, job_id));
+  return AuthorizeOn(caller, Action::kDeploy, team);
 }
 
 bool JobAccess::SeesModelSource(const Caller& caller, const std::string& source) {
   if (caller.role == Role::kAdmin) return true;
   const std::string job_id = source.substr(0, source.find('@'));
-  return !job_id.empty() && Visible(caller, job_id).ok();
+  return !job_id.empty() && SeesJob(caller, job_id);
 }
 
 absl::StatusOr<std::vector<v1::Dataset>> JobAccess::ListDatasets(const Caller& caller) {

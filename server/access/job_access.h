@@ -65,6 +65,8 @@ class JobAccess {
   // OK for a source that names no job (the model repository refuses it). Not audited: the
   // deployment is, with its outcome.
   absl::Status MayDeployFrom(const Caller& caller, const std::string& source);
+  // Whether the caller sees the job (as Get would answer it rather than NOT_FOUND).
+  bool SeesJob(const Caller& caller, const std::string& job_id);
   // Whether the caller sees a model version served from `source` (its pinned "JOB@17"): it sees
   // the job. A model with no version in memory (empty source) only an admin sees.
   bool SeesModelSource(const Caller& caller, const std::string& source);
@@ -79,8 +81,10 @@ class JobAccess {
                                            DatasetUpload& upload);
 
  private:
-  // The job when the caller sees it; JobNotFound otherwise, as for a job that does not exist.
-  absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& job_id);
+  // The team of the job's owner when the caller sees the job; JobNotFound otherwise, as for a
+  // job that does not exist. Looks up the team alone: it runs on every call naming a job, and
+  // on every inference (SeesModelSource).
+  absl::StatusOr<std::string> VisibleTeam(const Caller& caller, const std::string& job_id);
   // Visible, then AuthorizeOn for `action`; audited when refused.
   absl::Status MayChangeJob(const Caller& caller, Action action, const std::string& job_id);
   // OK while the caller's team stores no more than its quota with `adding` more bytes;

@@ -345,6 +345,12 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
   return WithResolvedSpec(slot->job);
 }
 
+absl::StatusOr<std::string> JobManager::OwnerTeam(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<JobSlot> slot, FindLocked(job_id));
+  return slot->job.owner().team();
+}
+
 absl::StatusOr<JobPage> JobManager::List(const std::vector<v1::JobState>& states, int page_size,
                                          const std::string& page_token,
                                          const std::optional<std::string>& team) {

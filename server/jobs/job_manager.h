@@ -92,6 +92,8 @@ class JobManager {
   // `owner`: who submits it, recorded in the job (Job.owner).
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const v1::Owner& owner = {});
   absl::StatusOr<v1::Job> Get(const std::string& job_id);
+  // The team of the job's owner (Job.owner.team; empty for none), without copying the job.
+  absl::StatusOr<std::string> OwnerTeam(const std::string& job_id);
   // `team` set: only that team's jobs and those of no team (JobStore::ListJobs).
   absl::StatusOr<JobPage> List(const std::vector<v1::JobState>& states, int page_size,
                                const std::string& page_token,

@@ -444,6 +444,7 @@ absl::StatusOr<std::shared_ptr<const ServedVersion>> ModelRepository::FindFor(
   if (!options_.sees_source(caller, newest.ok() ? (*newest)->source() : "")) {
     return UnknownModel(model);
   }
+  if (version.empty()) return newest;  // the default version is the newest, checked above
   absl::StatusOr<std::shared_ptr<const ServedVersion>> found = Find(model, version);
   if (found.ok() && !options_.sees_source(caller, (*found)->source())) return UnknownModel(model);
   return found;

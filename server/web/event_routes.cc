@@ -180,7 +180,7 @@ void WebApi::AddEventRoutes(http::HttpServer* server) {
         std::unique_ptr<LongAnswerLimit::Slot> slot = AcquireLongAnswer(res);
         if (slot == nullptr) return;
         auto sees = [jobs = jobs_, caller](const std::string& job_id) {
-          return jobs->Get(caller, job_id).ok();
+          return jobs->SeesJob(caller, job_id);
         };
         SseStream::Start(res,
                          std::make_shared<JobsFeedStream>(feed_, std::move(sees), std::move(slot),
