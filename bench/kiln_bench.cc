@@ -1,5 +1,6 @@
 // kiln-bench: trains the reference configurations on real MNIST and prints the same per-epoch
 // numbers and SUMMARY JSON line as ../shared/peers/torch_peer.py, so the two compare directly;
+// `--spec --cifar` trains a job spec (the ResNet example) on CIFAR-10 with the same output;
 // `kiln-bench infer` times serving a job spec's model (the ResNet example) on the CIFAR-10 test
 // batch, as `bench/torch_cifar_peer.py --infer-only` times the peer's.
 #include <unistd.h>
@@ -124,9 +125,28 @@ nlohmann::json PrintProfile(const kiln::Model& model, const kiln::LayerTimes& t,
   return {{"layers", layers}, {"step_ms", step_ms}, {"layers_ms", in_layers}};
 }
 
+// A job spec as kilnd takes it: its JSON form, translated by kilnd's own rules.
+absl::StatusOr<kiln::TrainConfig> ConfigOfSpec(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  kiln::v1::JobSpec spec;
+  if (auto s = google::protobuf::util::JsonStringToMessage(text.str(), &spec); !in || !s.ok()) {
+    return absl::InvalidArgumentError(path + " is not a job spec: " + s.ToString());
+  }
+  auto translated = kiln::server::TranslateSpec(spec, kiln::server::SpecLimits{});
+  if (!translated.ok()) {
+    return absl::InvalidArgumentError(path + ": " + std::string(translated.status().message()));
+  }
+  return *translated;
+}
+
 // What `kiln-bench train` was asked for.
 struct TrainArgs {
   std::string model = "mlp", data = "data/mnist", device = "cpu", json_path, precision = "fp32";
+  // A job spec's model and recipe on CIFAR-10 instead of a reference model on MNIST.
+  std::string spec, cifar;
+  int cifar_batches = 1;
   int epochs = 1, threads = 2, batch = 0;
   float lr = 0;
   uint64_t seed = 0;
@@ -139,8 +159,24 @@ kiln::Precision PrecisionNamed(const std::string& name) {
                           : kiln::Precision::kFp32;
 }
 
+// The first `cifar_batches` training files of CIFAR-10 and its test batch.
+absl::StatusOr<kiln::DatasetSplits> LoadCifar(const TrainArgs& args) {
+  std::vector<std::string> files;
+  for (int i = 1; i <= args.cifar_batches; ++i) {
+    files.push_back(args.cifar + "/data_batch_" + std::to_string(i) + ".bin");
+  }
+  kiln::DatasetSplits splits;
+  auto train = kiln::ReadCifar10Files(files);
+  if (!train.ok()) return train.status();
+  auto test = kiln::ReadCifar10File(args.cifar + "/test_batch.bin");
+  if (!test.ok()) return test.status();
+  splits.train = *std::move(train);
+  splits.test = *std::move(test);
+  return splits;
+}
+
 int Train(const TrainArgs& args) {
-  const std::string& model = args.model;
+  const std::string& model = args.spec.empty() ? args.model : args.spec;
   const std::string& data = args.data;
   const std::string& device = args.device;
   const std::string& json_path = args.json_path;
@@ -148,6 +184,14 @@ int Train(const TrainArgs& args) {
   const uint64_t seed = args.seed;
   const bool infer = args.infer, profile = args.profile;
   kiln::TrainConfig config = model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
+  if (!args.spec.empty()) {
+    auto translated = ConfigOfSpec(args.spec);
+    if (!translated.ok()) {
+      std::cerr << "kiln-bench: " << translated.status().message() << "\n";
+      return 1;
+    }
+    config = *translated;
+  }
   config.epochs = epochs;
   config.seed = seed;
   config.precision = PrecisionNamed(args.precision);
@@ -162,7 +206,7 @@ int Train(const TrainArgs& args) {
     std::cerr << "kiln-bench: " << backend.status().message() << "\n";
     return 1;
   }
-  auto splits = kiln::LoadImageFolder(data);
+  auto splits = args.cifar.empty() ? kiln::LoadImageFolder(data) : LoadCifar(args);
   if (!splits.ok()) {
     std::cerr << "kiln-bench: " << splits.status().message()
               << " (fetch MNIST with scripts/fetch-mnist)\n";
@@ -249,18 +293,9 @@ struct InferArgs {
 // The spec's model (untrained: speed does not depend on the weights) served from a checkpoint
 // with the spec's normalisation, through BenchInference on the CIFAR-10 test batch.
 int Infer(const InferArgs& args) {
-  // The spec as kilnd takes it: its JSON form, translated by kilnd's own rules.
-  std::ifstream in(args.spec);
-  std::stringstream text;
-  text << in.rdbuf();
-  kiln::v1::JobSpec spec;
-  if (auto s = google::protobuf::util::JsonStringToMessage(text.str(), &spec); !in || !s.ok()) {
-    std::cerr << "kiln-bench: " << args.spec << " is not a job spec: " << s.ToString() << "\n";
-    return 1;
-  }
-  auto translated = kiln::server::TranslateSpec(spec, kiln::server::SpecLimits{});
+  auto translated = ConfigOfSpec(args.spec);
   if (!translated.ok()) {
-    std::cerr << "kiln-bench: " << args.spec << ": " << translated.status().message() << "\n";
+    std::cerr << "kiln-bench: " << translated.status().message() << "\n";
     return 1;
   }
   kiln::TrainConfig config = *translated;
@@ -307,6 +342,13 @@ int main(int argc, char** argv) {
   train->add_option("--batch", args.batch, "batch size (default: the reference's)");
   train->add_option("--lr", args.lr, "learning rate (default: the reference's)");
   train->add_option("--data", args.data, "folder with the MNIST IDX files");
+  train->add_option("--spec", args.spec, "train this job spec's model and recipe instead")
+      ->check(CLI::ExistingFile);
+  train->add_option("--cifar", args.cifar, "train on CIFAR-10 from this folder instead of MNIST");
+  train
+      ->add_option("--cifar-batches", args.cifar_batches,
+                   "how many of CIFAR-10's training files (10,000 images each)")
+      ->check(CLI::Range(1, 5));
   train->add_option("--device", args.device, "auto, cpu or cuda:N");
   train->add_option("--precision", args.precision, "fp32 (default), tf32 or bf16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
