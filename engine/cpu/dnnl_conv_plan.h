@@ -42,6 +42,9 @@ class ConvForwardPlan {
   bool reference_kernel() const { return reference_kernel_; }
   // Whether x and w are read as bfloat16.
   bool bf16() const { return bf16_; }
+  // Whether it runs Winograd's F(4x4, 3x3) rather than the direct kernel (float32 3x3 stride-1
+  // convolutions of 32 and more channels: AlgorithmsFor in the .cc says where and why).
+  bool winograd() const { return winograd_; }
   // `workspace` is 64-byte aligned and of workspace_bytes().
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* bias,
                    float* y, char* workspace) const;
@@ -60,6 +63,7 @@ class ConvForwardPlan {
                        const float* bias, float* y, bool keep_blocked, char* workspace) const;
   bool reference_kernel_ = false;
   bool bf16_ = false;
+  bool winograd_ = false;
   bool dst_blocked16_ = false;
   dnnl::memory::desc bias_md_;
   dnnl::convolution_forward conv_;
@@ -79,6 +83,9 @@ class ConvBackwardPlan {
   bool reference_kernel() const { return reference_kernel_; }
   // Whether x, w and dy are read as bfloat16.
   bool bf16() const { return bf16_; }
+  // Whether the data gradient, and the weight gradient, run Winograd's kernel.
+  bool winograd_data() const { return winograd_data_; }
+  bool winograd_weights() const { return winograd_weights_; }
   absl::Status Run(const dnnl::stream& stream, const float* x, const float* w, const float* y,
                    const float* dy, float* dw, float* dbias, float* dx, char* workspace) const;
   // Whether both primitives take dy in nChw16c (channels a multiple of 16): a caller may then
@@ -105,6 +112,7 @@ class ConvBackwardPlan {
   Activation act_ = Activation::kNone;
   bool reference_kernel_ = false;
   bool bf16_ = false;
+  bool winograd_data_ = false, winograd_weights_ = false;
   bool mask_into_blocks_ = false, diff_dst_blocked16_ = false;
   int64_t out_elems_ = 0, out_hw_ = 0;
   int out_channels_ = 0;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/dnnl_conv_plan.h"
 #include "engine/cpu/im2col_conv.h"
 #include "tests/engine/test_util.h"
 
@@ -234,8 +235,46 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ConvCase{"Conv1", Geometry(8, 1, 28, 32, 3, 1, 0)},
                       ConvCase{"Conv2", Geometry(8, 32, 13, 64, 3, 1, 0)},
                       ConvCase{"StridedPadded", Geometry(4, 16, 9, 32, 3, 2, 1)},
-                      ConvCase{"OddChannels", Geometry(3, 3, 7, 5, 2, 1, 1)}),
+                      ConvCase{"OddChannels", Geometry(3, 3, 7, 5, 2, 1, 1)},
+                      // The ResNet example's 3x3 stride-1 convolutions: Winograd on every pass
+                      // at 64 channels, forward and data gradient at 32, none at 16.
+                      ConvCase{"ResNet64", Geometry(4, 64, 8, 64, 3, 1, 1)},
+                      ConvCase{"ResNet32", Geometry(4, 32, 12, 32, 3, 1, 1)},
+                      ConvCase{"ResNet16", Geometry(4, 16, 16, 16, 3, 1, 1)}),
     [](const ::testing::TestParamInfo<ConvCase>& info) { return info.param.name; });
+
+// Which passes run Winograd's kernel: where it was measured faster than the direct kernel (3x3,
+// stride 1, 32 and more channels; the weight gradient from 64), never in bf16 (oneDNN has no
+// bfloat16 Winograd: the direct bf16 kernel is the faster there) nor for other kernels.
+TEST(CpuConvWinograd, RunsWhereItWasMeasuredFaster) {
+  struct Want {
+    const char* name;
+    Conv2dGeometry g;
+    bool bf16, forward, data, weights;
+  };
+  const Want cases[] = {
+      {"64 channels", Geometry(4, 64, 8, 64, 3, 1, 1), false, true, true, true},
+      {"32 to 64 channels", Geometry(4, 32, 16, 64, 3, 1, 1), false, true, true, false},
+      {"32 channels unpadded", Geometry(8, 32, 13, 32, 3, 1, 0), false, true, true, false},
+      {"16 channels", Geometry(4, 16, 16, 16, 3, 1, 1), false, false, false, false},
+      {"stride 2", Geometry(4, 32, 16, 64, 3, 2, 1), false, false, false, false},
+      {"1x1", Geometry(4, 64, 8, 64, 1, 1, 0), false, false, false, false},
+      {"bf16", Geometry(4, 64, 8, 64, 3, 1, 1), true, false, false, false},
+  };
+  CpuBackend backend(2);  // oneDNN's engine and thread count, as the backend sets them
+  for (const Want& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto forward = cpu_internal::ConvForwardPlan::Create(c.g, /*bias=*/false, Activation::kNone,
+                                                         c.bf16);
+    auto backward = cpu_internal::ConvBackwardPlan::Create(c.g, /*bias=*/false, Activation::kNone,
+                                                           c.bf16);
+    ASSERT_OK(forward);
+    ASSERT_OK(backward);
+    EXPECT_EQ((*forward)->winograd(), c.forward);
+    EXPECT_EQ((*backward)->winograd_data(), c.data);
+    EXPECT_EQ((*backward)->winograd_weights(), c.weights);
+  }
+}
 
 }  // namespace
 }  // namespace kiln
