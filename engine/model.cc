@@ -251,6 +251,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelConfig& config, B
   const size_t n = config.layers.size();
   std::vector<int64_t> max_pool_of(n, 0);  // by conv2d layer: its fused pooling's kernel
   model->PlanFusion(fusion, &max_pool_of);
+  model->PlanGradientAliases();
   auto layout = [&](int v) {
     return model->nchw16c_[v] ? ImageLayout::kNchw16c : ImageLayout::kNchw;
   };
@@ -346,6 +347,21 @@ void Model::PlanFusion(Fusion fusion, std::vector<int64_t>* max_pool_of) {
   }
 }
 
+void Model::PlanGradientAliases() {
+  const size_t n = config_.layers.size();
+  grad_alias_.assign(n + 1, -1);
+  for (size_t j = 0; j < n; ++j) {
+    if (fused_[j] || !std::holds_alternative<AddConfig>(config_.layers[j])) continue;
+    const size_t out = ChainEnd(j + 1);
+    if (out == n) continue;  // the add's output gradient is the caller's dout
+    for (int v : graph_.inputs[j]) {
+      if (v > 0 && graph_.readers[v] == 1 && fused_into_[v] < 0) {
+        grad_alias_[v] = static_cast<int>(out);
+      }
+    }
+  }
+}
+
 absl::Status Model::EnsureActivations(int64_t batch) {
   auto batched = [&](const Shape& per_sample) {
     Shape s = per_sample;
@@ -356,6 +372,7 @@ absl::Status Model::EnsureActivations(int64_t batch) {
   // A fused layer's output aliases its input; the gradient of its input is never formed. The
   // last gradient is the caller's dout; grads_[0] (the input's) is never needed.
   auto has_grad = [&](size_t v) { return v > 0 && v < n && fused_into_[v] < 0; };
+  auto owns_grad = [&](size_t v) { return has_grad(v) && grad_alias_[v] < 0; };
   if (batch > capacity_) {
     activations_.assign(n + 1, Tensor());
     grads_.assign(n + 1, Tensor());
@@ -365,7 +382,7 @@ absl::Status Model::EnsureActivations(int64_t batch) {
         KILN_ASSIGN_OR_RETURN(activations_[v],
                               backend_->Allocate(DType::kF32, batched(shapes_[ChainEnd(v)])));
       }
-      if (has_grad(v)) {
+      if (owns_grad(v)) {
         KILN_ASSIGN_OR_RETURN(grads_[v], backend_->Allocate(DType::kF32, batched(shapes_[v])));
       }
     }
@@ -382,7 +399,10 @@ absl::Status Model::EnsureActivations(int64_t batch) {
     } else {
       activations_[v].Reshape(batched(shapes_[ChainEnd(v)]));
     }
-    if (has_grad(v)) grads_[v].Reshape(batched(shapes_[v]));
+    if (owns_grad(v)) grads_[v].Reshape(batched(shapes_[v]));
+  }
+  for (size_t v = 1; v < n; ++v) {
+    if (has_grad(v) && grad_alias_[v] >= 0) grads_[v] = grads_[grad_alias_[v]];
   }
   return absl::OkStatus();
 }

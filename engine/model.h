@@ -129,6 +129,9 @@ class Model {
   ImageLayout output_layout(size_t i) const {
     return nchw16c_[i + 1] ? ImageLayout::kNchw16c : ImageLayout::kNchw;
   }
+  // Whether layer i's output gradient is the tensor of the add that alone reads that output
+  // (grad_alias_), not a copy of it.
+  bool output_grad_shared(size_t i) const { return grad_alias_[i + 1] >= 0; }
   // Starts (or with nullptr stops) adding each layer's forward and backward time to `times`.
   void set_layer_times(LayerTimes* times);
 
@@ -137,6 +140,8 @@ class Model {
   // Which layers run fused into the one before them (fused_, fused_into_; a conv2d's max pooling
   // kernel in max_pool_of) and which values stay in nChw16c (nchw16c_); none under kNone.
   void PlanFusion(Fusion fusion, std::vector<int64_t>* max_pool_of);
+  // Which values take an add's output gradient as their own (grad_alias_).
+  void PlanGradientAliases();
   absl::Status EnsureActivations(int64_t batch);
   // d loss / d (output of layer i): past the fused layers that alias that output.
   const Tensor& OutputGrad(size_t i, const Tensor& dout) const;
@@ -160,6 +165,12 @@ class Model {
   // activations_[0] is unused (the input is the caller's); [i+1] the output of layer i.
   std::vector<Tensor> activations_;
   std::vector<Tensor> grads_;  // grads_[v] is d loss / d activations_[v]
+  // grad_alias_[v]: the value whose gradient tensor is v's too, or -1. An add passes its output's
+  // gradient unchanged to every input, so an input only the add reads shares that tensor instead
+  // of taking a copy (two 8 MB copies a step in the ResNet example's first block). Safe because
+  // the tensor's other writers, the add's readers, run their backward before the add's, and no
+  // backward writes the gradient it reads.
+  std::vector<int> grad_alias_;
   // scratch_[k]: where input slot k of a node writes a gradient that is then summed into its
   // value's (ModelGraph::sums_gradient).
   std::vector<Tensor> scratch_;

@@ -49,7 +49,10 @@ absl::Status Add::ForwardInputs(const std::vector<const Tensor*>& xs, Tensor* y,
 absl::Status Add::BackwardInputs(const std::vector<const Tensor*>&, const Tensor&, const Tensor& dy,
                                  const std::vector<Tensor*>& dxs) {
   for (Tensor* dx : dxs) {
-    if (dx != nullptr) KILN_RETURN_IF_ERROR(backend_->Copy(dy, dx, dy.bytes()));
+    // An input whose gradient is dy's own tensor (Model::grad_alias_) has it already.
+    if (dx != nullptr && dx->raw() != dy.raw()) {
+      KILN_RETURN_IF_ERROR(backend_->Copy(dy, dx, dy.bytes()));
+    }
   }
   return absl::OkStatus();
 }

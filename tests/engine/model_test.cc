@@ -461,6 +461,12 @@ TEST(Model, ResidualBlocksKeepImagesInNchw16cAndMatchNchwLayers) {
   // The ReLUs that alone read a batch norm's output run inside it; those after an add do not.
   for (size_t i : {2, 5, 12}) EXPECT_TRUE((*model)->layer_fused(i)) << (*model)->node_name(i);
   for (size_t i : {9, 18}) EXPECT_FALSE((*model)->layer_fused(i)) << (*model)->node_name(i);
+  // An add's inputs that only it reads take its output gradient's tensor (l1.bn2, l2.bn2,
+  // l2.short_bn); the stem's ReLU, read by l1.conv1 too, gets a gradient of its own.
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    EXPECT_EQ((*model)->output_grad_shared(i), i == 7 || i == 14 || i == 16)
+        << (*model)->node_name(i);
+  }
   auto separate = Model::Build(c, backend->get(), 1, Fusion::kNone);
   ASSERT_OK(separate);
   for (size_t i = 0; i < c.layers.size(); ++i) {
