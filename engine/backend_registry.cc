@@ -88,7 +88,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requeste
   KILN_ASSIGN_OR_RETURN(int index, ParseDevice(device));
   CudaBackendOptions cuda;
   cuda.allow_tf32 = options.precision == Precision::kTf32;
-  cuda.bf16_gemm = options.precision == Precision::kBf16;
+  cuda.bf16 = options.precision == Precision::kBf16;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(index, cuda));
   return std::unique_ptr<Backend>(std::move(backend));
 #else
@@ -99,9 +99,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view requeste
 
 int64_t ConvWorkspaceBytes(DeviceKind device, const Conv2dGeometry& g, int threads, ConvPass pass,
                            Precision precision) {
-  // cuDNN algorithms are picked to fit the backend's fixed limit.
+  // cuDNN algorithms are picked to fit the backend's fixed limit; under bf16 the convolution's
+  // bfloat16 copies come on top.
   if (device == DeviceKind::kCuda) {
-    return static_cast<int64_t>(CudaBackendOptions{}.conv_workspace_limit);
+    const int64_t copies = precision == Precision::kBf16
+                               ? CudaBf16ConvLayout(g, pass == ConvPass::kBackward).bytes
+                               : 0;
+    return static_cast<int64_t>(CudaBackendOptions{}.conv_workspace_limit) + copies;
   }
   return CpuBackend::ConvWorkspaceBytes(g, threads, /*backward=*/pass == ConvPass::kBackward,
                                         precision);

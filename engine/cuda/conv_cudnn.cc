@@ -50,7 +50,8 @@ bool Pick(const std::vector<Perf>& results, int count, const CudnnConvOptions& o
     const Perf& p = results[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > options.workspace_limit) continue;
     if (need_determinism && p.determinism != CUDNN_DETERMINISTIC) continue;
-    if (!options.allow_tf32 && p.mathType != CUDNN_FMA_MATH) continue;
+    // (TF32 is a float32 matter: bfloat16 data take any math type.)
+    if (!options.allow_tf32 && !options.bf16 && p.mathType != CUDNN_FMA_MATH) continue;
     out->chosen = true;
     out->algo = p.algo;
     out->math = p.mathType;
@@ -112,7 +113,7 @@ absl::Status ChooseAlgorithm(const CudnnConvOptions& options, const PassCalls<Pe
     cudaGetLastError();  // a failed search may leave an out-of-memory error behind
     if (Pick(results, count, options, false, out)) return absl::OkStatus();
   }
-  *out = {true, calls.fallback, CUDNN_FMA_MATH, 0};
+  *out = {true, calls.fallback, options.bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH, 0};
   KILN_CUDA_CHECK(calls.workspace_size(out->algo, &out->workspace));
   return absl::OkStatus();
 }
@@ -175,13 +176,14 @@ absl::StatusOr<CudnnConvolutions::Plan*> CudnnConvolutions::GetPlan(const Conv2d
   auto plan = std::make_unique<Plan>();
   plan->dnn = dnn_;
   plan->key = key;
+  // The tensors' type; the convolution itself accumulates in float32 either way.
+  const cudnnDataType_t data = options_.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
   KILN_CUDA_CHECK(dnn_->CreateTensorDescriptor(&plan->x));
-  KILN_CUDA_CHECK(dnn_->SetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g.batch,
+  KILN_CUDA_CHECK(dnn_->SetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, data, g.batch,
                                               g.in_channels, g.in_h, g.in_w));
   KILN_CUDA_CHECK(dnn_->CreateFilterDescriptor(&plan->w));
-  KILN_CUDA_CHECK(dnn_->SetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                              g.out_channels, g.in_channels, g.kernel_h,
-                                              g.kernel_w));
+  KILN_CUDA_CHECK(dnn_->SetFilter4dDescriptor(plan->w, data, CUDNN_TENSOR_NCHW, g.out_channels,
+                                              g.in_channels, g.kernel_h, g.kernel_w));
   KILN_CUDA_CHECK(dnn_->CreateConvolutionDescriptor(&plan->conv));
   KILN_CUDA_CHECK(dnn_->SetConvolution2dDescriptor(plan->conv, g.padding_h, g.padding_w, g.stride_h,
                                                    g.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
@@ -189,7 +191,7 @@ absl::StatusOr<CudnnConvolutions::Plan*> CudnnConvolutions::GetPlan(const Conv2d
   // FMA_MATH keeps float32 convolutions off TF32 tensor cores (DEFAULT_MATH allows them on
   // Ampere and later); the math type set here is what the algorithm searches consider.
   KILN_CUDA_CHECK(dnn_->SetConvolutionMathType(
-      plan->conv, options_.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+      plan->conv, options_.allow_tf32 && !options_.bf16 ? CUDNN_DEFAULT_MATH : BaseMath()));
   int n = 0, c = 0, h = 0, w = 0;
   KILN_CUDA_CHECK(
       dnn_->GetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &n, &c, &h, &w));
@@ -199,14 +201,17 @@ absl::StatusOr<CudnnConvolutions::Plan*> CudnnConvolutions::GetPlan(const Conv2d
                                             g.out_channels, "x", g.out_h(), "x", g.out_w()));
   }
   KILN_CUDA_CHECK(dnn_->CreateTensorDescriptor(&plan->y));
-  KILN_CUDA_CHECK(
-      dnn_->SetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  KILN_CUDA_CHECK(dnn_->SetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, data, n, c, h, w));
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
   return raw;
 }
 
-absl::Status CudnnConvolutions::ChooseForward(Plan* p, const float* x, const float* w, float* y,
+cudnnMathType_t CudnnConvolutions::BaseMath() const {
+  return options_.bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+}
+
+absl::Status CudnnConvolutions::ChooseForward(Plan* p, const void* x, const void* w, void* y,
                                               const WorkspaceFn& workspace) {
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   PassCalls<Perf, cudnnConvolutionFwdAlgo_t> calls;
@@ -222,7 +227,7 @@ absl::Status CudnnConvolutions::ChooseForward(Plan* p, const float* x, const flo
                                                    count, r, work, bytes);
   };
   calls.workspace_size = [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
-    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, CUDNN_FMA_MATH);
+    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, BaseMath());
     if (rc != CUDNN_STATUS_SUCCESS) return rc;
     return dnn_->GetConvolutionForwardWorkspaceSize(handle_, p->x, p->w, p->conv, p->y, algo,
                                                     bytes);
@@ -231,8 +236,8 @@ absl::Status CudnnConvolutions::ChooseForward(Plan* p, const float* x, const flo
   return ChooseAlgorithm(options_, calls, workspace, &p->fwd);
 }
 
-absl::Status CudnnConvolutions::ChooseBackwardData(Plan* p, const float* w, const float* dy,
-                                                   float* dx, const WorkspaceFn& workspace) {
+absl::Status CudnnConvolutions::ChooseBackwardData(Plan* p, const void* w, const void* dy, void* dx,
+                                                   const WorkspaceFn& workspace) {
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   PassCalls<Perf, cudnnConvolutionBwdDataAlgo_t> calls;
   calls.max_count = [&](int* max) {
@@ -247,7 +252,7 @@ absl::Status CudnnConvolutions::ChooseBackwardData(Plan* p, const float* w, cons
                                                         dx, max, count, r, work, bytes);
   };
   calls.workspace_size = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, CUDNN_FMA_MATH);
+    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, BaseMath());
     if (rc != CUDNN_STATUS_SUCCESS) return rc;
     return dnn_->GetConvolutionBackwardDataWorkspaceSize(handle_, p->w, p->y, p->conv, p->x, algo,
                                                          bytes);
@@ -256,13 +261,14 @@ absl::Status CudnnConvolutions::ChooseBackwardData(Plan* p, const float* w, cons
   return ChooseAlgorithm(options_, calls, workspace, &p->bwd_data);
 }
 
-absl::Status CudnnConvolutions::ChooseBackwardFilter(Plan* p, const float* x, const float* dy,
+absl::Status CudnnConvolutions::ChooseBackwardFilter(Plan* p, const void* x, const void* dy,
                                                      const WorkspaceFn& workspace) {
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   // The timed search overwrites its filter-gradient buffer, and dw accumulates: the search writes
   // into scratch after its workspace instead.
   const Key& k = p->key;
-  const size_t dw_bytes = static_cast<size_t>(k.oc) * k.c * k.kh * k.kw * sizeof(float);
+  const size_t dw_bytes =
+      static_cast<size_t>(k.oc) * k.c * k.kh * k.kw * (options_.bf16 ? 2 : sizeof(float));
   constexpr size_t kAlign = 256;
   PassCalls<Perf, cudnnConvolutionBwdFilterAlgo_t> calls;
   calls.max_count = [&](int* max) {
@@ -274,12 +280,12 @@ absl::Status CudnnConvolutions::ChooseBackwardFilter(Plan* p, const float* x, co
   };
   calls.find = [&](int max, int* count, Perf* r, void* work, size_t bytes) {
     const size_t at = (bytes + kAlign - 1) / kAlign * kAlign;
-    return dnn_->FindConvolutionBackwardFilterAlgorithmEx(
-        handle_, p->x, x, p->y, dy, p->conv, p->w,
-        reinterpret_cast<float*>(static_cast<char*>(work) + at), max, count, r, work, bytes);
+    return dnn_->FindConvolutionBackwardFilterAlgorithmEx(handle_, p->x, x, p->y, dy, p->conv, p->w,
+                                                          static_cast<char*>(work) + at, max, count,
+                                                          r, work, bytes);
   };
   calls.workspace_size = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
-    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, CUDNN_FMA_MATH);
+    const cudnnStatus_t rc = dnn_->SetConvolutionMathType(p->conv, BaseMath());
     if (rc != CUDNN_STATUS_SUCCESS) return rc;
     return dnn_->GetConvolutionBackwardFilterWorkspaceSize(handle_, p->x, p->y, p->conv, p->w, algo,
                                                            bytes);
@@ -289,8 +295,8 @@ absl::Status CudnnConvolutions::ChooseBackwardFilter(Plan* p, const float* x, co
   return ChooseAlgorithm(options_, calls, workspace, &p->bwd_filter);
 }
 
-absl::Status CudnnConvolutions::Forward(const Conv2dGeometry& g, const float* x, const float* w,
-                                        float* y, const WorkspaceFn& workspace) {
+absl::Status CudnnConvolutions::Forward(const Conv2dGeometry& g, const void* x, const void* w,
+                                        void* y, const WorkspaceFn& workspace) {
   KILN_ASSIGN_OR_RETURN(Plan * p, GetPlan(g));
   if (!p->fwd.chosen) KILN_RETURN_IF_ERROR(ChooseForward(p, x, w, y, workspace));
   void* work = nullptr;
@@ -304,8 +310,8 @@ absl::Status CudnnConvolutions::Forward(const Conv2dGeometry& g, const float* x,
   return absl::OkStatus();
 }
 
-absl::Status CudnnConvolutions::BackwardFilter(const Conv2dGeometry& g, const float* x,
-                                               const float* dy, float* dw,
+absl::Status CudnnConvolutions::BackwardFilter(const Conv2dGeometry& g, const void* x,
+                                               const void* dy, void* dw,
                                                const WorkspaceFn& workspace) {
   KILN_ASSIGN_OR_RETURN(Plan * p, GetPlan(g));
   if (!p->bwd_filter.chosen) KILN_RETURN_IF_ERROR(ChooseBackwardFilter(p, x, dy, workspace));
@@ -321,9 +327,8 @@ absl::Status CudnnConvolutions::BackwardFilter(const Conv2dGeometry& g, const fl
   return absl::OkStatus();
 }
 
-absl::Status CudnnConvolutions::BackwardData(const Conv2dGeometry& g, const float* w,
-                                             const float* dy, float* dx,
-                                             const WorkspaceFn& workspace) {
+absl::Status CudnnConvolutions::BackwardData(const Conv2dGeometry& g, const void* w, const void* dy,
+                                             void* dx, const WorkspaceFn& workspace) {
   KILN_ASSIGN_OR_RETURN(Plan * p, GetPlan(g));
   if (!p->bwd_data.chosen) KILN_RETURN_IF_ERROR(ChooseBackwardData(p, w, dy, dx, workspace));
   void* work = nullptr;

@@ -26,7 +26,10 @@ namespace kiln {
 struct CudnnLibrary;
 
 struct CudnnConvOptions {
-  bool allow_tf32 = false;     // CUDNN_FMA_MATH unless true
+  bool allow_tf32 = false;  // CUDNN_FMA_MATH unless true
+  // x, w and y (and dy, dw, dx) are bfloat16 buffers, accumulated in float32 on tensor cores
+  // (cuDNN's PSEUDO_BFLOAT16_CONFIG); float32 otherwise.
+  bool bf16 = false;
   bool deterministic = true;   // deterministic algorithms chosen by heuristics, not by timing
   size_t workspace_limit = 0;  // bytes of workspace an algorithm may use
 };
@@ -42,14 +45,15 @@ class CudnnConvolutions {
   CudnnConvolutions(const CudnnConvolutions&) = delete;
   CudnnConvolutions& operator=(const CudnnConvolutions&) = delete;
 
+  // Buffers hold float, or bfloat16 under CudnnConvOptions::bf16.
   // y = conv(x, w) (cross-correlation, as PyTorch), y overwritten.
-  absl::Status Forward(const Conv2dGeometry& g, const float* x, const float* w, float* y,
+  absl::Status Forward(const Conv2dGeometry& g, const void* x, const void* w, void* y,
                        const WorkspaceFn& workspace);
   // dw += d conv / d w for output gradient dy.
-  absl::Status BackwardFilter(const Conv2dGeometry& g, const float* x, const float* dy, float* dw,
+  absl::Status BackwardFilter(const Conv2dGeometry& g, const void* x, const void* dy, void* dw,
                               const WorkspaceFn& workspace);
   // dx = d conv / d x for output gradient dy, dx overwritten.
-  absl::Status BackwardData(const Conv2dGeometry& g, const float* w, const float* dy, float* dx,
+  absl::Status BackwardData(const Conv2dGeometry& g, const void* w, const void* dy, void* dx,
                             const WorkspaceFn& workspace);
 
   // "2x3x9x11 k3x3 s1x1 p0x0 -> 5: fwd=IMPLICIT_PRECOMP_GEMM(0 B) ..." for every shape seen, for
@@ -72,12 +76,15 @@ class CudnnConvolutions {
   static std::string DescribePlan(const Plan& plan);
   absl::StatusOr<Plan*> GetPlan(const Conv2dGeometry& g);
   // Each pass's choice, made on the pass's first use with the call's own buffers.
-  absl::Status ChooseForward(Plan* plan, const float* x, const float* w, float* y,
+  absl::Status ChooseForward(Plan* plan, const void* x, const void* w, void* y,
                              const WorkspaceFn& workspace);
-  absl::Status ChooseBackwardData(Plan* plan, const float* w, const float* dy, float* dx,
+  absl::Status ChooseBackwardData(Plan* plan, const void* w, const void* dy, void* dx,
                                   const WorkspaceFn& workspace);
-  absl::Status ChooseBackwardFilter(Plan* plan, const float* x, const float* dy,
+  absl::Status ChooseBackwardFilter(Plan* plan, const void* x, const void* dy,
                                     const WorkspaceFn& workspace);
+  // The math type a pass starts from: FMA for float32 (TF32 only where allowed), tensor cores for
+  // bfloat16.
+  cudnnMathType_t BaseMath() const;
 
   const CudnnLibrary* dnn_;
   cudnnHandle_t handle_;

@@ -1,6 +1,12 @@
 // CudaBackend's convolutions: cuDNN convolves (conv_cudnn.h picks and caches its algorithms), and
 // the bias and the fused ReLU that ride along are kiln's kernels here. The CPU's counterpart is
 // engine/cpu/conv_ops.cc.
+//
+// bf16 (torch.autocast's rule, as the CPU's): cuDNN convolves bfloat16 copies of x, w and dy
+// (rounded to nearest even here) with float32 accumulation, and its bfloat16 y, dw and dx are
+// widened into the float32 tensors (dw added, as parameter gradients accumulate).
+#include <cuda_bf16.h>
+
 #include <cstdint>
 #include <string>
 
@@ -69,6 +75,32 @@ cudaError_t conv_bias_act_backward(cudaStream_t stream, int batch, int channels,
   return cudaGetLastError();
 }
 
+__global__ void to_bf16_kernel(int64_t n, const float* in, __nv_bfloat16* out) {
+  // Round to nearest even; NaN stays NaN and infinity infinity.
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) out[i] = __float2bfloat16_rn(in[i]);
+}
+
+__global__ void from_bf16_kernel(int64_t n, const __nv_bfloat16* in, bool accumulate, float* out) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const float v = __bfloat162float(in[i]);
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+cudaError_t to_bf16(cudaStream_t stream, int64_t n, const float* in, void* out) {
+  if (n <= 0) return cudaSuccess;
+  to_bf16_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, in, static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+// out = in (or out += in where accumulate), widened from bfloat16.
+cudaError_t from_bf16(cudaStream_t stream, int64_t n, const void* in, bool accumulate, float* out) {
+  if (n <= 0) return cudaSuccess;
+  from_bf16_kernel<<<GridFor(n), kThreads, 0, stream>>>(n, static_cast<const __nv_bfloat16*>(in),
+                                                        accumulate, out);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 }  // namespace kiln::cuda_kernels
@@ -95,10 +127,24 @@ absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x,
   const WorkspaceFn workspace = [this](size_t bytes) {
     return GetScratch(Scratch::kWorkspace, bytes);
   };
-  if (absl::Status s = convs_->Forward(g, x, w, y, workspace); !s.ok()) {
+  const int64_t plane = int64_t{g.out_h()} * g.out_w();
+  if (options_.bf16) {
+    const int64_t x_elems = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
+    const int64_t w_elems = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
+    const int64_t y_elems = int64_t{g.batch} * g.out_channels * plane;
+    const CudaBf16ConvSlots at = CudaBf16ConvLayout(g, /*backward=*/false);
+    KILN_ASSIGN_OR_RETURN(void* buf, GetScratch(Scratch::kBf16Copies, at.bytes));
+    char* base = static_cast<char*>(buf);
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, x_elems, x, base + at.x));
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, w_elems, w, base + at.w));
+    if (absl::Status s = convs_->Forward(g, base + at.x, base + at.w, base + at.y, workspace);
+        !s.ok()) {
+      return cuda_internal::Annotate(s, ConvContext(g, "forward"));
+    }
+    KILN_CUDA_CHECK(ck::from_bf16(stream_, y_elems, base + at.y, /*accumulate=*/false, y));
+  } else if (absl::Status s = convs_->Forward(g, x, w, y, workspace); !s.ok()) {
     return cuda_internal::Annotate(s, ConvContext(g, "forward"));
   }
-  const int64_t plane = int64_t{g.out_h()} * g.out_w();
   KILN_CUDA_CHECK(ck::conv_bias_act_forward(stream_, g.batch, g.out_channels, plane, bias, act, y));
   return absl::OkStatus();
 }
@@ -127,6 +173,7 @@ absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x
     KILN_CUDA_CHECK(ck::conv_bias_act_backward(stream_, g.batch, g.out_channels, plane, nullptr, dy,
                                                nullptr, dbias));
   }
+  if (options_.bf16) return Conv2dBackwardBf16(g, x, w, grad, dw, dx);
   const WorkspaceFn workspace = [this](size_t bytes) {
     return GetScratch(Scratch::kWorkspace, bytes);
   };
@@ -139,6 +186,41 @@ absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x
     if (absl::Status s = convs_->BackwardData(g, w, grad, dx, workspace); !s.ok()) {
       return cuda_internal::Annotate(s, ConvContext(g, "backward-data"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Conv2dBackwardBf16(const Conv2dGeometry& g, const float* x,
+                                             const float* w, const float* grad, float* dw,
+                                             float* dx) {
+  const int64_t x_elems = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
+  const int64_t w_elems = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
+  const int64_t y_elems = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
+  const CudaBf16ConvSlots at = CudaBf16ConvLayout(g, /*backward=*/true);
+  const int64_t gb = at.y, xb = at.x, wb = at.w, dwb = at.dw, dxb = at.dx;
+  KILN_ASSIGN_OR_RETURN(void* buf, GetScratch(Scratch::kBf16Copies, at.bytes));
+  char* base = static_cast<char*>(buf);
+  const WorkspaceFn workspace = [this](size_t bytes) {
+    return GetScratch(Scratch::kWorkspace, bytes);
+  };
+  KILN_CUDA_CHECK(ck::to_bf16(stream_, y_elems, grad, base + gb));
+  if (dw != nullptr) {
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, x_elems, x, base + xb));
+    // cuDNN adds into its bfloat16 dw: from zero, then widened and added to the float32 dw.
+    KILN_CUDA_CHECK(cudaMemsetAsync(base + dwb, 0, w_elems * 2, stream_));
+    if (absl::Status s = convs_->BackwardFilter(g, base + xb, base + gb, base + dwb, workspace);
+        !s.ok()) {
+      return cuda_internal::Annotate(s, ConvContext(g, "backward-filter"));
+    }
+    KILN_CUDA_CHECK(ck::from_bf16(stream_, w_elems, base + dwb, /*accumulate=*/true, dw));
+  }
+  if (dx != nullptr) {
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, w_elems, w, base + wb));
+    if (absl::Status s = convs_->BackwardData(g, base + wb, base + gb, base + dxb, workspace);
+        !s.ok()) {
+      return cuda_internal::Annotate(s, ConvContext(g, "backward-data"));
+    }
+    KILN_CUDA_CHECK(ck::from_bf16(stream_, x_elems, base + dxb, /*accumulate=*/false, dx));
   }
   return absl::OkStatus();
 }

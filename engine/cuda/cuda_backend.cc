@@ -69,6 +69,7 @@ absl::Status CudaBackend::Init() {
   KILN_CUDA_CHECK(dnn_->SetStream(cudnn_, stream_));
   CudnnConvOptions conv;
   conv.allow_tf32 = options_.allow_tf32;
+  conv.bf16 = options_.bf16;
   conv.deterministic = options_.deterministic;
   conv.workspace_limit = options_.conv_workspace_limit;
   convs_ = std::make_unique<CudnnConvolutions>(dnn_, cudnn_, conv);
@@ -89,6 +90,7 @@ CudaBackend::~CudaBackend() {
   if (allocator_ != nullptr) {
     allocator_->Free(pool_, temp_.data, temp_.bytes);
     allocator_->Free(pool_, workspace_.data, workspace_.bytes);
+    allocator_->Free(pool_, bf16_copies_.data, bf16_copies_.bytes);
     allocator_->Free(pool_, kernel_error_, sizeof(ck::KernelErrorRecord));
     // The stream has finished: its blocks, and those of tensors that outlive the backend, are
     // free for any other backend on the device.
@@ -111,7 +113,7 @@ std::string CudaBackend::Description() const {
                       driver, ", cuBLAS ", cublas, ", cuDNN ",
                       dnn_ != nullptr ? dnn_->GetVersion() : 0,
                       options_.allow_tf32 ? "; TF32 allowed" : "; TF32 off",
-                      options_.bf16_gemm ? "; bf16 GEMMs" : "");
+                      options_.bf16 ? "; bf16 GEMMs and convolutions" : "");
 }
 
 std::string CudaBackend::ConvolutionAlgorithms() const {
@@ -134,7 +136,9 @@ absl::Status CudaBackend::Activate() {
 }
 
 absl::StatusOr<void*> CudaBackend::GetScratch(Scratch slot, size_t bytes) {
-  ScratchBuffer& buf = slot == Scratch::kTemp ? temp_ : workspace_;
+  ScratchBuffer& buf = slot == Scratch::kTemp        ? temp_
+                       : slot == Scratch::kWorkspace ? workspace_
+                                                     : bf16_copies_;
   if (buf.data != nullptr && buf.bytes >= bytes) return buf.data;
   // Stream order makes the swap safe: work queued on the old buffer runs before any reuse.
   allocator_->Free(pool_, buf.data, buf.bytes);
@@ -273,7 +277,7 @@ absl::Status CudaBackend::Gemm(Transpose ta, Transpose tb, int m, int n, int k, 
   // keep their leading dimensions (the stored row lengths).
   const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
   const int lda = std::max(1, at ? m : k), ldb = std::max(1, bt ? k : n);
-  if (options_.bf16_gemm) {
+  if (options_.bf16) {
     KILN_CUDA_CHECK(blas_->GemmEx(cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, CUDA_R_32F,
                                   ldb, a, CUDA_R_32F, lda, &beta, c, CUDA_R_32F, n,

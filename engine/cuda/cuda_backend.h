@@ -167,7 +167,8 @@ class CudaBackend final : public Backend {
  private:
   // Device memory kept between ops and grown on demand: kTemp for kiln's kernels, kWorkspace
   // for cuDNN. An op may use both, never two requests of one slot at once.
-  enum class Scratch { kTemp, kWorkspace };
+  // kBf16Copies: a convolution's bfloat16 copies of its operands and outputs (conv_ops.cu).
+  enum class Scratch { kTemp, kWorkspace, kBf16Copies };
   struct ScratchBuffer {
     void* data = nullptr;
     size_t bytes = 0;
@@ -178,6 +179,10 @@ class CudaBackend final : public Backend {
   // Makes this backend's device current on the calling thread (ops may come from any thread).
   absl::Status Activate();
   absl::StatusOr<void*> GetScratch(Scratch slot, size_t bytes);
+  // Conv2dBackward's products under bf16 from the gradient at the convolution's output (masked
+  // by the fused ReLU already): dw += d/dw, dx = d/dx, on bfloat16 copies (conv_ops.cu).
+  absl::Status Conv2dBackwardBf16(const Conv2dGeometry& g, const float* x, const float* w,
+                                  const float* grad, float* dw, float* dx);
   // Waits for the stream; then reports (and clears) a bad input a kernel recorded.
   absl::Status SyncAndCheckKernelErrors();
 
@@ -191,7 +196,7 @@ class CudaBackend final : public Backend {
   cublasContext* cublas_ = nullptr;
   cudnnContext* cudnn_ = nullptr;
   std::unique_ptr<CudnnConvolutions> convs_;
-  ScratchBuffer temp_, workspace_;
+  ScratchBuffer temp_, workspace_, bf16_copies_;
   // Pinned host memory for small device-to-host copies (the per-step loss and accuracy).
   void* staging_ = nullptr;
   // A KernelErrorRecord in device memory, and whether a kernel that may write it ran since the

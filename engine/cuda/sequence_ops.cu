@@ -670,7 +670,7 @@ absl::Status CudaBackend::GemmStridedBatched(Transpose ta, Transpose tb, int m, 
   // their strides) swapped; TF32 follows the handle's math mode.
   const bool at = ta == Transpose::kYes, bt = tb == Transpose::kYes;
   const int lda = std::max(1, at ? m : k), ldb = std::max(1, bt ? k : n);
-  if (options_.bf16_gemm) {  // bfloat16 products, float32 accumulation (see Gemm)
+  if (options_.bf16) {  // bfloat16 products, float32 accumulation (see Gemm)
     KILN_CUDA_CHECK(blas_->GemmStridedBatchedEx(
         cublas_, bt ? CUBLAS_OP_T : CUBLAS_OP_N, at ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
         b, CUDA_R_32F, ldb, stride_b, a, CUDA_R_32F, lda, stride_a, &beta, c, CUDA_R_32F, n,

@@ -40,8 +40,8 @@ inline std::string JobStateLabel(v1::JobState state) {
   return name;
 }
 
-// "periodic", "best", "on_demand", "shutdown", "final", "cancel": a checkpoint kind as kiln spells it
-// everywhere people see it (file names, the `kind` label of kiln_checkpoints_total, the event
+// "periodic", "best", "on_demand", "shutdown", "final", "cancel": a checkpoint kind as kiln spells
+// it everywhere people see it (file names, the `kind` label of kiln_checkpoints_total, the event
 // log, the CLI, the Python client): the enum's name without its prefix, lower-case, which is
 // also what spec files and flags accept for any enum.
 inline std::string CheckpointKindName(v1::CheckpointKind kind) {
@@ -54,15 +54,12 @@ inline std::string CheckpointKindName(v1::CheckpointKind kind) {
 
 // "fp32", "tf32" or "bf16", as spec files and flags spell a job's precision; unset is fp32. On a
 // CPU device (no TF32 units) a tf32 job computes in fp32, and this says so: "tf32 (on cpu: fp32,
-// no TF32 units)". bf16 rounds the inputs of GEMMs and, on the CPU, of convolutions: "bf16
-// (GEMMs and convolutions in bfloat16, the rest fp32)" on a CPU, "bf16 (GEMMs in bfloat16, the
-// rest fp32)" on CUDA (its convolutions stay float32 for now). For the event log to match what
-// `kiln get` shows.
+// no TF32 units)". bf16 rounds the inputs of GEMMs and convolutions on every device: "bf16 (GEMMs
+// and convolutions in bfloat16, the rest fp32)". For the event log to match what `kiln get` shows.
 inline std::string JobPrecisionText(v1::Precision precision, const std::string& device) {
   const bool cpu = absl::StartsWith(device, "cpu");
   if (precision == v1::PRECISION_BF16) {
-    return cpu ? "bf16 (GEMMs and convolutions in bfloat16, the rest fp32)"
-               : "bf16 (GEMMs in bfloat16, the rest fp32)";
+    return "bf16 (GEMMs and convolutions in bfloat16, the rest fp32)";
   }
   if (precision != v1::PRECISION_TF32) return "fp32";
   return cpu ? "tf32 (on cpu: fp32, no TF32 units)" : "tf32";

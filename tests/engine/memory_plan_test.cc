@@ -164,6 +164,12 @@ TEST(MemoryPlan, TheConvWorkspaceIsTheLargerOfTheBackwardAndTheForwardPlanAndNam
   ASSERT_OK(cuda);
   ASSERT_NE(Find(*cuda, 0, "conv2d workspace"), nullptr);
   EXPECT_EQ(Find(*cuda, 0, "conv2d workspace")->bytes, int64_t{256} << 20);
+  // In bf16 with the backward's bfloat16 copies on top (conv_ops.cu: dy, x, w, dw and dx, each
+  // 256-byte aligned): 64,000,000 + 2 x 2,000,128 + 2 x 69,888 bytes.
+  auto cuda_bf16 = PlanTrainingMemory(WideConv(), 100, 0, {DeviceKind::kCuda, 1, Precision::kBf16});
+  ASSERT_OK(cuda_bf16);
+  ASSERT_NE(Find(*cuda_bf16, 0, "conv2d workspace"), nullptr);
+  EXPECT_EQ(Find(*cuda_bf16, 0, "conv2d workspace")->bytes, (int64_t{256} << 20) + 68140032);
 }
 
 // The count is what the backend then holds: the same plans, made on the same number of threads

@@ -146,7 +146,7 @@ TEST(EventLogTest, JobStartedSaysThePrecisionAndThatACpuHasNoTf32) {
   EXPECT_EQ(nlohmann::json::parse(lines[1])["precision"], "tf32 (on cpu: fp32, no TF32 units)");
   EXPECT_EQ(nlohmann::json::parse(lines[2])["precision"], "tf32");
   EXPECT_EQ(nlohmann::json::parse(lines[3])["precision"],
-            "bf16 (GEMMs in bfloat16, the rest fp32)");
+            "bf16 (GEMMs and convolutions in bfloat16, the rest fp32)");
   EXPECT_EQ(nlohmann::json::parse(lines[4])["precision"],
             "bf16 (GEMMs and convolutions in bfloat16, the rest fp32)");
 }
