@@ -129,19 +129,16 @@ absl::Status CudaBackend::Conv2dForward(const Conv2dGeometry& g, const float* x,
   };
   const int64_t plane = int64_t{g.out_h()} * g.out_w();
   if (options_.bf16) {
-    const int64_t x_elems = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
-    const int64_t w_elems = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
-    const int64_t y_elems = int64_t{g.batch} * g.out_channels * plane;
     const CudaBf16ConvSlots at = CudaBf16ConvLayout(g, /*backward=*/false);
     KILN_ASSIGN_OR_RETURN(void* buf, GetScratch(Scratch::kBf16Copies, at.bytes));
     char* base = static_cast<char*>(buf);
-    KILN_CUDA_CHECK(ck::to_bf16(stream_, x_elems, x, base + at.x));
-    KILN_CUDA_CHECK(ck::to_bf16(stream_, w_elems, w, base + at.w));
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, at.x_elems, x, base + at.x));
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, at.w_elems, w, base + at.w));
     if (absl::Status s = convs_->Forward(g, base + at.x, base + at.w, base + at.y, workspace);
         !s.ok()) {
       return cuda_internal::Annotate(s, ConvContext(g, "forward"));
     }
-    KILN_CUDA_CHECK(ck::from_bf16(stream_, y_elems, base + at.y, /*accumulate=*/false, y));
+    KILN_CUDA_CHECK(ck::from_bf16(stream_, at.y_elems, base + at.y, /*accumulate=*/false, y));
   } else if (absl::Status s = convs_->Forward(g, x, w, y, workspace); !s.ok()) {
     return cuda_internal::Annotate(s, ConvContext(g, "forward"));
   }
@@ -193,34 +190,31 @@ absl::Status CudaBackend::Conv2dBackward(const Conv2dGeometry& g, const float* x
 absl::Status CudaBackend::Conv2dBackwardBf16(const Conv2dGeometry& g, const float* x,
                                              const float* w, const float* grad, float* dw,
                                              float* dx) {
-  const int64_t x_elems = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
-  const int64_t w_elems = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
-  const int64_t y_elems = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
   const CudaBf16ConvSlots at = CudaBf16ConvLayout(g, /*backward=*/true);
-  const int64_t gb = at.y, xb = at.x, wb = at.w, dwb = at.dw, dxb = at.dx;
   KILN_ASSIGN_OR_RETURN(void* buf, GetScratch(Scratch::kBf16Copies, at.bytes));
   char* base = static_cast<char*>(buf);
   const WorkspaceFn workspace = [this](size_t bytes) {
     return GetScratch(Scratch::kWorkspace, bytes);
   };
-  KILN_CUDA_CHECK(ck::to_bf16(stream_, y_elems, grad, base + gb));
+  KILN_CUDA_CHECK(ck::to_bf16(stream_, at.y_elems, grad, base + at.y));
   if (dw != nullptr) {
-    KILN_CUDA_CHECK(ck::to_bf16(stream_, x_elems, x, base + xb));
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, at.x_elems, x, base + at.x));
     // cuDNN adds into its bfloat16 dw: from zero, then widened and added to the float32 dw.
-    KILN_CUDA_CHECK(cudaMemsetAsync(base + dwb, 0, w_elems * 2, stream_));
-    if (absl::Status s = convs_->BackwardFilter(g, base + xb, base + gb, base + dwb, workspace);
+    KILN_CUDA_CHECK(cudaMemsetAsync(base + at.dw, 0, at.w_elems * 2, stream_));
+    if (absl::Status s =
+            convs_->BackwardFilter(g, base + at.x, base + at.y, base + at.dw, workspace);
         !s.ok()) {
       return cuda_internal::Annotate(s, ConvContext(g, "backward-filter"));
     }
-    KILN_CUDA_CHECK(ck::from_bf16(stream_, w_elems, base + dwb, /*accumulate=*/true, dw));
+    KILN_CUDA_CHECK(ck::from_bf16(stream_, at.w_elems, base + at.dw, /*accumulate=*/true, dw));
   }
   if (dx != nullptr) {
-    KILN_CUDA_CHECK(ck::to_bf16(stream_, w_elems, w, base + wb));
-    if (absl::Status s = convs_->BackwardData(g, base + wb, base + gb, base + dxb, workspace);
+    KILN_CUDA_CHECK(ck::to_bf16(stream_, at.w_elems, w, base + at.w));
+    if (absl::Status s = convs_->BackwardData(g, base + at.w, base + at.y, base + at.dx, workspace);
         !s.ok()) {
       return cuda_internal::Annotate(s, ConvContext(g, "backward-data"));
     }
-    KILN_CUDA_CHECK(ck::from_bf16(stream_, x_elems, base + dxb, /*accumulate=*/false, dx));
+    KILN_CUDA_CHECK(ck::from_bf16(stream_, at.x_elems, base + at.dx, /*accumulate=*/false, dx));
   }
   return absl::OkStatus();
 }

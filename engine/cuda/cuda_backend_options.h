@@ -16,25 +16,26 @@ inline constexpr size_t kCudaConvWorkspaceLimit = size_t{256} << 20;
 // buffer of `bytes`: x, w and y for the forward; dy (in `y`), x, w, dw and dx for the backward.
 // Each slot 256-byte aligned. The memory plan counts `bytes` from the same layout.
 struct CudaBf16ConvSlots {
+  int64_t x_elems = 0, w_elems = 0, y_elems = 0;  // values in x (and dx), w (and dw), y (and dy)
   int64_t x = 0, w = 0, y = 0, dw = 0, dx = 0, bytes = 0;
 };
 
 inline CudaBf16ConvSlots CudaBf16ConvLayout(const Conv2dGeometry& g, bool backward) {
-  const int64_t x = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
-  const int64_t w = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
-  const int64_t y = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
   CudaBf16ConvSlots s;
+  s.x_elems = int64_t{g.batch} * g.in_channels * g.in_h * g.in_w;
+  s.w_elems = int64_t{g.out_channels} * g.in_channels * g.kernel_h * g.kernel_w;
+  s.y_elems = int64_t{g.batch} * g.out_channels * g.out_h() * g.out_w();
   auto add = [&s](int64_t count) {
     const int64_t at = s.bytes;
     s.bytes += (count * 2 + 255) / 256 * 256;
     return at;
   };
-  s.x = add(x);
-  s.w = add(w);
-  s.y = add(y);
+  s.x = add(s.x_elems);
+  s.w = add(s.w_elems);
+  s.y = add(s.y_elems);
   if (backward) {
-    s.dw = add(w);
-    s.dx = add(x);
+    s.dw = add(s.w_elems);
+    s.dx = add(s.x_elems);
   }
   return s;
 }
