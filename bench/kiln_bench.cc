@@ -159,6 +159,23 @@ kiln::Precision PrecisionNamed(const std::string& name) {
                           : kiln::Precision::kFp32;
 }
 
+// The reference model (or the spec's) with the arguments' epochs, seed, precision, batch and lr.
+absl::StatusOr<kiln::TrainConfig> ConfigOf(const TrainArgs& args) {
+  kiln::TrainConfig config =
+      args.model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
+  if (!args.spec.empty()) {
+    auto translated = ConfigOfSpec(args.spec);
+    if (!translated.ok()) return translated.status();
+    config = *translated;
+  }
+  config.epochs = args.epochs;
+  config.seed = args.seed;
+  config.precision = PrecisionNamed(args.precision);
+  if (args.batch > 0) config.batch_size = args.batch;
+  if (args.lr > 0) config.optimizer.lr = args.lr;
+  return config;
+}
+
 // The first `cifar_batches` training files of CIFAR-10 and its test batch.
 absl::StatusOr<kiln::DatasetSplits> LoadCifar(const TrainArgs& args) {
   std::vector<std::string> files;
@@ -183,20 +200,12 @@ int Train(const TrainArgs& args) {
   const int epochs = args.epochs, threads = args.threads;
   const uint64_t seed = args.seed;
   const bool infer = args.infer, profile = args.profile;
-  kiln::TrainConfig config = model == "mlp" ? kiln::MnistMlpReference() : kiln::MnistCnnReference();
-  if (!args.spec.empty()) {
-    auto translated = ConfigOfSpec(args.spec);
-    if (!translated.ok()) {
-      std::cerr << "kiln-bench: " << translated.status().message() << "\n";
-      return 1;
-    }
-    config = *translated;
+  auto made = ConfigOf(args);
+  if (!made.ok()) {
+    std::cerr << "kiln-bench: " << made.status().message() << "\n";
+    return 1;
   }
-  config.epochs = epochs;
-  config.seed = seed;
-  config.precision = PrecisionNamed(args.precision);
-  if (args.batch > 0) config.batch_size = args.batch;
-  if (args.lr > 0) config.optimizer.lr = args.lr;
+  const kiln::TrainConfig config = *made;
 
   kiln::BackendOptions options;
   options.threads = threads;
@@ -209,7 +218,9 @@ int Train(const TrainArgs& args) {
   auto splits = args.cifar.empty() ? kiln::LoadImageFolder(data) : LoadCifar(args);
   if (!splits.ok()) {
     std::cerr << "kiln-bench: " << splits.status().message()
-              << " (fetch MNIST with scripts/fetch-mnist)\n";
+              << (args.cifar.empty() ? " (fetch MNIST with scripts/fetch-mnist)"
+                                     : " (make CIFAR-10 files with bench/make-bench-data)")
+              << "\n";
     return 1;
   }
   auto trainer = kiln::Trainer::Create(config, backend->get(), &splits->train, &splits->test);
