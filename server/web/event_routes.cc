@@ -43,9 +43,9 @@ class JobEventStream final : public SseStream {
   JobEventStream(server::JobWatch watch, server::MetricBroadcaster* broadcaster,
                  std::unique_ptr<LongAnswerLimit::Slot> slot, const LongAnswerLimit* limit,
                  bool follow)
-      : watch_(std::move(watch)),
+      : SseStream(std::move(slot)),
+        watch_(std::move(watch)),
         broadcaster_(broadcaster),
-        slot_(std::move(slot)),
         limit_(limit),
         follow_(follow) {}
   ~JobEventStream() override {
@@ -94,7 +94,6 @@ class JobEventStream final : public SseStream {
 
   server::JobWatch watch_;
   server::MetricBroadcaster* broadcaster_;
-  std::unique_ptr<LongAnswerLimit::Slot> slot_;
   const LongAnswerLimit* limit_;
   const bool follow_;
 };
@@ -106,10 +105,10 @@ class JobsFeedStream final : public SseStream {
  public:
   JobsFeedStream(JobsFeed* feed, std::function<bool(const std::string& job_id)> sees,
                  std::unique_ptr<LongAnswerLimit::Slot> slot, const LongAnswerLimit* limit)
-      : feed_(feed),
+      : SseStream(std::move(slot)),
+        feed_(feed),
         sees_(std::move(sees)),
         listener_(feed->Listen()),
-        slot_(std::move(slot)),
         limit_(limit) {}
   ~JobsFeedStream() override { feed_->Forget(listener_); }
 
@@ -142,7 +141,6 @@ class JobsFeedStream final : public SseStream {
   JobsFeed* feed_;
   const std::function<bool(const std::string&)> sees_;
   std::shared_ptr<JobsFeed::Listener> listener_;
-  std::unique_ptr<LongAnswerLimit::Slot> slot_;
   const LongAnswerLimit* limit_;
   bool opened_ = false;
   absl::Time next_send_ = absl::InfinitePast();

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 #include "common/client_message.h"
+#include "nlohmann/json.hpp"
 
 namespace kiln::web {
 namespace {
@@ -70,7 +70,10 @@ bool SseStream::Provide(httplib::DataSink& sink) {
     if (!sink.write(out.data(), out.size())) return false;
     last_write_ = absl::Now();
   }
-  if (ended_) sink.done();
+  if (ended_) {
+    slot_.reset();
+    sink.done();
+  }
   return true;
 }
 

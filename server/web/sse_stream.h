@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/web/long_answer_limit.h"
 
 namespace httplib {
 class DataSink;
@@ -28,6 +29,9 @@ std::string SseEndEvent(const absl::Status& status);
 // A stream says what each turn writes; httplib runs one stream's turns on one thread.
 class SseStream {
  public:
+  // `slot`: the stream's place among the long answers, given back as soon as its last event is
+  // written (a page opens the stream again on reading it), not when httplib destroys the body.
+  explicit SseStream(std::unique_ptr<LongAnswerLimit::Slot> slot) : slot_(std::move(slot)) {}
   virtual ~SseStream() = default;
 
   // Answers `res` (200) with `stream`'s events as its body, for at most `max_duration`: then an
@@ -46,6 +50,7 @@ class SseStream {
   // One turn of httplib's write loop; false ends the connection.
   bool Provide(httplib::DataSink& sink);
 
+  std::unique_ptr<LongAnswerLimit::Slot> slot_;
   bool ended_ = false;
   absl::Time last_write_ = absl::Now();
   absl::Time ends_at_ = absl::InfiniteFuture();
