@@ -51,17 +51,14 @@ std::string JobRowDamage(const v1::Job& job) {
   return absl::StrCat("the job's row holds ", absl::StrJoin(found, ", "));
 }
 
-// A job as kilnd answers it: with its resolved spec and its precision's wording, worked out
-// afresh (never stored).
 // The GPUs a job holds while it runs: a gang's one per worker, any other CUDA job's one.
 int GpusWanted(const v1::Job& job) {
   if (!job.device().starts_with("cuda")) return 0;
-  if (job.device() == "cuda" && !job.spec().external_workers()) {
-    return std::max(1, job.spec().workers());
-  }
-  return 1;
+  return IsGang(job) ? std::max(1, job.spec().workers()) : 1;
 }
 
+// A job as kilnd answers it: with its resolved spec and its precision's wording, worked out
+// afresh (never stored).
 v1::Job WithResolvedSpec(v1::Job job) {
   *job.mutable_resolved_spec() = ResolvedSpec(job.spec());
   job.set_precision_text(JobPrecisionText(job.spec().precision(), job.device()));
@@ -661,7 +658,7 @@ std::optional<size_t> JobManager::NextToStartLocked(const std::deque<std::string
 std::string JobManager::PreemptForLocked(const JobSlot& waiting) {
   const v1::Job& job = waiting.job;
   // A gang needs several GPUs freed at once: it waits for them (see DevicesToStartLocked).
-  if (job.device() == "cuda" && !job.spec().external_workers()) return "";
+  if (IsGang(job)) return "";
   std::vector<RunningJob> running;
   for (const auto& [id, slot] : jobs_) {
     if (slot->job.state() != v1::JOB_STATE_RUNNING || slot->devices.empty()) continue;
@@ -709,7 +706,7 @@ void JobManager::RequeuePreemptedLocked(const std::shared_ptr<JobSlot>& slot) {
 std::vector<std::string> JobManager::DevicesToStartLocked(const JobSlot& slot, std::string* why) {
   const std::string& device = slot.job.device();
   const int workers = std::max(1, slot.job.spec().workers());
-  if (device != "cuda" || slot.job.spec().external_workers()) {
+  if (!IsGang(slot.job)) {
     if (running_[device] >= options_.max_jobs_per_device) return {};
     return {device};
   }
@@ -804,7 +801,7 @@ absl::Status JobManager::RunWorkerAttempts(JobSlot& slot) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       const int workers = std::max(1, slot.job.spec().workers());
-      if (slot.job.device() == "cuda" && !slot.job.spec().external_workers()) {
+      if (IsGang(slot.job)) {
         devices = slot.devices;  // the gang's GPUs
       } else {
         devices.assign(workers, slot.job.device() == "cuda" ? "cuda:0" : slot.job.device());

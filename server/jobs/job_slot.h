@@ -50,4 +50,10 @@ inline bool RunsAsWorkers(const v1::JobSpec& spec) {
   return spec.workers() > 1 || spec.external_workers();
 }
 
+// Whether a job is a gang: device "cuda" with kilnd's own workers, one per GPU, all of them
+// started at once on free GPUs (an external worker's GPU is on its own machine).
+inline bool IsGang(const v1::Job& job) {
+  return job.device() == "cuda" && !job.spec().external_workers();
+}
+
 }  // namespace kiln::server
