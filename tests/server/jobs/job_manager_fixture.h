@@ -140,8 +140,8 @@ class JobManagerTest : public ::testing::Test {
     ASSERT_OK(manager_->Recover());
   }
 
-  std::string SubmitOrDie(const v1::JobSpec& spec) {
-    absl::StatusOr<v1::Job> job = manager_->Submit(spec);
+  std::string SubmitOrDie(const v1::JobSpec& spec, const v1::Owner& owner = {}) {
+    absl::StatusOr<v1::Job> job = manager_->Submit(spec, owner);
     EXPECT_OK(job);
     return job.ok() ? job->id() : "";
   }

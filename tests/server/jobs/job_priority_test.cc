@@ -33,11 +33,6 @@ v1::Owner OwnerOf(const std::string& user, const std::string& team) {
 
 class JobPriorityTest : public JobManagerTest {
  protected:
-  std::string Submit(const v1::JobSpec& spec, const v1::Owner& owner = {}) {
-    absl::StatusOr<v1::Job> job = manager_->Submit(spec, owner);
-    EXPECT_OK(job);
-    return job.ok() ? job->id() : "";
-  }
   void CancelAndWait(const std::string& id) {
     ASSERT_OK(manager_->Cancel(id));
     ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_CANCELLED));
@@ -49,12 +44,13 @@ TEST_F(JobPriorityTest, TheQueueStartsByPriorityThenInOrderOfSubmission) {
   slow.step_delay = absl::Milliseconds(20);
   StartManager(slow);
   // A high job holds the one slot: no one preempts it, so the others queue behind it.
-  const std::string blocker = Submit(WithPriority(SmallSpec("toy", kEndless), v1::PRIORITY_HIGH));
+  const std::string blocker =
+      SubmitOrDie(WithPriority(SmallSpec("toy", kEndless), v1::PRIORITY_HIGH));
   ASSERT_TRUE(WaitForState(blocker, v1::JOB_STATE_RUNNING));
-  const std::string n1 = Submit(SmallSpec("toy", 1));
-  const std::string l1 = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_LOW));
-  const std::string h1 = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_HIGH));
-  const std::string n2 = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_NORMAL));
+  const std::string n1 = SubmitOrDie(SmallSpec("toy", 1));
+  const std::string l1 = SubmitOrDie(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_LOW));
+  const std::string h1 = SubmitOrDie(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_HIGH));
+  const std::string n2 = SubmitOrDie(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_NORMAL));
   CancelAndWait(blocker);
   for (const std::string& id : {n1, l1, h1, n2}) {
     ASSERT_TRUE(WaitForState(id, v1::JOB_STATE_SUCCEEDED)) << id;
@@ -67,14 +63,14 @@ TEST_F(JobPriorityTest, ATeamWithFewerRunningJobsGoesBeforeOneWithMany) {
   two.max_jobs_per_device = 2;
   two.step_delay = absl::Milliseconds(20);
   StartManager(two);
-  const std::string alice_running = Submit(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
-  const std::string bob_running = Submit(SmallSpec("toy", kEndless), OwnerOf("bob", "b"));
+  const std::string alice_running = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
+  const std::string bob_running = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("bob", "b"));
   ASSERT_TRUE(WaitForState(alice_running, v1::JOB_STATE_RUNNING));
   ASSERT_TRUE(WaitForState(bob_running, v1::JOB_STATE_RUNNING));
   // Alice's sweep queues first; Bob's one job comes after it.
-  const std::string a1 = Submit(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
-  const std::string a2 = Submit(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
-  const std::string b1 = Submit(SmallSpec("toy", kEndless), OwnerOf("bob", "b"));
+  const std::string a1 = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
+  const std::string a2 = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
+  const std::string b1 = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("bob", "b"));
   // Bob's slot frees: his team runs none now, Alice's one, so his job goes first.
   CancelAndWait(bob_running);
   ASSERT_TRUE(WaitForState(b1, v1::JOB_STATE_RUNNING));
@@ -93,10 +89,10 @@ TEST_F(JobPriorityTest, ATeamAtItsQuotaWaitsSayingSoWithoutHoldingUpOtherTeams) 
   options.team_quota.max_running_jobs = 1;
   options.step_delay = absl::Milliseconds(20);
   StartManager(options);
-  const std::string a1 = Submit(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
+  const std::string a1 = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
   ASSERT_TRUE(WaitForState(a1, v1::JOB_STATE_RUNNING));
-  const std::string a2 = Submit(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
-  const std::string b1 = Submit(SmallSpec("toy", kEndless), OwnerOf("bob", "b"));
+  const std::string a2 = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("alice", "a"));
+  const std::string b1 = SubmitOrDie(SmallSpec("toy", kEndless), OwnerOf("bob", "b"));
   ASSERT_TRUE(WaitForState(b1, v1::JOB_STATE_RUNNING));
   v1::Job held = *manager_->Get(a2);
   EXPECT_EQ(held.state(), v1::JOB_STATE_QUEUED);
@@ -110,18 +106,18 @@ TEST_F(JobPriorityTest, AHighJobPreemptsALowOneWhichResumesToTheBitsOfAnUninterr
   // The reference: the low job's spec trained without interruption.
   StartManager(Options());
   const v1::JobSpec low_spec = WithPriority(SmallSpec("toy", 3), v1::PRIORITY_LOW);
-  const std::string reference = Submit(low_spec);
+  const std::string reference = SubmitOrDie(low_spec);
   v1::Job uninterrupted;
   ASSERT_TRUE(WaitForState(reference, v1::JOB_STATE_SUCCEEDED, &uninterrupted));
 
   JobManagerOptions slow = Options();
   slow.step_delay = absl::Milliseconds(50);  // 24 steps: over a second to preempt it mid-way
   StartManager(slow);
-  const std::string low = Submit(low_spec);
+  const std::string low = SubmitOrDie(low_spec);
   ASSERT_TRUE(WaitForSteps(low, 3));
   // Another low job, submitted after it: the preempted one keeps its place ahead of this one.
-  const std::string later = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_LOW));
-  const std::string high = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_HIGH));
+  const std::string later = SubmitOrDie(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_LOW));
+  const std::string high = SubmitOrDie(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_HIGH));
   v1::Job preempted;
   ASSERT_TRUE(WaitForState(high, v1::JOB_STATE_RUNNING));
   ASSERT_OK(manager_->Get(low).status());
@@ -158,10 +154,10 @@ TEST_F(JobPriorityTest, ANonPreemptibleJobKeepsItsSlot) {
   StartManager(slow);
   v1::JobSpec pinned = WithPriority(SmallSpec("toy", kEndless), v1::PRIORITY_LOW);
   pinned.set_non_preemptible(true);
-  const std::string low = Submit(pinned);
+  const std::string low = SubmitOrDie(pinned);
   ASSERT_TRUE(WaitForState(low, v1::JOB_STATE_RUNNING));
   const int64_t before = manager_->Get(low)->global_step();
-  const std::string high = Submit(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_HIGH));
+  const std::string high = SubmitOrDie(WithPriority(SmallSpec("toy", 1), v1::PRIORITY_HIGH));
   ASSERT_TRUE(WaitForSteps(low, before + 10));
   EXPECT_EQ(manager_->Get(low)->state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(manager_->Get(high)->state(), v1::JOB_STATE_QUEUED);
