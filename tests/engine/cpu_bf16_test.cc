@@ -63,6 +63,32 @@ TEST(CpuBf16, RoundsToNearestEvenAndKeepsNanAndInfinity) {
   }
 }
 
+// The bulk conversions round as FloatToBf16 does at every length and start (vector bodies,
+// tails, the one-thread and the team paths), the vector instructions' path where the CPU has one
+// (AVX512_BF16's, which flushes subnormals, so they are taken aside) and the portable one.
+TEST(CpuBf16, BulkRoundingMatchesTheScalarRuleAtEveryLengthAndStart) {
+  const std::vector<float> many = RandomValuesForBf16();
+  std::vector<uint16_t> out(many.size());
+  using Round = void (*)(int64_t, const float*, uint16_t*);
+  for (const auto& [name, round] :
+       {std::pair<const char*, Round>{"RoundToBf16", cpu_internal::RoundToBf16},
+        {"RoundRowToBf16", cpu_internal::RoundRowToBf16},
+        {"RoundRowToBf16Portable", cpu_internal::RoundRowToBf16Portable}}) {
+    for (const int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{33},
+                            int64_t{1000}, int64_t{65536}, int64_t{65537}, int64_t{99999}}) {
+      for (const int64_t start : {int64_t{0}, int64_t{1}, int64_t{7}}) {
+        std::fill(out.begin(), out.end(), 0xdead);
+        round(n, many.data() + start, out.data());
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(out[i], cpu_internal::FloatToBf16(many[start + i]))
+              << name << " n " << n << " start " << start << " at " << i;
+        }
+        ASSERT_EQ(out[n], 0xdead) << name << " wrote past n " << n;
+      }
+    }
+  }
+}
+
 std::vector<float> RoundedToBf16(const std::vector<float>& v) {
   std::vector<float> r(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
