@@ -254,8 +254,13 @@ def compose(podman, args, work):
 
             def target_up():
                 targets = json.loads(http(f"{api}/targets")[1])["data"]["activeTargets"]
-                return [t for t in targets if t["labels"].get("job") == "kilnd"
-                        and t["health"] == "up"]
+                kilnd = [t for t in targets if t["labels"].get("job") == "kilnd"]
+                if any(t["health"] == "up" for t in kilnd):
+                    return kilnd
+                # Why it is down (e.g. "kilnd" not resolving), for wait_for's message.
+                seen = "; ".join(f"{t['health']}: {t.get('lastError') or 'no error yet'}"
+                                 for t in kilnd)
+                raise RuntimeError(f"Prometheus's kilnd target: {seen or 'not listed'}")
             wait_for("the kilnd target up in Prometheus", target_up, 90, 1)
 
             def has_data():
