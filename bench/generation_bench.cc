@@ -14,7 +14,7 @@
 
 #include "engine/backend_registry.h"
 #include "engine/generation.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "tests/engine/gpt_config.h"  // nanoGPT's GPT as a ModelConfig, shared with the tests
 
 namespace kiln {

@@ -17,7 +17,7 @@
 
 #include "engine/backend_registry.h"
 #include "engine/data/token_data.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/trainer.h"
 #include "tests/engine/gpt_config.h"  // nanoGPT's GPT as a ModelConfig, shared with the tests
 

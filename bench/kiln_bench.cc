@@ -21,7 +21,7 @@
 #include "engine/data/cifar10_reader.h"
 #include "engine/data/dataset.h"
 #include "engine/inference.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/reference_configs.h"
 #include "engine/trainer.h"
 #include "google/protobuf/util/json_util.h"

@@ -24,7 +24,7 @@
 #include "engine/backend_registry.h"
 #include "engine/data/dataset.h"
 #include "engine/inference.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "engine/reference_configs.h"
 #include "engine/rng.h"
 #include "engine/trainer.h"

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model.h"
-#include "engine/model_config.h"
-#include "engine/sequence_model.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
+#include "engine/model/sequence_model.h"
 
 namespace kiln {
 

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "engine/checkpoint.h"
-#include "engine/model_config_json.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/model_config_json.h"
 
 namespace kiln {
 

@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/pixel_norm.h"
 
 namespace kiln {

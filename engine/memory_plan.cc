@@ -12,8 +12,8 @@
 #include "engine/backend_registry.h"
 #include "engine/layers/attention.h"
 #include "engine/layers/conv2d.h"
-#include "engine/model.h"
-#include "engine/model_graph.h"
+#include "engine/model/model.h"
+#include "engine/model/model_graph.h"
 
 namespace kiln {
 namespace {

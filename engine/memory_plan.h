@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/byte_size.h"
 #include "engine/backend.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "engine/trainer.h"
 
 namespace kiln {

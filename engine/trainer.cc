@@ -7,18 +7,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 #include "engine/data/csv_reader.h"
 #include "engine/data/token_data.h"
 #include "engine/distributed/communicator.h"
 #include "engine/distributed/data_parallel.h"
 #include "engine/inference.h"
 #include "engine/loss.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/optim/grad_clip.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer.h"
-#include "engine/sequence_model.h"
+#include "engine/model/sequence_model.h"
 
 namespace kiln {
 

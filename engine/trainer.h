@@ -15,7 +15,7 @@
 #include "engine/data/augment.h"
 #include "engine/data/dataset.h"
 #include "engine/loss.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "engine/optim/lr_schedule.h"
 #include "engine/optim/optimizer_config.h"
 #include "engine/precision.h"

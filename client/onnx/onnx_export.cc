@@ -14,12 +14,12 @@
 #include "client/onnx/onnx_graph_builder.h"
 #include "common/atomic_file.h"
 #include "common/status_macros.h"
-#include "engine/checkpoint.h"
-#include "engine/model.h"
-#include "engine/model_config.h"
-#include "engine/model_graph.h"
-#include "engine/sequence_model.h"
-#include "engine/safetensors.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_graph.h"
+#include "engine/model/sequence_model.h"
+#include "engine/model/safetensors.h"
 
 namespace kiln::client {
 namespace {

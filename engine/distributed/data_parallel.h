@@ -19,8 +19,8 @@
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
 #include "engine/distributed/communicator.h"
-#include "engine/model.h"
-#include "engine/model_config.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
 #include "engine/optim/optimizer.h"
 #include "engine/training_position.h"
 

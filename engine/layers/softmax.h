@@ -5,7 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/layers/layer.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
 namespace kiln {
 

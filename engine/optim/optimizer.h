@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/optim/optimizer_config.h"
 
 namespace kiln {

@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_store.h"
 

@@ -12,8 +12,8 @@
 #include "engine/data/augment.h"
 #include "engine/distributed/data_parallel.h"
 #include "engine/memory_plan.h"
-#include "engine/model.h"
-#include "engine/sequence_model.h"
+#include "engine/model/model.h"
+#include "engine/model/sequence_model.h"
 #include "server/jobs/job_slot.h"
 
 namespace kiln::server {

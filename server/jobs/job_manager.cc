@@ -18,7 +18,7 @@
 #include "common/shown_paths.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/trainer.h"
 #include "server/checkpoints/checkpoint_integrity.h"
 #include "server/jobs/job_vocabulary.h"

@@ -8,10 +8,10 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "engine/data/augment.h"
-#include "engine/model.h"
-#include "engine/model_graph.h"
+#include "engine/model/model.h"
+#include "engine/model/model_graph.h"
 #include "engine/reference_configs.h"
-#include "engine/sequence_model.h"
+#include "engine/model/sequence_model.h"
 #include "server/jobs/job_labels.h"
 
 namespace kiln::server {

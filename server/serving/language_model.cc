@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 
 namespace kiln::serving {
 

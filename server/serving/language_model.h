@@ -17,8 +17,8 @@
 #include "engine/backend.h"
 #include "engine/data/char_vocabulary.h"
 #include "engine/generation.h"
-#include "engine/model.h"
-#include "engine/sequence_model.h"
+#include "engine/model/model.h"
+#include "engine/model/sequence_model.h"
 
 namespace kiln::serving {
 

@@ -14,10 +14,10 @@
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "engine/backend_registry.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 #include "engine/inference.h"
 #include "engine/memory_plan.h"
-#include "engine/sequence_model.h"
+#include "engine/model/sequence_model.h"
 
 namespace kiln::serving {
 namespace {

@@ -23,7 +23,7 @@
 #include "engine/data/token_data.h"
 #include "engine/distributed/file_key_value_store.h"
 #include "engine/distributed/gloo_communicator.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/reference_configs.h"
 #include "engine/trainer.h"
 #include "gmock/gmock.h"

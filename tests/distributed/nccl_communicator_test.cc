@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/distributed/file_key_value_store.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "engine/reference_configs.h"
 #include "engine/trainer.h"
 #include "gtest/gtest.h"

@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "engine/backend_registry.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 #include "engine/inference.h"
-#include "engine/model.h"
-#include "engine/model_config_json.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config_json.h"
 #include "engine/optim/optimizer.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend_registry.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 #include "engine/inference.h"
 #include "engine/trainer.h"
 #include "tests/engine/test_util.h"

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "engine/backend_registry.h"
-#include "engine/model.h"
-#include "engine/model_config_json.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config_json.h"
 #include "tests/engine/gpt_config.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
 namespace kiln::testing {
 

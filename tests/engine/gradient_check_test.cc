@@ -27,8 +27,8 @@
 #include "engine/layers/relu.h"
 #include "engine/layers/softmax.h"
 #include "engine/loss.h"
-#include "engine/model.h"
-#include "engine/model_graph.h"
+#include "engine/model/model.h"
+#include "engine/model/model_graph.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 

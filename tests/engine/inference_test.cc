@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "engine/backend_registry.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "engine/trainer.h"
 #include "tests/engine/synthetic_data.h"
 #include "tests/engine/test_util.h"

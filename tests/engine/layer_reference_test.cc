@@ -12,7 +12,7 @@
 
 #include "engine/backend_registry.h"
 #include "engine/layers/avgpool2d.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 

@@ -1,18 +1,18 @@
 // Models as graphs of named nodes: the spec's rules (names, inputs, cycles, unused nodes), shapes
 // through add and concat, state-dict names, JSON round trips, and forward values of a residual
 // block computed by hand.
-#include "engine/model_graph.h"
+#include "engine/model/model_graph.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "engine/backend_registry.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 #include "engine/inference.h"
 #include "engine/memory_plan.h"
-#include "engine/model.h"
-#include "engine/model_config_json.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config_json.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 

@@ -1,5 +1,5 @@
 // Model building: shape inference, the errors for wrong shapes, parameter names and counts.
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/backend_registry.h"
-#include "engine/model_config_json.h"
+#include "engine/model/model_config_json.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 

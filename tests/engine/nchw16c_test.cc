@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/backend_registry.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"
 

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

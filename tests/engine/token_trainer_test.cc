@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "engine/backend_registry.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 #include "engine/data/token_data.h"
-#include "engine/model.h"
-#include "engine/sequence_model.h"
+#include "engine/model/model.h"
+#include "engine/model/sequence_model.h"
 #include "engine/trainer.h"
 #include "tests/engine/gpt_config.h"
 #include "tests/engine/test_util.h"

@@ -12,8 +12,8 @@
 #include <fstream>
 
 #include "engine/backend_registry.h"
-#include "engine/checkpoint.h"
-#include "engine/model.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/model.h"
 #include "tests/engine/synthetic_data.h"
 #include "tests/engine/test_util.h"
 #include "tests/support/status_matchers.h"

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/scratch_file.h"
 

@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/data/idx_reader.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "inference/grpc_service.pb.h"
 #include "kiln/v1/model_spec.pb.h"
 #include "server/jobs/spec_translation.h"

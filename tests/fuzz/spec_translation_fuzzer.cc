@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "engine/data/augment.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "kiln/v1/model_spec.pb.h"
 #include "server/jobs/spec_translation.h"
 #include "tests/fuzz/fuzz_check.h"

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/backend_registry.h"
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 #include "engine/data/char_vocabulary.h"
 #include "gmock/gmock.h"
 #include "nlohmann/json.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "gtest/gtest.h"
 #include "server/datasets/dataset_catalog.h"
 #include "server/jobs/job_store.h"

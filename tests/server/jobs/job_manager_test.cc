@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/sha256.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/datasets/dataset_catalog.h"

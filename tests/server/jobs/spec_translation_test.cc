@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/data/augment.h"
-#include "engine/model.h"
-#include "engine/sequence_model.h"
+#include "engine/model/model.h"
+#include "engine/model/sequence_model.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"

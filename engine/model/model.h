@@ -13,8 +13,8 @@
 #include "engine/backend.h"
 #include "engine/decode_state.h"
 #include "engine/layers/layer.h"
-#include "engine/model_config.h"
-#include "engine/model_graph.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_graph.h"
 #include "engine/rng.h"
 
 namespace kiln {
@@ -91,7 +91,7 @@ class Model {
   absl::Status Backward(const Tensor& dout);
   absl::Status ZeroGrad();
 
-  // Incremental decoding (engine/model_decode.cc): a sequence run a few new positions at a time,
+  // Incremental decoding (engine/model/model_decode.cc): a sequence run a few new positions at a time,
   // each attention layer keeping the earlier positions' keys and values, so a new token costs one
   // position, not the whole prefix. NewDecodeState makes one stream's state; it fails, naming
   // what is wrong, unless this is a sequence model (SequenceModelShapeOf) whose every layer runs

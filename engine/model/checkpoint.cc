@@ -1,4 +1,4 @@
-#include "engine/checkpoint.h"
+#include "engine/model/checkpoint.h"
 
 #include <cstdio>
 #include <cstring>
@@ -10,8 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "engine/model_config_json.h"
-#include "engine/safetensors.h"
+#include "engine/model/model_config_json.h"
+#include "engine/model/safetensors.h"
 
 namespace kiln {
 

@@ -1,4 +1,4 @@
-#include "engine/model_init.h"
+#include "engine/model/model_init.h"
 
 #include <cmath>
 

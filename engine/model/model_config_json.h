@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
 namespace kiln {
 

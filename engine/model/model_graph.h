@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
 namespace kiln {
 

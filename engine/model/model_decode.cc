@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/model.h"
-#include "engine/sequence_model.h"
+#include "engine/model/model.h"
+#include "engine/model/sequence_model.h"
 
 namespace kiln {
 

@@ -7,8 +7,8 @@
 
 #include "absl/status/status.h"
 #include "engine/backend.h"
-#include "engine/model.h"
-#include "engine/model_config.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
 
 namespace kiln {
 

@@ -1,4 +1,4 @@
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "engine/backend_checks.h"
 #include "engine/layers/layers.h"
 #include "engine/layers/pool2d_rules.h"
-#include "engine/model_init.h"
+#include "engine/model/model_init.h"
 
 namespace kiln {
 

@@ -134,7 +134,7 @@ const char* LayerTypeName(const LayerConfig& layer);
 // names[i] names node i ("" or absent: its index, "3", so Sequential state-dict names stay);
 // inputs[i] lists the earlier nodes it reads, or kModelInput (empty or absent: the previous
 // node's output, the model input for node 0). A Sequential model leaves both empty.
-// ResolveGraph (engine/model_graph.h) checks them.
+// ResolveGraph (engine/model/model_graph.h) checks them.
 // How parameters are first drawn. kDefault: each layer's own, PyTorch's module defaults.
 // kGpt2: GPT-2's and nanoGPT's rule over the whole model: every parameter of 2+ dimensions from
 // N(0, 0.02), those named "*.c_proj.weight" (the residual projections) from

@@ -1,4 +1,4 @@
-#include "engine/model_config_json.h"
+#include "engine/model/model_config_json.h"
 
 #include <nlohmann/json.hpp>
 #include <optional>

@@ -1,4 +1,4 @@
-#include "engine/sequence_model.h"
+#include "engine/model/sequence_model.h"
 
 #include <algorithm>
 #include <string>
@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/model.h"
-#include "engine/model_graph.h"
+#include "engine/model/model.h"
+#include "engine/model/model_graph.h"
 
 namespace kiln {
 

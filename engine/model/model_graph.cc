@@ -1,4 +1,4 @@
-#include "engine/model_graph.h"
+#include "engine/model/model_graph.h"
 
 #include <algorithm>
 #include <map>
